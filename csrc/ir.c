@@ -1,0 +1,2 @@
+#include "module.h"
+int mg_ir_init(PyObject *module) { return 0; }

@@ -1,0 +1,144 @@
+/* mlirgpu._mlirgpu: module init. Each area (ir, pipeline, cuda, array) adds
+ * its own types and functions through its mg_*_init hook. */
+#include "module.h"
+
+#define PY_ARRAY_UNIQUE_SYMBOL mg_ARRAY_API
+#include <numpy/arrayobject.h>
+
+mg_state *mg_st = NULL;
+
+PyObject *mg_raise(PyObject *cls, const char *fmt, ...)
+{
+    va_list vargs;
+    va_start(vargs, fmt);
+    PyObject *msg = PyUnicode_FromFormatV(fmt, vargs);
+    va_end(vargs);
+    if (msg != NULL) {
+        PyErr_SetObject(cls, msg);
+        Py_DECREF(msg);
+    }
+    return NULL;
+}
+
+PyTypeObject *mg_add_type(PyObject *module, PyType_Spec *spec, PyObject *base)
+{
+    PyObject *type = PyType_FromModuleAndSpec(module, spec, base);
+    if (type == NULL)
+        return NULL;
+    if (PyModule_AddType(module, (PyTypeObject *)type) < 0) {
+        Py_DECREF(type);
+        return NULL;
+    }
+    return (PyTypeObject *)type;
+}
+
+static PyObject *new_error(PyObject *module, const char *name, PyObject *bases, const char *doc)
+{
+    char qualified[64];
+    PyOS_snprintf(qualified, sizeof qualified, "mlirgpu.%s", name);
+    PyObject *cls = PyErr_NewExceptionWithDoc(qualified, doc, bases, NULL);
+    if (cls == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(module, name, cls) < 0) {
+        Py_DECREF(cls);
+        return NULL;
+    }
+    return cls;
+}
+
+static int add_errors(PyObject *module, mg_state *st)
+{
+    st->Error = new_error(module, "Error", PyExc_Exception, "Base class of every mlirgpu error.");
+    if (st->Error == NULL)
+        return -1;
+    st->MLIRError = new_error(module, "MLIRError", st->Error,
+        "MLIR reported errors. `diagnostics` lists (severity, location, message) tuples.");
+    st->CompileError = new_error(module, "CompileError", st->Error,
+        "Lowering to NVVM, PTX or cubin failed, or a compile option is invalid. "
+        "`diagnostics` lists (severity, location, message) tuples.");
+    st->CudaError = new_error(module, "CudaError", st->Error,
+        "A CUDA driver call failed, or there is no driver. `code` is the CUresult "
+        "(-1 when no driver could be loaded) and `name` its enum name.");
+    PyObject *launch_bases = st->Error ? PyTuple_Pack(2, st->Error, PyExc_ValueError) : NULL;
+    if (launch_bases == NULL)
+        return -1;
+    st->LaunchError = new_error(module, "LaunchError", launch_bases,
+        "The arguments or configuration of a launch do not fit the kernel.");
+    Py_DECREF(launch_bases);
+    PyObject *invalid_bases = PyTuple_Pack(2, st->Error, PyExc_RuntimeError);
+    if (invalid_bases == NULL)
+        return -1;
+    st->InvalidObjectError = new_error(module, "InvalidObjectError", invalid_bases,
+        "The object refers to IR that was erased or rewritten by a pass, or to "
+        "memory that was freed.");
+    Py_DECREF(invalid_bases);
+    if (!st->MLIRError || !st->CompileError || !st->CudaError || !st->LaunchError ||
+        !st->InvalidObjectError)
+        return -1;
+    return 0;
+}
+
+static int module_exec(PyObject *module)
+{
+    if (mg_st != NULL) {
+        PyErr_SetString(PyExc_ImportError,
+            "mlirgpu._mlirgpu can be loaded once per process (MLIR and CUDA state is process-wide)");
+        return -1;
+    }
+    if (_import_array() < 0)
+        return -1;
+    mg_state *st = PyModule_GetState(module);
+    if (add_errors(module, st) < 0)
+        return -1;
+    mg_st = st;
+    if (mg_ir_init(module) < 0 || mg_pipeline_init(module) < 0 ||
+        mg_cu_init(module) < 0 || mg_array_init(module) < 0) {
+        mg_st = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    mg_state *st = PyModule_GetState(module);
+    Py_VISIT(st->Error);
+    Py_VISIT(st->MLIRError);
+    Py_VISIT(st->CompileError);
+    Py_VISIT(st->CudaError);
+    Py_VISIT(st->LaunchError);
+    Py_VISIT(st->InvalidObjectError);
+    return 0;
+}
+
+static int module_clear(PyObject *module)
+{
+    mg_state *st = PyModule_GetState(module);
+    Py_CLEAR(st->Error);
+    Py_CLEAR(st->MLIRError);
+    Py_CLEAR(st->CompileError);
+    Py_CLEAR(st->CudaError);
+    Py_CLEAR(st->LaunchError);
+    Py_CLEAR(st->InvalidObjectError);
+    return 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "mlirgpu._mlirgpu",
+    .m_doc = "C core of mlirgpu: MLIR IR, the NVVM pipeline, the CUDA driver, device arrays.",
+    .m_size = sizeof(mg_state),
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+};
+
+PyMODINIT_FUNC PyInit__mlirgpu(void)
+{
+    return PyModuleDef_Init(&module_def);
+}

@@ -1,0 +1,34 @@
+/* Module state shared by every area of the extension: the exception classes
+ * and the per-area init hooks called from the module's exec slot. */
+#ifndef MG_MODULE_H
+#define MG_MODULE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+typedef struct {
+    PyObject *Error;              /* mlirgpu.Error: base of all of ours */
+    PyObject *MLIRError;          /* an MLIR diagnostic; .diagnostics */
+    PyObject *CompileError;       /* lowering to PTX/cubin failed; .diagnostics */
+    PyObject *CudaError;          /* a driver call failed; .code, .name */
+    PyObject *LaunchError;        /* arguments of a launch do not fit */
+    PyObject *InvalidObjectError; /* a handle whose IR or memory is gone */
+} mg_state;
+
+/* The one instance of the module's state. MLIR's registries and the CUDA
+ * driver are process-wide, so the module refuses a second instance. */
+extern mg_state *mg_st;
+
+/* Sets `cls` with a formatted message and returns NULL, like PyErr_Format. */
+PyObject *mg_raise(PyObject *cls, const char *fmt, ...);
+
+/* Area hooks: each adds its types and functions to the module. */
+int mg_ir_init(PyObject *module);
+int mg_pipeline_init(PyObject *module);
+int mg_cu_init(PyObject *module);
+int mg_array_init(PyObject *module);
+
+/* Adds a heap type built from `spec` to `module` and returns it (new ref). */
+PyTypeObject *mg_add_type(PyObject *module, PyType_Spec *spec, PyObject *base);
+
+#endif
