@@ -1,0 +1,80 @@
+/* The IR layer: Python objects over MLIR's C API handles.
+ *
+ * Ownership: every wrapper holds a strong reference to whatever keeps its
+ * handle's memory alive. A Context owns everything; an attached Operation
+ * holds its parent (an Operation, or a detached Block), a Block or Region
+ * holds the Operation it belongs to, a Value holds its defining Operation or
+ * Block. Only roots (a Module's operation, a detached Operation or Block) free
+ * MLIR memory, and only once nothing refers into them. Erasing an operation
+ * or running a pass invalidates the wrappers of the operations it may have
+ * freed; using one then raises InvalidObjectError. */
+#ifndef MG_IR_H
+#define MG_IR_H
+
+#include "module.h"
+#include <mlir-c/IR.h>
+
+/* One diagnostic as MLIR reported it, kept in C so that the handler can run
+ * without the GIL (pass pipelines run with it released). */
+typedef struct {
+    int severity; /* MlirDiagnosticSeverity; notes are entries of their own */
+    char *location;
+    char *message;
+} mg_diag;
+
+typedef struct {
+    PyObject_HEAD
+    MlirContext context;
+    mg_diag *diags;
+    size_t ndiags, capdiags;
+    PyObject *live_ops; /* dict: op address -> wrapper address, not owning */
+} mg_ir_Context;
+
+typedef struct {
+    PyObject_HEAD
+    MlirOperation op;
+    mg_ir_Context *context;
+    PyObject *parent;    /* the parent Operation's wrapper; NULL for a root */
+    PyObject *keepalive; /* a detached operation's operands' operations */
+    int owned;           /* a root: this wrapper destroys the operation */
+    int valid;
+} mg_ir_Operation;
+
+typedef struct {
+    PyObject_HEAD
+    mg_ir_Operation *operation; /* owned: the builtin.module operation */
+} mg_ir_Module;
+
+extern PyTypeObject *mg_ir_ModuleType;
+
+/* Diagnostics: clear before an MLIR call, then raise those it reported. */
+void mg_ir_diag_clear(mg_ir_Context *ctx);
+PyObject *mg_ir_diag_raise(mg_ir_Context *ctx, PyObject *cls, const char *what);
+int mg_ir_diag_has_error(mg_ir_Context *ctx);
+/* Turns warnings and remarks into Python warnings; -1 if one was raised. */
+int mg_ir_diag_warn(mg_ir_Context *ctx);
+
+/* The module's operation, checked valid; borrowed; NULL with TypeError or
+ * InvalidObjectError set. */
+mg_ir_Operation *mg_ir_module_operation(PyObject *module);
+/* Wraps a detached operation (a clone, say) as a new Module owning it. */
+PyObject *mg_ir_module_adopt(mg_ir_Context *ctx, MlirOperation op);
+/* After a pass ran on `root`, any operation under it may be gone. */
+void mg_ir_invalidate_nested(mg_ir_Operation *root);
+/* Returns the Python wrapper of `op` (new ref), making one if needed. */
+PyObject *mg_ir_operation_wrap(mg_ir_Context *ctx, MlirOperation op);
+
+/* A str from an MLIR string reference or printing callback. */
+PyObject *mg_ir_str(MlirStringRef ref);
+typedef struct { char *data; size_t len, cap; int failed; } mg_buf;
+void mg_buf_callback(MlirStringRef chunk, void *userdata);
+PyObject *mg_buf_finish(mg_buf *buf);
+
+/* LLVM's fatal errors abort the process; inside MG_FATAL_GUARD one becomes a
+ * return to the guard instead. Only for code that validated its input and
+ * guards against what validation cannot see. */
+#include <setjmp.h>
+extern _Thread_local jmp_buf *mg_fatal_target;
+extern _Thread_local char mg_fatal_reason[1024];
+
+#endif

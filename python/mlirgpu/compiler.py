@@ -1,0 +1,178 @@
+"""Lowering a module that holds gpu.module/gpu.func to PTX and cubin.
+
+The lowering is an ordered list of named stages, each kept for inspection:
+
+    gpu       the module as given
+    outlined  gpu.launch bodies outlined into gpu.func kernels, the NVVM target attached
+    nvvm      device code in the NVVM and LLVM dialects
+    llvm_ir   the LLVM IR that the NVPTX back end compiles
+    ptx       PTX text
+    cubin     the ELF that ptxas makes of it
+
+Chip and PTX features are checked here, before LLVM runs: LLVM aborts the
+whole process on a PTX version that does not support the chip.
+"""
+import os
+import re
+from functools import cached_property
+
+from . import ir
+from ._mlirgpu import CompileError, MLIRError, PassManager, gpu_objects, llvm_bitcode_to_text
+
+__all__ = ["CHIPS", "Compilation", "Target", "compile_cubin", "compile_ptx"]
+
+# Chip -> the lowest PTX ISA version (x10) that LLVM 22's NVPTX back end
+# accepts for it. Default PTX is this version: the oldest that works loads on
+# the most drivers.
+CHIPS = {
+    "sm_75": 63, "sm_80": 70, "sm_86": 71, "sm_87": 74, "sm_89": 78,
+    "sm_90": 78, "sm_90a": 80, "sm_100": 86, "sm_100a": 86, "sm_120": 87, "sm_120a": 87,
+}
+# PTX ISA versions known to both LLVM 22 and the CUDA 13.0 ptxas.
+PTX_VERSIONS = (63, 64, 65, 70, 71, 72, 73, 74, 75, 76, 77, 78, 80, 81, 82, 83, 84, 85, 86, 87, 88)
+STAGES = ("gpu", "outlined", "nvvm", "llvm_ir", "ptx", "cubin")
+CUDA_HOME = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+
+# gpu.binary's #gpu.object formats (mlir::gpu::CompilationTarget).
+_FORMAT_OFFLOAD, _FORMAT_ASSEMBLY, _FORMAT_BINARY = 1, 2, 3
+
+
+class Target:
+    """A validated NVVM target: chip, PTX features, optimisation level."""
+
+    def __init__(self, chip="sm_90a", features=None, opt_level=3):
+        if not isinstance(chip, str):
+            raise CompileError(f"chip must be a str such as 'sm_90a', not {type(chip).__name__}")
+        if chip not in CHIPS:
+            raise CompileError(f"unknown or unsupported chip {chip!r}; supported: {', '.join(CHIPS)}")
+        if features is None:
+            ptx = CHIPS[chip]
+        else:
+            match = re.fullmatch(r"\+ptx(\d+)", features) if isinstance(features, str) else None
+            if match is None:
+                raise CompileError(f"features must look like '+ptx80', got {features!r}")
+            ptx = int(match.group(1))
+            if ptx not in PTX_VERSIONS:
+                raise CompileError(f"unknown PTX version in {features!r}; known: "
+                                   + ", ".join(f"+ptx{v}" for v in PTX_VERSIONS))
+            if ptx < CHIPS[chip]:
+                raise CompileError(f"{chip} needs PTX {CHIPS[chip] // 10}.{CHIPS[chip] % 10} or newer, "
+                                   f"got {features!r}")
+        if opt_level not in (0, 1, 2, 3) or isinstance(opt_level, bool):
+            raise CompileError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
+        self.chip, self.ptx_version, self.opt_level = chip, ptx, opt_level
+        self.features = f"+ptx{ptx}"
+
+    def __repr__(self):
+        return f"Target(chip={self.chip!r}, features={self.features!r}, opt_level={self.opt_level})"
+
+
+def _check_module_targets(module):
+    """Targets already attached in the IR reach LLVM too: check them."""
+    for op in module.walk():
+        if op.name != "gpu.module" or "targets" not in op.attributes:
+            continue
+        for target in op.get_attribute("targets").value:
+            text = str(target)
+            if not text.startswith("#nvvm.target"):
+                raise CompileError(f"gpu.module has a non-NVVM target {text}")
+            chip = re.search(r'chip = "([^"]*)"', text)
+            features = re.search(r'features = "([^"]*)"', text)
+            Target(chip.group(1) if chip else "sm_50", features.group(1) if features else None)
+
+
+def _run(module, stage, pipeline):
+    try:
+        PassManager(pipeline).run(module)
+    except MLIRError as error:
+        raise CompileError(f"{stage} stage failed:\n{error}") from error
+    return module
+
+
+class Compilation:
+    """Lowering of one module for one target, stage by stage.
+
+    Each stage is computed on first access and kept: `gpu`, `outlined`,
+    `nvvm` and `llvm_ir` are str, `ptx` is str, `cubin` bytes. With several
+    gpu.modules, `objects(stage)` gives a dict by gpu.module name.
+    """
+
+    def __init__(self, module, chip="sm_90a", *, features=None, opt_level=3, bare_pointers=True):
+        if not isinstance(module, ir.Module):
+            raise TypeError(f"expected an mlirgpu.ir.Module, not {type(module).__name__}")
+        self.target = Target(chip, features, opt_level)
+        _check_module_targets(module)
+        self.bare_pointers = bool(bare_pointers)
+        self.gpu = str(module)
+        t = self.target
+        self._outlined = _run(module.clone(), "outlined", "builtin.module(gpu-kernel-outlining, "
+                              f"nvvm-attach-target{{chip={t.chip} features={t.features} O={t.opt_level}}})")
+        bare = "true" if self.bare_pointers else "false"
+        self._nvvm = _run(self._outlined.clone(), "nvvm", ",".join([
+            "builtin.module(convert-nvgpu-to-nvvm", "convert-vector-to-scf", "convert-scf-to-cf",
+            "convert-nvvm-to-llvm", "convert-func-to-llvm", "expand-strided-metadata", "lower-affine",
+            "convert-arith-to-llvm", "convert-index-to-llvm", "canonicalize", "cse",
+            f"gpu.module(convert-gpu-to-nvvm{{use-bare-ptr-memref-call-conv={bare}}}, "
+            "canonicalize, cse, reconcile-unrealized-casts))"]))
+
+    @cached_property
+    def outlined(self):
+        return str(self._outlined)
+
+    @cached_property
+    def nvvm(self):
+        return str(self._nvvm)
+
+    def _binary(self, fmt, stage):
+        module = self._nvvm.clone()
+        toolkit = f" toolkit={CUDA_HOME}" if fmt == "bin" else ""
+        _run(module, stage, f"builtin.module(gpu-module-to-binary{{format={fmt}{toolkit}}})")
+        objects = {name: data for name, _, data in gpu_objects(module)}
+        if not objects:
+            raise CompileError("the module holds no gpu.module to compile")
+        return objects
+
+    @cached_property
+    def _llvm_ir(self):
+        return {k: llvm_bitcode_to_text(v) for k, v in self._binary("llvm", "llvm_ir").items()}
+
+    @cached_property
+    def _ptx(self):
+        return {k: v.decode() for k, v in self._binary("isa", "ptx").items()}
+
+    @cached_property
+    def _cubin(self):
+        return self._binary("bin", "cubin")
+
+    def objects(self, stage):
+        """{gpu.module name: artifact} for 'llvm_ir', 'ptx' or 'cubin'."""
+        if stage not in ("llvm_ir", "ptx", "cubin"):
+            raise ValueError(f"objects() takes 'llvm_ir', 'ptx' or 'cubin', not {stage!r}")
+        return getattr(self, "_" + stage)
+
+    def _single(self, stage):
+        objects = self.objects(stage)
+        if len(objects) != 1:
+            raise CompileError(f"the module holds {len(objects)} gpu.modules ({', '.join(objects)}); "
+                               f"use Compilation.objects({stage!r})")
+        return next(iter(objects.values()))
+
+    llvm_ir = property(lambda self: self._single("llvm_ir"), doc="LLVM IR text of the device code.")
+    ptx = property(lambda self: self._single("ptx"), doc="PTX text.")
+    cubin = property(lambda self: self._single("cubin"), doc="cubin (ELF) bytes.")
+
+    def stage(self, name):
+        """A stage by name, one of STAGES."""
+        if name not in STAGES:
+            raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+        return getattr(self, name)
+
+
+def compile_ptx(module, chip="sm_90a", **options):
+    """PTX text of the module's only gpu.module. Needs no GPU."""
+    return Compilation(module, chip, **options).ptx
+
+
+def compile_cubin(module, chip="sm_90a", **options):
+    """cubin bytes of the module's only gpu.module (ptxas from CUDA_HOME). Needs no GPU."""
+    return Compilation(module, chip, **options).cubin
