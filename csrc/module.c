@@ -91,6 +91,9 @@ static int module_exec(PyObject *module)
     if (add_errors(module, st) < 0)
         return -1;
     mg_st = st;
+    /* Where ptxas was at build time; compiler.py's default for CUDA_HOME. */
+    if (PyModule_AddStringConstant(module, "CUDA_HOME", MG_CUDA_HOME) < 0)
+        return -1;
     if (mg_ir_init(module) < 0 || mg_pipeline_init(module) < 0 ||
         mg_cu_init(module) < 0 || mg_array_init(module) < 0) {
         mg_st = NULL;

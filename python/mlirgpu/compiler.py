@@ -17,6 +17,7 @@ import re
 from functools import cached_property
 
 from . import ir
+from . import _mlirgpu
 from ._mlirgpu import CompileError, MLIRError, PassManager, gpu_objects, llvm_bitcode_to_text
 
 __all__ = ["CHIPS", "Compilation", "Target", "compile_cubin", "compile_ptx"]
@@ -31,7 +32,8 @@ CHIPS = {
 # PTX ISA versions known to both LLVM 22 and the CUDA 13.0 ptxas.
 PTX_VERSIONS = (63, 64, 65, 70, 71, 72, 73, 74, 75, 76, 77, 78, 80, 81, 82, 83, 84, 85, 86, 87, 88)
 STAGES = ("gpu", "outlined", "nvvm", "llvm_ir", "ptx", "cubin")
-CUDA_HOME = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+# ptxas for cubin: $CUDA_HOME/bin/ptxas, else the toolkit the extension was built with.
+CUDA_HOME = os.environ.get("CUDA_HOME", _mlirgpu.CUDA_HOME)
 
 # gpu.binary's #gpu.object formats (mlir::gpu::CompilationTarget).
 _FORMAT_OFFLOAD, _FORMAT_ASSEMBLY, _FORMAT_BINARY = 1, 2, 3

@@ -1,0 +1,117 @@
+"""The naive SGEMM of the seed, built through mlirgpu.ir, lowered to PTX and
+cubin, and run on the GPU when there is one.
+
+    python examples/sgemm_naive.py [M K N]
+
+Each thread computes one element of C = A @ B (plus one, as in the seed):
+
+    r = block_dim.x * block_id.x + thread_id.x
+    c = block_dim.y * block_id.y + thread_id.y
+    C[r, c] = sum_k A[r, k] * B[k, c] + 1
+"""
+import re
+import sys
+import time
+
+import numpy as np
+
+import mlirgpu as mg
+from mlirgpu import ir
+
+
+def _user_location():
+    """The line of build_naive_sgemm that asked for the operation."""
+    frame = sys._getframe(1)
+    while frame.f_code.co_name.startswith("_"):
+        frame = frame.f_back
+    return ir.Location.file(frame.f_code.co_filename, frame.f_lineno, 0)
+
+
+def _op(name, operands=(), results=(), attributes=None, regions=0):
+    """An operation at the current insertion point, located at the user's line."""
+    return ir.Operation.create(name, operands=operands, results=results, attributes=attributes,
+                               regions=regions, location=_user_location())
+
+
+def _index(value):
+    index = ir.Type.index()
+    return _op("arith.constant", results=[index],
+               attributes={"value": ir.Attribute.integer(value, index)}).result
+
+
+def _dim(kind, axis):
+    """gpu.thread_id / gpu.block_id / gpu.block_dim along axis 'x', 'y' or 'z'."""
+    dim = ir.Attribute.parse(f"#gpu<dim {axis}>")
+    return _op(f"gpu.{kind}", results=[ir.Type.index()], attributes={"dimension": dim}).result
+
+
+def _binary(name, lhs, rhs):
+    return _op(name, operands=[lhs, rhs], results=[lhs.type]).result
+
+
+def build_naive_sgemm(M, K, N, element_type=None):
+    """A module holding gpu.module @kernels with gpu.func @sgemm_naive(A, B, C)."""
+    f32 = element_type or ir.Type.f32()
+    a_type, b_type, c_type = (ir.Type.memref(shape, f32) for shape in ([M, K], [K, N], [M, N]))
+    module = ir.Module.create()
+    module.operation.set_attribute("gpu.container_module", ir.Attribute.unit())
+    with ir.InsertionPoint(module.body):
+        gpu_module = _op("gpu.module", attributes={"sym_name": ir.Attribute.string("kernels")}, regions=1)
+    with ir.InsertionPoint(gpu_module.regions[0].append_block()):
+        kernel = _op("gpu.func", regions=1, attributes={
+            "sym_name": ir.Attribute.string("sgemm_naive"),
+            "function_type": ir.Attribute.type(ir.Type.function([a_type, b_type, c_type], [])),
+            "gpu.kernel": ir.Attribute.unit(),
+        })
+    body = kernel.regions[0].append_block([a_type, b_type, c_type])
+    A, B, C = body.arguments
+    with ir.InsertionPoint(body):
+        one = _op("arith.constant", results=[f32], attributes={"value": ir.Attribute.float(1.0, f32)}).result
+        zero = _op("arith.constant", results=[f32], attributes={"value": ir.Attribute.float(0.0, f32)}).result
+        r = _binary("arith.addi", _binary("arith.muli", _dim("block_dim", "x"), _dim("block_id", "x")),
+                    _dim("thread_id", "x"))
+        c = _binary("arith.addi", _binary("arith.muli", _dim("block_dim", "y"), _dim("block_id", "y")),
+                    _dim("thread_id", "y"))
+        loop = _op("scf.for", operands=[_index(0), _index(K), _index(1), zero], results=[f32], regions=1)
+        loop_body = loop.regions[0].append_block([ir.Type.index(), f32])
+        k, acc = loop_body.arguments
+        with ir.InsertionPoint(loop_body):
+            a = _op("memref.load", operands=[A, r, k], results=[f32]).result
+            b = _op("memref.load", operands=[B, k, c], results=[f32]).result
+            acc = _binary("arith.addf", acc, _binary("arith.mulf", a, b))
+            _op("scf.yield", operands=[acc])
+        _op("memref.store", operands=[_binary("arith.addf", loop.result, one), C, r, c])
+        _op("gpu.return")
+    module.verify()
+    return module
+
+
+def main(M=256, K=128, N=256):
+    module = build_naive_sgemm(M, K, N)
+    start = time.perf_counter()
+    compilation = mg.Compilation(module, chip=mg.cuda.Device(0).chip if mg.cuda.is_available() else "sm_90a")
+    ptx = compilation.ptx
+    elapsed = time.perf_counter() - start
+    loads = len(re.findall(r"\bld\.global", ptx))
+    entry = re.search(r"\.entry (\w+)", ptx).group(1)
+    print(f"naive SGEMM {M}x{K} @ {K}x{N}: PTX for {compilation.target.chip} in {elapsed * 1e3:.0f} ms, "
+          f"{len(ptx.splitlines())} lines, {loads} global loads, "
+          f"entry {entry}")
+    if not mg.cuda.is_available():
+        print("no CUDA driver or GPU here: compiled only (the CPU backend comes later)")
+        return 0
+    function = mg.cuda.load_module(compilation.cubin).get_function("sgemm_naive")
+    rng = np.random.default_rng(0)
+    A = rng.random((M, K), dtype=np.float32)
+    B = rng.random((K, N), dtype=np.float32)
+    dA, dB, dC = mg.to_device(A), mg.to_device(B), mg.empty((M, N), mg.f32)
+    function(dA, dB, dC, grid=(M // 16, N // 16), block=(16, 16))
+    C = dC.get()
+    expected = A.astype(np.float64) @ B.astype(np.float64) + 1.0
+    error = np.linalg.norm(C - expected) / np.linalg.norm(expected)
+    print(f"ran on {mg.cuda.Device().name}: relative error against NumPy (float64) {error:.2e}")
+    return 0 if error < 1e-5 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(*map(int, sys.argv[1:4])))
