@@ -287,9 +287,13 @@ static PyObject *array_dtype_function(PyObject *module, PyObject *obj)
 /* Shapes and strides                                                      */
 /* ---------------------------------------------------------------------- */
 
+/* a * b, or -1 when the product does not fit (either sign). */
 static int checked_mul(Py_ssize_t a, Py_ssize_t b, Py_ssize_t *out)
 {
-    if (a != 0 && (b > PY_SSIZE_T_MAX / a || b < -PY_SSIZE_T_MAX / a))
+    if (a == PY_SSIZE_T_MIN || b == PY_SSIZE_T_MIN)
+        return -1;
+    Py_ssize_t abs_a = a < 0 ? -a : a, abs_b = b < 0 ? -b : b;
+    if (abs_a != 0 && abs_b > PY_SSIZE_T_MAX / abs_a)
         return -1;
     *out = a * b;
     return 0;

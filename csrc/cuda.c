@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <structmember.h>
 
@@ -56,9 +57,14 @@ static void *resolve(void *library, const char *symbol)
     return f;
 }
 
+/* MLIRGPU_LIBCUDA names another driver library (a test double, an unusual
+ * install); the default is the soname every driver installs. */
 static int open_library(void)
 {
-    void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    const char *path = getenv("MLIRGPU_LIBCUDA");
+    if (path == NULL || path[0] == '\0')
+        path = "libcuda.so.1";
+    void *library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (library == NULL) {
         const char *why = dlerror();
         PyOS_snprintf(driver.missing, sizeof driver.missing, "%s", why ? why : "dlopen failed");
@@ -69,7 +75,7 @@ static int open_library(void)
         void *f = resolve(library, driver_symbols[i].symbol);
         if (f == NULL) {
             PyOS_snprintf(driver.missing, sizeof driver.missing,
-                          "libcuda.so.1 has no %s: the driver is too old", driver_symbols[i].symbol);
+                          "%s has no %s: the driver is too old", path, driver_symbols[i].symbol);
             dlclose(library);
             return -1;
         }
