@@ -1,2 +1,1399 @@
-#include "module.h"
-int mg_array_init(PyObject *module) { return 0; }
+/* Element types and device arrays: mlirgpu.DType singletons, dtype(),
+ * mlirgpu.DeviceArray with empty/zeros/to_device/get, and zero-copy exchange
+ * through __cuda_array_interface__ v3 and DLPack (1.0 and legacy). */
+#include "array.h"
+#include "cuda.h"
+#include "dlpack.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <structmember.h>
+
+#define NO_IMPORT_ARRAY
+#define PY_ARRAY_UNIQUE_SYMBOL mg_ARRAY_API
+#include <numpy/arrayobject.h>
+
+/* ---------------------------------------------------------------------- */
+/* DType                                                                   */
+/* ---------------------------------------------------------------------- */
+
+PyTypeObject *mg_DType_type;
+PyTypeObject *mg_array_type;
+
+/* The singletons; the attribute name doubles as DType.name. Typestrs
+ * assume a little-endian host, as every CUDA host is. */
+static const struct {
+    const char *name;
+    int itemsize;
+    char kind;
+    uint8_t dlpack_code;
+    int npy_type;
+    const char *typestr;
+} dtype_table[MG_DT_COUNT] = {
+    [MG_DT_BOOL] = {"bool_", 1, 'b', kDLBool, NPY_BOOL, "|b1"},
+    [MG_DT_I8] = {"i8", 1, 'i', kDLInt, NPY_INT8, "|i1"},
+    [MG_DT_I16] = {"i16", 2, 'i', kDLInt, NPY_INT16, "<i2"},
+    [MG_DT_I32] = {"i32", 4, 'i', kDLInt, NPY_INT32, "<i4"},
+    [MG_DT_I64] = {"i64", 8, 'i', kDLInt, NPY_INT64, "<i8"},
+    [MG_DT_U8] = {"u8", 1, 'u', kDLUInt, NPY_UINT8, "|u1"},
+    [MG_DT_U16] = {"u16", 2, 'u', kDLUInt, NPY_UINT16, "<u2"},
+    [MG_DT_U32] = {"u32", 4, 'u', kDLUInt, NPY_UINT32, "<u4"},
+    [MG_DT_U64] = {"u64", 8, 'u', kDLUInt, NPY_UINT64, "<u8"},
+    [MG_DT_F16] = {"f16", 2, 'f', kDLFloat, NPY_FLOAT16, "<f2"},
+    [MG_DT_BF16] = {"bf16", 2, 'V', kDLBfloat, -1, NULL},
+    [MG_DT_F32] = {"f32", 4, 'f', kDLFloat, NPY_FLOAT32, "<f4"},
+    [MG_DT_F64] = {"f64", 8, 'f', kDLFloat, NPY_FLOAT64, "<f8"},
+    [MG_DT_INDEX] = {"index", 8, 'i', kDLInt, NPY_INTP, "<i8"},
+};
+
+/* Names dtype() knows before asking NumPy. They win over NumPy's reading:
+ * "i8" is int8 here (MLIR's spelling), not NumPy's 8-byte int64. */
+static const struct {
+    const char *name;
+    mg_dtype_id id;
+} dtype_names[] = {
+    {"bool", MG_DT_BOOL}, {"bool_", MG_DT_BOOL}, {"i1", MG_DT_BOOL},
+    {"i8", MG_DT_I8}, {"i16", MG_DT_I16}, {"i32", MG_DT_I32}, {"i64", MG_DT_I64},
+    {"u8", MG_DT_U8}, {"u16", MG_DT_U16}, {"u32", MG_DT_U32}, {"u64", MG_DT_U64},
+    {"f16", MG_DT_F16}, {"bf16", MG_DT_BF16}, {"bfloat16", MG_DT_BF16},
+    {"f32", MG_DT_F32}, {"f64", MG_DT_F64}, {"index", MG_DT_INDEX},
+};
+
+static mg_dtype *dtypes[MG_DT_COUNT];   /* strong refs, for the life of the process */
+static PyObject *bf16_descr;            /* ml_dtypes.bfloat16's dtype once imported */
+
+mg_dtype *mg_dtype_get(mg_dtype_id id)
+{
+    return dtypes[id];
+}
+
+PyObject *mg_dtype_numpy(const mg_dtype *dt)
+{
+    if (dt->npy_type >= 0)
+        return (PyObject *)PyArray_DescrFromType(dt->npy_type);
+    if (bf16_descr == NULL) {
+        PyObject *ml_dtypes = PyImport_ImportModule("ml_dtypes");
+        if (ml_dtypes == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_ImportError))
+                return NULL;
+            PyErr_Clear();
+            return mg_raise(PyExc_TypeError,
+                            "bf16 has no NumPy dtype without ml_dtypes (pip install ml_dtypes)");
+        }
+        PyObject *type = PyObject_GetAttrString(ml_dtypes, "bfloat16");
+        Py_DECREF(ml_dtypes);
+        if (type == NULL)
+            return NULL;
+        PyArray_Descr *descr = NULL;
+        int ok = PyArray_DescrConverter(type, &descr);
+        Py_DECREF(type);
+        if (!ok)
+            return NULL;
+        bf16_descr = (PyObject *)descr;
+    }
+    return Py_NewRef(bf16_descr);
+}
+
+static int ends_with(const char *text, const char *suffix)
+{
+    size_t n = strlen(text), m = strlen(suffix);
+    return n >= m && strcmp(text + n - m, suffix) == 0;
+}
+
+/* The singleton for a NumPy dtype: TypeError when there is none. */
+static int dtype_from_descr(PyArray_Descr *descr, mg_dtype **out)
+{
+    Py_ssize_t size = PyDataType_ELSIZE(descr);
+    int id = -1;
+    if (PyArray_ISNBO(descr->byteorder)) {
+        switch (descr->kind) {
+        case 'b': id = size == 1 ? MG_DT_BOOL : -1; break;
+        case 'i': id = size == 1 ? MG_DT_I8 : size == 2 ? MG_DT_I16 : size == 4 ? MG_DT_I32 : size == 8 ? MG_DT_I64 : -1; break;
+        case 'u': id = size == 1 ? MG_DT_U8 : size == 2 ? MG_DT_U16 : size == 4 ? MG_DT_U32 : size == 8 ? MG_DT_U64 : -1; break;
+        case 'f': id = size == 2 ? MG_DT_F16 : size == 4 ? MG_DT_F32 : size == 8 ? MG_DT_F64 : -1; break;
+        default:
+            /* ml_dtypes' bfloat16 is a 2-byte void-kind type named bfloat16. */
+            if (size == 2 && ends_with(descr->typeobj->tp_name, "bfloat16"))
+                id = MG_DT_BF16;
+        }
+    }
+    if (id < 0) {
+        PyErr_Format(PyExc_TypeError, "mlirgpu has no dtype for NumPy's %R", (PyObject *)descr);
+        return -1;
+    }
+    *out = dtypes[id];
+    return 0;
+}
+
+static int dtype_from_string(PyObject *text, mg_dtype **out)
+{
+    for (size_t i = 0; i < sizeof dtype_names / sizeof dtype_names[0]; i++) {
+        if (PyUnicode_CompareWithASCIIString(text, dtype_names[i].name) == 0) {
+            *out = dtypes[dtype_names[i].id];
+            return 0;
+        }
+    }
+    PyArray_Descr *descr = NULL;
+    if (!PyArray_DescrConverter(text, &descr) || dtype_from_descr(descr, out) < 0) {
+        Py_XDECREF(descr);
+        /* NumPy says TypeError for a name it does not know; a bad name is a bad value. */
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "unknown dtype %R: use an mlirgpu dtype name such as "
+                     "\"f32\", \"i32\", \"bf16\", \"index\", or a NumPy name such as \"float32\"", text);
+        return -1;
+    }
+    Py_DECREF(descr);
+    return 0;
+}
+
+int mg_dtype_converter(PyObject *obj, mg_dtype **out)
+{
+    if (PyObject_TypeCheck(obj, mg_DType_type)) {
+        *out = (mg_dtype *)obj;
+        return 1;
+    }
+    if (PyUnicode_Check(obj))
+        return dtype_from_string(obj, out) == 0;
+    if (PyArray_DescrCheck(obj))
+        return dtype_from_descr((PyArray_Descr *)obj, out) == 0;
+    if (PyType_Check(obj)) {
+        /* numpy.float32, float, ml_dtypes.bfloat16...: NumPy reads the type. */
+        PyArray_Descr *descr = NULL;
+        if (!PyArray_DescrConverter(obj, &descr))
+            return 0;
+        int status = dtype_from_descr(descr, out);
+        Py_DECREF(descr);
+        return status == 0;
+    }
+    PyErr_Format(PyExc_TypeError, "expected a dtype (mlirgpu.DType, numpy.dtype, a NumPy scalar type "
+                 "or a name), not %.100s", Py_TYPE(obj)->tp_name);
+    return 0;
+}
+
+static PyObject *dtype_repr(mg_dtype *self)
+{
+    return PyUnicode_FromFormat("mlirgpu.%s", self->name);
+}
+
+static PyObject *dtype_get_name(mg_dtype *self, void *closure)
+{
+    return PyUnicode_FromString(self->name);
+}
+
+static PyObject *dtype_get_kind(mg_dtype *self, void *closure)
+{
+    return PyUnicode_FromStringAndSize(&self->kind, 1);
+}
+
+static PyObject *dtype_get_numpy(mg_dtype *self, void *closure)
+{
+    return mg_dtype_numpy(self);
+}
+
+/* Equal to itself and to the NumPy dtype, type or name it converts from. */
+static PyObject *dtype_richcompare(PyObject *self, PyObject *other, int op)
+{
+    if (op != Py_EQ && op != Py_NE)
+        Py_RETURN_NOTIMPLEMENTED;
+    if (!PyObject_TypeCheck(other, mg_DType_type) && !PyArray_DescrCheck(other) &&
+        !PyType_Check(other) && !PyUnicode_Check(other))
+        Py_RETURN_NOTIMPLEMENTED;
+    mg_dtype *converted;
+    if (!mg_dtype_converter(other, &converted)) {
+        PyErr_Clear();   /* something that is no dtype of ours is simply not equal */
+        converted = NULL;
+    }
+    int equal = (PyObject *)converted == self;
+    return PyBool_FromLong(op == Py_EQ ? equal : !equal);
+}
+
+/* The NumPy dtype's hash where there is one, so that a dict keyed by NumPy
+ * dtypes finds mlirgpu's too; otherwise the name's. */
+static Py_hash_t dtype_hash(mg_dtype *self)
+{
+    if (self->hash != -1)
+        return self->hash;
+    Py_hash_t h = -1;
+    PyObject *key = self->npy_type >= 0 ? mg_dtype_numpy(self) : PyUnicode_FromString(self->name);
+    if (key != NULL) {
+        h = PyObject_Hash(key);
+        Py_DECREF(key);
+    }
+    self->hash = h;
+    return h;
+}
+
+static PyObject *dtype_reduce(mg_dtype *self, PyObject *unused)
+{
+    /* Pickles as the module attribute of the same name. */
+    return PyUnicode_FromString(self->name);
+}
+
+static PyGetSetDef dtype_getset[] = {
+    {"name", (getter)dtype_get_name, NULL, "The mlirgpu name, also the attribute name: \"f32\", \"bool_\".", NULL},
+    {"kind", (getter)dtype_get_kind, NULL, "NumPy's kind letter: b, i, u, f (V for bf16).", NULL},
+    {"numpy", (getter)dtype_get_numpy, NULL,
+     "The numpy.dtype (ml_dtypes.bfloat16 for bf16; TypeError without ml_dtypes).", NULL},
+    {NULL},
+};
+
+static PyMemberDef dtype_members[] = {
+    {"itemsize", T_INT, offsetof(mg_dtype, itemsize), READONLY, "Bytes per element."},
+    {"bits", T_UBYTE, offsetof(mg_dtype, bits), READONLY, "Bits per element."},
+    {NULL},
+};
+
+static PyMethodDef dtype_methods[] = {
+    {"__reduce__", (PyCFunction)dtype_reduce, METH_NOARGS, NULL},
+    {NULL},
+};
+
+static void dtype_dealloc(mg_dtype *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyType_Slot dtype_slots[] = {
+    {Py_tp_doc, "An element type; the instances are the singletons mlirgpu.f32, mlirgpu.i32..."},
+    {Py_tp_dealloc, dtype_dealloc},
+    {Py_tp_repr, dtype_repr},
+    {Py_tp_richcompare, dtype_richcompare},
+    {Py_tp_hash, dtype_hash},
+    {Py_tp_getset, dtype_getset},
+    {Py_tp_members, dtype_members},
+    {Py_tp_methods, dtype_methods},
+    {0, NULL},
+};
+
+static PyType_Spec dtype_spec = {
+    .name = "mlirgpu.DType",
+    .basicsize = sizeof(mg_dtype),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = dtype_slots,
+};
+
+static PyObject *array_dtype_function(PyObject *module, PyObject *obj)
+{
+    mg_dtype *out;
+    if (!mg_dtype_converter(obj, &out))
+        return NULL;
+    return Py_NewRef((PyObject *)out);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Shapes and strides                                                      */
+/* ---------------------------------------------------------------------- */
+
+/* a * b, or -1 when the product does not fit (either sign). */
+static int checked_mul(Py_ssize_t a, Py_ssize_t b, Py_ssize_t *out)
+{
+    if (a == PY_SSIZE_T_MIN || b == PY_SSIZE_T_MIN)
+        return -1;
+    Py_ssize_t abs_a = a < 0 ? -a : a, abs_b = b < 0 ? -b : b;
+    if (abs_a != 0 && abs_b > PY_SSIZE_T_MAX / abs_a)
+        return -1;
+    *out = a * b;
+    return 0;
+}
+
+/* A non-negative extent from an int-like object. */
+static int parse_extent(PyObject *item, Py_ssize_t *out)
+{
+    if (!PyIndex_Check(item) || PyBool_Check(item)) {
+        PyErr_Format(PyExc_TypeError, "a shape holds ints, not %.100s", Py_TYPE(item)->tp_name);
+        return -1;
+    }
+    Py_ssize_t n = PyNumber_AsSsize_t(item, PyExc_ValueError);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "negative dimension %zd in a shape", n);
+        return -1;
+    }
+    *out = n;
+    return 0;
+}
+
+/* shape= of empty/zeros: an int or a sequence of up to MG_MAX_NDIM ints. */
+static int parse_shape(PyObject *obj, int *ndim, Py_ssize_t shape[MG_MAX_NDIM])
+{
+    if (PyIndex_Check(obj) && !PyBool_Check(obj)) {
+        *ndim = 1;
+        return parse_extent(obj, &shape[0]);
+    }
+    if (!PyTuple_Check(obj) && !PyList_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "shape must be an int or a tuple of ints, not %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+    if (n > MG_MAX_NDIM) {
+        PyErr_Format(PyExc_ValueError, "at most %d dimensions are supported, got %zd", MG_MAX_NDIM, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (parse_extent(PySequence_Fast_ITEMS(obj)[i], &shape[i]) < 0)
+            return -1;
+    *ndim = (int)n;
+    return 0;
+}
+
+/* Fills strides for a C-contiguous layout and the element count; ValueError
+ * when the byte size overflows. */
+static int c_strides(int ndim, const Py_ssize_t *shape, int itemsize, Py_ssize_t *strides, Py_ssize_t *size)
+{
+    Py_ssize_t step = itemsize, count = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = step;
+        if (checked_mul(step, shape[i] ? shape[i] : 1, &step) < 0 || checked_mul(count, shape[i], &count) < 0) {
+            PyErr_SetString(PyExc_ValueError, "array is too large");
+            return -1;
+        }
+    }
+    *size = count;
+    return 0;
+}
+
+/* The byte range [lo, hi) a strided layout touches, relative to its first
+ * element; ValueError on overflow. Only meaningful for size > 0. */
+static int byte_extent(const mg_array *a, Py_ssize_t *lo, Py_ssize_t *hi)
+{
+    Py_ssize_t low = 0, high = a->dtype->itemsize, step;
+    for (int i = 0; i < a->ndim; i++) {
+        if (a->shape[i] == 0)
+            continue;
+        if (checked_mul(a->shape[i] - 1, a->strides[i], &step) < 0)
+            goto error;
+        if (step < 0 ? low < PY_SSIZE_T_MIN / 2 - step : high > PY_SSIZE_T_MAX / 2 - step)
+            goto error;
+        if (step < 0)
+            low += step;
+        else
+            high += step;
+    }
+    *lo = low;
+    *hi = high;
+    return 0;
+error:
+    PyErr_SetString(PyExc_ValueError, "the array's strides reach outside the address space");
+    return -1;
+}
+
+static int is_c_contiguous(const mg_array *a)
+{
+    if (a->size == 0)
+        return 1;
+    Py_ssize_t expected = a->dtype->itemsize;
+    for (int i = a->ndim - 1; i >= 0; i--) {
+        if (a->shape[i] != 1 && a->strides[i] != expected)
+            return 0;
+        expected *= a->shape[i];
+    }
+    return 1;
+}
+
+int mg_array_is_c_contiguous(PyObject *obj)
+{
+    return is_c_contiguous((mg_array *)obj);
+}
+
+/* ---------------------------------------------------------------------- */
+/* DeviceArray: creation and release                                       */
+/* ---------------------------------------------------------------------- */
+
+/* A DeviceArray with no memory yet: ptr 0, the thread's device, the legacy
+ * default stream. `strides` NULL means C-contiguous. */
+static mg_array *array_create(mg_dtype *dtype, int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides)
+{
+    mg_array *self = (mg_array *)mg_array_type->tp_alloc(mg_array_type, 0);
+    if (self == NULL)
+        return NULL;
+    self->dtype = (mg_dtype *)Py_NewRef((PyObject *)dtype);
+    self->ndim = ndim;
+    self->device = mg_cu_current_device();
+    memcpy(self->shape, shape, (size_t)ndim * sizeof *shape);
+    if (c_strides(ndim, shape, dtype->itemsize, self->strides, &self->size) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    if (strides != NULL)
+        memcpy(self->strides, strides, (size_t)ndim * sizeof *strides);
+    return self;
+}
+
+static void release_memory(mg_array *self)
+{
+    if (self->owns) {
+        self->owns = 0;
+        mg_cu_free_quietly(self->ptr, self->device);
+    }
+    if (self->dl_managed != NULL) {
+        /* We renamed the capsule "used_...": its deleter is ours to call. */
+        void *managed = self->dl_managed;
+        self->dl_managed = NULL;
+        if (self->dl_versioned) {
+            DLManagedTensorVersioned *m = managed;
+            if (m->deleter != NULL)
+                m->deleter(m);
+        }
+        else {
+            DLManagedTensor *m = managed;
+            if (m->deleter != NULL)
+                m->deleter(m);
+        }
+    }
+    Py_CLEAR(self->owner);
+}
+
+static int array_traverse(mg_array *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->owner);
+    Py_VISIT(self->stream_obj);
+    return 0;
+}
+
+static int array_clear(mg_array *self)
+{
+    release_memory(self);
+    Py_CLEAR(self->stream_obj);
+    return 0;
+}
+
+static void array_dealloc(mg_array *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (self->weakrefs != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    array_clear(self);
+    Py_XDECREF(self->dtype);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+void mg_array_set_stream(PyObject *obj, CUstream stream, PyObject *stream_obj)
+{
+    mg_array *self = (mg_array *)obj;
+    self->stream = stream;
+    if (self->stream_obj != stream_obj)
+        Py_XSETREF(self->stream_obj, Py_XNewRef(stream_obj));
+}
+
+/* stream= argument: the handle and the object to keep alive (NULL for None). */
+static int parse_stream(PyObject *obj, CUstream *stream, PyObject **keep)
+{
+    *keep = NULL;
+    if (obj == NULL || obj == Py_None) {
+        *stream = NULL;
+        return 0;
+    }
+    if (!mg_cu_stream_converter(obj, stream))
+        return -1;
+    *keep = obj;
+    return 0;
+}
+
+/* A fresh allocation; `zero` fills it with zero bytes on `stream`. */
+static PyObject *array_allocate(mg_dtype *dtype, int ndim, const Py_ssize_t *shape,
+                                PyObject *stream_arg, int zero)
+{
+    CUstream stream;
+    PyObject *stream_obj;
+    if (parse_stream(stream_arg, &stream, &stream_obj) < 0)
+        return NULL;
+    mg_array *self = array_create(dtype, ndim, shape, NULL);
+    if (self == NULL)
+        return NULL;
+    if (mg_cu_ensure_context() < 0)
+        goto error;
+    self->device = mg_cu_current_device();
+    size_t nbytes = (size_t)self->size * (size_t)dtype->itemsize;
+    /* cuMemAlloc refuses 0 bytes; an empty array needs no memory. */
+    if (nbytes > 0) {
+        if (mg_cu_check(mg_cu.cuMemAlloc(&self->ptr, nbytes), "cuMemAlloc") < 0)
+            goto error;
+        self->owns = 1;
+        if (zero && mg_cu_check(mg_cu.cuMemsetD8Async(self->ptr, 0, nbytes, stream), "cuMemsetD8Async") < 0)
+            goto error;
+    }
+    mg_array_set_stream((PyObject *)self, stream, stream_obj);
+    return (PyObject *)self;
+error:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static PyObject *allocate_function(PyObject *args, PyObject *kwargs, const char *format, int zero)
+{
+    static char *keywords[] = {"shape", "dtype", "stream", NULL};
+    PyObject *shape_obj, *stream_obj = Py_None;
+    mg_dtype *dtype = dtypes[MG_DT_F32];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, keywords, &shape_obj,
+                                     mg_dtype_converter, &dtype, &stream_obj))
+        return NULL;
+    int ndim;
+    Py_ssize_t shape[MG_MAX_NDIM];
+    if (parse_shape(shape_obj, &ndim, shape) < 0)
+        return NULL;
+    return array_allocate(dtype, ndim, shape, stream_obj, zero);
+}
+
+static PyObject *array_empty(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    return allocate_function(args, kwargs, "O|O&O:empty", 0);
+}
+
+static PyObject *array_zeros(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    return allocate_function(args, kwargs, "O|O&O:zeros", 1);
+}
+
+static PyObject *array_to_device(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"array", "stream", NULL};
+    PyObject *obj, *stream_arg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:to_device", keywords, &obj, &stream_arg))
+        return NULL;
+    CUstream stream;
+    PyObject *stream_obj;
+    if (parse_stream(stream_arg, &stream, &stream_obj) < 0)
+        return NULL;
+    PyArrayObject *host = NULL;
+    mg_array *self = NULL;
+    mg_dtype *dtype;
+    /* A C-contiguous, aligned, native-order host copy (or the array itself). */
+    host = (PyArrayObject *)PyArray_FROM_OF(obj, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_NOTSWAPPED);
+    if (host == NULL)
+        goto error;
+    if (dtype_from_descr(PyArray_DESCR(host), &dtype) < 0)
+        goto error;
+    if (PyArray_NDIM(host) > MG_MAX_NDIM) {
+        PyErr_Format(PyExc_ValueError, "at most %d dimensions are supported, got %d",
+                     MG_MAX_NDIM, PyArray_NDIM(host));
+        goto error;
+    }
+    self = array_create(dtype, PyArray_NDIM(host), PyArray_SHAPE(host), NULL);
+    if (self == NULL || mg_cu_ensure_context() < 0)
+        goto error;
+    self->device = mg_cu_current_device();
+    size_t nbytes = (size_t)PyArray_NBYTES(host);
+    if (nbytes > 0) {
+        if (mg_cu_check(mg_cu.cuMemAlloc(&self->ptr, nbytes), "cuMemAlloc") < 0)
+            goto error;
+        self->owns = 1;
+        CUresult r;
+        /* From pageable memory the call returns once the data is staged, so
+         * the host copy may go as soon as it returns. */
+        Py_BEGIN_ALLOW_THREADS
+        r = mg_cu.cuMemcpyHtoDAsync(self->ptr, PyArray_DATA(host), nbytes, stream);
+        Py_END_ALLOW_THREADS
+        if (mg_cu_check(r, "cuMemcpyHtoDAsync") < 0)
+            goto error;
+    }
+    mg_array_set_stream((PyObject *)self, stream, stream_obj);
+    Py_DECREF(host);
+    return (PyObject *)self;
+error:
+    Py_XDECREF(host);
+    Py_XDECREF(self);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------- */
+/* DeviceArray: copies to the host                                         */
+/* ---------------------------------------------------------------------- */
+
+/* Copies `nbytes` from `src` to host `dst` on `stream` and waits for it. */
+static int copy_to_host(mg_array *self, void *dst, CUdeviceptr src, size_t nbytes, CUstream stream)
+{
+    int pushed;
+    if (mg_cu_push(self->device, &pushed) < 0)
+        return -1;
+    CUresult r;
+    Py_BEGIN_ALLOW_THREADS
+    r = mg_cu.cuMemcpyDtoHAsync(dst, src, nbytes, stream);
+    if (r == CUDA_SUCCESS)
+        r = mg_cu.cuStreamSynchronize(stream);
+    Py_END_ALLOW_THREADS
+    mg_cu_pop(pushed);
+    return mg_cu_check(r, "cuMemcpyDtoHAsync");
+}
+
+/* A new C-contiguous NumPy array with the contents of `self`. */
+static PyObject *array_to_numpy(mg_array *self, CUstream stream)
+{
+    PyArray_Descr *descr = (PyArray_Descr *)mg_dtype_numpy(self->dtype);
+    if (descr == NULL)
+        return NULL;
+    Py_INCREF(descr);   /* one for the result, one for a strided view */
+    PyArrayObject *result = (PyArrayObject *)PyArray_NewFromDescr(
+        &PyArray_Type, descr, self->ndim, self->shape, NULL, NULL, 0, NULL);   /* steals */
+    PyArrayObject *view = NULL;
+    char *staging = NULL;
+    if (result == NULL)
+        goto error;
+    if (self->size == 0) {
+        Py_DECREF(descr);
+        return (PyObject *)result;
+    }
+    if (is_c_contiguous(self)) {
+        if (copy_to_host(self, PyArray_DATA(result), self->ptr, (size_t)PyArray_NBYTES(result), stream) < 0)
+            goto error;
+        Py_DECREF(descr);
+        return (PyObject *)result;
+    }
+    /* Strided (negative and zero strides included): copy the byte range the
+     * view spans, then let NumPy gather it through a view with our strides. */
+    Py_ssize_t lo, hi;
+    if (byte_extent(self, &lo, &hi) < 0)
+        goto error;
+    staging = PyMem_Malloc((size_t)(hi - lo));
+    if (staging == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    if (copy_to_host(self, staging, self->ptr + (CUdeviceptr)lo, (size_t)(hi - lo), stream) < 0)
+        goto error;
+    view = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, self->ndim, self->shape,
+                                                 self->strides, staging - lo, 0, NULL);   /* steals */
+    descr = NULL;
+    if (view == NULL || PyArray_CopyInto(result, view) < 0)
+        goto error;
+    Py_DECREF(view);
+    PyMem_Free(staging);
+    return (PyObject *)result;
+error:
+    Py_XDECREF(descr);
+    Py_XDECREF(view);   /* before the staging buffer it points into */
+    PyMem_Free(staging);
+    Py_XDECREF(result);
+    return NULL;
+}
+
+static int stream_or_own(mg_array *self, PyObject *arg, CUstream *stream)
+{
+    PyObject *unused;
+    if (arg == NULL || arg == Py_None) {
+        *stream = self->stream;   /* ordered after the array's last use */
+        return 0;
+    }
+    return parse_stream(arg, stream, &unused);
+}
+
+static PyObject *array_get(mg_array *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"stream", NULL};
+    PyObject *stream_arg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:get", keywords, &stream_arg))
+        return NULL;
+    CUstream stream;
+    if (stream_or_own(self, stream_arg, &stream) < 0)
+        return NULL;
+    return array_to_numpy(self, stream);
+}
+
+static PyObject *array_copy_to_host(mg_array *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"out", "stream", NULL};
+    PyObject *out, *stream_arg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:copy_to_host", keywords, &out, &stream_arg))
+        return NULL;
+    if (!PyArray_Check(out))
+        return PyErr_Format(PyExc_TypeError, "out must be a numpy.ndarray, not %.100s", Py_TYPE(out)->tp_name);
+    PyArrayObject *host = (PyArrayObject *)out;
+    mg_dtype *dtype;
+    if (dtype_from_descr(PyArray_DESCR(host), &dtype) < 0)
+        return NULL;
+    if (dtype != self->dtype)
+        return PyErr_Format(PyExc_TypeError, "out has dtype %s, the array %s", dtype->name, self->dtype->name);
+    if (PyArray_NDIM(host) != self->ndim ||
+        memcmp(PyArray_SHAPE(host), self->shape, (size_t)self->ndim * sizeof(Py_ssize_t)) != 0)
+        return mg_raise(PyExc_ValueError, "out has a different shape from the array");
+    if (PyArray_FailUnlessWriteable(host, "out") < 0)
+        return NULL;
+    CUstream stream;
+    if (stream_or_own(self, stream_arg, &stream) < 0)
+        return NULL;
+    if (PyArray_IS_C_CONTIGUOUS(host) && is_c_contiguous(self)) {
+        if (self->size > 0 && copy_to_host(self, PyArray_DATA(host), self->ptr, (size_t)PyArray_NBYTES(host), stream) < 0)
+            return NULL;
+        return Py_NewRef(out);
+    }
+    PyObject *copy = array_to_numpy(self, stream);
+    if (copy == NULL)
+        return NULL;
+    int status = PyArray_CopyInto(host, (PyArrayObject *)copy);
+    Py_DECREF(copy);
+    return status < 0 ? NULL : Py_NewRef(out);
+}
+
+/* ---------------------------------------------------------------------- */
+/* DeviceArray: properties                                                 */
+/* ---------------------------------------------------------------------- */
+
+static PyObject *ssize_tuple(int n, const Py_ssize_t *values)
+{
+    PyObject *tuple = PyTuple_New(n);
+    if (tuple == NULL)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *item = PyLong_FromSsize_t(values[i]);
+        if (item == NULL) {
+            Py_DECREF(tuple);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tuple, i, item);
+    }
+    return tuple;
+}
+
+static PyObject *array_get_shape(mg_array *self, void *closure) { return ssize_tuple(self->ndim, self->shape); }
+static PyObject *array_get_strides(mg_array *self, void *closure) { return ssize_tuple(self->ndim, self->strides); }
+static PyObject *array_get_dtype(mg_array *self, void *closure) { return Py_NewRef((PyObject *)self->dtype); }
+static PyObject *array_get_nbytes(mg_array *self, void *closure) { return PyLong_FromSsize_t(self->size * self->dtype->itemsize); }
+static PyObject *array_get_ptr(mg_array *self, void *closure) { return PyLong_FromUnsignedLongLong(self->ptr); }
+static PyObject *array_get_contiguous(mg_array *self, void *closure) { return PyBool_FromLong(is_c_contiguous(self)); }
+
+/* __cuda_array_interface__ version 3. */
+static PyObject *array_get_cai(mg_array *self, void *closure)
+{
+    if (self->dtype->typestr == NULL)
+        return PyErr_Format(PyExc_TypeError, "%s has no __cuda_array_interface__ typestr: use __dlpack__",
+                            self->dtype->name);
+    PyObject *shape = NULL, *strides = NULL, *result = NULL;
+    shape = ssize_tuple(self->ndim, self->shape);
+    strides = is_c_contiguous(self) ? Py_NewRef(Py_None) : ssize_tuple(self->ndim, self->strides);
+    if (shape == NULL || strides == NULL)
+        goto error;
+    /* The consumer syncs on the stream that last used the array; 1 is the
+     * legacy default stream (0 is not allowed by v3). */
+    unsigned long long stream = self->stream == NULL ? 1 : (unsigned long long)(uintptr_t)self->stream;
+    unsigned long long data = self->size == 0 ? 0 : (unsigned long long)self->ptr;
+    result = Py_BuildValue("{s:O,s:s,s:(KO),s:i,s:O,s:K}", "shape", shape, "typestr", self->dtype->typestr,
+                           "data", data, Py_False, "version", 3, "strides", strides, "stream", stream);
+error:
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    return result;
+}
+
+static PyObject *array_repr(mg_array *self)
+{
+    PyObject *shape = ssize_tuple(self->ndim, self->shape);
+    if (shape == NULL)
+        return NULL;
+    PyObject *repr = PyUnicode_FromFormat("DeviceArray(shape=%R, dtype=mlirgpu.%s, device=%d)",
+                                          shape, self->dtype->name, self->device);
+    Py_DECREF(shape);
+    return repr;
+}
+
+static Py_ssize_t array_length(mg_array *self)
+{
+    if (self->ndim == 0) {
+        PyErr_SetString(PyExc_TypeError, "len() of a 0-d DeviceArray");
+        return -1;
+    }
+    return self->shape[0];
+}
+
+/* ---------------------------------------------------------------------- */
+/* DLPack export                                                           */
+/* ---------------------------------------------------------------------- */
+
+/* One allocation per export: the managed tensor with its shape and strides.
+ * Raw allocator: the consumer may call the deleter without the GIL. */
+typedef struct {
+    union {
+        DLManagedTensor legacy;
+        DLManagedTensorVersioned versioned;
+    } managed;   /* first: a pointer to it is a pointer to the block */
+    int64_t shape[MG_MAX_NDIM];
+    int64_t strides[MG_MAX_NDIM];
+} export_block;
+
+static void release_export(void *block, PyObject *array)
+{
+    /* Once the interpreter is gone there is no reference left to drop. */
+    if (Py_IsInitialized()) {
+        PyGILState_STATE gil = PyGILState_Ensure();
+        Py_DECREF(array);
+        PyGILState_Release(gil);
+    }
+    PyMem_RawFree(block);
+}
+
+static void versioned_deleter(DLManagedTensorVersioned *m) { release_export(m, m->manager_ctx); }
+static void legacy_deleter(DLManagedTensor *m) { release_export(m, m->manager_ctx); }
+
+/* A capsule nobody consumed still owns its tensor; a consumed one was
+ * renamed "used_..." and belongs to its consumer. */
+static void capsule_destructor(PyObject *capsule)
+{
+    const char *name = PyCapsule_GetName(capsule);
+    if (name == NULL)
+        return;
+    if (strcmp(name, MG_DLPACK_VERSIONED_NAME) == 0) {
+        DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, name);
+        if (m != NULL && m->deleter != NULL)
+            m->deleter(m);
+    }
+    else if (strcmp(name, MG_DLPACK_NAME) == 0) {
+        DLManagedTensor *m = PyCapsule_GetPointer(capsule, name);
+        if (m != NULL && m->deleter != NULL)
+            m->deleter(m);
+    }
+}
+
+static int parse_dl_device(mg_array *self, PyObject *dl_device)
+{
+    if (dl_device == Py_None)
+        return 0;
+    int type, id;
+    if (!PyTuple_Check(dl_device) || !PyArg_ParseTuple(dl_device, "ii", &type, &id)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "dl_device must be a (device_type, device_id) tuple, not %R", dl_device);
+        return -1;
+    }
+    if (type != kDLCUDA || id != self->device) {
+        PyErr_Format(PyExc_BufferError, "cannot export a DeviceArray of CUDA device %d to dl_device (%d, %d)",
+                     self->device, type, id);
+        return -1;
+    }
+    return 0;
+}
+
+/* max_version=None asks for the legacy capsule; (major, minor) with
+ * major >= 1 for the versioned one. */
+static int parse_max_version(PyObject *max_version, int *versioned)
+{
+    *versioned = 0;
+    if (max_version == Py_None)
+        return 0;
+    long major;
+    if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) != 2 ||
+        (major = PyLong_AsLong(PyTuple_GET_ITEM(max_version, 0))) == -1) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "max_version must be a (major, minor) tuple, not %R", max_version);
+        return -1;
+    }
+    *versioned = major >= 1;
+    return 0;
+}
+
+static PyObject *array_dlpack(mg_array *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    PyObject *stream_arg = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", keywords,
+                                     &stream_arg, &max_version, &dl_device, &copy))
+        return NULL;
+    int versioned;
+    if (parse_max_version(max_version, &versioned) < 0 || parse_dl_device(self, dl_device) < 0)
+        return NULL;
+    if (copy == Py_True)
+        return mg_raise(PyExc_BufferError, "DeviceArray.__dlpack__ shares memory; copy=True is not supported");
+    /* The stream is the consumer's: None is the legacy default stream, -1
+     * asks for no synchronization, 0 is ambiguous and not allowed. */
+    CUstream consumer = NULL;
+    int synchronize = 1;
+    if (PyLong_Check(stream_arg)) {
+        int overflow;
+        long long value = PyLong_AsLongLongAndOverflow(stream_arg, &overflow);
+        if (!overflow && value == 0)
+            return mg_raise(PyExc_ValueError, "__dlpack__(stream=0) is ambiguous for CUDA: use 1 for the legacy "
+                            "default stream or 2 for the per-thread one");
+        if (!overflow && value == -1)
+            synchronize = 0;
+    }
+    if (synchronize && stream_arg != Py_None && !mg_cu_stream_converter(stream_arg, &consumer))
+        return NULL;
+    for (int i = 0; i < self->ndim; i++)
+        if (self->strides[i] % self->dtype->itemsize != 0)
+            return mg_raise(PyExc_BufferError, "a stride of %zd bytes is not a whole number of %s elements",
+                            self->strides[i], self->dtype->name);
+    if (synchronize && mg_cu_stream_order(self->stream, consumer) < 0)
+        return NULL;
+
+    export_block *block = PyMem_RawCalloc(1, sizeof *block);
+    if (block == NULL)
+        return PyErr_NoMemory();
+    DLTensor *tensor = versioned ? &block->managed.versioned.dl_tensor : &block->managed.legacy.dl_tensor;
+    tensor->data = (void *)(uintptr_t)self->ptr;
+    tensor->device.device_type = kDLCUDA;
+    tensor->device.device_id = self->device;
+    tensor->ndim = self->ndim;
+    tensor->dtype.code = self->dtype->dlpack_code;
+    tensor->dtype.bits = self->dtype->bits;
+    tensor->dtype.lanes = 1;
+    tensor->shape = block->shape;
+    tensor->strides = block->strides;
+    for (int i = 0; i < self->ndim; i++) {
+        block->shape[i] = self->shape[i];
+        block->strides[i] = self->strides[i] / self->dtype->itemsize;
+    }
+    if (versioned) {
+        block->managed.versioned.version.major = MG_DLPACK_MAJOR;
+        block->managed.versioned.version.minor = MG_DLPACK_MINOR;
+        block->managed.versioned.manager_ctx = self;
+        block->managed.versioned.deleter = versioned_deleter;
+    }
+    else {
+        block->managed.legacy.manager_ctx = self;
+        block->managed.legacy.deleter = legacy_deleter;
+    }
+    PyObject *capsule = PyCapsule_New(block, versioned ? MG_DLPACK_VERSIONED_NAME : MG_DLPACK_NAME,
+                                      capsule_destructor);
+    if (capsule == NULL) {
+        PyMem_RawFree(block);
+        return NULL;
+    }
+    Py_INCREF(self);   /* the managed tensor's reference, dropped by its deleter */
+    return capsule;
+}
+
+static PyObject *array_dlpack_device(mg_array *self, PyObject *unused)
+{
+    return Py_BuildValue("(ii)", kDLCUDA, self->device);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Views: __cuda_array_interface__ and DLPack import                       */
+/* ---------------------------------------------------------------------- */
+
+static PyObject *str_cai, *str_dlpack, *str_dlpack_device, *str_array_interface, *str_array;
+
+static PyObject *host_array_error(PyObject *obj)
+{
+    return PyErr_Format(PyExc_TypeError, "host array: use mlirgpu.to_device (got %.100s)", Py_TYPE(obj)->tp_name);
+}
+
+/* A CAI typestr such as "<f4": ValueError if malformed, TypeError if
+ * well-formed but not an mlirgpu dtype. */
+static int dtype_from_typestr(PyObject *typestr, mg_dtype **out)
+{
+    if (!PyUnicode_Check(typestr)) {
+        PyErr_Format(PyExc_TypeError, "typestr must be a str, not %.100s", Py_TYPE(typestr)->tp_name);
+        return -1;
+    }
+    const char *text = PyUnicode_AsUTF8(typestr);
+    if (text == NULL)
+        return -1;
+    size_t n = strlen(text);
+    if (n < 3 || strchr("<>|=", text[0]) == NULL || text[1] == '\0' || strspn(text + 2, "0123456789") != n - 2) {
+        PyErr_Format(PyExc_ValueError, "malformed typestr %R", typestr);
+        return -1;
+    }
+    long size = strtol(text + 2, NULL, 10);
+    int big_endian = text[0] == '>' && size > 1;
+    for (int id = 0; id < MG_DT_COUNT && !big_endian; id++) {
+        if (id == MG_DT_INDEX || dtype_table[id].typestr == NULL)
+            continue;
+        if (dtype_table[id].kind == text[1] && dtype_table[id].itemsize == size) {
+            *out = dtypes[id];
+            return 0;
+        }
+    }
+    PyErr_Format(PyExc_TypeError, "typestr %R is not an mlirgpu dtype", typestr);
+    return -1;
+}
+
+/* A required key of a CAI dict: borrowed, or NULL with ValueError. */
+static PyObject *cai_item(PyObject *cai, const char *key, int required)
+{
+    PyObject *value = PyDict_GetItemString(cai, key);   /* borrowed; errors are impossible for str keys */
+    if (value == NULL && required)
+        PyErr_Format(PyExc_ValueError, "__cuda_array_interface__ has no '%s'", key);
+    return value;
+}
+
+static int int_tuple(PyObject *obj, const char *what, Py_ssize_t *out, int max, int *count, int nonneg)
+{
+    if (!PyTuple_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "__cuda_array_interface__ '%s' must be a tuple, not %.100s",
+                     what, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(obj);
+    if (n > max) {
+        PyErr_Format(PyExc_ValueError, "at most %d dimensions are supported, '%s' has %zd", max, what, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(obj, i);
+        if (!PyLong_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "__cuda_array_interface__ '%s' holds ints, not %.100s",
+                         what, Py_TYPE(item)->tp_name);
+            return -1;
+        }
+        out[i] = PyLong_AsSsize_t(item);
+        if (out[i] == -1 && PyErr_Occurred())
+            return -1;
+        if (nonneg && out[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "negative extent in __cuda_array_interface__ '%s'", what);
+            return -1;
+        }
+    }
+    *count = (int)n;
+    return 0;
+}
+
+static PyObject *view_from_cai(PyObject *obj, PyObject *cai)
+{
+    if (!PyDict_Check(cai))
+        return PyErr_Format(PyExc_TypeError, "__cuda_array_interface__ must be a dict, not %.100s",
+                            Py_TYPE(cai)->tp_name);
+    PyObject *shape_obj, *typestr, *data, *version, *strides_obj, *mask, *stream_obj;
+    if ((shape_obj = cai_item(cai, "shape", 1)) == NULL || (typestr = cai_item(cai, "typestr", 1)) == NULL ||
+        (data = cai_item(cai, "data", 1)) == NULL || (version = cai_item(cai, "version", 1)) == NULL)
+        return NULL;
+    strides_obj = cai_item(cai, "strides", 0);
+    mask = cai_item(cai, "mask", 0);
+    stream_obj = cai_item(cai, "stream", 0);
+    if (!PyLong_Check(version))
+        return mg_raise(PyExc_TypeError, "__cuda_array_interface__ 'version' must be an int");
+    if (mask != NULL && mask != Py_None)
+        return mg_raise(PyExc_ValueError, "masked __cuda_array_interface__ arrays are not supported");
+
+    int ndim, nstrides;
+    Py_ssize_t shape[MG_MAX_NDIM], strides[MG_MAX_NDIM];
+    mg_dtype *dtype;
+    if (int_tuple(shape_obj, "shape", shape, MG_MAX_NDIM, &ndim, 1) < 0 || dtype_from_typestr(typestr, &dtype) < 0)
+        return NULL;
+    if (!PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2 || !PyLong_Check(PyTuple_GET_ITEM(data, 0)))
+        return mg_raise(PyExc_TypeError, "__cuda_array_interface__ 'data' must be a (pointer, read_only) tuple");
+    unsigned long long pointer = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
+    if (pointer == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    int has_strides = strides_obj != NULL && strides_obj != Py_None;
+    if (has_strides) {
+        if (int_tuple(strides_obj, "strides", strides, MG_MAX_NDIM, &nstrides, 0) < 0)
+            return NULL;
+        if (nstrides != ndim)
+            return mg_raise(PyExc_ValueError, "__cuda_array_interface__ has %d strides for %d dimensions",
+                            nstrides, ndim);
+    }
+    /* v3: the consumer makes its stream (here the legacy default one) wait
+     * for the producer's; None or absent means nothing to wait for. */
+    if (stream_obj != NULL && stream_obj != Py_None) {
+        if (!PyLong_Check(stream_obj))
+            return mg_raise(PyExc_TypeError, "__cuda_array_interface__ 'stream' must be an int or None");
+        if (PyLong_AsLongLong(stream_obj) == 0 && !PyErr_Occurred())
+            return mg_raise(PyExc_ValueError, "__cuda_array_interface__ 'stream' 0 is disallowed by version 3");
+        PyErr_Clear();
+        CUstream producer;
+        if (!mg_cu_stream_converter(stream_obj, &producer) || mg_cu_stream_order(producer, NULL) < 0)
+            return NULL;
+    }
+    mg_array *view = array_create(dtype, ndim, shape, has_strides ? strides : NULL);
+    if (view == NULL)
+        return NULL;
+    Py_ssize_t lo, hi;
+    if (view->size > 0 && byte_extent(view, &lo, &hi) < 0) {
+        Py_DECREF(view);
+        return NULL;
+    }
+    view->ptr = (CUdeviceptr)pointer;
+    view->device = view->size > 0 && pointer != 0 ? mg_cu_pointer_device(view->ptr) : mg_cu_current_device();
+    view->owner = Py_NewRef(obj);
+    return (PyObject *)view;
+}
+
+static int dtype_from_dl(DLDataType t, mg_dtype **out)
+{
+    int id = -1;
+    if (t.lanes == 1) {
+        switch (t.code) {
+        case kDLInt: id = t.bits == 8 ? MG_DT_I8 : t.bits == 16 ? MG_DT_I16 : t.bits == 32 ? MG_DT_I32 : t.bits == 64 ? MG_DT_I64 : -1; break;
+        case kDLUInt: id = t.bits == 8 ? MG_DT_U8 : t.bits == 16 ? MG_DT_U16 : t.bits == 32 ? MG_DT_U32 : t.bits == 64 ? MG_DT_U64 : -1; break;
+        case kDLFloat: id = t.bits == 16 ? MG_DT_F16 : t.bits == 32 ? MG_DT_F32 : t.bits == 64 ? MG_DT_F64 : -1; break;
+        case kDLBfloat: id = t.bits == 16 ? MG_DT_BF16 : -1; break;
+        case kDLBool: id = t.bits == 8 ? MG_DT_BOOL : -1; break;
+        }
+    }
+    if (id < 0) {
+        PyErr_Format(PyExc_TypeError, "DLPack dtype (code %d, bits %d, lanes %d) is not an mlirgpu dtype",
+                     t.code, t.bits, t.lanes);
+        return -1;
+    }
+    *out = dtypes[id];
+    return 0;
+}
+
+/* A view of a "dltensor" or "dltensor_versioned" capsule. On success the
+ * capsule is renamed "used_..." and the view calls the deleter when it dies;
+ * on failure the capsule is left as it was, so its own destructor frees it. */
+static PyObject *view_from_capsule(PyObject *capsule)
+{
+    const char *name = PyCapsule_GetName(capsule);
+    if (name == NULL && PyErr_Occurred())
+        return NULL;
+    int versioned;
+    if (name != NULL && strcmp(name, MG_DLPACK_VERSIONED_NAME) == 0)
+        versioned = 1;
+    else if (name != NULL && strcmp(name, MG_DLPACK_NAME) == 0)
+        versioned = 0;
+    else if (name != NULL && strncmp(name, "used_", 5) == 0)
+        return mg_raise(PyExc_ValueError, "this DLPack capsule was already consumed");
+    else
+        return PyErr_Format(PyExc_ValueError, "not a DLPack capsule: its name is '%s', not 'dltensor' or "
+                            "'dltensor_versioned'", name ? name : "(null)");
+    void *managed = PyCapsule_GetPointer(capsule, name);
+    if (managed == NULL)
+        return NULL;
+    DLTensor *t;
+    if (versioned) {
+        DLManagedTensorVersioned *m = managed;
+        if (m->version.major != MG_DLPACK_MAJOR)
+            return PyErr_Format(PyExc_BufferError, "DLPack %u.%u is newer than this mlirgpu understands (%d.x)",
+                                m->version.major, m->version.minor, MG_DLPACK_MAJOR);
+        t = &m->dl_tensor;
+    }
+    else {
+        t = &((DLManagedTensor *)managed)->dl_tensor;
+    }
+    if (t->device.device_type == kDLCPU || t->device.device_type == kDLCUDAHost)
+        return mg_raise(PyExc_TypeError, "host array: use mlirgpu.to_device (DLPack device type %d)",
+                        (int)t->device.device_type);
+    if (t->device.device_type != kDLCUDA && t->device.device_type != kDLCUDAManaged)
+        return mg_raise(PyExc_TypeError, "DLPack device type %d is not CUDA", (int)t->device.device_type);
+    if (t->ndim < 0 || t->ndim > MG_MAX_NDIM)
+        return mg_raise(PyExc_ValueError, "DLPack tensor has %d dimensions; at most %d are supported",
+                        (int)t->ndim, MG_MAX_NDIM);
+    mg_dtype *dtype;
+    if (dtype_from_dl(t->dtype, &dtype) < 0)
+        return NULL;
+    Py_ssize_t shape[MG_MAX_NDIM], strides[MG_MAX_NDIM];
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] < 0 || t->shape[i] > PY_SSIZE_T_MAX)
+            return mg_raise(PyExc_ValueError, "DLPack tensor has a bad extent %lld", (long long)t->shape[i]);
+        shape[i] = (Py_ssize_t)t->shape[i];
+        if (t->strides != NULL && checked_mul((Py_ssize_t)t->strides[i], dtype->itemsize, &strides[i]) < 0)
+            return mg_raise(PyExc_ValueError, "DLPack tensor has a stride too large to address");
+    }
+    mg_array *view = array_create(dtype, t->ndim, shape, t->strides != NULL ? strides : NULL);
+    if (view == NULL)
+        return NULL;
+    Py_ssize_t lo, hi;
+    if (view->size > 0 && byte_extent(view, &lo, &hi) < 0)
+        goto error;
+    view->ptr = (CUdeviceptr)(uintptr_t)t->data + (CUdeviceptr)t->byte_offset;
+    view->device = t->device.device_id;
+    if (PyCapsule_SetName(capsule, versioned ? MG_DLPACK_USED_VERSIONED_NAME : MG_DLPACK_USED_NAME) < 0)
+        goto error;
+    view->dl_managed = managed;
+    view->dl_versioned = versioned;
+    view->owner = Py_NewRef(capsule);
+    return (PyObject *)view;
+error:
+    Py_DECREF(view);
+    return NULL;
+}
+
+/* obj.__dlpack__(max_version=(1, 0), stream=1), or without max_version for
+ * producers that predate it. Stream 1: order the export after the
+ * producer's work as seen from the legacy default stream. */
+static PyObject *call_dlpack(PyObject *obj)
+{
+    PyObject *method = PyObject_GetAttr(obj, str_dlpack);
+    if (method == NULL)
+        return NULL;
+    PyObject *capsule = NULL;
+    PyObject *kwargs = Py_BuildValue("{s:(ii),s:i}", "max_version", MG_DLPACK_MAJOR, MG_DLPACK_MINOR, "stream", 1);
+    PyObject *empty = PyTuple_New(0);
+    if (kwargs == NULL || empty == NULL)
+        goto error;
+    capsule = PyObject_Call(method, empty, kwargs);
+    if (capsule == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        if (PyDict_DelItemString(kwargs, "max_version") < 0)
+            goto error;
+        capsule = PyObject_Call(method, empty, kwargs);
+    }
+error:
+    Py_DECREF(method);
+    Py_XDECREF(kwargs);
+    Py_XDECREF(empty);
+    return capsule;
+}
+
+static PyObject *view_from_dlpack(PyObject *obj)
+{
+    PyObject *device = NULL, *capsule = NULL, *view = NULL;
+    int found;
+    /* Ask where the data lives first: a host producer gets no stream argument. */
+    found = PyObject_HasAttr(obj, str_dlpack_device);
+    if (found) {
+        device = PyObject_CallMethodNoArgs(obj, str_dlpack_device);
+        if (device == NULL)
+            goto error;
+        int type, id;
+        if (!PyTuple_Check(device) || !PyArg_ParseTuple(device, "ii", &type, &id)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%.100s.__dlpack_device__() must return (device_type, device_id)",
+                         Py_TYPE(obj)->tp_name);
+            goto error;
+        }
+        if (type == kDLCPU || type == kDLCUDAHost) {
+            host_array_error(obj);
+            goto error;
+        }
+        if (type != kDLCUDA && type != kDLCUDAManaged) {
+            PyErr_Format(PyExc_TypeError, "%.100s lives on DLPack device type %d, not CUDA",
+                         Py_TYPE(obj)->tp_name, type);
+            goto error;
+        }
+    }
+    capsule = call_dlpack(obj);
+    if (capsule == NULL)
+        goto error;
+    if (!PyCapsule_CheckExact(capsule)) {
+        PyErr_Format(PyExc_TypeError, "%.100s.__dlpack__() returned %.100s, not a capsule",
+                     Py_TYPE(obj)->tp_name, Py_TYPE(capsule)->tp_name);
+        goto error;
+    }
+    view = view_from_capsule(capsule);
+error:
+    Py_XDECREF(device);
+    Py_XDECREF(capsule);   /* a consumed capsule lives on as the view's owner */
+    return view;
+}
+
+PyObject *mg_array_asarray(PyObject *obj)
+{
+    if (PyObject_TypeCheck(obj, mg_array_type))
+        return Py_NewRef(obj);
+    if (PyArray_Check(obj))
+        return host_array_error(obj);
+    if (PyCapsule_CheckExact(obj))
+        return view_from_capsule(obj);
+    PyObject *cai = PyObject_GetAttr(obj, str_cai);
+    if (cai != NULL) {
+        PyObject *view = view_from_cai(obj, cai);
+        Py_DECREF(cai);
+        return view;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+        return NULL;
+    PyErr_Clear();
+    if (PyObject_HasAttr(obj, str_dlpack))
+        return view_from_dlpack(obj);
+    if (PyObject_HasAttr(obj, str_array_interface) || PyObject_HasAttr(obj, str_array))
+        return host_array_error(obj);
+    return PyErr_Format(PyExc_TypeError, "cannot view %.100s as a device array: it has neither "
+                        "__cuda_array_interface__ nor __dlpack__", Py_TYPE(obj)->tp_name);
+}
+
+static PyObject *array_asarray_function(PyObject *module, PyObject *obj)
+{
+    return mg_array_asarray(obj);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Type and module setup                                                   */
+/* ---------------------------------------------------------------------- */
+
+static PyMethodDef array_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))array_get, METH_VARARGS | METH_KEYWORDS,
+     "get(stream=None): a new numpy.ndarray with the contents (waits for the copy). By default the copy "
+     "is ordered on the stream that last used the array."},
+    {"copy_to_host", (PyCFunction)(void (*)(void))array_copy_to_host, METH_VARARGS | METH_KEYWORDS,
+     "copy_to_host(out, stream=None): copies into the numpy.ndarray `out` (same shape and dtype); returns out."},
+    {"__dlpack__", (PyCFunction)(void (*)(void))array_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None): a DLPack capsule."},
+    {"__dlpack_device__", (PyCFunction)array_dlpack_device, METH_NOARGS, "(2, ordinal): kDLCUDA."},
+    {NULL},
+};
+
+static PyGetSetDef array_getset[] = {
+    {"shape", (getter)array_get_shape, NULL, NULL, NULL},
+    {"strides", (getter)array_get_strides, NULL, "Strides in bytes, like NumPy.", NULL},
+    {"dtype", (getter)array_get_dtype, NULL, NULL, NULL},
+    {"nbytes", (getter)array_get_nbytes, NULL, NULL, NULL},
+    {"ptr", (getter)array_get_ptr, NULL, "The device address of the first element.", NULL},
+    {"is_c_contiguous", (getter)array_get_contiguous, NULL, NULL, NULL},
+    {"__cuda_array_interface__", (getter)array_get_cai, NULL, "Version 3; TypeError for bf16.", NULL},
+    {NULL},
+};
+
+static PyMemberDef array_members[] = {
+    {"ndim", T_INT, offsetof(mg_array, ndim), READONLY, NULL},
+    {"size", T_PYSSIZET, offsetof(mg_array, size), READONLY, "Number of elements."},
+    {"device", T_INT, offsetof(mg_array, device), READONLY, "CUDA ordinal."},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(mg_array, weakrefs), READONLY},
+    {NULL},
+};
+
+static PyType_Slot array_slots[] = {
+    {Py_tp_doc, "An array in CUDA device memory: mlirgpu.empty, zeros, to_device, asarray."},
+    {Py_tp_dealloc, array_dealloc},
+    {Py_tp_traverse, array_traverse},
+    {Py_tp_clear, array_clear},
+    {Py_tp_repr, array_repr},
+    {Py_sq_length, array_length},
+    {Py_tp_methods, array_methods},
+    {Py_tp_getset, array_getset},
+    {Py_tp_members, array_members},
+    {0, NULL},
+};
+
+static PyType_Spec array_spec = {
+    .name = "mlirgpu.DeviceArray",
+    .basicsize = sizeof(mg_array),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = array_slots,
+};
+
+static PyMethodDef array_functions[] = {
+    {"dtype", array_dtype_function, METH_O,
+     "dtype(x): the mlirgpu dtype of a DType, numpy dtype, NumPy scalar type or name."},
+    {"empty", (PyCFunction)(void (*)(void))array_empty, METH_VARARGS | METH_KEYWORDS,
+     "empty(shape, dtype=f32, stream=None): an uninitialized DeviceArray."},
+    {"zeros", (PyCFunction)(void (*)(void))array_zeros, METH_VARARGS | METH_KEYWORDS,
+     "zeros(shape, dtype=f32, stream=None): a DeviceArray of zeros (set on `stream`)."},
+    {"to_device", (PyCFunction)(void (*)(void))array_to_device, METH_VARARGS | METH_KEYWORDS,
+     "to_device(array, stream=None): a DeviceArray copy of a NumPy array or array-like."},
+    {"asarray", array_asarray_function, METH_O,
+     "asarray(obj): obj itself if a DeviceArray, else a zero-copy view of a __cuda_array_interface__ or "
+     "CUDA __dlpack__ object."},
+    {NULL},
+};
+
+static int intern(PyObject **slot, const char *text)
+{
+    *slot = PyUnicode_InternFromString(text);
+    return *slot == NULL ? -1 : 0;
+}
+
+int mg_array_init(PyObject *module)
+{
+    if (intern(&str_cai, "__cuda_array_interface__") < 0 || intern(&str_dlpack, "__dlpack__") < 0 ||
+        intern(&str_dlpack_device, "__dlpack_device__") < 0 ||
+        intern(&str_array_interface, "__array_interface__") < 0 || intern(&str_array, "__array__") < 0)
+        return -1;
+    if ((mg_DType_type = mg_add_type(module, &dtype_spec, NULL)) == NULL ||
+        (mg_array_type = mg_add_type(module, &array_spec, NULL)) == NULL)
+        return -1;
+    for (int id = 0; id < MG_DT_COUNT; id++) {
+        mg_dtype *dt = (mg_dtype *)mg_DType_type->tp_alloc(mg_DType_type, 0);
+        if (dt == NULL)
+            return -1;
+        dt->id = (mg_dtype_id)id;
+        dt->name = dtype_table[id].name;
+        dt->itemsize = dtype_table[id].itemsize;
+        dt->kind = dtype_table[id].kind;
+        dt->dlpack_code = dtype_table[id].dlpack_code;
+        dt->bits = (uint8_t)(8 * dtype_table[id].itemsize);
+        dt->typestr = dtype_table[id].typestr;
+        dt->npy_type = dtype_table[id].npy_type;
+        dt->hash = -1;
+        dtypes[id] = dt;
+        if (PyModule_AddObjectRef(module, dt->name, (PyObject *)dt) < 0)
+            return -1;
+    }
+    return PyModule_AddFunctions(module, array_functions);
+}

@@ -1,2 +1,1690 @@
-#include "module.h"
-int mg_cu_init(PyObject *module) { return 0; }
+/* The CUDA driver through dlopen: loading, errors, primary contexts, and the
+ * Python types Device, Stream, Event, Module and Function (the launch). */
+#include "cuda.h"
+#include "array.h"
+
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <structmember.h>
+
+#define NO_IMPORT_ARRAY
+#define PY_ARRAY_UNIQUE_SYMBOL mg_ARRAY_API
+#include <numpy/arrayobject.h>
+
+/* Most arguments a launch packs; the parameter buffer lives on the stack. */
+#define MG_CU_MAX_ARGS 64
+
+/* ---------------------------------------------------------------------- */
+/* Driver loading                                                          */
+/* ---------------------------------------------------------------------- */
+
+mg_cu_driver mg_cu;
+_Thread_local CUcontext mg_cu_tls_context = NULL;
+_Thread_local int mg_cu_tls_device = 0;
+
+enum { DRIVER_UNTRIED, DRIVER_READY, DRIVER_MISSING, DRIVER_INIT_FAILED };
+
+/* Process-wide; every access happens with the GIL held. */
+static struct {
+    int state;
+    CUresult init_result;        /* cuInit's answer when state is DRIVER_INIT_FAILED */
+    char missing[512];           /* why the library could not be used */
+    int device_count;
+    CUcontext primary[MG_CU_MAX_DEVICES];   /* retained once, never released */
+} driver;
+
+#define MG_CU_STR_(x) #x
+#define MG_CU_STR(x) MG_CU_STR_(x)
+/* `name` is macro-expanded before it reaches MG_CU_STR, so the symbol is the
+ * versioned one cuda.h maps the plain name to. */
+#define MG_CU_ENTRY(name, params) {MG_CU_STR(name), offsetof(mg_cu_driver, name)},
+static const struct {
+    const char *symbol;
+    size_t offset;
+} driver_symbols[] = {MG_CU_FUNCTIONS(MG_CU_ENTRY)};
+#undef MG_CU_ENTRY
+
+/* Older drivers (before 12.8) lack cuEventElapsedTime_v2; the first version
+ * has the same signature and meaning. */
+static void *resolve(void *library, const char *symbol)
+{
+    void *f = dlsym(library, symbol);
+    if (f == NULL && strcmp(symbol, "cuEventElapsedTime_v2") == 0)
+        f = dlsym(library, "cuEventElapsedTime");
+    return f;
+}
+
+/* MLIRGPU_LIBCUDA names another driver library (a test double, an unusual
+ * install); the default is the soname every driver installs. */
+static int open_library(void)
+{
+    const char *path = getenv("MLIRGPU_LIBCUDA");
+    if (path == NULL || path[0] == '\0')
+        path = "libcuda.so.1";
+    void *library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (library == NULL) {
+        const char *why = dlerror();
+        PyOS_snprintf(driver.missing, sizeof driver.missing, "%s", why ? why : "dlopen failed");
+        return -1;
+    }
+    mg_cu_driver table;
+    for (size_t i = 0; i < sizeof driver_symbols / sizeof driver_symbols[0]; i++) {
+        void *f = resolve(library, driver_symbols[i].symbol);
+        if (f == NULL) {
+            PyOS_snprintf(driver.missing, sizeof driver.missing,
+                          "%s has no %s: the driver is too old", path, driver_symbols[i].symbol);
+            dlclose(library);
+            return -1;
+        }
+        /* POSIX guarantees dlsym's object pointer holds a function pointer. */
+        memcpy((char *)&table + driver_symbols[i].offset, &f, sizeof f);
+    }
+    mg_cu = table;
+    return 0;   /* the library stays open for the life of the process */
+}
+
+/* ---------------------------------------------------------------------- */
+/* Errors                                                                  */
+/* ---------------------------------------------------------------------- */
+
+/* Raises CudaError(message) with .code and .name set. Steals `message`. */
+static int raise_cuda_error(long code, const char *name, PyObject *message)
+{
+    if (message == NULL)
+        return -1;
+    /* During interpreter teardown the module state may already be cleared. */
+    PyObject *cls = (mg_st && mg_st->CudaError) ? mg_st->CudaError : PyExc_RuntimeError;
+    PyObject *exc = PyObject_CallOneArg(cls, message);
+    Py_DECREF(message);
+    PyObject *code_obj = NULL, *name_obj = NULL;
+    if (exc == NULL)
+        goto error;
+    code_obj = PyLong_FromLong(code);
+    name_obj = PyUnicode_FromString(name);
+    if (code_obj == NULL || name_obj == NULL ||
+        PyObject_SetAttrString(exc, "code", code_obj) < 0 ||
+        PyObject_SetAttrString(exc, "name", name_obj) < 0)
+        goto error;
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+error:
+    Py_XDECREF(exc);
+    Py_XDECREF(code_obj);
+    Py_XDECREF(name_obj);
+    return -1;
+}
+
+static int raise_no_driver(void)
+{
+    return raise_cuda_error(-1, "MLIRGPU_NO_DRIVER",
+                            PyUnicode_FromFormat("no CUDA driver: %s", driver.missing));
+}
+
+int mg_cu_raise(CUresult r, const char *what, const char *detail)
+{
+    const char *name = NULL, *text = NULL;
+    if (mg_cu.cuGetErrorName != NULL) {
+        mg_cu.cuGetErrorName(r, &name);
+        mg_cu.cuGetErrorString(r, &text);
+    }
+    if (name == NULL)
+        name = "CUDA_ERROR_UNKNOWN_CODE";
+    if (text == NULL)
+        text = "an error code this driver does not know";
+    PyObject *message;
+    if (detail != NULL && detail[0] != '\0')
+        message = PyUnicode_FromFormat("%s failed: %s: %s\n%s", what, name, text, detail);
+    else
+        message = PyUnicode_FromFormat("%s failed: %s: %s", what, name, text);
+    return raise_cuda_error((long)r, name, message);
+}
+
+int mg_cu_check(CUresult r, const char *what)
+{
+    if (r == CUDA_SUCCESS)
+        return 0;
+    return mg_cu_raise(r, what, NULL);
+}
+
+int mg_cu_load(void)
+{
+    if (driver.state == DRIVER_READY)
+        return 0;
+    if (driver.state == DRIVER_UNTRIED) {
+        if (open_library() < 0) {
+            driver.state = DRIVER_MISSING;
+        }
+        else {
+            CUresult r = mg_cu.cuInit(0);
+            int count = 0;
+            if (r == CUDA_SUCCESS)
+                r = mg_cu.cuDeviceGetCount(&count);
+            driver.init_result = r;
+            driver.device_count = count < MG_CU_MAX_DEVICES ? count : MG_CU_MAX_DEVICES;
+            driver.state = r == CUDA_SUCCESS ? DRIVER_READY : DRIVER_INIT_FAILED;
+        }
+    }
+    if (driver.state == DRIVER_MISSING)
+        return raise_no_driver();
+    if (driver.state == DRIVER_INIT_FAILED)
+        return mg_cu_raise(driver.init_result, "cuInit", NULL);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Contexts                                                                */
+/* ---------------------------------------------------------------------- */
+
+static int retain_primary(int device, CUcontext *out)
+{
+    if (mg_cu_load() < 0)
+        return -1;
+    if (device < 0 || device >= driver.device_count) {
+        char detail[96];
+        PyOS_snprintf(detail, sizeof detail, "device %d does not exist (%d devices)",
+                      device, driver.device_count);
+        return mg_cu_raise(CUDA_ERROR_INVALID_DEVICE, "cuDeviceGet", detail);
+    }
+    if (driver.primary[device] == NULL) {
+        CUdevice handle;
+        CUcontext context;
+        if (mg_cu_check(mg_cu.cuDeviceGet(&handle, device), "cuDeviceGet") < 0 ||
+            mg_cu_check(mg_cu.cuDevicePrimaryCtxRetain(&context, handle), "cuDevicePrimaryCtxRetain") < 0)
+            return -1;
+        driver.primary[device] = context;
+    }
+    *out = driver.primary[device];
+    return 0;
+}
+
+int mg_cu_ensure_context_slow(void)
+{
+    CUcontext context;
+    if (retain_primary(mg_cu_tls_device, &context) < 0 ||
+        mg_cu_check(mg_cu.cuCtxSetCurrent(context), "cuCtxSetCurrent") < 0)
+        return -1;
+    mg_cu_tls_context = context;
+    return 0;
+}
+
+static int set_device(int device)
+{
+    CUcontext context;
+    if (retain_primary(device, &context) < 0 ||
+        mg_cu_check(mg_cu.cuCtxSetCurrent(context), "cuCtxSetCurrent") < 0)
+        return -1;
+    mg_cu_tls_device = device;
+    mg_cu_tls_context = context;
+    return 0;
+}
+
+int mg_cu_push(int device, int *pushed)
+{
+    *pushed = 0;
+    if (mg_cu_ensure_context() < 0)
+        return -1;
+    if (device < 0 || device == mg_cu_tls_device)
+        return 0;
+    CUcontext context;
+    if (retain_primary(device, &context) < 0 ||
+        mg_cu_check(mg_cu.cuCtxPushCurrent(context), "cuCtxPushCurrent") < 0)
+        return -1;
+    *pushed = 1;
+    return 0;
+}
+
+void mg_cu_pop(int pushed)
+{
+    CUcontext popped;
+    if (pushed)
+        mg_cu.cuCtxPopCurrent(&popped);
+}
+
+/* For destructors: makes `device`'s context current without raising.
+ * Returns 1 if pushed, 0 if already current, -1 if the driver is unusable. */
+static int push_quietly(int device)
+{
+    if (driver.state != DRIVER_READY || device < 0 || device >= driver.device_count ||
+        driver.primary[device] == NULL)
+        return -1;
+    if (mg_cu_tls_context == driver.primary[device])
+        return 0;
+    return mg_cu.cuCtxPushCurrent(driver.primary[device]) == CUDA_SUCCESS ? 1 : -1;
+}
+
+void mg_cu_free_quietly(CUdeviceptr pointer, int device)
+{
+    if (pointer == 0)
+        return;
+    int pushed = push_quietly(device);
+    if (pushed < 0)
+        return;
+    /* A destructor cannot report failure: at exit the driver may already be
+     * deinitialized, and after a sticky fault nothing can be freed anyway. */
+    mg_cu.cuMemFree(pointer);
+    mg_cu_pop(pushed);
+}
+
+int mg_cu_pointer_device(CUdeviceptr pointer)
+{
+    if (mg_cu_ensure_context() < 0) {
+        PyErr_Clear();   /* no driver: the view is unusable anyway, any ordinal will do */
+        return mg_cu_tls_device;
+    }
+    int ordinal = 0;
+    if (mg_cu.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, pointer) != CUDA_SUCCESS)
+        return mg_cu_tls_device;
+    return ordinal;
+}
+
+int mg_cu_stream_order(CUstream producer, CUstream consumer)
+{
+    /* CU_STREAM_LEGACY and NULL name the same stream here. */
+    if (producer == CU_STREAM_LEGACY)
+        producer = NULL;
+    if (consumer == CU_STREAM_LEGACY)
+        consumer = NULL;
+    if (producer == consumer)
+        return 0;
+    if (mg_cu_ensure_context() < 0)
+        return -1;
+    CUevent event = NULL;
+    int status = -1;
+    if (mg_cu_check(mg_cu.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate") < 0)
+        goto error;
+    if (mg_cu_check(mg_cu.cuEventRecord(event, producer), "cuEventRecord") < 0 ||
+        mg_cu_check(mg_cu.cuStreamWaitEvent(consumer, event, 0), "cuStreamWaitEvent") < 0)
+        goto error;
+    status = 0;
+error:
+    /* Destroying a pending event is fine: the driver frees it once it fires. */
+    if (event != NULL)
+        mg_cu.cuEventDestroy(event);
+    return status;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Interned strings (made once at init)                                    */
+/* ---------------------------------------------------------------------- */
+
+static PyObject *str_grid, *str_block, *str_shared_mem, *str_stream;
+static PyObject *str_cuda_stream_protocol, *str_cuda_stream, *str_ptr;
+static PyObject *str_cai, *str_dlpack;
+
+/* Gets attribute `name` of `obj`: 1 with *out set, 0 when absent, -1 on error. */
+static int get_optional_attr(PyObject *obj, PyObject *name, PyObject **out)
+{
+    *out = PyObject_GetAttr(obj, name);
+    if (*out != NULL)
+        return 1;
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+        return -1;
+    PyErr_Clear();
+    return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Stream                                                                  */
+/* ---------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    CUstream handle;
+    int device;        /* -1 for the legacy default stream: every device has one */
+    int owned;         /* destroyed at dealloc */
+    char non_blocking; /* a char: read through T_BOOL */
+} mg_stream;
+
+PyTypeObject *mg_cu_Stream_type;
+static PyObject *default_stream;
+
+/* An int stream handle: 0 and 1 are the legacy default stream, 2 the
+ * per-thread default stream, anything else a CUstream pointer. */
+static int stream_from_int(PyObject *value, CUstream *out)
+{
+    if (PyBool_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "stream must be a stream or an int handle, not bool");
+        return 0;
+    }
+    unsigned long long handle = PyLong_AsUnsignedLongLong(value);
+    if (handle == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "stream handle %R is not a pointer value", value);
+        }
+        return 0;
+    }
+    *out = handle <= 1 ? NULL : (CUstream)(uintptr_t)handle;
+    return 1;
+}
+
+int mg_cu_stream_converter(PyObject *obj, CUstream *out)
+{
+    if (obj == Py_None) {
+        *out = NULL;
+        return 1;
+    }
+    if (PyObject_TypeCheck(obj, mg_cu_Stream_type)) {
+        *out = ((mg_stream *)obj)->handle;
+        return 1;
+    }
+    if (PyLong_Check(obj))
+        return stream_from_int(obj, out);
+
+    PyObject *attr = NULL, *value = NULL;
+    int ok = 0, found;
+    /* The CUDA stream protocol: __cuda_stream__() -> (version 0, handle). */
+    if ((found = get_optional_attr(obj, str_cuda_stream_protocol, &attr)) < 0)
+        goto error;
+    if (found) {
+        value = PyCallable_Check(attr) ? PyObject_CallNoArgs(attr) : Py_NewRef(attr);
+        if (value == NULL)
+            goto error;
+        if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 2 ||
+            !PyLong_Check(PyTuple_GET_ITEM(value, 1))) {
+            PyErr_Format(PyExc_TypeError, "%.100s.__cuda_stream__() must return (version, handle), got %R",
+                         Py_TYPE(obj)->tp_name, value);
+            goto error;
+        }
+        ok = stream_from_int(PyTuple_GET_ITEM(value, 1), out);
+        goto error;
+    }
+    /* torch.cuda.Stream. */
+    if ((found = get_optional_attr(obj, str_cuda_stream, &attr)) < 0)
+        goto error;
+    if (found && PyLong_Check(attr)) {
+        ok = stream_from_int(attr, out);
+        goto error;
+    }
+    Py_CLEAR(attr);
+    /* cupy.cuda.Stream / ExternalStream; the class name guards against
+     * taking some array's .ptr for a stream. */
+    const char *type_name = Py_TYPE(obj)->tp_name;
+    size_t length = strlen(type_name);
+    if (length >= 6 && strcmp(type_name + length - 6, "Stream") == 0) {
+        if ((found = get_optional_attr(obj, str_ptr, &attr)) < 0)
+            goto error;
+        if (found && PyLong_Check(attr)) {
+            ok = stream_from_int(attr, out);
+            goto error;
+        }
+    }
+    PyErr_Format(PyExc_TypeError,
+                 "stream must be None, an mlirgpu.Stream, an int handle or an object with "
+                 "__cuda_stream__ or cuda_stream, not %.100s", Py_TYPE(obj)->tp_name);
+error:
+    Py_XDECREF(attr);
+    Py_XDECREF(value);
+    return ok;
+}
+
+static PyObject *stream_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"non_blocking", NULL};
+    int non_blocking = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:Stream", keywords, &non_blocking))
+        return NULL;
+    if (mg_cu_ensure_context() < 0)
+        return NULL;
+    CUstream handle;
+    if (mg_cu_check(mg_cu.cuStreamCreate(&handle, non_blocking ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT),
+                    "cuStreamCreate") < 0)
+        return NULL;
+    mg_stream *self = (mg_stream *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        mg_cu.cuStreamDestroy(handle);
+        return NULL;
+    }
+    self->handle = handle;
+    self->device = mg_cu_tls_device;
+    self->owned = 1;
+    self->non_blocking = (char)non_blocking;
+    return (PyObject *)self;
+}
+
+static void stream_dealloc(mg_stream *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    if (self->owned) {
+        int pushed = push_quietly(self->device);
+        if (pushed >= 0) {
+            /* Pending work still completes; the driver frees the stream after. */
+            mg_cu.cuStreamDestroy(self->handle);
+            mg_cu_pop(pushed);
+        }
+    }
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyObject *stream_synchronize(mg_stream *self, PyObject *unused)
+{
+    int pushed;
+    if (mg_cu_push(self->device, &pushed) < 0)
+        return NULL;
+    CUresult r;
+    Py_BEGIN_ALLOW_THREADS
+    r = mg_cu.cuStreamSynchronize(self->handle);
+    Py_END_ALLOW_THREADS
+    mg_cu_pop(pushed);
+    if (mg_cu_check(r, "cuStreamSynchronize") < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *stream_query(mg_stream *self, PyObject *unused)
+{
+    int pushed;
+    if (mg_cu_push(self->device, &pushed) < 0)
+        return NULL;
+    CUresult r = mg_cu.cuStreamQuery(self->handle);
+    mg_cu_pop(pushed);
+    if (r == CUDA_ERROR_NOT_READY)
+        Py_RETURN_FALSE;
+    if (mg_cu_check(r, "cuStreamQuery") < 0)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyTypeObject *event_type;
+
+typedef struct {
+    PyObject_HEAD
+    CUevent handle;
+    int device;
+    char timing;       /* a char: read through T_BOOL */
+    int recorded;
+} mg_event;
+
+static PyObject *stream_wait(mg_stream *self, PyObject *event)
+{
+    if (!PyObject_TypeCheck(event, event_type))
+        return PyErr_Format(PyExc_TypeError, "Stream.wait takes an mlirgpu.Event, not %.100s",
+                            Py_TYPE(event)->tp_name);
+    int pushed;
+    if (mg_cu_push(self->device, &pushed) < 0)
+        return NULL;
+    CUresult r = mg_cu.cuStreamWaitEvent(self->handle, ((mg_event *)event)->handle, 0);
+    mg_cu_pop(pushed);
+    if (mg_cu_check(r, "cuStreamWaitEvent") < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *stream_handle_object(CUstream handle)
+{
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)handle);
+}
+
+static PyObject *stream_get_handle(mg_stream *self, void *closure)
+{
+    return stream_handle_object(self->handle);
+}
+
+static PyObject *stream_cuda_stream(mg_stream *self, PyObject *unused)
+{
+    return Py_BuildValue("(iN)", 0, stream_handle_object(self->handle));
+}
+
+static PyObject *stream_repr(mg_stream *self)
+{
+    if (self->handle == NULL)
+        return PyUnicode_FromString("<mlirgpu.Stream legacy default>");
+    return PyUnicode_FromFormat("<mlirgpu.Stream %p on device %d%s>", (void *)self->handle,
+                                self->device, self->non_blocking ? ", non-blocking" : "");
+}
+
+static PyMethodDef stream_methods[] = {
+    {"synchronize", (PyCFunction)stream_synchronize, METH_NOARGS, "Blocks until the stream's work is done."},
+    {"query", (PyCFunction)stream_query, METH_NOARGS, "True when the stream's work is done."},
+    {"wait", (PyCFunction)stream_wait, METH_O, "Makes later work on this stream wait for `event`."},
+    {"__cuda_stream__", (PyCFunction)stream_cuda_stream, METH_NOARGS, "CUDA stream protocol: (0, handle)."},
+    {NULL},
+};
+
+static PyGetSetDef stream_getset[] = {
+    {"handle", (getter)stream_get_handle, NULL, "The CUstream as an int (0: legacy default).", NULL},
+    {NULL},
+};
+
+static PyMemberDef stream_members[] = {
+    {"device", T_INT, offsetof(mg_stream, device), READONLY, "CUDA ordinal (-1 for the default stream)."},
+    {"non_blocking", T_BOOL, offsetof(mg_stream, non_blocking), READONLY, NULL},
+    {NULL},
+};
+
+static PyType_Slot stream_slots[] = {
+    {Py_tp_doc, "Stream(non_blocking=False): a CUDA stream of the current device."},
+    {Py_tp_new, stream_new},
+    {Py_tp_dealloc, stream_dealloc},
+    {Py_tp_repr, stream_repr},
+    {Py_tp_methods, stream_methods},
+    {Py_tp_getset, stream_getset},
+    {Py_tp_members, stream_members},
+    {0, NULL},
+};
+
+static PyType_Spec stream_spec = {
+    .name = "mlirgpu.Stream",
+    .basicsize = sizeof(mg_stream),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = stream_slots,
+};
+
+/* ---------------------------------------------------------------------- */
+/* Event                                                                   */
+/* ---------------------------------------------------------------------- */
+
+static PyObject *event_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"timing", NULL};
+    int timing = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p:Event", keywords, &timing))
+        return NULL;
+    if (mg_cu_ensure_context() < 0)
+        return NULL;
+    CUevent handle;
+    if (mg_cu_check(mg_cu.cuEventCreate(&handle, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING),
+                    "cuEventCreate") < 0)
+        return NULL;
+    mg_event *self = (mg_event *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        mg_cu.cuEventDestroy(handle);
+        return NULL;
+    }
+    self->handle = handle;
+    self->device = mg_cu_tls_device;
+    self->timing = (char)timing;
+    return (PyObject *)self;
+}
+
+static void event_dealloc(mg_event *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    int pushed = push_quietly(self->device);
+    if (pushed >= 0) {
+        mg_cu.cuEventDestroy(self->handle);
+        mg_cu_pop(pushed);
+    }
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyObject *event_record(mg_event *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"stream", NULL};
+    CUstream stream = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O&:record", keywords, mg_cu_stream_converter, &stream))
+        return NULL;
+    int pushed;
+    if (mg_cu_push(self->device, &pushed) < 0)
+        return NULL;
+    CUresult r = mg_cu.cuEventRecord(self->handle, stream);
+    mg_cu_pop(pushed);
+    if (mg_cu_check(r, "cuEventRecord") < 0)
+        return NULL;
+    self->recorded = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *event_synchronize(mg_event *self, PyObject *unused)
+{
+    CUresult r;
+    Py_BEGIN_ALLOW_THREADS
+    r = mg_cu.cuEventSynchronize(self->handle);
+    Py_END_ALLOW_THREADS
+    if (mg_cu_check(r, "cuEventSynchronize") < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *event_query(mg_event *self, PyObject *unused)
+{
+    CUresult r = mg_cu.cuEventQuery(self->handle);
+    if (r == CUDA_ERROR_NOT_READY)
+        Py_RETURN_FALSE;
+    if (mg_cu_check(r, "cuEventQuery") < 0)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *event_elapsed_time(mg_event *self, PyObject *end)
+{
+    if (!PyObject_TypeCheck(end, event_type))
+        return PyErr_Format(PyExc_TypeError, "elapsed_time takes an mlirgpu.Event, not %.100s",
+                            Py_TYPE(end)->tp_name);
+    mg_event *other = (mg_event *)end;
+    /* The driver's answer for an unrecorded event varies by version; say it plainly. */
+    if (!self->recorded || !other->recorded) {
+        mg_cu_raise(CUDA_ERROR_INVALID_HANDLE, "Event.elapsed_time",
+                    !self->recorded ? "the start event was never recorded" : "the end event was never recorded");
+        return NULL;
+    }
+    float milliseconds = 0.0f;
+    if (mg_cu_check(mg_cu.cuEventElapsedTime(&milliseconds, self->handle, other->handle),
+                    "cuEventElapsedTime") < 0)
+        return NULL;
+    return PyFloat_FromDouble(milliseconds);
+}
+
+static PyObject *event_get_handle(mg_event *self, void *closure)
+{
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)self->handle);
+}
+
+static PyMethodDef event_methods[] = {
+    {"record", (PyCFunction)(void (*)(void))event_record, METH_VARARGS | METH_KEYWORDS,
+     "record(stream=None): captures the work queued on `stream` so far."},
+    {"synchronize", (PyCFunction)event_synchronize, METH_NOARGS, "Blocks until the event fires."},
+    {"query", (PyCFunction)event_query, METH_NOARGS, "True when the event has fired."},
+    {"elapsed_time", (PyCFunction)event_elapsed_time, METH_O,
+     "elapsed_time(end): milliseconds from this event to `end` (both recorded and fired)."},
+    {NULL},
+};
+
+static PyGetSetDef event_getset[] = {
+    {"handle", (getter)event_get_handle, NULL, "The CUevent as an int.", NULL},
+    {NULL},
+};
+
+static PyMemberDef event_members[] = {
+    {"device", T_INT, offsetof(mg_event, device), READONLY, NULL},
+    {"timing", T_BOOL, offsetof(mg_event, timing), READONLY, NULL},
+    {NULL},
+};
+
+static PyType_Slot event_slots[] = {
+    {Py_tp_doc, "Event(timing=True): a CUDA event of the current device."},
+    {Py_tp_new, event_new},
+    {Py_tp_dealloc, event_dealloc},
+    {Py_tp_methods, event_methods},
+    {Py_tp_getset, event_getset},
+    {Py_tp_members, event_members},
+    {0, NULL},
+};
+
+static PyType_Spec event_spec = {
+    .name = "mlirgpu.Event",
+    .basicsize = sizeof(mg_event),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = event_slots,
+};
+
+/* ---------------------------------------------------------------------- */
+/* Device                                                                  */
+/* ---------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    int ordinal;
+    CUdevice handle;
+} mg_device;
+
+static PyTypeObject *device_type;
+
+static int check_ordinal(int ordinal)
+{
+    if (mg_cu_load() < 0)
+        return -1;
+    if (ordinal < 0 || ordinal >= driver.device_count) {
+        PyErr_Format(PyExc_ValueError, "device %d does not exist: there %s %d", ordinal,
+                     driver.device_count == 1 ? "is" : "are", driver.device_count);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"ordinal", NULL};
+    int ordinal = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|i:Device", keywords, &ordinal))
+        return NULL;
+    CUdevice handle;
+    if (check_ordinal(ordinal) < 0 || mg_cu_check(mg_cu.cuDeviceGet(&handle, ordinal), "cuDeviceGet") < 0)
+        return NULL;
+    mg_device *self = (mg_device *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->ordinal = ordinal;
+    self->handle = handle;
+    return (PyObject *)self;
+}
+
+static void device_dealloc(mg_device *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static int device_attribute(mg_device *self, CUdevice_attribute attribute, int *value)
+{
+    return mg_cu_check(mg_cu.cuDeviceGetAttribute(value, attribute, self->handle), "cuDeviceGetAttribute");
+}
+
+/* Getter for an int attribute; the closure carries the CUdevice_attribute. */
+static PyObject *device_get_int(mg_device *self, void *closure)
+{
+    int value;
+    if (device_attribute(self, (CUdevice_attribute)(intptr_t)closure, &value) < 0)
+        return NULL;
+    return PyLong_FromLong(value);
+}
+
+static int device_capability(mg_device *self, int *major, int *minor)
+{
+    if (device_attribute(self, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, major) < 0 ||
+        device_attribute(self, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, minor) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *device_get_capability(mg_device *self, void *closure)
+{
+    int major, minor;
+    if (device_capability(self, &major, &minor) < 0)
+        return NULL;
+    return Py_BuildValue("(ii)", major, minor);
+}
+
+/* sm_XY; Hopper (9.0) gets the arch-specific sm_90a, which wgmma needs. */
+static PyObject *device_get_chip(mg_device *self, void *closure)
+{
+    int major, minor;
+    if (device_capability(self, &major, &minor) < 0)
+        return NULL;
+    return PyUnicode_FromFormat("sm_%d%d%s", major, minor, major == 9 && minor == 0 ? "a" : "");
+}
+
+static PyObject *device_get_name(mg_device *self, void *closure)
+{
+    char name[256];
+    if (mg_cu_check(mg_cu.cuDeviceGetName(name, (int)sizeof name, self->handle), "cuDeviceGetName") < 0)
+        return NULL;
+    return PyUnicode_FromString(name);
+}
+
+static PyObject *device_get_total_memory(mg_device *self, void *closure)
+{
+    size_t bytes;
+    if (mg_cu_check(mg_cu.cuDeviceTotalMem(&bytes, self->handle), "cuDeviceTotalMem") < 0)
+        return NULL;
+    return PyLong_FromSize_t(bytes);
+}
+
+static PyObject *device_mem_info(mg_device *self, PyObject *unused)
+{
+    int pushed;
+    if (mg_cu_push(self->ordinal, &pushed) < 0)
+        return NULL;
+    size_t free_bytes = 0, total_bytes = 0;
+    CUresult r = mg_cu.cuMemGetInfo(&free_bytes, &total_bytes);
+    mg_cu_pop(pushed);
+    if (mg_cu_check(r, "cuMemGetInfo") < 0)
+        return NULL;
+    return Py_BuildValue("(nn)", (Py_ssize_t)free_bytes, (Py_ssize_t)total_bytes);
+}
+
+static PyObject *device_synchronize(mg_device *self, PyObject *unused)
+{
+    int pushed;
+    if (mg_cu_push(self->ordinal, &pushed) < 0)
+        return NULL;
+    CUresult r;
+    Py_BEGIN_ALLOW_THREADS
+    r = mg_cu.cuCtxSynchronize();
+    Py_END_ALLOW_THREADS
+    mg_cu_pop(pushed);
+    if (mg_cu_check(r, "cuCtxSynchronize") < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *device_make_current(mg_device *self, PyObject *unused)
+{
+    if (set_device(self->ordinal) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *device_repr(mg_device *self)
+{
+    return PyUnicode_FromFormat("mlirgpu.cuda.Device(%d)", self->ordinal);
+}
+
+static PyObject *device_richcompare(PyObject *a, PyObject *b, int op)
+{
+    if (!PyObject_TypeCheck(b, device_type) || (op != Py_EQ && op != Py_NE))
+        Py_RETURN_NOTIMPLEMENTED;
+    int equal = ((mg_device *)a)->ordinal == ((mg_device *)b)->ordinal;
+    return PyBool_FromLong(op == Py_EQ ? equal : !equal);
+}
+
+static Py_hash_t device_hash(mg_device *self)
+{
+    return self->ordinal + 1;   /* -1 is reserved for errors */
+}
+
+#define DEVICE_INT(name, attribute, doc) \
+    {name, (getter)device_get_int, NULL, doc, (void *)(intptr_t)(attribute)}
+
+static PyGetSetDef device_getset[] = {
+    {"name", (getter)device_get_name, NULL, "The product name.", NULL},
+    {"compute_capability", (getter)device_get_capability, NULL, "(major, minor).", NULL},
+    {"chip", (getter)device_get_chip, NULL,
+     "The PTX target: sm_XY, and sm_90a for compute capability 9.0 (Hopper's wgmma needs it).", NULL},
+    {"total_memory", (getter)device_get_total_memory, NULL, "Bytes of device memory.", NULL},
+    DEVICE_INT("multiprocessor_count", CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "Number of SMs."),
+    DEVICE_INT("max_threads_per_block", CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, NULL),
+    DEVICE_INT("warp_size", CU_DEVICE_ATTRIBUTE_WARP_SIZE, NULL),
+    DEVICE_INT("shared_memory_per_block", CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+               "Bytes of shared memory a block gets without opting in."),
+    DEVICE_INT("shared_memory_per_block_optin", CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+               "Bytes a block may get after Function.set_max_dynamic_shared_memory."),
+    DEVICE_INT("shared_memory_per_multiprocessor", CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, NULL),
+    {NULL},
+};
+
+static PyMethodDef device_methods[] = {
+    {"mem_info", (PyCFunction)device_mem_info, METH_NOARGS, "(free, total) bytes."},
+    {"synchronize", (PyCFunction)device_synchronize, METH_NOARGS, "Blocks until all work on the device is done."},
+    {"make_current", (PyCFunction)device_make_current, METH_NOARGS,
+     "Makes this device the calling thread's device (like set_device)."},
+    {NULL},
+};
+
+static PyMemberDef device_members[] = {
+    {"ordinal", T_INT, offsetof(mg_device, ordinal), READONLY, NULL},
+    {NULL},
+};
+
+static PyType_Slot device_slots[] = {
+    {Py_tp_doc, "Device(ordinal=0): a CUDA device and its properties."},
+    {Py_tp_new, device_new},
+    {Py_tp_dealloc, device_dealloc},
+    {Py_tp_repr, device_repr},
+    {Py_tp_richcompare, device_richcompare},
+    {Py_tp_hash, device_hash},
+    {Py_tp_getset, device_getset},
+    {Py_tp_methods, device_methods},
+    {Py_tp_members, device_members},
+    {0, NULL},
+};
+
+static PyType_Spec device_spec = {
+    .name = "mlirgpu.Device",
+    .basicsize = sizeof(mg_device),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = device_slots,
+};
+
+/* ---------------------------------------------------------------------- */
+/* Module                                                                  */
+/* ---------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    CUmodule handle;
+    int device;
+    PyObject *info_log;   /* str from the PTX JIT, or None */
+} mg_module;
+
+PyTypeObject *mg_cu_Module_type;
+
+/* JIT log buffers; the driver truncates longer logs. */
+#define JIT_LOG_BYTES 16384
+
+PyObject *mg_cu_module_load(PyObject *image)
+{
+    const char *data;
+    Py_ssize_t size;
+    int is_binary = 0;
+    if (PyUnicode_Check(image)) {
+        data = PyUnicode_AsUTF8AndSize(image, &size);
+        if (data == NULL)
+            return NULL;
+    }
+    else if (PyBytes_Check(image)) {
+        data = PyBytes_AS_STRING(image);
+        size = PyBytes_GET_SIZE(image);
+        /* ELF (cubin) or the fatbin header magic 0xBA55ED50: no JIT needed. */
+        is_binary = size >= 4 && (memcmp(data, "\x7f" "ELF", 4) == 0 || memcmp(data, "\x50\xed\x55\xba", 4) == 0);
+    }
+    else {
+        return PyErr_Format(PyExc_TypeError, "a module image is PTX (str or bytes) or a cubin (bytes), not %.100s",
+                            Py_TYPE(image)->tp_name);
+    }
+    if (size == 0)
+        return mg_raise(PyExc_ValueError, "the module image is empty");
+    if (mg_cu_ensure_context() < 0)
+        return NULL;
+
+    char *logs = PyMem_Malloc(2 * JIT_LOG_BYTES);
+    if (logs == NULL)
+        return PyErr_NoMemory();
+    char *info_log = logs, *error_log = logs + JIT_LOG_BYTES;
+    info_log[0] = error_log[0] = '\0';
+    CUjit_option options[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                              CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    void *values[] = {info_log, (void *)(uintptr_t)JIT_LOG_BYTES, error_log, (void *)(uintptr_t)JIT_LOG_BYTES};
+    CUmodule handle = NULL;
+    CUresult r;
+    mg_module *self = NULL;
+    /* PTX JIT takes milliseconds; `image` is immutable and held by the caller. */
+    Py_BEGIN_ALLOW_THREADS
+    if (is_binary)
+        r = mg_cu.cuModuleLoadData(&handle, data);
+    else
+        r = mg_cu.cuModuleLoadDataEx(&handle, data, 4, options, values);
+    Py_END_ALLOW_THREADS
+    info_log[JIT_LOG_BYTES - 1] = error_log[JIT_LOG_BYTES - 1] = '\0';
+    if (r != CUDA_SUCCESS) {
+        mg_cu_raise(r, is_binary ? "cuModuleLoadData" : "cuModuleLoadDataEx (PTX JIT)",
+                    error_log[0] ? error_log : NULL);
+        goto error;
+    }
+    self = (mg_module *)mg_cu_Module_type->tp_alloc(mg_cu_Module_type, 0);
+    if (self == NULL) {
+        mg_cu.cuModuleUnload(handle);
+        goto error;
+    }
+    self->handle = handle;
+    self->device = mg_cu_tls_device;
+    self->info_log = info_log[0] ? PyUnicode_DecodeUTF8(info_log, strlen(info_log), "replace")
+                                 : Py_NewRef(Py_None);
+    if (self->info_log == NULL)
+        Py_CLEAR(self);
+error:
+    PyMem_Free(logs);
+    return (PyObject *)self;
+}
+
+static void module_dealloc(mg_module *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    int pushed = push_quietly(self->device);
+    if (pushed >= 0) {
+        mg_cu.cuModuleUnload(self->handle);
+        mg_cu_pop(pushed);
+    }
+    Py_XDECREF(self->info_log);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyObject *module_load(PyObject *cls, PyObject *image)
+{
+    return mg_cu_module_load(image);
+}
+
+static PyObject *module_get_function(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"name", "params", NULL};
+    const char *name;
+    PyObject *params = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|O:get_function", keywords, &name, &params))
+        return NULL;
+    return mg_cu_function_new(self, name, params);
+}
+
+static PyMethodDef module_methods[] = {
+    {"load", (PyCFunction)module_load, METH_O | METH_CLASS,
+     "Module.load(image): PTX (str, or bytes) through the JIT, or a cubin (ELF bytes)."},
+    {"get_function", (PyCFunction)(void (*)(void))module_get_function, METH_VARARGS | METH_KEYWORDS,
+     "get_function(name, params=None): the kernel `name`; `params` lists \"ptr\" or a dtype per parameter."},
+    {NULL},
+};
+
+static PyMemberDef module_members[] = {
+    {"info_log", T_OBJECT, offsetof(mg_module, info_log), READONLY, "The PTX JIT's info log, or None."},
+    {"device", T_INT, offsetof(mg_module, device), READONLY, NULL},
+    {NULL},
+};
+
+static PyType_Slot module_slots[] = {
+    {Py_tp_doc, "A loaded CUDA module (Module.load or load_module); unloaded when its last user dies."},
+    {Py_tp_dealloc, module_dealloc},
+    {Py_tp_methods, module_methods},
+    {Py_tp_members, module_members},
+    {0, NULL},
+};
+
+static PyType_Spec module_spec = {
+    .name = "mlirgpu.Module",
+    .basicsize = sizeof(mg_module),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = module_slots,
+};
+
+/* ---------------------------------------------------------------------- */
+/* Function and the launch                                                 */
+/* ---------------------------------------------------------------------- */
+
+/* A parameter kind: a dtype id (a scalar), or one of these. */
+enum { KIND_PTR = -1, KIND_ANY = -2 };
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    CUfunction handle;
+    PyObject *module;     /* strong: the CUmodule outlives its functions */
+    PyObject *name;       /* str */
+    PyObject *params;     /* tuple of "ptr" and DTypes, or None */
+    int nparams;          /* -1 without a signature */
+    signed char kinds[MG_CU_MAX_ARGS];
+} mg_function;
+
+PyTypeObject *mg_cu_Function_type;
+
+static PyObject *function_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+/* Parses a signature into self->kinds and a normalized tuple. */
+static int parse_signature(mg_function *self, PyObject *params)
+{
+    if (params == Py_None) {
+        self->nparams = -1;
+        self->params = Py_NewRef(Py_None);
+        return 0;
+    }
+    if (PyUnicode_Check(params) || !PySequence_Check(params)) {
+        PyErr_Format(PyExc_TypeError, "params must be a sequence of \"ptr\" and dtypes, not %.100s",
+                     Py_TYPE(params)->tp_name);
+        return -1;
+    }
+    PyObject *items = PySequence_Tuple(params);
+    if (items == NULL)
+        return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    if (n > MG_CU_MAX_ARGS) {
+        PyErr_Format(PyExc_ValueError, "a kernel takes at most %d parameters here, the signature has %zd",
+                     MG_CU_MAX_ARGS, n);
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        if (PyUnicode_Check(item) && PyUnicode_CompareWithASCIIString(item, "ptr") == 0) {
+            self->kinds[i] = KIND_PTR;
+            continue;
+        }
+        mg_dtype *dtype;
+        if (!mg_dtype_converter(item, &dtype))
+            goto error;
+        self->kinds[i] = (signed char)dtype->id;
+        /* Normalize to the singleton so `params` reads back cleanly. */
+        PyTuple_SET_ITEM(items, i, Py_NewRef((PyObject *)dtype));
+        Py_DECREF(item);
+    }
+    self->nparams = (int)n;
+    self->params = items;
+    return 0;
+error:
+    Py_DECREF(items);
+    return -1;
+}
+
+PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *params)
+{
+    if (!PyObject_TypeCheck(module, mg_cu_Module_type))
+        return PyErr_Format(PyExc_TypeError, "expected an mlirgpu.Module, not %.100s", Py_TYPE(module)->tp_name);
+    mg_function *self = (mg_function *)mg_cu_Function_type->tp_alloc(mg_cu_Function_type, 0);
+    if (self == NULL)
+        return NULL;
+    self->vectorcall = function_vectorcall;
+    self->module = Py_NewRef(module);
+    self->name = PyUnicode_FromString(name);
+    if (self->name == NULL || parse_signature(self, params ? params : Py_None) < 0)
+        goto error;
+    int pushed;
+    if (mg_cu_push(((mg_module *)module)->device, &pushed) < 0)
+        goto error;
+    CUresult r = mg_cu.cuModuleGetFunction(&self->handle, ((mg_module *)module)->handle, name);
+    mg_cu_pop(pushed);
+    if (r != CUDA_SUCCESS) {
+        char detail[300];
+        PyOS_snprintf(detail, sizeof detail, "no kernel named '%.200s' in the module", name);
+        mg_cu_raise(r, "cuModuleGetFunction", detail);
+        goto error;
+    }
+    return (PyObject *)self;
+error:
+    Py_DECREF(self);
+    return NULL;
+}
+
+CUfunction mg_cu_function_handle(PyObject *function)
+{
+    return ((mg_function *)function)->handle;
+}
+
+static void function_dealloc(mg_function *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    Py_XDECREF(self->name);
+    Py_XDECREF(self->params);
+    Py_XDECREF(self->module);   /* may unload the CUmodule */
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyObject *function_get_attribute(mg_function *self, void *closure)
+{
+    int pushed, value = 0;
+    if (mg_cu_push(((mg_module *)self->module)->device, &pushed) < 0)
+        return NULL;
+    CUresult r = mg_cu.cuFuncGetAttribute(&value, (CUfunction_attribute)(intptr_t)closure, self->handle);
+    mg_cu_pop(pushed);
+    if (mg_cu_check(r, "cuFuncGetAttribute") < 0)
+        return NULL;
+    return PyLong_FromLong(value);
+}
+
+static PyObject *function_set_max_dynamic_shared_memory(mg_function *self, PyObject *arg)
+{
+    long nbytes = PyLong_AsLong(arg);
+    if (nbytes == -1 && PyErr_Occurred())
+        return NULL;
+    if (nbytes < 0 || nbytes > INT32_MAX)
+        return PyErr_Format(PyExc_ValueError, "nbytes must be between 0 and 2**31-1, got %ld", nbytes);
+    int pushed;
+    if (mg_cu_push(((mg_module *)self->module)->device, &pushed) < 0)
+        return NULL;
+    CUresult r = mg_cu.cuFuncSetAttribute(self->handle, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)nbytes);
+    mg_cu_pop(pushed);
+    if (mg_cu_check(r, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)") < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static int launch_error(mg_function *self, const char *fmt, ...)
+{
+    va_list vargs;
+    va_start(vargs, fmt);
+    PyObject *detail = PyUnicode_FromFormatV(fmt, vargs);
+    va_end(vargs);
+    if (detail == NULL)
+        return -1;
+    mg_raise(mg_st->LaunchError, "launch of kernel '%U': %U", self->name, detail);
+    Py_DECREF(detail);
+    return -1;
+}
+
+/* A grid or block extent: a positive int that fits in 32 bits. */
+static int parse_extent(mg_function *self, PyObject *value, const char *what, int axis, unsigned int *out)
+{
+    if (!PyIndex_Check(value) || PyBool_Check(value))
+        return launch_error(self, "%s must be an int or a tuple of 1 to 3 ints, got %.100s in it",
+                            what, Py_TYPE(value)->tp_name);
+    int overflow = 0;
+    long long n = PyLong_Check(value) ? PyLong_AsLongLongAndOverflow(value, &overflow) : -1;
+    if (!PyLong_Check(value)) {
+        PyObject *index = PyNumber_Index(value);
+        if (index == NULL)
+            return -1;
+        n = PyLong_AsLongLongAndOverflow(index, &overflow);
+        Py_DECREF(index);
+    }
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow || n <= 0 || n > (long long)UINT32_MAX)
+        return launch_error(self, "%s[%d] = %R must be a positive int below 2**32", what, axis, value);
+    *out = (unsigned int)n;
+    return 0;
+}
+
+static int parse_dims(mg_function *self, PyObject *value, const char *what, unsigned int out[3])
+{
+    if (PyTuple_Check(value) || PyList_Check(value)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
+        if (n < 1 || n > 3)
+            return launch_error(self, "%s must have 1 to 3 extents, got %zd", what, n);
+        PyObject **items = PySequence_Fast_ITEMS(value);
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (parse_extent(self, items[i], what, (int)i, &out[i]) < 0)
+                return -1;
+        return 0;
+    }
+    return parse_extent(self, value, what, 0, &out[0]);
+}
+
+/* IEEE binary16 from binary32, rounding to nearest even. */
+static uint16_t float_to_half(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint32_t sign = (x >> 16) & 0x8000u, magnitude = x & 0x7fffffffu;
+    if (magnitude > 0x7f800000u)
+        return (uint16_t)(sign | 0x7e00u);          /* NaN */
+    if (magnitude >= 0x47800000u)
+        return (uint16_t)(sign | 0x7c00u);          /* too large: infinity */
+    if (magnitude < 0x38800000u) {                  /* a half subnormal, or zero */
+        float a;
+        memcpy(&a, &magnitude, sizeof a);
+        float scaled = a * 16777216.0f;             /* exact: a power-of-two scale */
+        uint32_t m = (uint32_t)scaled;
+        float fraction = scaled - (float)m;
+        if (fraction > 0.5f || (fraction == 0.5f && (m & 1u)))
+            m++;
+        return (uint16_t)(sign | m);
+    }
+    uint32_t h = (magnitude - 0x38000000u) >> 13;  /* rebias 127 -> 15, keep 10 bits */
+    uint32_t rest = magnitude & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
+        h++;                                        /* may carry into infinity, correctly */
+    return (uint16_t)(sign | h);
+}
+
+/* bfloat16 from binary32, rounding to nearest even. */
+static uint16_t float_to_bfloat16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u);      /* keep NaN a quiet NaN */
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* Packs a Python or NumPy scalar as parameter `index` of type `dtype`. */
+static int pack_scalar(mg_function *self, Py_ssize_t index, mg_dtype *dtype, PyObject *value, uint64_t *slot)
+{
+    *slot = 0;
+    if (dtype->kind == 'i' || dtype->kind == 'u' || dtype->kind == 'b') {
+        if (!PyIndex_Check(value) && !PyArray_IsScalar(value, Bool))
+            goto wrong_type;
+        if (dtype->kind == 'b') {
+            int truth = PyObject_IsTrue(value);
+            if (truth < 0)
+                return -1;
+            *(uint8_t *)slot = (uint8_t)truth;
+            return 0;
+        }
+        PyObject *integer = PyNumber_Index(value);
+        if (integer == NULL)
+            return -1;
+        int overflow = 0, out_of_range;
+        if (dtype->kind == 'u') {
+            unsigned long long u = PyLong_AsUnsignedLongLong(integer);
+            out_of_range = u == (unsigned long long)-1 && PyErr_Occurred();
+            if (out_of_range)
+                PyErr_Clear();
+            else if (dtype->bits < 64)
+                out_of_range = u >> dtype->bits != 0;
+            *slot = u;   /* little-endian: the low bytes come first */
+        }
+        else {
+            long long s = PyLong_AsLongLongAndOverflow(integer, &overflow);
+            out_of_range = overflow != 0;
+            if (!out_of_range && dtype->bits < 64) {
+                long long limit = 1LL << (dtype->bits - 1);
+                out_of_range = s < -limit || s >= limit;
+            }
+            memcpy(slot, &s, sizeof s);
+        }
+        Py_DECREF(integer);
+        if (out_of_range)
+            return launch_error(self, "argument %zd = %R does not fit in %s", index, value, dtype->name);
+        return 0;
+    }
+    /* f16, bf16, f32, f64 */
+    if (!PyFloat_Check(value) && !PyLong_Check(value) && !PyArray_IsScalar(value, Number))
+        goto wrong_type;
+    double d = PyFloat_AsDouble(value);
+    if (d == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        goto wrong_type;
+    }
+    switch (dtype->id) {
+    case MG_DT_F64: memcpy(slot, &d, sizeof d); break;
+    case MG_DT_F32: { float f = (float)d; memcpy(slot, &f, sizeof f); break; }
+    case MG_DT_F16: { uint16_t h = float_to_half((float)d); memcpy(slot, &h, sizeof h); break; }
+    default: { uint16_t h = float_to_bfloat16((float)d); memcpy(slot, &h, sizeof h); break; }
+    }
+    return 0;
+wrong_type:
+    return launch_error(self, "argument %zd is a %s scalar, got %.100s", index, dtype->name, Py_TYPE(value)->tp_name);
+}
+
+/* A NumPy scalar without a signature: its own dtype says how wide it is. */
+static int pack_numpy_scalar(mg_function *self, Py_ssize_t index, PyObject *value, uint64_t *slot)
+{
+    PyArray_Descr *descr = PyArray_DescrFromScalar(value);
+    if (descr == NULL)
+        return -1;
+    Py_ssize_t itemsize = PyDataType_ELSIZE(descr);
+    const char *type_name = descr->typeobj->tp_name;
+    size_t length = strlen(type_name);
+    int packable = (itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8) &&
+                   (strchr("biuf", descr->kind) != NULL ||
+                    (itemsize == 2 && length >= 8 && strcmp(type_name + length - 8, "bfloat16") == 0));
+    *slot = 0;
+    if (packable)
+        PyArray_ScalarAsCtype(value, slot);
+    Py_DECREF(descr);
+    if (!packable)
+        return launch_error(self, "argument %zd: cannot pass a %.100s scalar to a kernel", index, type_name);
+    return 0;
+}
+
+/* The slow path: an object exposing __cuda_array_interface__ or __dlpack__.
+ * Stores a new view in *view (kept alive until the launch returned). */
+static int pack_foreign_array(mg_function *self, Py_ssize_t index, PyObject *value, PyObject **view)
+{
+    if (PyArray_Check(value))
+        return launch_error(self, "argument %zd is a host array: use mlirgpu.to_device", index);
+    int has_protocol = PyObject_HasAttr(value, str_cai) || PyObject_HasAttr(value, str_dlpack);
+    if (!has_protocol) {
+        if (PyLong_Check(value) || PyFloat_Check(value))
+            return launch_error(self,
+                "argument %zd is a Python %.20s: a scalar argument needs a signature "
+                "(get_function(name, params=[...])) or a NumPy scalar such as numpy.float32(x)",
+                index, Py_TYPE(value)->tp_name);
+        return launch_error(self, "argument %zd: cannot pass %.100s (not a device array, "
+                            "__cuda_array_interface__ or __dlpack__ object, or NumPy scalar)",
+                            index, Py_TYPE(value)->tp_name);
+    }
+    *view = mg_array_asarray(value);
+    return *view == NULL ? -1 : 0;
+}
+
+PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    mg_function *self = (mg_function *)function;
+    unsigned int grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
+    unsigned long long shared_mem = 0;
+    CUstream stream = NULL;
+    PyObject *stream_obj = NULL;              /* borrowed from the call */
+    int have_grid = 0, have_block = 0;
+    void *params[MG_CU_MAX_ARGS];
+    uint64_t slots[MG_CU_MAX_ARGS];           /* every parameter fits in 8 bytes */
+    PyObject *views[MG_CU_MAX_ARGS];
+    int nviews = 0;
+    PyObject *result = NULL;
+
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
+        /* Keywords from call sites are interned: identity settles it. */
+        if (key == str_grid || PyUnicode_Compare(key, str_grid) == 0) {
+            if (parse_dims(self, value, "grid", grid) < 0)
+                goto error;
+            have_grid = 1;
+        }
+        else if (key == str_block || PyUnicode_Compare(key, str_block) == 0) {
+            if (parse_dims(self, value, "block", block) < 0)
+                goto error;
+            have_block = 1;
+        }
+        else if (key == str_shared_mem || PyUnicode_Compare(key, str_shared_mem) == 0) {
+            int overflow = 0;
+            long long n = PyLong_Check(value) ? PyLong_AsLongLongAndOverflow(value, &overflow) : -1;
+            if (!PyLong_Check(value) || overflow || n < 0 || n > (long long)UINT32_MAX) {
+                launch_error(self, "shared_mem must be an int of bytes in [0, 2**32), got %R", value);
+                goto error;
+            }
+            shared_mem = (unsigned long long)n;
+        }
+        else if (key == str_stream || PyUnicode_Compare(key, str_stream) == 0) {
+            if (!mg_cu_stream_converter(value, &stream))
+                goto error;
+            stream_obj = value == Py_None ? NULL : value;
+        }
+        else {
+            PyErr_Format(PyExc_TypeError, "%R is an invalid keyword argument for a launch of kernel '%U'",
+                         key, self->name);
+            goto error;
+        }
+    }
+    if (!have_grid || !have_block) {
+        launch_error(self, "grid= and block= are required");
+        goto error;
+    }
+    if (nargs > MG_CU_MAX_ARGS) {
+        launch_error(self, "at most %d arguments can be passed, got %zd", MG_CU_MAX_ARGS, nargs);
+        goto error;
+    }
+    if (self->nparams >= 0 && nargs != self->nparams) {
+        launch_error(self, "the signature has %d parameters, %zd arguments given", self->nparams, nargs);
+        goto error;
+    }
+
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        PyObject *arg = args[i];
+        int kind = self->nparams >= 0 ? self->kinds[i] : KIND_ANY;
+        params[i] = &slots[i];
+        if (mg_array_check_exact(arg)) {
+            if (kind >= 0) {
+                launch_error(self, "argument %zd is a %s scalar, got a DeviceArray", i, mg_dtype_get(kind)->name);
+                goto error;
+            }
+            slots[i] = (uint64_t)mg_array_ptr(arg);
+            continue;
+        }
+        if (kind >= 0) {
+            if (pack_scalar(self, i, mg_dtype_get(kind), arg, &slots[i]) < 0)
+                goto error;
+            continue;
+        }
+        int is_scalar = PyArray_IsScalar(arg, Generic) || PyLong_Check(arg) || PyFloat_Check(arg);
+        if (kind == KIND_PTR && is_scalar) {
+            launch_error(self, "argument %zd is a pointer: expected a device array, got %.100s",
+                         i, Py_TYPE(arg)->tp_name);
+            goto error;
+        }
+        if (PyArray_IsScalar(arg, Generic)) {
+            if (pack_numpy_scalar(self, i, arg, &slots[i]) < 0)
+                goto error;
+            continue;
+        }
+        PyObject *view = NULL;
+        if (pack_foreign_array(self, i, arg, &view) < 0)
+            goto error;
+        views[nviews++] = view;
+        slots[i] = (uint64_t)mg_array_ptr(view);
+    }
+
+    if (mg_cu_ensure_context() < 0)
+        goto error;
+    CUresult r;
+    Py_BEGIN_ALLOW_THREADS
+    r = mg_cu.cuLaunchKernel(self->handle, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                             (unsigned int)shared_mem, stream, params, NULL);
+    Py_END_ALLOW_THREADS
+    if (r != CUDA_SUCCESS) {
+        char detail[200];
+        PyOS_snprintf(detail, sizeof detail, "grid=(%u, %u, %u) block=(%u, %u, %u) shared_mem=%llu",
+                      grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem);
+        char what[160];
+        const char *name = PyUnicode_AsUTF8(self->name);
+        PyOS_snprintf(what, sizeof what, "cuLaunchKernel of '%.100s'", name ? name : "?");
+        PyErr_Clear();   /* only if the name could not be encoded */
+        mg_cu_raise(r, what, detail);
+        goto error;
+    }
+    /* Later host copies and exports order themselves after this launch. */
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        if (mg_array_check_exact(args[i]))
+            mg_array_set_stream(args[i], stream, stream_obj);
+    result = Py_NewRef(Py_None);
+error:
+    for (int i = 0; i < nviews; i++)
+        Py_DECREF(views[i]);
+    return result;
+}
+
+static PyObject *function_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    return mg_cu_function_launch(callable, args, PyVectorcall_NARGS(nargsf), kwnames);
+}
+
+static PyObject *function_launch_method(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return mg_cu_function_launch(self, args, nargs, kwnames);
+}
+
+static PyObject *function_repr(mg_function *self)
+{
+    return PyUnicode_FromFormat("<mlirgpu.Function '%U'>", self->name);
+}
+
+static PyMethodDef function_methods[] = {
+    {"launch", (PyCFunction)(void (*)(void))function_launch_method, METH_FASTCALL | METH_KEYWORDS,
+     "launch(*args, grid, block, shared_mem=0, stream=None): same as calling the function."},
+    {"set_max_dynamic_shared_memory", (PyCFunction)function_set_max_dynamic_shared_memory, METH_O,
+     "Allows launches with up to `nbytes` of dynamic shared memory."},
+    {NULL},
+};
+
+#define FUNCTION_INT(name, attribute, doc) \
+    {name, (getter)function_get_attribute, NULL, doc, (void *)(intptr_t)(attribute)}
+
+static PyGetSetDef function_getset[] = {
+    FUNCTION_INT("num_regs", CU_FUNC_ATTRIBUTE_NUM_REGS, "Registers per thread."),
+    FUNCTION_INT("shared_size_bytes", CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, "Static shared memory per block."),
+    FUNCTION_INT("local_size_bytes", CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, "Local memory per thread."),
+    FUNCTION_INT("max_threads_per_block", CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                 "Largest block this kernel can launch with."),
+    {NULL},
+};
+
+static PyMemberDef function_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(mg_function, vectorcall), READONLY},
+    {"name", T_OBJECT, offsetof(mg_function, name), READONLY, NULL},
+    {"params", T_OBJECT, offsetof(mg_function, params), READONLY, "The signature, or None."},
+    {"module", T_OBJECT, offsetof(mg_function, module), READONLY, NULL},
+    {NULL},
+};
+
+static PyType_Slot function_slots[] = {
+    {Py_tp_doc, "A kernel of a loaded Module. Call it to launch: f(*args, grid=, block=, shared_mem=0, stream=None)."},
+    {Py_tp_dealloc, function_dealloc},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_repr, function_repr},
+    {Py_tp_methods, function_methods},
+    {Py_tp_getset, function_getset},
+    {Py_tp_members, function_members},
+    {0, NULL},
+};
+
+static PyType_Spec function_spec = {
+    .name = "mlirgpu.Function",
+    .basicsize = sizeof(mg_function),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_HAVE_VECTORCALL,
+    .slots = function_slots,
+};
+
+/* ---------------------------------------------------------------------- */
+/* Module-level functions                                                  */
+/* ---------------------------------------------------------------------- */
+
+static PyObject *cu_is_available(PyObject *module, PyObject *unused)
+{
+    if (mg_cu_load() < 0) {
+        PyErr_Clear();   /* documented never to raise */
+        Py_RETURN_FALSE;
+    }
+    return PyBool_FromLong(driver.device_count > 0);
+}
+
+static PyObject *cu_driver_version(PyObject *module, PyObject *unused)
+{
+    /* Works without a device: only the library is needed. */
+    if (mg_cu_load() < 0 && driver.state != DRIVER_INIT_FAILED)
+        return NULL;
+    PyErr_Clear();
+    int version = 0;
+    if (mg_cu_check(mg_cu.cuDriverGetVersion(&version), "cuDriverGetVersion") < 0)
+        return NULL;
+    return PyLong_FromLong(version);
+}
+
+static PyObject *cu_device_count(PyObject *module, PyObject *unused)
+{
+    if (mg_cu_load() < 0) {
+        if (driver.state != DRIVER_INIT_FAILED || driver.init_result != CUDA_ERROR_NO_DEVICE)
+            return NULL;
+        PyErr_Clear();   /* a driver without devices: zero, not an error */
+    }
+    return PyLong_FromLong(driver.device_count);
+}
+
+static PyObject *cu_set_device(PyObject *module, PyObject *arg)
+{
+    long ordinal = PyLong_AsLong(arg);
+    if (ordinal == -1 && PyErr_Occurred())
+        return NULL;
+    if (ordinal < INT32_MIN || ordinal > INT32_MAX)
+        return PyErr_Format(PyExc_ValueError, "device %ld does not exist", ordinal);
+    if (check_ordinal((int)ordinal) < 0 || set_device((int)ordinal) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *cu_current_device(PyObject *module, PyObject *unused)
+{
+    return PyLong_FromLong(mg_cu_tls_device);
+}
+
+static PyObject *cu_synchronize(PyObject *module, PyObject *unused)
+{
+    if (mg_cu_ensure_context() < 0)
+        return NULL;
+    CUresult r;
+    Py_BEGIN_ALLOW_THREADS
+    r = mg_cu.cuCtxSynchronize();
+    Py_END_ALLOW_THREADS
+    if (mg_cu_check(r, "cuCtxSynchronize") < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *cu_load_module(PyObject *module, PyObject *image)
+{
+    return mg_cu_module_load(image);
+}
+
+static PyMethodDef cu_functions[] = {
+    {"is_available", cu_is_available, METH_NOARGS,
+     "True when a CUDA driver loads, initializes, and sees at least one device. Never raises."},
+    {"driver_version", cu_driver_version, METH_NOARGS, "The driver's CUDA version, e.g. 12080."},
+    {"device_count", cu_device_count, METH_NOARGS, "Number of CUDA devices."},
+    {"set_device", cu_set_device, METH_O, "set_device(ordinal): the calling thread's device from now on."},
+    {"current_device", cu_current_device, METH_NOARGS, "The calling thread's device ordinal (0 by default)."},
+    {"synchronize", cu_synchronize, METH_NOARGS, "Blocks until all work on the current device is done."},
+    {"load_module", cu_load_module, METH_O,
+     "load_module(image): a Module from PTX (str, or bytes) or a cubin (ELF bytes)."},
+    {NULL},
+};
+
+static int intern(PyObject **slot, const char *text)
+{
+    *slot = PyUnicode_InternFromString(text);
+    return *slot == NULL ? -1 : 0;
+}
+
+int mg_cu_init(PyObject *module)
+{
+    if (intern(&str_grid, "grid") < 0 || intern(&str_block, "block") < 0 ||
+        intern(&str_shared_mem, "shared_mem") < 0 || intern(&str_stream, "stream") < 0 ||
+        intern(&str_cuda_stream_protocol, "__cuda_stream__") < 0 ||
+        intern(&str_cuda_stream, "cuda_stream") < 0 || intern(&str_ptr, "ptr") < 0 ||
+        intern(&str_cai, "__cuda_array_interface__") < 0 || intern(&str_dlpack, "__dlpack__") < 0)
+        return -1;
+    /* Strong refs kept in statics: the module exists once per process. */
+    if ((mg_cu_Stream_type = mg_add_type(module, &stream_spec, NULL)) == NULL ||
+        (event_type = mg_add_type(module, &event_spec, NULL)) == NULL ||
+        (device_type = mg_add_type(module, &device_spec, NULL)) == NULL ||
+        (mg_cu_Module_type = mg_add_type(module, &module_spec, NULL)) == NULL ||
+        (mg_cu_Function_type = mg_add_type(module, &function_spec, NULL)) == NULL)
+        return -1;
+    if (PyModule_AddFunctions(module, cu_functions) < 0)
+        return -1;
+    /* The legacy default stream needs no driver call to exist. */
+    mg_stream *stream = (mg_stream *)mg_cu_Stream_type->tp_alloc(mg_cu_Stream_type, 0);
+    if (stream == NULL)
+        return -1;
+    stream->device = -1;   /* handle NULL, not owned */
+    default_stream = (PyObject *)stream;
+    return PyModule_AddObjectRef(module, "default_stream", default_stream);
+}

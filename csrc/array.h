@@ -1,0 +1,90 @@
+/* Element types (mlirgpu.DType singletons) and device arrays
+ * (mlirgpu.DeviceArray): allocation, host copies, and zero-copy exchange
+ * through __cuda_array_interface__ (v3) and DLPack (1.0 and legacy). */
+#ifndef MG_ARRAY_H
+#define MG_ARRAY_H
+
+#include "module.h"
+#include <cuda.h>
+#include <stdint.h>
+
+typedef enum {
+    MG_DT_BOOL, MG_DT_I8, MG_DT_I16, MG_DT_I32, MG_DT_I64,
+    MG_DT_U8, MG_DT_U16, MG_DT_U32, MG_DT_U64,
+    MG_DT_F16, MG_DT_BF16, MG_DT_F32, MG_DT_F64, MG_DT_INDEX,
+    MG_DT_COUNT
+} mg_dtype_id;
+
+/* One immutable singleton per id; compare pointers or ids. */
+typedef struct {
+    PyObject_HEAD
+    mg_dtype_id id;
+    const char *name;       /* the MLIR spelling: "f32", "index", "bool" for bool_ */
+    int itemsize;           /* bytes */
+    char kind;              /* NumPy kind: 'b', 'i', 'u', 'f' ('V' for bf16) */
+    uint8_t dlpack_code;    /* a DLDataTypeCode */
+    uint8_t bits;
+    const char *typestr;    /* __cuda_array_interface__ typestr; NULL for bf16 */
+    int npy_type;           /* NumPy type number; -1 for bf16 (ml_dtypes) */
+    Py_hash_t hash;         /* cached; -1 until first asked */
+} mg_dtype;
+
+/* Borrowed singleton of `id`. */
+mg_dtype *mg_dtype_get(mg_dtype_id id);
+
+static inline int mg_dtype_itemsize(const mg_dtype *dt) { return dt->itemsize; }
+static inline int mg_dtype_dlpack_code(const mg_dtype *dt) { return dt->dlpack_code; }
+static inline const char *mg_dtype_typestr(const mg_dtype *dt) { return dt->typestr; }
+
+/* "O&" converter: DType, numpy dtype, numpy scalar type, Python type or a
+ * name ("f32", "float32", "bfloat16", "index"...) -> borrowed singleton.
+ * ValueError for an unknown name, TypeError for anything else. */
+int mg_dtype_converter(PyObject *obj, mg_dtype **out);
+
+/* New reference to the numpy dtype of `dt` (ml_dtypes for bf16), or NULL
+ * with TypeError when bf16 has no NumPy dtype (ml_dtypes missing). */
+PyObject *mg_dtype_numpy(const mg_dtype *dt);
+
+extern PyTypeObject *mg_DType_type;
+extern PyTypeObject *mg_array_type;
+
+#define MG_MAX_NDIM 8
+
+typedef struct {
+    PyObject_HEAD
+    CUdeviceptr ptr;        /* the first element (a view's offset included) */
+    int ndim;
+    int device;             /* CUDA ordinal */
+    int owns;               /* 1: ptr came from cuMemAlloc and is freed here */
+    Py_ssize_t size;        /* elements */
+    Py_ssize_t shape[MG_MAX_NDIM];
+    Py_ssize_t strides[MG_MAX_NDIM];   /* bytes, like NumPy */
+    mg_dtype *dtype;        /* strong ref */
+    PyObject *owner;        /* strong ref keeping a view's memory alive, or NULL */
+    void *dl_managed;       /* a consumed DLPack tensor whose deleter runs at dealloc */
+    int dl_versioned;       /* which of the two DLPack structs dl_managed is */
+    CUstream stream;        /* the stream the array was last used on (NULL: legacy default) */
+    PyObject *stream_obj;   /* strong ref to the Python object owning `stream`, or NULL */
+    PyObject *weakrefs;
+} mg_array;
+
+/* 1 when `obj` is exactly an mlirgpu.DeviceArray (the launch fast path). */
+static inline int mg_array_check_exact(PyObject *obj) { return Py_IS_TYPE(obj, mg_array_type); }
+
+/* Accessors; `obj` must pass mg_array_check_exact. */
+static inline CUdeviceptr mg_array_ptr(PyObject *obj) { return ((mg_array *)obj)->ptr; }
+static inline int mg_array_ndim(PyObject *obj) { return ((mg_array *)obj)->ndim; }
+static inline const Py_ssize_t *mg_array_shape(PyObject *obj) { return ((mg_array *)obj)->shape; }
+static inline const Py_ssize_t *mg_array_strides(PyObject *obj) { return ((mg_array *)obj)->strides; }
+static inline mg_dtype *mg_array_dtype(PyObject *obj) { return ((mg_array *)obj)->dtype; }
+int mg_array_is_c_contiguous(PyObject *obj);
+
+/* Records that the array was used on `stream` (`stream_obj` may be NULL). */
+void mg_array_set_stream(PyObject *obj, CUstream stream, PyObject *stream_obj);
+
+/* mlirgpu.asarray: a DeviceArray for a DeviceArray (new ref to itself), a
+ * __cuda_array_interface__ object or a CUDA DLPack object (zero-copy views).
+ * TypeError for host arrays and anything else. */
+PyObject *mg_array_asarray(PyObject *obj);
+
+#endif

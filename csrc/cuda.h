@@ -1,0 +1,152 @@
+/* The CUDA driver, opened with dlopen on first use: the function table,
+ * error conversion, per-thread primary contexts, and the Python types
+ * Device, Stream, Event, Module and Function (with the kernel launch).
+ *
+ * <cuda.h> is included for its types only. Its #defines map names such as
+ * cuMemAlloc to the versioned symbol (cuMemAlloc_v2); the table below is
+ * written with the plain names, so both the field and the dlsym'd symbol get
+ * the versioned name, exactly as a program linked against libcuda would. */
+#ifndef MG_CUDA_H
+#define MG_CUDA_H
+
+#include "module.h"
+#include <cuda.h>
+
+/* X(name, parameter list) for every driver entry point mlirgpu calls. */
+#define MG_CU_FUNCTIONS(X) \
+    X(cuInit, (unsigned int flags)) \
+    X(cuDriverGetVersion, (int *version)) \
+    X(cuGetErrorName, (CUresult error, const char **name)) \
+    X(cuGetErrorString, (CUresult error, const char **text)) \
+    X(cuDeviceGet, (CUdevice *device, int ordinal)) \
+    X(cuDeviceGetCount, (int *count)) \
+    X(cuDeviceGetName, (char *name, int length, CUdevice device)) \
+    X(cuDeviceGetAttribute, (int *value, CUdevice_attribute attribute, CUdevice device)) \
+    X(cuDeviceTotalMem, (size_t *bytes, CUdevice device)) \
+    X(cuDevicePrimaryCtxRetain, (CUcontext *context, CUdevice device)) \
+    X(cuCtxSetCurrent, (CUcontext context)) \
+    X(cuCtxGetCurrent, (CUcontext *context)) \
+    X(cuCtxPushCurrent, (CUcontext context)) \
+    X(cuCtxPopCurrent, (CUcontext *context)) \
+    X(cuCtxSynchronize, (void)) \
+    X(cuMemGetInfo, (size_t *free_bytes, size_t *total_bytes)) \
+    X(cuMemAlloc, (CUdeviceptr *pointer, size_t bytes)) \
+    X(cuMemFree, (CUdeviceptr pointer)) \
+    X(cuMemcpyHtoDAsync, (CUdeviceptr dst, const void *src, size_t bytes, CUstream stream)) \
+    X(cuMemcpyDtoHAsync, (void *dst, CUdeviceptr src, size_t bytes, CUstream stream)) \
+    X(cuMemcpyDtoDAsync, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream)) \
+    X(cuMemsetD8Async, (CUdeviceptr dst, unsigned char value, size_t count, CUstream stream)) \
+    X(cuPointerGetAttribute, (void *data, CUpointer_attribute attribute, CUdeviceptr pointer)) \
+    X(cuStreamCreate, (CUstream *stream, unsigned int flags)) \
+    X(cuStreamDestroy, (CUstream stream)) \
+    X(cuStreamSynchronize, (CUstream stream)) \
+    X(cuStreamQuery, (CUstream stream)) \
+    X(cuStreamWaitEvent, (CUstream stream, CUevent event, unsigned int flags)) \
+    X(cuEventCreate, (CUevent *event, unsigned int flags)) \
+    X(cuEventDestroy, (CUevent event)) \
+    X(cuEventRecord, (CUevent event, CUstream stream)) \
+    X(cuEventSynchronize, (CUevent event)) \
+    X(cuEventQuery, (CUevent event)) \
+    X(cuEventElapsedTime, (float *milliseconds, CUevent start, CUevent end)) \
+    X(cuModuleLoadData, (CUmodule *module, const void *image)) \
+    X(cuModuleLoadDataEx, (CUmodule *module, const void *image, unsigned int count, \
+                           CUjit_option *options, void **values)) \
+    X(cuModuleUnload, (CUmodule module)) \
+    X(cuModuleGetFunction, (CUfunction *function, CUmodule module, const char *name)) \
+    X(cuFuncGetAttribute, (int *value, CUfunction_attribute attribute, CUfunction function)) \
+    X(cuFuncSetAttribute, (CUfunction function, CUfunction_attribute attribute, int value)) \
+    X(cuLaunchKernel, (CUfunction function, unsigned int grid_x, unsigned int grid_y, \
+                       unsigned int grid_z, unsigned int block_x, unsigned int block_y, \
+                       unsigned int block_z, unsigned int shared_bytes, CUstream stream, \
+                       void **params, void **extra))
+
+#define MG_CU_FIELD(name, params) CUresult (CUDAAPI *name) params;
+typedef struct {
+    MG_CU_FUNCTIONS(MG_CU_FIELD)
+} mg_cu_driver;
+#undef MG_CU_FIELD
+
+/* The table. Valid only after mg_cu_ensure_context() (or mg_cu_load())
+ * returned 0 on some thread; every field is then non-NULL. */
+extern mg_cu_driver mg_cu;
+
+/* Most devices mlirgpu tracks a primary context for. */
+#define MG_CU_MAX_DEVICES 64
+
+/* Opens libcuda.so.1 and calls cuInit once per process. 0, or -1 with
+ * CudaError set (code -1 and the dlerror text when there is no driver). */
+int mg_cu_load(void);
+
+/* 0 when r is CUDA_SUCCESS; else -1 with CudaError set, naming `what`. */
+int mg_cu_check(CUresult r, const char *what);
+
+/* Like mg_cu_check for a failure, with `detail` (may be NULL) appended. */
+int mg_cu_raise(CUresult r, const char *what, const char *detail);
+
+/* The calling thread's context and device, cached so that the launch path
+ * costs one thread-local load when the context is already current. */
+extern _Thread_local CUcontext mg_cu_tls_context;
+extern _Thread_local int mg_cu_tls_device;
+
+int mg_cu_ensure_context_slow(void);
+
+/* Makes the thread's device (0 unless set_device was called) current with
+ * its primary context, loading the driver on first use. 0 ok, -1 with
+ * CudaError set. */
+static inline int mg_cu_ensure_context(void)
+{
+    if (mg_cu_tls_context != NULL)
+        return 0;
+    return mg_cu_ensure_context_slow();
+}
+
+/* The device the calling thread works on (valid after mg_cu_ensure_context). */
+static inline int mg_cu_current_device(void) { return mg_cu_tls_device; }
+
+/* Pushes the primary context of `device` if it is not the thread's current
+ * one; *pushed says whether mg_cu_pop must pop it. 0 or -1 with CudaError. */
+int mg_cu_push(int device, int *pushed);
+void mg_cu_pop(int pushed);
+
+/* Frees device memory of `device` from a destructor: never raises, does
+ * nothing once the driver is gone. */
+void mg_cu_free_quietly(CUdeviceptr pointer, int device);
+
+/* The ordinal that owns `pointer`, or the thread's device when the driver
+ * cannot tell (or is not loaded). Never raises. */
+int mg_cu_pointer_device(CUdeviceptr pointer);
+
+/* Makes `consumer` wait for the work queued so far on `producer` (an event
+ * recorded there, no host block). No-op when they are the same stream. */
+int mg_cu_stream_order(CUstream producer, CUstream consumer);
+
+/* "O&" converter for stream= arguments: None (legacy default stream, 0),
+ * mlirgpu.Stream, an int handle (0 and 1 both mean the legacy default
+ * stream, 2 the per-thread one), an object with __cuda_stream__()
+ * (-> (0, handle)) or a `cuda_stream` attribute (torch), or a CuPy stream
+ * (class name ending in "Stream" with an int `ptr`). */
+int mg_cu_stream_converter(PyObject *obj, CUstream *out);
+
+/* The Python type objects (strong refs held for the life of the process). */
+extern PyTypeObject *mg_cu_Stream_type;
+extern PyTypeObject *mg_cu_Module_type;
+extern PyTypeObject *mg_cu_Function_type;
+
+/* Loads a PTX (str, or bytes without the ELF magic) or cubin (ELF bytes)
+ * image into the current context: a new mlirgpu.Module, or NULL with
+ * CudaError set (its message holds the JIT error log) or TypeError. */
+PyObject *mg_cu_module_load(PyObject *image);
+
+/* module.get_function(name, params): a new mlirgpu.Function. `params` is
+ * NULL/None or a sequence of "ptr" and dtypes. */
+PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *params);
+
+/* The raw handle of an mlirgpu.Function (borrowed; lives as long as it). */
+CUfunction mg_cu_function_handle(PyObject *function);
+
+/* A launch with Python arguments, exactly as func(*args, grid=, block=,
+ * shared_mem=, stream=): Py_None or NULL on error. */
+PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args,
+                                Py_ssize_t nargs, PyObject *kwnames);
+
+#endif
