@@ -915,7 +915,7 @@ static PyType_Slot device_slots[] = {
 };
 
 static PyType_Spec device_spec = {
-    .name = "mlirgpu.Device",
+    .name = "mlirgpu.cuda.Device",
     .basicsize = sizeof(mg_device),
     .flags = Py_TPFLAGS_DEFAULT,
     .slots = device_slots,
@@ -1053,7 +1053,7 @@ static PyType_Slot module_slots[] = {
 };
 
 static PyType_Spec module_spec = {
-    .name = "mlirgpu.Module",
+    .name = "mlirgpu.cuda.Module",
     .basicsize = sizeof(mg_module),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .slots = module_slots,
@@ -1568,7 +1568,7 @@ static PyType_Slot function_slots[] = {
 };
 
 static PyType_Spec function_spec = {
-    .name = "mlirgpu.Function",
+    .name = "mlirgpu.cuda.Function",
     .basicsize = sizeof(mg_function),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_HAVE_VECTORCALL,
     .slots = function_slots,
@@ -1675,7 +1675,7 @@ int mg_cu_init(PyObject *module)
     if ((mg_cu_Stream_type = mg_add_type(module, &stream_spec, NULL)) == NULL ||
         (event_type = mg_add_type(module, &event_spec, NULL)) == NULL ||
         (device_type = mg_add_type(module, &device_spec, NULL)) == NULL ||
-        (mg_cu_Module_type = mg_add_type(module, &module_spec, NULL)) == NULL ||
+        (mg_cu_Module_type = mg_add_type_as(module, &module_spec, NULL, "CudaModule")) == NULL ||
         (mg_cu_Function_type = mg_add_type(module, &function_spec, NULL)) == NULL)
         return -1;
     if (PyModule_AddFunctions(module, cu_functions) < 0)

@@ -2,6 +2,8 @@
  * its own types and functions through its mg_*_init hook. */
 #include "module.h"
 
+#include <string.h>
+
 #define PY_ARRAY_UNIQUE_SYMBOL mg_ARRAY_API
 #include <numpy/arrayobject.h>
 
@@ -20,16 +22,27 @@ PyObject *mg_raise(PyObject *cls, const char *fmt, ...)
     return NULL;
 }
 
-PyTypeObject *mg_add_type(PyObject *module, PyType_Spec *spec, PyObject *base)
+PyTypeObject *mg_add_type_as(PyObject *module, PyType_Spec *spec, PyObject *base, const char *as)
 {
     PyObject *type = PyType_FromModuleAndSpec(module, spec, base);
     if (type == NULL)
         return NULL;
-    if (PyModule_AddType(module, (PyTypeObject *)type) < 0) {
+    if (PyModule_GetDict(module) != NULL && PyDict_GetItemString(PyModule_GetDict(module), as) != NULL) {
+        Py_DECREF(type);
+        PyErr_Format(PyExc_SystemError, "mlirgpu._mlirgpu.%s is defined twice", as);
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(module, as, type) < 0) {
         Py_DECREF(type);
         return NULL;
     }
     return (PyTypeObject *)type;
+}
+
+PyTypeObject *mg_add_type(PyObject *module, PyType_Spec *spec, PyObject *base)
+{
+    const char *dot = strrchr(spec->name, '.');
+    return mg_add_type_as(module, spec, base, dot ? dot + 1 : spec->name);
 }
 
 static PyObject *new_error(PyObject *module, const char *name, PyObject *bases, const char *doc)

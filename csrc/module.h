@@ -28,7 +28,9 @@ int mg_pipeline_init(PyObject *module);
 int mg_cu_init(PyObject *module);
 int mg_array_init(PyObject *module);
 
-/* Adds a heap type built from `spec` to `module` and returns it (new ref). */
+/* Adds a heap type built from `spec` to `module` under the last part of its
+ * name (or `as`, where two areas' types share a short name) and returns it. */
 PyTypeObject *mg_add_type(PyObject *module, PyType_Spec *spec, PyObject *base);
+PyTypeObject *mg_add_type_as(PyObject *module, PyType_Spec *spec, PyObject *base, const char *as);
 
 #endif

@@ -144,6 +144,7 @@ NO_DRIVER_SCRIPT = r"""
 import json, sys
 import numpy as np
 import mlirgpu._mlirgpu as C
+from mlirgpu import cuda
 out = {"available": C.is_available()}
 def attempt(key, fn):
     try:
@@ -160,7 +161,7 @@ attempt("Stream", lambda: C.Stream())
 attempt("Event", lambda: C.Event())
 attempt("Device", lambda: C.Device(0))
 attempt("load_module", lambda: C.load_module(".version 7.0\n.target sm_50\n.address_size 64\n"))
-attempt("Module.load", lambda: C.Module.load(b"\x7fELF...."))
+attempt("Module.load", lambda: cuda.Module.load(b"\x7fELF...."))
 attempt("device_count", lambda: C.device_count())
 attempt("driver_version", lambda: C.driver_version())
 attempt("set_device", lambda: C.set_device(0))
@@ -261,11 +262,11 @@ def test_load_module_argument_errors():
     with pytest.raises(TypeError):
         C.load_module(123)
     with pytest.raises(TypeError):
-        C.Module.load(bytearray(b"x"))
+        cuda.Module.load(bytearray(b"x"))
     with pytest.raises(ValueError):
         C.load_module("")
     with pytest.raises(TypeError):
-        C.Module()
+        cuda.Module()
     with pytest.raises(TypeError):
         C.Function()
 

@@ -9,7 +9,8 @@ Each thread works on one device (0 unless ``set_device`` or
 ``Device(i).make_current()`` says otherwise) through that device's primary
 context, the one the CUDA runtime, PyTorch and CuPy use too.
 """
-from ._mlirgpu import (CudaError, Device, Event, Function, LaunchError, Module, Stream,
+from ._mlirgpu import CudaModule as Module
+from ._mlirgpu import (CudaError, Device, Event, Function, LaunchError, Stream,
                        current_device, default_stream, device_count, driver_version,
                        is_available, load_module, set_device, synchronize)
 
