@@ -146,6 +146,15 @@ def test_bad_pass_option(ctx):
         passes.run(ir.Module.parse(REDUNDANT), "canonicalize{no-such-option=1}")
 
 
+def test_bad_pass_option_value(ctx, capfd):
+    """LLVM's option parser explains a bad value on llvm::errs(): that text
+    belongs in the exception, not on fd 2."""
+    with pytest.raises(mg.MLIRError, match="failed to add `canonicalize`") as e:
+        passes.run(ir.Module.parse(REDUNDANT), "canonicalize{max-iterations=abc}")
+    assert capfd.readouterr().err == ""
+    assert "'abc' value invalid" in str(e.value)
+
+
 def test_failing_pass_raises_with_diagnostics(ctx):
     module = ir.Module.parse(NO_TARGET)
     with pytest.raises(mg.MLIRError, match="pass pipeline 'builtin.module\\(gpu-module-to-binary\\)' failed") as e:
