@@ -364,3 +364,26 @@ def test_llvm_fatal_error_becomes_compile_error():
             assert mg.compile_cubin(build_sgemm_module(64, 64, 64), chip="sm_80")[:4] == b"\\x7fELF"
             print("compiled again")
     """, "guarded 0\nguarded 1\ncompiled again")
+
+
+def test_compile_unverified_module():
+    """A gpu.launch without a body made gpu-kernel-outlining crash: the
+    module must be verified before the first pass runs."""
+    assert_isolated("""
+        import mlirgpu as mg
+        from mlirgpu import ir
+        with ir.Context():
+            module = ir.Module.parse(
+                "module attributes {gpu.container_module} {\\n"
+                "  func.func @host() {\\n    %c1 = arith.constant 1 : index\\n    return\\n  }\\n}")
+            block = module.body.operations[0].regions[0].blocks[0]
+            c1 = block.operations[0].result
+            with ir.InsertionPoint.at_block_terminator(block):
+                ir.Operation.create("gpu.launch", operands=[c1] * 6, regions=1, attributes={
+                    "operandSegmentSizes": ir.Attribute.dense_i32_array([0, 1, 1, 1, 1, 1, 1, 0, 0, 0])})
+            try:
+                mg.compile_ptx(module)
+                print("compiled")
+            except mg.CompileError as error:
+                print("CompileError", str(error).splitlines()[0])
+    """, "CompileError")

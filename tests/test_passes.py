@@ -4,7 +4,7 @@ import io
 import pytest
 
 import mlirgpu as mg
-from checks import filecheck
+from checks import assert_isolated, filecheck
 from mlirgpu import ir, passes
 
 REDUNDANT = """\
@@ -217,3 +217,30 @@ def test_module_wrappers_survive_a_pass(ctx):
     assert module.operation.is_valid
     assert [op.name for op in body.operations] == ["func.func"]
     assert module.verify() is True
+
+
+def test_pass_over_unverified_module():
+    """Passes assume verified input: scf.for without a body made
+    convert-scf-to-cf crash. run() must verify first and raise."""
+    assert_isolated("""
+        import mlirgpu as mg
+        from mlirgpu import ir, passes
+        with ir.Context():
+            index = ir.Type.index()
+            module = ir.Module.create()
+            with ir.InsertionPoint(module.body):
+                fn = ir.Operation.create("func.func", regions=1, attributes={
+                    "sym_name": ir.Attribute.string("f"),
+                    "function_type": ir.Attribute.type(ir.Type.function([index], []))})
+            block = fn.regions[0].append_block([index])
+            i = block.arguments[0]
+            with ir.InsertionPoint(block):
+                ir.Operation.create("scf.for", operands=[i, i, i], regions=1,
+                                    location=ir.Location.file("user.py", 3, 5))
+                ir.Operation.create("func.return")
+            try:
+                passes.run(module, "convert-scf-to-cf")
+                print("ran")
+            except mg.MLIRError as error:
+                print("MLIRError", *error.diagnostics[0][:2])
+    """, 'MLIRError error loc("user.py":3:5)')
