@@ -387,3 +387,18 @@ def test_compile_unverified_module():
             except mg.CompileError as error:
                 print("CompileError", str(error).splitlines()[0])
     """, "CompileError")
+
+
+def test_llvm_bitcode_to_text_rejects_garbage():
+    """Bad bitcode must raise CompileError; LLVM's default diagnostic handler
+    printed "error: Invalid bitcode signature" on fd 2 and exited the process."""
+    proc = assert_isolated("""
+        import mlirgpu as mg
+        from mlirgpu.compiler import llvm_bitcode_to_text
+        try:
+            llvm_bitcode_to_text(b"not bitcode at all")
+            print("parsed")
+        except mg.CompileError as error:
+            print("CompileError", error)
+    """, "CompileError not valid LLVM bitcode")
+    assert proc.stderr == ""
