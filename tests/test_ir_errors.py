@@ -478,6 +478,12 @@ def test_integer_attribute_value_does_not_fit_its_type(ctx):
         ir.Attribute.integer(300, ir.Type.integer(8))
 
 
+def test_integer_attribute_negative_for_unsigned_type(ctx):
+    """-1 is no ui8: MLIR would keep 255."""
+    with pytest.raises(OverflowError, match="ui8"):
+        ir.Attribute.integer(-1, ir.Type.integer(8, signed=False))
+
+
 def test_float_attribute_of_integer_type(ctx):
     with pytest.raises(mg.MLIRError, match="expected floating point type"):
         ir.Attribute.float(1.0, ir.Type.integer(32))
@@ -492,6 +498,12 @@ def test_location_negative_line(ctx):
     """A negative line must not wrap around to 4294967295."""
     with pytest.raises((ValueError, OverflowError), match="line|negative|unsigned"):
         ir.Location.file("user.py", -1)
+
+
+def test_location_line_too_big(ctx):
+    """2**32 + 5 must not wrap around to line 5."""
+    with pytest.raises((ValueError, OverflowError), match="line|unsigned|too large"):
+        ir.Location.file("user.py", 2**32 + 5)
 
 
 def test_result_of_an_operation_without_results(ctx):
