@@ -808,3 +808,23 @@ def test_build_gpu_module_with_kernel(ctx):
     assert [op.name for op in module.walk()] == [
         "builtin.module", "gpu.module", "gpu.func", "gpu.thread_id", "memref.load", "arith.mulf",
         "memref.store", "gpu.return"]
+
+
+def test_with_stacks_are_per_thread(ctx):
+    import threading
+    block = func_op("f", [], []).regions[0].blocks[0]
+    seen = {}
+
+    def other_thread():
+        seen["ip"] = ir.InsertionPoint.current()
+        seen["context"] = ir.Context.current()
+        seen["op_parent"] = ir.Operation.create("func.return").parent
+
+    with ir.InsertionPoint(block):
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    assert seen["ip"] is None
+    assert seen["context"] is not ctx and isinstance(seen["context"], ir.Context)
+    assert seen["op_parent"] is None
+    assert block.operations == []
