@@ -2,6 +2,8 @@
 device; where there is none they are skipped, with the reason."""
 import pytest
 
+from mlirgpu import ir
+
 
 def pytest_collection_modifyitems(config, items):
     import mlirgpu.cuda
@@ -12,3 +14,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def ctx():
+    """A fresh Context, current for the whole test."""
+    context = ir.Context()
+    with context:
+        yield context

@@ -1,0 +1,43 @@
+"""Helpers shared by the tests: FileCheck-style text checks and running code
+in a fresh interpreter (so that a crash fails one test instead of the run)."""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import mlirgpu
+
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(mlirgpu.__file__)))
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def filecheck(text, *patterns):
+    """Each regex of `patterns` must match `text`, in this order (CHECK lines).
+    Returns the matches."""
+    position, matches = 0, []
+    for pattern in patterns:
+        match = re.compile(pattern, re.MULTILINE).search(text, position)
+        assert match is not None, f"no match for {pattern!r} after offset {position} in:\n{text}"
+        matches.append(match)
+        position = match.end()
+    return matches
+
+
+def run_isolated(code, timeout=180):
+    """Runs `code` in a new interpreter that imports this checkout's mlirgpu.
+    Returns the CompletedProcess (text mode)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PYTHON_DIR, TESTS_DIR, env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def assert_isolated(code, expected_stdout):
+    """`code` must exit normally (no crash) and print `expected_stdout` (a substring)."""
+    proc = run_isolated(code)
+    assert proc.returncode == 0, (f"the interpreter died with status {proc.returncode} "
+                                  f"(negative: killed by that signal)\nstdout:\n{proc.stdout}\n"
+                                  f"stderr:\n{proc.stderr[-3000:]}")
+    assert expected_stdout in proc.stdout, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
+    return proc
