@@ -504,17 +504,20 @@ static PyObject *Location_file(PyObject *cls, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"filename", "line", "col", "context", NULL};
     PyObject *filename, *ctxarg = NULL;
-    unsigned int line, col = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UI|I$O:Location.file", kwlist, &filename, &line,
+    long long line, col = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UL|L$O:Location.file", kwlist, &filename, &line,
                                      &col, &ctxarg))
         return NULL;
+    if (line < 0 || line > UINT32_MAX || col < 0 || col > UINT32_MAX)
+        return mg_raise(PyExc_OverflowError, "line and col must be in 0..%u, got %lld and %lld",
+                        UINT32_MAX, line, col);
     mg_ir_Context *ctx = context_arg(ctxarg);
     if (ctx == NULL)
         return NULL;
     MlirStringRef name = string_ref(filename, "filename");
     if (name.data == NULL)
         return NULL;
-    return wrap_location(ctx, mlirLocationFileLineColGet(ctx->context, name, line, col));
+    return wrap_location(ctx, mlirLocationFileLineColGet(ctx->context, name, (unsigned)line, (unsigned)col));
 }
 
 static PyObject *Location_name(PyObject *cls, PyObject *args, PyObject *kwds)
@@ -694,13 +697,11 @@ static PyObject *Type_integer(PyObject *cls, PyObject *args, PyObject *kwds)
     MlirType t;
     if (sign == Py_None)
         t = mlirIntegerTypeGet(ctx->context, (unsigned)width);
-    else {
-        int s = PyObject_IsTrue(sign);
-        if (s < 0)
-            return NULL;
-        t = s ? mlirIntegerTypeSignedGet(ctx->context, (unsigned)width)
-              : mlirIntegerTypeUnsignedGet(ctx->context, (unsigned)width);
-    }
+    else if (PyBool_Check(sign))
+        t = sign == Py_True ? mlirIntegerTypeSignedGet(ctx->context, (unsigned)width)
+                            : mlirIntegerTypeUnsignedGet(ctx->context, (unsigned)width);
+    else
+        return mg_raise(PyExc_TypeError, "signed must be None, True or False, not %.100s", Py_TYPE(sign)->tp_name);
     return wrap_type(ctx, t);
 }
 
@@ -782,6 +783,8 @@ static PyObject *Type_memref(PyObject *cls, PyObject *args, PyObject *kwds)
     if (location_arg(locarg, ctx, &loc) < 0)
         return NULL;
     MlirAttribute space_attr = mlirAttributeGetNull();
+    if (PyBool_Check(space))
+        return mg_raise(PyExc_TypeError, "memory_space must be an int or an Attribute, not bool");
     if (PyLong_Check(space)) {
         long long s = PyLong_AsLongLong(space);
         if (s == -1 && PyErr_Occurred())
@@ -1068,6 +1071,51 @@ static mg_ir_Value_like *attr_type_arg(PyObject *arg, mg_ir_Context **ctx, PyObj
     return NULL;
 }
 
+/* Whether `value` is representable in `type`: signed and unsigned types by
+ * their range, signless ones by either reading of their bits. */
+static int integer_fits(PyObject *value, MlirType type)
+{
+    unsigned width = mlirTypeIsAIndex(type) ? 64 : mlirIntegerTypeGetWidth(type);
+    if (width > 64) /* MLIR's C API takes a 64-bit value: any that fits is fine */
+        width = 64;
+    int is_signed = mlirTypeIsAInteger(type) && mlirIntegerTypeIsSigned(type);
+    int is_unsigned = mlirTypeIsAInteger(type) && mlirIntegerTypeIsUnsigned(type);
+    PyObject *lo = NULL, *hi = NULL, *one = PyLong_FromLong(1), *shift = PyLong_FromLong(width - 1);
+    int rc = -1;
+    if (one == NULL || shift == NULL)
+        goto done;
+    PyObject *half = PyNumber_Lshift(one, shift); /* 2**(width-1) */
+    if (half == NULL)
+        goto done;
+    lo = is_unsigned ? PyLong_FromLong(0) : PyNumber_Negative(half);
+    PyObject *full = PyNumber_Add(half, half);    /* 2**width */
+    hi = full ? PyNumber_Subtract(is_signed ? half : full, one) : NULL;
+    Py_XDECREF(full);
+    Py_DECREF(half);
+    if (lo == NULL || hi == NULL)
+        goto done;
+    int below = PyObject_RichCompareBool(value, lo, Py_LT), above = PyObject_RichCompareBool(value, hi, Py_GT);
+    if (below < 0 || above < 0)
+        goto done;
+    if (below || above) {
+        mg_buf name = {0};
+        mlirTypePrint(type, mg_buf_callback, &name);
+        PyObject *typename = mg_buf_finish(&name);
+        if (typename != NULL) {
+            PyErr_Format(PyExc_OverflowError, "%R does not fit in %U (range %R..%R)", value, typename, lo, hi);
+            Py_DECREF(typename);
+        }
+        goto done;
+    }
+    rc = 0;
+done:
+    Py_XDECREF(lo);
+    Py_XDECREF(hi);
+    Py_XDECREF(one);
+    Py_XDECREF(shift);
+    return rc;
+}
+
 static PyObject *Attribute_integer(PyObject *cls, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"value", "type", "context", NULL};
@@ -1083,13 +1131,12 @@ static PyObject *Attribute_integer(PyObject *cls, PyObject *args, PyObject *kwds
     /* IntegerAttr of a non-integer type is undefined behaviour in MLIR. */
     if (!mlirTypeIsAInteger(type) && !mlirTypeIsAIndex(type))
         return mg_raise(PyExc_TypeError, "an integer attribute needs an integer or index type");
+    if (integer_fits(value, type) < 0)
+        return NULL;
     long long v = PyLong_AsLongLong(value);
     if (v == -1 && PyErr_Occurred()) {
         PyErr_Clear();
-        unsigned long long u = PyLong_AsUnsignedLongLong(value);
-        if (u == (unsigned long long)-1 && PyErr_Occurred())
-            return mg_raise(PyExc_OverflowError, "integer attribute value does not fit in 64 bits");
-        v = (long long)u;
+        v = (long long)PyLong_AsUnsignedLongLong(value); /* checked to fit above */
     }
     return wrap_attribute(ctx, mlirIntegerAttrGet(type, v));
 }
@@ -1160,7 +1207,7 @@ static PyObject *Attribute_unit(PyObject *cls, PyObject *args, PyObject *kwds)
     return ctx ? wrap_attribute(ctx, mlirUnitAttrGet(ctx->context)) : NULL;
 }
 
-static PyObject *Attribute_type(PyObject *cls, PyObject *arg)
+static PyObject *Attribute_type_attr(PyObject *cls, PyObject *arg)
 {
     mg_ir_Value_like *t = uniqued_arg(arg, TypeType, NULL, "type");
     return t ? wrap_attribute(t->context, mlirTypeAttrGet(t->h.type)) : NULL;
@@ -1387,7 +1434,7 @@ static PyMethodDef Attribute_methods[] = {
      "Attribute.symbol_ref(name): a flat symbol reference @name."},
     {"bool", (PyCFunction)(void (*)(void))Attribute_bool, METH_VARARGS | METH_KEYWORDS | METH_CLASS, NULL},
     {"unit", (PyCFunction)(void (*)(void))Attribute_unit, METH_VARARGS | METH_KEYWORDS | METH_CLASS, NULL},
-    {"type", (PyCFunction)Attribute_type, METH_O | METH_CLASS, "Attribute.type(t): a TypeAttr."},
+    {"type_attr", (PyCFunction)Attribute_type_attr, METH_O | METH_CLASS, "Attribute.type_attr(t): a TypeAttr."},
     {"array", (PyCFunction)(void (*)(void))Attribute_array, METH_VARARGS | METH_KEYWORDS | METH_CLASS, NULL},
     {"dictionary", (PyCFunction)(void (*)(void))Attribute_dictionary, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      NULL},
@@ -1853,6 +1900,24 @@ static PyType_Spec InsertionPoint_spec = {"mlirgpu.ir.InsertionPoint", sizeof(mg
 
 /* ---- Operation ---- */
 
+/* The Context of a new operation: the `context=` argument, else that of the
+ * `location=` argument, of the current insertion point, of the current
+ * `with loc:`, else the current Context. */
+static mg_ir_Context *implied_context(PyObject *ctxarg, PyObject *locarg)
+{
+    if (ctxarg != NULL && ctxarg != Py_None)
+        return context_arg(ctxarg);
+    if (locarg != NULL && PyObject_TypeCheck(locarg, LocationType))
+        return ((mg_ir_Value_like *)locarg)->context;
+    PyObject *ip = stack_top(str_ip_stack);
+    if (ip != NULL)
+        return ((mg_ir_InsertionPoint *)ip)->block->anchor->context;
+    PyObject *loc = PyErr_Occurred() ? NULL : stack_top(str_location_stack);
+    if (loc != NULL)
+        return ((mg_ir_Value_like *)loc)->context;
+    return PyErr_Occurred() ? NULL : context_current();
+}
+
 static int values_arg(PyObject *seq, mg_ir_Context *ctx, MlirValue **out, Py_ssize_t *n, PyObject **anchors)
 {
     PyObject *fast = PySequence_Fast(seq, "operands must be a sequence of Values");
@@ -1936,11 +2001,7 @@ static PyObject *Operation_create(PyObject *cls, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "U|OOOiO$OpO:Operation.create", kwlist, &name, &operands,
                                      &results, &attributes, &nregions, &successors, &locarg, &detached, &ctxarg))
         return NULL;
-    mg_ir_Context *ctx;
-    if ((ctxarg == NULL || ctxarg == Py_None) && locarg != NULL && PyObject_TypeCheck(locarg, LocationType))
-        ctx = ((mg_ir_Value_like *)locarg)->context;
-    else
-        ctx = context_arg(ctxarg);
+    mg_ir_Context *ctx = implied_context(ctxarg, locarg);
     if (ctx == NULL)
         return NULL;
     MlirStringRef nameref = string_ref(name, "name");
@@ -1963,6 +2024,9 @@ static PyObject *Operation_create(PyObject *cls, PyObject *args, PyObject *kwds)
     if (!detached) {
         ip = (mg_ir_InsertionPoint *)stack_top(str_ip_stack);
         if (ip == NULL && PyErr_Occurred())
+            return NULL;
+        if (ip != NULL && (anchor_check(ip->block->anchor, "block") < 0 ||
+                           (ip->before != NULL && op_check(ip->before) < 0)))
             return NULL;
         if (ip != NULL && ip->block->anchor->context != ctx)
             return mg_raise(PyExc_ValueError, "the current InsertionPoint belongs to a different Context");
@@ -2294,6 +2358,23 @@ static int value_used_outside(MlirValue v, MlirOperation root)
     return 0;
 }
 
+/* Whether an operation outside `root` (in the same tree) branches to a
+ * block inside it: the C API has no block-use list, so look at successors. */
+static int has_outside_branches_in(MlirOperation root)
+{
+    op_list list = {0};
+    int found = 0;
+    mlirOperationWalk(ir_root(root), collect_op, &list, MlirWalkPreOrder);
+    for (size_t i = 0; i < list.n && !found; i++) {
+        if (is_inside(list.ops[i], root))
+            continue;
+        for (intptr_t s = 0; s < mlirOperationGetNumSuccessors(list.ops[i]) && !found; s++)
+            found = is_inside(mlirBlockGetParentOperation(mlirOperationGetSuccessor(list.ops[i], s)), root);
+    }
+    free(list.ops);
+    return found;
+}
+
 /* Whether erasing `root` would leave a use of a value it defines. */
 static int has_outside_uses(MlirOperation root)
 {
@@ -2316,11 +2397,37 @@ static int has_outside_uses(MlirOperation root)
     return found;
 }
 
+int mg_ir_check_self_contained(mg_ir_Operation *root)
+{
+    op_list list = {0};
+    int found = 0;
+    mlirOperationWalk(root->op, collect_op, &list, MlirWalkPreOrder);
+    for (size_t i = 0; i < list.n && !found; i++) {
+        MlirOperation op = list.ops[i];
+        for (intptr_t r = 0; r < mlirOperationGetNumResults(op) && !found; r++)
+            found = value_used_outside(mlirOperationGetResult(op, r), root->op);
+        for (intptr_t g = 0; g < mlirOperationGetNumRegions(op) && !found; g++)
+            for (MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, g)); !mlirBlockIsNull(b) && !found;
+                 b = mlirBlockGetNextInRegion(b))
+                for (intptr_t a = 0; a < mlirBlockGetNumArguments(b) && !found; a++)
+                    found = value_used_outside(mlirBlockGetArgument(b, a), root->op);
+    }
+    free(list.ops);
+    if (found) {
+        PyErr_SetString(PyExc_ValueError, "a value of this module is used by an operation outside it (a detached "
+                        "operation or clone); a pass could free what it uses: insert or drop that operation first");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *Operation_erase(mg_ir_Operation *self, PyObject *unused)
 {
     OP_CHECKED(self);
     if (has_outside_uses(self->op))
         return mg_raise(PyExc_ValueError, "cannot erase an operation whose results (or nested values) still have uses");
+    if (has_outside_branches_in(self->op))
+        return mg_raise(PyExc_ValueError, "cannot erase an operation holding a block that is a branch target outside it");
     if (invalidate_under(self, 1) < 0)
         return NULL;
     mlirOperationDestroy(self->op);

@@ -14,8 +14,8 @@
 #include "module.h"
 #include <mlir-c/IR.h>
 
-/* One diagnostic as MLIR reported it, kept in C so that the handler can run
- * without the GIL (pass pipelines run with it released). */
+/* One diagnostic as MLIR reported it, kept in C: the handler runs inside
+ * MLIR and must not raise. */
 typedef struct {
     int severity; /* MlirDiagnosticSeverity; notes are entries of their own */
     char *location;
@@ -59,6 +59,9 @@ int mg_ir_diag_warn(mg_ir_Context *ctx);
 mg_ir_Operation *mg_ir_module_operation(PyObject *module);
 /* Wraps a detached operation (a clone, say) as a new Module owning it. */
 PyObject *mg_ir_module_adopt(mg_ir_Context *ctx, MlirOperation op);
+/* -1 with ValueError if an operation outside `root` uses a value defined
+ * inside it: a pass over `root` could free that value under it. */
+int mg_ir_check_self_contained(mg_ir_Operation *root);
 /* After a pass ran on `root`, any operation under it may be gone. */
 void mg_ir_invalidate_nested(mg_ir_Operation *root);
 /* Returns the Python wrapper of `op` (new ref), making one if needed. */

@@ -150,19 +150,41 @@ static PyObject *PassManager_run(mg_PassManager *self, PyObject *target)
     if (data == NULL)
         goto done;
 
+    /* Passes assume verified IR: on anything else they may crash. */
+    mg_ir_diag_clear(ctx);
+    if (!mlirOperationVerify(op->op) || mg_ir_diag_has_error(ctx)) {
+        mg_ir_diag_raise(ctx, mg_st->MLIRError, "the module does not verify; no pass ran");
+        goto done;
+    }
+    if (mg_ir_check_self_contained(op) < 0)
+        goto done;
     MlirPassManager pm = mlirPassManagerCreateOnOperation(mctx, opname);
     mg_buf err = {0};
+    /* A bad pass option is reported by LLVM's option parser on fd 2. */
+    capture parse_cap;
+    if (capture_begin(&parse_cap) < 0) {
+        mlirPassManagerDestroy(pm);
+        goto done;
+    }
     MlirLogicalResult parsed = mlirParsePassPipeline(mlirPassManagerGetAsOpPassManager(pm),
                                                      mlirStringRefCreate(data, (size_t)len), append_callback, &err);
+    PyObject *parse_output = capture_end(&parse_cap);
+    if (parse_output == NULL) {
+        mlirPassManagerDestroy(pm);
+        free(err.data);
+        goto done;
+    }
     if (mlirLogicalResultIsFailure(parsed)) {
         mlirPassManagerDestroy(pm);
         PyObject *msg = mg_buf_finish(&err);
         if (msg != NULL) {
-            mg_raise(mg_st->MLIRError, "invalid pass pipeline '%U': %U", text, msg);
+            mg_raise(mg_st->MLIRError, "invalid pass pipeline '%U': %U%U", text, msg, parse_output);
             Py_DECREF(msg);
         }
+        Py_DECREF(parse_output);
         goto done;
     }
+    Py_DECREF(parse_output);
     free(err.data);
     mlirPassManagerEnableVerifier(pm, self->verify_each);
     int capturing = self->print_ir_before_all || self->print_ir_after_all || self->timing;
@@ -281,26 +303,39 @@ static PyObject *gpu_objects(PyObject *self, PyObject *module)
     return list;
 }
 
+/* Keeps LLVM's first error message: without a handler LLVM prints it and
+ * exits the process. */
+static void llvm_diagnostic(LLVMDiagnosticInfoRef info, void *userdata)
+{
+    char **message = userdata;
+    if (*message == NULL && LLVMGetDiagInfoSeverity(info) == LLVMDSError)
+        *message = LLVMGetDiagInfoDescription(info);
+}
+
 /* llvm_bitcode_to_text(bytes) -> str: LLVM IR as LLVM prints it. */
 static PyObject *llvm_bitcode_to_text(PyObject *self, PyObject *arg)
 {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
+    char *message = NULL;
     LLVMContextRef llctx = LLVMContextCreate();
+    LLVMContextSetDiagnosticHandler(llctx, llvm_diagnostic, &message);
     LLVMMemoryBufferRef buffer =
         LLVMCreateMemoryBufferWithMemoryRangeCopy(view.buf, (size_t)view.len, "mlirgpu-bitcode");
     PyBuffer_Release(&view);
     LLVMModuleRef mod = NULL;
     PyObject *result = NULL;
     if (LLVMParseBitcodeInContext2(llctx, buffer, &mod) != 0)
-        mg_raise(mg_st->CompileError, "not valid LLVM bitcode");
+        mg_raise(mg_st->CompileError, "not valid LLVM bitcode: %s", message ? message : "unknown error");
     else {
         char *text = LLVMPrintModuleToString(mod);
         result = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
         LLVMDisposeMessage(text);
         LLVMDisposeModule(mod);
     }
+    if (message != NULL)
+        LLVMDisposeMessage(message);
     LLVMDisposeMemoryBuffer(buffer);
     LLVMContextDispose(llctx);
     return result;

@@ -60,7 +60,7 @@ def build_naive_sgemm(M, K, N, element_type=None):
     with ir.InsertionPoint(gpu_module.regions[0].append_block()):
         kernel = _op("gpu.func", regions=1, attributes={
             "sym_name": ir.Attribute.string("sgemm_naive"),
-            "function_type": ir.Attribute.type(ir.Type.function([a_type, b_type, c_type], [])),
+            "function_type": ir.Attribute.type_attr(ir.Type.function([a_type, b_type, c_type], [])),
             "gpu.kernel": ir.Attribute.unit(),
         })
     body = kernel.regions[0].append_block([a_type, b_type, c_type])

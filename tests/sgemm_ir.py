@@ -69,7 +69,7 @@ def build_sgemm_module(M, K, N, *, context=None, kernel_name="sgemm_naive", modu
         with ir.InsertionPoint(gpu_module.regions[0].append_block()):
             kernel = _op("gpu.func", regions=1, attributes={
                 "sym_name": ir.Attribute.string(kernel_name),
-                "function_type": ir.Attribute.type(ir.Type.function([a_type, b_type, c_type], [])),
+                "function_type": ir.Attribute.type_attr(ir.Type.function([a_type, b_type, c_type], [])),
                 "gpu.kernel": ir.Attribute.unit(),
             })
         body = kernel.regions[0].append_block([a_type, b_type, c_type])

@@ -13,7 +13,7 @@ def func_op(name, inputs, results, *, location=None):
     """A func.func @name at the current insertion point (or detached), with an entry block."""
     fn = ir.Operation.create("func.func", regions=1, location=location, attributes={
         "sym_name": ir.Attribute.string(name),
-        "function_type": ir.Attribute.type(ir.Type.function(inputs, results)),
+        "function_type": ir.Attribute.type_attr(ir.Type.function(inputs, results)),
     })
     fn.regions[0].append_block(inputs)
     return fn
@@ -232,7 +232,7 @@ def test_type_equality_and_hashing(ctx):
     assert {ir.Type.f32(): "a"}[ir.Type.parse("f32")] == "a"
     assert len({ir.Type.f32(), ir.Type.parse("f32"), ir.Type.index()}) == 2
     # Not equal to other kinds, nor to the same type of another Context.
-    assert ir.Type.f32() != ir.Attribute.type(ir.Type.f32())
+    assert ir.Type.f32() != ir.Attribute.type_attr(ir.Type.f32())
     assert ir.Type.f32() != "f32"
     assert ir.Type.f32() != ir.Type.f32(context=ir.Context())
 
@@ -294,10 +294,10 @@ def test_attribute_string_bool_unit_symbol(ctx):
 
 def test_attribute_type_attr(ctx):
     t = ir.Type.function([f32()], [])
-    a = ir.Attribute.type(t)
+    a = ir.Attribute.type_attr(t)
     assert str(a) == "(f32) -> ()"
     assert a.value == t
-    assert a == ir.Attribute.type(ir.Type.parse("(f32) -> ()"))
+    assert a == ir.Attribute.type_attr(ir.Type.parse("(f32) -> ()"))
 
 
 def test_attribute_array_and_dictionary(ctx):
@@ -736,7 +736,7 @@ def test_build_func_with_arith(ctx):
     with ir.InsertionPoint(module.body), ir.Location.file("build.py", 1, 1):
         fn = ir.Operation.create("func.func", regions=1, attributes={
             "sym_name": ir.Attribute.string("compute"),
-            "function_type": ir.Attribute.type(ir.Type.function([f32(), f32(), index], [f32(), index])),
+            "function_type": ir.Attribute.type_attr(ir.Type.function([f32(), f32(), index], [f32(), index])),
             "sym_visibility": ir.Attribute.string("private"),
         })
     entry = fn.regions[0].append_block([f32(), f32(), index])
@@ -782,7 +782,7 @@ def test_build_gpu_module_with_kernel(ctx):
     with ir.InsertionPoint(gpu_module.regions[0].append_block()):
         kernel = ir.Operation.create("gpu.func", regions=1, attributes={
             "sym_name": ir.Attribute.string("scale"),
-            "function_type": ir.Attribute.type(ir.Type.function([buffer, f32()], [])),
+            "function_type": ir.Attribute.type_attr(ir.Type.function([buffer, f32()], [])),
             "gpu.kernel": ir.Attribute.unit(),
         })
     body = kernel.regions[0].append_block([buffer, f32()])

@@ -231,7 +231,7 @@ def test_pass_over_unverified_module():
             with ir.InsertionPoint(module.body):
                 fn = ir.Operation.create("func.func", regions=1, attributes={
                     "sym_name": ir.Attribute.string("f"),
-                    "function_type": ir.Attribute.type(ir.Type.function([index], []))})
+                    "function_type": ir.Attribute.type_attr(ir.Type.function([index], []))})
             block = fn.regions[0].append_block([index])
             i = block.arguments[0]
             with ir.InsertionPoint(block):

@@ -60,7 +60,7 @@ class Target:
             if ptx < CHIPS[chip]:
                 raise CompileError(f"{chip} needs PTX {CHIPS[chip] // 10}.{CHIPS[chip] % 10} or newer, "
                                    f"got {features!r}")
-        if opt_level not in (0, 1, 2, 3) or isinstance(opt_level, bool):
+        if type(opt_level) is not int or opt_level not in (0, 1, 2, 3):
             raise CompileError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
         self.chip, self.ptx_version, self.opt_level = chip, ptx, opt_level
         self.features = f"+ptx{ptx}"
