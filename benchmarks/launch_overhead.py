@@ -1,14 +1,26 @@
 """Host time per launch of a trivial kernel with three array arguments.
 
-    python benchmarks/launch_overhead.py [--launches N] [--repeats R]
+    python benchmarks/launch_overhead.py [--launches N] [--repeats R] [--batch B]
 
-Each peer launches the same work (C[i] = A[i] + B[i] on 1024 float32, one
-block of 256 threads) N times in a row, then synchronises; the time per launch
-is the total over N, and the table shows the median of R such runs. Peers,
-each where importable: CuPy RawKernel, a torch in-place add, a Triton kernel.
+Each path launches the same work (C[i] = A[i] + B[i] on 1024 float32, 4
+blocks of 256 threads). Two figures, each the median of R runs:
+
+- host: the time spent in the launch calls, B launches at a time with a
+  synchronise (untimed) between batches, so the driver's queue never fills
+  and the GPU never sets the pace: the cost of a launch to the caller.
+- +sync: N launches in a row, then one synchronise, over N: what a loop of
+  launches sustains, the GPU's own time per tiny kernel included.
+
+Peers, each where importable: CuPy RawKernel, a torch in-place add, Triton,
+and cuLaunchKernel called from C (benchmarks/launch_floor.c, built with gcc
+when the toolkit's headers are there), the floor under every Python path.
 """
 import argparse
+import os
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
 
 import numpy as np
@@ -45,19 +57,45 @@ extern "C" __global__ void add(const float *a, const float *b, float *c) {
 """
 
 
-def per_launch_us(launch, synchronize, launches, repeats):
-    """Median over `repeats` of (time of `launches` launches + one sync) / launches."""
+def per_launch_us(launch, synchronize, launches, repeats, batch):
+    """(host, +sync) microseconds per launch, medians over `repeats` runs."""
     for _ in range(100):
         launch()
     synchronize()
-    times = []
+    host, synced = [], []
     for _ in range(repeats):
+        spent, done = 0.0, 0
+        while done < launches:
+            start = time.perf_counter()
+            for _ in range(batch):
+                launch()
+            spent += time.perf_counter() - start
+            synchronize()
+            done += batch
+        host.append(spent / done * 1e6)
         start = time.perf_counter()
         for _ in range(launches):
             launch()
         synchronize()
-        times.append((time.perf_counter() - start) / launches * 1e6)
-    return statistics.median(times)
+        synced.append((time.perf_counter() - start) / launches * 1e6)
+    return statistics.median(host), statistics.median(synced)
+
+
+def c_floor(cubin, launches, repeats, batch):
+    """(host, +sync) of cuLaunchKernel from C, or None where it cannot be built."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_floor.c")
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    if shutil.which("gcc") is None or not os.path.exists(os.path.join(cuda_home, "include", "cuda.h")):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        binary, image = os.path.join(tmp, "launch_floor"), os.path.join(tmp, "add.cubin")
+        with open(image, "wb") as f:
+            f.write(cubin)
+        subprocess.run(["gcc", "-O2", "-std=c11", "-D_POSIX_C_SOURCE=199309L", f"-I{cuda_home}/include",
+                        source, f"-L{cuda_home}/lib64/stubs", "-lcuda", "-o", binary], check=True)
+        out = subprocess.run([binary, image, "add", str(launches), str(repeats), str(batch)],
+                             check=True, capture_output=True, text=True).stdout
+    return tuple(float(x) for x in out.split())
 
 
 def mlirgpu_runner():
@@ -72,7 +110,7 @@ def mlirgpu_runner():
 
     launch()
     assert np.array_equal(c.get(), 2 * host), "mlirgpu kernel computed a wrong result"
-    return launch, device.synchronize, kernel, (a, b, c)
+    return launch, device.synchronize, kernel, cubin, (a, b, c)
 
 
 def torch_tensors_runner(kernel, torch):
@@ -138,18 +176,19 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launches", type=int, default=10000)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--batch", type=int, default=100)
     args = parser.parse_args()
     if not mg.cuda.is_available():
         raise SystemExit("launch_overhead.py needs a CUDA GPU")
+    measure = (args.launches, args.repeats, args.batch)
     rows = []
-    launch, sync, kernel, _keep = mlirgpu_runner()
-    rows.append(("mlirgpu (DeviceArray args)", per_launch_us(launch, sync, args.launches, args.repeats)))
+    launch, sync, kernel, cubin, _keep = mlirgpu_runner()
+    rows.append(("mlirgpu (DeviceArray args)", per_launch_us(launch, sync, *measure)))
     try:
         import torch
-        rows.append(("mlirgpu (torch tensor args)",
-                     per_launch_us(torch_tensors_runner(kernel, torch), sync, args.launches, args.repeats)))
+        rows.append(("mlirgpu (torch tensor args)", per_launch_us(torch_tensors_runner(kernel, torch), sync, *measure)))
     except ImportError:
-        torch = None
+        pass
     for name, runner in (("CuPy RawKernel", cupy_runner), ("torch in-place add", torch_runner),
                          ("Triton", triton_runner)):
         try:
@@ -157,15 +196,18 @@ def main():
         except ImportError as missing:
             print(f"{name}: not importable ({missing})")
             continue
-        rows.append((name, per_launch_us(launch, sync, args.launches, args.repeats)))
-    cupy_us = dict(rows).get("CuPy RawKernel")
-    print(f"\nhost time per launch, {mg.cuda.Device(0).name}, median of {args.repeats} x "
-          f"{args.launches} launches")
-    print(f"| {'launch path':<28} | {'us/launch':>9} | {'vs CuPy RawKernel':>17} |")
-    print(f"|{'-' * 30}|{'-' * 11}|{'-' * 19}|")
-    for name, us in rows:
-        ratio = f"{us / cupy_us:.2f}x" if cupy_us else "n/a"
-        print(f"| {name:<28} | {us:9.2f} | {ratio:>17} |")
+        rows.append((name, per_launch_us(launch, sync, *measure)))
+    floor = c_floor(cubin, *measure)
+    if floor is not None:
+        rows.append(("cuLaunchKernel from C", floor))
+    cupy = dict(rows).get("CuPy RawKernel")
+    print(f"\nus per launch, {mg.cuda.Device(0).name}, medians of {args.repeats} runs; host: batches of "
+          f"{args.batch}, +sync: {args.launches} launches then one synchronise")
+    print(f"| {'launch path':<28} | {'host':>6} | {'vs CuPy':>7} | {'+sync':>6} | {'vs CuPy':>7} |")
+    print(f"|{'-' * 30}|{'-' * 8}|{'-' * 9}|{'-' * 8}|{'-' * 9}|")
+    for name, (host, synced) in rows:
+        vs = (f"{host / cupy[0]:.2f}x", f"{synced / cupy[1]:.2f}x") if cupy else ("n/a", "n/a")
+        print(f"| {name:<28} | {host:6.2f} | {vs[0]:>7} | {synced:6.2f} | {vs[1]:>7} |")
 
 
 if __name__ == "__main__":
