@@ -4,10 +4,11 @@
  *   launch_floor CUBIN FUNCTION LAUNCHES REPEATS BATCH
  *
  * Launches FUNCTION(a, b, c) (three 1024-float buffers, grid 4, block 256)
- * and prints two medians in microseconds per launch: the host time of the
- * launch calls in batches of BATCH (the queue never fills; synchronised
- * between batches, untimed), and LAUNCHES launches followed by one
- * synchronise (host time plus whatever the GPU adds). */
+ * and prints, for each stream (the legacy default stream, the per-thread
+ * default stream, a stream of its own), a line "NAME HOST SYNCED": medians
+ * in microseconds per launch of the host time of the launch calls in batches
+ * of BATCH (the queue never fills; synchronised between batches, untimed),
+ * and of LAUNCHES launches followed by one synchronise. */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,27 +79,34 @@ int main(int argc, char **argv)
     CHECK(cuMemAlloc(&b, 4096));
     CHECK(cuMemAlloc(&c, 4096));
     void *params[] = {&a, &b, &c};
+    CUstream own;
+    CHECK(cuStreamCreate(&own, CU_STREAM_DEFAULT));
+    const char *names[] = {"legacy", "per-thread", "own"};
+    CUstream streams[] = {CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, own};
 
-    double batched[1000], synced[1000];
-    for (int i = 0; i < 100; i++)
-        CHECK(cuLaunchKernel(function, 4, 1, 1, 256, 1, 1, 0, NULL, params, NULL));
-    CHECK(cuCtxSynchronize());
-    for (int r = 0; r < repeats; r++) {
-        double host = 0;
-        for (int done = 0; done < launches; done += batch) {
-            double start = now_us();
-            for (int i = 0; i < batch; i++)
-                CHECK(cuLaunchKernel(function, 4, 1, 1, 256, 1, 1, 0, NULL, params, NULL));
-            host += now_us() - start;
-            CHECK(cuCtxSynchronize());
-        }
-        batched[r] = host / ((launches + batch - 1) / batch * batch);
-        double start = now_us();
-        for (int i = 0; i < launches; i++)
-            CHECK(cuLaunchKernel(function, 4, 1, 1, 256, 1, 1, 0, NULL, params, NULL));
+    for (int s = 0; s < 3; s++) {
+        CUstream stream = streams[s];
+        double batched[1000], synced[1000];
+        for (int i = 0; i < 100; i++)
+            CHECK(cuLaunchKernel(function, 4, 1, 1, 256, 1, 1, 0, stream, params, NULL));
         CHECK(cuCtxSynchronize());
-        synced[r] = (now_us() - start) / launches;
+        for (int r = 0; r < repeats; r++) {
+            double host = 0;
+            for (int done = 0; done < launches; done += batch) {
+                double start = now_us();
+                for (int i = 0; i < batch; i++)
+                    CHECK(cuLaunchKernel(function, 4, 1, 1, 256, 1, 1, 0, stream, params, NULL));
+                host += now_us() - start;
+                CHECK(cuCtxSynchronize());
+            }
+            batched[r] = host / ((launches + batch - 1) / batch * batch);
+            double start = now_us();
+            for (int i = 0; i < launches; i++)
+                CHECK(cuLaunchKernel(function, 4, 1, 1, 256, 1, 1, 0, stream, params, NULL));
+            CHECK(cuCtxSynchronize());
+            synced[r] = (now_us() - start) / launches;
+        }
+        printf("%s %.3f %.3f\n", names[s], median(batched, repeats), median(synced, repeats));
     }
-    printf("%.3f %.3f\n", median(batched, repeats), median(synced, repeats));
     return 0;
 }

@@ -82,11 +82,11 @@ def per_launch_us(launch, synchronize, launches, repeats, batch):
 
 
 def c_floor(cubin, launches, repeats, batch):
-    """(host, +sync) of cuLaunchKernel from C, or None where it cannot be built."""
+    """{stream: (host, +sync)} of cuLaunchKernel from C, or {} where it cannot be built."""
     source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_floor.c")
     cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     if shutil.which("gcc") is None or not os.path.exists(os.path.join(cuda_home, "include", "cuda.h")):
-        return None
+        return {}
     with tempfile.TemporaryDirectory() as tmp:
         binary, image = os.path.join(tmp, "launch_floor"), os.path.join(tmp, "add.cubin")
         with open(image, "wb") as f:
@@ -95,7 +95,7 @@ def c_floor(cubin, launches, repeats, batch):
                         source, f"-L{cuda_home}/lib64/stubs", "-lcuda", "-o", binary], check=True)
         out = subprocess.run([binary, image, "add", str(launches), str(repeats), str(batch)],
                              check=True, capture_output=True, text=True).stdout
-    return tuple(float(x) for x in out.split())
+    return {name: (float(host), float(synced)) for name, host, synced in map(str.split, out.splitlines())}
 
 
 def mlirgpu_runner():
@@ -110,7 +110,13 @@ def mlirgpu_runner():
 
     launch()
     assert np.array_equal(c.get(), 2 * host), "mlirgpu kernel computed a wrong result"
-    return launch, device.synchronize, kernel, cubin, (a, b, c)
+
+    def on_stream(stream):
+        def launch():
+            kernel(a, b, c, grid=(N_ELEMENTS // 256,), block=(256,), stream=stream)
+        return launch
+
+    return launch, on_stream, device.synchronize, kernel, cubin, (a, b, c)
 
 
 def torch_tensors_runner(kernel, torch):
@@ -182,8 +188,11 @@ def main():
         raise SystemExit("launch_overhead.py needs a CUDA GPU")
     measure = (args.launches, args.repeats, args.batch)
     rows = []
-    launch, sync, kernel, cubin, _keep = mlirgpu_runner()
+    launch, on_stream, sync, kernel, cubin, _keep = mlirgpu_runner()
     rows.append(("mlirgpu (DeviceArray args)", per_launch_us(launch, sync, *measure)))
+    own = mg.Stream()
+    rows.append(("mlirgpu, own stream", per_launch_us(on_stream(own), sync, *measure)))
+    rows.append(("mlirgpu, per-thread stream", per_launch_us(on_stream(2), sync, *measure)))
     try:
         import torch
         rows.append(("mlirgpu (torch tensor args)", per_launch_us(torch_tensors_runner(kernel, torch), sync, *measure)))
@@ -197,9 +206,8 @@ def main():
             print(f"{name}: not importable ({missing})")
             continue
         rows.append((name, per_launch_us(launch, sync, *measure)))
-    floor = c_floor(cubin, *measure)
-    if floor is not None:
-        rows.append(("cuLaunchKernel from C", floor))
+    for stream, figures in c_floor(cubin, *measure).items():
+        rows.append((f"C cuLaunchKernel, {stream} stream", figures))
     cupy = dict(rows).get("CuPy RawKernel")
     print(f"\nus per launch, {mg.cuda.Device(0).name}, medians of {args.repeats} runs; host: batches of "
           f"{args.batch}, +sync: {args.launches} launches then one synchronise")
