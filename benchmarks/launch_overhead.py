@@ -57,28 +57,35 @@ extern "C" __global__ void add(const float *a, const float *b, float *c) {
 """
 
 
-def per_launch_us(launch, synchronize, launches, repeats, batch):
-    """(host, +sync) microseconds per launch, medians over `repeats` runs."""
-    for _ in range(100):
+def one_run(launch, synchronize, launches, batch):
+    """(host, +sync) microseconds per launch, one run."""
+    spent, done = 0.0, 0
+    while done < launches:
+        start = time.perf_counter()
+        for _ in range(batch):
+            launch()
+        spent += time.perf_counter() - start
+        synchronize()
+        done += batch
+    start = time.perf_counter()
+    for _ in range(launches):
         launch()
     synchronize()
-    host, synced = [], []
-    for _ in range(repeats):
-        spent, done = 0.0, 0
-        while done < launches:
-            start = time.perf_counter()
-            for _ in range(batch):
-                launch()
-            spent += time.perf_counter() - start
-            synchronize()
-            done += batch
-        host.append(spent / done * 1e6)
-        start = time.perf_counter()
-        for _ in range(launches):
+    return spent / done * 1e6, (time.perf_counter() - start) / launches * 1e6
+
+
+def measure_all(paths, launches, repeats, batch):
+    """{name: (host, +sync) medians}; the paths take turns, run after run, so
+    that drift in clocks or load falls on all of them alike."""
+    for launch, synchronize in paths.values():
+        for _ in range(100):
             launch()
         synchronize()
-        synced.append((time.perf_counter() - start) / launches * 1e6)
-    return statistics.median(host), statistics.median(synced)
+    runs = {name: [] for name in paths}
+    for _ in range(repeats):
+        for name, (launch, synchronize) in paths.items():
+            runs[name].append(one_run(launch, synchronize, launches, batch))
+    return {name: tuple(statistics.median(r[i] for r in rs) for i in (0, 1)) for name, rs in runs.items()}
 
 
 def c_floor(cubin, launches, repeats, batch):
@@ -187,35 +194,34 @@ def main():
     if not mg.cuda.is_available():
         raise SystemExit("launch_overhead.py needs a CUDA GPU")
     measure = (args.launches, args.repeats, args.batch)
-    rows = []
+    paths = {}
     launch, on_stream, sync, kernel, cubin, _keep = mlirgpu_runner()
-    rows.append(("mlirgpu (DeviceArray args)", per_launch_us(launch, sync, *measure)))
+    paths["mlirgpu, default stream"] = (launch, sync)
     own = mg.Stream()
-    rows.append(("mlirgpu, own stream", per_launch_us(on_stream(own), sync, *measure)))
-    rows.append(("mlirgpu, per-thread stream", per_launch_us(on_stream(2), sync, *measure)))
+    paths["mlirgpu, own stream"] = (on_stream(own), sync)
+    paths["mlirgpu, per-thread stream"] = (on_stream(2), sync)
     try:
         import torch
-        rows.append(("mlirgpu (torch tensor args)", per_launch_us(torch_tensors_runner(kernel, torch), sync, *measure)))
+        paths["mlirgpu, torch tensor args"] = (torch_tensors_runner(kernel, torch), sync)
     except ImportError:
         pass
     for name, runner in (("CuPy RawKernel", cupy_runner), ("torch in-place add", torch_runner),
                          ("Triton", triton_runner)):
         try:
-            launch, sync = runner()
+            paths[name] = runner()
         except ImportError as missing:
             print(f"{name}: not importable ({missing})")
-            continue
-        rows.append((name, per_launch_us(launch, sync, *measure)))
+    rows = list(measure_all(paths, *measure).items())
     for stream, figures in c_floor(cubin, *measure).items():
         rows.append((f"C cuLaunchKernel, {stream} stream", figures))
     cupy = dict(rows).get("CuPy RawKernel")
     print(f"\nus per launch, {mg.cuda.Device(0).name}, medians of {args.repeats} runs; host: batches of "
           f"{args.batch}, +sync: {args.launches} launches then one synchronise")
-    print(f"| {'launch path':<28} | {'host':>6} | {'vs CuPy':>7} | {'+sync':>6} | {'vs CuPy':>7} |")
-    print(f"|{'-' * 30}|{'-' * 8}|{'-' * 9}|{'-' * 8}|{'-' * 9}|")
+    print(f"| {'launch path':<36} | {'host':>6} | {'vs CuPy':>7} | {'+sync':>6} | {'vs CuPy':>7} |")
+    print(f"|{'-' * 38}|{'-' * 8}|{'-' * 9}|{'-' * 8}|{'-' * 9}|")
     for name, (host, synced) in rows:
         vs = (f"{host / cupy[0]:.2f}x", f"{synced / cupy[1]:.2f}x") if cupy else ("n/a", "n/a")
-        print(f"| {name:<28} | {host:6.2f} | {vs[0]:>7} | {synced:6.2f} | {vs[1]:>7} |")
+        print(f"| {name:<36} | {host:6.2f} | {vs[0]:>7} | {synced:6.2f} | {vs[1]:>7} |")
 
 
 if __name__ == "__main__":
