@@ -462,6 +462,17 @@ static PyObject *uniqued_richcompare(mg_ir_Value_like *self, PyObject *other, in
 
 static PyObject *uniqued_get_context(mg_ir_Value_like *self, void *c) { return Py_NewRef(self->context); }
 
+/* Type(f32), Attribute(3 : i32), Location(loc("a.py":3:0)) */
+static PyObject *uniqued_repr(PyObject *self)
+{
+    PyObject *text = PyObject_Str(self);
+    if (text == NULL)
+        return NULL;
+    PyObject *r = PyUnicode_FromFormat("%s(%U)", strrchr(Py_TYPE(self)->tp_name, '.') + 1, text);
+    Py_DECREF(text);
+    return r;
+}
+
 /* Checks that `obj` is of `type` and belongs to `ctx`; borrowed. */
 static mg_ir_Value_like *uniqued_arg(PyObject *obj, PyTypeObject *type, mg_ir_Context *ctx, const char *what)
 {
@@ -477,6 +488,9 @@ static mg_ir_Value_like *uniqued_arg(PyObject *obj, PyTypeObject *type, mg_ir_Co
     }
     return v;
 }
+
+static int uniqued_seq(PyObject *seq, PyTypeObject *type, mg_ir_Context *ctx, const char *what,
+                       const void ***out, Py_ssize_t *n);
 
 /* The location for new IR: the argument, else the innermost `with loc:`,
  * else unknown. */
@@ -555,29 +569,17 @@ static PyObject *Location_unknown(PyObject *cls, PyObject *args, PyObject *kwds)
 static PyObject *Location_fused(PyObject *cls, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"locations", "context", NULL};
-    PyObject *seq, *ctxarg = NULL, *fast = NULL, *result = NULL;
-    MlirLocation *locs = NULL;
+    PyObject *seq, *ctxarg = NULL;
+    const void **locs;
+    Py_ssize_t n;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O:Location.fused", kwlist, &seq, &ctxarg))
         return NULL;
     mg_ir_Context *ctx = context_arg(ctxarg);
-    if (ctx == NULL || (fast = PySequence_Fast(seq, "locations must be a sequence")) == NULL)
+    if (ctx == NULL || uniqued_seq(seq, LocationType, ctx, "location", &locs, &n) < 0)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    locs = PyMem_Calloc((size_t)n + 1, sizeof *locs);
-    if (locs == NULL) {
-        PyErr_NoMemory();
-        goto error;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        mg_ir_Value_like *l = uniqued_arg(PySequence_Fast_GET_ITEM(fast, i), LocationType, ctx, "location");
-        if (l == NULL)
-            goto error;
-        locs[i] = l->h.loc;
-    }
-    result = wrap_location(ctx, mlirLocationFusedGet(ctx->context, n, locs, mlirAttributeGetNull()));
-error:
+    PyObject *result = wrap_location(ctx, mlirLocationFusedGet(ctx->context, n, (MlirLocation *)locs,
+                                                                mlirAttributeGetNull()));
     PyMem_Free(locs);
-    Py_XDECREF(fast);
     return result;
 }
 
@@ -586,16 +588,6 @@ static PyObject *Location_str(mg_ir_Value_like *self)
     mg_buf buf = {0};
     mlirLocationPrint(self->h.loc, mg_buf_callback, &buf);
     return mg_buf_finish(&buf);
-}
-
-static PyObject *Location_repr(mg_ir_Value_like *self)
-{
-    PyObject *s = Location_str(self);
-    if (s == NULL)
-        return NULL;
-    PyObject *r = PyUnicode_FromFormat("Location(%U)", s);
-    Py_DECREF(s);
-    return r;
 }
 
 static PyObject *Location_get_filename(mg_ir_Value_like *self, void *c)
@@ -650,7 +642,7 @@ static PyType_Slot Location_slots[] = {
     {Py_tp_hash, uniqued_hash},
     {Py_tp_richcompare, uniqued_richcompare},
     {Py_tp_str, Location_str},
-    {Py_tp_repr, Location_repr},
+    {Py_tp_repr, uniqued_repr},
     {Py_tp_methods, Location_methods},
     {Py_tp_getset, Location_getset},
     {0, NULL},
@@ -891,16 +883,6 @@ static PyObject *Type_str(mg_ir_Value_like *self)
     return mg_buf_finish(&buf);
 }
 
-static PyObject *Type_repr(mg_ir_Value_like *self)
-{
-    PyObject *s = Type_str(self);
-    if (s == NULL)
-        return NULL;
-    PyObject *r = PyUnicode_FromFormat("Type(%U)", s);
-    Py_DECREF(s);
-    return r;
-}
-
 #define TYPE_PREDICATE(pyname, test)                                       \
     static PyObject *Type_get_##pyname(mg_ir_Value_like *self, void *c)    \
     {                                                                      \
@@ -1029,7 +1011,7 @@ static PyType_Slot Type_slots[] = {
     {Py_tp_hash, uniqued_hash},
     {Py_tp_richcompare, uniqued_richcompare},
     {Py_tp_str, Type_str},
-    {Py_tp_repr, Type_repr},
+    {Py_tp_repr, uniqued_repr},
     {Py_tp_methods, Type_methods},
     {Py_tp_getset, Type_getset},
     {0, NULL},
@@ -1336,16 +1318,6 @@ static PyObject *Attribute_str(mg_ir_Value_like *self)
     return mg_buf_finish(&buf);
 }
 
-static PyObject *Attribute_repr(mg_ir_Value_like *self)
-{
-    PyObject *s = Attribute_str(self);
-    if (s == NULL)
-        return NULL;
-    PyObject *r = PyUnicode_FromFormat("Attribute(%U)", s);
-    Py_DECREF(s);
-    return r;
-}
-
 static PyObject *Attribute_get_type(mg_ir_Value_like *self, void *c)
 {
     MlirType t = mlirAttributeGetType(self->h.attr);
@@ -1460,7 +1432,7 @@ static PyType_Slot Attribute_slots[] = {
     {Py_tp_hash, uniqued_hash},
     {Py_tp_richcompare, uniqued_richcompare},
     {Py_tp_str, Attribute_str},
-    {Py_tp_repr, Attribute_repr},
+    {Py_tp_repr, uniqued_repr},
     {Py_tp_methods, Attribute_methods},
     {Py_tp_getset, Attribute_getset},
     {0, NULL},

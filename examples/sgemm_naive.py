@@ -20,9 +20,9 @@ from mlirgpu import ir
 
 
 def _user_location():
-    """The line of build_naive_sgemm that asked for the operation."""
+    """The line of _build that asked for the operation."""
     frame = sys._getframe(1)
-    while frame.f_code.co_name.startswith("_"):
+    while frame.f_code.co_name != "_build":
         frame = frame.f_back
     return ir.Location.file(frame.f_code.co_filename, frame.f_lineno, 0)
 
@@ -49,17 +49,23 @@ def _binary(name, lhs, rhs):
     return _op(name, operands=[lhs, rhs], results=[lhs.type]).result
 
 
-def build_naive_sgemm(M, K, N, element_type=None):
-    """A module holding gpu.module @kernels with gpu.func @sgemm_naive(A, B, C)."""
-    f32 = element_type or ir.Type.f32()
+def build_naive_sgemm(M, K, N, *, context=None, kernel_name="sgemm_naive", module_name="kernels"):
+    """A verified module holding gpu.module @<module_name> with
+    gpu.func @<kernel_name>(A: memref<MxKxf32>, B: memref<KxNxf32>, C: memref<MxNxf32>)."""
+    module = ir.Module.create(context=context)
+    with module.context:
+        return _build(module, M, K, N, kernel_name, module_name)
+
+
+def _build(module, M, K, N, kernel_name, module_name):
+    f32 = ir.Type.f32()
     a_type, b_type, c_type = (ir.Type.memref(shape, f32) for shape in ([M, K], [K, N], [M, N]))
-    module = ir.Module.create()
     module.operation.set_attribute("gpu.container_module", ir.Attribute.unit())
     with ir.InsertionPoint(module.body):
-        gpu_module = _op("gpu.module", attributes={"sym_name": ir.Attribute.string("kernels")}, regions=1)
+        gpu_module = _op("gpu.module", attributes={"sym_name": ir.Attribute.string(module_name)}, regions=1)
     with ir.InsertionPoint(gpu_module.regions[0].append_block()):
         kernel = _op("gpu.func", regions=1, attributes={
-            "sym_name": ir.Attribute.string("sgemm_naive"),
+            "sym_name": ir.Attribute.string(kernel_name),
             "function_type": ir.Attribute.type_attr(ir.Type.function([a_type, b_type, c_type], [])),
             "gpu.kernel": ir.Attribute.unit(),
         })

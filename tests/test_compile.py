@@ -48,25 +48,27 @@ def test_sgemm_module_is_built_not_parsed(sgemm):
               r"gpu\.module @kernels \{",
               r"gpu\.func @sgemm_naive\(%arg0: memref<256x128xf32>, %arg1: memref<128x256xf32>, "
               r"%arg2: memref<256x256xf32>\) kernel \{",
-              r"%cst = arith\.constant 0\.000000e\+00 : f32",
+              r"%cst = arith\.constant 1\.000000e\+00 : f32",
+              r"%cst_0 = arith\.constant 0\.000000e\+00 : f32",
               r"%block_dim_x = gpu\.block_dim\s+x", r"%block_id_x = gpu\.block_id\s+x",
               r"%0 = arith\.muli %block_dim_x, %block_id_x : index",
               r"%thread_id_x = gpu\.thread_id\s+x", r"%1 = arith\.addi %0, %thread_id_x : index",
               r"%block_dim_y = gpu\.block_dim\s+y", r"%thread_id_y = gpu\.thread_id\s+y",
               r"%3 = arith\.addi %2, %thread_id_y : index",
               r"%c128 = arith\.constant 128 : index",
-              r"%4 = scf\.for %arg3 = %c0 to %c128 step %c1 iter_args\(%arg4 = %cst\) -> \(f32\) \{",
-              r"%5 = memref\.load %arg0\[%1, %arg3\] : memref<256x128xf32>",
-              r"%6 = memref\.load %arg1\[%arg3, %3\] : memref<128x256xf32>",
-              r"%7 = arith\.mulf %5, %6 : f32", r"%8 = arith\.addf %arg4, %7 : f32",
-              r"scf\.yield %8 : f32",
-              r"memref\.store %4, %arg2\[%1, %3\] : memref<256x256xf32>",
+              r"%4 = scf\.for %arg3 = %c0 to %c128 step %c1 iter_args\(%arg4 = %cst_0\) -> \(f32\) \{",
+              r"%6 = memref\.load %arg0\[%1, %arg3\] : memref<256x128xf32>",
+              r"%7 = memref\.load %arg1\[%arg3, %3\] : memref<128x256xf32>",
+              r"%8 = arith\.mulf %6, %7 : f32", r"%9 = arith\.addf %arg4, %8 : f32",
+              r"scf\.yield %9 : f32",
+              r"%5 = arith\.addf %4, %cst : f32",
+              r"memref\.store %5, %arg2\[%1, %3\] : memref<256x256xf32>",
               r"gpu\.return")
-    # Every operation carries the line of sgemm_ir.py that made it.
+    # Every operation carries the line of examples/sgemm_naive.py that made it.
     text = sgemm.print(debug_info=True)
-    assert re.search(r'loc\(".*sgemm_ir\.py":\d+:0\)', text)
+    assert re.search(r'loc\(".*sgemm_naive\.py":\d+:0\)', text)
     kernel = [op for op in sgemm.walk() if op.name == "gpu.func"][0]
-    assert kernel.location.filename.endswith("sgemm_ir.py")
+    assert kernel.location.filename.endswith("sgemm_naive.py")
 
 
 def test_sgemm_builder_sizes(ctx):

@@ -1,19 +1,12 @@
 """The first kernel end to end on the GPU: the naive SGEMM built through
 mlirgpu.ir, compiled to cubin, loaded and launched through the C runtime."""
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from sgemm_ir import sgemm_naive
 
 import mlirgpu as mg
 
 pytestmark = pytest.mark.gpu
-
-_spec = importlib.util.spec_from_file_location(
-    "sgemm_naive", Path(__file__).resolve().parents[1] / "examples" / "sgemm_naive.py")
-sgemm_naive = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sgemm_naive)
 
 
 @pytest.fixture(scope="module")
