@@ -1,0 +1,452 @@
+"""@mg.kernel: Python functions traced into gpu.func, with reified generics.
+
+    M, K, N, dtype = mg.generics("M K N dtype")
+
+    @mg.kernel(generics=(M, K, N, dtype))
+    def sgemm(A: mg.memref[M, K, dtype], B: mg.memref[K, N, dtype], C: mg.memref[M, N, dtype]): ...
+
+    sgemm[256, 128, 256, mg.f32]          # a Specialization: .ir(), .ptx(chip=), .cubin(chip=)
+    sgemm(dA, dB, dC, grid=..., block=...)  # generics inferred from the arguments
+
+A specialization gives each generic a concrete value: sizes become the
+static shapes of the gpu.func's memrefs, a dtype generic their element type,
+and inside the body the generic's name evaluates to its value (so
+`range(K)` has a constant bound and `mg.constant(1.0, dtype)` a concrete type).
+"""
+import inspect
+import sys
+import typing
+
+import numpy as np
+
+from . import _mlirgpu, ir, language as lang, tracer
+from ._mlirgpu import CompileError, DeviceArray, DType, LaunchError, MLIRError
+
+__all__ = ["Generic", "generics", "memref", "kernel", "Kernel", "Specialization"]
+
+
+class Generic:
+    """A symbolic size or dtype of a kernel, given a value per specialization.
+    Generics made by one mg.generics call keep its order, which is the order
+    of kernel[...] values when a kernel does not list them itself."""
+
+    __slots__ = ("name", "order")
+    _made = 0
+
+    def __init__(self, name):
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"a generic's name must be an identifier, got {name!r}")
+        self.name = name
+        self.order = Generic._made
+        Generic._made += 1
+
+    def __repr__(self):
+        return f"mg.generic({self.name})"
+
+
+def generics(names):
+    """`M, K, N, dtype = mg.generics("M K N dtype")`"""
+    if not isinstance(names, str):
+        raise TypeError("mg.generics takes the names in one string, e.g. 'M K N dtype'")
+    return tuple(Generic(name) for name in names.replace(",", " ").split())
+
+
+def _is_symbol(x):
+    return isinstance(x, Generic) or isinstance(x, typing.TypeVar)
+
+
+class MemRefType:
+    """The annotation `mg.memref[d0, d1, ..., dtype]`: each size an int or a
+    generic, the element type a dtype or a generic."""
+
+    def __init__(self, params):
+        params = params if isinstance(params, tuple) else (params,)
+        if len(params) < 2:
+            raise CompileError("mg.memref[...] takes the sizes and then the element type, e.g. mg.memref[M, K, mg.f32]")
+        *shape, dtype = params
+        for size in shape:
+            if not (_is_symbol(size) or (isinstance(size, int) and not isinstance(size, bool) and size > 0)):
+                raise CompileError(f"memref sizes are positive ints or generics, not {size!r}")
+        if not (_is_symbol(dtype) or isinstance(dtype, DType)):
+            raise CompileError(f"the last entry of mg.memref[...] is the element type (a dtype or a generic), "
+                               f"not {dtype!r}")
+        self.shape, self.dtype = tuple(shape), dtype
+
+    def __repr__(self):
+        return f"mg.memref[{', '.join(map(_name, self.shape + (self.dtype,)))}]"
+
+
+def _name(x):
+    return x.__name__ if isinstance(x, typing.TypeVar) else x.name if isinstance(x, (Generic, DType)) else repr(x)
+
+
+class memref:
+    """`mg.memref[M, K, dtype]`: the annotation of an array parameter."""
+
+    def __class_getitem__(cls, params):
+        return MemRefType(params)
+
+
+_SCALAR_ANNOTATIONS = {int: lang.i32, float: lang.f32, bool: lang.bool_}
+
+
+class Parameter:
+    def __init__(self, name, annotation):
+        self.name = name
+        if isinstance(annotation, MemRefType):
+            self.memref = annotation
+        elif annotation in _SCALAR_ANNOTATIONS:
+            self.memref, self.dtype = None, _SCALAR_ANNOTATIONS[annotation]
+        elif isinstance(annotation, DType) or _is_symbol(annotation):
+            self.memref, self.dtype = None, annotation
+        else:
+            raise CompileError(f"parameter {name!r} needs an annotation: mg.memref[...] for an array, a dtype "
+                               f"(or a dtype generic, int, float, bool) for a scalar; got {annotation!r}")
+
+    def symbols(self):
+        entries = (self.memref.shape + (self.memref.dtype,)) if self.memref else (self.dtype,)
+        return [e for e in entries if _is_symbol(e)]
+
+
+def _key(symbol):
+    return symbol.name if isinstance(symbol, Generic) else symbol.__name__
+
+
+class Kernel:
+    """A Python function traced into a gpu.func per specialization."""
+
+    def __init__(self, function, generics=None):
+        if not inspect.isfunction(function):
+            raise TypeError(f"@mg.kernel decorates a function, not {type(function).__name__}")
+        self.function = function
+        self.__name__ = function.__name__
+        self.__qualname__ = function.__qualname__
+        self.__doc__ = function.__doc__
+        annotations = inspect.get_annotations(function, eval_str=True)
+        signature = inspect.signature(function)
+        for p in signature.parameters.values():
+            if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or p.default is not p.empty:
+                raise CompileError(f"kernel parameter {p.name!r}: only plain positional parameters are supported")
+        self.parameters = [Parameter(name, annotations.get(name)) for name in signature.parameters]
+        declared = list(generics) if generics is not None else list(getattr(function, "__type_params__", ()))
+        used = []
+        for p in self.parameters:
+            for s in p.symbols():
+                if _key(s) not in [_key(u) for u in used]:
+                    used.append(s)
+        if generics is None and not declared:
+            declared = sorted(used, key=lambda s: s.order if isinstance(s, Generic) else -1)
+        for s in declared:
+            if not _is_symbol(s):
+                raise CompileError(f"generics=... lists mg.generics symbols, not {s!r}")
+        missing = [_key(s) for s in used if _key(s) not in [_key(d) for d in declared]]
+        if missing:
+            raise CompileError(f"{function.__qualname__} uses generics {missing} that generics=... does not list")
+        self.generics = [_key(s) for s in declared]
+        self._rewritten = None
+        self._specializations = {}
+
+    def __repr__(self):
+        return f"<mlirgpu kernel {self.__qualname__}[{', '.join(self.generics)}]>"
+
+    # -- specializations -------------------------------------------------
+    def __getitem__(self, values):
+        values = values if isinstance(values, tuple) else (values,)
+        if len(values) != len(self.generics):
+            raise CompileError(f"{self.__qualname__} has {len(self.generics)} generics ({', '.join(self.generics)}), "
+                               f"got {len(values)} values")
+        bound = {}
+        for name, value in zip(self.generics, values):
+            bound[name] = _check_generic_value(name, value, self._dtype_generics())
+        return self.specialize(bound)
+
+    def _dtype_generics(self):
+        names = set()
+        for p in self.parameters:
+            entry = p.memref.dtype if p.memref else p.dtype
+            if _is_symbol(entry):
+                names.add(_key(entry))
+        return names
+
+    def specialize(self, bound):
+        key = tuple(bound[name] for name in self.generics)
+        spec = self._specializations.get(key)
+        if spec is None:
+            spec = self._specializations[key] = Specialization(self, dict(bound))
+        return spec
+
+    def rewritten(self):
+        if self._rewritten is None:
+            self._rewritten = tracer.rewrite(self.function)
+        return self._rewritten
+
+    # -- launching -------------------------------------------------------
+    def bind(self, args):
+        """The generic values the arguments imply; LaunchError on a mismatch."""
+        if len(args) != len(self.parameters):
+            raise LaunchError(f"{self.__qualname__} takes {len(self.parameters)} arguments "
+                              f"({', '.join(p.name for p in self.parameters)}), got {len(args)}")
+        bound, source = {}, {}
+
+        def bind_one(symbol, value, where):
+            name = _key(symbol)
+            if name in bound and bound[name] != value:
+                raise LaunchError(f"generic {name} is {_show(bound[name])} from {source[name]} but "
+                                  f"{_show(value)} from {where}")
+            bound[name], source[name] = value, where
+
+        for p, arg in zip(self.parameters, args):
+            if p.memref is not None:
+                shape, dtype = _array_shape_dtype(p.name, arg)
+                m = p.memref
+                if len(shape) != len(m.shape):
+                    raise LaunchError(f"parameter {p.name!r} is a {len(m.shape)}-d memref, got a "
+                                      f"{len(shape)}-d array")
+                for axis, (want, got) in enumerate(zip(m.shape, shape)):
+                    if _is_symbol(want):
+                        bind_one(want, got, f"{p.name}.shape[{axis}]")
+                    elif want != got:
+                        raise LaunchError(f"parameter {p.name!r} needs size {want} in dimension {axis}, got {got}")
+                if _is_symbol(m.dtype):
+                    bind_one(m.dtype, dtype, f"{p.name}.dtype")
+                elif m.dtype != dtype:
+                    raise LaunchError(f"parameter {p.name!r} has element type {m.dtype.name}, got a "
+                                      f"{dtype.name} array")
+            else:
+                _check_scalar(p, arg, bound, bind_one)
+        missing = [g for g in self.generics if g not in bound]
+        if missing:
+            raise LaunchError(f"the arguments do not determine the generics {missing}: give them explicitly, "
+                              f"{self.__qualname__}[...]")
+        return bound
+
+    def __call__(self, *args, grid, block, shared_mem=0, stream=None):
+        return self.specialize(self.bind(args))(*args, grid=grid, block=block, shared_mem=shared_mem,
+                                                stream=stream)
+
+
+def _show(value):
+    return value.name if isinstance(value, DType) else repr(value)
+
+
+def _check_generic_value(name, value, dtype_generics):
+    if name in dtype_generics:
+        if not isinstance(value, DType):
+            try:
+                value = _mlirgpu.dtype(value)
+            except (TypeError, ValueError):
+                raise CompileError(f"generic {name} is an element type: give a dtype such as mg.f32, "
+                                   f"not {value!r}") from None
+        return value
+    if isinstance(value, DType) or isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise CompileError(f"generic {name} is a size: give a positive int, not {value!r}")
+    if value <= 0:
+        raise CompileError(f"generic {name} must be positive, got {value}")
+    return int(value)
+
+
+def _array_shape_dtype(name, arg):
+    """(shape, dtype) of an array argument, or LaunchError naming the parameter."""
+    if isinstance(arg, DeviceArray):
+        array = arg
+    elif isinstance(arg, np.ndarray):
+        try:
+            return tuple(arg.shape), _mlirgpu.dtype(arg.dtype)
+        except (TypeError, ValueError):
+            raise LaunchError(f"parameter {name!r}: NumPy dtype {arg.dtype} has no mlirgpu dtype") from None
+    elif hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__dlpack__"):
+        try:
+            array = _mlirgpu.asarray(arg)
+        except (TypeError, ValueError) as error:
+            raise LaunchError(f"parameter {name!r}: {error}") from None
+    else:
+        raise LaunchError(f"parameter {name!r} is an array: pass a DeviceArray, a NumPy array or an object with "
+                          f"__cuda_array_interface__ or __dlpack__, not {type(arg).__name__}")
+    if not array.is_c_contiguous:
+        raise LaunchError(f"parameter {name!r} needs a C-contiguous array, got strides {array.strides}")
+    return tuple(array.shape), array.dtype
+
+
+def _check_scalar(p, arg, bound, bind_one):
+    if isinstance(arg, (np.ndarray, DeviceArray)) or hasattr(arg, "__cuda_array_interface__"):
+        raise LaunchError(f"parameter {p.name!r} is a scalar, got an array")
+    if isinstance(arg, np.generic):
+        dtype = _mlirgpu.dtype(arg.dtype)
+        if _is_symbol(p.dtype):
+            bind_one(p.dtype, dtype, f"{p.name} (a NumPy {arg.dtype} scalar)")
+            return
+        want = p.dtype
+    elif isinstance(arg, (bool, int, float)):
+        want = bound.get(_key(p.dtype)) if _is_symbol(p.dtype) else p.dtype
+        if want is None:
+            return  # bound by another parameter, or reported as missing
+    else:
+        raise LaunchError(f"parameter {p.name!r} is a scalar, got {type(arg).__name__}")
+    value_kind = "bool" if isinstance(arg, (bool, np.bool_)) else "int" if isinstance(arg, (int, np.integer)) \
+        else "float"
+    if value_kind == "float" and not lang.is_float(want):
+        raise LaunchError(f"parameter {p.name!r} is {want.name}: a float argument ({arg!r}) would be truncated")
+
+
+def kernel(function=None, *, generics=None):
+    """`@mg.kernel` or `@mg.kernel(generics=(M, K, N, dtype))`."""
+    if function is None:
+        return lambda f: Kernel(f, generics)
+    return Kernel(function, generics)
+
+
+class Specialization:
+    """A kernel with every generic given a value: its IR, PTX, cubin, and
+    launches with arguments that must match it."""
+
+    def __init__(self, kernel, values):
+        self.kernel, self.values = kernel, values
+        self._module = None
+        self._compilations = {}
+        self._functions = {}
+
+    def __repr__(self):
+        return f"<{self.kernel.__qualname__}[{', '.join(f'{k}={_show(v)}' for k, v in self.values.items())}]>"
+
+    @property
+    def name(self):
+        return self.kernel.function.__name__
+
+    def module(self):
+        """The traced module (gpu.module @kernels holding gpu.func @<name>)."""
+        if self._module is None:
+            self._module = self._trace()
+        return self._module
+
+    def _param_types(self):
+        result = []
+        for p in self.kernel.parameters:
+            if p.memref is not None:
+                shape = [self.values[_key(s)] if _is_symbol(s) else s for s in p.memref.shape]
+                dtype = self.values[_key(p.memref.dtype)] if _is_symbol(p.memref.dtype) else p.memref.dtype
+                result.append((p, shape, dtype))
+            else:
+                dtype = self.values[_key(p.dtype)] if _is_symbol(p.dtype) else p.dtype
+                result.append((p, None, dtype))
+        return result
+
+    def _trace(self):
+        function = self.kernel.function
+        code, free, generic_params, filename = self.kernel.rewritten()
+        closure = dict(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
+        values = {**closure}
+        values.update({k: v for k, v in self.values.items() if k in generic_params})
+        # Generics named in the module's globals (mg.generics symbols) read as their values.
+        rewritten_globals = {}
+        for name, value in function.__globals__.items():
+            if isinstance(value, Generic) and value.name in self.values:
+                rewritten_globals[name] = self.values[value.name]
+        for name in free:
+            if name not in values:
+                raise CompileError(f"{function.__qualname__}: no value for {name!r}")
+        def_line = function.__code__.co_firstlineno
+        params = self._param_types()
+        context = ir.Context.current()
+        with context:
+            module = ir.Module.create(location=ir.Location.file(filename, def_line, 0))
+            module.operation.set_attribute("gpu.container_module", ir.Attribute.unit())
+            with ir.InsertionPoint(module.body):
+                gpu_module = ir.Operation.create("gpu.module", attributes={
+                    "sym_name": ir.Attribute.string("kernels")}, regions=1,
+                    location=ir.Location.file(filename, def_line, 0))
+            types = [ir.Type.memref(shape, lang.ir_type(dtype)) if shape is not None else lang.ir_type(dtype)
+                     for _, shape, dtype in params]
+            with ir.InsertionPoint(gpu_module.regions[0].append_block()):
+                func = ir.Operation.create("gpu.func", regions=1, location=ir.Location.file(filename, def_line, 0),
+                                           attributes={
+                                               "sym_name": ir.Attribute.string(self.name),
+                                               "function_type": ir.Attribute.type_attr(ir.Type.function(types, [])),
+                                               "gpu.kernel": ir.Attribute.unit()})
+            body = func.regions[0].append_block(types, [ir.Location.file(filename, def_line, 0)] * len(types))
+            instance = tracer.instantiate(function, code, free, values)
+            instance.__globals__.update(rewritten_globals)
+            codes = tracer.code_objects(instance.__code__)
+            arguments = [lang.MemRef(a, dtype, shape) if shape is not None else lang.Scalar(a, dtype)
+                         for a, (_, shape, dtype) in zip(body.arguments, params)]
+            trace = tracer.Trace(codes, filename, def_line)
+            try:
+                with trace, ir.InsertionPoint(body):
+                    instance(*arguments)
+                    lang.emit("gpu.return")
+            except Exception as error:
+                raise tracer.trace_error(error, codes, filename) from None
+            try:
+                module.verify()
+            except MLIRError as error:
+                raise _located_compile_error(error) from None
+        return module
+
+    def ir(self):
+        """The gpu-dialect module, with the user's file:line locations."""
+        return self.module().print(debug_info=True)
+
+    def compilation(self, chip=None):
+        from .compiler import Compilation
+        chip = chip or _default_chip()
+        compilation = self._compilations.get(chip)
+        if compilation is None:
+            compilation = self._compilations[chip] = Compilation(self.module(), chip)
+        return compilation
+
+    def ptx(self, chip=None):
+        """PTX text for `chip` (default: the current GPU's, else sm_90a). Needs no GPU."""
+        return self.compilation(chip).ptx
+
+    def cubin(self, chip=None):
+        """cubin bytes for `chip` (default: the current GPU's, else sm_90a). Needs no GPU."""
+        return self.compilation(chip).cubin
+
+    def function(self):
+        """The loaded kernel on the current device."""
+        from . import cuda
+        device = cuda.current_device()
+        loaded = self._functions.get(device)
+        if loaded is None:
+            params = ["ptr" if shape is not None else dtype for _, shape, dtype in self._param_types()]
+            image = self.cubin(cuda.Device(device).chip)
+            loaded = self._functions[device] = cuda.load_module(image).get_function(self.name, params=params)
+        return loaded
+
+    def __call__(self, *args, grid, block, shared_mem=0, stream=None):
+        bound = self.kernel.bind(args)
+        if bound != self.values:
+            diff = [f"{k}={_show(bound[k])} (specialized for {_show(self.values[k])})" for k in self.values
+                    if bound.get(k) != self.values[k]]
+            raise LaunchError(f"the arguments do not match {self!r}: {', '.join(diff)}")
+        function = self.function()
+        host = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
+        if host:
+            args = list(args)
+            for i, a in host:
+                args[i] = _mlirgpu.to_device(a, stream=stream)
+        function(*args, grid=grid, block=block, shared_mem=shared_mem, stream=stream)
+        for i, a in host:
+            # NumPy arrays are copied in, and back after the launch.
+            np.copyto(a, args[i].get(stream=stream))
+
+
+def _default_chip():
+    from . import cuda
+    return cuda.Device(cuda.current_device()).chip if cuda.is_available() else "sm_90a"
+
+
+def _located_compile_error(error):
+    """CompileError for MLIR diagnostics, each with the user's source line."""
+    import linecache
+    import re
+    lines = []
+    for severity, location, message in error.diagnostics:
+        lines.append(f"{location}: {severity}: {message}")
+        match = re.match(r'loc\("([^"]+)":(\d+):\d+\)', location)
+        if match:
+            source = linecache.getline(match.group(1), int(match.group(2))).strip()
+            if source:
+                lines.append(f"    {source}")
+    new = CompileError("the traced kernel does not verify:\n" + "\n".join(lines))
+    new.diagnostics = error.diagnostics
+    return new

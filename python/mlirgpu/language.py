@@ -1,0 +1,450 @@
+"""The kernel language: traced values and the operations on them.
+
+While a kernel is traced, every value it computes on the GPU is a `Scalar`
+(an MLIR value with an mlirgpu dtype) and every array parameter a
+`MemRef`. Operators on them emit arith/memref/gpu operations at the current
+insertion point, each located at the user's line.
+
+Type rules (docs/kernels.md):
+- Two traced operands must have the same dtype; nothing is converted
+  silently. `mg.cast(v, dtype)` converts explicitly.
+- A Python int meets any integer or index operand and takes its type; with a
+  float operand it takes the float type. A Python float takes the type of a
+  float operand; with an integer operand it is an error.
+- `/` is float division (integers: use `//`); `//` and `%` on integers
+  truncate toward zero, as in CUDA C. Comparisons give `bool_` (i1).
+- Memref indices are `index`; integer-typed indices are converted with
+  arith.index_cast (lossless for the sizes a GPU addresses).
+"""
+import builtins
+import threading
+
+import numpy as np
+
+from . import ir
+from ._mlirgpu import CompileError, DType, bf16, bool_, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64
+
+__all__ = ["Scalar", "MemRef", "constant", "cast", "thread_idx", "block_idx", "block_dim", "grid_dim",
+           "range_", "static_range", "select"]
+
+FLOATS = (f16, bf16, f32, f64)
+SIGNED = (i8, i16, i32, i64)
+UNSIGNED = (u8, u16, u32, u64)
+
+
+def ir_type(dtype):
+    """The MLIR type of an mlirgpu dtype: integers are signless, as arith wants."""
+    if dtype == index:
+        return ir.Type.index()
+    if dtype == bool_:
+        return ir.Type.integer(1)
+    if dtype in FLOATS:
+        return {f16: ir.Type.f16, bf16: ir.Type.bf16, f32: ir.Type.f32, f64: ir.Type.f64}[dtype]()
+    return ir.Type.integer(dtype.itemsize * 8)
+
+
+def is_float(dtype):
+    return dtype in FLOATS
+
+
+def is_integer(dtype):
+    return dtype in SIGNED or dtype in UNSIGNED or dtype == index
+
+
+# ---------------------------------------------------------------------------
+# Tracing state: the kernel being traced and where its operations go.
+
+class _State(threading.local):
+    tracer = None  # the active tracer.Trace, if any
+
+
+state = _State()
+
+
+def _trace():
+    if state.tracer is None:
+        raise CompileError("mlirgpu kernel operations can only be used inside an @mg.kernel while it is traced")
+    return state.tracer
+
+
+def location():
+    """The user's line that is running now, as an MLIR location."""
+    return _trace().location()
+
+
+def emit(name, operands=(), results=(), attributes=None, regions=0):
+    """An operation at the current insertion point, at the user's line."""
+    return ir.Operation.create(name, operands=[o.value if isinstance(o, Scalar) else o for o in operands],
+                               results=results, attributes=attributes, regions=regions, location=location())
+
+
+# ---------------------------------------------------------------------------
+# Scalars
+
+class Scalar:
+    """A traced scalar: an MLIR value and its mlirgpu dtype."""
+
+    __slots__ = ("value", "dtype")
+
+    def __init__(self, value, dtype):
+        self.value, self.dtype = value, dtype
+
+    def __repr__(self):
+        return f"<traced {self.dtype.name} {self.value}>"
+
+    def __bool__(self):
+        raise CompileError("a traced value has no Python truth value: `and`, `or`, `not` and "
+                           "chained comparisons on traced values are not supported; use `&`, `|`, "
+                           "`~` on comparisons, or nested `if`s")
+
+    def __index__(self):
+        raise CompileError("a traced value cannot be used where Python needs an int (a size, a "
+                           "Python range over a traced bound): use range() in a for loop, which "
+                           "becomes scf.for")
+
+    __int__ = __float__ = __index__
+
+    def __iter__(self):
+        raise CompileError("a traced scalar is not iterable")
+
+    # arithmetic
+    def __add__(self, other): return _arith(self, other, "addf", "addi", "+")
+    def __radd__(self, other): return _arith(other, self, "addf", "addi", "+")
+    def __sub__(self, other): return _arith(self, other, "subf", "subi", "-")
+    def __rsub__(self, other): return _arith(other, self, "subf", "subi", "-")
+    def __mul__(self, other): return _arith(self, other, "mulf", "muli", "*")
+    def __rmul__(self, other): return _arith(other, self, "mulf", "muli", "*")
+    def __truediv__(self, other): return _div(self, other)
+    def __rtruediv__(self, other): return _div(other, self)
+    def __floordiv__(self, other): return _intdiv(self, other, "div", "//")
+    def __rfloordiv__(self, other): return _intdiv(other, self, "div", "//")
+    def __mod__(self, other): return _intdiv(self, other, "rem", "%")
+    def __rmod__(self, other): return _intdiv(other, self, "rem", "%")
+    def __and__(self, other): return _bitwise(self, other, "andi", "&")
+    def __rand__(self, other): return _bitwise(other, self, "andi", "&")
+    def __or__(self, other): return _bitwise(self, other, "ori", "|")
+    def __ror__(self, other): return _bitwise(other, self, "ori", "|")
+    def __xor__(self, other): return _bitwise(self, other, "xori", "^")
+    def __rxor__(self, other): return _bitwise(other, self, "xori", "^")
+    def __lshift__(self, other): return _bitwise(self, other, "shli", "<<")
+    def __rshift__(self, other):
+        a, b = _unify(self, other, ">>")
+        return _bitwise(a, b, "shrui" if a.dtype in UNSIGNED or a.dtype == index else "shrsi", ">>")
+
+    def __neg__(self):
+        if is_float(self.dtype):
+            return Scalar(emit("arith.negf", [self], [self.value.type]).result, self.dtype)
+        return _arith(0, self, "subf", "subi", "-")
+
+    def __pos__(self):
+        return self
+
+    def __invert__(self):
+        if self.dtype == bool_:
+            return _bitwise(self, True, "xori", "~")
+        if not is_integer(self.dtype):
+            raise CompileError(f"~ needs an integer or bool operand, not {self.dtype.name}")
+        return _bitwise(self, -1, "xori", "~")
+
+    def __abs__(self):
+        from . import kmath
+        return kmath.abs(self)
+
+    # comparisons
+    def __eq__(self, other): return _compare(self, other, "eq")
+    def __ne__(self, other): return _compare(self, other, "ne")
+    def __lt__(self, other): return _compare(self, other, "lt")
+    def __le__(self, other): return _compare(self, other, "le")
+    def __gt__(self, other): return _compare(self, other, "gt")
+    def __ge__(self, other): return _compare(self, other, "ge")
+
+    __hash__ = None
+
+
+def _python_scalar(x):
+    return isinstance(x, (bool, int, float, np.generic)) and not isinstance(x, Scalar)
+
+
+def constant(value, dtype):
+    """`value` as a traced constant of `dtype`."""
+    dtype = _as_dtype(dtype)
+    if isinstance(value, Scalar):
+        raise CompileError("mg.constant takes a Python number; use mg.cast to convert a traced value")
+    if not isinstance(value, (bool, int, float, np.generic)):
+        raise CompileError(f"mg.constant takes a Python number, not {type(value).__name__}")
+    t = ir_type(dtype)
+    if is_float(dtype):
+        attr = ir.Attribute.float(float(value), t)
+    elif dtype == bool_:
+        attr = ir.Attribute.integer(1 if value else 0, t)
+    else:
+        if isinstance(value, float) and not float(value).is_integer():
+            raise CompileError(f"{value!r} is not an integer: cannot be a {dtype.name} constant")
+        v = int(value)
+        bits = dtype.itemsize * 8
+        lo, hi = (0, 2 ** bits - 1) if dtype in UNSIGNED else (-2 ** (bits - 1), 2 ** (bits - 1) - 1)
+        if not lo <= v <= hi:
+            raise CompileError(f"{v} does not fit in {dtype.name}")
+        if dtype in UNSIGNED and v >= 2 ** (bits - 1):
+            v -= 2 ** bits  # signless bits
+        attr = ir.Attribute.integer(v, t)
+    return Scalar(emit("arith.constant", results=[t], attributes={"value": attr}).result, dtype)
+
+
+def _as_dtype(dtype):
+    if isinstance(dtype, DType):
+        return dtype
+    from . import _mlirgpu
+    try:
+        return _mlirgpu.dtype(dtype)
+    except (TypeError, ValueError) as error:
+        raise CompileError(f"not a dtype: {dtype!r}") from error
+
+
+def _lift(x, like, op):
+    """A Python number as a constant of the type of `like` (see the module's rules)."""
+    if isinstance(x, Scalar):
+        return x
+    if not _python_scalar(x):
+        raise CompileError(f"unsupported operand for {op}: {type(x).__name__}")
+    if isinstance(x, np.generic):
+        return constant(x, _as_dtype(x.dtype))
+    if isinstance(x, float) and not is_float(like.dtype):
+        raise CompileError(f"a Python float meets a {like.dtype.name} value in {op}: "
+                           f"write an integer, or mg.cast the value to a float type")
+    return constant(x, like.dtype)
+
+
+def _unify(a, b, op):
+    """Both operands as Scalars of one dtype, or CompileError."""
+    if not isinstance(a, Scalar) and not isinstance(b, Scalar):
+        raise CompileError(f"{op} needs a traced operand")
+    a = _lift(a, b, op) if not isinstance(a, Scalar) else a
+    b = _lift(b, a, op) if not isinstance(b, Scalar) else b
+    if a.dtype != b.dtype:
+        raise CompileError(f"operands of {op} have different types, {a.dtype.name} and {b.dtype.name}: "
+                           f"mg.cast one of them")
+    return a, b
+
+
+def _arith(a, b, float_op, int_op, op):
+    a, b = _unify(a, b, op)
+    if a.dtype == bool_:
+        raise CompileError(f"{op} on bool values: use &, | or ^")
+    name = "arith." + (float_op if is_float(a.dtype) else int_op)
+    return Scalar(emit(name, [a, b], [a.value.type]).result, a.dtype)
+
+
+def _div(a, b):
+    a, b = _unify(a, b, "/")
+    if not is_float(a.dtype):
+        raise CompileError(f"/ on {a.dtype.name} values: use // for integer division, or mg.cast to a float type")
+    return Scalar(emit("arith.divf", [a, b], [a.value.type]).result, a.dtype)
+
+
+def _intdiv(a, b, kind, op):
+    a, b = _unify(a, b, op)
+    if is_float(a.dtype):
+        if kind == "rem":
+            return Scalar(emit("arith.remf", [a, b], [a.value.type]).result, a.dtype)
+        raise CompileError(f"// on {a.dtype.name} values: use / (and mg.math.floor)")
+    if a.dtype == bool_:
+        raise CompileError(f"{op} on bool values")
+    suffix = "ui" if a.dtype in UNSIGNED or a.dtype == index else "si"
+    return Scalar(emit(f"arith.{kind}{suffix}", [a, b], [a.value.type]).result, a.dtype)
+
+
+def _bitwise(a, b, name, op):
+    a, b = _unify(a, b, op)
+    if is_float(a.dtype):
+        raise CompileError(f"{op} on {a.dtype.name} values: bitwise operators need integers or bools")
+    return Scalar(emit("arith." + name, [a, b], [a.value.type]).result, a.dtype)
+
+
+_FLOAT_PREDICATES = {"eq": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5, "ne": 6}  # ordered oeq, ogt, ...; une = 13
+_INT_PREDICATES = {"eq": 0, "ne": 1, "lt": 2, "le": 3, "gt": 4, "ge": 5}  # signed slt.. ; unsigned +4
+
+
+def _compare(a, b, how):
+    a, b = _unify(a, b, {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[how])
+    i1 = ir.Type.integer(1)
+    if is_float(a.dtype):
+        predicate = 13 if how == "ne" else _FLOAT_PREDICATES[how]  # une: NaN != anything
+        op = emit("arith.cmpf", [a, b], [i1], {"predicate": ir.Attribute.integer(predicate, ir.Type.integer(64))})
+    else:
+        predicate = _INT_PREDICATES[how]
+        if how in ("lt", "le", "gt", "ge") and (a.dtype in UNSIGNED or a.dtype in (index, bool_)):
+            predicate += 4  # ult, ule, ugt, uge
+        op = emit("arith.cmpi", [a, b], [i1], {"predicate": ir.Attribute.integer(predicate, ir.Type.integer(64))})
+    return Scalar(op.result, bool_)
+
+
+def select(condition, if_true, if_false):
+    """`if_true` where `condition` holds, else `if_false` (arith.select)."""
+    if not isinstance(condition, Scalar) or condition.dtype != bool_:
+        raise CompileError("mg.select needs a traced bool condition (a comparison)")
+    a, b = _unify(if_true, if_false, "mg.select")
+    return Scalar(emit("arith.select", [condition, a, b], [a.value.type]).result, a.dtype)
+
+
+def cast(value, dtype):
+    """`value` converted to `dtype` (arith casts; floats to ints truncate toward zero)."""
+    dtype = _as_dtype(dtype)
+    if _python_scalar(value):
+        return constant(value, dtype)
+    if not isinstance(value, Scalar):
+        raise CompileError(f"mg.cast takes a traced value or a Python number, not {type(value).__name__}")
+    src = value.dtype
+    if src == dtype:
+        return value
+    t = ir_type(dtype)
+
+    def op(name):
+        return Scalar(emit("arith." + name, [value], [t]).result, dtype)
+
+    if is_float(src) and is_float(dtype):
+        if src == bf16 or dtype == bf16:
+            if src in (f16, bf16) and dtype in (f16, bf16):  # through f32: no direct op
+                return cast(cast(value, f32), dtype)
+        return op("extf" if dtype.itemsize > src.itemsize else "truncf")
+    if is_float(src):
+        if dtype == index:
+            return cast(cast(value, i64), index)
+        return op("fptoui" if dtype in UNSIGNED or dtype == bool_ else "fptosi")
+    if is_float(dtype):
+        if src == index:
+            return cast(cast(value, i64), dtype)
+        return op("uitofp" if src in UNSIGNED or src == bool_ else "sitofp")
+    if src == index or dtype == index:
+        if src == bool_:
+            return cast(cast(value, i32), index)
+        return op("index_castui" if src in UNSIGNED else "index_cast")
+    sb, db = src.itemsize * 8 if src != bool_ else 1, dtype.itemsize * 8 if dtype != bool_ else 1
+    if db > sb:
+        return op("extui" if src in UNSIGNED or src == bool_ else "extsi")
+    if db < sb:
+        return op("trunci")
+    return Scalar(emit("arith.bitcast", [value], [t]).result, dtype) if t != value.value.type else \
+        Scalar(value.value, dtype)
+
+
+def as_index(value, what="index"):
+    """A memref index: a traced integer or a Python int, as `index`."""
+    if isinstance(value, Scalar):
+        if value.dtype == index:
+            return value
+        if is_integer(value.dtype):
+            return cast(value, index)
+        raise CompileError(f"an {what} must be an integer, got a {value.dtype.name} value")
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return constant(int(value), index)
+    raise CompileError(f"an {what} must be an integer, got {type(value).__name__}")
+
+
+def coerce(value, dtype, what):
+    """`value` as a Scalar of exactly `dtype` (Python numbers become constants)."""
+    if isinstance(value, Scalar):
+        if value.dtype != dtype:
+            raise CompileError(f"{what} is {dtype.name} but the value is {value.dtype.name}: mg.cast it")
+        return value
+    if _python_scalar(value):
+        if isinstance(value, float) and not is_float(dtype):
+            raise CompileError(f"{what} is {dtype.name} but the value is a Python float")
+        return constant(value, dtype)
+    raise CompileError(f"{what} takes a number, not {type(value).__name__}")
+
+
+# ---------------------------------------------------------------------------
+# Memrefs
+
+class MemRef:
+    """A traced array parameter (or shared-memory array): `A[i, j]` loads,
+    `A[i, j] = v` stores."""
+
+    __slots__ = ("value", "dtype", "shape")
+
+    def __init__(self, value, dtype, shape):
+        self.value, self.dtype, self.shape = value, dtype, tuple(shape)
+
+    def __repr__(self):
+        return f"<traced memref {'x'.join(map(str, self.shape))}x{self.dtype.name}>"
+
+    def _indices(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        if len(key) != len(self.shape):
+            raise CompileError(f"a {len(self.shape)}-d memref takes {len(self.shape)} indices, got {len(key)}")
+        if any(isinstance(k, slice) for k in key):
+            raise CompileError("slices of a memref are only supported for 1-d shared memory (s[a:b])")
+        return [as_index(k) for k in key]
+
+    def __getitem__(self, key):
+        indices = self._indices(key)
+        return Scalar(emit("memref.load", [self.value, *indices], [ir_type(self.dtype)]).result, self.dtype)
+
+    def __setitem__(self, key, value):
+        indices = self._indices(key)
+        value = coerce(value, self.dtype, "the memref's element type")
+        emit("memref.store", [value, self.value, *indices])
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __bool__(self):
+        raise CompileError("a memref has no Python truth value")
+
+
+# ---------------------------------------------------------------------------
+# Thread, block and grid indices
+
+class _Dim3:
+    """thread_idx / block_idx / block_dim / grid_dim: `.x`, `.y`, `.z` as index values."""
+
+    def __init__(self, op, name):
+        self._op, self._name = op, name
+
+    def _get(self, axis):
+        attr = ir.Attribute.parse(f"#gpu<dim {axis}>")
+        return Scalar(emit(self._op, results=[ir.Type.index()], attributes={"dimension": attr}).result, index)
+
+    x = property(lambda self: self._get("x"))
+    y = property(lambda self: self._get("y"))
+    z = property(lambda self: self._get("z"))
+
+    def __repr__(self):
+        return f"mlirgpu.{self._name}"
+
+
+thread_idx = _Dim3("gpu.thread_id", "thread_idx")
+block_idx = _Dim3("gpu.block_id", "block_idx")
+block_dim = _Dim3("gpu.block_dim", "block_dim")
+grid_dim = _Dim3("gpu.grid_dim", "grid_dim")
+
+
+# ---------------------------------------------------------------------------
+# Loops the tracer rewrites
+
+def range_(*bounds, iter_args=None):
+    """`for k in mg.range_(lo, hi, step)` (bounds traced or Python ints) becomes scf.for;
+    `for k, acc in mg.range_(n, iter_args=[acc]): ...; acc = yield acc` is the
+    explicit loop-carried form. Only valid as the iterable of a for statement
+    in a kernel, which the tracer rewrites."""
+    raise CompileError("mg.range_ can only be the iterable of a `for` statement in an @mg.kernel")
+
+
+def static_range(*args):
+    """A Python range that the tracer unrolls: bounds must be Python ints."""
+    for a in args:
+        if isinstance(a, Scalar):
+            raise CompileError("mg.static_range needs Python int bounds: it unrolls at trace time")
+    return builtins.range(*args)
+
+
+def python_range_args(args):
+    """(lo, hi, step) of range(...) arguments."""
+    if not 1 <= len(args) <= 3:
+        raise CompileError(f"range takes 1 to 3 arguments, got {len(args)}")
+    if len(args) == 1:
+        return 0, args[0], 1
+    if len(args) == 2:
+        return args[0], args[1], 1
+    return args

@@ -1,0 +1,671 @@
+"""Tracing a kernel's Python source into a gpu.func.
+
+The kernel's source is parsed and its control flow rewritten (keeping the
+user's line numbers) so that running it builds IR:
+
+    for t in range(...) / mg.range_(...)  ->  __mg_for(...)   scf.for
+    if test: ... else: ...                ->  __mg_if(...)    scf.if when test is traced
+    while test: ...                       ->  __mg_while(...) scf.while when test is traced
+    f(args)                               ->  __mg_call(f, args)  (checks what may take traced values)
+
+Each loop body and branch becomes a nested function that takes the
+variables it assigns and returns their new values; the helpers below decide at
+trace time which of them are loop-carried or branch results (those defined
+before the statement, or, for an if, in both branches) and build the
+operation. A Python condition or iterable keeps Python's own meaning: only
+traced ones make scf operations, and mg.static_range unrolls.
+"""
+import ast
+import builtins
+import inspect
+import linecache
+import sys
+import textwrap
+import types
+
+from . import ir, language as lang
+from ._mlirgpu import CompileError
+
+__all__ = ["rewrite", "Trace", "UNDEFINED"]
+
+
+class _Undefined:
+    """A variable with no value yet (assigned only later, or only inside a
+    traced region); any use of one raises CompileError."""
+
+    def __init__(self, name=None, where=None):
+        self.name, self.where = name, where
+
+    def _fail(self, *args, **kwargs):
+        raise CompileError(f"variable {self.name!r} is used where it has no value: it is assigned only "
+                           f"inside {self.where or 'a traced region'}, and a traced region's values "
+                           f"stay inside it unless the variable is also defined before it")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __floordiv__ = _fail
+    __getitem__ = __setitem__ = __call__ = __getattr__ = __bool__ = __index__ = __iter__ = _fail
+    __lt__ = __le__ = __gt__ = __ge__ = __neg__ = _fail
+
+    def __repr__(self):
+        return f"<undefined {self.name}>"
+
+
+UNDEFINED = _Undefined()
+
+
+def _vars(frame_locals, names):
+    return tuple(frame_locals.get(name, UNDEFINED) for name in names)
+
+
+# ---------------------------------------------------------------------------
+# The AST rewrite
+
+class _Unsupported(ast.NodeVisitor):
+    """Finds what the rewrite cannot express, with the user's line."""
+
+    def __init__(self, filename, first_line):
+        self.filename, self.first_line = filename, first_line
+
+    def fail(self, node, message):
+        raise CompileError(f"{self.filename}:{node.lineno}: {message}\n    {_source_line(self.filename, node.lineno)}",
+                           ) from None
+
+    def visit_Break(self, node):
+        self.fail(node, "`break` is not supported in a kernel loop (it becomes scf.for/scf.while): "
+                        "use a condition on the loop's work instead")
+
+    def visit_Continue(self, node):
+        self.fail(node, "`continue` is not supported in a kernel loop: use an if around the rest of the body")
+
+    def visit_Try(self, node):
+        self.fail(node, "try/except is not supported in a kernel")
+
+    def visit_With(self, node):
+        self.fail(node, "`with` is not supported in a kernel")
+
+    def visit_Lambda(self, node):
+        self.fail(node, "lambda is not supported in a kernel: use @mg.func for device functions")
+
+    def visit_FunctionDef(self, node):
+        self.fail(node, "nested functions are not supported in a kernel: use @mg.func for device functions")
+
+    def visit_Global(self, node):
+        self.fail(node, "`global` is not supported in a kernel")
+
+    def visit_Nonlocal(self, node):
+        self.fail(node, "`nonlocal` is not supported in a kernel")
+
+    def visit_Yield(self, node):
+        self.fail(node, "`yield` is only valid as `x = yield x` at the end of a `for ... in mg.range_(..., "
+                        "iter_args=[...])` body")
+
+    visit_YieldFrom = visit_Yield
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_For(self, node):
+        last = node.body[-1]
+        if _is_explicit_range(node) and isinstance(last, ast.Assign) and isinstance(last.value, ast.Yield):
+            # `x = yield x` closing the explicit mg.range_ form is the one yield allowed
+            for child in [node.target, node.iter] + node.body[:-1] + node.orelse:
+                self.visit(child)
+            if last.value.value is not None:
+                self.visit(last.value.value)
+            return
+        self.generic_visit(node)
+
+
+def _is_explicit_range(node):
+    return _is_range_call(node.iter, {"range_"}) and any(k.arg == "iter_args" for k in node.iter.keywords)
+
+
+def _assigned(statements):
+    """Names a list of statements assigns (not counting nested scopes), in order."""
+    names = []
+
+    class Visitor(ast.NodeVisitor):
+        def visit_Name(self, node):
+            if isinstance(node.ctx, ast.Store) and node.id not in names:
+                names.append(node.id)
+
+        def visit_FunctionDef(self, node):  # a nested scope: rejected elsewhere
+            pass
+
+    for statement in statements:
+        Visitor().visit(statement)
+    return names
+
+
+def _target_names(target):
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)) and all(isinstance(e, ast.Name) for e in target.elts):
+        return [e.id for e in target.elts]
+    raise CompileError(f"line {target.lineno}: a kernel loop target must be a name or a tuple of names")
+
+
+def _is_range_call(node, names):
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    return (isinstance(func, ast.Name) and func.id in names) or \
+        (isinstance(func, ast.Attribute) and func.attr in names)
+
+
+class _Rewriter(ast.NodeTransformer):
+    def __init__(self, filename):
+        self.filename = filename
+        self.counter = 0
+
+    def fresh(self, kind):
+        self.counter += 1
+        return f"__mg_{kind}_{self.counter}"
+
+    def fail(self, node, message):
+        raise CompileError(f"{self.filename}:{node.lineno}: {message}\n    {_source_line(self.filename, node.lineno)}")
+
+    # function bodies made of statements, ending in `return (names...)`
+    def body_function(self, name, params, statements, returns, node):
+        returns_node = ast.Return(value=ast.Tuple(elts=[ast.Name(id=n, ctx=ast.Load()) for n in returns],
+                                                  ctx=ast.Load()))
+        function = ast.FunctionDef(name=name, args=ast.arguments(
+            posonlyargs=[], args=[ast.arg(arg=p) for p in params], vararg=None, kwonlyargs=[], kw_defaults=[],
+            kwarg=None, defaults=[]), body=statements + [returns_node], decorator_list=[], returns=None,
+            type_params=[])
+        if sys.version_info < (3, 12):
+            del function.type_params
+        for n in ast.walk(function):
+            if not hasattr(n, "lineno") or n is function or n is returns_node:
+                ast.copy_location(n, node)
+        return function
+
+    def call_helper(self, helper, args, node):
+        return ast.copy_location(ast.Call(func=ast.Name(id=helper, ctx=ast.Load()), args=args, keywords=[]), node)
+
+    def assign_back(self, names, value, node):
+        if not names:
+            return ast.copy_location(ast.Expr(value=value), node)
+        return ast.copy_location(ast.Assign(
+            targets=[ast.Tuple(elts=[ast.Name(id=n, ctx=ast.Store()) for n in names], ctx=ast.Store())],
+            value=value), node)
+
+    def vars_call(self, names, node):
+        return self.call_helper("__mg_vars", [
+            ast.Call(func=ast.Name(id="locals", ctx=ast.Load()), args=[], keywords=[]),
+            ast.Tuple(elts=[ast.Constant(n) for n in names], ctx=ast.Load())], node)
+
+    def names_tuple(self, names):
+        return ast.Tuple(elts=[ast.Constant(n) for n in names], ctx=ast.Load())
+
+    def check_no_return(self, statements):
+        for statement in statements:
+            for n in ast.walk(statement):
+                if isinstance(n, ast.Return):
+                    self.fail(n, "`return` inside a loop or a branch of a kernel is not supported "
+                                 "(it would need to leave a traced region)")
+
+    def visit_Return(self, node):
+        if node.value is not None:
+            self.fail(node, "a kernel cannot return a value: write results to an array parameter")
+        return node
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        return ast.copy_location(ast.Call(func=ast.Name(id="__mg_call", ctx=ast.Load()),
+                                          args=[node.func] + node.args, keywords=node.keywords), node)
+
+    def visit_For(self, node):
+        if node.orelse:
+            self.fail(node, "for/else is not supported in a kernel")
+        self.check_no_return(node.body)
+        explicit = _is_explicit_range(node)
+        targets = _target_names(node.target)
+        body = node.body
+        if explicit:
+            last = body[-1] if body else None
+            if not (isinstance(last, ast.Assign) and isinstance(last.value, ast.Yield)):
+                self.fail(node, "a `for ... in mg.range_(..., iter_args=[...])` body must end with "
+                                "`x = yield x` (the values carried to the next iteration)")
+            yielded = last.value.value
+            out_names = _target_names(last.targets[0]) if len(last.targets) == 1 else None
+            if out_names is None:
+                self.fail(last, "the final `yield` must assign to a name or a tuple of names")
+            body = body[:-1] + [ast.copy_location(ast.Assign(
+                targets=[ast.Tuple(elts=[ast.Name(id="__mg_yielded", ctx=ast.Store())], ctx=ast.Store())],
+                value=ast.Tuple(elts=[yielded], ctx=ast.Load())), last)]
+        body = [self.visit(s) for s in body]
+        body = [s for b in body for s in (b if isinstance(b, list) else [b])]
+        iterable = self.visit(node.iter)
+        name = self.fresh("body")
+        if explicit:
+            # params: induction variable and the carried targets; returns what was yielded
+            function = self.body_function(name, targets, body, ["__mg_yielded"], node)
+            call = self.call_helper("__mg_for_explicit", [iterable, ast.Name(id=name, ctx=ast.Load()),
+                                                          ast.Constant(len(targets) - 1), ast.Constant(node.lineno)],
+                                    node)
+            return [function, self.assign_back(out_names, call, node)]
+        carried = [n for n in _assigned(body) if n not in targets]
+        function = self.body_function(name, targets + carried, body, carried, node)
+        call = self.call_helper("__mg_for", [iterable, ast.Name(id=name, ctx=ast.Load()),
+                                             ast.Constant(len(targets)), self.names_tuple(carried),
+                                             self.vars_call(carried, node), ast.Constant(node.lineno)], node)
+        return [function, self.assign_back(carried, call, node)]
+
+    def visit_If(self, node):
+        self.check_no_return(node.body + node.orelse)
+        test = self.visit(node.test)
+        then_body = [s for b in map(self.visit, node.body) for s in (b if isinstance(b, list) else [b])]
+        else_body = [s for b in map(self.visit, node.orelse) for s in (b if isinstance(b, list) else [b])]
+        names = _assigned(then_body + else_body)
+        then_name, else_name = self.fresh("then"), self.fresh("else")
+        then_fn = self.body_function(then_name, names, then_body or [ast.Pass()], names, node)
+        else_fn = self.body_function(else_name, names, else_body or [ast.Pass()], names, node)
+        call = self.call_helper("__mg_if", [test, ast.Name(id=then_name, ctx=ast.Load()),
+                                            ast.Name(id=else_name, ctx=ast.Load()), self.names_tuple(names),
+                                            self.vars_call(names, node), ast.Constant(node.lineno)], node)
+        return [then_fn, else_fn, self.assign_back(names, call, node)]
+
+    def visit_While(self, node):
+        if node.orelse:
+            self.fail(node, "while/else is not supported in a kernel")
+        self.check_no_return(node.body)
+        test = self.visit(node.test)
+        body = [s for b in map(self.visit, node.body) for s in (b if isinstance(b, list) else [b])]
+        names = _assigned(body)
+        cond_name, body_name = self.fresh("cond"), self.fresh("body")
+        cond_fn = self.body_function(cond_name, names, [], [], node)
+        cond_fn.body = [ast.copy_location(ast.Return(value=test), node)]
+        body_fn = self.body_function(body_name, names, body, names, node)
+        call = self.call_helper("__mg_while", [ast.Name(id=cond_name, ctx=ast.Load()),
+                                               ast.Name(id=body_name, ctx=ast.Load()), self.names_tuple(names),
+                                               self.vars_call(names, node), ast.Constant(node.lineno)], node)
+        return [cond_fn, body_fn, self.assign_back(names, call, node)]
+
+
+def _source_line(filename, lineno):
+    return linecache.getline(filename, lineno).strip()
+
+
+def _code_objects(code):
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def rewrite(function):
+    """(make, parameter names, code objects): `make(**free)` returns the
+    rewritten function, given values for its free names (closure variables
+    and generics)."""
+    try:
+        lines, first_line = inspect.getsourcelines(function)
+    except (OSError, TypeError) as error:
+        raise CompileError(f"cannot read the source of {function.__qualname__}: {error}") from error
+    filename = inspect.getsourcefile(function) or function.__code__.co_filename
+    source = textwrap.dedent("".join(lines))
+    tree = ast.parse(source)
+    ast.increment_lineno(tree, first_line - 1)
+    definition = tree.body[0]
+    if not isinstance(definition, ast.FunctionDef):
+        raise CompileError(f"{filename}:{first_line}: @mg.kernel decorates a plain def")
+    definition.decorator_list = []
+    generic_params = []
+    if sys.version_info >= (3, 12):
+        generic_params = [p.name for p in definition.type_params]
+        definition.type_params = []
+    for arg in definition.args.args:
+        arg.annotation = None
+    definition.returns = None
+    for statement in definition.body:
+        _Unsupported(filename, first_line).visit(statement)
+    definition.body = [s for b in map(_Rewriter(filename).visit, definition.body)
+                       for s in (b if isinstance(b, list) else [b])]
+    free = list(function.__code__.co_freevars) + [p for p in generic_params if p not in function.__code__.co_freevars]
+    maker = ast.FunctionDef(
+        name="__mg_make", args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=n) for n in free], vararg=None,
+                                             kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
+        body=[definition, ast.Return(value=ast.Name(id=definition.name, ctx=ast.Load()))],
+        decorator_list=[], returns=None, type_params=[])
+    if sys.version_info < (3, 12):
+        del maker.type_params
+    module = ast.Module(body=[maker], type_ignores=[])
+    ast.copy_location(maker, definition)
+    ast.fix_missing_locations(module)
+    code = compile(module, filename, "exec")
+    return code, free, generic_params, filename
+
+
+# ---------------------------------------------------------------------------
+# Runtime helpers the rewritten code calls
+
+class Trace:
+    """One kernel being traced: where operations go and whose lines they carry."""
+
+    def __init__(self, codes, filename, def_line):
+        self.codes, self.filename, self.def_line = codes, filename, def_line
+        self._locations = {}
+
+    def location(self):
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code not in self.codes:
+            frame = frame.f_back
+        line = frame.f_lineno if frame is not None else self.def_line
+        location = self._locations.get(line)
+        if location is None:
+            location = self._locations[line] = ir.Location.file(self.filename, line, 0)
+        return location
+
+    def __enter__(self):
+        self._outer = lang.state.tracer
+        lang.state.tracer = self
+        return self
+
+    def __exit__(self, *exc):
+        lang.state.tracer = self._outer
+
+
+class _Range:
+    """The iterable of a for statement the tracer rewrote."""
+
+    def __init__(self, bounds, iter_args=None):
+        self.lo, self.hi, self.step = lang.python_range_args(bounds)
+        self.iter_args = iter_args
+
+
+def _call(function, *args, **kwargs):
+    """Every call in a kernel: Python's range and mg.range_ become loop
+    iterables; a plain Python function may not receive traced values."""
+    if function is builtins.range:
+        if kwargs:
+            raise CompileError("range() takes no keyword arguments")
+        return _Range(args)
+    if function is lang.range_:
+        iter_args = kwargs.pop("iter_args", None)
+        if kwargs:
+            raise CompileError(f"mg.range_ got unexpected keyword arguments {sorted(kwargs)}")
+        return _Range(args, list(iter_args) if iter_args is not None else [])
+    if function in (builtins.min, builtins.max) and any(isinstance(a, lang.Scalar) for a in args):
+        from . import math as kmath
+        result = args[0]
+        for other in args[1:]:
+            result = (kmath.min if function is builtins.min else kmath.max)(result, other)
+        return result
+    traced = [a for a in list(args) + list(kwargs.values()) if isinstance(a, (lang.Scalar, lang.MemRef))]
+    if traced and isinstance(function, types.FunctionType) and not getattr(function, "__mlirgpu__", False) \
+            and not function.__module__.startswith("mlirgpu"):
+        raise CompileError(f"cannot call the Python function {function.__qualname__} on traced values: "
+                           f"make it a device function with @mg.func, or compute inline")
+    return function(*args, **kwargs)
+
+
+def _index_range(r):
+    return lang.as_index(r.lo, "loop bound"), lang.as_index(r.hi, "loop bound"), lang.as_index(r.step, "loop step")
+
+
+def _guess_dtype(value):
+    """The dtype a Python number takes as a loop-carried value, until its
+    traced updates say otherwise."""
+    if isinstance(value, bool):
+        return lang.bool_
+    if isinstance(value, int):
+        return lang.i32
+    return lang.f32
+
+
+def _carried_dtype(value):
+    if isinstance(value, lang.Scalar):
+        return value.dtype
+    if isinstance(value, (bool, int, float)):
+        return _guess_dtype(value)
+    return None
+
+
+def _result_values(op, dtypes):
+    return [lang.Scalar(v, d) for v, d in zip(op.results, dtypes)]
+
+
+def _emit_for(r, body, ntargets, initial, dtypes):
+    """One attempt at building scf.for; returns (op, yielded values)."""
+    lo, hi, step = _index_range(r)
+    types_ = [lang.ir_type(d) for d in dtypes]
+    inits = [lang.coerce(v, d, "a loop-carried value") for v, d in zip(initial, dtypes)]
+    op = lang.emit("scf.for", [lo, hi, step, *inits], types_, regions=1)
+    block = op.regions[0].append_block([ir.Type.index(), *types_])
+    induction, *args = block.arguments
+    with ir.InsertionPoint(block):
+        params = [lang.Scalar(induction, lang.index)] + [lang.Scalar(a, d) for a, d in zip(args, dtypes)]
+        if ntargets > 1:
+            raise CompileError("a range() loop has one target")
+        new = body(*params)
+        return op, block, list(new)
+
+
+def _finish_loop(op, block, new_values, dtypes, names, where):
+    """Yields `new_values` from the loop body; (ok, retry dtypes)."""
+    retry = list(dtypes)
+    for i, (value, dtype) in enumerate(zip(new_values, dtypes)):
+        if isinstance(value, lang.Scalar) and value.dtype != dtype:
+            retry[i] = value.dtype
+    if retry != list(dtypes):
+        return retry
+    with ir.InsertionPoint(block):
+        lang.emit("scf.yield", [lang.coerce(v, d, f"loop-carried {names[i]!r}")
+                                for i, (v, d) in enumerate(zip(new_values, dtypes))])
+    return None
+
+
+def _for(iterable, body, ntargets, names, initial, lineno):
+    if not isinstance(iterable, _Range):
+        # A Python iterable (mg.static_range, a list, ...): unrolled.
+        values = list(initial)
+        for item in iterable:
+            targets = list(item) if ntargets > 1 else [item]
+            values = list(body(*targets, *values))
+        return tuple(values)
+    carried = [i for i, v in enumerate(initial) if v is not UNDEFINED]
+    for i in carried:
+        if isinstance(initial[i], lang.MemRef):
+            raise CompileError(f"the memref {names[i]!r} is reassigned in a traced loop")
+    # What is not carried is local to the body: it gets no value outside.
+    dtypes = [_carried_dtype(initial[i]) for i in carried]
+    python_values = {i: initial[i] for i, d in zip(carried, dtypes) if d is None}
+    carried = [i for i, d in zip(carried, dtypes) if d is not None]
+    dtypes = [d for d in dtypes if d is not None]
+
+    def run(induction, *args):
+        values = [UNDEFINED] * len(names)  # loop-local until the body assigns them
+        for i, v in python_values.items():
+            values[i] = v
+        for i, a in zip(carried, args):
+            values[i] = a
+        new = body(induction, *values)
+        for i, v in python_values.items():
+            if new[i] is not v:
+                raise CompileError(f"the Python value {names[i]!r} ({type(v).__name__}) is changed in a "
+                                   f"traced loop: make it a traced value (mg.constant) or keep it constant")
+        return [new[i] for i in carried]
+
+    for _attempt in range(3):
+        op, block, new = _emit_for(iterable, run, ntargets, [initial[i] for i in carried], dtypes)
+        retry = _finish_loop(op, block, new, dtypes, [names[i] for i in carried], lineno)
+        if retry is None:
+            break
+        fixed = [i for i, (a, b) in enumerate(zip(retry, dtypes)) if a != b]
+        bad = [j for j in fixed if isinstance(initial[carried[j]], lang.Scalar)]
+        if bad:
+            j = bad[0]
+            raise CompileError(f"loop-carried variable {names[carried[j]]!r} is {dtypes[j].name} before the loop "
+                               f"and {retry[j].name} at the end of its body: mg.cast one of them")
+        op.erase()
+        dtypes = retry
+    else:
+        raise CompileError("loop-carried types did not settle")
+    results = dict(zip(carried, _result_values(op, dtypes)))
+    return tuple(results.get(i, python_values.get(i, _Undefined(names[i], f"the loop at line {lineno}")))
+                 for i in range(len(names)))
+
+
+def _for_explicit(iterable, body, ncarried, lineno):
+    """for k, *carried in mg.range_(..., iter_args=[...]): ...; x = yield x"""
+    if not isinstance(iterable, _Range) or iterable.iter_args is None:
+        raise CompileError("the explicit loop form needs mg.range_(..., iter_args=[...])")
+    initial = iterable.iter_args
+    if len(initial) != ncarried:
+        raise CompileError(f"mg.range_ has {len(initial)} iter_args but the loop unpacks {ncarried}")
+    dtypes = [_carried_dtype(v) for v in initial]
+    if any(d is None for d in dtypes):
+        raise CompileError("iter_args must be traced values or Python numbers")
+    def run(*params):
+        yielded = body(*params)[0]
+        return list(yielded) if isinstance(yielded, (tuple, list)) else [yielded]
+
+    for _attempt in range(3):
+        op, block, new = _emit_for(iterable, run, 1, initial, dtypes)
+        if len(new) != ncarried:
+            raise CompileError(f"the loop yields {len(new)} values for {ncarried} iter_args")
+        retry = _finish_loop(op, block, new, dtypes, [f"iter_args[{i}]" for i in range(ncarried)], lineno)
+        if retry is None:
+            break
+        op.erase()
+        dtypes = retry
+    return tuple(_result_values(op, dtypes))
+
+
+def _unify_branch(name, a, b):
+    """The dtype a name has after an if: both branches must agree."""
+    da, db = _carried_dtype(a), _carried_dtype(b)
+    if isinstance(a, lang.Scalar) and isinstance(b, lang.Scalar) and a.dtype != b.dtype:
+        raise CompileError(f"{name!r} is {a.dtype.name} in one branch and {b.dtype.name} in the other: mg.cast one")
+    if isinstance(a, lang.Scalar):
+        return a.dtype
+    if isinstance(b, lang.Scalar):
+        return b.dtype
+    return da if da == db else None
+
+
+def _if(test, then_fn, else_fn, names, initial, lineno):
+    if not isinstance(test, lang.Scalar):
+        chosen = then_fn if test else else_fn
+        out = chosen(*initial)
+        return tuple(v if v is not UNDEFINED else _Undefined(n, f"a branch at line {lineno}")
+                     for n, v in zip(names, out))
+    if test.dtype != lang.bool_:
+        raise CompileError(f"an if condition must be a comparison (bool), not a {test.dtype.name} value: "
+                           f"compare it, e.g. `if x != 0:`")
+    # Probe: trace both branches in a scratch scf.if to learn what they yield.
+    probe = lang.emit("scf.if", [test], [], regions=2)
+    outs = []
+    for region, branch in zip(probe.regions, (then_fn, else_fn)):
+        block = region.append_block()
+        with ir.InsertionPoint(block):
+            outs.append(list(branch(*initial)))
+    results = []  # (index, dtype) of names that leave the if as values
+    for i, name in enumerate(names):
+        a, b = outs[0][i], outs[1][i]
+        if a is UNDEFINED or b is UNDEFINED:
+            continue  # defined in one branch only: local to it
+        if not isinstance(a, lang.Scalar) and not isinstance(b, lang.Scalar):
+            if a is b or (type(a) is type(b) and not isinstance(a, (int, float)) and a == b):
+                continue  # the same Python value either way
+        dtype = _unify_branch(name, a, b)
+        if dtype is None:
+            raise CompileError(f"{name!r} gets different Python values in the two branches of a traced if: "
+                               f"make them traced values (mg.constant)")
+        results.append((i, dtype))
+    probe.erase()
+    op = lang.emit("scf.if", [test], [lang.ir_type(d) for _, d in results], regions=2)
+    passthrough = {}
+    for k, (region, branch) in enumerate(zip(op.regions, (then_fn, else_fn))):
+        block = region.append_block()
+        with ir.InsertionPoint(block):
+            out = list(branch(*initial))
+            lang.emit("scf.yield", [lang.coerce(out[i], d, f"{names[i]!r} after the if") for i, d in results])
+            for i, name in enumerate(names):
+                if all(i != j for j, _ in results) and out[i] is not UNDEFINED and \
+                        not isinstance(out[i], lang.Scalar) and k == 0:
+                    passthrough[i] = out[i]
+    values = dict(zip([i for i, _ in results], _result_values(op, [d for _, d in results])))
+    return tuple(values.get(i, passthrough.get(i, initial[i] if initial[i] is not UNDEFINED else
+                                                _Undefined(n, f"one branch of the if at line {lineno}")))
+                 for i, n in enumerate(names))
+
+
+def _while(cond_fn, body_fn, names, initial, lineno):
+    first = cond_fn(*initial)
+    if not isinstance(first, lang.Scalar):
+        values = list(initial)
+        while cond_fn(*values):
+            values = list(body_fn(*values))
+        return tuple(values)
+    carried = [i for i, v in enumerate(initial) if v is not UNDEFINED and _carried_dtype(v) is not None]
+    dtypes = [_carried_dtype(initial[i]) for i in carried]
+    for _attempt in range(3):
+        types_ = [lang.ir_type(d) for d in dtypes]
+        inits = [lang.coerce(initial[i], d, "a loop-carried value") for i, d in zip(carried, dtypes)]
+        op = lang.emit("scf.while", inits, types_, regions=2)
+        before = op.regions[0].append_block(types_)
+        after = op.regions[1].append_block(types_)
+
+        def values_from(block):
+            values = list(initial)
+            for i, a, d in zip(carried, block.arguments, dtypes):
+                values[i] = lang.Scalar(a, d)
+            return values
+
+        with ir.InsertionPoint(before):
+            condition = cond_fn(*values_from(before))
+            if not isinstance(condition, lang.Scalar) or condition.dtype != lang.bool_:
+                raise CompileError("a while condition on traced values must be a comparison (bool)")
+            lang.emit("scf.condition", [condition, *before.arguments])
+        with ir.InsertionPoint(after):
+            new = list(body_fn(*values_from(after)))
+            retry = [new[i].dtype if isinstance(new[i], lang.Scalar) else d for i, d in zip(carried, dtypes)]
+            if retry == dtypes:
+                lang.emit("scf.yield", [lang.coerce(new[i], d, f"loop-carried {names[i]!r}")
+                                        for i, d in zip(carried, dtypes)])
+        if retry == dtypes:
+            break
+        bad = [j for j, (a, b) in enumerate(zip(retry, dtypes)) if a != b and isinstance(initial[carried[j]], lang.Scalar)]
+        if bad:
+            j = bad[0]
+            raise CompileError(f"loop-carried variable {names[carried[j]]!r} is {dtypes[j].name} before the loop "
+                               f"and {retry[j].name} at the end of its body: mg.cast one of them")
+        op.erase()
+        dtypes = retry
+    results = dict(zip(carried, _result_values(op, dtypes)))
+    return tuple(results.get(i, initial[i] if initial[i] is not UNDEFINED else
+                             _Undefined(n, f"the while loop at line {lineno}")) for i, n in enumerate(names))
+
+
+HELPERS = {"__mg_for": _for, "__mg_for_explicit": _for_explicit, "__mg_if": _if, "__mg_while": _while,
+           "__mg_vars": _vars, "__mg_call": _call}
+
+
+def instantiate(function, code, free, values):
+    """The rewritten kernel function, with `values` (closure variables and
+    generics, by name) bound as its free variables."""
+    namespace = dict(function.__globals__)
+    namespace.update(HELPERS)
+    exec(code, namespace)
+    return namespace["__mg_make"](*[values[n] for n in free])
+
+
+def trace_error(error, trace_codes, filename):
+    """A CompileError pointing at the user's line for any error raised while
+    tracing (CompileErrors from mlirgpu keep their message)."""
+    lines = [line for frame, line in _walk_tb(error.__traceback__) if frame.f_code in trace_codes]
+    line = lines[-1] if lines else None
+    message = str(error) if isinstance(error, CompileError) else f"{type(error).__name__}: {error}"
+    if line is None or message.startswith(f"{filename}:"):
+        return error if isinstance(error, CompileError) else CompileError(message)
+    new = CompileError(f"{filename}:{line}: {message}\n    {_source_line(filename, line)}")
+    new.filename, new.lineno = filename, line
+    return new
+
+
+def _walk_tb(tb):
+    while tb is not None:
+        yield tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+
+
+def code_objects(function_code):
+    return set(_code_objects(function_code))
