@@ -410,7 +410,7 @@ def _describe(part, old, new, old_details, new_details):
                 changes.append(f"{n}={old_items[n]} -> {n}={new_items[n]}")
         return f"{part} changed ({', '.join(changes)})"
     is_digest = len(new) >= 32 and all(c in "0123456789abcdef" for c in new)
-    if len(old) <= 64 and len(new) <= 64 and not is_digest:
+    if len(old) <= 40 and len(new) <= 40 and not is_digest:
         return f"{part} changed ({old} -> {new})"
     return f"{part} changed"
 
