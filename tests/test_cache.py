@@ -23,7 +23,10 @@ from mlirgpu.cache import CacheInfo, CacheKey, CompileCache, fingerprint, finger
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make_key(kernel="mod.kernel", source=hashlib.sha256(b"def kernel(): pass").hexdigest(), globals_=None, generics="M=256,K=128,N=256,dtype=f32",
+SOURCE = hashlib.sha256(b"def kernel(): pass").hexdigest()
+
+
+def make_key(kernel="mod.kernel", source=SOURCE, globals_=None, generics="M=256,K=128,N=256,dtype=f32",
              chip="sm_90a", options="opt_level=3"):
     digest, details = fingerprint_globals(globals_ if globals_ is not None else {"TILE": 16})
     return CacheKey({"kernel": kernel, "source": source, "globals": digest, "generics": generics,
@@ -131,7 +134,8 @@ def test_a_changed_part_recompiles_and_says_why(tmp_path, log_compile, change, r
     assert store.info().compiles == 2
     label = f"[generics {after.parts['generics']}, chip {after.parts['chip']}]"
     assert messages(log_compile) == [
-        "mlirgpu: compiling mod.kernel [generics M=256,K=128,N=256,dtype=f32, chip sm_90a] because: first compile",
+        "mlirgpu: compiling mod.kernel [generics M=256,K=128,N=256,dtype=f32, chip sm_90a] "
+        "because: first compile",
         f"mlirgpu: compiling mod.kernel {label} because: {reason}",
     ]
 
@@ -171,12 +175,26 @@ def test_kernels_are_explained_separately(tmp_path, log_compile):
     assert reasons == ["first compile", "first compile", "chip changed (sm_90a -> sm_80)"]
 
 
+def test_reasons_compare_with_the_key_last_used(tmp_path, log_compile):
+    """A disk or memory hit counts as a use: the next compile is explained against it."""
+    key16 = make_key(globals_={"TILE": 16})
+    CompileCache(tmp_path).get_or_compile(key16, Compiler(key16))
+    store = CompileCache(tmp_path)
+    store.get_or_compile(key16, Compiler(key16))                  # from disk
+    for tile in (32, 16, 64):                                     # 16 is a memory hit
+        key = make_key(globals_={"TILE": tile})
+        store.get_or_compile(key, Compiler(key))
+    reasons = [m.split("because: ")[1] for m in messages(log_compile) if "compiling" in m]
+    assert reasons == ["first compile", "globals changed (TILE: 16 -> 32)",
+                       "globals changed (TILE: 16 -> 64)"]
+
+
 def test_recompile_after_clear_says_the_key_did_not_change(tmp_path, log_compile):
     store = CompileCache(tmp_path, disk=False)
     store.get_or_compile(make_key(), Compiler(make_key()))
     store.clear()
     store.get_or_compile(make_key(), Compiler(make_key()))
-    assert messages(log_compile)[-1].endswith("because: not cached (key unchanged since the last compile)")
+    assert messages(log_compile)[-1].endswith("because: not cached (key unchanged since its last use)")
 
 
 def test_nothing_is_logged_without_mlirgpu_log(tmp_path, monkeypatch, caplog):
@@ -329,7 +347,8 @@ def test_processes_compiling_the_same_key_at_once_all_succeed(tmp_path):
     assert [p.suffix for p in directory.iterdir()] == [".mgcache"]   # one entry, no temporary files left
     key = CacheKey({"kernel": "mod.race", "generics": "M=1024"})
     store = CompileCache(directory)
-    assert store.get_or_compile(key, lambda: pytest.fail("the entry should be valid")) == bytes(range(256)) * 64
+    payload = store.get_or_compile(key, lambda: pytest.fail("the entry should be valid"))
+    assert payload == bytes(range(256)) * 64
 
 
 def test_threads_compile_a_key_once(tmp_path):
@@ -551,12 +570,14 @@ def test_fingerprints_follow_values_not_identity():
     assert fingerprint(a) != fingerprint(b)
     assert fingerprint(np.ones((2, 3))) != fingerprint(np.ones((3, 2)))
     assert fingerprint(np.ones(3, np.float32)) != fingerprint(np.ones(3, np.float64))
-    assert fingerprint(np.arange(6).reshape(2, 3).T) == fingerprint(np.ascontiguousarray(np.arange(6).reshape(2, 3).T))
+    transposed = np.arange(6).reshape(2, 3).T
+    assert fingerprint(transposed) == fingerprint(np.ascontiguousarray(transposed))
     assert fingerprint(mlirgpu.dtype(np.float32)) == fingerprint(mlirgpu.f32)
 
 
 @pytest.mark.parametrize("one, other", [
-    (1, 1.0), (1, True), (0, False), (1, np.int64(1)), (1.5, np.float64(1.5)), (np.float32(1.5), np.float64(1.5)),
+    (1, 1.0), (1, True), (0, False), (1, np.int64(1)), (1.5, np.float64(1.5)),
+    (np.float32(1.5), np.float64(1.5)),
     ((1, 2), [1, 2]), ("1", 1), (None, "None"), (0.0, -0.0), (b"x", "x"), ((1,), 1),
 ])
 def test_fingerprints_tell_types_apart(one, other):
@@ -611,8 +632,10 @@ def _generator():
 
 
 @pytest.mark.parametrize("value", [
-    object(), Opaque(), {1, 2}, frozenset(), _generator(), Opaque().__init__, [1, object()],
-    {"a": {1}}, np.array(["a", "b"]), np.array([None], dtype=object), np.zeros(cache.MAX_ARRAY_BYTES // 8 + 1),
+    object(), Opaque(), {1, 2}, frozenset(), _generator(), Opaque().__init__, Compiler(None).__call__,
+    "bound".upper, [1, object()],
+    {"a": {1}}, np.array(["a", "b"]), np.array([None], dtype=object),
+    np.zeros(cache.MAX_ARRAY_BYTES // 8 + 1),
     np.ma.masked_array([1.0]), bytearray(b"x"),
 ], ids=lambda v: type(v).__name__)
 def test_unsupported_values_raise_type_error(value):

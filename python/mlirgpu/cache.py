@@ -76,7 +76,8 @@ def _fingerprint(value, active):
         active.add(id(value))
         try:
             if kind is dict:
-                items = sorted(f"{_fingerprint(k, active)}: {_fingerprint(v, active)}" for k, v in value.items())
+                items = sorted(f"{_fingerprint(k, active)}: {_fingerprint(v, active)}"
+                               for k, v in value.items())
                 return "{" + ", ".join(items) + "}"
             items = [_fingerprint(v, active) for v in value]
             if kind is tuple:
@@ -86,7 +87,8 @@ def _fingerprint(value, active):
             active.discard(id(value))
     if kind is types.FunctionType:
         return f"function {value.__module__}.{value.__qualname__} code:{_code_digest(value.__code__)}"
-    if kind is types.BuiltinFunctionType:
+    # A builtin bound to an object ("abc".upper) is as unknown as the object.
+    if kind is types.BuiltinFunctionType and type(value.__self__) in (type(None), types.ModuleType):
         return f"builtin {getattr(value, '__module__', None)}.{value.__qualname__}"
     if kind is numpy.ufunc:
         return f"numpy.ufunc {value.__name__}"
@@ -419,7 +421,7 @@ def _reason(previous, key):
     if previous is None:
         return "first compile"
     if previous == key:
-        return "not cached (key unchanged since the last compile)"
+        return "not cached (key unchanged since its last use)"
     reasons = []
     for part, value in key.parts.items():
         if part not in previous.parts:
@@ -462,7 +464,7 @@ class CompileCache:
         self.directory = Path(directory) if directory is not None else _default_directory()
         self.disk = bool(disk)
         self._memory = {}
-        self._last = {}                 # kernel name -> CacheKey of its last compile
+        self._last = {}                 # kernel name -> the CacheKey it was last looked up with
         self._lock = threading.Lock()   # counters, _last, _key_locks
         self._key_locks = {}            # digest -> Lock: one compile per key per process
         self._counts = dict.fromkeys(CacheInfo._fields, 0)
@@ -497,6 +499,7 @@ class CompileCache:
         payload = self._memory.get(key.digest)
         if payload is not None:
             self._count("hits")
+            self._last[key.kernel] = key
             return payload
         with self._lock:
             key_lock = self._key_locks.setdefault(key.digest, threading.Lock())
@@ -504,6 +507,7 @@ class CompileCache:
             payload = self._memory.get(key.digest)
             if payload is not None:     # another thread compiled it while we waited
                 self._count("hits")
+                self._last[key.kernel] = key
                 return payload
             self._count("misses")
             if self.disk:
@@ -511,6 +515,7 @@ class CompileCache:
                 if payload is not None:
                     self._memory[key.digest] = payload
                     self._count("disk_hits")
+                    self._last[key.kernel] = key
                     _log(("cache",), f"mlirgpu: loaded {_label(key)} from the disk cache")
                     return payload
             with self._lock:
