@@ -29,7 +29,7 @@ import numpy
 
 from ._mlirgpu import DType
 
-__all__ = ["CacheInfo", "CacheKey", "CompileCache", "cache_clear", "cache_info", "default_cache",
+__all__ = ["CacheInfo", "CacheKey", "CompileCache", "cache_clear", "cache_info", "default_cache", "environment",
            "fingerprint", "fingerprint_globals"]
 
 # ---------------------------------------------------------------------------
