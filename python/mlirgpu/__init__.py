@@ -11,3 +11,5 @@ from .language import (block_dim, block_idx, cast, constant, grid_dim, range_, s
                        thread_idx)
 
 __version__ = "0.1.0"
+
+from .cache import cache_clear, cache_info  # noqa: E402 (reads __version__)

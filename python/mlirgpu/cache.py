@@ -249,14 +249,17 @@ _environment_lock = threading.Lock()
 
 
 def _package_build():
-    """sha256 (16 hex) of mlirgpu's Python sources and extension: __version__
-    stays put between development builds, the code that traces and lowers
-    does not."""
+    """sha256 (16 hex) of the names, sizes and modification times of
+    mlirgpu's Python sources and extension: __version__ stays put between
+    development builds, the code that traces and lowers does not. (Stat, not
+    contents, as Python's own .pyc check does: a new process reads this before
+    its first cache hit.)"""
     root = Path(__file__).resolve().parent
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         if path.suffix in (".py", ".so") and "__pycache__" not in path.parts and path.is_file():
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+            stat = path.stat()
+            digest.update(f"{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
     return digest.hexdigest()[:16]
 
 

@@ -13,8 +13,9 @@ static shapes of the gpu.func's memrefs, a dtype generic their element type,
 and inside the body the generic's name evaluates to its value (so
 `range(K)` has a constant bound and `mg.constant(1.0, dtype)` a concrete type).
 """
+import hashlib
 import inspect
-import sys
+import types
 import typing
 
 import numpy as np
@@ -145,6 +146,7 @@ class Kernel:
         self.generics = [_key(s) for s in declared]
         self._rewritten = None
         self._specializations = {}
+        self._source_digest = None
 
     def __repr__(self):
         return f"<mlirgpu kernel {self.__qualname__}[{', '.join(self.generics)}]>"
@@ -179,6 +181,32 @@ class Kernel:
         if self._rewritten is None:
             self._rewritten = tracer.rewrite(self.function)
         return self._rewritten
+
+    def source_digest(self):
+        if self._source_digest is None:
+            try:
+                source = inspect.getsource(self.function)
+            except (OSError, TypeError) as error:
+                raise CompileError(f"cannot read the source of {self.__qualname__}: {error}") from error
+            self._source_digest = hashlib.sha256(source.encode()).hexdigest()
+        return self._source_digest
+
+    def read_values(self):
+        """The globals and closure variables the kernel's code names, except
+        its generics: what a compile depends on besides the source."""
+        code = self.function.__code__
+        names = set()
+        for c in tracer.code_objects(code):
+            names.update(c.co_names)
+        values = {}
+        for name in sorted(names):
+            if name in self.function.__globals__:
+                values[name] = self.function.__globals__[name]
+        closure = zip(code.co_freevars, (c.cell_contents for c in self.function.__closure__ or ()))
+        values.update(closure)
+        # mlirgpu's own names (mg.thread_idx, mg.constant, ...) change only
+        # with mlirgpu, which the cache's entries record already.
+        return {k: v for k, v in values.items() if not _is_symbol(v) and not _is_mlirgpu_object(v)}
 
     # -- launching -------------------------------------------------------
     def bind(self, args):
@@ -223,6 +251,12 @@ class Kernel:
     def __call__(self, *args, grid, block, shared_mem=0, stream=None):
         return self.specialize(self.bind(args))(*args, grid=grid, block=block, shared_mem=shared_mem,
                                                 stream=stream)
+
+
+def _is_mlirgpu_object(value):
+    module = getattr(value, "__module__", None) if isinstance(value, (types.FunctionType, type, Kernel)) \
+        else type(value).__module__
+    return isinstance(module, str) and module.startswith("mlirgpu") and not isinstance(value, DType)
 
 
 def _show(value):
@@ -398,8 +432,26 @@ class Specialization:
         return self.compilation(chip).ptx
 
     def cubin(self, chip=None):
-        """cubin bytes for `chip` (default: the current GPU's, else sm_90a). Needs no GPU."""
-        return self.compilation(chip).cubin
+        """cubin bytes for `chip` (default: the current GPU's, else sm_90a). Needs no GPU.
+        Served from the compile cache (memory, then disk) when the kernel's
+        source, the globals it reads, the generics, chip and options match."""
+        from . import cache
+        chip = chip or _default_chip()
+        return cache.default_cache().get_or_compile(self.cache_key(chip), lambda: self.compilation(chip).cubin)
+
+    def cache_key(self, chip):
+        from . import cache
+        kernel = self.kernel
+        try:
+            digest, details = cache.fingerprint_globals(kernel.read_values())
+        except TypeError as error:
+            raise CompileError(f"{kernel.__qualname__}: {error}: the compile cache cannot tell when it "
+                               f"changes; pass it as an argument or make it a plain constant") from None
+        generics = ",".join(f"{k}={_show(v)}" for k, v in self.values.items())
+        return cache.CacheKey({"kernel": f"{kernel.function.__module__}.{kernel.__qualname__}",
+                               "source": kernel.source_digest(), "globals": digest, "generics": generics,
+                               "chip": chip, "options": "opt_level=3,bare_pointers=1"},
+                              details={"globals": details})
 
     def function(self):
         """The loaded kernel on the current device."""
