@@ -249,8 +249,7 @@ class Kernel:
         return bound
 
     def __call__(self, *args, grid, block, shared_mem=0, stream=None):
-        return self.specialize(self.bind(args))(*args, grid=grid, block=block, shared_mem=shared_mem,
-                                                stream=stream)
+        self.specialize(self.bind(args)).launch(args, grid, block, shared_mem, stream)
 
 
 def _is_mlirgpu_object(value):
@@ -470,6 +469,10 @@ class Specialization:
             diff = [f"{k}={_show(bound[k])} (specialized for {_show(self.values[k])})" for k in self.values
                     if bound.get(k) != self.values[k]]
             raise LaunchError(f"the arguments do not match {self!r}: {', '.join(diff)}")
+        self.launch(args, grid, block, shared_mem, stream)
+
+    def launch(self, args, grid, block, shared_mem=0, stream=None):
+        """Launches with arguments already checked against this specialization."""
         function = self.function()
         host = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
         if host:
