@@ -198,14 +198,14 @@ static PyObject *sig_describe(const sig_builder *b, PyObject *const *args, Py_ss
             Py_XDECREF(strides);
         }
         else if (kind == SIG_NUMPY) {
-            item = Py_BuildValue("(sO)", "scalar", dtype);
+            item = Py_BuildValue("(sO)", "numpy", dtype);
         }
         else if (kind == SIG_OTHER) {
             item = Py_BuildValue("(sO)", "other", (PyObject *)Py_TYPE(args[i]));
         }
         else {
             PyTypeObject *type = kind == SIG_BOOL ? &PyBool_Type : kind == SIG_INT ? &PyLong_Type : &PyFloat_Type;
-            item = Py_BuildValue("(sO)", "scalar", (PyObject *)type);
+            item = Py_BuildValue("(sO)", "python", (PyObject *)type);
         }
         if (item == NULL)
             Py_CLEAR(result);
@@ -232,6 +232,7 @@ typedef struct {
     PyObject *miss;      /* miss(args, kwargs) */
     PyObject *name;
     PyObject *dict;      /* attributes (functools.update_wrapper) */
+    PyObject *weakrefs;
     sig_entry *entries;  /* capacity slots (a power of two), or NULL */
     Py_ssize_t capacity;
     Py_ssize_t count;
@@ -424,13 +425,13 @@ static PyObject *dispatcher_register(mg_dispatcher *self, PyObject *const *fargs
         PyErr_NoMemory();
         goto error;
     }
+    b->nviews = 0;
     if (Py_IS_TYPE(target, mg_cu_Function_type) && mg_cu_function_nparams(target) >= 0 &&
         mg_cu_function_nparams(target) != nargs) {
         PyErr_Format(PyExc_ValueError, "the function's signature has %d parameters, args has %zd",
                      mg_cu_function_nparams(target), nargs);
         goto error;
     }
-    b->nviews = 0;
     if (sig_build(b, &PyTuple_GET_ITEM(tuple, 0), nargs) < 0)
         goto error;
     if (b->unlaunchable >= 0) {
@@ -523,6 +524,8 @@ static void dispatcher_dealloc(mg_dispatcher *self)
 {
     PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
+    if (self->weakrefs != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
     dispatcher_clear(self);
     Py_CLEAR(self->name);
     type->tp_free(self);
@@ -548,8 +551,14 @@ static PyMethodDef dispatcher_methods[] = {
 static PyMemberDef dispatcher_members[] = {
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(mg_dispatcher, vectorcall), READONLY},
     {"__dictoffset__", T_PYSSIZET, offsetof(mg_dispatcher, dict), READONLY},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(mg_dispatcher, weakrefs), READONLY},
     {"name", T_OBJECT, offsetof(mg_dispatcher, name), READONLY, NULL},
     {"miss", T_OBJECT, offsetof(mg_dispatcher, miss), READONLY, "miss(args, kwargs), called on a miss."},
+    {NULL},
+};
+
+static PyGetSetDef dispatcher_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
     {NULL},
 };
 
@@ -565,6 +574,7 @@ static PyType_Slot dispatcher_slots[] = {
     {Py_tp_repr, dispatcher_repr},
     {Py_tp_methods, dispatcher_methods},
     {Py_tp_members, dispatcher_members},
+    {Py_tp_getset, dispatcher_getset},
     {Py_mp_length, dispatcher_length},
     {0, NULL},
 };
