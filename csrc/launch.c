@@ -388,7 +388,7 @@ static PyObject *dispatcher_vectorcall(PyObject *callable, PyObject *const *args
     return result;
 }
 
-/* The builder for a Python sequence of arguments: `*items` borrowed from `*tuple` (a new ref). */
+/* register()'s and signature()'s `args`: a tuple or list, as a new tuple in *tuple. */
 static int args_from(PyObject *args, PyObject **tuple)
 {
     if (!PyTuple_Check(args) && !PyList_Check(args)) {
