@@ -11,6 +11,10 @@ blocks of 256 threads). Two figures, each the median of R runs:
 - +sync: N launches in a row, then one synchronise, over N: what a loop of
   launches sustains, the GPU's own time per tiny kernel included.
 
+mlirgpu paths: a Function called directly (DeviceArrays on three streams,
+torch tensors), and a Dispatcher (the fast path under @mlirgpu.kernel) whose
+miss registered the same Function, so that its rows time pure hits.
+
 Peers, each where importable: CuPy RawKernel, a torch in-place add, Triton,
 and cuLaunchKernel called from C (benchmarks/launch_floor.c, built with gcc
 when the toolkit's headers are there), the floor under every Python path.
@@ -126,6 +130,28 @@ def mlirgpu_runner():
     return launch, on_stream, device.synchronize, kernel, cubin, (a, b, c)
 
 
+def dispatcher_runner(kernel, arrays):
+    """A Dispatcher whose miss registers `kernel`: after the first call every
+    launch is a hit (signature in C, table lookup, launch)."""
+    misses = []
+
+    def miss(args, kwargs):
+        misses.append(args)
+        dispatcher.register(args, kernel)
+        return kernel(*args, **kwargs)
+
+    dispatcher = mg._mlirgpu.Dispatcher(miss, "add")
+    a, b, c = arrays
+
+    def launch():
+        dispatcher(a, b, c, grid=(N_ELEMENTS // 256,), block=(256,))
+
+    launch()
+    launch()
+    assert len(misses) == 1, "the Dispatcher missed after registering"
+    return launch
+
+
 def torch_tensors_runner(kernel, torch):
     a = torch.arange(N_ELEMENTS, dtype=torch.float32, device="cuda")
     b, c = a.clone(), torch.empty_like(a)
@@ -200,9 +226,13 @@ def main():
     own = mg.Stream()
     paths["mlirgpu, own stream"] = (on_stream(own), sync)
     paths["mlirgpu, per-thread stream"] = (on_stream(2), sync)
+    paths["mlirgpu Dispatcher hit (DeviceArray args)"] = (dispatcher_runner(kernel, _keep), sync)
     try:
         import torch
         paths["mlirgpu, torch tensor args"] = (torch_tensors_runner(kernel, torch), sync)
+        a = torch.arange(N_ELEMENTS, dtype=torch.float32, device="cuda")
+        tensors = (a, a.clone(), torch.empty_like(a))
+        paths["mlirgpu Dispatcher hit (torch tensor args)"] = (dispatcher_runner(kernel, tensors), sync)
     except ImportError:
         pass
     for name, runner in (("CuPy RawKernel", cupy_runner), ("torch in-place add", torch_runner),
@@ -217,11 +247,11 @@ def main():
     cupy = dict(rows).get("CuPy RawKernel")
     print(f"\nus per launch, {mg.cuda.Device(0).name}, medians of {args.repeats} runs; host: batches of "
           f"{args.batch}, +sync: {args.launches} launches then one synchronise")
-    print(f"| {'launch path':<36} | {'host':>6} | {'vs CuPy':>7} | {'+sync':>6} | {'vs CuPy':>7} |")
-    print(f"|{'-' * 38}|{'-' * 8}|{'-' * 9}|{'-' * 8}|{'-' * 9}|")
+    print(f"| {'launch path':<44} | {'host':>6} | {'vs CuPy':>7} | {'+sync':>6} | {'vs CuPy':>7} |")
+    print(f"|{'-' * 46}|{'-' * 8}|{'-' * 9}|{'-' * 8}|{'-' * 9}|")
     for name, (host, synced) in rows:
         vs = (f"{host / cupy[0]:.2f}x", f"{synced / cupy[1]:.2f}x") if cupy else ("n/a", "n/a")
-        print(f"| {name:<36} | {host:6.2f} | {vs[0]:>7} | {synced:6.2f} | {vs[1]:>7} |")
+        print(f"| {name:<44} | {host:6.2f} | {vs[0]:>7} | {synced:6.2f} | {vs[1]:>7} |")
 
 
 if __name__ == "__main__":

@@ -1294,6 +1294,279 @@ static PyObject *array_asarray_function(PyObject *module, PyObject *obj)
 }
 
 /* ---------------------------------------------------------------------- */
+/* Foreign arrays as launch arguments                                      */
+/* ---------------------------------------------------------------------- */
+
+static PyObject *str_is_cuda, *str_is_cpu, *str_data_ptr, *str_dtype_attr, *str_shape, *str_stride,
+                *str_get_device, *str_module;
+/* torch.Tensor once an instance was seen (strong): torch is never imported here. */
+static PyTypeObject *torch_tensor_type;
+/* {torch.dtype: DType, or None where mlirgpu has no such dtype}; filled on first sight. */
+static PyObject *torch_dtypes;
+
+static const struct {
+    const char *name;   /* str(torch.float32) is "torch.float32": the part after the dot */
+    mg_dtype_id id;
+} torch_dtype_names[] = {
+    {"bool", MG_DT_BOOL}, {"int8", MG_DT_I8}, {"int16", MG_DT_I16}, {"int32", MG_DT_I32},
+    {"int64", MG_DT_I64}, {"uint8", MG_DT_U8}, {"uint16", MG_DT_U16}, {"uint32", MG_DT_U32},
+    {"uint64", MG_DT_U64}, {"float16", MG_DT_F16}, {"bfloat16", MG_DT_BF16},
+    {"float32", MG_DT_F32}, {"float64", MG_DT_F64},
+};
+
+/* torch.Tensor or a subclass: some heap type of the MRO is named "Tensor"
+ * and has __module__ "torch" (torch.Tensor is a Python class over the C
+ * torch._C.TensorBase). Later calls compare against the type found. */
+static int is_torch_tensor(PyTypeObject *type)
+{
+    if (torch_tensor_type != NULL)
+        return type == torch_tensor_type || PyType_IsSubtype(type, torch_tensor_type);
+    PyObject *mro = type->tp_mro;
+    if (mro == NULL)
+        return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
+        PyTypeObject *base = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+        if (!(base->tp_flags & Py_TPFLAGS_HEAPTYPE) || strcmp(base->tp_name, "Tensor") != 0 ||
+            base->tp_dict == NULL)
+            continue;
+        PyObject *module = PyDict_GetItemWithError(base->tp_dict, str_module);   /* borrowed */
+        if (module == NULL) {
+            PyErr_Clear();
+            continue;
+        }
+        if (PyUnicode_Check(module) && PyUnicode_CompareWithASCIIString(module, "torch") == 0) {
+            torch_tensor_type = (PyTypeObject *)Py_NewRef((PyObject *)base);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The DType of a torch.dtype: 1, 0 when mlirgpu has none, -1 on error. */
+static int torch_dtype(PyObject *dtype, mg_dtype **out)
+{
+    PyObject *known = PyDict_GetItemWithError(torch_dtypes, dtype);   /* borrowed */
+    if (known == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        PyObject *text = PyObject_Str(dtype);
+        if (text == NULL)
+            return -1;
+        const char *name = PyUnicode_AsUTF8(text);
+        known = Py_None;
+        if (name != NULL && strncmp(name, "torch.", 6) == 0)
+            for (size_t i = 0; i < sizeof torch_dtype_names / sizeof torch_dtype_names[0]; i++)
+                if (strcmp(name + 6, torch_dtype_names[i].name) == 0)
+                    known = (PyObject *)dtypes[torch_dtype_names[i].id];
+        Py_DECREF(text);
+        if (name == NULL || PyDict_SetItem(torch_dtypes, dtype, known) < 0)
+            return -1;
+    }
+    if (known == Py_None)
+        return 0;
+    *out = (mg_dtype *)known;
+    return 1;
+}
+
+static int foreign_contiguous(const mg_foreign *f)
+{
+    Py_ssize_t expected = f->dtype->itemsize;
+    for (int i = 0; i < f->ndim; i++)
+        if (f->shape[i] == 0)
+            return 1;
+    for (int i = f->ndim - 1; i >= 0; i--) {
+        if (f->shape[i] != 1 && f->strides[i] != expected)
+            return 0;
+        expected *= f->shape[i];
+    }
+    return 1;
+}
+
+/* `count` ints of a tuple (torch.Size included) into `out`: 0, or -1 on
+ * anything else (no error set). */
+static int read_ints(PyObject *tuple, Py_ssize_t *out, int *count)
+{
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) > MG_MAX_NDIM)
+        return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(tuple, i);
+        if (!PyLong_Check(item))
+            return -1;
+        out[i] = PyLong_AsSsize_t(item);
+        if (out[i] == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return -1;
+        }
+    }
+    *count = (int)n;
+    return 0;
+}
+
+static PyObject *call_method(PyObject *obj, PyObject *name)
+{
+    return PyObject_VectorcallMethod(name, &obj, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* A torch tensor, read through its attributes: 1 filled; 0 take the slow
+ * path (not CUDA or CPU, a dtype mlirgpu lacks, or anything unexpected,
+ * with the error cleared); -1 a BaseException that must propagate. */
+static int torch_read(PyObject *obj, mg_foreign *out, int full)
+{
+    PyObject *value = NULL;
+    mg_dtype *dtype = NULL;
+    int count;
+    if ((value = PyObject_GetAttr(obj, str_is_cuda)) == NULL)
+        goto fallback;
+    if (value != Py_True) {
+        /* meta, mps, xpu...: the slow path names what they are */
+        Py_SETREF(value, PyObject_GetAttr(obj, str_is_cpu));
+        if (value != Py_True)
+            goto fallback;
+        out->host = 1;
+        if (!full)
+            goto done;
+    }
+    Py_SETREF(value, call_method(obj, str_data_ptr));
+    if (value == NULL || !PyLong_Check(value))
+        goto fallback;
+    out->ptr = (CUdeviceptr)PyLong_AsUnsignedLongLong(value);
+    if (PyErr_Occurred())
+        goto fallback;
+    if (!full)
+        goto done;
+    Py_SETREF(value, PyObject_GetAttr(obj, str_dtype_attr));
+    if (value == NULL || torch_dtype(value, &dtype) <= 0)
+        goto fallback;
+    out->dtype = dtype;
+    Py_SETREF(value, PyObject_GetAttr(obj, str_shape));
+    if (value == NULL || read_ints(value, out->shape, &out->ndim) < 0)
+        goto fallback;
+    Py_SETREF(value, call_method(obj, str_stride));
+    if (value == NULL || read_ints(value, out->strides, &count) < 0 || count != out->ndim)
+        goto fallback;
+    for (int i = 0; i < count; i++)
+        if (checked_mul(out->strides[i], dtype->itemsize, &out->strides[i]) < 0)
+            goto fallback;
+    if (!out->host) {
+        Py_SETREF(value, call_method(obj, str_get_device));
+        if (value == NULL || !PyLong_Check(value))
+            goto fallback;
+        long device = PyLong_AsLong(value);
+        if (PyErr_Occurred() || device < 0 || device > INT32_MAX)
+            goto fallback;
+        out->device = (int)device;
+    }
+    out->contiguous = foreign_contiguous(out);
+done:
+    Py_XDECREF(value);
+    return 1;
+fallback:
+    Py_XDECREF(value);
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;
+        PyErr_Clear();
+    }
+    out->host = 0;
+    out->dtype = NULL;
+    out->ndim = 0;
+    out->device = -1;
+    return 0;
+}
+
+static void fill_from_array(const mg_array *a, mg_foreign *out)
+{
+    out->ptr = a->ptr;
+    out->dtype = a->dtype;
+    out->ndim = a->ndim;
+    out->device = a->device;
+    memcpy(out->shape, a->shape, (size_t)a->ndim * sizeof a->shape[0]);
+    memcpy(out->strides, a->strides, (size_t)a->ndim * sizeof a->strides[0]);
+    out->contiguous = is_c_contiguous(a);
+}
+
+static void fill_from_numpy(PyArrayObject *a, mg_foreign *out)
+{
+    out->host = 1;
+    out->ptr = (CUdeviceptr)(uintptr_t)PyArray_DATA(a);
+    out->contiguous = PyArray_IS_C_CONTIGUOUS(a);
+    if (PyArray_NDIM(a) > MG_MAX_NDIM || dtype_from_descr(PyArray_DESCR(a), &out->dtype) < 0) {
+        PyErr_Clear();   /* documented: dtype NULL, the array is beyond mlirgpu */
+        out->dtype = NULL;
+        return;
+    }
+    out->ndim = PyArray_NDIM(a);
+    memcpy(out->shape, PyArray_SHAPE(a), (size_t)out->ndim * sizeof out->shape[0]);
+    memcpy(out->strides, PyArray_STRIDES(a), (size_t)out->ndim * sizeof out->strides[0]);
+}
+
+static int foreign_read(PyObject *obj, mg_foreign *out, int full)
+{
+    out->view = NULL;
+    out->dtype = NULL;
+    out->ndim = 0;
+    out->device = -1;
+    out->contiguous = 1;
+    out->host = 0;
+    if (PyObject_TypeCheck(obj, mg_array_type)) {
+        fill_from_array((mg_array *)obj, out);
+        return 1;
+    }
+    if (PyArray_Check(obj)) {
+        fill_from_numpy((PyArrayObject *)obj, out);
+        return 1;
+    }
+    if (is_torch_tensor(Py_TYPE(obj))) {
+        int status = torch_read(obj, out, full);
+        if (status != 0)
+            return status;
+    }
+    /* The slow path, without asking for __cuda_array_interface__ twice:
+     * producers such as torch build the dict anew on every access. */
+    PyObject *view, *cai = PyObject_GetAttr(obj, str_cai);
+    if (cai != NULL) {
+        view = view_from_cai(obj, cai);
+        Py_DECREF(cai);
+    }
+    else {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        if (!PyObject_HasAttr(obj, str_dlpack))
+            return 0;
+        view = view_from_dlpack(obj);
+    }
+    if (view == NULL)
+        return -1;
+    fill_from_array((mg_array *)view, out);
+    out->view = view;
+    return 1;
+}
+
+int mg_array_foreign_info(PyObject *obj, mg_foreign *out)
+{
+    return foreign_read(obj, out, 1);
+}
+
+int mg_array_foreign_pointer(PyObject *obj, mg_foreign *out)
+{
+    return foreign_read(obj, out, 0);
+}
+
+int mg_dtype_of_scalar(PyObject *obj, mg_dtype **out)
+{
+    if (!PyArray_IsScalar(obj, Generic))
+        return 0;
+    PyArray_Descr *descr = PyArray_DescrFromScalar(obj);
+    int found = descr != NULL && dtype_from_descr(descr, out) == 0;
+    Py_XDECREF(descr);
+    if (!found)
+        PyErr_Clear();   /* complex, str, datetime...: not a scalar a kernel takes */
+    return found;
+}
+
+/* ---------------------------------------------------------------------- */
 /* Type and module setup                                                   */
 /* ---------------------------------------------------------------------- */
 
@@ -1373,7 +1646,13 @@ int mg_array_init(PyObject *module)
 {
     if (intern(&str_cai, "__cuda_array_interface__") < 0 || intern(&str_dlpack, "__dlpack__") < 0 ||
         intern(&str_dlpack_device, "__dlpack_device__") < 0 ||
-        intern(&str_array_interface, "__array_interface__") < 0 || intern(&str_array, "__array__") < 0)
+        intern(&str_array_interface, "__array_interface__") < 0 || intern(&str_array, "__array__") < 0 ||
+        intern(&str_is_cuda, "is_cuda") < 0 || intern(&str_is_cpu, "is_cpu") < 0 ||
+        intern(&str_data_ptr, "data_ptr") < 0 || intern(&str_dtype_attr, "dtype") < 0 ||
+        intern(&str_shape, "shape") < 0 || intern(&str_stride, "stride") < 0 ||
+        intern(&str_get_device, "get_device") < 0 || intern(&str_module, "__module__") < 0)
+        return -1;
+    if ((torch_dtypes = PyDict_New()) == NULL)
         return -1;
     if ((mg_DType_type = mg_add_type(module, &dtype_spec, NULL)) == NULL ||
         (mg_array_type = mg_add_type(module, &array_spec, NULL)) == NULL)

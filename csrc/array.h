@@ -82,6 +82,42 @@ int mg_array_is_c_contiguous(PyObject *obj);
 /* Records that the array was used on `stream` (`stream_obj` may be NULL). */
 void mg_array_set_stream(PyObject *obj, CUstream stream, PyObject *stream_obj);
 
+/* What a launch needs to know of one array argument, read without building
+ * a view where the producer is known: DeviceArray (from its struct), PyTorch
+ * tensors (from data_ptr(), dtype, shape, stride(), get_device(): torch's
+ * __cuda_array_interface__ builds a dict in Python and costs ~8 us),
+ * NumPy arrays (host). Anything else goes through mg_array_asarray. */
+typedef struct {
+    CUdeviceptr ptr;          /* first element; a host address when `host` */
+    mg_dtype *dtype;          /* borrowed singleton; NULL: a host array of a dtype mlirgpu lacks */
+    int ndim;
+    int device;               /* CUDA ordinal; -1 for host arrays */
+    int contiguous;           /* C-contiguous (size-1 extents and empty arrays included) */
+    int host;                 /* a NumPy array or CPU tensor: never passed as a pointer */
+    Py_ssize_t shape[MG_MAX_NDIM];
+    Py_ssize_t strides[MG_MAX_NDIM];   /* bytes */
+    PyObject *view;           /* strong: the DeviceArray view of the slow path, or NULL */
+} mg_foreign;
+
+/* Fills `out` for a device or host array: 1; 0 when `obj` is no array
+ * (it has neither __cuda_array_interface__ nor __dlpack__, and is not a
+ * NumPy array or tensor), nothing set; -1 with the slow path's error
+ * (a malformed CAI dict, a non-CUDA DLPack device...). A recognised reader
+ * that meets something unexpected falls back to the slow path, so the
+ * answer never depends on the fast path. On 1, release `out` with
+ * mg_foreign_release once the pointer is no longer needed. */
+int mg_array_foreign_info(PyObject *obj, mg_foreign *out);
+
+/* The same, but only ptr, host and view are filled (and device, dtype and
+ * shape only where they come free): what a Function launch needs. */
+int mg_array_foreign_pointer(PyObject *obj, mg_foreign *out);
+
+static inline void mg_foreign_release(mg_foreign *info) { Py_CLEAR(info->view); }
+
+/* The dtype of a NumPy scalar: 1 with *out set, 0 when `obj` is not a NumPy
+ * scalar or has no mlirgpu dtype (nothing set), never -1. */
+int mg_dtype_of_scalar(PyObject *obj, mg_dtype **out);
+
 /* mlirgpu.asarray: a DeviceArray for a DeviceArray (new ref to itself), a
  * __cuda_array_interface__ object or a CUDA DLPack object (zero-copy views).
  * TypeError for host arrays and anything else. */

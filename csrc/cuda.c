@@ -14,9 +14,6 @@
 #define PY_ARRAY_UNIQUE_SYMBOL mg_ARRAY_API
 #include <numpy/arrayobject.h>
 
-/* Most arguments a launch packs; the parameter buffer lives on the stack. */
-#define MG_CU_MAX_ARGS 64
-
 /* ---------------------------------------------------------------------- */
 /* Driver loading                                                          */
 /* ---------------------------------------------------------------------- */
@@ -1159,6 +1156,11 @@ CUfunction mg_cu_function_handle(PyObject *function)
     return ((mg_function *)function)->handle;
 }
 
+int mg_cu_function_nparams(PyObject *function)
+{
+    return ((mg_function *)function)->nparams;
+}
+
 static void function_dealloc(mg_function *self)
 {
     PyTypeObject *type = Py_TYPE(self);
@@ -1367,14 +1369,16 @@ static int pack_numpy_scalar(mg_function *self, Py_ssize_t index, PyObject *valu
     return 0;
 }
 
-/* The slow path: an object exposing __cuda_array_interface__ or __dlpack__.
- * Stores a new view in *view (kept alive until the launch returned). */
-static int pack_foreign_array(mg_function *self, Py_ssize_t index, PyObject *value, PyObject **view)
+/* Any other array: a torch tensor read through its attributes, or an object
+ * exposing __cuda_array_interface__ or __dlpack__ (a view, which *view
+ * receives and the caller keeps alive until the launch returned). */
+static int pack_foreign_array(mg_function *self, Py_ssize_t index, PyObject *value, uint64_t *slot, PyObject **view)
 {
-    if (PyArray_Check(value))
-        return launch_error(self, "argument %zd is a host array: use mlirgpu.to_device", index);
-    int has_protocol = PyObject_HasAttr(value, str_cai) || PyObject_HasAttr(value, str_dlpack);
-    if (!has_protocol) {
+    mg_foreign info;
+    int found = mg_array_foreign_pointer(value, &info);
+    if (found < 0)
+        return -1;
+    if (found == 0) {
         if (PyLong_Check(value) || PyFloat_Check(value))
             return launch_error(self,
                 "argument %zd is a Python %.20s: a scalar argument needs a signature "
@@ -1384,11 +1388,22 @@ static int pack_foreign_array(mg_function *self, Py_ssize_t index, PyObject *val
                             "__cuda_array_interface__ or __dlpack__ object, or NumPy scalar)",
                             index, Py_TYPE(value)->tp_name);
     }
-    *view = mg_array_asarray(value);
-    return *view == NULL ? -1 : 0;
+    if (info.host) {
+        mg_foreign_release(&info);
+        return launch_error(self, "argument %zd is a host array: use mlirgpu.to_device", index);
+    }
+    *slot = (uint64_t)info.ptr;
+    *view = info.view;   /* the reference moves to the caller */
+    return 0;
 }
 
 PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return mg_cu_function_launch_known(function, args, nargs, kwnames, 0, NULL);
+}
+
+PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args, Py_ssize_t nargs,
+                                      PyObject *kwnames, uint64_t known, const CUdeviceptr *pointers)
 {
     mg_function *self = (mg_function *)function;
     unsigned int grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
@@ -1453,6 +1468,14 @@ PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args, Py_ss
         PyObject *arg = args[i];
         int kind = self->nparams >= 0 ? self->kinds[i] : KIND_ANY;
         params[i] = &slots[i];
+        if (known >> i & 1) {
+            if (kind >= 0) {
+                launch_error(self, "argument %zd is a %s scalar, got an array", i, mg_dtype_get(kind)->name);
+                goto error;
+            }
+            slots[i] = (uint64_t)pointers[i];
+            continue;
+        }
         if (mg_array_check_exact(arg)) {
             if (kind >= 0) {
                 launch_error(self, "argument %zd is a %s scalar, got a DeviceArray", i, mg_dtype_get(kind)->name);
@@ -1478,10 +1501,10 @@ PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args, Py_ss
             continue;
         }
         PyObject *view = NULL;
-        if (pack_foreign_array(self, i, arg, &view) < 0)
+        if (pack_foreign_array(self, i, arg, &slots[i], &view) < 0)
             goto error;
-        views[nviews++] = view;
-        slots[i] = (uint64_t)mg_array_ptr(view);
+        if (view != NULL)
+            views[nviews++] = view;
     }
 
     if (mg_cu_ensure_context() < 0)

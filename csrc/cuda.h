@@ -11,6 +11,7 @@
 
 #include "module.h"
 #include <cuda.h>
+#include <stdint.h>
 
 /* X(name, parameter list) for every driver entry point mlirgpu calls. */
 #define MG_CU_FUNCTIONS(X) \
@@ -144,9 +145,22 @@ PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *param
 /* The raw handle of an mlirgpu.Function (borrowed; lives as long as it). */
 CUfunction mg_cu_function_handle(PyObject *function);
 
+/* The number of parameters of its signature, or -1 without one. */
+int mg_cu_function_nparams(PyObject *function);
+
+/* Most arguments a launch packs (one bit each in mg_cu_function_launch_known's mask). */
+#define MG_CU_MAX_ARGS 64
+
 /* A launch with Python arguments, exactly as func(*args, grid=, block=,
  * shared_mem=, stream=): Py_None or NULL on error. */
 PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args,
                                 Py_ssize_t nargs, PyObject *kwnames);
+
+/* The same launch where the caller already read some array arguments: bit
+ * i of `known` says argument i is an array whose device pointer is
+ * pointers[i] (the caller keeps whatever owns it alive); the other
+ * arguments are packed as mg_cu_function_launch packs them. */
+PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args, Py_ssize_t nargs,
+                                      PyObject *kwnames, uint64_t known, const CUdeviceptr *pointers);
 
 #endif

@@ -1,0 +1,626 @@
+"""mlirgpu.Dispatcher without a GPU: argument signatures, hits and misses,
+the table, references and leaks. Targets here are Python callables, which a
+Dispatcher calls on a hit like it launches a Function; the Function path runs
+against a fake CUDA driver (MLIRGPU_TEST_FAKE_LIBCUDA, skipped where there is
+none) in a fresh interpreter. Real torch and CuPy: test_dispatch_gpu.py."""
+import functools
+import gc
+import json
+import os
+import sys
+import tracemalloc
+import weakref
+
+import numpy as np
+import pytest
+
+import mlirgpu._mlirgpu as C
+from checks import run_isolated
+
+FAKE_LIBCUDA = os.environ.get("MLIRGPU_TEST_FAKE_LIBCUDA", "/tmp/mockcuda/libcuda.so.1")
+
+
+class HostCAI:
+    """A __cuda_array_interface__ over host memory: asarray makes a view without touching it."""
+
+    def __init__(self, shape=(4,), typestr="<f4", strides=None, ptr=4096):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False),
+                                         "strides": strides, "version": 3}
+
+
+class BadCAI:
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": (4,), "typestr": "<f4"}   # no data: a ValueError from the slow path
+
+
+class Recorder:
+    """A miss that registers `target` for the call's arguments (unless host
+    arrays are among them) and says it missed."""
+
+    def __init__(self, target=None):
+        self.calls = []
+        self.target = target
+        self.dispatcher = None
+
+    def __call__(self, args, kwargs):
+        self.calls.append((args, kwargs))
+        if self.target is not None and not any(isinstance(a, np.ndarray) for a in args):
+            self.dispatcher.register(args, self.target)
+        return ("missed", len(args))
+
+
+def make(target=None, name="k"):
+    miss = Recorder(target)
+    d = C.Dispatcher(miss, name)
+    miss.dispatcher = d
+    return d, miss
+
+
+def hit_target(*args, **kwargs):
+    return ("hit", len(args), tuple(sorted(kwargs)))
+
+
+# ---------------------------------------------------------------------------
+# signatures
+
+def test_signature_of_python_scalars():
+    d, _ = make()
+    assert d.signature((1, 2.5, True, False)) == (("python", int), ("python", float),
+                                                  ("python", bool), ("python", bool))
+
+
+@pytest.mark.parametrize("value, dtype", [
+    (np.float32(1), C.f32), (np.float64(1), C.f64), (np.float16(1), C.f16), (np.int8(1), C.i8),
+    (np.int16(1), C.i16), (np.int32(1), C.i32), (np.int64(1), C.i64), (np.uint8(1), C.u8),
+    (np.uint16(1), C.u16), (np.uint32(1), C.u32), (np.uint64(1), C.u64), (np.bool_(True), C.bool_)])
+def test_signature_of_numpy_scalars(value, dtype):
+    d, _ = make()
+    assert d.signature((value,)) == (("numpy", dtype),)
+
+
+def test_numpy_float64_is_not_a_python_float():
+    d, _ = make()
+    assert d.signature((np.float64(1),)) != d.signature((1.0,))
+
+
+def test_signature_of_int_and_float_subclasses():
+    import enum
+
+    class Level(enum.IntEnum):
+        LOW = 1
+
+    class MyFloat(float):
+        pass
+
+    d, _ = make()
+    assert d.signature((Level.LOW, MyFloat(2))) == (("python", int), ("python", float))
+
+
+def test_signature_of_host_arrays():
+    d, _ = make()
+    a = np.zeros((3, 4), np.float32)
+    assert d.signature((a,)) == (("host", C.f32, (3, 4), None),)
+    assert d.signature((a[:, ::2],)) == (("host", C.f32, (3, 2), (16, 8)),)
+    assert d.signature((np.zeros(2, np.complex64),)) == (("host", None, (), None),)
+
+
+def test_signature_of_cai_arrays():
+    d, _ = make()
+    (kind, dtype, shape, strides, device), = d.signature((HostCAI((2, 3), "<i4"),))
+    assert (kind, dtype, shape, strides) == ("array", C.i32, (2, 3), None)
+    assert isinstance(device, int) and device >= 0
+    assert d.signature((HostCAI((2, 3), "<i4", strides=(4, 8)),))[0][3] == (4, 8)
+    # explicit C-contiguous strides are the same signature as none
+    assert d.signature((HostCAI((2, 3), "<i4", strides=(12, 4)),)) == d.signature((HostCAI((2, 3), "<i4"),))
+
+
+def test_signature_of_things_the_fast_path_cannot_read():
+    d, _ = make()
+    sig = d.signature((object(), "text", BadCAI(), None, np.complex64(1)))
+    assert sig == (("other", object), ("other", str), ("other", BadCAI), ("other", type(None)),
+                   ("other", np.complex64))
+
+
+def test_signature_rejects_bad_args():
+    d, _ = make()
+    with pytest.raises(TypeError):
+        d.signature(iter([1]))
+    with pytest.raises(ValueError, match="at most 64"):
+        d.signature((1,) * 65)
+    assert d.signature([1, 2.0]) == d.signature((1, 2.0))
+
+
+# ---------------------------------------------------------------------------
+# hits and misses
+
+def test_miss_then_hits():
+    d, miss = make(hit_target)
+    args = (HostCAI(), 3, 2.0)
+    assert d(*args, grid=1, block=32) == ("missed", 3)
+    assert len(miss.calls) == 1 and len(d) == 1
+    for _ in range(5):
+        assert d(*args, grid=1, block=32) == ("hit", 3, ("block", "grid"))
+    assert d(HostCAI(ptr=8192), 7, -1.5, grid=2, block=64, shared_mem=0, stream=None) == \
+        ("hit", 3, ("block", "grid", "shared_mem", "stream"))
+    assert len(miss.calls) == 1
+
+
+def test_miss_gets_args_tuple_and_kwargs_dict():
+    d, miss = make()
+    stream = object()
+    a = HostCAI()
+    d(a, 1, grid=(1, 2), block=3, stream=stream)
+    args, kwargs = miss.calls[0]
+    assert type(args) is tuple and args[0] is a and args[1] == 1
+    assert kwargs == {"grid": (1, 2), "block": 3, "stream": stream}
+    d()
+    assert miss.calls[1] == ((), {})
+
+
+@pytest.mark.parametrize("other", [
+    (HostCAI((5,)), 3, 2.0),                # shape
+    (HostCAI((4,), "<f8"), 3, 2.0),         # dtype
+    (HostCAI((4, 1)), 3, 2.0),              # rank
+    (HostCAI((2, 2), strides=(4, 8)), 3, 2.0),
+    (HostCAI(), 3.0, 2.0),                  # int -> float
+    (HostCAI(), True, 2.0),                 # int -> bool
+    (HostCAI(), np.int32(3), 2.0),          # int -> NumPy scalar
+    (HostCAI(), np.int64(3), 2.0),
+    (HostCAI(), 3),                         # count
+    (HostCAI(), 3, 2.0, 1),
+    (np.zeros(4, np.float32), 3, 2.0),      # a host array of the same dtype and shape
+])
+def test_different_signatures_miss_again(other):
+    d, miss = make(hit_target)
+    d(HostCAI(), 3, 2.0, grid=1, block=1)
+    assert d(HostCAI(), 3, 2.0, grid=1, block=1)[0] == "hit"
+    assert d.signature(other) != d.signature((HostCAI(), 3, 2.0))
+    assert d(*other, grid=1, block=1)[0] == "missed"
+    assert len(miss.calls) == 2
+
+
+def test_host_arrays_always_miss():
+    d, miss = make()
+    a = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="argument 1 is a host array"):
+        d.register((HostCAI(), a), hit_target)
+    for _ in range(3):
+        assert d(HostCAI(), a, grid=1, block=1) == ("missed", 2)
+    assert len(miss.calls) == 3 and len(d) == 0
+
+
+def test_unreadable_arguments_always_miss():
+    d, miss = make()
+    with pytest.raises(ValueError, match=r"argument 0 \(object\) has no signature"):
+        d.register((object(),), hit_target)
+    with pytest.raises(ValueError, match="argument 1"):
+        d.register((1, BadCAI()), hit_target)
+    d.register((1,), hit_target)
+    assert d(BadCAI(), grid=1, block=1) == ("missed", 1)
+    assert d(1, grid=1, block=1)[0] == "hit"
+
+
+def test_unknown_keywords_miss():
+    d, miss = make(hit_target)
+    d(1, grid=1, block=1)
+    assert d(1, grid=1, block=1)[0] == "hit"
+    assert d(1, grid=1, block=1, blocks=2) == ("missed", 1)
+    assert miss.calls[-1][1] == {"grid": 1, "block": 1, "blocks": 2}
+
+
+def test_more_than_64_arguments_miss():
+    d, miss = make()
+    assert d(*([1] * 65), grid=1, block=1) == ("missed", 65)
+    with pytest.raises(ValueError, match="at most 64"):
+        d.register((1,) * 65, hit_target)
+    d.register((1,) * 64, hit_target)
+    assert d(*([1] * 64), grid=1, block=1)[0] == "hit"
+
+
+def test_errors_propagate_from_miss_and_target():
+    def miss(args, kwargs):
+        raise C.LaunchError("argument 0: nope")
+
+    d = C.Dispatcher(miss, "k")
+    with pytest.raises(C.LaunchError, match="nope"):
+        d(1, grid=1, block=1)
+
+    def target(*args, **kwargs):
+        raise ZeroDivisionError
+
+    d.register((1,), target)
+    with pytest.raises(ZeroDivisionError):
+        d(1, grid=1, block=1)
+
+
+def test_constructor_and_register_check_their_arguments():
+    with pytest.raises(TypeError):
+        C.Dispatcher(42, "k")
+    with pytest.raises(TypeError):
+        C.Dispatcher(hit_target, 3)
+    d, _ = make()
+    with pytest.raises(TypeError):
+        d.register((1,), "not callable")
+    with pytest.raises(TypeError):
+        d.register(1, hit_target)
+    with pytest.raises(TypeError):
+        d.register((1,))
+
+
+# ---------------------------------------------------------------------------
+# the table
+
+def test_register_clear_len_and_replace():
+    d, miss = make()
+    assert len(d) == 0 and "0 signatures" in repr(d) and "'k'" in repr(d)
+    d.register((1,), hit_target)
+    d.register((1.0,), hit_target)
+    d.register((2,), lambda *a, **k: "replaced")   # same signature as (1,)
+    assert len(d) == 2
+    assert d(5, grid=1, block=1) == "replaced"
+    d.clear()
+    assert len(d) == 0
+    assert d(5, grid=1, block=1) == ("missed", 1)
+    d.register((1,), hit_target)
+    assert d(5, grid=1, block=1)[0] == "hit"
+
+
+def test_table_grows_past_its_initial_size():
+    d, miss = make()
+    targets = {}
+    for n in range(1, 1001):
+        targets[n] = functools.partial(lambda n, *a, **k: n, n)
+        d.register((HostCAI((n,)), np.int32(0)), targets[n])
+    assert len(d) == 1000
+    for n in range(1, 1001):
+        assert d(HostCAI((n,)), np.int32(5), grid=1, block=1) == n
+    assert d(HostCAI((1001,)), np.int32(5), grid=1, block=1) == ("missed", 2)
+    assert len(miss.calls) == 1
+
+
+def test_many_argument_kinds_in_one_signature():
+    d, miss = make(hit_target)
+    args = (HostCAI((2, 3, 4, 5, 6, 7, 8, 9)), HostCAI((3,), "|b1"), 1, 2.0, False, np.float16(1)) * 10
+    d(*args, grid=1, block=1)
+    assert d(*args, grid=1, block=1)[0] == "hit"
+    assert len(d.signature(args)) == 60
+
+
+def test_targets_are_kept_alive_while_registered():
+    d, _ = make()
+
+    def target(*args, **kwargs):
+        return "hit"
+
+    ref = weakref.ref(target)
+    d.register((1,), target)
+    del target
+    gc.collect()
+    assert ref() is not None and d(1, grid=1, block=1) == "hit"
+    d.clear()
+    gc.collect()
+    assert ref() is None
+
+
+def test_cycles_through_miss_are_collected():
+    class Holder:
+        pass
+
+    holder = Holder()
+
+    def miss(args, kwargs):
+        holder.dispatcher.register(args, target)
+
+    def target(*args, **kwargs):
+        return holder
+
+    holder.dispatcher = C.Dispatcher(miss, "cyclic")
+    holder.dispatcher(1, grid=1, block=1)
+    ref = weakref.ref(holder.dispatcher)
+    target_ref = weakref.ref(target)
+    del holder, miss, target
+    gc.collect()
+    assert ref() is None and target_ref() is None
+
+
+def test_attributes_subclasses_and_wraps():
+    def kernel(a):
+        """The kernel's doc."""
+
+    d, _ = make(name="kernel")
+    functools.update_wrapper(d, kernel)
+    assert d.__doc__ == "The kernel's doc." and d.__wrapped__ is kernel and d.name == "kernel"
+
+    class Kernel(C.Dispatcher):
+        pass
+
+    k = Kernel(lambda args, kwargs: "missed", "sub")
+    k.register((1,), hit_target)
+    assert k(1, grid=1, block=1)[0] == "hit" and k(2.0, grid=1, block=1) == "missed"
+
+
+def test_hits_do_not_leak():
+    d, miss = make(hit_target)
+    a, scalars = HostCAI(), (1, 2.0, np.float32(3), True)
+    d(a, *scalars, grid=(1,), block=(32,))
+
+    def loop(n):
+        for _ in range(n):
+            d(a, *scalars, grid=(1,), block=(32,))
+
+    loop(1000)
+    gc.collect()
+    refs = (sys.getrefcount(a), sys.getrefcount(hit_target), sys.getrefcount(d))
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    loop(10000)
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 10000, grown
+    assert (sys.getrefcount(a), sys.getrefcount(hit_target), sys.getrefcount(d)) == refs
+    assert len(miss.calls) == 1
+
+
+def test_misses_and_registrations_do_not_leak():
+    def loop(n):
+        for i in range(n):
+            d, miss = make(hit_target)
+            d(HostCAI((i % 7 + 1,)), 1, grid=1, block=1)
+            d(HostCAI((i % 7 + 1,)), 1, grid=1, block=1)
+            miss.target = None
+            d(np.zeros(3), grid=1, block=1)
+            d.signature((HostCAI(), object(), 1.0))
+            try:
+                d.register((object(),), hit_target)
+            except ValueError:
+                pass
+            d.clear()
+
+    loop(200)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    loop(2000)
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 20000, grown
+
+
+# ---------------------------------------------------------------------------
+# torch-like objects (the reader is chosen by type name; real torch: test_dispatch_gpu.py)
+
+FAKE_TORCH = '''
+import numpy as np
+
+class dtype:
+    def __init__(self, name, itemsize):
+        self.name, self.itemsize = name, itemsize
+    def __repr__(self):
+        return "torch." + self.name
+
+float32, float16, bfloat16, int64, complex64 = (dtype("float32", 4), dtype("float16", 2),
+    dtype("bfloat16", 2), dtype("int64", 8), dtype("complex64", 8))
+
+class Size(tuple):
+    pass
+
+class Tensor:
+    """torch.Tensor's reading surface: is_cuda, is_cpu, data_ptr(), dtype, shape, stride(), get_device()."""
+    reads = 0
+    def __init__(self, ptr, shape, stride, dt=float32, device=0, cai=False):
+        self.ptr, self.shape, self.strides, self.dtype, self.device, self.cai = ptr, Size(shape), stride, dt, device, cai
+    @property
+    def is_cuda(self):
+        return self.device >= 0
+    @property
+    def is_cpu(self):
+        return self.device == -1
+    def data_ptr(self):
+        Tensor.reads += 1
+        return self.ptr
+    def stride(self):
+        return self.strides
+    def get_device(self):
+        return self.device
+    @property
+    def __cuda_array_interface__(self):
+        if not self.cai:
+            raise AttributeError("no CAI on this fake")
+        return {"shape": tuple(self.shape), "typestr": "<f4", "data": (self.ptr, False), "version": 2}
+
+Tensor.__module__ = "torch"
+
+class Parameter(Tensor):
+    pass
+'''
+
+
+def run_json(code):
+    """Runs `code` in a fresh interpreter (the torch type is remembered once
+    seen); its last line of output is JSON."""
+    proc = run_isolated(code)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_torch_like_tensors_are_read_by_attribute():
+    out = run_json(FAKE_TORCH + '''
+import json
+import mlirgpu._mlirgpu as C
+d = C.Dispatcher(lambda a, k: None, "k")
+sig = lambda *a: [list(map(str, s)) for s in d.signature(a)]
+out = {
+    "cuda": sig(Tensor(4096, (2, 3), (3, 1))),
+    "strided": sig(Tensor(4096, (3, 2), (1, 3), float16, device=2)),
+    "param": sig(Parameter(4096, (5,), (1,), bfloat16)),
+    "cpu": sig(Tensor(4096, (4,), (1,), int64, device=-1)),
+    "meta": sig(Tensor(4096, (4,), (1,), device=-2)),
+    "complex": sig(Tensor(4096, (4,), (1,), complex64)),
+    "complex_cai": sig(Tensor(4096, (4,), (1,), complex64, cai=True)),
+}
+print(json.dumps(out))
+''')
+    assert out["cuda"] == [["array", "mlirgpu.f32", "(2, 3)", "None", "0"]]
+    assert out["strided"] == [["array", "mlirgpu.f16", "(3, 2)", "(2, 6)", "2"]]
+    assert out["param"] == [["array", "mlirgpu.bf16", "(5,)", "None", "0"]]
+    assert out["cpu"] == [["host", "mlirgpu.i64", "(4,)", "None"]]
+    # neither CUDA nor CPU, or a dtype mlirgpu lacks: the slow path, which refuses them
+    assert out["meta"] == [["other", "<class 'torch.Tensor'>"]]
+    assert out["complex"] == [["other", "<class 'torch.Tensor'>"]]
+    # the slow path sees the CAI dict (which here claims f32)
+    assert out["complex_cai"][0][:3] == ["array", "mlirgpu.f32", "(4,)"]
+
+
+# ---------------------------------------------------------------------------
+# the Function path, on a fake driver
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    monkeypatch.setenv("MLIRGPU_LIBCUDA", FAKE_LIBCUDA)
+
+
+needs_fake_driver = pytest.mark.skipif(
+    not os.path.exists(FAKE_LIBCUDA),
+    reason=f"no fake CUDA driver at {FAKE_LIBCUDA} (set MLIRGPU_TEST_FAKE_LIBCUDA)")
+
+# record_params(out, n, p0, p1, ...): the fake driver copies the n 8-byte
+# parameters after the first two into out[0:n]: the launch's packed arguments.
+FAKE_DRIVER_PRELUDE = FAKE_TORCH + '''
+import gc, json, sys, tracemalloc
+import numpy as np
+import mlirgpu._mlirgpu as C
+module = C.load_module(".visible .entry record_params(\\n")
+record = module.get_function("record_params")
+typed = module.get_function("record_params", params=["ptr", C.u32, "ptr", "ptr", "ptr", C.f32])
+out = {}
+'''
+
+
+@needs_fake_driver
+@pytest.mark.usefixtures("fake_driver")
+def test_function_hits_launch_with_the_pointers_read():
+    out = run_json(FAKE_DRIVER_PRELUDE + '''
+misses = []
+def miss(args, kwargs):
+    misses.append(len(args))
+    d.register(args, record)
+    return record(*args, **kwargs)
+d = C.Dispatcher(miss, "record_params")
+buf = C.zeros(8, C.u64)
+a, b, c = C.empty(16), C.empty(16), C.empty(16)
+tensor = Tensor(int(c.ptr), (16,), (1,))
+d(buf, np.uint32(3), a, b, c, grid=1, block=1)
+d(buf, np.uint32(3), c, a, b, grid=1, block=1)
+out["rotated"] = [int(x) for x in buf.get()[:3]] == [c.ptr, a.ptr, b.ptr]
+reads = Tensor.reads
+d(buf, np.uint32(3), b, tensor, a, grid=(1,), block=(1,), stream=C.Stream())
+out["torch_like"] = [int(x) for x in buf.get()[:3]] == [b.ptr, c.ptr, a.ptr]
+out["data_ptr_reads"] = Tensor.reads - reads
+cai = type("CAI", (), {"__cuda_array_interface__": b.__cuda_array_interface__})()
+d(buf, np.uint32(3), cai, cai, cai, grid=1, block=1)
+out["cai"] = [int(x) for x in buf.get()[:3]] == [b.ptr] * 3
+out["misses"] = misses
+out["len"] = len(d)
+try:
+    d(buf, np.uint32(3), a, b, c, grid=0, block=1)
+except C.LaunchError as e:
+    out["grid_error"] = str(e)
+try:
+    d(buf, np.uint32(3), a, b, c, grid=1, block=2048)
+except C.CudaError as e:
+    out["driver_error"] = e.name
+print(json.dumps(out))
+''')
+    assert out["rotated"] and out["torch_like"] and out["cai"]
+    assert out["data_ptr_reads"] == 1
+    assert out["misses"] == [5] and out["len"] == 1
+    assert "grid[0] = 0" in out["grid_error"] and "record_params" in out["grid_error"]
+    assert out["driver_error"] == "CUDA_ERROR_INVALID_VALUE"
+
+
+@needs_fake_driver
+@pytest.mark.usefixtures("fake_driver")
+def test_function_hits_pack_scalars_by_the_function_signature():
+    out = run_json(FAKE_DRIVER_PRELUDE + '''
+d = C.Dispatcher(lambda args, kwargs: (d.register(args, typed), typed(*args, **kwargs)), "typed")
+buf = C.zeros(8, C.u64)
+a = C.empty(4)
+d(buf, 4, a, a, a, 1.5, grid=1, block=1)
+d(buf, 4, a, a, a, 2.5, grid=1, block=1)
+got = buf.get()
+out["scalar"] = float(np.frombuffer(got[3].tobytes()[:4], np.float32)[0])
+out["pointers"] = [int(x) for x in got[:3]] == [a.ptr] * 3
+try:
+    d(buf, 4, a, a, a, 2, grid=1, block=1)   # an int where the signature has f32: packed as 2.0
+    out["int_for_f32"] = float(np.frombuffer(buf.get()[3].tobytes()[:4], np.float32)[0])
+except C.LaunchError as e:
+    out["int_for_f32"] = str(e)
+try:
+    d.register((buf, 4, a), typed)
+except ValueError as e:
+    out["count"] = str(e)
+print(json.dumps(out))
+''')
+    assert out["scalar"] == 2.5 and out["pointers"]
+    assert out["int_for_f32"] == 2.0
+    assert "6 parameters, args has 3" in out["count"]
+
+
+@needs_fake_driver
+@pytest.mark.usefixtures("fake_driver")
+def test_function_launch_reads_torch_like_tensors_without_cai():
+    out = run_json(FAKE_DRIVER_PRELUDE + '''
+buf = C.zeros(8, C.u64)
+t = Tensor(123456, (4,), (1,), complex64)        # no CAI, a dtype mlirgpu lacks: only the pointer matters
+record(buf, np.uint32(2), t, Parameter(654321, (2,), (1,)), grid=1, block=1)
+out["pointers"] = [int(x) for x in buf.get()[:2]]
+for name, arg in (("cpu", Tensor(4096, (4,), (1,), device=-1)), ("numpy", np.zeros(4)),
+                  ("meta", Tensor(4096, (4,), (1,), device=-2)), ("object", object())):
+    try:
+        record(buf, np.uint32(1), arg, grid=1, block=1)
+        out[name] = "launched"
+    except C.LaunchError as e:
+        out[name] = "LaunchError: " + str(e)
+    except TypeError as e:
+        out[name] = "TypeError: " + str(e)
+print(json.dumps(out))
+''')
+    assert out["pointers"] == [123456, 654321]
+    assert out["cpu"].startswith("LaunchError") and "argument 2 is a host array" in out["cpu"]
+    assert out["numpy"].startswith("LaunchError") and "host array" in out["numpy"]
+    assert out["meta"].startswith("LaunchError") and "cannot pass" in out["meta"]
+    assert out["object"].startswith("LaunchError") and "cannot pass object" in out["object"]
+
+
+@needs_fake_driver
+@pytest.mark.usefixtures("fake_driver")
+def test_function_hits_do_not_leak_and_keep_the_function():
+    out = run_json(FAKE_DRIVER_PRELUDE + '''
+d = C.Dispatcher(lambda args, kwargs: None, "k")
+buf, a = C.zeros(8, C.u64), C.empty(16)
+t = Tensor(int(a.ptr), (16,), (1,))
+args = (buf, np.uint32(3), a, t, a)
+before_register = sys.getrefcount(record)
+d.register(args, record)
+out["ref_added"] = sys.getrefcount(record) - before_register
+def loop(n):
+    for _ in range(n):
+        d(*args, grid=(1,), block=(1,))
+loop(1000); gc.collect()
+refs = [sys.getrefcount(x) for x in (record, buf, a, t)]
+tracemalloc.start(); before = tracemalloc.get_traced_memory()[0]
+loop(10000); gc.collect()
+out["grown"] = tracemalloc.get_traced_memory()[0] - before
+tracemalloc.stop()
+out["refs_stable"] = refs == [sys.getrefcount(x) for x in (record, buf, a, t)]
+out["launched"] = [int(x) for x in buf.get()[:3]] == [a.ptr] * 3
+d.clear()
+out["ref_released"] = sys.getrefcount(record) == before_register
+print(json.dumps(out))
+''')
+    assert out["ref_added"] == 1 and out["ref_released"]
+    assert out["refs_stable"] and out["launched"]
+    assert out["grown"] < 10000, out["grown"]

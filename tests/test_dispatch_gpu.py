@@ -1,0 +1,237 @@
+"""The launch fast path on a real GPU with real PyTorch and CuPy: the torch
+reader passes the right pointers (offsets included) to Function launches,
+Dispatcher hits compute the right results, signatures read from tensors
+match DeviceArrays', and hits do not leak. Every test is marked `gpu`."""
+import gc
+import sys
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import mlirgpu._mlirgpu as C
+from mlirgpu import cuda
+
+pytestmark = pytest.mark.gpu
+
+PTX = r"""
+.version 7.0
+.target sm_50
+.address_size 64
+
+// c[i] = a[i] + b[i] for i < n
+.visible .entry add3(.param .u64 p_a, .param .u64 p_b, .param .u64 p_c, .param .u32 p_n)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<6>;
+    .reg .f32 %f<4>;
+    .reg .b64 %rd<11>;
+    ld.param.u64 %rd1, [p_a];
+    ld.param.u64 %rd2, [p_b];
+    ld.param.u64 %rd3, [p_c];
+    ld.param.u32 %r1, [p_n];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.s32 %r5, %r2, %r3, %r4;
+    setp.ge.u32 %p1, %r5, %r1;
+    @%p1 bra DONE;
+    mul.wide.u32 %rd4, %r5, 4;
+    cvta.to.global.u64 %rd5, %rd1;
+    add.s64 %rd6, %rd5, %rd4;
+    cvta.to.global.u64 %rd7, %rd2;
+    add.s64 %rd8, %rd7, %rd4;
+    cvta.to.global.u64 %rd9, %rd3;
+    add.s64 %rd10, %rd9, %rd4;
+    ld.global.f32 %f1, [%rd6];
+    ld.global.f32 %f2, [%rd8];
+    add.f32 %f3, %f1, %f2;
+    st.global.f32 [%rd10], %f3;
+DONE:
+    ret;
+}
+"""
+
+N = 1000
+
+
+@pytest.fixture(scope="module")
+def add3():
+    return cuda.load_module(PTX).get_function("add3", params=["ptr", "ptr", "ptr", C.u32])
+
+
+@pytest.fixture(scope="module")
+def add3_raw():
+    return cuda.load_module(PTX).get_function("add3")
+
+
+def launch_config(n=N):
+    return {"grid": ((n + 255) // 256,), "block": (256,)}
+
+
+def counting_dispatcher(function):
+    misses = []
+
+    def miss(args, kwargs):
+        misses.append(args)
+        d.register(args, function)
+        return function(*args, **kwargs)
+
+    d = C.Dispatcher(miss, function.name)
+    return d, misses
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch")
+
+
+# ---------------------------------------------------------------------------
+# Function launches with torch tensors
+
+def test_function_launch_with_torch_tensors(torch, add3_raw):
+    a = torch.arange(N + 5, dtype=torch.float32, device="cuda")
+    b = torch.full((N + 5,), 0.5, device="cuda")
+    c = torch.zeros(N + 5, device="cuda")
+    add3_raw(a, b, c, np.uint32(N), **launch_config())
+    torch.cuda.synchronize()
+    assert torch.equal(c[:N], a[:N] + 0.5) and not c[N:].any()
+    # views start where data_ptr() says: offsets are passed, not the storage base
+    c.zero_()
+    add3_raw(a[5:], b[3:], c[2:], np.uint32(N), **launch_config())
+    torch.cuda.synchronize()
+    assert torch.equal(c[2:N + 2], a[5:N + 5] + 0.5) and not c[:2].any()
+
+
+def test_function_launch_mixes_torch_and_device_arrays(torch, add3):
+    a = torch.arange(N, dtype=torch.float32, device="cuda")
+    b = C.to_device(np.full(N, 2.0, np.float32))
+    c = torch.empty(N, device="cuda")
+    add3(a, b, c, N, **launch_config())
+    torch.cuda.synchronize()
+    assert torch.equal(c, a + 2)
+
+
+def test_function_launch_accepts_tensors_that_require_grad(torch, add3):
+    # torch's __cuda_array_interface__ refuses these; the pointer is all a launch needs
+    a = torch.ones(N, device="cuda", requires_grad=True)
+    p = torch.nn.Parameter(torch.ones(N, device="cuda"))
+    c = torch.empty(N, device="cuda")
+    add3(a, p, c, N, **launch_config())
+    torch.cuda.synchronize()
+    assert torch.equal(c, torch.full((N,), 2.0, device="cuda"))
+
+
+def test_function_launch_with_cpu_tensor_is_a_launch_error(torch, add3):
+    c = torch.empty(N, device="cuda")
+    with pytest.raises(C.LaunchError, match="argument 1 is a host array"):
+        add3(c, torch.ones(N), c, N, **launch_config())
+
+
+# ---------------------------------------------------------------------------
+# Dispatcher hits with torch tensors
+
+def test_dispatcher_hits_with_torch_tensors(torch, add3):
+    d, misses = counting_dispatcher(add3)
+    for step in range(5):
+        a = torch.full((N,), float(step), device="cuda")
+        b = torch.arange(N, dtype=torch.float32, device="cuda")
+        c = torch.empty(N, device="cuda")
+        d(a, b, c, N, **launch_config())
+        torch.cuda.synchronize()
+        assert torch.equal(c, a + b), step
+    assert len(misses) == 1 and len(d) == 1
+
+
+def test_dispatcher_torch_and_device_arrays_share_a_signature(torch, add3):
+    d, misses = counting_dispatcher(add3)
+    a = C.to_device(np.arange(N, dtype=np.float32))
+    c = torch.empty(N, device="cuda")
+    d(a, a, a, N, **launch_config())
+    assert d.signature((c,)) == d.signature((a,))
+    d(a, a, c, N, **launch_config())
+    torch.cuda.synchronize()
+    assert len(misses) == 1
+    assert torch.equal(c.cpu(), torch.arange(N, dtype=torch.float32) * 2)
+
+
+def test_torch_signatures(torch):
+    d = C.Dispatcher(lambda args, kwargs: None, "k")
+    device = torch.cuda.current_device()
+    t = torch.empty((4, 6), device="cuda")
+    assert d.signature((t,)) == (("array", C.f32, (4, 6), None, device),)
+    assert d.signature((t.T,)) == (("array", C.f32, (6, 4), (4, 24), device),)
+    assert d.signature((t[:, ::2],)) == (("array", C.f32, (4, 3), (24, 8), device),)
+    assert d.signature((torch.empty(3, device="cuda").expand(4, 3),)) == \
+        (("array", C.f32, (4, 3), (0, 4), device),)
+    assert d.signature((t[:1],)) == (("array", C.f32, (1, 6), None, device),)
+    assert d.signature((torch.empty((2, 0, 3), device="cuda"),))[0][3] is None
+    assert d.signature((torch.empty(5),)) == (("host", C.f32, (5,), None),)
+    assert d.signature((torch.empty(5, dtype=torch.complex64, device="cuda"),)) == (("other", torch.Tensor),)
+
+
+@pytest.mark.parametrize("name, dtype", [
+    ("float32", C.f32), ("float64", C.f64), ("float16", C.f16), ("bfloat16", C.bf16), ("int8", C.i8),
+    ("int16", C.i16), ("int32", C.i32), ("int64", C.i64), ("uint8", C.u8), ("bool", C.bool_)])
+def test_torch_dtypes(torch, name, dtype):
+    d = C.Dispatcher(lambda args, kwargs: None, "k")
+    t = torch.zeros(3, dtype=getattr(torch, name), device="cuda")
+    assert d.signature((t,))[0][:3] == ("array", dtype, (3,))
+
+
+def test_torch_on_a_second_device(torch):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    d = C.Dispatcher(lambda args, kwargs: None, "k")
+    assert d.signature((torch.empty(3, device="cuda:1"),))[0][4] == 1
+
+
+def test_torch_hits_do_not_leak(torch, add3):
+    d, misses = counting_dispatcher(add3)
+    a, b, c = (torch.ones(N, device="cuda") for _ in range(3))
+    config = launch_config()
+
+    def loop(n):
+        for _ in range(n):
+            d(a, b, c, N, **config)
+        torch.cuda.synchronize()
+
+    loop(1000)
+    gc.collect()
+    refs = [sys.getrefcount(x) for x in (a, b, c, add3)]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    loop(10000)
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 10000, grown
+    assert refs == [sys.getrefcount(x) for x in (a, b, c, add3)]
+    assert len(misses) == 1
+
+
+# ---------------------------------------------------------------------------
+# CuPy: through __cuda_array_interface__ (its v3 stream is honoured)
+
+def test_cupy_arrays_launch_and_hit(add3):
+    cupy = pytest.importorskip("cupy")
+    d, misses = counting_dispatcher(add3)
+    for step in range(3):
+        a = cupy.full(N, float(step), dtype=cupy.float32)
+        b = cupy.arange(N, dtype=cupy.float32)
+        c = cupy.empty(N, dtype=cupy.float32)
+        d(a, b, c, N, **launch_config())
+        cuda.synchronize()
+        assert bool((c == a + b).all()), step
+    assert len(misses) == 1
+    assert d.signature((cupy.empty((2, 3), dtype=cupy.float16),))[0][:4] == ("array", C.f16, (2, 3), None)
+
+
+def test_device_array_hits_on_the_gpu(add3):
+    d, misses = counting_dispatcher(add3)
+    host = np.arange(N, dtype=np.float32)
+    a, b, c = C.to_device(host), C.to_device(host * 3), C.empty(N)
+    for _ in range(3):
+        d(a, b, c, N, **launch_config())
+    np.testing.assert_array_equal(c.get(), host * 4)
+    assert len(misses) == 1
