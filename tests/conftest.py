@@ -1,8 +1,11 @@
 """Tests marked `gpu` (declared in pyproject.toml) need a CUDA driver and a
 device; where there is none they are skipped, with the reason."""
+import os
+import subprocess
+
 import pytest
 
-from mlirgpu import ir
+from mlirgpu import compiler, ir
 
 
 def pytest_collection_modifyitems(config, items):
@@ -22,3 +25,13 @@ def ctx():
     context = ir.Context()
     with context:
         yield context
+
+
+@pytest.fixture(scope="session")
+def fake_libcuda(tmp_path_factory):
+    """Path of tests/fake_cuda/libcuda.c built as a shared library."""
+    source = os.path.join(os.path.dirname(__file__), "fake_cuda", "libcuda.c")
+    library = str(tmp_path_factory.mktemp("fake_cuda") / "libcuda.so.1")
+    subprocess.run(["gcc", "-O1", "-std=gnu11", "-shared", "-fPIC", f"-I{compiler.CUDA_HOME}/include",
+                    source, "-o", library], check=True)
+    return library

@@ -1,8 +1,8 @@
 """mlirgpu.Dispatcher without a GPU: argument signatures, hits and misses,
 the table, references and leaks. Targets here are Python callables, which a
 Dispatcher calls on a hit like it launches a Function; the Function path runs
-against a fake CUDA driver (MLIRGPU_TEST_FAKE_LIBCUDA, skipped where there is
-none) in a fresh interpreter. Real torch and CuPy: test_dispatch_gpu.py."""
+against the fake CUDA driver of tests/fake_cuda (built by the fake_libcuda
+fixture) in a fresh interpreter. Real torch and CuPy: test_dispatch_gpu.py."""
 import functools
 import gc
 import json
@@ -17,7 +17,6 @@ import pytest
 import mlirgpu._mlirgpu as C
 from checks import run_isolated
 
-FAKE_LIBCUDA = os.environ.get("MLIRGPU_TEST_FAKE_LIBCUDA", "/tmp/mockcuda/libcuda.so.1")
 
 
 class HostCAI:
@@ -478,13 +477,8 @@ print(json.dumps(out))
 # the Function path, on a fake driver
 
 @pytest.fixture
-def fake_driver(monkeypatch):
-    monkeypatch.setenv("MLIRGPU_LIBCUDA", FAKE_LIBCUDA)
-
-
-needs_fake_driver = pytest.mark.skipif(
-    not os.path.exists(FAKE_LIBCUDA),
-    reason=f"no fake CUDA driver at {FAKE_LIBCUDA} (set MLIRGPU_TEST_FAKE_LIBCUDA)")
+def fake_driver(monkeypatch, fake_libcuda):
+    monkeypatch.setenv("MLIRGPU_LIBCUDA", fake_libcuda)
 
 # record_params(out, n, p0, p1, ...): the fake driver copies the n 8-byte
 # parameters after the first two into out[0:n]: the launch's packed arguments.
@@ -499,7 +493,6 @@ out = {}
 '''
 
 
-@needs_fake_driver
 @pytest.mark.usefixtures("fake_driver")
 def test_function_hits_launch_with_the_pointers_read():
     out = run_json(FAKE_DRIVER_PRELUDE + '''
@@ -541,7 +534,6 @@ print(json.dumps(out))
     assert out["driver_error"] == "CUDA_ERROR_INVALID_VALUE"
 
 
-@needs_fake_driver
 @pytest.mark.usefixtures("fake_driver")
 def test_function_hits_pack_scalars_by_the_function_signature():
     out = run_json(FAKE_DRIVER_PRELUDE + '''
@@ -569,7 +561,6 @@ print(json.dumps(out))
     assert "6 parameters, args has 3" in out["count"]
 
 
-@needs_fake_driver
 @pytest.mark.usefixtures("fake_driver")
 def test_function_launch_reads_torch_like_tensors_without_cai():
     out = run_json(FAKE_DRIVER_PRELUDE + '''
@@ -595,7 +586,6 @@ print(json.dumps(out))
     assert out["object"].startswith("LaunchError") and "cannot pass object" in out["object"]
 
 
-@needs_fake_driver
 @pytest.mark.usefixtures("fake_driver")
 def test_function_hits_do_not_leak_and_keep_the_function():
     out = run_json(FAKE_DRIVER_PRELUDE + '''
