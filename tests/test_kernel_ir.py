@@ -344,10 +344,11 @@ def test_constants_of_every_kind():
               r"arith\.constant 5 : index")
 
 
-KINDS = [mg.bool_, mg.i8, mg.i16, mg.i32, mg.i64, mg.u8, mg.u32, mg.f16, mg.bf16, mg.f32, mg.f64, mg.index]
+KINDS = [mg.bool_, mg.i8, mg.i16, mg.i32, mg.i64, mg.u8, mg.u16, mg.u32, mg.u64, mg.f16, mg.bf16, mg.f32, mg.f64,
+         mg.index]
 FLOATS = {mg.f16, mg.bf16, mg.f32, mg.f64}
-UNSIGNED = {mg.u8, mg.u32}
-BITS = {mg.bool_: 1, mg.i8: 8, mg.i16: 16, mg.i32: 32, mg.i64: 64, mg.u8: 8, mg.u32: 32}
+UNSIGNED = {mg.u8, mg.u16, mg.u32, mg.u64}
+BITS = {mg.bool_: 1, mg.i8: 8, mg.i16: 16, mg.i32: 32, mg.i64: 64, mg.u8: 8, mg.u16: 16, mg.u32: 32, mg.u64: 64}
 
 SRC, DST = mg.generics("SRC DST")
 
@@ -905,6 +906,30 @@ def test_if_on_a_python_condition_keeps_python_semantics():
     assert "scf.if" not in text
     filecheck(text, r"memref\.store %arg1, %arg0\[%c0\]")
     assert "%c1 " not in text
+
+
+FLOAT_T, = mg.generics("FLOAT_T")
+
+
+@mg.kernel(generics=(FLOAT_T,))
+def if_python_floats(A: mg.memref[1, FLOAT_T], x: FLOAT_T):
+    scale = 1.0
+    if x > 0.0:
+        scale = 2.0
+    A[0] = x * scale
+
+
+def test_if_assigning_python_floats_yields_them_as_traced_values():
+    filecheck(body(if_python_floats, mg.f32), r"(%\d+) = scf\.if %\d+ -> \(f32\) \{",
+              r"arith\.constant 2\.000000e\+00 : f32", r"scf\.yield %cst\w* : f32", r"\} else \{",
+              r"arith\.constant 1\.000000e\+00 : f32", r"scf\.yield %cst\w* : f32",
+              r"arith\.mulf %arg1, %1 : f32")
+
+
+def test_if_assigning_python_floats_in_an_f64_kernel_yields_f64():
+    # The Python floats take the type of the value they meet later (f64 here), as in a loop.
+    filecheck(body(if_python_floats, mg.f64), r"(%\d+) = scf\.if %\d+ -> \(f64\) \{",
+              r"arith\.mulf %arg1, %1 : f64")
 
 
 @pytest.mark.parametrize("chip", CHIPS)
