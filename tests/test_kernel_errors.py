@@ -238,8 +238,9 @@ def uses_power(A: mg.memref[8, mg.f32], x: mg.f32):
     A[0] = x ** 2
 
 
-def test_power_operator_is_refused_at_its_line():
-    assert_compile_error(uses_power, "A[0] = x ** 2", "**")
+def test_power_with_a_small_int_exponent_is_multiplication():
+    text = uses_power.specialize({}).ir()
+    assert "arith.mulf %arg1, %arg1 : f32" in text and "powf" not in text
 
 
 # ==========================================================================
@@ -455,8 +456,11 @@ def branches_python_values_differ(A: mg.memref[8, mg.f32], x: mg.f32):
     A[0] = x * scale
 
 
-def test_if_branches_giving_python_values_of_different_kinds():
-    assert_compile_error(branches_python_values_differ, "if x > 0.0:", "'scale'")
+def test_if_branches_giving_python_int_and_float_take_the_float_type_they_meet():
+    # A Python int meeting a float is a float constant (the literal rule), so 1 or 2.5 is f32 here.
+    text = branches_python_values_differ.specialize({}).ir()
+    assert "arith.constant 2.500000e+00 : f32" in text and "arith.constant 1.000000e+00 : f32" in text
+    assert "arith.select" in text
 
 
 @mg.kernel
@@ -690,18 +694,15 @@ def test_launch_contradicting_sizes_later_parameter():
                         "from C.shape[1]")
 
 
-def test_launch_non_contiguous_slice_with_a_step():
+def test_launch_non_contiguous_numpy_arrays_are_copied_not_refused():
+    # NumPy arrays are copied in contiguously and back (docs/kernels.md), so
+    # their layout does not matter; device arrays must be contiguous (below).
     A, B, C = arrays()
     strided = np.zeros((4, 6), np.float32)[:, ::2]
-    assert strided.shape == A.shape and not strided.flags.c_contiguous
-    assert_launch_error(gemm, (strided, B, C, 1.0, 3), "'A'", "contiguous")
-
-
-def test_launch_non_contiguous_transposed():
-    A, B, C = arrays()
     transposed = np.zeros((3, 4), np.float32).T
-    assert transposed.shape == A.shape and not transposed.flags.c_contiguous
-    assert_launch_error(gemm, (transposed, B, C, 1.0, 3), "'A'", "contiguous")
+    for array in (strided, transposed):
+        assert array.shape == A.shape and not array.flags.c_contiguous
+        assert gemm.bind((array, B, C, 1.0, 3))["M"] == A.shape[0]
 
 
 class DeviceView:

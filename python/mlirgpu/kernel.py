@@ -223,8 +223,11 @@ class Kernel:
                                   f"{_show(value)} from {where}")
             bound[name], source[name] = value, where
 
+        scalars = []
         for p, arg in zip(self.parameters, args):
-            if p.memref is not None:
+            if p.memref is None:
+                scalars.append((p, arg))
+            else:
                 shape, dtype = _array_shape_dtype(p.name, arg)
                 m = p.memref
                 if len(shape) != len(m.shape):
@@ -240,8 +243,8 @@ class Kernel:
                 elif m.dtype != dtype:
                     raise LaunchError(f"parameter {p.name!r} has element type {m.dtype.name}, got a "
                                       f"{dtype.name} array")
-            else:
-                _check_scalar(p, arg, bound, bind_one)
+        for p, arg in scalars:  # after the arrays: they may bind a scalar's dtype generic
+            _check_scalar(p, arg, bound, bind_one)
         missing = [g for g in self.generics if g not in bound]
         if missing:
             raise LaunchError(f"the arguments do not determine the generics {missing}: give them explicitly, "
@@ -315,10 +318,13 @@ def _check_scalar(p, arg, bound, bind_one):
             return  # bound by another parameter, or reported as missing
     else:
         raise LaunchError(f"parameter {p.name!r} is a scalar, got {type(arg).__name__}")
-    value_kind = "bool" if isinstance(arg, (bool, np.bool_)) else "int" if isinstance(arg, (int, np.integer)) \
-        else "float"
-    if value_kind == "float" and not lang.is_float(want):
+    if isinstance(arg, (float, np.floating)) and not lang.is_float(want):
         raise LaunchError(f"parameter {p.name!r} is {want.name}: a float argument ({arg!r}) would be truncated")
+    if isinstance(arg, (int, np.integer)) and not isinstance(arg, (bool, np.bool_)) and lang.is_integer(want):
+        bits = want.itemsize * 8
+        lo, hi = (0, 2 ** bits - 1) if want in lang.UNSIGNED else (-2 ** (bits - 1), 2 ** (bits - 1) - 1)
+        if not lo <= int(arg) <= hi:
+            raise LaunchError(f"parameter {p.name!r} is {want.name}: {int(arg)} is out of its range {lo}..{hi}")
 
 
 def kernel(function=None, *, generics=None):
@@ -491,17 +497,25 @@ def _default_chip():
 
 
 def _located_compile_error(error):
-    """CompileError for MLIR diagnostics, each with the user's source line."""
+    """CompileError for MLIR's diagnostics on a traced kernel, each as
+    `file:line: severity: message` and the user's source line, like every
+    other CompileError of a kernel."""
     import linecache
     import re
-    lines = []
+    lines, first = [], None
     for severity, location, message in error.diagnostics:
-        lines.append(f"{location}: {severity}: {message}")
         match = re.match(r'loc\("([^"]+)":(\d+):\d+\)', location)
-        if match:
-            source = linecache.getline(match.group(1), int(match.group(2))).strip()
-            if source:
-                lines.append(f"    {source}")
-    new = CompileError("the traced kernel does not verify:\n" + "\n".join(lines))
+        if match is None:
+            lines.append(f"{location}: {severity}: {message}")
+            continue
+        filename, line = match.group(1), int(match.group(2))
+        first = first or (filename, line)
+        lines.append(f"{filename}:{line}: {severity}: {message}")
+        source = linecache.getline(filename, line).strip()
+        if source:
+            lines.append(f"    {source}")
+    new = CompileError("\n".join(lines) or str(error))
     new.diagnostics = error.diagnostics
+    if first is not None:
+        new.filename, new.lineno = first
     return new

@@ -79,6 +79,58 @@ def emit(name, operands=(), results=(), attributes=None, regions=0):
 
 
 # ---------------------------------------------------------------------------
+# Variables without a value
+
+class Undefined:
+    """A variable with no value at this point (assigned only later, or only
+    inside a traced region); any use of one raises CompileError."""
+
+    def __init__(self, name=None, where=None):
+        self.name, self.where = name, where
+
+    def fail(self, *args, **kwargs):
+        raise CompileError(f"variable {self.name!r} is used where it has no value: it is assigned only "
+                           f"inside {self.where or 'a traced region'}, and a traced region's values stay "
+                           f"inside it unless the variable also has a value before it")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __floordiv__ = fail
+    __getitem__ = __setitem__ = __call__ = __bool__ = __index__ = __iter__ = fail
+    __lt__ = __le__ = __gt__ = __ge__ = __neg__ = __float__ = __int__ = fail
+
+    def __getattr__(self, name):
+        self.fail()
+
+    def __repr__(self):
+        return f"<undefined {self.name}>"
+
+
+UNDEFINED = Undefined()
+
+
+def _check_defined(value):
+    if isinstance(value, Undefined):
+        value.fail()
+
+
+class Choice:
+    """A Python number picked by a traced condition (a variable given two
+    different numbers in the branches of a traced if). It has no type until it
+    meets a traced value: then it is arith.select of two constants of that
+    value's type, as a lone Python number would be one constant."""
+
+    def __init__(self, condition, if_true, if_false):
+        self.condition, self.if_true, self.if_false = condition, if_true, if_false
+
+    def as_type(self, dtype, what):
+        if not is_float(dtype) and (isinstance(self.if_true, float) or isinstance(self.if_false, float)):
+            raise CompileError(f"{what}: a Python float meets a {dtype.name} value")
+        return select(self.condition, constant(self.if_true, dtype), constant(self.if_false, dtype))
+
+    def __repr__(self):
+        return f"<{self.if_true!r} or {self.if_false!r}, by a traced condition>"
+
+
+# ---------------------------------------------------------------------------
 # Scalars
 
 class Scalar:
@@ -102,7 +154,11 @@ class Scalar:
                            "Python range over a traced bound): use range() in a for loop, which "
                            "becomes scf.for")
 
-    __int__ = __float__ = __index__
+    __int__ = __index__
+
+    def __float__(self):
+        raise CompileError("a traced value cannot become a Python float: Python's math functions and "
+                           "NumPy cannot take traced values; use mg.math (mg.math.sqrt, mg.math.exp, ...)")
 
     def __iter__(self):
         raise CompileError("a traced scalar is not iterable")
@@ -129,7 +185,18 @@ class Scalar:
     def __lshift__(self, other): return _bitwise(self, other, "shli", "<<")
     def __rshift__(self, other):
         a, b = _unify(self, other, ">>")
-        return _bitwise(a, b, "shrui" if a.dtype in UNSIGNED or a.dtype == index else "shrsi", ">>")
+        return _bitwise(a, b, "shrui" if a.dtype in UNSIGNED else "shrsi", ">>")
+
+    def __pow__(self, exponent):
+        if isinstance(exponent, int) and not isinstance(exponent, bool) and 0 <= exponent <= 16:
+            result = self if exponent else _lift(1, self, "**")
+            for _ in range(exponent - 1):
+                result = result * self
+            return result
+        if is_float(self.dtype):
+            from . import math
+            return math.pow(self, exponent)
+        raise CompileError("** on integers takes a Python int exponent in 0..16")
 
     def __neg__(self):
         if is_float(self.dtype):
@@ -144,11 +211,12 @@ class Scalar:
             return _bitwise(self, True, "xori", "~")
         if not is_integer(self.dtype):
             raise CompileError(f"~ needs an integer or bool operand, not {self.dtype.name}")
-        return _bitwise(self, -1, "xori", "~")
+        all_ones = 2 ** (self.dtype.itemsize * 8) - 1 if self.dtype in UNSIGNED else -1
+        return _bitwise(self, all_ones, "xori", "~")
 
     def __abs__(self):
-        from . import kmath
-        return kmath.abs(self)
+        from . import math
+        return math.abs(self)
 
     # comparisons
     def __eq__(self, other): return _compare(self, other, "eq")
@@ -205,6 +273,9 @@ def _lift(x, like, op):
     """A Python number as a constant of the type of `like` (see the module's rules)."""
     if isinstance(x, Scalar):
         return x
+    _check_defined(x)
+    if isinstance(x, Choice):
+        return x.as_type(like.dtype, op)
     if not _python_scalar(x):
         raise CompileError(f"unsupported operand for {op}: {type(x).__name__}")
     if isinstance(x, np.generic):
@@ -246,11 +317,13 @@ def _intdiv(a, b, kind, op):
     a, b = _unify(a, b, op)
     if is_float(a.dtype):
         if kind == "rem":
-            return Scalar(emit("arith.remf", [a, b], [a.value.type]).result, a.dtype)
+            # C's fmod: a - trunc(a / b) * b (NVVM has no lowering for arith.remf)
+            from . import math
+            return a - math.trunc(a / b) * b
         raise CompileError(f"// on {a.dtype.name} values: use / (and mg.math.floor)")
     if a.dtype == bool_:
         raise CompileError(f"{op} on bool values")
-    suffix = "ui" if a.dtype in UNSIGNED or a.dtype == index else "si"
+    suffix = "ui" if a.dtype in UNSIGNED else "si"
     return Scalar(emit(f"arith.{kind}{suffix}", [a, b], [a.value.type]).result, a.dtype)
 
 
@@ -273,7 +346,7 @@ def _compare(a, b, how):
         op = emit("arith.cmpf", [a, b], [i1], {"predicate": ir.Attribute.integer(predicate, ir.Type.integer(64))})
     else:
         predicate = _INT_PREDICATES[how]
-        if how in ("lt", "le", "gt", "ge") and (a.dtype in UNSIGNED or a.dtype in (index, bool_)):
+        if how in ("lt", "le", "gt", "ge") and (a.dtype in UNSIGNED or a.dtype == bool_):
             predicate += 4  # ult, ule, ugt, uge
         op = emit("arith.cmpi", [a, b], [i1], {"predicate": ir.Attribute.integer(predicate, ir.Type.integer(64))})
     return Scalar(op.result, bool_)
@@ -297,6 +370,8 @@ def cast(value, dtype):
     src = value.dtype
     if src == dtype:
         return value
+    if dtype == bool_:  # truth, as in C: nonzero is true
+        return value != 0
     t = ir_type(dtype)
 
     def op(name):
@@ -328,21 +403,25 @@ def cast(value, dtype):
         Scalar(value.value, dtype)
 
 
-def as_index(value, what="index"):
-    """A memref index: a traced integer or a Python int, as `index`."""
+def as_index(value, what="an index"):
+    """A memref index or loop bound: a traced integer or a Python int, as `index`."""
+    _check_defined(value)
     if isinstance(value, Scalar):
         if value.dtype == index:
             return value
         if is_integer(value.dtype):
             return cast(value, index)
-        raise CompileError(f"an {what} must be an integer, got a {value.dtype.name} value")
+        raise CompileError(f"{what} must be an integer, got a {value.dtype.name} value")
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return constant(int(value), index)
-    raise CompileError(f"an {what} must be an integer, got {type(value).__name__}")
+    raise CompileError(f"{what} must be an integer, got {type(value).__name__}")
 
 
 def coerce(value, dtype, what):
     """`value` as a Scalar of exactly `dtype` (Python numbers become constants)."""
+    _check_defined(value)
+    if isinstance(value, Choice):
+        return value.as_type(dtype, what)
     if isinstance(value, Scalar):
         if value.dtype != dtype:
             raise CompileError(f"{what} is {dtype.name} but the value is {value.dtype.name}: mg.cast it")

@@ -23,7 +23,14 @@ def _float_unary(name):
 
 exp, exp2, log, log2, log10 = (_float_unary(n) for n in ("exp", "exp2", "log", "log2", "log10"))
 sqrt, rsqrt, sin, cos, tan, tanh, erf = (_float_unary(n) for n in ("sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf"))
-floor, ceil, round, trunc = (_float_unary(n) for n in ("floor", "ceil", "round", "trunc"))
+floor, ceil, round = (_float_unary(n) for n in ("floor", "ceil", "round"))
+
+
+def trunc(x):
+    """x rounded toward zero (floor or ceil by sign: NVVM has no lowering for math.trunc)."""
+    if not isinstance(x, lang.Scalar) or not lang.is_float(x.dtype):
+        raise CompileError("mg.math.trunc takes a traced float value")
+    return lang.select(x < 0, ceil(x), floor(x))
 
 
 def _float_binary(a, b, what):

@@ -23,37 +23,16 @@ import sys
 import textwrap
 import types
 
+import numpy as np
+
 from . import ir, language as lang
 from ._mlirgpu import CompileError
 
-__all__ = ["rewrite", "Trace", "UNDEFINED"]
-
-
-class _Undefined:
-    """A variable with no value yet (assigned only later, or only inside a
-    traced region); any use of one raises CompileError."""
-
-    def __init__(self, name=None, where=None):
-        self.name, self.where = name, where
-
-    def _fail(self, *args, **kwargs):
-        raise CompileError(f"variable {self.name!r} is used where it has no value: it is assigned only "
-                           f"inside {self.where or 'a traced region'}, and a traced region's values "
-                           f"stay inside it unless the variable is also defined before it")
-
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __floordiv__ = _fail
-    __getitem__ = __setitem__ = __call__ = __getattr__ = __bool__ = __index__ = __iter__ = _fail
-    __lt__ = __le__ = __gt__ = __ge__ = __neg__ = _fail
-
-    def __repr__(self):
-        return f"<undefined {self.name}>"
-
-
-UNDEFINED = _Undefined()
+__all__ = ["rewrite", "instantiate", "Trace"]
 
 
 def _vars(frame_locals, names):
-    return tuple(frame_locals.get(name, UNDEFINED) for name in names)
+    return tuple(frame_locals.get(name, lang.UNDEFINED) for name in names)
 
 
 # ---------------------------------------------------------------------------
@@ -396,13 +375,29 @@ def _call(function, *args, **kwargs):
     return function(*args, **kwargs)
 
 
-def _index_range(r):
-    return lang.as_index(r.lo, "loop bound"), lang.as_index(r.hi, "loop bound"), lang.as_index(r.step, "loop step")
+def _loop_bounds(r):
+    """(lo, count-or-hi, step, descending) as index values, emitted once per
+    statement. scf.for needs a positive step: a Python negative step becomes
+    a count of iterations, the body computing lo + j * step."""
+    if isinstance(r.step, (int, np.integer)) and not isinstance(r.step, bool):
+        if r.step == 0:
+            raise CompileError("range() step must not be zero")
+        if r.step < 0:
+            if all(isinstance(b, (int, np.integer)) for b in (r.lo, r.hi)):
+                count = builtins.max(0, (r.lo - r.hi - r.step - 1) // -r.step)
+                return lang.as_index(r.lo, "a loop bound"), lang.as_index(count, "a loop bound"), \
+                    lang.as_index(-r.step, "a loop step"), True
+            lo, hi = lang.as_index(r.lo, "a loop bound"), lang.as_index(r.hi, "a loop bound")
+            span = lo - hi + (-r.step - 1)
+            count = lang.select(span > 0, span // -r.step, 0)
+            return lo, count, lang.as_index(-r.step, "a loop step"), True
+    return (lang.as_index(r.lo, "a loop bound"), lang.as_index(r.hi, "a loop bound"),
+            lang.as_index(r.step, "a loop step"), False)
 
 
 def _guess_dtype(value):
-    """The dtype a Python number takes as a loop-carried value, until its
-    traced updates say otherwise."""
+    """The dtype of a Python number carried through a traced loop when the
+    body only ever combines it with Python numbers."""
     if isinstance(value, bool):
         return lang.bool_
     if isinstance(value, int):
@@ -410,46 +405,35 @@ def _guess_dtype(value):
     return lang.f32
 
 
-def _carried_dtype(value):
-    if isinstance(value, lang.Scalar):
-        return value.dtype
-    if isinstance(value, (bool, int, float)):
-        return _guess_dtype(value)
-    return None
+def _is_number(value):
+    return isinstance(value, (bool, int, float)) and not isinstance(value, lang.Scalar)
 
 
 def _result_values(op, dtypes):
     return [lang.Scalar(v, d) for v, d in zip(op.results, dtypes)]
 
 
-def _emit_for(r, body, ntargets, initial, dtypes):
-    """One attempt at building scf.for; returns (op, yielded values)."""
-    lo, hi, step = _index_range(r)
+def _emit_loop(bounds, dtypes, inits, run):
+    """scf.for over `bounds` carrying `inits` (Scalars of `dtypes`), its body
+    traced by run(induction, block arguments) -> new values; (op, block, new)."""
+    lo, hi, step, descending = bounds
+    zero = lang.constant(0, lang.index) if descending else None
     types_ = [lang.ir_type(d) for d in dtypes]
-    inits = [lang.coerce(v, d, "a loop-carried value") for v, d in zip(initial, dtypes)]
-    op = lang.emit("scf.for", [lo, hi, step, *inits], types_, regions=1)
-    block = op.regions[0].append_block([ir.Type.index(), *types_])
+    op = lang.emit("scf.for", [zero if descending else lo, hi, step, *inits], types_, regions=1)
+    location = lang.location()
+    block = op.regions[0].append_block([ir.Type.index(), *types_], [location] * (1 + len(types_)))
     induction, *args = block.arguments
     with ir.InsertionPoint(block):
-        params = [lang.Scalar(induction, lang.index)] + [lang.Scalar(a, d) for a, d in zip(args, dtypes)]
-        if ntargets > 1:
-            raise CompileError("a range() loop has one target")
-        new = body(*params)
-        return op, block, list(new)
+        induction = lang.Scalar(induction, lang.index)
+        if descending:
+            induction = lo - induction * step
+        new = run(induction, [lang.Scalar(a, d) for a, d in zip(args, dtypes)])
+    return op, block, list(new)
 
 
-def _finish_loop(op, block, new_values, dtypes, names, where):
-    """Yields `new_values` from the loop body; (ok, retry dtypes)."""
-    retry = list(dtypes)
-    for i, (value, dtype) in enumerate(zip(new_values, dtypes)):
-        if isinstance(value, lang.Scalar) and value.dtype != dtype:
-            retry[i] = value.dtype
-    if retry != list(dtypes):
-        return retry
+def _yield(block, values, dtypes, what):
     with ir.InsertionPoint(block):
-        lang.emit("scf.yield", [lang.coerce(v, d, f"loop-carried {names[i]!r}")
-                                for i, (v, d) in enumerate(zip(new_values, dtypes))])
-    return None
+        lang.emit("scf.yield", [lang.coerce(v, d, w) for v, d, w in zip(values, dtypes, what)])
 
 
 def _for(iterable, body, ntargets, names, initial, lineno):
@@ -460,46 +444,59 @@ def _for(iterable, body, ntargets, names, initial, lineno):
             targets = list(item) if ntargets > 1 else [item]
             values = list(body(*targets, *values))
         return tuple(values)
-    carried = [i for i, v in enumerate(initial) if v is not UNDEFINED]
-    for i in carried:
-        if isinstance(initial[i], lang.MemRef):
+    if ntargets != 1:
+        raise CompileError("a range() loop has one target")
+    traced, numbers, python = [], [], {}  # carried as they are; Python numbers; Python objects
+    for i, value in enumerate(initial):
+        if value is lang.UNDEFINED:
+            continue  # local to the body
+        if isinstance(value, lang.MemRef):
             raise CompileError(f"the memref {names[i]!r} is reassigned in a traced loop")
-    # What is not carried is local to the body: it gets no value outside.
-    dtypes = [_carried_dtype(initial[i]) for i in carried]
-    python_values = {i: initial[i] for i, d in zip(carried, dtypes) if d is None}
-    carried = [i for i, d in zip(carried, dtypes) if d is not None]
-    dtypes = [d for d in dtypes if d is not None]
+        if isinstance(value, lang.Scalar):
+            traced.append(i)
+        elif _is_number(value):
+            numbers.append(i)
+        else:
+            python[i] = value
+    bounds = _loop_bounds(iterable)
 
-    def run(induction, *args):
-        values = [UNDEFINED] * len(names)  # loop-local until the body assigns them
-        for i, v in python_values.items():
-            values[i] = v
-        for i, a in zip(carried, args):
-            values[i] = a
-        new = body(induction, *values)
-        for i, v in python_values.items():
-            if new[i] is not v:
-                raise CompileError(f"the Python value {names[i]!r} ({type(v).__name__}) is changed in a "
-                                   f"traced loop: make it a traced value (mg.constant) or keep it constant")
-        return [new[i] for i in carried]
+    def run_with(carried, python_numbers):
+        def run(induction, args):
+            values = [lang.UNDEFINED] * len(names)
+            for i, v in python.items():
+                values[i] = v
+            for i in python_numbers:
+                values[i] = initial[i]
+            for i, a in zip(carried, args):
+                values[i] = a
+            new = body(induction, *values)
+            for i, v in python.items():
+                if new[i] is not v:
+                    raise CompileError(f"the Python value {names[i]!r} ({type(v).__name__}) is changed in a "
+                                       f"traced loop: make it a traced value (mg.constant) or keep it constant")
+            return new
+        return run
 
-    for _attempt in range(3):
-        op, block, new = _emit_for(iterable, run, ntargets, [initial[i] for i in carried], dtypes)
-        retry = _finish_loop(op, block, new, dtypes, [names[i] for i in carried], lineno)
-        if retry is None:
-            break
-        fixed = [i for i, (a, b) in enumerate(zip(retry, dtypes)) if a != b]
-        bad = [j for j in fixed if isinstance(initial[carried[j]], lang.Scalar)]
-        if bad:
-            j = bad[0]
-            raise CompileError(f"loop-carried variable {names[carried[j]]!r} is {dtypes[j].name} before the loop "
-                               f"and {retry[j].name} at the end of its body: mg.cast one of them")
-        op.erase()
-        dtypes = retry
-    else:
-        raise CompileError("loop-carried types did not settle")
-    results = dict(zip(carried, _result_values(op, dtypes)))
-    return tuple(results.get(i, python_values.get(i, _Undefined(names[i], f"the loop at line {lineno}")))
+    dtypes = {i: initial[i].dtype for i in traced}
+    if numbers:
+        # A probe loop, the Python numbers going in as they are, tells their
+        # types: those of the traced values they become in the body.
+        probe, _, new = _emit_loop(bounds, [dtypes[i] for i in traced], [initial[i] for i in traced],
+                                   run_with(traced, numbers))
+        for i in numbers:
+            dtypes[i] = new[i].dtype if isinstance(new[i], lang.Scalar) else _guess_dtype(initial[i])
+        probe.erase()
+    carried = traced + numbers
+    inits = [lang.coerce(initial[i], dtypes[i], f"loop-carried {names[i]!r}") for i in carried]
+    op, block, new = _emit_loop(bounds, [dtypes[i] for i in carried], inits, run_with(carried, ()))
+    for i in carried:
+        if isinstance(new[i], lang.Scalar) and new[i].dtype != dtypes[i]:
+            raise CompileError(f"loop-carried variable {names[i]!r} is {dtypes[i].name} before the loop and "
+                               f"{new[i].dtype.name} at the end of its body: mg.cast one of them")
+    _yield(block, [new[i] for i in carried], [dtypes[i] for i in carried],
+           [f"loop-carried {names[i]!r}" for i in carried])
+    results = dict(zip(carried, _result_values(op, [dtypes[i] for i in carried])))
+    return tuple(results.get(i, python.get(i, lang.Undefined(names[i], f"the loop at line {lineno}")))
                  for i in range(len(names)))
 
 
@@ -510,106 +507,122 @@ def _for_explicit(iterable, body, ncarried, lineno):
     initial = iterable.iter_args
     if len(initial) != ncarried:
         raise CompileError(f"mg.range_ has {len(initial)} iter_args but the loop unpacks {ncarried}")
-    dtypes = [_carried_dtype(v) for v in initial]
-    if any(d is None for d in dtypes):
-        raise CompileError("iter_args must be traced values or Python numbers")
-    def run(*params):
-        yielded = body(*params)[0]
-        return list(yielded) if isinstance(yielded, (tuple, list)) else [yielded]
+    for value in initial:
+        if not isinstance(value, lang.Scalar) and not _is_number(value):
+            raise CompileError("iter_args must be traced values or Python numbers")
+    bounds = _loop_bounds(iterable)
 
-    for _attempt in range(3):
-        op, block, new = _emit_for(iterable, run, 1, initial, dtypes)
-        if len(new) != ncarried:
-            raise CompileError(f"the loop yields {len(new)} values for {ncarried} iter_args")
-        retry = _finish_loop(op, block, new, dtypes, [f"iter_args[{i}]" for i in range(ncarried)], lineno)
-        if retry is None:
-            break
-        op.erase()
-        dtypes = retry
+    def run(induction, args):
+        yielded = body(induction, *args)[0]
+        yielded = list(yielded) if isinstance(yielded, (tuple, list)) else [yielded]
+        if len(yielded) != ncarried:
+            raise CompileError(f"the loop yields {len(yielded)} values for {ncarried} iter_args")
+        return yielded
+
+    dtypes = [v.dtype if isinstance(v, lang.Scalar) else None for v in initial]
+    if None in dtypes:
+        traced = [i for i, d in enumerate(dtypes) if d is not None]
+
+        def probe_run(induction, args):
+            values = list(initial)
+            for i, a in zip(traced, args):
+                values[i] = a
+            return run(induction, values)
+
+        probe, _, new = _emit_loop(bounds, [dtypes[i] for i in traced], [initial[i] for i in traced], probe_run)
+        dtypes = [d if d is not None else (new[i].dtype if isinstance(new[i], lang.Scalar) else
+                                           _guess_dtype(initial[i])) for i, d in enumerate(dtypes)]
+        probe.erase()
+    what = [f"iter_args[{i}]" for i in range(ncarried)]
+    inits = [lang.coerce(v, d, w) for v, d, w in zip(initial, dtypes, what)]
+    op, block, new = _emit_loop(bounds, dtypes, inits, run)
+    _yield(block, new, dtypes, what)
     return tuple(_result_values(op, dtypes))
 
 
-def _unify_branch(name, a, b):
-    """The dtype a name has after an if: both branches must agree."""
-    da, db = _carried_dtype(a), _carried_dtype(b)
-    if isinstance(a, lang.Scalar) and isinstance(b, lang.Scalar) and a.dtype != b.dtype:
-        raise CompileError(f"{name!r} is {a.dtype.name} in one branch and {b.dtype.name} in the other: mg.cast one")
-    if isinstance(a, lang.Scalar):
-        return a.dtype
-    if isinstance(b, lang.Scalar):
-        return b.dtype
-    return da if da == db else None
+class _scratch:
+    """Operations emitted inside are removed at exit: for probes whose
+    results only decide how to build the real operation."""
+
+    def __enter__(self):
+        self.block = ir.InsertionPoint.current().block
+        self.count = len(self.block.operations)
+        return self
+
+    def __exit__(self, *exc):
+        for op in reversed(self.block.operations[self.count:]):
+            op.erase()
 
 
 def _if(test, then_fn, else_fn, names, initial, lineno):
     if not isinstance(test, lang.Scalar):
         chosen = then_fn if test else else_fn
         out = chosen(*initial)
-        return tuple(v if v is not UNDEFINED else _Undefined(n, f"a branch at line {lineno}")
+        return tuple(v if v is not lang.UNDEFINED else lang.Undefined(n, f"a branch at line {lineno}")
                      for n, v in zip(names, out))
     if test.dtype != lang.bool_:
         raise CompileError(f"an if condition must be a comparison (bool), not a {test.dtype.name} value: "
                            f"compare it, e.g. `if x != 0:`")
     # Probe: trace both branches in a scratch scf.if to learn what they yield.
-    probe = lang.emit("scf.if", [test], [], regions=2)
-    outs = []
-    for region, branch in zip(probe.regions, (then_fn, else_fn)):
-        block = region.append_block()
-        with ir.InsertionPoint(block):
-            outs.append(list(branch(*initial)))
-    results = []  # (index, dtype) of names that leave the if as values
+    with _scratch():
+        probe = lang.emit("scf.if", [test], [], regions=2)
+        outs = []
+        for region, branch in zip(probe.regions, (then_fn, else_fn)):
+            with ir.InsertionPoint(region.append_block()):
+                outs.append(list(branch(*initial)))
+    results, same = [], {}  # (index, dtype) leaving the if as its results; Python values either way
     for i, name in enumerate(names):
         a, b = outs[0][i], outs[1][i]
-        if a is UNDEFINED or b is UNDEFINED:
+        if a is lang.UNDEFINED or b is lang.UNDEFINED:
             continue  # defined in one branch only: local to it
-        if not isinstance(a, lang.Scalar) and not isinstance(b, lang.Scalar):
-            if a is b or (type(a) is type(b) and not isinstance(a, (int, float)) and a == b):
-                continue  # the same Python value either way
-        dtype = _unify_branch(name, a, b)
-        if dtype is None:
-            raise CompileError(f"{name!r} gets different Python values in the two branches of a traced if: "
-                               f"make them traced values (mg.constant)")
-        results.append((i, dtype))
-    probe.erase()
+        if isinstance(a, lang.Scalar) or isinstance(b, lang.Scalar):
+            if isinstance(a, lang.Scalar) and isinstance(b, lang.Scalar) and a.dtype != b.dtype:
+                raise CompileError(f"{name!r} is {a.dtype.name} in one branch and {b.dtype.name} in the other: "
+                                   f"mg.cast one of them")
+            results.append((i, a.dtype if isinstance(a, lang.Scalar) else b.dtype))
+        elif a is b or (type(a) is type(b) and a == b):
+            same[i] = a
+        elif _is_number(a) and _is_number(b):
+            same[i] = lang.Choice(test, a, b)
+        else:
+            raise CompileError(f"{name!r} gets different Python values in the two branches of a traced if "
+                               f"({a!r} and {b!r})")
     op = lang.emit("scf.if", [test], [lang.ir_type(d) for _, d in results], regions=2)
-    passthrough = {}
-    for k, (region, branch) in enumerate(zip(op.regions, (then_fn, else_fn))):
-        block = region.append_block()
-        with ir.InsertionPoint(block):
+    for region, branch in zip(op.regions, (then_fn, else_fn)):
+        with ir.InsertionPoint(region.append_block()):
             out = list(branch(*initial))
             lang.emit("scf.yield", [lang.coerce(out[i], d, f"{names[i]!r} after the if") for i, d in results])
-            for i, name in enumerate(names):
-                if all(i != j for j, _ in results) and out[i] is not UNDEFINED and \
-                        not isinstance(out[i], lang.Scalar) and k == 0:
-                    passthrough[i] = out[i]
     values = dict(zip([i for i, _ in results], _result_values(op, [d for _, d in results])))
-    return tuple(values.get(i, passthrough.get(i, initial[i] if initial[i] is not UNDEFINED else
-                                                _Undefined(n, f"one branch of the if at line {lineno}")))
+    return tuple(values.get(i, same.get(i, initial[i] if initial[i] is not lang.UNDEFINED else
+                                        lang.Undefined(n, f"one branch of the if at line {lineno}")))
                  for i, n in enumerate(names))
 
 
 def _while(cond_fn, body_fn, names, initial, lineno):
-    first = cond_fn(*initial)
-    if not isinstance(first, lang.Scalar):
+    with _scratch():
+        traced_condition = isinstance(cond_fn(*initial), lang.Scalar)
+    if not traced_condition:
         values = list(initial)
         while cond_fn(*values):
             values = list(body_fn(*values))
         return tuple(values)
-    carried = [i for i, v in enumerate(initial) if v is not UNDEFINED and _carried_dtype(v) is not None]
-    dtypes = [_carried_dtype(initial[i]) for i in carried]
-    for _attempt in range(3):
-        types_ = [lang.ir_type(d) for d in dtypes]
-        inits = [lang.coerce(initial[i], d, "a loop-carried value") for i, d in zip(carried, dtypes)]
+    carried = [i for i, v in enumerate(initial) if isinstance(v, lang.Scalar) or _is_number(v)]
+    dtypes = {i: initial[i].dtype if isinstance(initial[i], lang.Scalar) else _guess_dtype(initial[i])
+              for i in carried}
+    location = lang.location()
+
+    def values_from(block):
+        values = list(initial)
+        for i, a in zip(carried, block.arguments):
+            values[i] = lang.Scalar(a, dtypes[i])
+        return values
+
+    def build():
+        types_ = [lang.ir_type(dtypes[i]) for i in carried]
+        inits = [lang.coerce(initial[i], dtypes[i], f"loop-carried {names[i]!r}") for i in carried]
         op = lang.emit("scf.while", inits, types_, regions=2)
-        before = op.regions[0].append_block(types_)
-        after = op.regions[1].append_block(types_)
-
-        def values_from(block):
-            values = list(initial)
-            for i, a, d in zip(carried, block.arguments, dtypes):
-                values[i] = lang.Scalar(a, d)
-            return values
-
+        before = op.regions[0].append_block(types_, [location] * len(types_))
+        after = op.regions[1].append_block(types_, [location] * len(types_))
         with ir.InsertionPoint(before):
             condition = cond_fn(*values_from(before))
             if not isinstance(condition, lang.Scalar) or condition.dtype != lang.bool_:
@@ -617,22 +630,24 @@ def _while(cond_fn, body_fn, names, initial, lineno):
             lang.emit("scf.condition", [condition, *before.arguments])
         with ir.InsertionPoint(after):
             new = list(body_fn(*values_from(after)))
-            retry = [new[i].dtype if isinstance(new[i], lang.Scalar) else d for i, d in zip(carried, dtypes)]
-            if retry == dtypes:
-                lang.emit("scf.yield", [lang.coerce(new[i], d, f"loop-carried {names[i]!r}")
-                                        for i, d in zip(carried, dtypes)])
-        if retry == dtypes:
-            break
-        bad = [j for j, (a, b) in enumerate(zip(retry, dtypes)) if a != b and isinstance(initial[carried[j]], lang.Scalar)]
-        if bad:
-            j = bad[0]
-            raise CompileError(f"loop-carried variable {names[carried[j]]!r} is {dtypes[j].name} before the loop "
-                               f"and {retry[j].name} at the end of its body: mg.cast one of them")
-        op.erase()
-        dtypes = retry
-    results = dict(zip(carried, _result_values(op, dtypes)))
-    return tuple(results.get(i, initial[i] if initial[i] is not UNDEFINED else
-                             _Undefined(n, f"the while loop at line {lineno}")) for i, n in enumerate(names))
+        return op, after, new
+
+    if any(not isinstance(initial[i], lang.Scalar) for i in carried):
+        with _scratch():  # Python numbers take the types their traced updates have
+            _, _, new = build()
+        for i in carried:
+            if not isinstance(initial[i], lang.Scalar) and isinstance(new[i], lang.Scalar):
+                dtypes[i] = new[i].dtype
+    op, after, new = build()
+    for i in carried:
+        if isinstance(new[i], lang.Scalar) and new[i].dtype != dtypes[i]:
+            raise CompileError(f"loop-carried variable {names[i]!r} is {dtypes[i].name} before the loop and "
+                               f"{new[i].dtype.name} at the end of its body: mg.cast one of them")
+    _yield(after, [new[i] for i in carried], [dtypes[i] for i in carried],
+           [f"loop-carried {names[i]!r}" for i in carried])
+    results = dict(zip(carried, _result_values(op, [dtypes[i] for i in carried])))
+    return tuple(results.get(i, initial[i] if initial[i] is not lang.UNDEFINED else
+                             lang.Undefined(n, f"the while loop at line {lineno}")) for i, n in enumerate(names))
 
 
 HELPERS = {"__mg_for": _for, "__mg_for_explicit": _for_explicit, "__mg_if": _if, "__mg_while": _while,
