@@ -82,10 +82,13 @@ def xor(memref, index, value):
 def cas(memref, index, expected, desired):
     """Compare and swap: if memref[index] equals `expected`, store `desired`;
     atomically; returns the old value (CUDA's atomicCAS; the swap happened
-    iff the result equals `expected`). Floats compare by their bits, as
-    atomicCAS on their integer view does (so -0.0 != 0.0 and a NaN can match)."""
+    iff the result equals `expected`). Integer elements only, as atomicCAS:
+    MLIR 22 cannot lower memref.generic_atomic_rmw on floats (llvm.cmpxchg
+    takes integers or pointers)."""
     indices = _target("cas", memref, index)
     dtype = memref.dtype
+    if not lang.is_integer(dtype):
+        raise CompileError(f"mg.atomic.cas takes a memref of integers (as CUDA's atomicCAS), not {dtype.name}")
     expected = lang.coerce(expected, dtype, "mg.atomic.cas's memref element type")
     desired = lang.coerce(desired, dtype, "mg.atomic.cas's memref element type")
     t = lang.ir_type(dtype)
@@ -93,14 +96,6 @@ def cas(memref, index, expected, desired):
     block = op.regions[0].append_block([t])
     current = lang.Scalar(block.arguments[0], dtype)
     with ir.InsertionPoint(block):
-        if lang.is_float(dtype):
-            bits = {2: lang.i16, 4: lang.i32, 8: lang.i64}[dtype.itemsize]
-            bits_type = lang.ir_type(bits)
-            a = lang.Scalar(lang.emit("arith.bitcast", [current], [bits_type]).result, bits)
-            b = lang.Scalar(lang.emit("arith.bitcast", [expected], [bits_type]).result, bits)
-            equal = a == b
-        else:
-            equal = current == expected
-        new = lang.select(equal, desired, current)
+        new = lang.select(current == expected, desired, current)
         lang.emit("memref.atomic_yield", [new])
     return lang.Scalar(op.result, dtype)

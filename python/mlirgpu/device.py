@@ -14,10 +14,13 @@ Also the helpers the other device modules share: `module_state()` (what a
 kernel's trace has put into its gpu.module) and `gpu_module_scope()` (an
 insertion point in the gpu.module, before the function being traced).
 """
+import ast
 import contextlib
 import functools
 import inspect
+import linecache
 import re
+import textwrap
 
 import numpy as np
 
@@ -338,8 +341,8 @@ class DeviceFunction:
         stack = state.setdefault("device_stack", [])
         if self in stack:
             chain = " -> ".join(f.function.__qualname__ for f in stack[stack.index(self):] + [self])
-            raise CompileError(f"device function {self.function.__qualname__} is recursive ({chain}): device "
-                               f"functions are inlined or called without a stack for recursion; write a loop")
+            raise CompileError(f"device function {self.function.__qualname__} is recursive ({chain}): mlirgpu "
+                               f"does not support recursion in device functions; write a loop")
         defined = state.setdefault("device_functions", {})
         entry = defined.get((self, key))
         if entry is None:
@@ -390,6 +393,11 @@ class DeviceFunction:
             if n_ not in closure:
                 raise CompileError(f"{function.__qualname__}: no value for {n_!r}")
         instance = tracer.instantiate(function, code, free, closure)
+        # Inside its body the function's own name is the rewritten def (a cell
+        # of the maker): make it this DeviceFunction, so recursion is seen.
+        if function.__name__ in instance.__code__.co_freevars:
+            cell = instance.__closure__[instance.__code__.co_freevars.index(function.__name__)]
+            cell.cell_contents = self
         from .kernel import Generic
         instance.__globals__.update({k: generic_values[v.name] for k, v in function.__globals__.items()
                                      if isinstance(v, Generic) and v.name in generic_values})
@@ -400,7 +408,10 @@ class DeviceFunction:
         try:
             with trace, ir.InsertionPoint(block):
                 result = instance(*parameters)
-                values = _results(function, result)
+                try:
+                    values = _results(function, result)
+                except CompileError as error:
+                    raise _at_return(function, filename, error) from None
                 lang.emit("func.return", values)
         except Exception as error:
             raise tracer.trace_error(error, codes, filename) from None
@@ -424,6 +435,16 @@ def _results(function, result):
             raise CompileError(f"device function {function.__qualname__} returns {what}: it may return traced "
                                f"scalars, a tuple of them, or nothing")
     return values
+
+
+def _at_return(function, filename, error):
+    """`error` located at the function's return statement: returns are only
+    allowed at its top level, so the first one there is the one that ran."""
+    lines, first = inspect.getsourcelines(function)
+    definition = ast.parse(textwrap.dedent("".join(lines))).body[0]
+    returns = [s for s in definition.body if isinstance(s, ast.Return)]
+    lineno = returns[0].lineno + first - 1 if returns else function.__code__.co_firstlineno
+    return CompileError(f"{filename}:{lineno}: {error}\n    {linecache.getline(filename, lineno).strip()}")
 
 
 def _argument_key(function, name, value):
