@@ -223,6 +223,29 @@ def device_functions(A: mg.memref[N, mg.f32], I: mg.memref[N, mg.i32]):
     A[t] = axpy(A[t], 2.0, 1.0)  # F-AGAIN
 
 
+@mg.func
+def row_dot(A, B, i, n):
+    acc = mg.constant(0.0, mg.f32)
+    for k in range(n):  # FD-LOOP
+        if A[i, k] > 0.0:
+            acc += A[i, k] * B[k]
+    return acc
+
+
+@mg.func
+def stage_in_shared(A, t):
+    s = mg.shared.array(64, mg.f32)  # FD-SHARED
+    s[t] = A[t]
+    mg.syncthreads()
+    return s[63 - t]
+
+
+@mg.kernel
+def device_functions_with_control_flow(A: mg.memref[N, N, mg.f32], B: mg.memref[N, mg.f32]):
+    t = thread_idx.x
+    B[t] = row_dot(A, B, t, N) + stage_in_shared(B, t)
+
+
 @mg.kernel
 def printing(A: mg.memref[N, mg.f32]):
     t = thread_idx.x
@@ -413,6 +436,17 @@ def test_device_function_constants_specialize():
     filecheck(text, r"func\.func private @axpy_2\(%arg0: i32 loc\([^)]*\), %arg1: i32 loc\([^)]*\)\) -> i32")
 
 
+def test_device_functions_with_loops_and_shared_memory():
+    spec = device_functions_with_control_flow[64]
+    text = ir_of(spec)
+    filecheck(text, r"func\.func private @row_dot\(%arg0: memref<64x64xf32> [^\n]*-> f32 \{",
+              r"scf\.for ", r"scf\.if", r"\} " + loc("FD-LOOP"))
+    filecheck(text, r"memref\.global \"private\" @__shared : memref<64xf32, #gpu\.address_space<workgroup>> "
+                    r"\{alignment = 16 : i64\} " + loc("FD-SHARED"),
+              r"func\.func private @stage_in_shared", r"memref\.get_global @__shared", r"gpu\.barrier")
+    filecheck(spec.ptx("sm_90a"), r"\.shared \.align 16 \.b8 __shared\[256\]", r"bar\.sync")
+
+
 def test_device_functions_ptx():
     ptx = device_functions[64].ptx("sm_90a")
     assert ".entry device_functions" in ptx
@@ -439,6 +473,7 @@ SPECS = {
     "vectors": lambda: vectors[8, 64], "vectors_two": lambda: vectors_two[64],
     "vectors_shared": lambda: vectors_shared[512], "device_functions": lambda: device_functions[64],
     "printing": lambda: printing[32],
+    "device_functions_with_control_flow": lambda: device_functions_with_control_flow[64],
 }
 
 

@@ -26,7 +26,7 @@ from . import ir, language as lang
 from ._mlirgpu import CompileError
 from .device import gpu_module_scope, module_state, unique_symbol
 
-__all__ = ["array", "dynamic", "SharedMemRef", "STATIC_LIMIT"]
+__all__ = ["array", "dynamic", "size", "SharedMemRef", "STATIC_LIMIT"]
 
 STATIC_LIMIT = 48 * 1024  # bytes of static shared memory a kernel may declare
 WORKGROUP = "#gpu.address_space<workgroup>"
