@@ -1,10 +1,11 @@
 """mlirgpu: build MLIR from Python, lower it through the NVVM pipeline to PTX
 and cubin, and run it on NVIDIA GPUs through the CUDA driver."""
-from . import cuda, ir, math, passes
+from . import atomic, cuda, ir, math, passes, shared, warp
 from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event,
                        InvalidObjectError, LaunchError, MLIRError, Stream, asarray, bf16, bool_,
                        dtype, empty, f16, f32, f64, i8, i16, i32, i64, index, to_device, u8, u16,
                        u32, u64, zeros)
+from .device import func, printf, syncthreads, vload, vstore
 from .compiler import Compilation, Target, compile_cubin, compile_ptx
 from .kernel import Kernel, Specialization, generics, kernel, memref
 from .language import (block_dim, block_idx, cast, constant, grid_dim, range_, select, static_range,

@@ -408,6 +408,7 @@ class Specialization:
             arguments = [lang.MemRef(a, dtype, shape) if shape is not None else lang.Scalar(a, dtype)
                          for a, (_, shape, dtype) in zip(body.arguments, params)]
             trace = tracer.Trace(codes, filename, def_line)
+            trace.generic_values = dict(self.values)  # for @mg.func device functions it calls
             try:
                 with trace, ir.InsertionPoint(body):
                     instance(*arguments)

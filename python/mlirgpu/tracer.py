@@ -130,8 +130,9 @@ def _is_range_call(node, names):
 
 
 class _Rewriter(ast.NodeTransformer):
-    def __init__(self, filename):
+    def __init__(self, filename, returns=False):
         self.filename = filename
+        self.returns = returns  # device functions (@mg.func) may return values
         self.counter = 0
 
     def fresh(self, kind):
@@ -182,7 +183,7 @@ class _Rewriter(ast.NodeTransformer):
                                  "(it would need to leave a traced region)")
 
     def visit_Return(self, node):
-        if node.value is not None:
+        if node.value is not None and not self.returns:
             self.fail(node, "a kernel cannot return a value: write results to an array parameter")
         return node
 
@@ -270,10 +271,10 @@ def _code_objects(code):
             yield from _code_objects(const)
 
 
-def rewrite(function):
+def rewrite(function, returns=False):
     """(make, parameter names, code objects): `make(**free)` returns the
     rewritten function, given values for its free names (closure variables
-    and generics)."""
+    and generics). `returns`: `return value` is allowed (device functions)."""
     try:
         lines, first_line = inspect.getsourcelines(function)
     except (OSError, TypeError) as error:
@@ -295,7 +296,7 @@ def rewrite(function):
     definition.returns = None
     for statement in definition.body:
         _Unsupported(filename, first_line).visit(statement)
-    definition.body = [s for b in map(_Rewriter(filename).visit, definition.body)
+    definition.body = [s for b in map(_Rewriter(filename, returns).visit, definition.body)
                        for s in (b if isinstance(b, list) else [b])]
     free = list(function.__code__.co_freevars) + [p for p in generic_params if p not in function.__code__.co_freevars]
     maker = ast.FunctionDef(

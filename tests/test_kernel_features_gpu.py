@@ -1,0 +1,364 @@
+"""Device features on the GPU, against NumPy in float64: a block reduction
+(shared memory, barriers, warp shuffles, an atomic add), the tiled matmul
+with dynamic shared memory split by slices and with static shared arrays,
+float4 vector copies, device functions, printf, atomics and shuffles."""
+import ctypes
+
+import numpy as np
+import pytest
+
+import mlirgpu as mg
+from mlirgpu import block_dim, block_idx, thread_idx
+
+pytestmark = pytest.mark.gpu
+
+M, K, N, S = mg.generics("M K N S")
+TILE = 16
+BLOCK = 256
+
+
+def relative_error(got, expected):
+    return np.linalg.norm(np.asarray(got, np.float64) - expected) / np.linalg.norm(expected)
+
+
+# ---------------------------------------------------------------------------
+# Block reduction: shared memory tree, warp shuffles, one atomic per block
+
+@mg.kernel
+def block_sum(A: mg.memref[N, mg.f32], out: mg.memref[1, mg.f32]):
+    partial = mg.shared.array(BLOCK, mg.f32)
+    t = thread_idx.x
+    i = block_idx.x * BLOCK + t
+    x = mg.constant(0.0, mg.f32)
+    if i < N:
+        x = A[i]
+    partial[t] = x
+    mg.syncthreads()
+    for stride in (128, 64, 32):  # unrolled: a Python tuple
+        if t < stride:
+            partial[t] = partial[t] + partial[t + stride]
+        mg.syncthreads()
+    if t < 32:  # the first warp, all of its lanes
+        v = partial[t]
+        for offset in (16, 8, 4, 2, 1):
+            v += mg.warp.shfl_down(v, offset)
+        if t == 0:
+            mg.atomic.add(out, 0, v)
+
+
+@pytest.mark.parametrize("n", [1 << 20, 1_000_003])
+def test_block_reduction(n):
+    A = np.random.default_rng(0).random(n, dtype=np.float32)
+    out = mg.zeros((1,), mg.f32)
+    block_sum(mg.to_device(A), out, grid=((n + BLOCK - 1) // BLOCK,), block=(BLOCK,))
+    expected = A.astype(np.float64).sum()
+    assert abs(float(out.get()[0]) - expected) <= 1e-4 * expected
+
+
+# ---------------------------------------------------------------------------
+# Tiled matmul (the lecture's), TILE 16
+
+@mg.kernel(generics=(M, K, N))
+def matmul_dynamic(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[M, N, mg.f32]):
+    smem = mg.shared.dynamic(mg.f32)  # shared_mem = 2 tiles of floats
+    As = smem[0:TILE * TILE]
+    Bs = smem[TILE * TILE:2 * TILE * TILE]
+    tx, ty = thread_idx.x, thread_idx.y
+    row = block_idx.y * TILE + ty
+    col = block_idx.x * TILE + tx
+    acc = mg.constant(0.0, mg.f32)
+    for t in range(K // TILE):
+        As[ty * TILE + tx] = A[row, t * TILE + tx]
+        Bs[ty * TILE + tx] = B[t * TILE + ty, col]
+        mg.syncthreads()
+        for k in range(TILE):
+            acc += As[ty * TILE + k] * Bs[k * TILE + tx]
+        mg.syncthreads()
+    C[row, col] = acc
+
+
+@mg.kernel(generics=(M, K, N))
+def matmul_static(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[M, N, mg.f32]):
+    As = mg.shared.array((TILE, TILE), mg.f32)
+    Bs = mg.shared.array((TILE, TILE), mg.f32)
+    tx, ty = thread_idx.x, thread_idx.y
+    row = block_idx.y * TILE + ty
+    col = block_idx.x * TILE + tx
+    acc = mg.constant(0.0, mg.f32)
+    for t in range(K // TILE):
+        As[ty, tx] = A[row, t * TILE + tx]
+        Bs[ty, tx] = B[t * TILE + ty, col]
+        mg.syncthreads()
+        for k in range(TILE):
+            acc += As[ty, k] * Bs[k, tx]
+        mg.syncthreads()
+    C[row, col] = acc
+
+
+@pytest.fixture(scope="module")
+def matmul_operands():
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((5120, 256), dtype=np.float32)
+    B = rng.standard_normal((256, 5120), dtype=np.float32)
+    return A, B, A.astype(np.float64) @ B.astype(np.float64)
+
+
+@pytest.mark.parametrize("kernel, shared_mem", [(matmul_dynamic, 2 * TILE * TILE * 4), (matmul_static, 0)],
+                         ids=["dynamic", "static"])
+def test_tiled_matmul(matmul_operands, kernel, shared_mem):
+    A, B, expected = matmul_operands
+    m, n = A.shape[0], B.shape[1]
+    dC = mg.to_device(np.full((m, n), np.nan, dtype=np.float32))  # every element must be written
+    kernel(mg.to_device(A), mg.to_device(B), dC, grid=(n // TILE, m // TILE), block=(TILE, TILE),
+           shared_mem=shared_mem)
+    C = dC.get()
+    assert np.isfinite(C).all()
+    assert relative_error(C, expected) < 1e-5
+
+
+# ---------------------------------------------------------------------------
+# Dynamic shared memory: its size, and slices with traced bounds
+
+@mg.kernel
+def dynamic_reverse(A: mg.memref[N, mg.f32], B: mg.memref[N, mg.f32], size: mg.memref[1, mg.i32]):
+    smem = mg.shared.dynamic(mg.f32)
+    base = block_idx.x * 0 + 4  # a traced offset
+    window = smem[base:base + BLOCK]
+    t = thread_idx.x
+    i = block_idx.x * BLOCK + t
+    window[t] = A[i]
+    mg.syncthreads()
+    B[i] = window[BLOCK - 1 - t]
+    if i == 0:
+        size[0] = mg.cast(mg.shared.size(smem), mg.i32)
+
+
+def test_dynamic_shared_memory_slices():
+    A = np.arange(4 * BLOCK, dtype=np.float32)
+    B, size = mg.empty((4 * BLOCK,), mg.f32), mg.zeros((1,), mg.i32)
+    shared_mem = (BLOCK + 8) * 4
+    dynamic_reverse(mg.to_device(A), B, size, grid=(4,), block=(BLOCK,), shared_mem=shared_mem)
+    np.testing.assert_array_equal(B.get(), A.reshape(4, BLOCK)[:, ::-1].ravel())
+    assert size.get()[0] == shared_mem // 4
+
+
+# ---------------------------------------------------------------------------
+# Vector loads and stores
+
+@mg.kernel(generics=(M, N))
+def copy_float4(A: mg.memref[M, N, mg.f32], B: mg.memref[M, N, mg.f32], C: mg.memref[M, N, mg.f32]):
+    i = block_idx.x
+    j = thread_idx.x * 4
+    v = mg.vload(A, (i, j), 4)
+    mg.vstore(B, (i, j), v)
+    w = v * 2.0 + 1.0
+    mg.vstore(C, (i, j), (w[3], w[2], w[1], w[0]))
+
+
+@mg.kernel
+def copy_half8(A: mg.memref[N, mg.f16], B: mg.memref[N, mg.f16]):
+    j = (block_idx.x * block_dim.x + thread_idx.x) * 8
+    mg.vstore(B, j, mg.vload(A, j, 8))
+
+
+def test_float4_copy():
+    A = np.random.default_rng(2).standard_normal((64, 1024), dtype=np.float32)
+    B, C = mg.empty(A.shape, mg.f32), mg.empty(A.shape, mg.f32)
+    copy_float4(mg.to_device(A), B, C, grid=(64,), block=(256,))
+    np.testing.assert_array_equal(B.get(), A)
+    expected = (A.astype(np.float64) * 2.0 + 1.0).reshape(64, 256, 4)[:, :, ::-1].reshape(64, 1024)
+    np.testing.assert_allclose(C.get(), expected, rtol=1e-6)
+
+
+def test_half8_copy():
+    A = np.random.default_rng(3).standard_normal(8 * 1024).astype(np.float16)
+    B = mg.empty(A.shape, mg.f16)
+    copy_half8(mg.to_device(A), B, grid=(4,), block=(256,))
+    np.testing.assert_array_equal(B.get(), A)
+
+
+# ---------------------------------------------------------------------------
+# Device functions
+
+@mg.func
+def axpy(a, x, y):
+    return a * x + y
+
+
+@mg.func
+def ordered(a, b):
+    return mg.math.min(a, b), mg.math.max(a, b)
+
+
+@mg.func
+def clamp_store(out, i, value, lo, hi):
+    out[i] = mg.math.max(mg.math.min(value, hi), lo)
+
+
+@mg.kernel
+def use_device_functions(X: mg.memref[N, mg.f32], Y: mg.memref[N, mg.f32], Out: mg.memref[N, mg.f32],
+                         Lo: mg.memref[N, mg.f32], Hi: mg.memref[N, mg.f32], Clamped: mg.memref[N, mg.f32]):
+    i = block_idx.x * block_dim.x + thread_idx.x
+    if i < N:
+        x, y = X[i], Y[i]
+        Out[i] = axpy(2.5, x, axpy(x, y, 1.0))
+        lo, hi = ordered(x, y)
+        Lo[i] = lo
+        Hi[i] = hi
+        clamp_store(Clamped, i, x, -0.5, 0.5)
+
+
+def test_device_functions():
+    rng = np.random.default_rng(4)
+    n = 10_000
+    X, Y = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+    out = [mg.empty((n,), mg.f32) for _ in range(4)]
+    use_device_functions(mg.to_device(X), mg.to_device(Y), *out, grid=((n + 255) // 256,), block=(256,))
+    x, y = X.astype(np.float64), Y.astype(np.float64)
+    np.testing.assert_allclose(out[0].get(), 2.5 * x + (x * y + 1.0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out[1].get(), np.minimum(X, Y))
+    np.testing.assert_array_equal(out[2].get(), np.maximum(X, Y))
+    np.testing.assert_array_equal(out[3].get(), np.clip(X, -0.5, 0.5))
+
+
+# ---------------------------------------------------------------------------
+# printf
+
+@mg.kernel
+def hello(A: mg.memref[N, mg.f32]):
+    t = thread_idx.x
+    if t < 4:
+        mg.printf("thread %d of block %ld: %.2f\n", mg.cast(t, mg.i32), block_idx.x, A[t])
+
+
+def test_printf_reaches_stdout(capfd):
+    A = np.array([0.5, 1.25, 2.0, -3.75], dtype=np.float32)
+    capfd.readouterr()
+    hello(mg.to_device(A), grid=(1,), block=(32,))
+    mg.cuda.synchronize()  # the device's printf buffer is written out at a synchronization
+    ctypes.CDLL(None).fflush(None)  # the driver writes through C stdio
+    lines = sorted(capfd.readouterr().out.splitlines())
+    assert lines == ["thread 0 of block 0: 0.50", "thread 1 of block 0: 1.25", "thread 2 of block 0: 2.00",
+                     "thread 3 of block 0: -3.75"]
+
+
+# ---------------------------------------------------------------------------
+# Atomics
+
+@mg.kernel
+def extrema(X: mg.memref[N, mg.f32], I: mg.memref[N, mg.i32], U: mg.memref[N, mg.u32],
+            F_out: mg.memref[2, mg.f32], I_out: mg.memref[2, mg.i32], U_out: mg.memref[2, mg.u32]):
+    i = block_idx.x * block_dim.x + thread_idx.x
+    if i < N:
+        mg.atomic.max(F_out, 0, X[i])
+        mg.atomic.min(F_out, 1, X[i])
+        mg.atomic.max(I_out, 0, I[i])
+        mg.atomic.min(I_out, 1, I[i])
+        mg.atomic.max(U_out, 0, U[i])
+        mg.atomic.min(U_out, 1, U[i])
+
+
+def test_atomic_max_min():
+    rng = np.random.default_rng(5)
+    n = 100_000
+    X = rng.standard_normal(n, dtype=np.float32)
+    I = rng.integers(-2 ** 31, 2 ** 31, n, dtype=np.int32)
+    U = rng.integers(0, 2 ** 32, n, dtype=np.uint32)  # above 2**31 too: maxu/minu, not signed
+    F_out = mg.to_device(np.array([-np.inf, np.inf], dtype=np.float32))
+    I_out = mg.to_device(np.array([np.iinfo(np.int32).min, np.iinfo(np.int32).max], dtype=np.int32))
+    U_out = mg.to_device(np.array([0, np.iinfo(np.uint32).max], dtype=np.uint32))
+    extrema(mg.to_device(X), mg.to_device(I), mg.to_device(U), F_out, I_out, U_out,
+            grid=((n + 255) // 256,), block=(256,))
+    assert F_out.get().tolist() == [X.max(), X.min()]
+    assert I_out.get().tolist() == [I.max(), I.min()]
+    assert U_out.get().tolist() == [U.max(), U.min()]
+
+
+@mg.kernel
+def take_tickets(counter: mg.memref[1, mg.i32], tickets: mg.memref[N, mg.i32]):
+    i = block_idx.x * block_dim.x + thread_idx.x
+    if i < N:
+        tickets[i] = mg.atomic.add(counter, 0, 1)
+
+
+def test_atomic_add_returns_the_old_value():
+    n = 50_000
+    counter, tickets = mg.zeros((1,), mg.i32), mg.empty((n,), mg.i32)
+    take_tickets(counter, tickets, grid=((n + 255) // 256,), block=(256,))
+    assert counter.get()[0] == n
+    np.testing.assert_array_equal(np.sort(tickets.get()), np.arange(n))
+
+
+@mg.kernel
+def claim_slots(slots: mg.memref[S, mg.i32], old: mg.memref[N, mg.i32]):
+    i = block_idx.x * block_dim.x + thread_idx.x
+    if i < N:
+        old[i] = mg.atomic.cas(slots, i % S, 0, mg.cast(i, mg.i32) + 1)
+
+
+def test_atomic_cas_claims_each_slot_once():
+    n, s = 8192, 64
+    slots, old = mg.zeros((s,), mg.i32), mg.empty((n,), mg.i32)
+    claim_slots(slots, old, grid=(n // 256,), block=(256,))
+    owners, seen = slots.get() - 1, old.get()
+    assert (owners % s == np.arange(s)).all()  # each slot won by one of its own threads
+    winners = np.flatnonzero(seen == 0)
+    np.testing.assert_array_equal(np.sort(winners), np.sort(owners))  # exactly the winners saw 0
+    losers = seen != 0
+    assert ((seen[losers] - 1) % s == np.flatnonzero(losers) % s).all()  # and the others saw the winner
+
+
+@mg.kernel
+def float_sum_and_exchange(X: mg.memref[N, mg.f64], total: mg.memref[1, mg.f64], last: mg.memref[1, mg.i32]):
+    i = block_idx.x * block_dim.x + thread_idx.x
+    if i < N:
+        mg.atomic.add(total, 0, X[i])
+        mg.atomic.exchange(last, 0, mg.cast(i, mg.i32))
+
+
+def test_atomic_add_f64_and_exchange():
+    X = np.random.default_rng(6).random(4096)
+    total, last = mg.zeros((1,), mg.f64), mg.to_device(np.array([-1], dtype=np.int32))
+    float_sum_and_exchange(mg.to_device(X), total, last, grid=(16,), block=(256,))
+    assert abs(total.get()[0] - X.sum()) <= 1e-9 * X.sum()
+    assert 0 <= last.get()[0] < 4096
+
+
+# ---------------------------------------------------------------------------
+# Warp shuffles
+
+@mg.kernel
+def warp_ops(X: mg.memref[N, mg.f32], I: mg.memref[N, mg.i32], total: mg.memref[N, mg.f32],
+             lane3: mg.memref[N, mg.i32], down: mg.memref[N, mg.f32], up: mg.memref[N, mg.f32],
+             lane: mg.memref[N, mg.i32]):
+    i = block_idx.x * block_dim.x + thread_idx.x
+    x = X[i]
+    s = x
+    for mask in (16, 8, 4, 2, 1):  # butterfly: every lane gets the warp's sum
+        s += mg.warp.shfl_xor(s, mask)
+    total[i] = s
+    lane3[i] = mg.warp.shfl_idx(I[i], 3)
+    down[i] = mg.warp.shfl_down(x, 1)
+    up[i] = mg.warp.shfl_up(x, 2)
+    lane[i] = mg.cast(mg.warp.lane_id(), mg.i32)
+
+
+def test_warp_shuffles():
+    n = 4096
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal(n, dtype=np.float32)
+    I = rng.integers(-1000, 1000, n, dtype=np.int32)
+    total, down, up = (mg.empty((n,), mg.f32) for _ in range(3))
+    lane3, lane = mg.empty((n,), mg.i32), mg.empty((n,), mg.i32)
+    warp_ops(mg.to_device(X), mg.to_device(I), total, lane3, down, up, lane, grid=(n // 128,), block=(128,))
+    warps = X.astype(np.float64).reshape(-1, 32)
+    np.testing.assert_allclose(total.get().reshape(-1, 32), np.repeat(warps.sum(1, keepdims=True), 32, 1),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(lane3.get().reshape(-1, 32), np.repeat(I.reshape(-1, 32)[:, 3:4], 32, 1))
+    expected_down = X.reshape(-1, 32).copy()
+    expected_down[:, :31] = X.reshape(-1, 32)[:, 1:]  # lane 31 keeps its own value
+    np.testing.assert_array_equal(down.get().reshape(-1, 32), expected_down)
+    expected_up = X.reshape(-1, 32).copy()
+    expected_up[:, 2:] = X.reshape(-1, 32)[:, :30]  # lanes 0 and 1 keep theirs
+    np.testing.assert_array_equal(up.get().reshape(-1, 32), expected_up)
+    np.testing.assert_array_equal(lane.get(), np.arange(n) % 32)
