@@ -113,8 +113,23 @@ def _key(symbol):
     return symbol.name if isinstance(symbol, Generic) else symbol.__name__
 
 
-class Kernel:
-    """A Python function traced into a gpu.func per specialization."""
+class Kernel(_mlirgpu.Dispatcher):
+    """A Python function traced into a gpu.func per specialization.
+
+    Calling it launches: the C dispatcher it is reads the arguments' types,
+    shapes and dtypes, finds the loaded kernel of that signature and launches
+    it; only a signature it has not seen (or NumPy arguments, which are copied
+    in and back) comes to `_miss`, which binds the generics, compiles and
+    registers the specialization."""
+
+    def __new__(cls, function, generics=None):
+        # The dispatcher's miss handler refers back to the kernel through a
+        # cell: a reference cycle, which the GC collects.
+        cell = []
+        self = super().__new__(cls, lambda args, kwargs: cell[0]._miss(args, kwargs),
+                               getattr(function, "__name__", "kernel"))
+        cell.append(self)
+        return self
 
     def __init__(self, function, generics=None):
         if not inspect.isfunction(function):
@@ -251,8 +266,14 @@ class Kernel:
                               f"{self.__qualname__}[...]")
         return bound
 
-    def __call__(self, *args, grid, block, shared_mem=0, stream=None):
-        self.specialize(self.bind(args)).launch(args, grid, block, shared_mem, stream)
+    def _miss(self, args, kwargs):
+        spec = self.specialize(self.bind(args))
+        if not any(isinstance(a, np.ndarray) for a in args):
+            try:
+                self.register(args, spec.function())
+            except ValueError:
+                pass  # arguments the dispatcher cannot classify: this path serves them each time
+        spec.launch(args, **kwargs)
 
 
 def _is_mlirgpu_object(value):
@@ -478,8 +499,10 @@ class Specialization:
             raise LaunchError(f"the arguments do not match {self!r}: {', '.join(diff)}")
         self.launch(args, grid, block, shared_mem, stream)
 
-    def launch(self, args, grid, block, shared_mem=0, stream=None):
+    def launch(self, args, grid=None, block=None, shared_mem=0, stream=None):
         """Launches with arguments already checked against this specialization."""
+        if grid is None or block is None:
+            raise LaunchError(f"launching {self.name} needs grid= and block=")
         function = self.function()
         host = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
         if host:
