@@ -11,9 +11,10 @@ blocks of 256 threads). Two figures, each the median of R runs:
 - +sync: N launches in a row, then one synchronise, over N: what a loop of
   launches sustains, the GPU's own time per tiny kernel included.
 
-mlirgpu paths: a Function called directly (DeviceArrays on three streams,
-torch tensors), and a Dispatcher (the fast path under @mlirgpu.kernel) whose
-miss registered the same Function, so that its rows time pure hits.
+mlirgpu paths: the kernel written with @mlirgpu.kernel and called as users
+call it (after its first call every launch is a hit of its C dispatcher:
+argument signature, table lookup, launch), and the same kernel's Function
+from mlirgpu.cuda called directly; each with DeviceArrays and torch tensors.
 
 Peers, each where importable: CuPy RawKernel, a torch in-place add, Triton,
 and cuLaunchKernel called from C (benchmarks/launch_floor.c, built with gcc
@@ -122,33 +123,28 @@ def mlirgpu_runner():
     launch()
     assert np.array_equal(c.get(), 2 * host), "mlirgpu kernel computed a wrong result"
 
-    def on_stream(stream):
-        def launch():
-            kernel(a, b, c, grid=(N_ELEMENTS // 256,), block=(256,), stream=stream)
-        return launch
-
-    return launch, on_stream, device.synchronize, kernel, cubin, (a, b, c)
+    return launch, device.synchronize, kernel, cubin, (a, b, c)
 
 
-def dispatcher_runner(kernel, arrays):
-    """A Dispatcher whose miss registers `kernel`: after the first call every
-    launch is a hit (signature in C, table lookup, launch)."""
-    misses = []
+L, = mg.generics("L")
 
-    def miss(args, kwargs):
-        misses.append(args)
-        dispatcher.register(args, kernel)
-        return kernel(*args, **kwargs)
 
-    dispatcher = mg._mlirgpu.Dispatcher(miss, "add")
+@mg.kernel
+def add(a: mg.memref[L, mg.f32], b: mg.memref[L, mg.f32], c: mg.memref[L, mg.f32]):
+    i = mg.block_idx.x * mg.block_dim.x + mg.thread_idx.x
+    c[i] = a[i] + b[i]
+
+
+def kernel_runner(arrays, check):
+    """@mg.kernel's own call: the first one compiles and registers, the rest hit."""
     a, b, c = arrays
 
     def launch():
-        dispatcher(a, b, c, grid=(N_ELEMENTS // 256,), block=(256,))
+        add(a, b, c, grid=(N_ELEMENTS // 256,), block=(256,))
 
     launch()
-    launch()
-    assert len(misses) == 1, "the Dispatcher missed after registering"
+    check(c)
+    assert len(add) == 1, "the kernel's dispatcher has more than one entry"
     return launch
 
 
@@ -221,18 +217,19 @@ def main():
         raise SystemExit("launch_overhead.py needs a CUDA GPU")
     measure = (args.launches, args.repeats, args.batch)
     paths = {}
-    launch, on_stream, sync, kernel, cubin, _keep = mlirgpu_runner()
-    paths["mlirgpu, default stream"] = (launch, sync)
-    own = mg.Stream()
-    paths["mlirgpu, own stream"] = (on_stream(own), sync)
-    paths["mlirgpu, per-thread stream"] = (on_stream(2), sync)
-    paths["mlirgpu Dispatcher hit (DeviceArray args)"] = (dispatcher_runner(kernel, _keep), sync)
+    launch, sync, kernel, cubin, _keep = mlirgpu_runner()
+    host = np.arange(N_ELEMENTS, dtype=np.float32)
+    paths["mlirgpu @mg.kernel (DeviceArray args)"] = (
+        kernel_runner((mg.to_device(host), mg.to_device(host), mg.empty((N_ELEMENTS,), mg.f32)),
+                      lambda c: np.testing.assert_array_equal(c.get(), 2 * host)), sync)
+    paths["mlirgpu Function (DeviceArray args)"] = (launch, sync)
     try:
         import torch
-        paths["mlirgpu, torch tensor args"] = (torch_tensors_runner(kernel, torch), sync)
-        a = torch.arange(N_ELEMENTS, dtype=torch.float32, device="cuda")
-        tensors = (a, a.clone(), torch.empty_like(a))
-        paths["mlirgpu Dispatcher hit (torch tensor args)"] = (dispatcher_runner(kernel, tensors), sync)
+        t = torch.arange(N_ELEMENTS, dtype=torch.float32, device="cuda")
+        paths["mlirgpu @mg.kernel (torch tensor args)"] = (
+            kernel_runner((t, t.clone(), torch.empty_like(t)),
+                          lambda c: np.testing.assert_array_equal(c.cpu().numpy(), 2 * host)), sync)
+        paths["mlirgpu Function (torch tensor args)"] = (torch_tensors_runner(kernel, torch), sync)
     except ImportError:
         pass
     for name, runner in (("CuPy RawKernel", cupy_runner), ("torch in-place add", torch_runner),
