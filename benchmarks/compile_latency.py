@@ -56,8 +56,14 @@ print(json.dumps({"compile": (time.perf_counter() - t0) * 1e3}))
 
 
 def probe(code, env, *args):
-    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
-                          timeout=600)
+    # From a file: Triton reads its kernels' source back.
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:
+        script.write(code)
+    try:
+        done = subprocess.run([sys.executable, script.name, *args], env=env, capture_output=True, text=True,
+                              timeout=600)
+    finally:
+        os.unlink(script.name)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -422,6 +422,12 @@ class Tensor:
         return self.ptr
     def stride(self):
         return self.strides
+    def is_contiguous(self):
+        expected, strides = 1, []
+        for size in reversed(self.shape):
+            strides.insert(0, expected)
+            expected *= size
+        return all(a == b for a, b, n in zip(self.strides, strides, self.shape) if n != 1)
     def get_device(self):
         return self.device
     @property

@@ -147,7 +147,7 @@ def test_dispatcher_torch_and_device_arrays_share_a_signature(torch, add3):
     d, misses = counting_dispatcher(add3)
     a = C.to_device(np.arange(N, dtype=np.float32))
     c = torch.empty(N, device="cuda")
-    d(a, a, a, N, **launch_config())
+    d(a, a, C.empty(N), N, **launch_config())   # registers the signature of (array, array, array, int)
     assert d.signature((c,)) == d.signature((a,))
     d(a, a, c, N, **launch_config())
     torch.cuda.synchronize()
