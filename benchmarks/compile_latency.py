@@ -3,7 +3,9 @@
     python benchmarks/compile_latency.py [--repeats R]
 
 - cold: an empty cache directory; from specializing the kernel to a loaded,
-  launchable function: trace + MLIR pipeline + ptxas + module load.
+  launchable function: trace + MLIR pipeline + ptxas + module load. The CUDA
+  context is made before (once per process, whatever the library: Triton's
+  row below starts with torch's context made too) and reported apart.
 - disk cache: a new process whose cache directory holds that cubin: from
   specializing to a launchable function, MLIR and ptxas skipped.
 - Triton: the first call of a trivial kernel in a new process with an empty
@@ -25,6 +27,9 @@ import json, sys, time
 t0 = time.perf_counter()
 import mlirgpu as mg
 t1 = time.perf_counter()
+if mg.cuda.is_available():
+    mg.cuda.synchronize()  # the CUDA context: once per process, for every library alike
+t_context = time.perf_counter()
 sys.path.insert(0, sys.argv[1])
 from kernels_seed import sgemm_naive
 t2 = time.perf_counter()
@@ -34,12 +39,14 @@ if mg.cuda.is_available():
 else:
     spec.cubin("sm_90a")
 t3 = time.perf_counter()
-print(json.dumps({"import": (t1 - t0) * 1e3, "compile": (t3 - t2) * 1e3, "info": mg.cache_info()._asdict()}))
+print(json.dumps({"import": (t1 - t0) * 1e3, "context": (t_context - t1) * 1e3, "compile": (t3 - t2) * 1e3,
+                  "info": mg.cache_info()._asdict()}))
 """
 
 TRITON_PROBE = r"""
 import json, time
 import torch, triton, triton.language as tl
+torch.cuda.synchronize()
 
 @triton.jit
 def add(a, b, c, BLOCK: tl.constexpr):
@@ -76,7 +83,7 @@ def main():
     tests = os.path.join(ROOT, "tests")
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     rows = {}
-    cold, warm, imports = [], [], []
+    cold, warm, imports, contexts = [], [], [], []
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as cache:
             run_env = dict(env, MLIRGPU_CACHE_DIR=cache)
@@ -86,9 +93,11 @@ def main():
             cold.append(first["compile"])
             warm.append(second["compile"])
             imports.append(first["import"])
+            contexts.append(first["context"])
     rows["mlirgpu cold (trace + MLIR + ptxas + load)"] = statistics.median(cold)
     rows["mlirgpu, new process, disk cache hit"] = statistics.median(warm)
     rows["import mlirgpu"] = statistics.median(imports)
+    rows["CUDA context (cuInit, primary context)"] = statistics.median(contexts)
     try:
         import triton  # noqa: F401
         times = []
