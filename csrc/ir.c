@@ -66,6 +66,22 @@ PyObject *mg_buf_finish(mg_buf *buf)
     return result;
 }
 
+/* A list of the n items make(owner, i) returns; NULL if one fails. */
+typedef PyObject *(*item_maker)(void *owner, intptr_t i);
+
+static PyObject *list_of(intptr_t n, item_maker make, void *owner)
+{
+    PyObject *list = PyList_New(n);
+    for (intptr_t i = 0; list != NULL && i < n; i++) {
+        PyObject *item = make(owner, i);
+        if (item == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, i, item);
+    }
+    return list;
+}
+
 static char *buf_take(mg_buf *buf)
 {
     if (buf->failed || buf->data == NULL) {
@@ -948,22 +964,26 @@ static PyObject *Type_get_memory_space(mg_ir_Value_like *self, void *c)
     return wrap_attribute(self->context, a);
 }
 
+static PyObject *function_input(void *self, intptr_t i)
+{
+    mg_ir_Value_like *t = self;
+    return wrap_type(t->context, mlirFunctionTypeGetInput(t->h.type, i));
+}
+
+static PyObject *function_result(void *self, intptr_t i)
+{
+    mg_ir_Value_like *t = self;
+    return wrap_type(t->context, mlirFunctionTypeGetResult(t->h.type, i));
+}
+
 static PyObject *Type_get_inputs_results(mg_ir_Value_like *self, void *results)
 {
     MlirType t = self->h.type;
     if (!mlirTypeIsAFunction(t))
         return mg_raise(PyExc_TypeError, "only function types have inputs and results");
-    intptr_t n = results ? mlirFunctionTypeGetNumResults(t) : mlirFunctionTypeGetNumInputs(t);
-    PyObject *list = PyList_New(n);
-    for (intptr_t i = 0; list != NULL && i < n; i++) {
-        PyObject *item = wrap_type(self->context, results ? mlirFunctionTypeGetResult(t, i)
-                                                          : mlirFunctionTypeGetInput(t, i));
-        if (item == NULL)
-            Py_CLEAR(list);
-        else
-            PyList_SET_ITEM(list, i, item);
-    }
-    return list;
+    if (results)
+        return list_of(mlirFunctionTypeGetNumResults(t), function_result, self);
+    return list_of(mlirFunctionTypeGetNumInputs(t), function_input, self);
 }
 
 static PyMethodDef Type_methods[] = {
@@ -1326,6 +1346,19 @@ static PyObject *Attribute_get_type(mg_ir_Value_like *self, void *c)
     return wrap_type(self->context, t);
 }
 
+static PyObject *array_element(void *self, intptr_t i)
+{
+    mg_ir_Value_like *a = self;
+    return wrap_attribute(a->context, mlirArrayAttrGetElement(a->h.attr, i));
+}
+
+static PyObject *dense_element(void *self, intptr_t i)
+{
+    MlirAttribute a = ((mg_ir_Value_like *)self)->h.attr;
+    return PyLong_FromLongLong(mlirAttributeIsADenseI32Array(a) ? mlirDenseI32ArrayGetElement(a, i)
+                                                                : mlirDenseI64ArrayGetElement(a, i));
+}
+
 static PyObject *Attribute_get_value(mg_ir_Value_like *self, void *c)
 {
     MlirAttribute a = self->h.attr;
@@ -1351,18 +1384,8 @@ static PyObject *Attribute_get_value(mg_ir_Value_like *self, void *c)
         return wrap_type(self->context, mlirTypeAttrGetValue(a));
     if (mlirAttributeIsAUnit(a))
         Py_RETURN_TRUE;
-    if (mlirAttributeIsAArray(a)) {
-        intptr_t n = mlirArrayAttrGetNumElements(a);
-        PyObject *list = PyList_New(n);
-        for (intptr_t i = 0; list != NULL && i < n; i++) {
-            PyObject *item = wrap_attribute(self->context, mlirArrayAttrGetElement(a, i));
-            if (item == NULL)
-                Py_CLEAR(list);
-            else
-                PyList_SET_ITEM(list, i, item);
-        }
-        return list;
-    }
+    if (mlirAttributeIsAArray(a))
+        return list_of(mlirArrayAttrGetNumElements(a), array_element, self);
     if (mlirAttributeIsADictionary(a)) {
         PyObject *dict = PyDict_New();
         intptr_t n = mlirDictionaryAttrGetNumElements(a);
@@ -1377,20 +1400,8 @@ static PyObject *Attribute_get_value(mg_ir_Value_like *self, void *c)
         }
         return dict;
     }
-    if (mlirAttributeIsADenseI32Array(a) || mlirAttributeIsADenseI64Array(a)) {
-        int is32 = mlirAttributeIsADenseI32Array(a);
-        intptr_t n = mlirDenseArrayGetNumElements(a);
-        PyObject *list = PyList_New(n);
-        for (intptr_t i = 0; list != NULL && i < n; i++) {
-            PyObject *item = PyLong_FromLongLong(is32 ? mlirDenseI32ArrayGetElement(a, i)
-                                                      : mlirDenseI64ArrayGetElement(a, i));
-            if (item == NULL)
-                Py_CLEAR(list);
-            else
-                PyList_SET_ITEM(list, i, item);
-        }
-        return list;
-    }
+    if (mlirAttributeIsADenseI32Array(a) || mlirAttributeIsADenseI64Array(a))
+        return list_of(mlirDenseArrayGetNumElements(a), dense_element, self);
     return mg_raise(PyExc_TypeError, "this kind of attribute has no Python value; use str()");
 }
 
@@ -2077,37 +2088,46 @@ static PyObject *Operation_get_location(mg_ir_Operation *self, void *c)
     return wrap_location(self->context, mlirOperationGetLocation(self->op));
 }
 
+static PyObject *operand_item(void *self, intptr_t i)
+{
+    mg_ir_Operation *op = self;
+    MlirValue v = mlirOperationGetOperand(op->op, i);
+    mg_ir_Operation *owner = (mg_ir_Operation *)mg_ir_operation_wrap(op->context, value_owner_op(v));
+    PyObject *item = owner ? value_wrap(owner, v) : NULL;
+    Py_XDECREF(owner);
+    return item;
+}
+
+static PyObject *result_item(void *self, intptr_t i)
+{
+    return value_wrap(self, mlirOperationGetResult(((mg_ir_Operation *)self)->op, i));
+}
+
+static PyObject *region_item(void *self, intptr_t i)
+{
+    return region_wrap(self, mlirOperationGetRegion(((mg_ir_Operation *)self)->op, i));
+}
+
+static PyObject *successor_item(void *self, intptr_t i)
+{
+    mg_ir_Operation *op = self;
+    MlirBlock b = mlirOperationGetSuccessor(op->op, i);
+    mg_ir_Operation *owner = block_owner(op->context, b);
+    PyObject *item = owner ? block_wrap(owner, b) : NULL;
+    Py_XDECREF(owner);
+    return item;
+}
+
 static PyObject *Operation_get_operands(mg_ir_Operation *self, void *c)
 {
     OP_CHECKED(self);
-    intptr_t n = mlirOperationGetNumOperands(self->op);
-    PyObject *list = PyList_New(n);
-    for (intptr_t i = 0; list != NULL && i < n; i++) {
-        MlirValue v = mlirOperationGetOperand(self->op, i);
-        mg_ir_Operation *owner = (mg_ir_Operation *)mg_ir_operation_wrap(self->context, value_owner_op(v));
-        PyObject *item = owner ? value_wrap(owner, v) : NULL;
-        Py_XDECREF(owner);
-        if (item == NULL)
-            Py_CLEAR(list);
-        else
-            PyList_SET_ITEM(list, i, item);
-    }
-    return list;
+    return list_of(mlirOperationGetNumOperands(self->op), operand_item, self);
 }
 
 static PyObject *Operation_get_results(mg_ir_Operation *self, void *c)
 {
     OP_CHECKED(self);
-    intptr_t n = mlirOperationGetNumResults(self->op);
-    PyObject *list = PyList_New(n);
-    for (intptr_t i = 0; list != NULL && i < n; i++) {
-        PyObject *item = value_wrap(self, mlirOperationGetResult(self->op, i));
-        if (item == NULL)
-            Py_CLEAR(list);
-        else
-            PyList_SET_ITEM(list, i, item);
-    }
-    return list;
+    return list_of(mlirOperationGetNumResults(self->op), result_item, self);
 }
 
 static PyObject *Operation_get_result(mg_ir_Operation *self, void *c)
@@ -2122,34 +2142,13 @@ static PyObject *Operation_get_result(mg_ir_Operation *self, void *c)
 static PyObject *Operation_get_regions(mg_ir_Operation *self, void *c)
 {
     OP_CHECKED(self);
-    intptr_t n = mlirOperationGetNumRegions(self->op);
-    PyObject *list = PyList_New(n);
-    for (intptr_t i = 0; list != NULL && i < n; i++) {
-        PyObject *item = region_wrap(self, mlirOperationGetRegion(self->op, i));
-        if (item == NULL)
-            Py_CLEAR(list);
-        else
-            PyList_SET_ITEM(list, i, item);
-    }
-    return list;
+    return list_of(mlirOperationGetNumRegions(self->op), region_item, self);
 }
 
 static PyObject *Operation_get_successors(mg_ir_Operation *self, void *c)
 {
     OP_CHECKED(self);
-    intptr_t n = mlirOperationGetNumSuccessors(self->op);
-    PyObject *list = PyList_New(n);
-    for (intptr_t i = 0; list != NULL && i < n; i++) {
-        MlirBlock b = mlirOperationGetSuccessor(self->op, i);
-        mg_ir_Operation *owner = block_owner(self->context, b);
-        PyObject *item = owner ? block_wrap(owner, b) : NULL;
-        Py_XDECREF(owner);
-        if (item == NULL)
-            Py_CLEAR(list);
-        else
-            PyList_SET_ITEM(list, i, item);
-    }
-    return list;
+    return list_of(mlirOperationGetNumSuccessors(self->op), successor_item, self);
 }
 
 static PyObject *Operation_get_parent(mg_ir_Operation *self, void *c)
@@ -2489,19 +2488,16 @@ static PyType_Spec Operation_spec = {"mlirgpu.ir.Operation", sizeof(mg_ir_Operat
     if (anchor_check((self)->anchor, what) < 0) \
         return NULL;
 
+static PyObject *argument_item(void *self, intptr_t i)
+{
+    mg_ir_Block *block = self;
+    return value_wrap(block->anchor, mlirBlockGetArgument(block->block, i));
+}
+
 static PyObject *Block_get_arguments(mg_ir_Block *self, void *c)
 {
     VIEW_CHECKED(self, "block");
-    intptr_t n = mlirBlockGetNumArguments(self->block);
-    PyObject *list = PyList_New(n);
-    for (intptr_t i = 0; list != NULL && i < n; i++) {
-        PyObject *item = value_wrap(self->anchor, mlirBlockGetArgument(self->block, i));
-        if (item == NULL)
-            Py_CLEAR(list);
-        else
-            PyList_SET_ITEM(list, i, item);
-    }
-    return list;
+    return list_of(mlirBlockGetNumArguments(self->block), argument_item, self);
 }
 
 static PyObject *Block_get_operations(mg_ir_Block *self, void *c)
