@@ -399,8 +399,7 @@ def cast(value, dtype):
         return op("extui" if src in UNSIGNED or src == bool_ else "extsi")
     if db < sb:
         return op("trunci")
-    return Scalar(emit("arith.bitcast", [value], [t]).result, dtype) if t != value.value.type else \
-        Scalar(value.value, dtype)
+    return Scalar(value.value, dtype)  # same width: the signless bits are the same, only the reading differs
 
 
 def as_index(value, what="an index"):

@@ -45,8 +45,7 @@ class _Unsupported(ast.NodeVisitor):
         self.filename, self.first_line = filename, first_line
 
     def fail(self, node, message):
-        raise CompileError(f"{self.filename}:{node.lineno}: {message}\n    {_source_line(self.filename, node.lineno)}",
-                           ) from None
+        raise CompileError(f"{self.filename}:{node.lineno}: {message}\n    {_source_line(self.filename, node.lineno)}")
 
     def visit_Break(self, node):
         self.fail(node, "`break` is not supported in a kernel loop (it becomes scf.for/scf.while): "
@@ -182,6 +181,14 @@ class _Rewriter(ast.NodeTransformer):
                     self.fail(n, "`return` inside a loop or a branch of a kernel is not supported "
                                  "(it would need to leave a traced region)")
 
+    def visit_all(self, statements):
+        """The rewritten statements: one may become several."""
+        out = []
+        for statement in statements:
+            new = self.visit(statement)
+            out.extend(new if isinstance(new, list) else [new])
+        return out
+
     def visit_Return(self, node):
         if node.value is not None and not self.returns:
             self.fail(node, "a kernel cannot return a value: write results to an array parameter")
@@ -211,8 +218,7 @@ class _Rewriter(ast.NodeTransformer):
             body = body[:-1] + [ast.copy_location(ast.Assign(
                 targets=[ast.Tuple(elts=[ast.Name(id="__mg_yielded", ctx=ast.Store())], ctx=ast.Store())],
                 value=ast.Tuple(elts=[yielded], ctx=ast.Load())), last)]
-        body = [self.visit(s) for s in body]
-        body = [s for b in body for s in (b if isinstance(b, list) else [b])]
+        body = self.visit_all(body)
         iterable = self.visit(node.iter)
         name = self.fresh("body")
         if explicit:
@@ -232,8 +238,7 @@ class _Rewriter(ast.NodeTransformer):
     def visit_If(self, node):
         self.check_no_return(node.body + node.orelse)
         test = self.visit(node.test)
-        then_body = [s for b in map(self.visit, node.body) for s in (b if isinstance(b, list) else [b])]
-        else_body = [s for b in map(self.visit, node.orelse) for s in (b if isinstance(b, list) else [b])]
+        then_body, else_body = self.visit_all(node.body), self.visit_all(node.orelse)
         names = _assigned(then_body + else_body)
         then_name, else_name = self.fresh("then"), self.fresh("else")
         then_fn = self.body_function(then_name, names, then_body or [ast.Pass()], names, node)
@@ -248,7 +253,7 @@ class _Rewriter(ast.NodeTransformer):
             self.fail(node, "while/else is not supported in a kernel")
         self.check_no_return(node.body)
         test = self.visit(node.test)
-        body = [s for b in map(self.visit, node.body) for s in (b if isinstance(b, list) else [b])]
+        body = self.visit_all(node.body)
         names = _assigned(body)
         cond_name, body_name = self.fresh("cond"), self.fresh("body")
         cond_fn = self.body_function(cond_name, names, [], [], node)
@@ -272,9 +277,11 @@ def _code_objects(code):
 
 
 def rewrite(function, returns=False):
-    """(make, parameter names, code objects): `make(**free)` returns the
-    rewritten function, given values for its free names (closure variables
-    and generics). `returns`: `return value` is allowed (device functions)."""
+    """(code, free names, generic parameter names, filename) of the rewritten
+    function: running `code` defines `__mg_make(*free)`, which returns the
+    rewritten function given values for its free names (closure variables
+    and PEP 695 generics; see `instantiate`). `returns`: `return value` is
+    allowed (device functions)."""
     try:
         lines, first_line = inspect.getsourcelines(function)
     except (OSError, TypeError) as error:
@@ -296,8 +303,7 @@ def rewrite(function, returns=False):
     definition.returns = None
     for statement in definition.body:
         _Unsupported(filename, first_line).visit(statement)
-    definition.body = [s for b in map(_Rewriter(filename, returns).visit, definition.body)
-                       for s in (b if isinstance(b, list) else [b])]
+    definition.body = _Rewriter(filename, returns).visit_all(definition.body)
     free = list(function.__code__.co_freevars) + [p for p in generic_params if p not in function.__code__.co_freevars]
     maker = ast.FunctionDef(
         name="__mg_make", args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=n) for n in free], vararg=None,
