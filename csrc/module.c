@@ -79,6 +79,8 @@ static int add_errors(PyObject *module, mg_state *st)
     st->LaunchError = new_error(module, "LaunchError", launch_bases,
         "The arguments or configuration of a launch do not fit the kernel.");
     Py_DECREF(launch_bases);
+    st->KernelError = new_error(module, "KernelError", st->Error,
+        "A kernel run on the CPU backend broke a rule of the GPU's execution model or went out of bounds.");
     PyObject *invalid_bases = PyTuple_Pack(2, st->Error, PyExc_RuntimeError);
     if (invalid_bases == NULL)
         return -1;
@@ -87,7 +89,7 @@ static int add_errors(PyObject *module, mg_state *st)
         "memory that was freed.");
     Py_DECREF(invalid_bases);
     if (!st->MLIRError || !st->CompileError || !st->CudaError || !st->LaunchError ||
-        !st->InvalidObjectError)
+        !st->KernelError || !st->InvalidObjectError)
         return -1;
     return 0;
 }
@@ -124,6 +126,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->CompileError);
     Py_VISIT(st->CudaError);
     Py_VISIT(st->LaunchError);
+    Py_VISIT(st->KernelError);
     Py_VISIT(st->InvalidObjectError);
     return 0;
 }
@@ -136,6 +139,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->CompileError);
     Py_CLEAR(st->CudaError);
     Py_CLEAR(st->LaunchError);
+    Py_CLEAR(st->KernelError);
     Py_CLEAR(st->InvalidObjectError);
     return 0;
 }
