@@ -1,6 +1,7 @@
 /* mlirgpu._mlirgpu: module init. Each area (ir, pipeline, cuda, array, launch) adds
  * its own types and functions through its mg_*_init hook. */
 #include "module.h"
+#include "cpu.h"
 #include "launch.h"
 
 #include <string.h>
@@ -111,7 +112,8 @@ static int module_exec(PyObject *module)
     if (PyModule_AddStringConstant(module, "CUDA_HOME", MG_CUDA_HOME) < 0)
         return -1;
     if (mg_ir_init(module) < 0 || mg_pipeline_init(module) < 0 ||
-        mg_cu_init(module) < 0 || mg_array_init(module) < 0 || mg_launch_init(module) < 0) {
+        mg_cu_init(module) < 0 || mg_array_init(module) < 0 || mg_launch_init(module) < 0 ||
+        mg_cpu_init(module) < 0) {
         mg_st = NULL;
         return -1;
     }
