@@ -144,3 +144,19 @@ def test_repeated_launches_do_not_grow_rss():
         mg.cpu.run(spec, [X], grid=2, block=96)
     gc.collect()
     assert _rss_kb() - before < 4096
+
+
+@mg.kernel
+def math_and_atomics(X: mg.memref[N, mg.f32], S: mg.memref[1, mg.f32]):
+    t = block_idx.x * block_dim.x + thread_idx.x
+    X[t] = mg.math.tanh(X[t]) + mg.math.exp(X[t]) + mg.math.rsqrt(X[t] + 1.0)
+    mg.atomic.add(S, (0,), 1.0)
+
+
+def test_math_and_atomic_add():
+    X = np.linspace(0, 1, 64).astype(np.float32)
+    x = X.astype(np.float64)
+    S = np.zeros(1, np.float32)
+    mg.cpu.run(math_and_atomics[64], [X, S], grid=2, block=32)
+    np.testing.assert_allclose(X, np.tanh(x) + np.exp(x) + 1 / np.sqrt(x + 1), rtol=1e-6)
+    assert S[0] == 64
