@@ -1,6 +1,7 @@
 /* mlirgpu._mlirgpu: module init. Each area (ir, pipeline, cuda, array, launch) adds
  * its own types and functions through its mg_*_init hook. */
 #include "module.h"
+#include "cpu.h"
 #include "launch.h"
 
 #include <string.h>
@@ -79,6 +80,8 @@ static int add_errors(PyObject *module, mg_state *st)
     st->LaunchError = new_error(module, "LaunchError", launch_bases,
         "The arguments or configuration of a launch do not fit the kernel.");
     Py_DECREF(launch_bases);
+    st->KernelError = new_error(module, "KernelError", st->Error,
+        "A kernel run on the CPU backend broke a rule of the GPU's execution model or went out of bounds.");
     PyObject *invalid_bases = PyTuple_Pack(2, st->Error, PyExc_RuntimeError);
     if (invalid_bases == NULL)
         return -1;
@@ -87,7 +90,7 @@ static int add_errors(PyObject *module, mg_state *st)
         "memory that was freed.");
     Py_DECREF(invalid_bases);
     if (!st->MLIRError || !st->CompileError || !st->CudaError || !st->LaunchError ||
-        !st->InvalidObjectError)
+        !st->KernelError || !st->InvalidObjectError)
         return -1;
     return 0;
 }
@@ -109,7 +112,8 @@ static int module_exec(PyObject *module)
     if (PyModule_AddStringConstant(module, "CUDA_HOME", MG_CUDA_HOME) < 0)
         return -1;
     if (mg_ir_init(module) < 0 || mg_pipeline_init(module) < 0 ||
-        mg_cu_init(module) < 0 || mg_array_init(module) < 0 || mg_launch_init(module) < 0) {
+        mg_cu_init(module) < 0 || mg_array_init(module) < 0 || mg_launch_init(module) < 0 ||
+        mg_cpu_init(module) < 0) {
         mg_st = NULL;
         return -1;
     }
@@ -124,6 +128,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->CompileError);
     Py_VISIT(st->CudaError);
     Py_VISIT(st->LaunchError);
+    Py_VISIT(st->KernelError);
     Py_VISIT(st->InvalidObjectError);
     return 0;
 }
@@ -136,6 +141,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->CompileError);
     Py_CLEAR(st->CudaError);
     Py_CLEAR(st->LaunchError);
+    Py_CLEAR(st->KernelError);
     Py_CLEAR(st->InvalidObjectError);
     return 0;
 }

@@ -13,6 +13,7 @@ typedef struct {
     PyObject *CudaError;          /* a driver call failed; .code, .name */
     PyObject *LaunchError;        /* arguments of a launch do not fit */
     PyObject *InvalidObjectError; /* a handle whose IR or memory is gone */
+    PyObject *KernelError;        /* a CPU-backend run broke the GPU's rules */
 } mg_state;
 
 /* The one instance of the module's state. MLIR's registries and the CUDA

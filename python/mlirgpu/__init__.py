@@ -1,8 +1,8 @@
 """mlirgpu: build MLIR from Python, lower it through the NVVM pipeline to PTX
 and cubin, and run it on NVIDIA GPUs through the CUDA driver."""
-from . import atomic, cuda, ir, math, passes, shared, warp
+from . import atomic, cpu, cuda, ir, math, passes, shared, warp
 from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event,
-                       InvalidObjectError, LaunchError, MLIRError, Stream, asarray, bf16, bool_,
+                       InvalidObjectError, KernelError, LaunchError, MLIRError, Stream, asarray, bf16, bool_,
                        dtype, empty, f16, f32, f64, i8, i16, i32, i64, index, to_device, u8, u16,
                        u32, u64, zeros)
 from .device import func, printf, syncthreads, vload, vstore

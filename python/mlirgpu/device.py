@@ -83,6 +83,13 @@ def syncthreads():
     """Wait until every thread of the block gets here, and make their shared
     and global memory writes visible to each other (gpu.barrier; CUDA's
     __syncthreads). Every thread of the block must reach the same call."""
+    trace = lang._trace()
+    if getattr(trace, "host_indices", None) is not None:
+        # The CPU backend: the runtime's fiber switch, told the line for its errors.
+        line = lang.emit("arith.constant", results=[ir.Type.integer(32)],
+                         attributes={"value": ir.Attribute.integer(trace.location().line, ir.Type.integer(32))})
+        lang.emit("func.call", [line.result], attributes={"callee": ir.Attribute.symbol_ref("mg_cpu_barrier")})
+        return
     lang.emit("gpu.barrier")
 
 

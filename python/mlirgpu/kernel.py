@@ -390,7 +390,9 @@ class Specialization:
                 result.append((p, None, dtype))
         return result
 
-    def _trace(self):
+    def _trace(self, host=False):
+        """The kernel traced into a gpu.func in a gpu.module, or with `host`
+        into a func.func for the CPU backend (see cpu.py)."""
         function = self.kernel.function
         code, free, generic_params, filename = self.kernel.rewritten()
         closure = dict(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
@@ -409,20 +411,23 @@ class Specialization:
         context = ir.Context.current()
         with context:
             module = ir.Module.create(location=ir.Location.file(filename, def_line, 0))
-            module.operation.set_attribute("gpu.container_module", ir.Attribute.unit())
-            with ir.InsertionPoint(module.body):
-                gpu_module = ir.Operation.create("gpu.module", attributes={
-                    "sym_name": ir.Attribute.string("kernels")}, regions=1,
-                    location=ir.Location.file(filename, def_line, 0))
             types = [ir.Type.memref(shape, lang.ir_type(dtype)) if shape is not None else lang.ir_type(dtype)
                      for _, shape, dtype in params]
-            with ir.InsertionPoint(gpu_module.regions[0].append_block()):
-                func = ir.Operation.create("gpu.func", regions=1, location=ir.Location.file(filename, def_line, 0),
-                                           attributes={
-                                               "sym_name": ir.Attribute.string(self.name),
-                                               "function_type": ir.Attribute.type_attr(ir.Type.function(types, [])),
-                                               "gpu.kernel": ir.Attribute.unit()})
-            body = func.regions[0].append_block(types, [ir.Location.file(filename, def_line, 0)] * len(types))
+            if host:
+                body = _host_function(module, self.name, types, ir.Location.file(filename, def_line, 0))
+            else:
+                module.operation.set_attribute("gpu.container_module", ir.Attribute.unit())
+                with ir.InsertionPoint(module.body):
+                    gpu_module = ir.Operation.create("gpu.module", attributes={
+                        "sym_name": ir.Attribute.string("kernels")}, regions=1,
+                        location=ir.Location.file(filename, def_line, 0))
+                with ir.InsertionPoint(gpu_module.regions[0].append_block()):
+                    func = ir.Operation.create(
+                        "gpu.func", regions=1, location=ir.Location.file(filename, def_line, 0),
+                        attributes={"sym_name": ir.Attribute.string(self.name),
+                                    "function_type": ir.Attribute.type_attr(ir.Type.function(types, [])),
+                                    "gpu.kernel": ir.Attribute.unit()})
+                body = func.regions[0].append_block(types, [ir.Location.file(filename, def_line, 0)] * len(types))
             instance = tracer.instantiate(function, code, free, values)
             instance.__globals__.update(rewritten_globals)
             codes = tracer.code_objects(instance.__code__)
@@ -430,10 +435,12 @@ class Specialization:
                          for a, (_, shape, dtype) in zip(body.arguments, params)]
             trace = tracer.Trace(codes, filename, def_line)
             trace.generic_values = dict(self.values)  # for @mg.func device functions it calls
+            if host:
+                trace.host_indices = _host_indices(body.arguments[len(types):])
             try:
                 with trace, ir.InsertionPoint(body):
                     instance(*arguments)
-                    lang.emit("gpu.return")
+                    lang.emit("func.return" if host else "gpu.return")
             except Exception as error:
                 raise tracer.trace_error(error, codes, filename) from None
             try:
@@ -513,6 +520,32 @@ class Specialization:
         for i, a in host:
             # NumPy arrays are copied in, and back after the launch.
             np.copyto(a, args[i].get(stream=stream))
+
+
+HOST_INDICES = [(op, axis) for op in ("gpu.thread_id", "gpu.block_id", "gpu.block_dim", "gpu.grid_dim")
+                for axis in "xyz"]
+
+
+def _host_function(module, name, types, location):
+    """The CPU backend's form of a kernel: func.func @name(params..., then
+    thread, block, block_dim, grid_dim x/y/z as index) with a C interface,
+    beside the declaration of the runtime's barrier. Returns its entry block."""
+    i32 = ir.Type.integer(32)
+    inputs = types + [ir.Type.index()] * len(HOST_INDICES)
+    with ir.InsertionPoint(module.body), location:
+        ir.Operation.create("func.func", regions=1, attributes={
+            "sym_name": ir.Attribute.string("mg_cpu_barrier"),
+            "function_type": ir.Attribute.type_attr(ir.Type.function([i32], [])),
+            "sym_visibility": ir.Attribute.string("private")})
+        func = ir.Operation.create("func.func", regions=1, attributes={
+            "sym_name": ir.Attribute.string(name),
+            "function_type": ir.Attribute.type_attr(ir.Type.function(inputs, [])),
+            "llvm.emit_c_interface": ir.Attribute.unit()})
+    return func.regions[0].append_block(inputs, [location] * len(inputs))
+
+
+def _host_indices(arguments):
+    return {key: lang.Scalar(value, _mlirgpu.index) for key, value in zip(HOST_INDICES, arguments)}
 
 
 def _default_chip():

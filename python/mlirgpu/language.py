@@ -481,6 +481,9 @@ class _Dim3:
         self._op, self._name = op, name
 
     def _get(self, axis):
+        host = getattr(_trace(), "host_indices", None)
+        if host is not None:  # the CPU backend: the host function's index arguments
+            return host[self._op, axis]
         attr = ir.Attribute.parse(f"#gpu<dim {axis}>")
         return Scalar(emit(self._op, results=[ir.Type.index()], attributes={"dimension": attr}).result, index)
 
