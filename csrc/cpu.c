@@ -217,7 +217,11 @@ static int create_guarded(MlirModule module, int opt_level, MlirExecutionEngine 
         mg_fatal_target = NULL;
         return 1;
     }
-    *engine = mlirExecutionEngineCreate(module, opt_level, 0, NULL, false, false);
+    /* Position-independent code: with the small code model a JIT'd call or
+     * data reference reaches +-2 GB only, and a process holding a CUDA
+     * context has reserved so much address space that the JIT's memory can
+     * land farther than that from libc and from our runtime functions. */
+    *engine = mlirExecutionEngineCreate(module, opt_level, 0, NULL, false, true);
     mg_fatal_target = NULL;
     return 0;
 }
