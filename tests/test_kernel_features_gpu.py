@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 
 import mlirgpu as mg
-from mlirgpu import block_dim, block_idx, thread_idx
+
+from kernels_features import (BLOCK, TILE, block_sum, claim_slots, copy_float4, copy_half8, dynamic_reverse,
+                              extrema, float_sum_and_exchange, hello, matmul_dynamic, matmul_static,
+                              take_tickets, use_device_functions, warp_ops)
 
 pytestmark = pytest.mark.gpu
-
-M, K, N, S = mg.generics("M K N S")
-TILE = 16
-BLOCK = 256
 
 
 def relative_error(got, expected):
@@ -23,28 +22,6 @@ def relative_error(got, expected):
 
 # ---------------------------------------------------------------------------
 # Block reduction: shared memory tree, warp shuffles, one atomic per block
-
-@mg.kernel
-def block_sum(A: mg.memref[N, mg.f32], out: mg.memref[1, mg.f32]):
-    partial = mg.shared.array(BLOCK, mg.f32)
-    t = thread_idx.x
-    i = block_idx.x * BLOCK + t
-    x = mg.constant(0.0, mg.f32)
-    if i < N:
-        x = A[i]
-    partial[t] = x
-    mg.syncthreads()
-    for stride in (128, 64, 32):  # unrolled: a Python tuple
-        if t < stride:
-            partial[t] = partial[t] + partial[t + stride]
-        mg.syncthreads()
-    if t < 32:  # the first warp, all of its lanes
-        v = partial[t]
-        for offset in (16, 8, 4, 2, 1):
-            v += mg.warp.shfl_down(v, offset)
-        if t == 0:
-            mg.atomic.add(out, 0, v)
-
 
 @pytest.mark.parametrize("n", [1 << 20, 1_000_003])
 def test_block_reduction(n):
@@ -57,43 +34,6 @@ def test_block_reduction(n):
 
 # ---------------------------------------------------------------------------
 # Tiled matmul (the lecture's), TILE 16
-
-@mg.kernel(generics=(M, K, N))
-def matmul_dynamic(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[M, N, mg.f32]):
-    smem = mg.shared.dynamic(mg.f32)  # shared_mem = 2 tiles of floats
-    As = smem[0:TILE * TILE]
-    Bs = smem[TILE * TILE:2 * TILE * TILE]
-    tx, ty = thread_idx.x, thread_idx.y
-    row = block_idx.y * TILE + ty
-    col = block_idx.x * TILE + tx
-    acc = mg.constant(0.0, mg.f32)
-    for t in range(K // TILE):
-        As[ty * TILE + tx] = A[row, t * TILE + tx]
-        Bs[ty * TILE + tx] = B[t * TILE + ty, col]
-        mg.syncthreads()
-        for k in range(TILE):
-            acc += As[ty * TILE + k] * Bs[k * TILE + tx]
-        mg.syncthreads()
-    C[row, col] = acc
-
-
-@mg.kernel(generics=(M, K, N))
-def matmul_static(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[M, N, mg.f32]):
-    As = mg.shared.array((TILE, TILE), mg.f32)
-    Bs = mg.shared.array((TILE, TILE), mg.f32)
-    tx, ty = thread_idx.x, thread_idx.y
-    row = block_idx.y * TILE + ty
-    col = block_idx.x * TILE + tx
-    acc = mg.constant(0.0, mg.f32)
-    for t in range(K // TILE):
-        As[ty, tx] = A[row, t * TILE + tx]
-        Bs[ty, tx] = B[t * TILE + ty, col]
-        mg.syncthreads()
-        for k in range(TILE):
-            acc += As[ty, k] * Bs[k, tx]
-        mg.syncthreads()
-    C[row, col] = acc
-
 
 @pytest.fixture(scope="module")
 def matmul_operands():
@@ -119,20 +59,6 @@ def test_tiled_matmul(matmul_operands, kernel, shared_mem):
 # ---------------------------------------------------------------------------
 # Dynamic shared memory: its size, and slices with traced bounds
 
-@mg.kernel
-def dynamic_reverse(A: mg.memref[N, mg.f32], B: mg.memref[N, mg.f32], size: mg.memref[1, mg.i32]):
-    smem = mg.shared.dynamic(mg.f32)
-    base = block_idx.x * 0 + 4  # a traced offset
-    window = smem[base:base + BLOCK]
-    t = thread_idx.x
-    i = block_idx.x * BLOCK + t
-    window[t] = A[i]
-    mg.syncthreads()
-    B[i] = window[BLOCK - 1 - t]
-    if i == 0:
-        size[0] = mg.cast(mg.shared.size(smem), mg.i32)
-
-
 def test_dynamic_shared_memory_slices():
     A = np.arange(4 * BLOCK, dtype=np.float32)
     B, size = mg.empty((4 * BLOCK,), mg.f32), mg.zeros((1,), mg.i32)
@@ -144,22 +70,6 @@ def test_dynamic_shared_memory_slices():
 
 # ---------------------------------------------------------------------------
 # Vector loads and stores
-
-@mg.kernel(generics=(M, N))
-def copy_float4(A: mg.memref[M, N, mg.f32], B: mg.memref[M, N, mg.f32], C: mg.memref[M, N, mg.f32]):
-    i = block_idx.x
-    j = thread_idx.x * 4
-    v = mg.vload(A, (i, j), 4)
-    mg.vstore(B, (i, j), v)
-    w = v * 2.0 + 1.0
-    mg.vstore(C, (i, j), (w[3], w[2], w[1], w[0]))
-
-
-@mg.kernel
-def copy_half8(A: mg.memref[N, mg.f16], B: mg.memref[N, mg.f16]):
-    j = (block_idx.x * block_dim.x + thread_idx.x) * 8
-    mg.vstore(B, j, mg.vload(A, j, 8))
-
 
 def test_float4_copy():
     A = np.random.default_rng(2).standard_normal((64, 1024), dtype=np.float32)
@@ -180,34 +90,6 @@ def test_half8_copy():
 # ---------------------------------------------------------------------------
 # Device functions
 
-@mg.func
-def axpy(a, x, y):
-    return a * x + y
-
-
-@mg.func
-def ordered(a, b):
-    return mg.math.min(a, b), mg.math.max(a, b)
-
-
-@mg.func
-def clamp_store(out, i, value, lo, hi):
-    out[i] = mg.math.max(mg.math.min(value, hi), lo)
-
-
-@mg.kernel
-def use_device_functions(X: mg.memref[N, mg.f32], Y: mg.memref[N, mg.f32], Out: mg.memref[N, mg.f32],
-                         Lo: mg.memref[N, mg.f32], Hi: mg.memref[N, mg.f32], Clamped: mg.memref[N, mg.f32]):
-    i = block_idx.x * block_dim.x + thread_idx.x
-    if i < N:
-        x, y = X[i], Y[i]
-        Out[i] = axpy(2.5, x, axpy(x, y, 1.0))
-        lo, hi = ordered(x, y)
-        Lo[i] = lo
-        Hi[i] = hi
-        clamp_store(Clamped, i, x, -0.5, 0.5)
-
-
 def test_device_functions():
     rng = np.random.default_rng(4)
     n = 10_000
@@ -224,13 +106,6 @@ def test_device_functions():
 # ---------------------------------------------------------------------------
 # printf
 
-@mg.kernel
-def hello(A: mg.memref[N, mg.f32]):
-    t = thread_idx.x
-    if t < 4:
-        mg.printf("thread %d of block %ld: %.2f\n", mg.cast(t, mg.i32), block_idx.x, A[t])
-
-
 def test_printf_reaches_stdout(capfd):
     A = np.array([0.5, 1.25, 2.0, -3.75], dtype=np.float32)
     capfd.readouterr()
@@ -244,19 +119,6 @@ def test_printf_reaches_stdout(capfd):
 
 # ---------------------------------------------------------------------------
 # Atomics
-
-@mg.kernel
-def extrema(X: mg.memref[N, mg.f32], I: mg.memref[N, mg.i32], U: mg.memref[N, mg.u32],
-            F_out: mg.memref[2, mg.f32], I_out: mg.memref[2, mg.i32], U_out: mg.memref[2, mg.u32]):
-    i = block_idx.x * block_dim.x + thread_idx.x
-    if i < N:
-        mg.atomic.max(F_out, 0, X[i])
-        mg.atomic.min(F_out, 1, X[i])
-        mg.atomic.max(I_out, 0, I[i])
-        mg.atomic.min(I_out, 1, I[i])
-        mg.atomic.max(U_out, 0, U[i])
-        mg.atomic.min(U_out, 1, U[i])
-
 
 def test_atomic_max_min():
     rng = np.random.default_rng(5)
@@ -274,26 +136,12 @@ def test_atomic_max_min():
     assert U_out.get().tolist() == [U.max(), U.min()]
 
 
-@mg.kernel
-def take_tickets(counter: mg.memref[1, mg.i32], tickets: mg.memref[N, mg.i32]):
-    i = block_idx.x * block_dim.x + thread_idx.x
-    if i < N:
-        tickets[i] = mg.atomic.add(counter, 0, 1)
-
-
 def test_atomic_add_returns_the_old_value():
     n = 50_000
     counter, tickets = mg.zeros((1,), mg.i32), mg.empty((n,), mg.i32)
     take_tickets(counter, tickets, grid=((n + 255) // 256,), block=(256,))
     assert counter.get()[0] == n
     np.testing.assert_array_equal(np.sort(tickets.get()), np.arange(n))
-
-
-@mg.kernel
-def claim_slots(slots: mg.memref[S, mg.i32], old: mg.memref[N, mg.i32]):
-    i = block_idx.x * block_dim.x + thread_idx.x
-    if i < N:
-        old[i] = mg.atomic.cas(slots, i % S, 0, mg.cast(i, mg.i32) + 1)
 
 
 def test_atomic_cas_claims_each_slot_once():
@@ -308,14 +156,6 @@ def test_atomic_cas_claims_each_slot_once():
     assert ((seen[losers] - 1) % s == np.flatnonzero(losers) % s).all()  # and the others saw the winner
 
 
-@mg.kernel
-def float_sum_and_exchange(X: mg.memref[N, mg.f64], total: mg.memref[1, mg.f64], last: mg.memref[1, mg.i32]):
-    i = block_idx.x * block_dim.x + thread_idx.x
-    if i < N:
-        mg.atomic.add(total, 0, X[i])
-        mg.atomic.exchange(last, 0, mg.cast(i, mg.i32))
-
-
 def test_atomic_add_f64_and_exchange():
     X = np.random.default_rng(6).random(4096)
     total, last = mg.zeros((1,), mg.f64), mg.to_device(np.array([-1], dtype=np.int32))
@@ -326,22 +166,6 @@ def test_atomic_add_f64_and_exchange():
 
 # ---------------------------------------------------------------------------
 # Warp shuffles
-
-@mg.kernel
-def warp_ops(X: mg.memref[N, mg.f32], I: mg.memref[N, mg.i32], total: mg.memref[N, mg.f32],
-             lane3: mg.memref[N, mg.i32], down: mg.memref[N, mg.f32], up: mg.memref[N, mg.f32],
-             lane: mg.memref[N, mg.i32]):
-    i = block_idx.x * block_dim.x + thread_idx.x
-    x = X[i]
-    s = x
-    for mask in (16, 8, 4, 2, 1):  # butterfly: every lane gets the warp's sum
-        s += mg.warp.shfl_xor(s, mask)
-    total[i] = s
-    lane3[i] = mg.warp.shfl_idx(I[i], 3)
-    down[i] = mg.warp.shfl_down(x, 1)
-    up[i] = mg.warp.shfl_up(x, 2)
-    lane[i] = mg.cast(mg.warp.lane_id(), mg.i32)
-
 
 def test_warp_shuffles():
     n = 4096
