@@ -8,12 +8,21 @@
  * others wait, that is barrier divergence and the launch stops with
  * mlirgpu.KernelError. Fibers never unwind: an abandoned fiber's stack is
  * simply reused by the next block or launch. The GIL is held throughout, so
- * the scheduler's state can be process-wide. */
+ * the scheduler's state can be process-wide.
+ *
+ * The other runtime calls of the host trace: mg_cpu_shared (the block's
+ * shared memory), mg_cpu_shuffle (a warp-level barrier that exchanges one
+ * value per lane), mg_cpu_printf_arg / mg_cpu_printf (formatted into a buffer
+ * that goes to sys.stdout between blocks), mg_cpu_bounds_index /
+ * mg_cpu_out_of_bounds (a failed bounds check: recorded, and the fiber never
+ * resumes). */
 #include "cpu.h"
 #include "ir.h"
 
 #include <mlir-c/ExecutionEngine.h>
 #include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -29,19 +38,36 @@ extern _Thread_local jmp_buf *mg_fatal_target; /* ir.c: LLVM fatal errors longjm
 #define MG_CPU_STACK (64 * 1024)
 #define MG_CPU_MAX_THREADS 1024 /* threads per block, as on the GPU */
 #define MG_CPU_NINDEX 12        /* thread, block, block_dim, grid_dim: x, y, z each */
+#define MG_CPU_WARP 32
+#define MG_CPU_MAX_ARGS 32      /* printf values, bounds-check indices */
+#define MG_CPU_ALIGN 64         /* of each shared memory region */
 
 /* ------------------------------------------------------------------------ */
 /* Fibers and the scheduler                                                  */
 
 typedef void (*mg_packed_fn)(void **);
 
-enum { FIBER_READY, FIBER_AT_BARRIER, FIBER_DONE };
+enum { FIBER_READY, FIBER_AT_BARRIER, FIBER_AT_SHUFFLE, FIBER_DONE, FIBER_FAILED };
 
 typedef struct {
     ucontext_t context;
     int state;
-    int32_t line; /* the barrier it waits at */
+    int32_t line;     /* the barrier or shuffle it waits at */
+    int32_t mode;     /* shuffle: MG_SHFL_* */
+    int32_t offset;   /* shuffle: lane mask, delta or source lane */
+    int64_t value;    /* shuffle: its value going in, then the one it reads */
 } mg_fiber;
+
+enum { MG_SHFL_XOR, MG_SHFL_DOWN, MG_SHFL_UP, MG_SHFL_IDX };
+
+/* What mg_cpu_out_of_bounds records for the scheduler to raise. */
+typedef struct {
+    int failed;
+    int thread;
+    int32_t name, kind, line;
+    int rank;
+    int64_t index[MG_CPU_MAX_ARGS], size[MG_CPU_MAX_ARGS];
+} mg_bounds_error;
 
 static struct {
     ucontext_t scheduler;
@@ -50,8 +76,19 @@ static struct {
     size_t capacity;   /* fibers (and stacks) allocated */
     size_t page;
     int current;
+    int nthreads;      /* of the block running */
     mg_packed_fn function;
     void ***arguments; /* per thread: the packed argument array */
+    const char *const *strings; /* the engine's: printf formats, array names */
+    Py_ssize_t nstrings;
+    char *shared[2];   /* the block's static and dynamic shared memory */
+    int64_t shared_size[2];
+    int nargs;         /* printf values or bounds-check indices pending */
+    int64_t args[MG_CPU_MAX_ARGS], sizes[MG_CPU_MAX_ARGS];
+    char *output;      /* printf output not yet written to sys.stdout */
+    size_t output_len, output_cap;
+    int output_failed; /* out of memory while formatting: raised after the block */
+    mg_bounds_error bounds;
 } sched;
 
 static size_t stack_stride(void) { return sched.page + MG_CPU_STACK; }
@@ -102,9 +139,266 @@ void mg_cpu_barrier(int32_t line)
     swapcontext(&f->context, &sched.scheduler);
 }
 
-/* Runs one block of `n` threads; -1 with KernelError on barrier divergence. */
+/* ------------------------------------------------------------------------ */
+/* Shared memory                                                             */
+
+struct mg_memref_1d {
+    void *allocated, *aligned;
+    int64_t offset, size, stride;
+};
+
+/* The C interface of `func.func private @mg_cpu_shared(i32) -> memref<?xi8>`:
+ * 0 the block's static shared memory, 1 its dynamic (the launch's shared_mem). */
+void _mlir_ciface_mg_cpu_shared(mg_memref_1d *result, int32_t which)
+{
+    which = which != 0;
+    *result = (mg_memref_1d){sched.shared[which], sched.shared[which], 0, sched.shared_size[which], 1};
+}
+
+/* ------------------------------------------------------------------------ */
+/* Warp shuffles                                                             */
+
+/* A warp-level barrier: deposits `value`, waits until every thread of its
+ * warp that has not returned is at a shuffle, and returns the value of the
+ * lane chosen by `mode` and `offset` (its own where that lane is out of range
+ * or not there, as gpu.shuffle gives). */
+int64_t mg_cpu_shuffle(int32_t mode, int64_t value, int32_t offset, int32_t line)
+{
+    mg_fiber *f = &sched.fibers[sched.current];
+    f->state = FIBER_AT_SHUFFLE;
+    f->mode = mode;
+    f->value = value;
+    f->offset = offset;
+    f->line = line;
+    swapcontext(&f->context, &sched.scheduler);
+    return f->value;
+}
+
+/* Completes the shuffle of the warp starting at thread `first`. */
+static void exchange(int first, int end)
+{
+    int64_t in[MG_CPU_WARP];
+    int active[MG_CPU_WARP];
+    for (int t = first; t < end; t++) {
+        in[t - first] = sched.fibers[t].value;
+        active[t - first] = sched.fibers[t].state == FIBER_AT_SHUFFLE;
+    }
+    for (int t = first; t < end; t++) {
+        mg_fiber *f = &sched.fibers[t];
+        if (f->state != FIBER_AT_SHUFFLE)
+            continue;
+        int lane = t - first, b = f->offset & (MG_CPU_WARP - 1), source;
+        switch (f->mode) {
+        case MG_SHFL_XOR: source = lane ^ b; break;
+        case MG_SHFL_DOWN: source = lane + b; break;
+        case MG_SHFL_UP: source = lane - b; break;
+        default: source = b; break;
+        }
+        if (source >= 0 && source < end - first && active[source])
+            f->value = in[source];
+        f->state = FIBER_READY;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* printf                                                                    */
+
+void mg_cpu_printf_arg(int64_t bits)
+{
+    if (sched.nargs < MG_CPU_MAX_ARGS)
+        sched.args[sched.nargs++] = bits;
+}
+
+static void append_output(const char *text, size_t len)
+{
+    if (sched.output_len + len + 1 > sched.output_cap) {
+        size_t cap = sched.output_cap ? sched.output_cap : 4096;
+        while (cap < sched.output_len + len + 1)
+            cap *= 2;
+        char *grown = PyMem_Realloc(sched.output, cap);
+        if (grown == NULL) {
+            sched.output_failed = 1;
+            return;
+        }
+        sched.output = grown;
+        sched.output_cap = cap;
+    }
+    memcpy(sched.output + sched.output_len, text, len);
+    sched.output_len += len;
+}
+
+/* Formats strings[format] with the values mg_cpu_printf_arg gave, as C's
+ * printf would (the trace promoted them: ints to 32 or 64 bits, floats to
+ * double), one conversion at a time. */
+void mg_cpu_printf(int32_t format)
+{
+    int nargs = sched.nargs, next = 0;
+    sched.nargs = 0;
+    if (format < 0 || format >= sched.nstrings)
+        return;
+    const char *p = sched.strings[format];
+    char spec[64], text[512];
+    while (*p) {
+        const char *percent = strchr(p, '%');
+        if (percent == NULL) {
+            append_output(p, strlen(p));
+            break;
+        }
+        append_output(p, (size_t)(percent - p));
+        if (percent[1] == '%') {
+            append_output("%", 1);
+            p = percent + 2;
+            continue;
+        }
+        /* %[flags][width][.precision][length]conversion */
+        const char *q = percent + 1;
+        q += strspn(q, "-+ #0");
+        q += strspn(q, "0123456789");
+        if (*q == '.')
+            q += 1 + strspn(q + 1, "0123456789");
+        int wide = 0;
+        const char *length = q;
+        q += strspn(q, "hlLjzt");
+        for (const char *c = length; c < q; c++)
+            wide |= *c == 'l' || *c == 'j' || *c == 'z' || *c == 't' || *c == 'L';
+        if (*q == '\0')
+            break;
+        size_t n = (size_t)(length - percent);
+        if (n + 4 > sizeof spec)
+            break;
+        memcpy(spec, percent, n); /* without the length modifier: we pick the C type */
+        int64_t bits = next < nargs ? sched.args[next] : 0;
+        next++;
+        char conversion = *q;
+        int len = 0;
+        if (strchr("diouxXc", conversion)) {
+            if (wide)
+                spec[n++] = 'l', spec[n++] = 'l';
+            spec[n++] = conversion;
+            spec[n] = '\0';
+            if (conversion == 'c')
+                len = snprintf(text, sizeof text, spec, (int)bits);
+            else if (strchr("di", conversion))
+                len = wide ? snprintf(text, sizeof text, spec, (long long)bits) : snprintf(text, sizeof text, spec, (int)bits);
+            else
+                len = wide ? snprintf(text, sizeof text, spec, (unsigned long long)bits)
+                           : snprintf(text, sizeof text, spec, (unsigned)bits);
+        } else if (strchr("eEfFgGaA", conversion)) {
+            double d;
+            memcpy(&d, &bits, sizeof d);
+            spec[n++] = conversion;
+            spec[n] = '\0';
+            len = snprintf(text, sizeof text, spec, d);
+        }
+        if (len > 0)
+            append_output(text, (size_t)len < sizeof text ? (size_t)len : sizeof text - 1);
+        p = q + 1;
+    }
+}
+
+/* Writes the pending printf output to sys.stdout (from the scheduler: Python
+ * does not run on a fiber's small stack); -1 with an exception set. */
+static int flush_output(void)
+{
+    if (sched.output_failed) {
+        sched.output_failed = 0;
+        sched.output_len = 0;
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (sched.output_len == 0)
+        return 0;
+    PyObject *text = PyUnicode_DecodeUTF8(sched.output, (Py_ssize_t)sched.output_len, "replace");
+    sched.output_len = 0;
+    if (text == NULL)
+        return -1;
+    PyObject *out = PySys_GetObject("stdout"); /* borrowed */
+    PyObject *r = NULL;
+    if (out != NULL && out != Py_None)
+        r = PyObject_CallMethod(out, "write", "O", text);
+    else
+        r = Py_NewRef(Py_None);
+    Py_DECREF(text);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Bounds checks (MLIRGPU_CHECK=bounds)                                      */
+
+void mg_cpu_bounds_index(int64_t index, int64_t size)
+{
+    if (sched.nargs < MG_CPU_MAX_ARGS) {
+        sched.args[sched.nargs] = index;
+        sched.sizes[sched.nargs++] = size;
+    }
+}
+
+/* An access failed its check: recorded for the scheduler, which raises
+ * KernelError; this fiber is abandoned, never resumed. */
+void mg_cpu_out_of_bounds(int32_t name, int32_t kind, int32_t line)
+{
+    mg_bounds_error *e = &sched.bounds;
+    e->failed = 1;
+    e->thread = sched.current;
+    e->name = name;
+    e->kind = kind;
+    e->line = line;
+    e->rank = sched.nargs;
+    memcpy(e->index, sched.args, sizeof e->index);
+    memcpy(e->size, sched.sizes, sizeof e->size);
+    sched.nargs = 0;
+    mg_fiber *f = &sched.fibers[sched.current];
+    f->state = FIBER_FAILED;
+    swapcontext(&f->context, &sched.scheduler);
+}
+
+static void thread_xyz(int t, const int64_t *bdim, long long xyz[3])
+{
+    xyz[0] = t % bdim[0];
+    xyz[1] = t / bdim[0] % bdim[1];
+    xyz[2] = t / (bdim[0] * bdim[1]);
+}
+
+static const char *string_at(int32_t i)
+{
+    return i >= 0 && i < sched.nstrings ? sched.strings[i] : "?";
+}
+
+static void tuple_text(char *out, size_t cap, const int64_t *v, int n)
+{
+    size_t at = (size_t)snprintf(out, cap, "(");
+    for (int i = 0; i < n && at < cap; i++)
+        at += (size_t)snprintf(out + at, cap - at, i ? ", %lld" : "%lld", (long long)v[i]);
+    if (at < cap)
+        snprintf(out + at, cap - at, n == 1 ? ",)" : ")");
+}
+
+static void raise_bounds(const int64_t *block, const int64_t *bdim, const char *source)
+{
+    static const char *kinds[] = {"load from", "store to", "atomic update of", "vector load from",
+                                  "vector store to"};
+    mg_bounds_error *e = &sched.bounds;
+    char index[512], shape[512];
+    long long t[3];
+    tuple_text(index, sizeof index, e->index, e->rank);
+    tuple_text(shape, sizeof shape, e->size, e->rank);
+    thread_xyz(e->thread, bdim, t);
+    mg_raise(mg_st->KernelError, "out-of-bounds %s '%s' at index %s [shape %s] by thread (%lld, %lld, %lld) "
+             "of block (%lld, %lld, %lld) at %s:%d", kinds[e->kind >= 0 && e->kind < 5 ? e->kind : 0],
+             string_at(e->name), index, shape, t[0], t[1], t[2], (long long)block[0], (long long)block[1],
+             (long long)block[2], source, (int)e->line);
+    e->failed = 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Running a block                                                           */
+
+/* Runs one block of `n` threads as fibers; -1 with KernelError on barrier or
+ * warp divergence or a failed bounds check. */
 static int run_block(int n, const int64_t *block, const int64_t *bdim, const char *source)
 {
+    sched.nthreads = n;
     for (int t = 0; t < n; t++) {
         mg_fiber *f = &sched.fibers[t];
         getcontext(&f->context);
@@ -116,35 +410,77 @@ static int run_block(int n, const int64_t *block, const int64_t *bdim, const cha
     }
     for (;;) {
         for (int t = 0; t < n; t++) {
-            if (sched.fibers[t].state == FIBER_DONE)
+            if (sched.fibers[t].state != FIBER_READY)
                 continue;
-            sched.fibers[t].state = FIBER_READY;
             sched.current = t;
             swapcontext(&sched.scheduler, &sched.fibers[t].context);
+            if (sched.bounds.failed) {
+                raise_bounds(block, bdim, source);
+                return -1;
+            }
         }
-        int waiting = -1, done = -1;
+        /* Every fiber has returned or waits. A warp whose remaining threads
+         * all wait at a shuffle completes it; they run on before any barrier. */
+        int progress = 0;
+        for (int first = 0; first < n; first += MG_CPU_WARP) {
+            int end = first + MG_CPU_WARP < n ? first + MG_CPU_WARP : n, shuffling = 0, other = 0;
+            for (int t = first; t < end; t++) {
+                shuffling += sched.fibers[t].state == FIBER_AT_SHUFFLE;
+                other += sched.fibers[t].state == FIBER_AT_BARRIER;
+            }
+            if (shuffling && !other) {
+                exchange(first, end);
+                progress = 1;
+            }
+        }
+        if (progress)
+            continue;
+        int waiting = -1, done = -1, shuffling = -1;
         for (int t = 0; t < n; t++) {
-            if (sched.fibers[t].state == FIBER_AT_BARRIER) {
+            int state = sched.fibers[t].state;
+            if (state == FIBER_AT_BARRIER) {
                 if (waiting < 0)
                     waiting = t;
+            } else if (state == FIBER_AT_SHUFFLE) {
+                if (shuffling < 0)
+                    shuffling = t;
             } else if (done < 0) {
                 done = t;
             }
         }
-        if (waiting < 0)
+        if (waiting < 0 && shuffling < 0)
             return 0;
+        long long w[3], d[3];
+        if (shuffling >= 0) {
+            /* Its warp has a thread at a barrier: neither can go on. */
+            int first = shuffling / MG_CPU_WARP * MG_CPU_WARP, other = first;
+            while (sched.fibers[other].state != FIBER_AT_BARRIER)
+                other++;
+            thread_xyz(shuffling, bdim, w);
+            thread_xyz(other, bdim, d);
+            mg_raise(mg_st->KernelError,
+                     "warp divergence at %s:%d: thread (%lld, %lld, %lld) of block (%lld, %lld, %lld) waits at "
+                     "a warp shuffle on line %d, but thread (%lld, %lld, %lld) of its warp waits at "
+                     "mg.syncthreads() on line %d",
+                     source, (int)sched.fibers[shuffling].line, w[0], w[1], w[2], (long long)block[0],
+                     (long long)block[1], (long long)block[2], (int)sched.fibers[shuffling].line, d[0], d[1],
+                     d[2], (int)sched.fibers[other].line);
+            return -1;
+        }
         if (done >= 0) {
-            int64_t wx = waiting % bdim[0], wy = waiting / bdim[0] % bdim[1], wz = waiting / (bdim[0] * bdim[1]);
-            int64_t dx = done % bdim[0], dy = done / bdim[0] % bdim[1], dz = done / (bdim[0] * bdim[1]);
+            thread_xyz(waiting, bdim, w);
+            thread_xyz(done, bdim, d);
             mg_raise(mg_st->KernelError,
                      "barrier divergence at %s:%d: thread (%lld, %lld, %lld) of block (%lld, %lld, %lld) "
                      "waits at mg.syncthreads() on line %d, but thread (%lld, %lld, %lld) returned "
                      "without reaching it",
-                     source, (int)sched.fibers[waiting].line, (long long)wx, (long long)wy, (long long)wz,
+                     source, (int)sched.fibers[waiting].line, w[0], w[1], w[2],
                      (long long)block[0], (long long)block[1], (long long)block[2],
-                     (int)sched.fibers[waiting].line, (long long)dx, (long long)dy, (long long)dz);
+                     (int)sched.fibers[waiting].line, d[0], d[1], d[2]);
             return -1;
         }
+        for (int t = 0; t < n; t++)
+            sched.fibers[t].state = FIBER_READY;
     }
 }
 
@@ -165,9 +501,12 @@ typedef struct {
     mg_packed_fn function;
     mg_cpu_param *params;
     Py_ssize_t nparams;
-    int uses_barrier;
-    PyObject *name;   /* str */
-    PyObject *source; /* str: the kernel's file, for errors */
+    int uses_fibers;
+    Py_ssize_t static_shared; /* bytes of the kernel's mg.shared.array arrays */
+    PyObject *name;    /* str */
+    PyObject *source;  /* str: the kernel's file, for errors */
+    PyObject *strings; /* tuple of str: printf formats and array names, by index */
+    const char **texts; /* their UTF-8, owned by `strings` */
 } mg_CpuEngine;
 
 static PyTypeObject *CpuEngineType;
@@ -228,14 +567,18 @@ static int create_guarded(MlirModule module, int opt_level, MlirExecutionEngine 
 
 static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"module", "name", "params", "source", "uses_barrier", "opt_level", NULL};
-    PyObject *module, *name, *params, *source;
-    int uses_barrier = 1, opt_level = 2;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOU|pi:CpuEngine", kwlist, &module, &name, &params, &source,
-                                     &uses_barrier, &opt_level))
+    static char *kwlist[] = {"module", "name", "params", "source", "uses_fibers", "strings", "static_shared",
+                             "opt_level", NULL};
+    PyObject *module, *name, *params, *source, *strings = NULL;
+    int uses_fibers = 1, opt_level = 2;
+    Py_ssize_t static_shared = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOU|pOni:CpuEngine", kwlist, &module, &name, &params, &source,
+                                     &uses_fibers, &strings, &static_shared, &opt_level))
         return NULL;
     if (opt_level < 0 || opt_level > 3)
         return PyErr_Format(PyExc_ValueError, "opt_level must be 0..3, not %d", opt_level);
+    if (static_shared < 0)
+        return PyErr_Format(PyExc_ValueError, "static_shared must be >= 0, not %zd", static_shared);
     mg_ir_Operation *op = mg_ir_module_operation(module);
     if (op == NULL)
         return NULL;
@@ -244,9 +587,25 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
         return NULL;
     self->name = Py_NewRef(name);
     self->source = Py_NewRef(source);
-    self->uses_barrier = uses_barrier;
-    if (parse_params(self, params) < 0)
+    self->uses_fibers = uses_fibers;
+    self->static_shared = static_shared;
+    self->strings = strings != NULL ? PySequence_Tuple(strings) : PyTuple_New(0);
+    if (self->strings == NULL || parse_params(self, params) < 0)
         goto error;
+    self->texts = PyMem_Calloc((size_t)PyTuple_GET_SIZE(self->strings) + 1, sizeof *self->texts);
+    if (self->texts == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->strings); i++) {
+        PyObject *text = PyTuple_GET_ITEM(self->strings, i);
+        if (!PyUnicode_Check(text)) {
+            PyErr_SetString(PyExc_TypeError, "strings must be str");
+            goto error;
+        }
+        if ((self->texts[i] = PyUnicode_AsUTF8(text)) == NULL)
+            goto error;
+    }
 
     mg_ir_Context *ctx = op->context;
     mg_ir_diag_clear(ctx);
@@ -268,8 +627,21 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
                                           "dialect?)", name);
         goto error;
     }
-    mlirExecutionEngineRegisterSymbol(self->engine, mlirStringRefCreateFromCString("mg_cpu_barrier"),
-                                      (void *)mg_cpu_barrier);
+    static const struct {
+        const char *name;
+        void *address;
+    } runtime[] = {
+        {"mg_cpu_barrier", (void *)mg_cpu_barrier},
+        {"_mlir_ciface_mg_cpu_shared", (void *)_mlir_ciface_mg_cpu_shared},
+        {"mg_cpu_shuffle", (void *)mg_cpu_shuffle},
+        {"mg_cpu_printf_arg", (void *)mg_cpu_printf_arg},
+        {"mg_cpu_printf", (void *)mg_cpu_printf},
+        {"mg_cpu_bounds_index", (void *)mg_cpu_bounds_index},
+        {"mg_cpu_out_of_bounds", (void *)mg_cpu_out_of_bounds},
+    };
+    for (size_t i = 0; i < sizeof runtime / sizeof *runtime; i++)
+        mlirExecutionEngineRegisterSymbol(self->engine, mlirStringRefCreateFromCString(runtime[i].name),
+                                          runtime[i].address);
     mlirExecutionEngineInitialize(self->engine);
     PyObject *packed = PyUnicode_FromFormat("_mlir_ciface_%U", name);
     if (packed == NULL)
@@ -298,6 +670,8 @@ static void CpuEngine_dealloc(mg_CpuEngine *self)
     if (!mlirExecutionEngineIsNull(self->engine))
         mlirExecutionEngineDestroy(self->engine);
     PyMem_Free(self->params);
+    PyMem_Free(self->texts);
+    Py_XDECREF(self->strings);
     Py_XDECREF(self->name);
     Py_XDECREF(self->source);
     type->tp_free((PyObject *)self);
@@ -354,8 +728,8 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
     if (nthreads > MG_CPU_MAX_THREADS)
         return mg_raise(mg_st->LaunchError, "block has %lld threads; at most %d", (long long)nthreads,
                         MG_CPU_MAX_THREADS);
-    if (shared_mem != 0)
-        return mg_raise(mg_st->LaunchError, "dynamic shared memory is not supported on the CPU backend yet");
+    if (shared_mem < 0)
+        return mg_raise(mg_st->LaunchError, "shared_mem must be >= 0, not %zd", shared_mem);
     PyObject *seq = PySequence_Fast(arglist, "args must be a sequence");
     if (seq == NULL)
         return NULL;
@@ -375,7 +749,12 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
     size_t bytes = ndesc * 8 + (size_t)n * sizeof(void *) + (size_t)nthreads * (nargs * sizeof(void *) +
                    MG_CPU_NINDEX * sizeof(int64_t) + sizeof(void **));
     char *memory = PyMem_Calloc(1, bytes);
-    if (memory == NULL) {
+    /* The block's shared memory: static arrays, then the dynamic bytes. */
+    size_t static_bytes = ((size_t)self->static_shared + MG_CPU_ALIGN - 1) / MG_CPU_ALIGN * MG_CPU_ALIGN;
+    size_t shared_bytes = static_bytes + (size_t)shared_mem;
+    char *shared = NULL;
+    if (memory == NULL || posix_memalign((void **)&shared, MG_CPU_ALIGN, shared_bytes ? shared_bytes : 1) != 0) {
+        PyMem_Free(memory);
         Py_DECREF(seq);
         return PyErr_NoMemory();
     }
@@ -441,11 +820,19 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
         }
         per_thread[t] = a;
     }
-    if (self->uses_barrier && reserve_fibers((size_t)nthreads) < 0)
+    if (self->uses_fibers && reserve_fibers((size_t)nthreads) < 0)
         goto done;
 
     sched.function = self->function;
     sched.arguments = per_thread;
+    sched.strings = self->texts;
+    sched.nstrings = PyTuple_GET_SIZE(self->strings);
+    sched.shared[0] = shared;
+    sched.shared_size[0] = self->static_shared;
+    sched.shared[1] = shared + static_bytes;
+    sched.shared_size[1] = shared_mem;
+    sched.nargs = 0;
+    sched.output_len = 0;
     const char *source = PyUnicode_AsUTF8(self->source);
     if (source == NULL)
         goto done;
@@ -455,18 +842,33 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
                 int64_t b[3] = {bx, by, bz};
                 for (int64_t t = 0; t < nthreads; t++)
                     memcpy(indices + (size_t)t * MG_CPU_NINDEX + 3, b, sizeof b);
-                if (self->uses_barrier) {
-                    if (run_block((int)nthreads, b, block, source) < 0)
+                /* Fresh for each block, as far as a program can tell. */
+                memset(shared, 0, shared_bytes);
+                if (self->uses_fibers) {
+                    if (run_block((int)nthreads, b, block, source) < 0) {
+                        PyObject *type, *value, *traceback;
+                        PyErr_Fetch(&type, &value, &traceback);
+                        flush_output(); /* what ran before the error is printed; its own error is lost */
+                        PyErr_Clear();
+                        PyErr_Restore(type, value, traceback);
                         goto done;
+                    }
                 } else {
                     for (int64_t t = 0; t < nthreads; t++)
                         self->function(per_thread[t]);
                 }
+                if (flush_output() < 0)
+                    goto done;
             }
     result = Py_NewRef(Py_None);
 done:
     sched.function = NULL;
     sched.arguments = NULL;
+    sched.strings = NULL;
+    sched.nstrings = 0;
+    sched.shared[0] = sched.shared[1] = NULL;
+    sched.output_len = 0;
+    free(shared);
     PyMem_Free(memory);
     Py_DECREF(seq);
     return result;
@@ -480,14 +882,17 @@ static PyObject *CpuEngine_repr(mg_CpuEngine *self)
 static PyMethodDef CpuEngine_methods[] = {
     {"launch", (PyCFunction)(void (*)(void))CpuEngine_launch, METH_VARARGS | METH_KEYWORDS,
      "launch(args, grid, block, shared_mem=0): runs every thread of every block; memref arguments are "
-     "C-contiguous ndarrays, scalars their bytes. Raises KernelError on barrier divergence."},
+     "C-contiguous ndarrays, scalars their bytes. Raises KernelError on barrier or warp divergence and on a "
+     "failed bounds check; printf output goes to sys.stdout after each block."},
     {NULL},
 };
 
 static PyType_Slot CpuEngine_slots[] = {
-    {Py_tp_doc, "CpuEngine(module, name, params, source, uses_barrier=True, opt_level=2): the host module "
-                "(lowered to the llvm dialect) JIT-compiled; `name` is its func.func with "
-                "llvm.emit_c_interface, `params` a (kind, rank, size) tuple per kernel parameter."},
+    {Py_tp_doc, "CpuEngine(module, name, params, source, uses_fibers=True, strings=(), static_shared=0, "
+                "opt_level=2): the host module (lowered to the llvm dialect) JIT-compiled; `name` is its "
+                "func.func with llvm.emit_c_interface, `params` a (kind, rank, size) tuple per kernel "
+                "parameter, `strings` the printf formats and array names its runtime calls refer to by index, "
+                "`static_shared` the bytes of its static shared memory."},
     {Py_tp_new, CpuEngine_new},
     {Py_tp_dealloc, CpuEngine_dealloc},
     {Py_tp_repr, CpuEngine_repr},

@@ -11,7 +11,7 @@ of another dtype is an error, mg.cast it). Global and shared memory both
 work. Float max/min follow IEEE maxNum/minNum (a NaN operand loses); PTX has
 no float atomic max/min, so they lower to a compare-and-swap loop.
 """
-from . import ir, language as lang
+from . import host, ir, language as lang
 from ._mlirgpu import CompileError
 
 __all__ = ["add", "max", "min", "exchange", "and_", "or_", "xor", "cas"]
@@ -26,7 +26,9 @@ def _target(what, memref, index):
         raise CompileError(f"mg.atomic.{what} takes a memref first, not {type(memref).__name__}")
     if memref.dtype == lang.bool_:
         raise CompileError(f"mg.atomic.{what} on a bool memref is not supported")
-    return memref._indices(index if isinstance(index, tuple) else (index,))
+    indices = memref._indices(index if isinstance(index, tuple) else (index,))
+    host.check_bounds(memref, indices, host.ATOMIC)
+    return indices
 
 
 def _rmw(what, memref, index, value, kinds):

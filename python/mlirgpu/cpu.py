@@ -4,7 +4,8 @@ A Specialization is traced a second time for the host (kernel.py's
 `_trace(host=True)`): a `func.func` with `llvm.emit_c_interface` whose
 arguments are the kernel's followed by thread, block, block_dim and grid_dim
 x/y/z as `index`, with `mg.syncthreads()` a call of the runtime's
-`mg_cpu_barrier(line)`. It is lowered to the llvm dialect in-process and
+`mg_cpu_barrier(line)` and the other device features calls of the runtime
+(host.py). It is lowered to the llvm dialect in-process and
 handed to `_mlirgpu.CpuEngine` (csrc/cpu.c), which runs each thread of a
 block as a fiber. docs/cpu.md has the design.
 
@@ -12,53 +13,72 @@ block as a fiber. docs/cpu.md has the design.
 """
 import numpy as np
 
-from . import _mlirgpu, ir, passes
+from . import _mlirgpu, host, ir, passes
 from ._mlirgpu import LaunchError
 
 __all__ = ["PIPELINE", "host_module", "lowered_module", "engine", "run"]
 
 # Every dialect a traced kernel uses, down to the llvm dialect. math-to-llvm
 # takes what LLVM has intrinsics for; math-to-libm the rest (tanh, atan, ...).
-PIPELINE = ("builtin.module(lower-affine, convert-scf-to-cf, expand-strided-metadata, "
-            "finalize-memref-to-llvm, convert-math-to-llvm, convert-math-to-libm, convert-arith-to-llvm, "
-            "convert-index-to-llvm, convert-cf-to-llvm, convert-func-to-llvm, reconcile-unrealized-casts)")
+# arith goes to llvm before memref too: memref.generic_atomic_rmw (mg.atomic.cas)
+# lowers only once the arith ops of its body have.
+PIPELINE = ("builtin.module(lower-affine, convert-scf-to-cf, convert-vector-to-llvm, expand-strided-metadata, "
+            "convert-arith-to-llvm, finalize-memref-to-llvm, convert-math-to-llvm, convert-math-to-libm, "
+            "convert-arith-to-llvm, convert-index-to-llvm, convert-cf-to-llvm, convert-func-to-llvm, reconcile-unrealized-casts)")
 
 
-def host_module(spec):
-    """The kernel traced for the host: func.func @<name> and the barrier's declaration."""
-    module = getattr(spec, "_cpu_module", None)
-    if module is None:
-        module = spec._cpu_module = spec._trace(host=True)
-    return module
+# Runtime calls that switch fibers (or, for a failed bounds check, never return).
+_FIBER_CALLS = ("mg_cpu_barrier", "mg_cpu_shuffle", "mg_cpu_out_of_bounds")
 
 
-def lowered_module(spec):
-    """host_module(spec), cloned and lowered to the llvm dialect."""
-    module = host_module(spec).clone()
+def _cached(spec, attribute, checks, make):
+    """spec.<attribute>[checks], made once: the host trace differs with MLIRGPU_CHECK."""
+    cache = spec.__dict__.setdefault(attribute, {})
+    value = cache.get(checks)
+    if value is None:
+        value = cache[checks] = make()
+    return value
+
+
+def host_module(spec, checks=None):
+    """The kernel traced for the host: func.func @<name> and the runtime
+    functions it calls. `checks` defaults to MLIRGPU_CHECK's, read now."""
+    checks = host.checks_from_environment() if checks is None else frozenset(checks)
+    return _cached(spec, "_cpu_modules", checks, lambda: spec._trace(host=True, checks=checks))
+
+
+def lowered_module(spec, checks=None):
+    """host_module(spec, checks), cloned and lowered to the llvm dialect."""
+    module = host_module(spec, checks).clone()
     passes.run(module, PIPELINE)
     return module
 
 
-def _uses_barrier(module):
-    return any(op.name == "func.call" and op.get_attribute("callee").value == "mg_cpu_barrier"
+def _uses_fibers(module):
+    return any(op.name == "func.call" and op.get_attribute("callee").value in _FIBER_CALLS
                for op in module.walk())
 
 
-def engine(spec):
-    """The spec's CpuEngine (made once per Specialization)."""
-    compiled = getattr(spec, "_cpu_engine", None)
-    if compiled is None:
-        traced = host_module(spec)
-        params = []
-        for _, shape, dtype in spec._param_types():
-            if shape is not None:
-                params.append(("memref", len(shape), dtype.itemsize))
-            else:
-                params.append(("scalar", 0, dtype.itemsize))
-        filename = spec.kernel.rewritten()[3]
-        compiled = spec._cpu_engine = _mlirgpu.CpuEngine(
-            lowered_module(spec), spec.name, params, filename, uses_barrier=_uses_barrier(traced))
-    return compiled
+def engine(spec, checks=None):
+    """The spec's CpuEngine (made once per Specialization and set of checks)."""
+    checks = host.checks_from_environment() if checks is None else frozenset(checks)
+    return _cached(spec, "_cpu_engines", checks, lambda: _make_engine(spec, checks))
+
+
+def _make_engine(spec, checks):
+    traced = host_module(spec, checks)
+    params = []
+    for _, shape, dtype in spec._param_types():
+        if shape is not None:
+            params.append(("memref", len(shape), dtype.itemsize))
+        else:
+            params.append(("scalar", 0, dtype.itemsize))
+    filename = spec.kernel.rewritten()[3]
+    attributes = traced.operation.attributes
+    strings = [a.value for a in attributes["mg.cpu.strings"].value]
+    return _mlirgpu.CpuEngine(lowered_module(spec, checks), spec.name, params, filename,
+                              uses_fibers=_uses_fibers(traced), strings=strings,
+                              static_shared=attributes["mg.cpu.static_shared"].value)
 
 
 def _scalar_bytes(name, value, dtype):

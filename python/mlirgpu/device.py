@@ -24,7 +24,7 @@ import textwrap
 
 import numpy as np
 
-from . import ir, language as lang, tracer
+from . import host, ir, language as lang, tracer
 from ._mlirgpu import CompileError
 
 __all__ = ["syncthreads", "vload", "vstore", "Vector", "printf", "func", "DeviceFunction"]
@@ -45,9 +45,10 @@ def module_state():
 
 
 def _top_level():
-    """The function (gpu.func or func.func) of the gpu.module being traced into."""
+    """The function (gpu.func or func.func) of the gpu.module being traced
+    into, or for the host (host.py) of the builtin.module."""
     op = ir.InsertionPoint.current().block.owner
-    while op is not None and (op.parent is None or op.parent.name != "gpu.module"):
+    while op is not None and (op.parent is None or op.parent.name not in ("gpu.module", "builtin.module")):
         op = op.parent
     if op is None:
         raise CompileError("no gpu.module around the code being traced")
@@ -56,7 +57,8 @@ def _top_level():
 
 @contextlib.contextmanager
 def gpu_module_scope():
-    """Insert into the gpu.module, before the function being traced."""
+    """Insert into the gpu.module (the host module when tracing for the host),
+    before the function being traced."""
     with ir.InsertionPoint.before(_top_level()):
         yield
 
@@ -83,12 +85,10 @@ def syncthreads():
     """Wait until every thread of the block gets here, and make their shared
     and global memory writes visible to each other (gpu.barrier; CUDA's
     __syncthreads). Every thread of the block must reach the same call."""
-    trace = lang._trace()
-    if getattr(trace, "host_indices", None) is not None:
+    lang._trace()
+    if host.active():
         # The CPU backend: the runtime's fiber switch, told the line for its errors.
-        line = lang.emit("arith.constant", results=[ir.Type.integer(32)],
-                         attributes={"value": ir.Attribute.integer(trace.location().line, ir.Type.integer(32))})
-        lang.emit("func.call", [line.result], attributes={"callee": ir.Attribute.symbol_ref("mg_cpu_barrier")})
+        host.call("mg_cpu_barrier", [host.line()])
         return
     lang.emit("gpu.barrier")
 
@@ -214,8 +214,10 @@ def _vector_access(what, memref, index, length):
                                f"multiple of {length} (aligned to {nbytes} bytes)")
         if inner is not None and last + length > inner:
             raise CompileError(f"{what} of {length} at innermost index {last} runs past the end ({inner})")
+    host.check_bounds(memref, indices, host.VECTOR_LOAD if what == "mg.vload" else host.VECTOR_STORE, length)
     vector_type = ir.Type.vector([length], lang.ir_type(dtype))
-    return indices, vector_type, ir.Attribute.integer(nbytes)
+    # On the host an access the GPU would fault on as misaligned must not crash the process.
+    return indices, vector_type, ir.Attribute.integer(dtype.itemsize if host.active() else nbytes)
 
 
 def vload(memref, index, length):
@@ -301,6 +303,12 @@ def printf(format, *values):
         raise CompileError(f"mg.printf: the format has {len(conversions)} conversions but {len(values)} "
                            f"values were given")
     operands = [_printf_value(v) for v in values]
+    if host.active():
+        # The CPU backend: each value's bits, then the format's index; cpu.c formats them.
+        for value in operands:
+            host.call("mg_cpu_printf_arg", [host.to_bits(value)])
+        host.call("mg_cpu_printf", [host.i32(host.string(format))])
+        return
     lang.emit("gpu.printf", operands, attributes={"format": ir.Attribute.string(format)})
 
 
@@ -360,6 +368,8 @@ class DeviceFunction:
                 stack.pop()
         name, result_dtypes = entry
         operands = [a.value for a in args if isinstance(a, (lang.Scalar, lang.MemRef))]
+        if host.active():  # the caller's thread, block and dims, as the host function's last arguments
+            operands += [lang._trace().host_indices[key].value for key in host.INDICES]
         op = lang.emit("func.call", operands, [lang.ir_type(d) for d in result_dtypes],
                        attributes={"callee": ir.Attribute.symbol_ref(name)})
         results = [lang.Scalar(r, d) for r, d in zip(op.results, result_dtypes)]
@@ -376,6 +386,9 @@ class DeviceFunction:
         name = unique_symbol(function.__name__)
         traced = [a for a in args if isinstance(a, (lang.Scalar, lang.MemRef))]
         types = [a.value.type for a in traced]
+        on_host = host.active()
+        if on_host:
+            types += [ir.Type.index()] * len(host.INDICES)
         with gpu_module_scope():
             op = ir.Operation.create("func.func", regions=1, location=where, attributes={
                 "sym_name": ir.Attribute.string(name),
@@ -388,7 +401,7 @@ class DeviceFunction:
             if isinstance(a, lang.Scalar):
                 parameters.append(lang.Scalar(next(block_args), a.dtype))
             elif isinstance(a, lang.MemRef):
-                parameters.append(type(a)(next(block_args), a.dtype, a.shape))
+                parameters.append(type(a)(next(block_args), a.dtype, a.shape, a.name))
             else:
                 parameters.append(a)  # a Python number: a constant of this specialization
         closure = dict(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
@@ -412,6 +425,8 @@ class DeviceFunction:
         trace = tracer.Trace(codes, filename, def_line)
         trace.module_state = state
         trace.generic_values = generic_values
+        if on_host:
+            trace.host_indices = {key: lang.Scalar(v, lang.index) for key, v in zip(host.INDICES, block_args)}
         try:
             with trace, ir.InsertionPoint(block):
                 result = instance(*parameters)

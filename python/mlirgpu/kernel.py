@@ -20,7 +20,7 @@ import typing
 
 import numpy as np
 
-from . import _mlirgpu, ir, language as lang, tracer
+from . import _mlirgpu, host, ir, language as lang, tracer
 from ._mlirgpu import CompileError, DeviceArray, DType, LaunchError, MLIRError
 
 __all__ = ["Generic", "generics", "memref", "kernel", "Kernel", "Specialization"]
@@ -390,9 +390,10 @@ class Specialization:
                 result.append((p, None, dtype))
         return result
 
-    def _trace(self, host=False):
+    def _trace(self, host=False, checks=frozenset()):
         """The kernel traced into a gpu.func in a gpu.module, or with `host`
-        into a func.func for the CPU backend (see cpu.py)."""
+        into a func.func for the CPU backend (see cpu.py, host.py), with the
+        run-time `checks` asked for ({"bounds"} or none)."""
         function = self.kernel.function
         code, free, generic_params, filename = self.kernel.rewritten()
         closure = dict(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
@@ -431,18 +432,26 @@ class Specialization:
             instance = tracer.instantiate(function, code, free, values)
             instance.__globals__.update(rewritten_globals)
             codes = tracer.code_objects(instance.__code__)
-            arguments = [lang.MemRef(a, dtype, shape) if shape is not None else lang.Scalar(a, dtype)
-                         for a, (_, shape, dtype) in zip(body.arguments, params)]
+            arguments = [lang.MemRef(a, dtype, shape, p.name) if shape is not None else lang.Scalar(a, dtype)
+                         for a, (p, shape, dtype) in zip(body.arguments, params)]
             trace = tracer.Trace(codes, filename, def_line)
             trace.generic_values = dict(self.values)  # for @mg.func device functions it calls
             if host:
                 trace.host_indices = _host_indices(body.arguments[len(types):])
+                trace.module_state = {"host_checks": frozenset(checks)}
             try:
                 with trace, ir.InsertionPoint(body):
                     instance(*arguments)
                     lang.emit("func.return" if host else "gpu.return")
             except Exception as error:
                 raise tracer.trace_error(error, codes, filename) from None
+            if host:
+                # What the runtime needs besides the code (host.py): its string table and static shared bytes.
+                state = trace.module_state
+                module.operation.set_attribute("mg.cpu.strings", ir.Attribute.array(
+                    [ir.Attribute.string(text) for text in state.get("host_strings", [])]))
+                module.operation.set_attribute("mg.cpu.static_shared", ir.Attribute.integer(
+                    state.get("host_shared_bytes", 0)))
             try:
                 module.verify()
             except MLIRError as error:
@@ -522,21 +531,16 @@ class Specialization:
             np.copyto(a, args[i].get(stream=stream))
 
 
-HOST_INDICES = [(op, axis) for op in ("gpu.thread_id", "gpu.block_id", "gpu.block_dim", "gpu.grid_dim")
-                for axis in "xyz"]
+HOST_INDICES = host.INDICES
 
 
 def _host_function(module, name, types, location):
     """The CPU backend's form of a kernel: func.func @name(params..., then
-    thread, block, block_dim, grid_dim x/y/z as index) with a C interface,
-    beside the declaration of the runtime's barrier. Returns its entry block."""
-    i32 = ir.Type.integer(32)
+    thread, block, block_dim, grid_dim x/y/z as index) with a C interface.
+    The runtime functions it calls are declared as they are used (host.py).
+    Returns its entry block."""
     inputs = types + [ir.Type.index()] * len(HOST_INDICES)
     with ir.InsertionPoint(module.body), location:
-        ir.Operation.create("func.func", regions=1, attributes={
-            "sym_name": ir.Attribute.string("mg_cpu_barrier"),
-            "function_type": ir.Attribute.type_attr(ir.Type.function([i32], [])),
-            "sym_visibility": ir.Attribute.string("private")})
         func = ir.Operation.create("func.func", regions=1, attributes={
             "sym_name": ir.Attribute.string(name),
             "function_type": ir.Attribute.type_attr(ir.Type.function(inputs, [])),

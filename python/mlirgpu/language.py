@@ -437,12 +437,13 @@ def coerce(value, dtype, what):
 
 class MemRef:
     """A traced array parameter (or shared-memory array): `A[i, j]` loads,
-    `A[i, j] = v` stores."""
+    `A[i, j] = v` stores. `name` (the parameter's) is for the CPU backend's
+    bounds-check errors."""
 
-    __slots__ = ("value", "dtype", "shape")
+    __slots__ = ("value", "dtype", "shape", "name")
 
-    def __init__(self, value, dtype, shape):
-        self.value, self.dtype, self.shape = value, dtype, tuple(shape)
+    def __init__(self, value, dtype, shape, name=None):
+        self.value, self.dtype, self.shape, self.name = value, dtype, tuple(shape), name
 
     def __repr__(self):
         return f"<traced memref {'x'.join(map(str, self.shape))}x{self.dtype.name}>"
@@ -457,11 +458,13 @@ class MemRef:
 
     def __getitem__(self, key):
         indices = self._indices(key)
+        host.check_bounds(self, indices, host.LOAD)
         return Scalar(emit("memref.load", [self.value, *indices], [ir_type(self.dtype)]).result, self.dtype)
 
     def __setitem__(self, key, value):
         indices = self._indices(key)
         value = coerce(value, self.dtype, "the memref's element type")
+        host.check_bounds(self, indices, host.STORE)
         emit("memref.store", [value, self.value, *indices])
 
     def __len__(self):
@@ -529,3 +532,6 @@ def python_range_args(args):
     if len(args) == 2:
         return args[0], args[1], 1
     return args
+
+
+from . import host  # noqa: E402  (host uses this module's names)

@@ -22,7 +22,7 @@ overlap static shared arrays).
 """
 import sys
 
-from . import ir, language as lang
+from . import host, ir, language as lang
 from ._mlirgpu import CompileError
 from .device import gpu_module_scope, module_state, unique_symbol
 
@@ -41,7 +41,9 @@ def _workgroup():
 def _type_text(shape, dtype, layout=None):
     dims = "".join(f"{'?' if d is None else d}x" for d in shape)
     layout = f", {layout}" if layout else ""
-    return f"memref<{dims}{lang.ir_type(dtype)}{layout}, {WORKGROUP}>"
+    # On the host, shared memory is ordinary memory (the runtime's per-block buffer).
+    space = "" if host.active() else f", {WORKGROUP}"
+    return f"memref<{dims}{lang.ir_type(dtype)}{layout}{space}>"
 
 
 def is_shared(value):
@@ -119,7 +121,7 @@ class SharedMemRef(lang.MemRef):
             "static_offsets": ir.Attribute.dense_i64_array(offsets),
             "static_sizes": ir.Attribute.dense_i64_array(sizes),
             "static_strides": ir.Attribute.dense_i64_array([1])})
-        return SharedMemRef(op.result, self.dtype, (count,))
+        return SharedMemRef(op.result, self.dtype, (count,), "shared")
 
 
 def _is_int(x):
@@ -181,16 +183,26 @@ def array(shape, dtype):
                                f"kernel to {total} bytes, over the {STATIC_LIMIT}-byte (48 KB) limit; use "
                                f"mg.shared.dynamic and the launch's shared_mem= for more")
         state["shared_bytes"] = total
-        name = arrays[key] = unique_symbol("__shared")
-        with gpu_module_scope():
-            ir.Operation.create("memref.global", location=lang.location(), attributes={
-                "sym_name": ir.Attribute.string(name),
-                "sym_visibility": ir.Attribute.string("private"),
-                "type": ir.Attribute.type_attr(ir.Type.parse(_type_text(shape, dtype))),
-                "alignment": ir.Attribute.integer(16)})
+        if host.active():
+            # The CPU backend: a 16-byte aligned place in the block's static buffer.
+            offset = (state.get("host_shared_bytes", 0) + 15) // 16 * 16
+            state["host_shared_bytes"] = offset + nbytes
+            name = arrays[key] = offset
+        else:
+            name = arrays[key] = unique_symbol("__shared")
+            with gpu_module_scope():
+                ir.Operation.create("memref.global", location=lang.location(), attributes={
+                    "sym_name": ir.Attribute.string(name),
+                    "sym_visibility": ir.Attribute.string("private"),
+                    "type": ir.Attribute.type_attr(ir.Type.parse(_type_text(shape, dtype))),
+                    "alignment": ir.Attribute.integer(16)})
+    if host.active():
+        view = lang.emit("memref.view", [host.shared_buffer(0), lang.constant(name, lang.index)],
+                         [ir.Type.parse(_type_text(shape, dtype))]).result
+        return SharedMemRef(view, dtype, shape, "shared")
     op = lang.emit("memref.get_global", results=[ir.Type.parse(_type_text(shape, dtype))],
                    attributes={"name": ir.Attribute.symbol_ref(name)})
-    return SharedMemRef(op.result, dtype, shape)
+    return SharedMemRef(op.result, dtype, shape, "shared")
 
 
 def _dynamic_bytes():
@@ -203,6 +215,15 @@ def dynamic(dtype):
     """The launch's dynamic shared memory (`shared_mem=` bytes) as a 1-d
     array of `dtype`, 16-byte aligned; every call views the same bytes."""
     dtype = lang._as_dtype(dtype)
+    if host.active():
+        # The CPU backend: the block's dynamic buffer, the launch's shared_mem bytes.
+        raw = host.shared_buffer(1)
+        nbytes = lang.Scalar(lang.emit("memref.dim", [raw, lang.constant(0, lang.index)],
+                                       [ir.Type.index()]).result, lang.index)
+        count = nbytes // dtype.itemsize if dtype.itemsize > 1 else nbytes
+        view = lang.emit("memref.view", [raw, lang.constant(0, lang.index), count],
+                         [ir.Type.parse(_type_text([None], dtype))]).result
+        return SharedMemRef(view, dtype, (None,), "shared")
     state = module_state()
     name = state.get("dynamic_shared")
     if name is None:
@@ -227,7 +248,7 @@ def dynamic(dtype):
     count = nbytes // dtype.itemsize if dtype.itemsize > 1 else nbytes
     view = lang.emit("memref.view", [as_bytes, lang.constant(0, lang.index), count],
                      [ir.Type.parse(_type_text([None], dtype))]).result
-    return SharedMemRef(view, dtype, (None,))
+    return SharedMemRef(view, dtype, (None,), "shared")
 
 
 def size(memref):
