@@ -18,10 +18,11 @@ from ._mlirgpu import LaunchError
 __all__ = ["PIPELINE", "host_module", "lowered_module", "engine", "run"]
 
 # Every dialect a traced kernel uses, down to the llvm dialect. math-to-llvm
-# takes what LLVM has intrinsics for; math-to-libm the rest (tanh, atan, ...).
-PIPELINE = ("builtin.module(lower-affine, convert-scf-to-cf, expand-strided-metadata, "
-            "finalize-memref-to-llvm, convert-math-to-llvm, convert-math-to-libm, convert-arith-to-llvm, "
-            "convert-index-to-llvm, convert-cf-to-llvm, convert-func-to-llvm, reconcile-unrealized-casts)")
+# takes what LLVM has intrinsics for, math-to-libm the rest (tanh, atan, ...);
+# convert-to-llvm lowers the rest in one conversion, so that the body of a
+# memref.generic_atomic_rmw (mg.atomic.cas) is converted with the op itself.
+PIPELINE = ("builtin.module(lower-affine, convert-scf-to-cf, expand-strided-metadata, convert-vector-to-llvm, "
+            "convert-math-to-llvm, convert-math-to-libm, convert-to-llvm, reconcile-unrealized-casts)")
 
 
 def host_module(spec):
