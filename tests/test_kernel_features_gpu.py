@@ -1,16 +1,19 @@
 """Device features on the GPU, against NumPy in float64: a block reduction
 (shared memory, barriers, warp shuffles, an atomic add), the tiled matmul
 with dynamic shared memory split by slices and with static shared arrays,
-float4 vector copies, device functions, printf, atomics and shuffles."""
+float4 vector copies, device functions, printf, atomics and shuffles.
+Atomics and vector copies run on the CPU backend too; `@cuda_only` marks
+what it does not run yet (shared memory, warp shuffles, printf, @mg.func)."""
 import ctypes
 
 import numpy as np
 import pytest
+from backends import cuda_only
 
 import mlirgpu as mg
 from mlirgpu import block_dim, block_idx, thread_idx
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.usefixtures("backend")   # cpu, and cuda where there is a GPU
 
 M, K, N, S = mg.generics("M K N S")
 TILE = 16
@@ -46,6 +49,7 @@ def block_sum(A: mg.memref[N, mg.f32], out: mg.memref[1, mg.f32]):
             mg.atomic.add(out, 0, v)
 
 
+@cuda_only
 @pytest.mark.parametrize("n", [1 << 20, 1_000_003])
 def test_block_reduction(n):
     A = np.random.default_rng(0).random(n, dtype=np.float32)
@@ -103,6 +107,7 @@ def matmul_operands():
     return A, B, A.astype(np.float64) @ B.astype(np.float64)
 
 
+@cuda_only
 @pytest.mark.parametrize("kernel, shared_mem", [(matmul_dynamic, 2 * TILE * TILE * 4), (matmul_static, 0)],
                          ids=["dynamic", "static"])
 def test_tiled_matmul(matmul_operands, kernel, shared_mem):
@@ -133,6 +138,7 @@ def dynamic_reverse(A: mg.memref[N, mg.f32], B: mg.memref[N, mg.f32], size: mg.m
         size[0] = mg.cast(mg.shared.size(smem), mg.i32)
 
 
+@cuda_only
 def test_dynamic_shared_memory_slices():
     A = np.arange(4 * BLOCK, dtype=np.float32)
     B, size = mg.empty((4 * BLOCK,), mg.f32), mg.zeros((1,), mg.i32)
@@ -208,6 +214,7 @@ def use_device_functions(X: mg.memref[N, mg.f32], Y: mg.memref[N, mg.f32], Out: 
         clamp_store(Clamped, i, x, -0.5, 0.5)
 
 
+@cuda_only
 def test_device_functions():
     rng = np.random.default_rng(4)
     n = 10_000
@@ -231,6 +238,7 @@ def hello(A: mg.memref[N, mg.f32]):
         mg.printf("thread %d of block %ld: %.2f\n", mg.cast(t, mg.i32), block_idx.x, A[t])
 
 
+@cuda_only
 def test_printf_reaches_stdout(capfd):
     A = np.array([0.5, 1.25, 2.0, -3.75], dtype=np.float32)
     capfd.readouterr()
@@ -343,6 +351,7 @@ def warp_ops(X: mg.memref[N, mg.f32], I: mg.memref[N, mg.i32], total: mg.memref[
     lane[i] = mg.cast(mg.warp.lane_id(), mg.i32)
 
 
+@cuda_only
 def test_warp_shuffles():
     n = 4096
     rng = np.random.default_rng(7)

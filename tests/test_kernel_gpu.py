@@ -4,6 +4,7 @@ Each test taking `backend` runs on the CPU backend and, where there is a
 GPU, on the CUDA one (conftest.py); torch and cupy tensors are GPU-only."""
 import numpy as np
 import pytest
+from backends import cuda_only
 from kernels_seed import scale_rows, sgemm_loop, sgemm_naive
 
 import mlirgpu as mg
@@ -57,8 +58,7 @@ def test_sgemm_float64(operands):
     assert relative_error(C, A @ B + 1.0) < 1e-12
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cuda"], indirect=True)   # tensors in CUDA memory: the GPU only
+@cuda_only   # tensors in CUDA memory
 def test_sgemm_torch_and_cupy(operands):
     torch = pytest.importorskip("torch")
     cupy = pytest.importorskip("cupy")
