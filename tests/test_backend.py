@@ -131,6 +131,26 @@ def test_cpu_launch_writes_views_and_ignores_streams():
     np.testing.assert_array_equal(X, want)
 
 
+class HostTensor:
+    """A host DLPack producer that is not NumPy (as a CPU torch tensor is)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+@pytest.mark.usefixtures("cpu")
+def test_cpu_launch_takes_host_dlpack_objects():
+    X = np.arange(32 * 4, dtype=np.float32).reshape(32, 4)
+    scale_rows(HostTensor(X), 3.0, 32, grid=(4,), block=(8, 4))
+    np.testing.assert_array_equal(X, 3.0 * np.arange(32 * 4).reshape(32, 4))
+
+
 @pytest.mark.usefixtures("cpu")
 def test_cpu_launch_refuses_what_is_not_host_memory():
     dC = mg.empty((256, 256), mg.f32)

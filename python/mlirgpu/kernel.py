@@ -319,8 +319,10 @@ def _array_shape_dtype(name, arg):
         except (TypeError, ValueError):
             raise LaunchError(f"parameter {name!r}: NumPy dtype {arg.dtype} has no mlirgpu dtype") from None
     elif hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__dlpack__"):
+        # On the CPU backend a DLPack object (a CPU tensor) is read as host memory.
+        host = on_cpu() and not hasattr(arg, "__cuda_array_interface__")
         try:
-            array = _mlirgpu.asarray(arg)
+            array = _mlirgpu.asarray(arg, host=host)
         except (TypeError, ValueError) as error:
             raise LaunchError(f"parameter {name!r}: {error}") from None
     else:
