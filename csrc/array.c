@@ -14,6 +14,10 @@
 #define PY_ARRAY_UNIQUE_SYMBOL mg_ARRAY_API
 #include <numpy/arrayobject.h>
 
+/* Host DeviceArrays (the CPU backend's) are aligned like a cache line, so any
+ * vector load a kernel does on them is aligned too. */
+#define MG_HOST_ALIGNMENT 64
+
 /* ---------------------------------------------------------------------- */
 /* DType                                                                   */
 /* ---------------------------------------------------------------------- */
@@ -428,7 +432,10 @@ static void release_memory(mg_array *self)
 {
     if (self->owns) {
         self->owns = 0;
-        mg_cu_free_quietly(self->ptr, self->device);
+        if (self->host)
+            free((void *)(uintptr_t)self->ptr);
+        else
+            mg_cu_free_quietly(self->ptr, self->device);
     }
     if (self->dl_managed != NULL) {
         /* We renamed the capsule "used_...": its deleter is ours to call. */
@@ -497,10 +504,47 @@ static int parse_stream(PyObject *obj, CUstream *stream, PyObject **keep)
     return 0;
 }
 
-/* A fresh allocation; `zero` fills it with zero bytes on `stream`. */
-static PyObject *array_allocate(mg_dtype *dtype, int ndim, const Py_ssize_t *shape,
-                                PyObject *stream_arg, int zero)
+/* Host memory for a host DeviceArray of `nbytes` (> 0), aligned for any
+ * vector load a kernel may do: 0, or -1 with MemoryError. */
+static int host_allocate(mg_array *self, size_t nbytes, int zero)
 {
+    void *memory = NULL;
+    size_t rounded = (nbytes + MG_HOST_ALIGNMENT - 1) / MG_HOST_ALIGNMENT * MG_HOST_ALIGNMENT;
+    if (posix_memalign(&memory, MG_HOST_ALIGNMENT, rounded) != 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (zero)
+        memset(memory, 0, rounded);
+    self->ptr = (CUdeviceptr)(uintptr_t)memory;
+    self->owns = 1;
+    return 0;
+}
+
+/* A DeviceArray in host memory (the CPU backend's): no CUDA context, no stream. */
+static mg_array *host_create(mg_dtype *dtype, int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides)
+{
+    mg_array *self = array_create(dtype, ndim, shape, strides);
+    if (self != NULL) {
+        self->host = 1;
+        self->device = -1;
+    }
+    return self;
+}
+
+/* A fresh allocation; `zero` fills it with zero bytes on `stream`. With
+ * `host`, host memory, and the stream is not used (the CPU backend runs
+ * launches to completion). */
+static PyObject *array_allocate(mg_dtype *dtype, int ndim, const Py_ssize_t *shape,
+                                PyObject *stream_arg, int zero, int host)
+{
+    if (host) {
+        mg_array *self = host_create(dtype, ndim, shape, NULL);
+        size_t nbytes = self == NULL ? 0 : (size_t)self->size * (size_t)dtype->itemsize;
+        if (self != NULL && nbytes > 0 && host_allocate(self, nbytes, zero) < 0)
+            Py_CLEAR(self);
+        return (PyObject *)self;
+    }
     CUstream stream;
     PyObject *stream_obj;
     if (parse_stream(stream_arg, &stream, &stream_obj) < 0)
@@ -529,38 +573,40 @@ error:
 
 static PyObject *allocate_function(PyObject *args, PyObject *kwargs, const char *format, int zero)
 {
-    static char *keywords[] = {"shape", "dtype", "stream", NULL};
+    static char *keywords[] = {"shape", "dtype", "stream", "host", NULL};
     PyObject *shape_obj, *stream_obj = Py_None;
     mg_dtype *dtype = dtypes[MG_DT_F32];
+    int host = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, keywords, &shape_obj,
-                                     mg_dtype_converter, &dtype, &stream_obj))
+                                     mg_dtype_converter, &dtype, &stream_obj, &host))
         return NULL;
     int ndim;
     Py_ssize_t shape[MG_MAX_NDIM];
     if (parse_shape(shape_obj, &ndim, shape) < 0)
         return NULL;
-    return array_allocate(dtype, ndim, shape, stream_obj, zero);
+    return array_allocate(dtype, ndim, shape, stream_obj, zero, host);
 }
 
 static PyObject *array_empty(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    return allocate_function(args, kwargs, "O|O&O:empty", 0);
+    return allocate_function(args, kwargs, "O|O&O$p:empty", 0);
 }
 
 static PyObject *array_zeros(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    return allocate_function(args, kwargs, "O|O&O:zeros", 1);
+    return allocate_function(args, kwargs, "O|O&O$p:zeros", 1);
 }
 
 static PyObject *array_to_device(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"array", "stream", NULL};
+    static char *keywords[] = {"array", "stream", "host", NULL};
     PyObject *obj, *stream_arg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:to_device", keywords, &obj, &stream_arg))
+    int host_memory = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$p:to_device", keywords, &obj, &stream_arg, &host_memory))
         return NULL;
-    CUstream stream;
-    PyObject *stream_obj;
-    if (parse_stream(stream_arg, &stream, &stream_obj) < 0)
+    CUstream stream = NULL;
+    PyObject *stream_obj = NULL;
+    if (!host_memory && parse_stream(stream_arg, &stream, &stream_obj) < 0)
         return NULL;
     PyArrayObject *host = NULL;
     mg_array *self = NULL;
@@ -575,6 +621,18 @@ static PyObject *array_to_device(PyObject *module, PyObject *args, PyObject *kwa
         PyErr_Format(PyExc_ValueError, "at most %d dimensions are supported, got %d",
                      MG_MAX_NDIM, PyArray_NDIM(host));
         goto error;
+    }
+    if (host_memory) {
+        self = host_create(dtype, PyArray_NDIM(host), PyArray_SHAPE(host), NULL);
+        if (self == NULL)
+            goto error;
+        if (PyArray_NBYTES(host) > 0) {
+            if (host_allocate(self, (size_t)PyArray_NBYTES(host), 0) < 0)
+                goto error;
+            memcpy((void *)(uintptr_t)self->ptr, PyArray_DATA(host), (size_t)PyArray_NBYTES(host));
+        }
+        Py_DECREF(host);
+        return (PyObject *)self;
     }
     self = array_create(dtype, PyArray_NDIM(host), PyArray_SHAPE(host), NULL);
     if (self == NULL || mg_cu_ensure_context() < 0)
@@ -610,6 +668,10 @@ error:
 /* Copies `nbytes` from `src` to host `dst` on `stream` and waits for it. */
 static int copy_to_host(mg_array *self, void *dst, CUdeviceptr src, size_t nbytes, CUstream stream)
 {
+    if (self->host) {
+        memcpy(dst, (const void *)(uintptr_t)src, nbytes);
+        return 0;
+    }
     int pushed;
     if (mg_cu_push(self->device, &pushed) < 0)
         return -1;
@@ -677,7 +739,7 @@ error:
 static int stream_or_own(mg_array *self, PyObject *arg, CUstream *stream)
 {
     PyObject *unused;
-    if (arg == NULL || arg == Py_None) {
+    if (arg == NULL || arg == Py_None || self->host) {   /* a host array's copies need no stream */
         *stream = self->stream;   /* ordered after the array's last use */
         return 0;
     }
@@ -756,11 +818,15 @@ static PyObject *array_get_strides(mg_array *self, void *closure) { return ssize
 static PyObject *array_get_dtype(mg_array *self, void *closure) { return Py_NewRef((PyObject *)self->dtype); }
 static PyObject *array_get_nbytes(mg_array *self, void *closure) { return PyLong_FromSsize_t(self->size * self->dtype->itemsize); }
 static PyObject *array_get_ptr(mg_array *self, void *closure) { return PyLong_FromUnsignedLongLong(self->ptr); }
+static PyObject *array_get_host(mg_array *self, void *closure) { return PyBool_FromLong(self->host); }
 static PyObject *array_get_contiguous(mg_array *self, void *closure) { return PyBool_FromLong(is_c_contiguous(self)); }
 
 /* __cuda_array_interface__ version 3. */
 static PyObject *array_get_cai(mg_array *self, void *closure)
 {
+    if (self->host)
+        return mg_raise(PyExc_AttributeError, "a DeviceArray of the CPU backend is host memory: it has no "
+                        "__cuda_array_interface__ (use __dlpack__ or get())");
     if (self->dtype->typestr == NULL)
         return PyErr_Format(PyExc_TypeError, "%s has no __cuda_array_interface__ typestr: use __dlpack__",
                             self->dtype->name);
@@ -786,8 +852,10 @@ static PyObject *array_repr(mg_array *self)
     PyObject *shape = ssize_tuple(self->ndim, self->shape);
     if (shape == NULL)
         return NULL;
-    PyObject *repr = PyUnicode_FromFormat("DeviceArray(shape=%R, dtype=mlirgpu.%s, device=%d)",
-                                          shape, self->dtype->name, self->device);
+    PyObject *repr = self->host
+        ? PyUnicode_FromFormat("DeviceArray(shape=%R, dtype=mlirgpu.%s, device='cpu')", shape, self->dtype->name)
+        : PyUnicode_FromFormat("DeviceArray(shape=%R, dtype=mlirgpu.%s, device=%d)",
+                               shape, self->dtype->name, self->device);
     Py_DECREF(shape);
     return repr;
 }
@@ -859,6 +927,13 @@ static int parse_dl_device(mg_array *self, PyObject *dl_device)
         PyErr_Format(PyExc_TypeError, "dl_device must be a (device_type, device_id) tuple, not %R", dl_device);
         return -1;
     }
+    if (self->host) {
+        if (type != kDLCPU || id != 0) {
+            PyErr_Format(PyExc_BufferError, "cannot export a host DeviceArray to dl_device (%d, %d)", type, id);
+            return -1;
+        }
+        return 0;
+    }
     if (type != kDLCUDA || id != self->device) {
         PyErr_Format(PyExc_BufferError, "cannot export a DeviceArray of CUDA device %d to dl_device (%d, %d)",
                      self->device, type, id);
@@ -910,6 +985,8 @@ static PyObject *array_dlpack(mg_array *self, PyObject *args, PyObject *kwargs)
         if (!overflow && value == -1)
             synchronize = 0;
     }
+    if (self->host)
+        synchronize = 0;   /* host memory: the launches that wrote it have returned */
     if (synchronize && stream_arg != Py_None && !mg_cu_stream_converter(stream_arg, &consumer))
         return NULL;
     for (int i = 0; i < self->ndim; i++)
@@ -924,8 +1001,8 @@ static PyObject *array_dlpack(mg_array *self, PyObject *args, PyObject *kwargs)
         return PyErr_NoMemory();
     DLTensor *tensor = versioned ? &block->managed.versioned.dl_tensor : &block->managed.legacy.dl_tensor;
     tensor->data = (void *)(uintptr_t)self->ptr;
-    tensor->device.device_type = kDLCUDA;
-    tensor->device.device_id = self->device;
+    tensor->device.device_type = self->host ? kDLCPU : kDLCUDA;
+    tensor->device.device_id = self->host ? 0 : self->device;
     tensor->ndim = self->ndim;
     tensor->dtype.code = self->dtype->dlpack_code;
     tensor->dtype.bits = self->dtype->bits;
@@ -958,6 +1035,8 @@ static PyObject *array_dlpack(mg_array *self, PyObject *args, PyObject *kwargs)
 
 static PyObject *array_dlpack_device(mg_array *self, PyObject *unused)
 {
+    if (self->host)
+        return Py_BuildValue("(ii)", kDLCPU, 0);
     return Py_BuildValue("(ii)", kDLCUDA, self->device);
 }
 
@@ -1127,7 +1206,9 @@ static int dtype_from_dl(DLDataType t, mg_dtype **out)
 /* A view of a "dltensor" or "dltensor_versioned" capsule. On success the
  * capsule is renamed "used_..." and the view calls the deleter when it dies;
  * on failure the capsule is left as it was, so its own destructor frees it. */
-static PyObject *view_from_capsule(PyObject *capsule)
+/* A zero-copy view of a consumed DLPack capsule: of CUDA memory, or with
+ * `host` of host memory (a host DeviceArray, the CPU backend's). */
+static PyObject *view_from_capsule_on(PyObject *capsule, int host)
 {
     const char *name = PyCapsule_GetName(capsule);
     if (name == NULL && PyErr_Occurred())
@@ -1156,10 +1237,15 @@ static PyObject *view_from_capsule(PyObject *capsule)
     else {
         t = &((DLManagedTensor *)managed)->dl_tensor;
     }
-    if (t->device.device_type == kDLCPU || t->device.device_type == kDLCUDAHost)
+    if (host) {
+        if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost)
+            return mg_raise(PyExc_TypeError, "DLPack device type %d is not host memory: the CPU backend "
+                            "views host arrays only", (int)t->device.device_type);
+    }
+    else if (t->device.device_type == kDLCPU || t->device.device_type == kDLCUDAHost)
         return mg_raise(PyExc_TypeError, "host array: use mlirgpu.to_device (DLPack device type %d)",
                         (int)t->device.device_type);
-    if (t->device.device_type != kDLCUDA && t->device.device_type != kDLCUDAManaged)
+    else if (t->device.device_type != kDLCUDA && t->device.device_type != kDLCUDAManaged)
         return mg_raise(PyExc_TypeError, "DLPack device type %d is not CUDA", (int)t->device.device_type);
     if (t->ndim < 0 || t->ndim > MG_MAX_NDIM)
         return mg_raise(PyExc_ValueError, "DLPack tensor has %d dimensions; at most %d are supported",
@@ -1175,14 +1261,15 @@ static PyObject *view_from_capsule(PyObject *capsule)
         if (t->strides != NULL && checked_mul((Py_ssize_t)t->strides[i], dtype->itemsize, &strides[i]) < 0)
             return mg_raise(PyExc_ValueError, "DLPack tensor has a stride too large to address");
     }
-    mg_array *view = array_create(dtype, t->ndim, shape, t->strides != NULL ? strides : NULL);
+    mg_array *view = (host ? host_create : array_create)(dtype, t->ndim, shape, t->strides != NULL ? strides : NULL);
     if (view == NULL)
         return NULL;
     Py_ssize_t lo, hi;
     if (view->size > 0 && byte_extent(view, &lo, &hi) < 0)
         goto error;
     view->ptr = (CUdeviceptr)(uintptr_t)t->data + (CUdeviceptr)t->byte_offset;
-    view->device = t->device.device_id;
+    if (!host)
+        view->device = t->device.device_id;
     if (PyCapsule_SetName(capsule, versioned ? MG_DLPACK_USED_VERSIONED_NAME : MG_DLPACK_USED_NAME) < 0)
         goto error;
     view->dl_managed = managed;
@@ -1192,6 +1279,11 @@ static PyObject *view_from_capsule(PyObject *capsule)
 error:
     Py_DECREF(view);
     return NULL;
+}
+
+static PyObject *view_from_capsule(PyObject *capsule)
+{
+    return view_from_capsule_on(capsule, 0);
 }
 
 /* obj.__dlpack__(max_version=(1, 0), stream=1), or without max_version for
@@ -1288,9 +1380,36 @@ PyObject *mg_array_asarray(PyObject *obj)
                         "__cuda_array_interface__ nor __dlpack__", Py_TYPE(obj)->tp_name);
 }
 
-static PyObject *array_asarray_function(PyObject *module, PyObject *obj)
+/* The CPU backend's asarray: a host DeviceArray viewing a host DLPack
+ * object (NumPy arrays included), or a DeviceArray itself. */
+static PyObject *host_asarray(PyObject *obj)
 {
-    return mg_array_asarray(obj);
+    if (PyObject_TypeCheck(obj, mg_array_type)) {
+        if (!((mg_array *)obj)->host)
+            return mg_raise(PyExc_TypeError, "a DeviceArray in CUDA memory on the CPU backend: use get()");
+        return Py_NewRef(obj);
+    }
+    if (PyCapsule_CheckExact(obj))
+        return view_from_capsule_on(obj, 1);
+    if (!PyObject_HasAttr(obj, str_dlpack))
+        return PyErr_Format(PyExc_TypeError, "cannot view %.100s as a host array: it has no __dlpack__",
+                            Py_TYPE(obj)->tp_name);
+    PyObject *capsule = PyObject_CallMethodNoArgs(obj, str_dlpack);
+    if (capsule == NULL)
+        return NULL;
+    PyObject *view = view_from_capsule_on(capsule, 1);
+    Py_DECREF(capsule);   /* a consumed capsule lives on as the view's owner */
+    return view;
+}
+
+static PyObject *array_asarray_function(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"obj", "host", NULL};
+    PyObject *obj;
+    int host = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$p:asarray", keywords, &obj, &host))
+        return NULL;
+    return host ? host_asarray(obj) : mg_array_asarray(obj);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1498,6 +1617,7 @@ static void fill_from_array(const mg_array *a, mg_foreign *out)
     out->dtype = a->dtype;
     out->ndim = a->ndim;
     out->device = a->device;
+    out->host = a->host;
     memcpy(out->shape, a->shape, (size_t)a->ndim * sizeof a->shape[0]);
     memcpy(out->strides, a->strides, (size_t)a->ndim * sizeof a->strides[0]);
     out->contiguous = is_c_contiguous(a);
@@ -1595,7 +1715,8 @@ static PyMethodDef array_methods[] = {
      "copy_to_host(out, stream=None): copies into the numpy.ndarray `out` (same shape and dtype); returns out."},
     {"__dlpack__", (PyCFunction)(void (*)(void))array_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None): a DLPack capsule."},
-    {"__dlpack_device__", (PyCFunction)array_dlpack_device, METH_NOARGS, "(2, ordinal): kDLCUDA."},
+    {"__dlpack_device__", (PyCFunction)array_dlpack_device, METH_NOARGS,
+     "(2, ordinal): kDLCUDA; (1, 0): kDLCPU for a host array (the CPU backend's)."},
     {NULL},
 };
 
@@ -1604,16 +1725,18 @@ static PyGetSetDef array_getset[] = {
     {"strides", (getter)array_get_strides, NULL, "Strides in bytes, like NumPy.", NULL},
     {"dtype", (getter)array_get_dtype, NULL, NULL, NULL},
     {"nbytes", (getter)array_get_nbytes, NULL, NULL, NULL},
-    {"ptr", (getter)array_get_ptr, NULL, "The device address of the first element.", NULL},
+    {"ptr", (getter)array_get_ptr, NULL, "The address of the first element (a host address for a host array).", NULL},
     {"is_c_contiguous", (getter)array_get_contiguous, NULL, NULL, NULL},
-    {"__cuda_array_interface__", (getter)array_get_cai, NULL, "Version 3; TypeError for bf16.", NULL},
+    {"__cuda_array_interface__", (getter)array_get_cai, NULL,
+     "Version 3; TypeError for bf16; AttributeError for a host array.", NULL},
+    {"is_host", (getter)array_get_host, NULL, "True for host memory (a DeviceArray of the CPU backend).", NULL},
     {NULL},
 };
 
 static PyMemberDef array_members[] = {
     {"ndim", T_INT, offsetof(mg_array, ndim), READONLY, NULL},
     {"size", T_PYSSIZET, offsetof(mg_array, size), READONLY, "Number of elements."},
-    {"device", T_INT, offsetof(mg_array, device), READONLY, "CUDA ordinal."},
+    {"device", T_INT, offsetof(mg_array, device), READONLY, "CUDA ordinal; -1 for a host array."},
     {"__weaklistoffset__", T_PYSSIZET, offsetof(mg_array, weakrefs), READONLY},
     {NULL},
 };
@@ -1642,14 +1765,15 @@ static PyMethodDef array_functions[] = {
     {"dtype", array_dtype_function, METH_O,
      "dtype(x): the mlirgpu dtype of a DType, numpy dtype, NumPy scalar type or name."},
     {"empty", (PyCFunction)(void (*)(void))array_empty, METH_VARARGS | METH_KEYWORDS,
-     "empty(shape, dtype=f32, stream=None): an uninitialized DeviceArray."},
+     "empty(shape, dtype=f32, stream=None, *, host=False): an uninitialized DeviceArray (host memory with "
+     "host=True: the CPU backend's)."},
     {"zeros", (PyCFunction)(void (*)(void))array_zeros, METH_VARARGS | METH_KEYWORDS,
-     "zeros(shape, dtype=f32, stream=None): a DeviceArray of zeros (set on `stream`)."},
+     "zeros(shape, dtype=f32, stream=None, *, host=False): a DeviceArray of zeros (set on `stream`)."},
     {"to_device", (PyCFunction)(void (*)(void))array_to_device, METH_VARARGS | METH_KEYWORDS,
-     "to_device(array, stream=None): a DeviceArray copy of a NumPy array or array-like."},
-    {"asarray", array_asarray_function, METH_O,
-     "asarray(obj): obj itself if a DeviceArray, else a zero-copy view of a __cuda_array_interface__ or "
-     "CUDA __dlpack__ object."},
+     "to_device(array, stream=None, *, host=False): a DeviceArray copy of a NumPy array or array-like."},
+    {"asarray", (PyCFunction)(void (*)(void))array_asarray_function, METH_VARARGS | METH_KEYWORDS,
+     "asarray(obj, *, host=False): obj itself if a DeviceArray, else a zero-copy view of a "
+     "__cuda_array_interface__ or CUDA __dlpack__ object; with host=True, of a host __dlpack__ object."},
     {NULL},
 };
 

@@ -55,7 +55,8 @@ typedef struct {
     CUdeviceptr ptr;        /* the first element (a view's offset included) */
     int ndim;
     int device;             /* CUDA ordinal */
-    int owns;               /* 1: ptr came from cuMemAlloc and is freed here */
+    int owns;               /* 1: ptr came from cuMemAlloc (or, when `host`, malloc) and is freed here */
+    int host;               /* 1: host memory (the CPU backend); ptr is a host address, device -1 */
     Py_ssize_t size;        /* elements */
     Py_ssize_t shape[MG_MAX_NDIM];
     Py_ssize_t strides[MG_MAX_NDIM];   /* bytes, like NumPy */
@@ -70,6 +71,14 @@ typedef struct {
 
 /* 1 when `obj` is exactly an mlirgpu.DeviceArray (the launch fast path). */
 static inline int mg_array_check_exact(PyObject *obj) { return Py_IS_TYPE(obj, mg_array_type); }
+
+/* 1 when `obj` is exactly an mlirgpu.DeviceArray in device memory: what a
+ * CUDA launch may pass as a pointer. Host DeviceArrays (the CPU backend's)
+ * take the foreign path, which reports them as host arrays. */
+static inline int mg_array_check_device(PyObject *obj)
+{
+    return mg_array_check_exact(obj) && !((mg_array *)obj)->host;
+}
 
 /* Accessors; `obj` must pass mg_array_check_exact. */
 static inline CUdeviceptr mg_array_ptr(PyObject *obj) { return ((mg_array *)obj)->ptr; }
@@ -120,7 +129,8 @@ int mg_dtype_of_scalar(PyObject *obj, mg_dtype **out);
 
 /* mlirgpu.asarray: a DeviceArray for a DeviceArray (new ref to itself), a
  * __cuda_array_interface__ object or a CUDA DLPack object (zero-copy views).
- * TypeError for host arrays and anything else. */
+ * TypeError for host arrays and anything else. (asarray(obj, host=True), the
+ * CPU backend's, views host DLPack objects instead: see array.c.) */
 PyObject *mg_array_asarray(PyObject *obj);
 
 #endif

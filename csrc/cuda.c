@@ -1476,7 +1476,7 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
             slots[i] = (uint64_t)pointers[i];
             continue;
         }
-        if (mg_array_check_exact(arg)) {
+        if (mg_array_check_device(arg)) {
             if (kind >= 0) {
                 launch_error(self, "argument %zd is a %s scalar, got a DeviceArray", i, mg_dtype_get(kind)->name);
                 goto error;
@@ -1527,7 +1527,7 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
     }
     /* Later host copies and exports order themselves after this launch. */
     for (Py_ssize_t i = 0; i < nargs; i++)
-        if (mg_array_check_exact(args[i]))
+        if (mg_array_check_device(args[i]))
             mg_array_set_stream(args[i], stream, stream_obj);
     result = Py_NewRef(Py_None);
 error:

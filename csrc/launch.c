@@ -120,7 +120,7 @@ static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs)
     b->words[b->n++] = (uint64_t)nargs | (uint64_t)(uint32_t)(mg_cu_current_device() + 1) << 32;
     for (Py_ssize_t i = 0; i < nargs; i++) {
         PyObject *arg = args[i];
-        if (mg_array_check_exact(arg)) {
+        if (mg_array_check_device(arg)) {
             const mg_array *a = (const mg_array *)arg;
             int contiguous = mg_array_is_c_contiguous(arg);
             b->words[b->n++] = array_word(SIG_ARRAY, a->dtype, a->ndim, contiguous, a->device);

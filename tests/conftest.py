@@ -1,5 +1,7 @@
 """Tests marked `gpu` (declared in pyproject.toml) need a CUDA driver and a
-device; where there is none they are skipped, with the reason."""
+device; where there is none they are skipped, with the reason. A test that
+takes the `backend` fixture runs once per backend: "cpu" everywhere, "cuda"
+(gpu-marked) where there is a GPU, with the same assertions."""
 import os
 import subprocess
 
@@ -17,6 +19,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def backend(request):
+    """The backend the test launches on, made current for the test."""
+    import mlirgpu as mg
+
+    previous = mg.backend()
+    mg.set_backend(request.param)
+    try:
+        yield request.param
+    finally:
+        mg.set_backend(previous)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ def test_specialize_inspect_compile_without_a_gpu():
     assert isinstance(cubin, bytes) and cubin[:4] == b"\x7fELF"
 
 
-@pytest.mark.gpu
+@pytest.mark.usefixtures("backend")   # once per backend: cpu, and cuda where there is a GPU
 def test_launch():
     A = np.random.rand(256, 128).astype(np.float32)
     B = np.random.rand(128, 256).astype(np.float32)

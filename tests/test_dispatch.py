@@ -541,6 +541,35 @@ print(json.dumps(out))
 
 
 @pytest.mark.usefixtures("fake_driver")
+def test_host_device_arrays_never_reach_a_cuda_launch():
+    """The CPU backend's DeviceArrays hold host addresses: a CUDA launch
+    refuses them, and the dispatcher never serves them from its table."""
+    out = run_json(FAKE_DRIVER_PRELUDE + '''
+misses = []
+def miss(args, kwargs):
+    misses.append(len(args))
+    d.register(args, record)
+    return record(*args, **kwargs)
+d = C.Dispatcher(miss, "record_params")
+buf = C.zeros(8, C.u64)
+host = C.zeros(16, host=True)
+try:
+    record(buf, np.uint32(1), host, grid=1, block=1)
+except C.LaunchError as e:
+    out["function"] = str(e)
+try:
+    d(buf, np.uint32(1), host, grid=1, block=1)
+except (C.LaunchError, ValueError) as e:
+    out["dispatcher"] = str(e)
+out["misses"] = misses
+print(json.dumps(out))
+''')
+    assert "argument 2 is a host array" in out["function"]
+    assert "argument 2 is a host array" in out["dispatcher"]
+    assert out["misses"] == [3]
+
+
+@pytest.mark.usefixtures("fake_driver")
 def test_function_hits_pack_scalars_by_the_function_signature():
     out = run_json(FAKE_DRIVER_PRELUDE + '''
 d = C.Dispatcher(lambda args, kwargs: (d.register(args, typed), typed(*args, **kwargs)), "typed")

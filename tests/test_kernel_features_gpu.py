@@ -1,11 +1,14 @@
 """Device features on the GPU, against NumPy in float64: a block reduction
 (shared memory, barriers, warp shuffles, an atomic add), the tiled matmul
 with dynamic shared memory split by slices and with static shared arrays,
-float4 vector copies, device functions, printf, atomics and shuffles."""
+float4 vector copies, device functions, printf, atomics and shuffles.
+Atomics and vector copies run on the CPU backend too; `@cuda_only` marks
+what it does not run yet (shared memory, warp shuffles, printf, @mg.func)."""
 import ctypes
 
 import numpy as np
 import pytest
+from backends import cuda_only
 
 import mlirgpu as mg
 
@@ -13,7 +16,7 @@ from kernels_features import (BLOCK, TILE, block_sum, claim_slots, copy_float4, 
                               extrema, float_sum_and_exchange, hello, matmul_dynamic, matmul_static,
                               take_tickets, use_device_functions, warp_ops)
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.usefixtures("backend")   # cpu, and cuda where there is a GPU
 
 
 def relative_error(got, expected):
@@ -23,6 +26,7 @@ def relative_error(got, expected):
 # ---------------------------------------------------------------------------
 # Block reduction: shared memory tree, warp shuffles, one atomic per block
 
+@cuda_only
 @pytest.mark.parametrize("n", [1 << 20, 1_000_003])
 def test_block_reduction(n):
     A = np.random.default_rng(0).random(n, dtype=np.float32)
@@ -43,6 +47,7 @@ def matmul_operands():
     return A, B, A.astype(np.float64) @ B.astype(np.float64)
 
 
+@cuda_only
 @pytest.mark.parametrize("kernel, shared_mem", [(matmul_dynamic, 2 * TILE * TILE * 4), (matmul_static, 0)],
                          ids=["dynamic", "static"])
 def test_tiled_matmul(matmul_operands, kernel, shared_mem):
@@ -59,6 +64,7 @@ def test_tiled_matmul(matmul_operands, kernel, shared_mem):
 # ---------------------------------------------------------------------------
 # Dynamic shared memory: its size, and slices with traced bounds
 
+@cuda_only
 def test_dynamic_shared_memory_slices():
     A = np.arange(4 * BLOCK, dtype=np.float32)
     B, size = mg.empty((4 * BLOCK,), mg.f32), mg.zeros((1,), mg.i32)
@@ -90,6 +96,7 @@ def test_half8_copy():
 # ---------------------------------------------------------------------------
 # Device functions
 
+@cuda_only
 def test_device_functions():
     rng = np.random.default_rng(4)
     n = 10_000
@@ -106,6 +113,7 @@ def test_device_functions():
 # ---------------------------------------------------------------------------
 # printf
 
+@cuda_only
 def test_printf_reaches_stdout(capfd):
     A = np.array([0.5, 1.25, 2.0, -3.75], dtype=np.float32)
     capfd.readouterr()
@@ -167,6 +175,7 @@ def test_atomic_add_f64_and_exchange():
 # ---------------------------------------------------------------------------
 # Warp shuffles
 
+@cuda_only
 def test_warp_shuffles():
     n = 4096
     rng = np.random.default_rng(7)

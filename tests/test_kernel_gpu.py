@@ -1,12 +1,15 @@
-"""@mg.kernel on the GPU: the seed's SGEMM in both loop forms, launched with
-generics inferred from DeviceArrays, NumPy arrays, torch and cupy tensors."""
+"""@mg.kernel launched: the seed's SGEMM in both loop forms, launched with
+generics inferred from DeviceArrays, NumPy arrays, torch and cupy tensors.
+Each test taking `backend` runs on the CPU backend and, where there is a
+GPU, on the CUDA one (conftest.py); torch and cupy tensors are GPU-only."""
 import numpy as np
 import pytest
+from backends import cuda_only
 from kernels_seed import scale_rows, sgemm_loop, sgemm_naive
 
 import mlirgpu as mg
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.usefixtures("backend")
 
 
 def relative_error(got, expected):
@@ -55,6 +58,7 @@ def test_sgemm_float64(operands):
     assert relative_error(C, A @ B + 1.0) < 1e-12
 
 
+@cuda_only   # tensors in CUDA memory
 def test_sgemm_torch_and_cupy(operands):
     torch = pytest.importorskip("torch")
     cupy = pytest.importorskip("cupy")

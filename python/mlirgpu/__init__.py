@@ -1,10 +1,11 @@
 """mlirgpu: build MLIR from Python, lower it through the NVVM pipeline to PTX
-and cubin, and run it on NVIDIA GPUs through the CUDA driver."""
+and cubin, and run it on NVIDIA GPUs through the CUDA driver, or on the host
+through MLIR's ExecutionEngine (the CPU backend: mg.backend())."""
 from . import atomic, cpu, cuda, ir, math, passes, shared, warp
 from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event,
-                       InvalidObjectError, KernelError, LaunchError, MLIRError, Stream, asarray, bf16, bool_,
-                       dtype, empty, f16, f32, f64, i8, i16, i32, i64, index, to_device, u8, u16,
-                       u32, u64, zeros)
+                       InvalidObjectError, KernelError, LaunchError, MLIRError, Stream, bf16, bool_,
+                       dtype, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64)
+from .backend import asarray, backend, empty, set_backend, to_device, zeros
 from .device import func, printf, syncthreads, vload, vstore
 from .compiler import Compilation, Target, compile_cubin, compile_ptx
 from .kernel import Kernel, Specialization, generics, kernel, memref

@@ -22,6 +22,7 @@ import numpy as np
 
 from . import _mlirgpu, host, ir, language as lang, tracer
 from ._mlirgpu import CompileError, DeviceArray, DType, LaunchError, MLIRError
+from .backend import _kernels as _backend_kernels, on_cpu
 
 __all__ = ["Generic", "generics", "memref", "kernel", "Kernel", "Specialization"]
 
@@ -120,7 +121,9 @@ class Kernel(_mlirgpu.Dispatcher):
     shapes and dtypes, finds the loaded kernel of that signature and launches
     it; only a signature it has not seen (or NumPy arguments, which are copied
     in and back) comes to `_miss`, which binds the generics, compiles and
-    registers the specialization."""
+    registers the specialization. On the CPU backend nothing is registered
+    (host arrays never take the C fast path): every call comes to `_miss`,
+    which runs it through mlirgpu.cpu."""
 
     def __new__(cls, function, generics=None):
         # The dispatcher's miss handler refers back to the kernel through a
@@ -129,6 +132,7 @@ class Kernel(_mlirgpu.Dispatcher):
         self = super().__new__(cls, lambda args, kwargs: cell[0]._miss(args, kwargs),
                                getattr(function, "__name__", "kernel"))
         cell.append(self)
+        _backend_kernels.add(self)
         return self
 
     def __init__(self, function, generics=None):
@@ -268,6 +272,9 @@ class Kernel(_mlirgpu.Dispatcher):
 
     def _miss(self, args, kwargs):
         spec = self.specialize(self.bind(args))
+        if on_cpu():
+            spec.launch(args, **kwargs)
+            return
         if not any(isinstance(a, np.ndarray) for a in args):
             try:
                 self.register(args, spec.function())
@@ -312,8 +319,10 @@ def _array_shape_dtype(name, arg):
         except (TypeError, ValueError):
             raise LaunchError(f"parameter {name!r}: NumPy dtype {arg.dtype} has no mlirgpu dtype") from None
     elif hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__dlpack__"):
+        # On the CPU backend a DLPack object (a CPU tensor) is read as host memory.
+        host = on_cpu() and not hasattr(arg, "__cuda_array_interface__")
         try:
-            array = _mlirgpu.asarray(arg)
+            array = _mlirgpu.asarray(arg, host=host)
         except (TypeError, ValueError) as error:
             raise LaunchError(f"parameter {name!r}: {error}") from None
     else:
@@ -322,6 +331,23 @@ def _array_shape_dtype(name, arg):
     if not array.is_c_contiguous:
         raise LaunchError(f"parameter {name!r} needs a C-contiguous array, got strides {array.strides}")
     return tuple(array.shape), array.dtype
+
+
+def _host_view(name, arg):
+    """A NumPy view of an array argument of a CPU launch (zero copy): a NumPy
+    array as is, a host DeviceArray or host DLPack object through DLPack."""
+    if isinstance(arg, np.ndarray):
+        return arg
+    if isinstance(arg, DeviceArray) and not arg.is_host:
+        raise LaunchError(f"parameter {name!r} is a DeviceArray in CUDA memory, but the backend is 'cpu': "
+                          f"copy it with .get() or use mg.set_backend('cuda')")
+    try:
+        if not isinstance(arg, DeviceArray) and arg.__dlpack_device__()[0] not in (1, 3):  # kDLCPU, kDLCUDAHost
+            raise TypeError("device memory")
+        return np.from_dlpack(arg)
+    except (AttributeError, TypeError, BufferError, RuntimeError) as error:
+        raise LaunchError(f"parameter {name!r}: the CPU backend takes host arrays (DeviceArray, NumPy, host "
+                          f"DLPack), not {type(arg).__name__} ({error})") from None
 
 
 def _check_scalar(p, arg, bound, bind_one):
@@ -519,6 +545,12 @@ class Specialization:
         """Launches with arguments already checked against this specialization."""
         if grid is None or block is None:
             raise LaunchError(f"launching {self.name} needs grid= and block=")
+        if on_cpu():
+            from . import cpu
+            # The CPU backend runs the launch to completion: `stream` has nothing to order.
+            cpu.run(self, [_host_view(p.name, a) if shape is not None else a
+                           for (p, shape, _), a in zip(self._param_types(), args)], grid, block, shared_mem)
+            return
         function = self.function()
         host = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
         if host:

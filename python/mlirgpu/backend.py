@@ -1,0 +1,107 @@
+"""Where kernels run: "cuda" (a CUDA driver and GPU) or "cpu" (mlirgpu.cpu,
+the host through MLIR's ExecutionEngine).
+
+    mg.backend()            # "cuda" where mg.cuda.is_available(), else "cpu"
+    mg.set_backend("cpu")   # or MLIRGPU_BACKEND=cpu in the environment
+
+The choice is made at first use (the first mg.backend(), array allocation
+or launch) and holds for the process until set_backend changes it. On the
+CPU backend mg.empty/zeros/to_device/asarray make DeviceArrays in host
+memory, and launches run through mlirgpu.cpu.run. docs/cpu.md has the design.
+"""
+import os
+import weakref
+
+from . import _mlirgpu
+from ._mlirgpu import CudaError
+
+__all__ = ["BACKENDS", "backend", "set_backend", "empty", "zeros", "to_device", "asarray"]
+
+BACKENDS = ("cuda", "cpu")
+
+_current = None
+# Kernels whose C dispatcher may hold signatures registered for the GPU:
+# forgotten when the backend changes, so no call takes the GPU's fast path.
+_kernels = weakref.WeakSet()
+
+
+def _check_name(name, where):
+    if name not in BACKENDS:
+        raise ValueError(f"{where}: the backend is 'cuda' or 'cpu', not {name!r}")
+
+
+def _require_cuda(where):
+    from . import cuda
+    if cuda.is_available():
+        return
+    cuda.device_count()   # raises the driver's CudaError (no driver, or its error) with the reason
+    raise CudaError(f"{where}: the CUDA backend needs a GPU, and the driver reports none")
+
+
+def backend():
+    """"cuda" or "cpu": the backend launches and array allocations use."""
+    global _current
+    if _current is None:
+        name = os.environ.get("MLIRGPU_BACKEND", "").strip().lower()
+        if name:
+            _check_name(name, "MLIRGPU_BACKEND")
+            if name == "cuda":
+                _require_cuda("MLIRGPU_BACKEND=cuda")
+            _current = name
+        else:
+            from . import cuda
+            _current = "cuda" if cuda.is_available() else "cpu"
+    return _current
+
+
+def set_backend(name):
+    """Makes `name` ("cuda" or "cpu") the backend from now on. ValueError for
+    another name, CudaError for "cuda" where there is no driver or GPU.
+    Arrays made before keep their memory: a host DeviceArray is not a
+    device pointer, and the CUDA launch path refuses it."""
+    global _current
+    _check_name(name, "set_backend")
+    if name == "cuda":
+        _require_cuda("set_backend('cuda')")
+    if name != _current:
+        for kernel in list(_kernels):
+            kernel.clear()
+    _current = name
+
+
+def on_cpu():
+    """True when the CPU backend is current (the launch and allocation check)."""
+    return (_current or backend()) == "cpu"
+
+
+def empty(*args, **kwargs):
+    """empty(shape, dtype=f32, stream=None): an uninitialized DeviceArray
+    (host memory on the CPU backend)."""
+    if on_cpu():
+        return _mlirgpu.empty(*args, host=True, **kwargs)
+    return _mlirgpu.empty(*args, **kwargs)
+
+
+def zeros(*args, **kwargs):
+    """zeros(shape, dtype=f32, stream=None): a DeviceArray of zeros (host
+    memory on the CPU backend)."""
+    if on_cpu():
+        return _mlirgpu.zeros(*args, host=True, **kwargs)
+    return _mlirgpu.zeros(*args, **kwargs)
+
+
+def to_device(*args, **kwargs):
+    """to_device(array, stream=None): a DeviceArray copy of a NumPy array or
+    array-like (a host copy on the CPU backend)."""
+    if on_cpu():
+        return _mlirgpu.to_device(*args, host=True, **kwargs)
+    return _mlirgpu.to_device(*args, **kwargs)
+
+
+def asarray(obj):
+    """obj itself if a DeviceArray, else a zero-copy view: of a
+    __cuda_array_interface__ or CUDA __dlpack__ object on the GPU backend, of
+    a host __dlpack__ object (a NumPy array, a CPU tensor) on the CPU backend."""
+    if on_cpu():
+        return _mlirgpu.asarray(obj, host=True)
+    return _mlirgpu.asarray(obj)
