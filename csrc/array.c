@@ -1416,7 +1416,7 @@ static PyObject *array_asarray_function(PyObject *module, PyObject *args, PyObje
 /* Foreign arrays as launch arguments                                      */
 /* ---------------------------------------------------------------------- */
 
-static PyObject *str_is_cuda, *str_is_cpu, *str_data_ptr, *str_dtype_attr, *str_shape, *str_stride, *str_is_contiguous,
+static PyObject *str_is_cuda, *str_is_cpu, *str_data_ptr, *str_dtype_attr, *str_shape, *str_stride,
                 *str_get_device, *str_module;
 /* torch.Tensor once an instance was seen (strong): torch is never imported here. */
 static PyTypeObject *torch_tensor_type;
@@ -1561,29 +1561,12 @@ static int torch_read(PyObject *obj, mg_foreign *out, int full)
     Py_SETREF(value, PyObject_GetAttr(obj, str_shape));
     if (value == NULL || read_ints(value, out->shape, &out->ndim) < 0)
         goto fallback;
-    /* Most tensors are contiguous: is_contiguous() then spares building the
-     * stride() tuple, and the C strides follow from the shape. */
-    Py_SETREF(value, call_method(obj, str_is_contiguous));
-    if (value == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception))
+    Py_SETREF(value, call_method(obj, str_stride));
+    if (value == NULL || read_ints(value, out->strides, &count) < 0 || count != out->ndim)
+        goto fallback;
+    for (int i = 0; i < count; i++)
+        if (checked_mul(out->strides[i], dtype->itemsize, &out->strides[i]) < 0)
             goto fallback;
-        PyErr_Clear();   /* no is_contiguous(): read stride() below */
-    }
-    if (value == Py_True) {
-        Py_ssize_t stride = dtype->itemsize;
-        for (int i = out->ndim - 1; i >= 0; i--) {
-            out->strides[i] = stride;
-            if (checked_mul(stride, out->shape[i] > 0 ? out->shape[i] : 1, &stride) < 0)
-                goto fallback;
-        }
-    } else {
-        Py_XSETREF(value, call_method(obj, str_stride));
-        if (value == NULL || read_ints(value, out->strides, &count) < 0 || count != out->ndim)
-            goto fallback;
-        for (int i = 0; i < count; i++)
-            if (checked_mul(out->strides[i], dtype->itemsize, &out->strides[i]) < 0)
-                goto fallback;
-    }
     if (!out->host) {
         Py_SETREF(value, call_method(obj, str_get_device));
         if (value == NULL || !PyLong_Check(value))
@@ -1791,7 +1774,6 @@ int mg_array_init(PyObject *module)
         intern(&str_is_cuda, "is_cuda") < 0 || intern(&str_is_cpu, "is_cpu") < 0 ||
         intern(&str_data_ptr, "data_ptr") < 0 || intern(&str_dtype_attr, "dtype") < 0 ||
         intern(&str_shape, "shape") < 0 || intern(&str_stride, "stride") < 0 ||
-        intern(&str_is_contiguous, "is_contiguous") < 0 ||
         intern(&str_get_device, "get_device") < 0 || intern(&str_module, "__module__") < 0)
         return -1;
     if ((torch_dtypes = PyDict_New()) == NULL)
