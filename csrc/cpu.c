@@ -547,22 +547,29 @@ static int parse_params(mg_CpuEngine *self, PyObject *params)
     return 0;
 }
 
-/* mlirExecutionEngineCreate; 1 if LLVM hit a fatal error inside. */
-static int create_guarded(MlirModule module, int opt_level, MlirExecutionEngine *engine)
+typedef struct {
+    MlirModule module;
+    int opt_level;
+    MlirExecutionEngine engine;
+} engine_creation;
+
+static void create_engine(void *arg)
 {
-    jmp_buf target;
-    mg_fatal_target = &target;
-    if (setjmp(target) != 0) {
-        mg_fatal_target = NULL;
-        return 1;
-    }
+    engine_creation *c = arg;
     /* Position-independent code: with the small code model a JIT'd call or
      * data reference reaches +-2 GB only, and a process holding a CUDA
      * context has reserved so much address space that the JIT's memory can
      * land farther than that from libc and from our runtime functions. */
-    *engine = mlirExecutionEngineCreate(module, opt_level, 0, NULL, false, true);
-    mg_fatal_target = NULL;
-    return 0;
+    c->engine = mlirExecutionEngineCreate(c->module, c->opt_level, 0, NULL, false, true);
+}
+
+/* mlirExecutionEngineCreate; 1 if LLVM hit a fatal error inside. */
+static int create_guarded(MlirModule module, int opt_level, MlirExecutionEngine *engine)
+{
+    engine_creation c = {module, opt_level, {NULL}};
+    int fatal = mg_fatal_guarded(create_engine, &c);
+    *engine = c.engine;
+    return fatal;
 }
 
 static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)

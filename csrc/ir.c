@@ -24,6 +24,19 @@ static mg_ir_Context *default_context; /* made on first use, kept for the proces
 _Thread_local jmp_buf *mg_fatal_target;
 _Thread_local char mg_fatal_reason[1024];
 
+int mg_fatal_guarded(void (*body)(void *), void *arg)
+{
+    jmp_buf target;
+    mg_fatal_target = &target;
+    if (setjmp(target) != 0) {
+        mg_fatal_target = NULL;
+        return 1;
+    }
+    body(arg);
+    mg_fatal_target = NULL;
+    return 0;
+}
+
 /* ===================================================================== */
 /* Strings                                                               */
 /* ===================================================================== */

@@ -79,5 +79,8 @@ PyObject *mg_buf_finish(mg_buf *buf);
 #include <setjmp.h>
 extern _Thread_local jmp_buf *mg_fatal_target;
 extern _Thread_local char mg_fatal_reason[1024];
+/* Runs body(arg) under the guard: 1 if LLVM hit a fatal error inside (the
+ * reason is in mg_fatal_reason), else 0. */
+int mg_fatal_guarded(void (*body)(void *), void *arg);
 
 #endif

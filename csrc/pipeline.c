@@ -118,18 +118,25 @@ static PyObject *anchored_pipeline(PyObject *pipeline, PyObject *opname)
     return PyUnicode_FromFormat("%U(%U)", opname, pipeline);
 }
 
+typedef struct {
+    MlirPassManager pm;
+    MlirOperation op;
+    MlirLogicalResult ran;
+} pass_run;
+
+static void run_passes(void *arg)
+{
+    pass_run *run = arg;
+    run->ran = mlirPassManagerRunOnOp(run->pm, run->op);
+}
+
 /* Runs the pass manager; 1 if LLVM hit a fatal error inside. */
 static int run_guarded(MlirPassManager pm, MlirOperation op, MlirLogicalResult *ran)
 {
-    jmp_buf target;
-    mg_fatal_target = &target;
-    if (setjmp(target) != 0) {
-        mg_fatal_target = NULL;
-        return 1;
-    }
-    *ran = mlirPassManagerRunOnOp(pm, op);
-    mg_fatal_target = NULL;
-    return 0;
+    pass_run run = {pm, op, mlirLogicalResultFailure()};
+    int fatal = mg_fatal_guarded(run_passes, &run);
+    *ran = run.ran;
+    return fatal;
 }
 
 static PyObject *PassManager_run(mg_PassManager *self, PyObject *target)
