@@ -31,28 +31,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 import mlirgpu as mg  # noqa: E402
-from mlirgpu import block_idx, thread_idx  # noqa: E402
 
-TILE = 16
-M, K, N = mg.generics("M K N")
-
-
-@mg.kernel(generics=(M, K, N))
-def matmul_tiled(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[M, N, mg.f32]):
-    As = mg.shared.array((TILE, TILE), mg.f32)
-    Bs = mg.shared.array((TILE, TILE), mg.f32)
-    tx, ty = thread_idx.x, thread_idx.y
-    row = block_idx.y * TILE + ty
-    col = block_idx.x * TILE + tx
-    acc = mg.constant(0.0, mg.f32)
-    for t in range(K // TILE):
-        As[ty, tx] = A[row, t * TILE + tx]
-        Bs[ty, tx] = B[t * TILE + ty, col]
-        mg.syncthreads()
-        for k in range(TILE):
-            acc += As[ty, k] * Bs[k, tx]
-        mg.syncthreads()
-    C[row, col] = acc
+# The tile-16, static-shared-memory kernel the tests run on both backends.
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from kernels_features import TILE, matmul_static as matmul_tiled  # noqa: E402
 
 
 PEER = r"""

@@ -1,21 +1,13 @@
-"""The seed's kernels as API.md writes them, shared by the CPU and GPU tests."""
+"""The seed's kernels as API.md writes them, shared by the CPU and GPU tests.
+sgemm_naive is the README example's own (examples/sgemm_naive.py)."""
+from sgemm_ir import sgemm_naive as example
+
 import mlirgpu as mg
 from mlirgpu import block_dim, block_idx, thread_idx
 
+sgemm_naive = example.sgemm_naive
+
 M, K, N, dtype = mg.generics("M K N dtype")
-
-
-@mg.kernel(generics=(M, K, N, dtype))
-def sgemm_naive(A: mg.memref[M, K, dtype], B: mg.memref[K, N, dtype],
-                C: mg.memref[M, N, dtype]):
-    one = mg.constant(1.0, dtype)
-    tmp = mg.constant(0.0, dtype)
-    r = block_dim.x * block_idx.x + thread_idx.x
-    c = block_dim.y * block_idx.y + thread_idx.y
-    for k, tmp in mg.range_(K, iter_args=[tmp]):   # the seed's explicit form
-        tmp += A[r, k] * B[k, c]
-        tmp = yield tmp
-    C[r, c] = tmp + one
 
 
 @mg.kernel(generics=(M, K, N, dtype))

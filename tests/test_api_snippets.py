@@ -11,9 +11,9 @@ def test_specialize_inspect_compile_without_a_gpu():
     spec = sgemm_naive[256, 128, 256, mg.f32]   # generics in declared order
     text = spec.ir()                            # gpu dialect module, with Python file:line locations
     assert "gpu.func @sgemm_naive(%arg0: memref<256x128xf32>" in text
-    lines = open(kernels_seed.__file__).read().splitlines()
+    lines = open(kernels_seed.example.__file__).read().splitlines()
     line = next(i for i, text_line in enumerate(lines, 1) if "tmp += A[r, k] * B[k, c]" in text_line)
-    assert f'kernels_seed.py":{line}:0' in text
+    assert f'sgemm_naive.py":{line}:0' in text
     ptx = spec.ptx(chip="sm_90a")               # str; needs no GPU
     assert ".target sm_90a" in ptx and ".visible .entry sgemm_naive" in ptx
     cubin = spec.cubin(chip="sm_90a")           # bytes; needs no GPU
