@@ -28,10 +28,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
-#include <numpy/ndarraytypes.h>
-#define NO_IMPORT_ARRAY
-#define PY_ARRAY_UNIQUE_SYMBOL mg_ARRAY_API
-#include <numpy/arrayobject.h>
+#include "numpy_api.h"
 
 extern _Thread_local jmp_buf *mg_fatal_target; /* ir.c: LLVM fatal errors longjmp there */
 

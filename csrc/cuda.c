@@ -10,9 +10,7 @@
 #include <string.h>
 #include <structmember.h>
 
-#define NO_IMPORT_ARRAY
-#define PY_ARRAY_UNIQUE_SYMBOL mg_ARRAY_API
-#include <numpy/arrayobject.h>
+#include "numpy_api.h"
 
 /* ---------------------------------------------------------------------- */
 /* Driver loading                                                          */

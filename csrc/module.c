@@ -6,8 +6,8 @@
 
 #include <string.h>
 
-#define PY_ARRAY_UNIQUE_SYMBOL mg_ARRAY_API
-#include <numpy/arrayobject.h>
+#define MG_NUMPY_IMPORT /* this file defines the table */
+#include "numpy_api.h"
 
 mg_state *mg_st = NULL;
 
