@@ -95,14 +95,25 @@ def _is_explicit_range(node):
     return _is_range_call(node.iter, {"range_"}) and any(k.arg == "iter_args" for k in node.iter.keywords)
 
 
-def _assigned(statements):
-    """Names a list of statements assigns (not counting nested scopes), in order."""
+def _assigned(statements, local_names=frozenset()):
+    """Names a list of statements assigns (not counting nested scopes), in
+    order, counting `x[i] = ...` as assigning x where x is one of the
+    function's `local_names` (a list mutated in a traced loop is carried)."""
     names = []
 
     class Visitor(ast.NodeVisitor):
         def visit_Name(self, node):
             if isinstance(node.ctx, ast.Store) and node.id not in names:
                 names.append(node.id)
+
+        def visit_Subscript(self, node):
+            if isinstance(node.ctx, ast.Store):
+                base = node.value
+                while isinstance(base, ast.Subscript):
+                    base = base.value
+                if isinstance(base, ast.Name) and base.id in local_names and base.id not in names:
+                    names.append(base.id)
+            self.generic_visit(node)
 
         def visit_FunctionDef(self, node):  # a nested scope: rejected elsewhere
             pass
@@ -129,9 +140,10 @@ def _is_range_call(node, names):
 
 
 class _Rewriter(ast.NodeTransformer):
-    def __init__(self, filename, returns=False):
+    def __init__(self, filename, returns=False, local_names=frozenset()):
         self.filename = filename
         self.returns = returns  # device functions (@mg.func) may return values
+        self.local_names = local_names  # the function's parameters and assigned names
         self.counter = 0
 
     def fresh(self, kind):
@@ -228,7 +240,7 @@ class _Rewriter(ast.NodeTransformer):
                                                           ast.Constant(len(targets) - 1), ast.Constant(node.lineno)],
                                     node)
             return [function, self.assign_back(out_names, call, node)]
-        carried = [n for n in _assigned(body) if n not in targets]
+        carried = [n for n in _assigned(body, self.local_names) if n not in targets]
         function = self.body_function(name, targets + carried, body, carried, node)
         call = self.call_helper("__mg_for", [iterable, ast.Name(id=name, ctx=ast.Load()),
                                              ast.Constant(len(targets)), self.names_tuple(carried),
@@ -239,7 +251,7 @@ class _Rewriter(ast.NodeTransformer):
         self.check_no_return(node.body + node.orelse)
         test = self.visit(node.test)
         then_body, else_body = self.visit_all(node.body), self.visit_all(node.orelse)
-        names = _assigned(then_body + else_body)
+        names = _assigned(then_body + else_body, self.local_names)
         then_name, else_name = self.fresh("then"), self.fresh("else")
         then_fn = self.body_function(then_name, names, then_body or [ast.Pass()], names, node)
         else_fn = self.body_function(else_name, names, else_body or [ast.Pass()], names, node)
@@ -254,7 +266,7 @@ class _Rewriter(ast.NodeTransformer):
         self.check_no_return(node.body)
         test = self.visit(node.test)
         body = self.visit_all(node.body)
-        names = _assigned(body)
+        names = _assigned(body, self.local_names)
         cond_name, body_name = self.fresh("cond"), self.fresh("body")
         cond_fn = self.body_function(cond_name, names, [], [], node)
         cond_fn.body = [ast.copy_location(ast.Return(value=test), node)]
@@ -303,7 +315,8 @@ def rewrite(function, returns=False):
     definition.returns = None
     for statement in definition.body:
         _Unsupported(filename, first_line).visit(statement)
-    definition.body = _Rewriter(filename, returns).visit_all(definition.body)
+    local_names = frozenset([a.arg for a in definition.args.args] + _assigned(definition.body))
+    definition.body = _Rewriter(filename, returns, local_names).visit_all(definition.body)
     free = list(function.__code__.co_freevars) + [p for p in generic_params if p not in function.__code__.co_freevars]
     maker = ast.FunctionDef(
         name="__mg_make", args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=n) for n in free], vararg=None,
@@ -443,9 +456,106 @@ def _yield(block, values, dtypes, what):
         lang.emit("scf.yield", [lang.coerce(v, d, w) for v, d, w in zip(values, dtypes, what)])
 
 
+class _Flat:
+    """The variables of a traced region with each list or tuple of traced
+    scalars and Python numbers (nested too: a register tile `acc[i][j]`)
+    spread into one variable per element, so that each element is carried
+    (an scf.for/scf.while iter_arg, an scf.if result) like a lone scalar.
+    Each region is given fresh lists rebuilt from its own values: the body
+    may mutate them (`acc[i] += x`), and after the region the name holds a
+    new list of the region's results."""
+
+    def __init__(self, names, initial):
+        self.shapes = [_shape(v) for v in initial]
+        self.names, self.initial = [], []
+        for name, value, shape in zip(names, initial, self.shapes):
+            if shape is None:
+                self.names.append(name)
+                self.initial.append(value)
+            else:
+                leaves = list(_leaves(value))
+                self.names.extend(f"{name}{path}" for path in _paths(shape))
+                self.initial.extend(leaves)
+        self.original_names = names
+
+    def unflatten(self, flat):
+        flat, out = list(flat), []
+        for shape in self.shapes:
+            if shape is None:
+                out.append(flat.pop(0))
+            else:
+                out.append(_build(shape, flat))
+        return out
+
+    def flatten(self, values):
+        out = []
+        for name, value, shape in zip(self.original_names, values, self.shapes):
+            if shape is None:
+                out.append(value)
+            elif _shape(value) != shape:
+                raise CompileError(f"{name!r} is a list of traced values carried through a traced region, "
+                                   f"and must keep its length and element kinds there (each element a traced "
+                                   f"scalar or a Python number), not become {_describe(value)}")
+            else:
+                out.extend(_leaves(value))
+        return out
+
+    def wrap(self, function, leading=0):
+        """`function` (leading targets, then the variables) taking and returning flat values."""
+        def flat_function(*args):
+            return self.flatten(function(*args[:leading], *self.unflatten(args[leading:])))
+        return flat_function
+
+
+def _shape(value):
+    """The nesting of a list/tuple whose leaves are traced scalars or Python
+    numbers, as (type, [element shapes]) with None for a leaf; None if
+    `value` is not such a container."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    shapes = []
+    for item in value:
+        if isinstance(item, (list, tuple)):
+            inner = _shape(item)
+            if inner is None:
+                return None
+            shapes.append(inner)
+        elif isinstance(item, lang.Scalar) or _is_number(item):
+            shapes.append(None)
+        else:
+            return None
+    return (type(value), tuple(shapes))
+
+
+def _leaves(value):
+    for item in value:
+        if isinstance(item, (list, tuple)):
+            yield from _leaves(item)
+        else:
+            yield item
+
+
+def _paths(shape, prefix=""):
+    for k, inner in enumerate(shape[1]):
+        if inner is None:
+            yield f"{prefix}[{k}]"
+        else:
+            yield from _paths(inner, f"{prefix}[{k}]")
+
+
+def _build(shape, flat):
+    kind, inner = shape
+    return kind(flat.pop(0) if s is None else _build(s, flat) for s in inner)
+
+
+def _describe(value):
+    return f"a {type(value).__name__} of {len(value)}" if isinstance(value, (list, tuple)) else \
+        type(value).__name__
+
+
 def _for(iterable, body, ntargets, names, initial, lineno):
     if not isinstance(iterable, _Range):
-        # A Python iterable (mg.static_range, a list, ...): unrolled.
+        # A Python iterable (mg.static_range, a list, ...): unrolled, lists mutated in place as in Python.
         values = list(initial)
         for item in iterable:
             targets = list(item) if ntargets > 1 else [item]
@@ -453,12 +563,15 @@ def _for(iterable, body, ntargets, names, initial, lineno):
         return tuple(values)
     if ntargets != 1:
         raise CompileError("a range() loop has one target")
+    flat = _Flat(names, initial)
+    return tuple(flat.unflatten(_for_range(iterable, flat.wrap(body, 1), flat.names, flat.initial, lineno)))
+
+
+def _for_range(iterable, body, names, initial, lineno):
     traced, numbers, python = [], [], {}  # carried as they are; Python numbers; Python objects
     for i, value in enumerate(initial):
         if value is lang.UNDEFINED:
             continue  # local to the body
-        if isinstance(value, lang.MemRef):
-            raise CompileError(f"the memref {names[i]!r} is reassigned in a traced loop")
         if isinstance(value, lang.Scalar):
             traced.append(i)
         elif _is_number(value):
@@ -478,6 +591,8 @@ def _for(iterable, body, ntargets, names, initial, lineno):
                 values[i] = a
             new = body(induction, *values)
             for i, v in python.items():
+                if new[i] is not v and isinstance(v, lang.MemRef):
+                    raise CompileError(f"the memref {names[i]!r} is reassigned in a traced loop")
                 if new[i] is not v:
                     raise CompileError(f"the Python value {names[i]!r} ({type(v).__name__}) is changed in a "
                                        f"traced loop: make it a traced value (mg.constant) or keep it constant")
@@ -570,6 +685,12 @@ def _if(test, then_fn, else_fn, names, initial, lineno):
     if test.dtype != lang.bool_:
         raise CompileError(f"an if condition must be a comparison (bool), not a {test.dtype.name} value: "
                            f"compare it, e.g. `if x != 0:`")
+    flat = _Flat(names, initial)
+    return tuple(flat.unflatten(_traced_if(test, flat.wrap(then_fn), flat.wrap(else_fn), flat.names,
+                                           flat.initial, lineno)))
+
+
+def _traced_if(test, then_fn, else_fn, names, initial, lineno):
     # Probe: trace both branches in a scratch scf.if to learn what they yield.
     with _scratch():
         probe = lang.emit("scf.if", [test], [], regions=2)
@@ -613,6 +734,12 @@ def _while(cond_fn, body_fn, names, initial, lineno):
         while cond_fn(*values):
             values = list(body_fn(*values))
         return tuple(values)
+    flat = _Flat(names, initial)
+    return tuple(flat.unflatten(_traced_while(lambda *v: cond_fn(*flat.unflatten(v)), flat.wrap(body_fn),
+                                              flat.names, flat.initial, lineno)))
+
+
+def _traced_while(cond_fn, body_fn, names, initial, lineno):
     carried = [i for i, v in enumerate(initial) if isinstance(v, lang.Scalar) or _is_number(v)]
     dtypes = {i: initial[i].dtype if isinstance(initial[i], lang.Scalar) else _guess_dtype(initial[i])
               for i in carried}
