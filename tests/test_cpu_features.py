@@ -10,7 +10,7 @@ import pytest
 import mlirgpu as mg
 from mlirgpu import block_dim, block_idx, thread_idx
 
-from kernels_features import BLOCK, dynamic_reverse, hello, use_device_functions, warp_ops
+from kernels_features import BLOCK, dynamic_reverse, hello, use_device_functions
 
 M, N = mg.generics("M N")
 
@@ -41,15 +41,20 @@ def test_shared_memory_is_per_block():
     np.testing.assert_array_equal(X, np.repeat(np.arange(24).reshape(3, 8).sum(1), 8))
 
 
+@mg.kernel
+def lanes_2d(source: mg.memref[N, mg.i32], lane: mg.memref[N, mg.i32]):
+    t = thread_idx.y * block_dim.x + thread_idx.x  # the linear thread id
+    source[t] = mg.warp.shfl_idx(mg.cast(t, mg.i32), 3)
+    lane[t] = mg.cast(mg.warp.lane_id(), mg.i32)
+
+
 def test_warps_follow_the_linear_thread_id():
-    """With 2-D blocks a warp is 32 consecutive linear ids (x fastest), as on the GPU."""
-    n = 128
-    X = np.arange(n, dtype=np.float32)
-    I = np.arange(n, dtype=np.int32)
-    total, down, up = (np.zeros(n, np.float32) for _ in range(3))
-    lane3, lane = np.zeros(n, np.int32), np.zeros(n, np.int32)
-    mg.cpu.run(warp_ops[n], [X, I, total, lane3, down, up, lane], grid=(2,), block=(64,))
-    np.testing.assert_array_equal(lane3, np.repeat(np.arange(n).reshape(-1, 32)[:, 3], 32))
+    """With 2-D blocks a warp is 32 consecutive linear ids (x fastest), as on the GPU:
+    rows of 8 threads, 4 rows a warp."""
+    source, lane = np.zeros(64, np.int32), np.zeros(64, np.int32)
+    mg.cpu.run(lanes_2d[64], [source, lane], grid=1, block=(8, 8))
+    np.testing.assert_array_equal(source, np.repeat([3, 35], 32))
+    np.testing.assert_array_equal(lane, np.arange(64) % 32)
 
 
 # ---------------------------------------------------------------------------
