@@ -1,11 +1,13 @@
 """Tests marked `gpu` (declared in pyproject.toml) need a CUDA driver and a
 device; where there is none they are skipped, with the reason. A test that
 takes the `backend` fixture runs once per backend: "cpu" everywhere, "cuda"
-(gpu-marked) where there is a GPU, with the same assertions."""
+(gpu-marked) where there is a GPU, with the same assertions; `size` picks its
+problem size per backend where the GPU's would be too slow on the CPU."""
 import os
 import subprocess
 
 import pytest
+from backends import current_backend
 
 from mlirgpu import compiler, ir
 
@@ -24,14 +26,16 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def backend(request):
     """The backend the test launches on, made current for the test."""
-    import mlirgpu as mg
+    with current_backend(request.param) as name:
+        yield name
 
-    previous = mg.backend()
-    mg.set_backend(request.param)
-    try:
-        yield request.param
-    finally:
-        mg.set_backend(previous)
+
+@pytest.fixture
+def size(backend):
+    """size(gpu=..., cpu=...): the problem size for the backend under test. The
+    CPU backend runs a block's threads one after another on one core, so where
+    the GPU's size would take seconds there (CI has 2 cores) it gets a smaller one."""
+    return lambda gpu, cpu: gpu if backend == "cuda" else cpu
 
 
 @pytest.fixture

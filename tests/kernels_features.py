@@ -1,8 +1,9 @@
-"""The kernels of the device-feature tests, shared by the GPU's
-(test_kernel_features_gpu.py) and the CPU backend's (test_cpu_features.py),
-so both run the same code: a block reduction (shared memory, barriers, warp
-shuffles, an atomic add), the lecture's tiled matmul with dynamic and static
-shared memory, vector copies, device functions, printf, atomics and shuffles."""
+"""The kernels of the device-feature tests (test_device_features.py, run on
+both backends; test_cpu_features.py, the CPU backend's own checks;
+test_cpu_matches_gpu.py) and of benchmarks/cpu_backend.py: a block reduction
+(shared memory, barriers, warp shuffles, an atomic add), the lecture's tiled
+matmul with dynamic and static shared memory, vector copies, device functions,
+printf, atomics and shuffles."""
 import mlirgpu as mg
 from mlirgpu import block_dim, block_idx, thread_idx
 
@@ -126,6 +127,20 @@ def use_device_functions(X: mg.memref[N, mg.f32], Y: mg.memref[N, mg.f32], Out: 
         Lo[i] = lo
         Hi[i] = hi
         clamp_store(Clamped, i, x, -0.5, 0.5)
+
+
+@mg.func
+def rotate_left(X):
+    """A device function that reads the thread's index and waits at a barrier."""
+    i = block_idx.x * block_dim.x + thread_idx.x
+    v = X[(i + 1) % N]
+    mg.syncthreads()
+    X[i] = v
+
+
+@mg.kernel
+def rotate_through_device_function(X: mg.memref[N, mg.f32]):
+    rotate_left(X)
 
 
 @mg.kernel

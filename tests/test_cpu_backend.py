@@ -1,5 +1,7 @@
-"""The CPU backend (mlirgpu.cpu): kernels JIT-compiled for the host through
-MLIR's ExecutionEngine, each thread of a block a fiber. Runs without a GPU."""
+"""The CPU backend's runtime (mlirgpu.cpu.run): kernels JIT-compiled for the
+host through MLIR's ExecutionEngine, each thread of a block a fiber; its
+barriers, argument checks and memory. Runs without a GPU. The seed's kernels
+launched on both backends are in test_kernel_launch.py."""
 import gc
 import os
 
@@ -9,29 +11,9 @@ import pytest
 import mlirgpu as mg
 from mlirgpu import block_dim, block_idx, thread_idx
 
-from kernels_seed import scale_rows, sgemm_loop, sgemm_naive
+from kernels_seed import scale_rows
 
 N, = mg.generics("N")
-
-
-@pytest.mark.parametrize("kernel", [sgemm_naive, sgemm_loop], ids=["naive", "loop"])
-def test_sgemm(kernel):
-    rng = np.random.default_rng(0)
-    A = rng.random((64, 32), dtype=np.float32)
-    B = rng.random((32, 48), dtype=np.float32)
-    C = np.zeros((64, 48), np.float32)
-    mg.cpu.run(kernel[64, 32, 48, mg.f32], [A, B, C], grid=(4, 3), block=(16, 16))
-    np.testing.assert_allclose(C, A.astype(np.float64) @ B.astype(np.float64) + 1.0, rtol=1e-5)
-
-
-def test_scale_rows_if_else_and_scalars():
-    X = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
-    want = X.astype(np.float64)
-    want[:20] *= 2.5
-    want[20:] *= -1
-    # 72 threads along x: the last 8 are past M and must do nothing.
-    mg.cpu.run(scale_rows[64, 4, mg.f32], [X, 2.5, 20], grid=(9, 1), block=(8, 4))
-    np.testing.assert_allclose(X, want)
 
 
 def test_non_contiguous_argument_is_written_back():
@@ -76,27 +58,6 @@ def test_barrier_per_block_with_2d_threads():
     mg.cpu.run(rotate_2d[96], [X], grid=3, block=(8, 4))
     t = np.arange(96)
     np.testing.assert_array_equal(X, (t // 32) * 32 + (t % 32 + 1) % 32)
-
-
-@mg.kernel
-def divergent(X: mg.memref[N, mg.f32]):
-    t = thread_idx.x
-    if t < 3:
-        mg.syncthreads()  # divergent barrier
-    X[t] = 1.0
-
-
-def test_barrier_divergence_raises_kernel_error_with_line():
-    line = next(i for i, text in enumerate(open(__file__), 1) if "# divergent barrier" in text)
-    X = np.zeros(8, np.float32)
-    with pytest.raises(mg.KernelError, match=rf"test_cpu_backend.py:{line}\b.*line {line}") as info:
-        mg.cpu.run(divergent[8], [X], grid=1, block=8)
-    assert "block (0, 0, 0)" in str(info.value)
-    assert isinstance(info.value, mg.Error)
-    # The runtime is left usable: a correct launch after the error works.
-    Y = np.zeros(96, np.float32)
-    mg.cpu.run(rotate[96], [Y], grid=1, block=96)
-    np.testing.assert_array_equal(Y, 2.0 * ((np.arange(96) + 1) % 96))
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,20 +1,24 @@
-"""Device features on the GPU, against NumPy in float64: a block reduction
-(shared memory, barriers, warp shuffles, an atomic add), the tiled matmul
-with dynamic shared memory split by slices and with static shared arrays,
-float4 vector copies, device functions, printf, atomics and shuffles.
-Atomics and vector copies run on the CPU backend too; `@cuda_only` marks
-what it does not run yet (shared memory, warp shuffles, printf, @mg.func)."""
+"""Device features launched as a user launches them (`kernel(..., grid=,
+block=, shared_mem=)` on `mg.to_device` arrays), on each backend with the same
+assertions against NumPy in float64: a block reduction (shared memory,
+barriers, warp shuffles, an atomic add), the tiled matmul with dynamic shared
+memory split by slices and with static shared arrays, float4 and half8
+vector copies, device functions, printf, atomics and shuffles. Every test
+runs on the CPU backend, and on the GPU where there is one (conftest.py's
+`backend`); where the GPU's problem size would take seconds on the CPU,
+`size` gives the CPU a smaller one. What only the CPU backend checks
+(bounds, divergence) is in test_cpu_features.py."""
 import ctypes
+import functools
 
 import numpy as np
 import pytest
-from backends import cuda_only
 
 import mlirgpu as mg
 
 from kernels_features import (BLOCK, TILE, block_sum, claim_slots, copy_float4, copy_half8, dynamic_reverse,
                               extrema, float_sum_and_exchange, hello, matmul_dynamic, matmul_static,
-                              take_tickets, use_device_functions, warp_ops)
+                              rotate_through_device_function, take_tickets, use_device_functions, warp_ops)
 
 pytestmark = pytest.mark.usefixtures("backend")   # cpu, and cuda where there is a GPU
 
@@ -26,9 +30,10 @@ def relative_error(got, expected):
 # ---------------------------------------------------------------------------
 # Block reduction: shared memory tree, warp shuffles, one atomic per block
 
-@cuda_only
-@pytest.mark.parametrize("n", [1 << 20, 1_000_003])
-def test_block_reduction(n):
+@pytest.mark.parametrize("gpu_n, cpu_n", [(1 << 20, 4 * BLOCK), (1_000_003, 3 * BLOCK + 77)],
+                         ids=["whole_blocks", "last_block_partial"])
+def test_block_reduction(size, gpu_n, cpu_n):
+    n = size(gpu=gpu_n, cpu=cpu_n)
     A = np.random.default_rng(0).random(n, dtype=np.float32)
     out = mg.zeros((1,), mg.f32)
     block_sum(mg.to_device(A), out, grid=((n + BLOCK - 1) // BLOCK,), block=(BLOCK,))
@@ -41,17 +46,20 @@ def test_block_reduction(n):
 
 @pytest.fixture(scope="module")
 def matmul_operands():
-    rng = np.random.default_rng(1)
-    A = rng.standard_normal((5120, 256), dtype=np.float32)
-    B = rng.standard_normal((256, 5120), dtype=np.float32)
-    return A, B, A.astype(np.float64) @ B.astype(np.float64)
+    """operands(m, k, n): A, B and A @ B in float64, made once per shape for the module."""
+    @functools.cache
+    def operands(m, k, n):
+        rng = np.random.default_rng(1)
+        A = rng.standard_normal((m, k), dtype=np.float32)
+        B = rng.standard_normal((k, n), dtype=np.float32)
+        return A, B, A.astype(np.float64) @ B.astype(np.float64)
+    return operands
 
 
-@cuda_only
 @pytest.mark.parametrize("kernel, shared_mem", [(matmul_dynamic, 2 * TILE * TILE * 4), (matmul_static, 0)],
                          ids=["dynamic", "static"])
-def test_tiled_matmul(matmul_operands, kernel, shared_mem):
-    A, B, expected = matmul_operands
+def test_tiled_matmul(size, matmul_operands, kernel, shared_mem):
+    A, B, expected = matmul_operands(*size(gpu=(5120, 256, 5120), cpu=(128, 64, 96)))
     m, n = A.shape[0], B.shape[1]
     dC = mg.to_device(np.full((m, n), np.nan, dtype=np.float32))  # every element must be written
     kernel(mg.to_device(A), mg.to_device(B), dC, grid=(n // TILE, m // TILE), block=(TILE, TILE),
@@ -64,7 +72,6 @@ def test_tiled_matmul(matmul_operands, kernel, shared_mem):
 # ---------------------------------------------------------------------------
 # Dynamic shared memory: its size, and slices with traced bounds
 
-@cuda_only
 def test_dynamic_shared_memory_slices():
     A = np.arange(4 * BLOCK, dtype=np.float32)
     B, size = mg.empty((4 * BLOCK,), mg.f32), mg.zeros((1,), mg.i32)
@@ -96,7 +103,6 @@ def test_half8_copy():
 # ---------------------------------------------------------------------------
 # Device functions
 
-@cuda_only
 def test_device_functions():
     rng = np.random.default_rng(4)
     n = 10_000
@@ -110,16 +116,23 @@ def test_device_functions():
     np.testing.assert_array_equal(out[3].get(), np.clip(X, -0.5, 0.5))
 
 
+def test_device_function_sees_the_thread_and_the_barrier():
+    dX = mg.to_device(np.arange(64, dtype=np.float32))
+    rotate_through_device_function(dX, grid=(1,), block=(64,))
+    np.testing.assert_array_equal(dX.get(), (np.arange(64) + 1) % 64)
+
+
 # ---------------------------------------------------------------------------
 # printf
 
-@cuda_only
-def test_printf_reaches_stdout(capfd):
+def test_printf_reaches_stdout(backend, capfd):
     A = np.array([0.5, 1.25, 2.0, -3.75], dtype=np.float32)
     capfd.readouterr()
     hello(mg.to_device(A), grid=(1,), block=(32,))
-    mg.cuda.synchronize()  # the device's printf buffer is written out at a synchronization
-    ctypes.CDLL(None).fflush(None)  # the driver writes through C stdio
+    if backend == "cuda":
+        mg.cuda.synchronize()  # the device's printf buffer is written out at a synchronization
+    # The driver writes through C stdio, the CPU backend to sys.stdout: capfd reads both.
+    ctypes.CDLL(None).fflush(None)
     lines = sorted(capfd.readouterr().out.splitlines())
     assert lines == ["thread 0 of block 0: 0.50", "thread 1 of block 0: 1.25", "thread 2 of block 0: 2.00",
                      "thread 3 of block 0: -3.75"]
@@ -175,7 +188,6 @@ def test_atomic_add_f64_and_exchange():
 # ---------------------------------------------------------------------------
 # Warp shuffles
 
-@cuda_only
 def test_warp_shuffles():
     n = 4096
     rng = np.random.default_rng(7)

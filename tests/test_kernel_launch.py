@@ -1,7 +1,8 @@
 """@mg.kernel launched: the seed's SGEMM in both loop forms, launched with
-generics inferred from DeviceArrays, NumPy arrays, torch and cupy tensors.
-Each test taking `backend` runs on the CPU backend and, where there is a
-GPU, on the CUDA one (conftest.py); torch and cupy tensors are GPU-only."""
+generics inferred from DeviceArrays, NumPy arrays, torch and cupy tensors,
+and scale_rows (if/else, scalars). Every test runs on the CPU backend and,
+where there is a GPU, on the CUDA one (conftest.py's `backend`); torch and
+cupy tensors are GPU-only."""
 import numpy as np
 import pytest
 from backends import cuda_only
@@ -20,7 +21,7 @@ def relative_error(got, expected):
 def operands():
     rng = np.random.default_rng()
     A = rng.standard_normal((256, 128), dtype=np.float32)
-    B = rng.standard_normal((128, 256), dtype=np.float32)
+    B = rng.standard_normal((128, 192), dtype=np.float32)   # M, K, N all different
     return A, B, A.astype(np.float64) @ B.astype(np.float64) + 1.0
 
 
@@ -28,33 +29,33 @@ def operands():
 def test_sgemm_device_arrays(kernel, operands):
     A, B, expected = operands
     dA, dB = mg.to_device(A), mg.to_device(B)
-    dC = mg.to_device(np.full((256, 256), np.nan, np.float32))  # poisoned
-    kernel(dA, dB, dC, grid=(16, 16), block=(16, 16))
+    dC = mg.to_device(np.full((256, 192), np.nan, np.float32))  # poisoned
+    kernel(dA, dB, dC, grid=(16, 12), block=(16, 16))
     assert relative_error(dC.get(), expected) < 1e-5
 
 
 def test_sgemm_specialization_launch(operands):
     A, B, expected = operands
-    spec = sgemm_naive[256, 128, 256, mg.f32]
-    dC = mg.empty((256, 256), mg.f32)
-    spec(mg.to_device(A), mg.to_device(B), dC, grid=(16, 16), block=(16, 16))
+    spec = sgemm_naive[256, 128, 192, mg.f32]
+    dC = mg.empty((256, 192), mg.f32)
+    spec(mg.to_device(A), mg.to_device(B), dC, grid=(16, 12), block=(16, 16))
     assert relative_error(dC.get(), expected) < 1e-5
     with pytest.raises(mg.LaunchError, match="K=64"):
-        spec(mg.empty((256, 64), mg.f32), mg.empty((64, 256), mg.f32), dC, grid=(16, 16), block=(16, 16))
+        spec(mg.empty((256, 64), mg.f32), mg.empty((64, 192), mg.f32), dC, grid=(16, 12), block=(16, 16))
 
 
 def test_sgemm_numpy_arrays_copied_back(operands):
     A, B, expected = operands
-    C = np.full((256, 256), np.nan, np.float32)
-    sgemm_loop(A, B, C, grid=(16, 16), block=(16, 16))
+    C = np.full((256, 192), np.nan, np.float32)
+    sgemm_loop(A, B, C, grid=(16, 12), block=(16, 16))
     assert relative_error(C, expected) < 1e-5
 
 
 def test_sgemm_float64(operands):
     A, B, _ = operands
     A, B = A.astype(np.float64), B.astype(np.float64)
-    C = np.empty((256, 256))
-    sgemm_naive(A, B, C, grid=(16, 16), block=(16, 16))
+    C = np.empty((256, 192))
+    sgemm_naive(A, B, C, grid=(16, 12), block=(16, 16))
     assert relative_error(C, A @ B + 1.0) < 1e-12
 
 
@@ -63,19 +64,20 @@ def test_sgemm_torch_and_cupy(operands):
     torch = pytest.importorskip("torch")
     cupy = pytest.importorskip("cupy")
     A, B, expected = operands
-    tC = torch.empty((256, 256), dtype=torch.float32, device="cuda")
-    sgemm_loop(torch.from_numpy(A).cuda(), torch.from_numpy(B).cuda(), tC, grid=(16, 16), block=(16, 16))
+    tC = torch.empty((256, 192), dtype=torch.float32, device="cuda")
+    sgemm_loop(torch.from_numpy(A).cuda(), torch.from_numpy(B).cuda(), tC, grid=(16, 12), block=(16, 16))
     torch.cuda.synchronize()
     assert relative_error(tC.cpu().numpy(), expected) < 1e-5
-    cC = cupy.empty((256, 256), dtype=cupy.float32)
-    sgemm_loop(cupy.asarray(A), cupy.asarray(B), cC, grid=(16, 16), block=(16, 16))
+    cC = cupy.empty((256, 192), dtype=cupy.float32)
+    sgemm_loop(cupy.asarray(A), cupy.asarray(B), cC, grid=(16, 12), block=(16, 16))
     assert relative_error(cupy.asnumpy(cC), expected) < 1e-5
 
 
 def test_if_else_and_scalars():
     X = np.random.default_rng(1).standard_normal((64, 8)).astype(np.float32)
     dX = mg.to_device(X)
-    scale_rows(dX, np.float32(3.0), 40, grid=(4,), block=(16, 8))
+    # 80 threads along x: the last 16 are past M and must do nothing.
+    scale_rows(dX, np.float32(3.0), 40, grid=(5,), block=(16, 8))
     expected = X.copy()
     expected[:40] *= 3.0
     expected[40:] *= -1.0
