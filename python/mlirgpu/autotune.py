@@ -194,22 +194,25 @@ class Autotuner:
     def _entry(self, gpu, key):
         return f"{gpu}|{','.join(f'{n}={_show(v)}' for n, v in zip(self.key, key))}"
 
-    def _read(self):
+    def _read(self, quiet=False):
         """The file's choices (entry -> config as JSON), or {} where there is
-        no file or one that is not this kernel's valid choices."""
+        no file or one that is not this kernel's valid choices (logged unless
+        `quiet`: the write after a tuning reads it again)."""
         path = self.path()
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as error:
-            _log(("autotune",), f"mlirgpu: autotune: ignoring {path} ({error}); tuning again")
-            return {}
-        if not (isinstance(data, dict) and isinstance(data.get("choices"), dict)
-                and data.get("source") == self.kernel.source_digest()):
-            _log(("autotune",), f"mlirgpu: autotune: ignoring {path} (not this kernel's choices); tuning again")
-            return {}
-        return data["choices"]
+            problem = str(error)
+        else:
+            if (isinstance(data, dict) and isinstance(data.get("choices"), dict)
+                    and data.get("source") == self.kernel.source_digest()):
+                return data["choices"]
+            problem = "not this kernel's choices"
+        if not quiet:
+            _log(("autotune",), f"mlirgpu: autotune: ignoring {path} ({problem}); tuning again")
+        return {}
 
     def _load(self, gpu, key):
         """The config recorded for (gpu, key), if it is still one of `configs`."""
@@ -231,7 +234,7 @@ class Autotuner:
         writing the same file at once may lose its entry: that key is then
         tuned again, never wrong."""
         path = self.path()
-        choices = self._read()
+        choices = self._read(quiet=True)
         choices[self._entry(gpu, key)] = _as_json(config)
         text = json.dumps({"kernel": f"{self.kernel.function.__module__}.{self.kernel.__qualname__}",
                            "source": self.kernel.source_digest(), "choices": choices}, indent=1, sort_keys=True)
