@@ -792,6 +792,58 @@ static PyObject *array_copy_to_host(mg_array *self, PyObject *args, PyObject *kw
 }
 
 /* ---------------------------------------------------------------------- */
+/* DeviceArray: copies between arrays                                      */
+/* ---------------------------------------------------------------------- */
+
+/* dst.copy_from(src, stream=None): both C-contiguous, of one shape and
+ * dtype, both in device memory (cuMemcpyDtoDAsync on `stream`, not waited
+ * for) or both in host memory (memcpy). A snapshot taken this way can be
+ * restored the same way (mlirgpu.autotune does, around its timing runs). */
+static PyObject *array_copy_from(mg_array *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"src", "stream", NULL};
+    PyObject *src_obj, *stream_arg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!|O:copy_from", keywords, mg_array_type, &src_obj,
+                                     &stream_arg))
+        return NULL;
+    mg_array *src = (mg_array *)src_obj;
+    if (src->dtype != self->dtype)
+        return PyErr_Format(PyExc_TypeError, "copy_from: src has dtype %s, the array %s", src->dtype->name,
+                            self->dtype->name);
+    if (src->ndim != self->ndim || memcmp(src->shape, self->shape, (size_t)self->ndim * sizeof(Py_ssize_t)) != 0)
+        return mg_raise(PyExc_ValueError, "copy_from: src has a different shape from the array");
+    if (!is_c_contiguous(self) || !is_c_contiguous(src))
+        return mg_raise(PyExc_ValueError, "copy_from: both arrays must be C-contiguous");
+    if (src->host != self->host)
+        return mg_raise(PyExc_ValueError, "copy_from: one array is in host memory and the other in device memory");
+    size_t nbytes = (size_t)self->size * (size_t)self->dtype->itemsize;
+    if (self->host) {
+        if (nbytes > 0)
+            memmove((void *)(uintptr_t)self->ptr, (const void *)(uintptr_t)src->ptr, nbytes);
+        Py_RETURN_NONE;
+    }
+    CUstream stream;
+    PyObject *stream_obj;
+    if (parse_stream(stream_arg, &stream, &stream_obj) < 0)
+        return NULL;
+    if (nbytes > 0) {
+        int pushed;
+        if (mg_cu_push(self->device, &pushed) < 0)
+            return NULL;
+        CUresult r;
+        Py_BEGIN_ALLOW_THREADS
+        r = mg_cu.cuMemcpyDtoDAsync(self->ptr, src->ptr, nbytes, stream);
+        Py_END_ALLOW_THREADS
+        mg_cu_pop(pushed);
+        if (mg_cu_check(r, "cuMemcpyDtoDAsync") < 0)
+            return NULL;
+    }
+    mg_array_set_stream((PyObject *)self, stream, stream_obj);
+    mg_array_set_stream((PyObject *)src, stream, stream_obj);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------- */
 /* DeviceArray: properties                                                 */
 /* ---------------------------------------------------------------------- */
 
@@ -1694,6 +1746,9 @@ static PyMethodDef array_methods[] = {
      "is ordered on the stream that last used the array."},
     {"copy_to_host", (PyCFunction)(void (*)(void))array_copy_to_host, METH_VARARGS | METH_KEYWORDS,
      "copy_to_host(out, stream=None): copies into the numpy.ndarray `out` (same shape and dtype); returns out."},
+    {"copy_from", (PyCFunction)(void (*)(void))array_copy_from, METH_VARARGS | METH_KEYWORDS,
+     "copy_from(src, stream=None): copies the DeviceArray `src` (same shape and dtype, both C-contiguous, "
+     "both in device or both in host memory) into this one; device to device on `stream`, not waited for."},
     {"__dlpack__", (PyCFunction)(void (*)(void))array_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None): a DLPack capsule."},
     {"__dlpack_device__", (PyCFunction)array_dlpack_device, METH_NOARGS,

@@ -98,6 +98,21 @@ def test_host_device_array_interface():
 
 
 @pytest.mark.usefixtures("cpu")
+def test_host_copy_from():
+    src = mg.to_device(np.arange(12, dtype=np.float32).reshape(3, 4))
+    dst = mg.zeros((3, 4))
+    assert dst.copy_from(src) is None
+    np.testing.assert_array_equal(dst.get(), src.get())
+    with pytest.raises(ValueError, match="different shape"):
+        dst.copy_from(mg.zeros((4, 3)))
+    with pytest.raises(TypeError, match="dtype f64"):
+        dst.copy_from(mg.zeros((3, 4), mg.f64))
+    with pytest.raises(TypeError, match="DeviceArray"):
+        dst.copy_from(np.zeros((3, 4), np.float32))
+    mg.empty((0, 4)).copy_from(mg.empty((0, 4)))   # nothing to copy
+
+
+@pytest.mark.usefixtures("cpu")
 def test_host_allocations():
     z = mg.zeros((5, 7), mg.f64)
     assert z.is_host and z.get().dtype == np.float64

@@ -200,6 +200,16 @@ def test_zeros_empty_and_copy_to_host():
         z.copy_to_host(np.zeros((3, 5), np.float32))
 
 
+def test_copy_from_device_to_device():
+    src = C.to_device(np.arange(15, dtype=np.int32).reshape(3, 5))
+    dst = C.zeros((3, 5), C.i32)
+    stream = C.Stream()
+    dst.copy_from(src, stream=stream)
+    np.testing.assert_array_equal(dst.get(), np.arange(15).reshape(3, 5))   # get() orders after `stream`
+    with pytest.raises(ValueError, match="host memory"):
+        dst.copy_from(C.zeros((3, 5), C.i32, host=True))
+
+
 # ---------------------------------------------------------------------------
 # zero-copy exchange with PyTorch and CuPy
 

@@ -541,6 +541,27 @@ print(json.dumps(out))
 
 
 @pytest.mark.usefixtures("fake_driver")
+def test_copy_from_copies_device_to_device():
+    out = run_json(FAKE_DRIVER_PRELUDE + '''
+src = C.to_device(np.arange(6, dtype=np.float32))
+dst = C.zeros(6)
+stream = C.Stream()
+dst.copy_from(src, stream=stream)
+out["copied"] = dst.get().tolist()
+out["cai_stream"] = [dst.__cuda_array_interface__["stream"] == stream.handle,
+                     src.__cuda_array_interface__["stream"] == stream.handle]
+try:
+    dst.copy_from(C.zeros(6, host=True))
+except ValueError as e:
+    out["mixed"] = str(e)
+print(json.dumps(out))
+''')
+    assert out["copied"] == [0, 1, 2, 3, 4, 5]
+    assert out["cai_stream"] == [True, True]   # both arrays now order after the copy's stream
+    assert "host memory" in out["mixed"]
+
+
+@pytest.mark.usefixtures("fake_driver")
 def test_host_device_arrays_never_reach_a_cuda_launch():
     """The CPU backend's DeviceArrays hold host addresses: a CUDA launch
     refuses them, and the dispatcher never serves them from its table."""

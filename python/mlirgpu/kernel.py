@@ -181,6 +181,10 @@ class Kernel(_mlirgpu.Dispatcher):
             bound[name] = _check_generic_value(name, value, self._dtype_generics())
         return self.specialize(bound)
 
+    def _argument_generics(self):
+        """The generics the parameters' annotations name: those a launch binds from its arguments."""
+        return {_key(s) for p in self.parameters for s in p.symbols()}
+
     def _dtype_generics(self):
         names = set()
         for p in self.parameters:
@@ -228,8 +232,9 @@ class Kernel(_mlirgpu.Dispatcher):
         return {k: v for k, v in values.items() if not _is_symbol(v) and not _is_mlirgpu_object(v)}
 
     # -- launching -------------------------------------------------------
-    def bind(self, args):
-        """The generic values the arguments imply; LaunchError on a mismatch."""
+    def bind(self, args, unbound=()):
+        """The generic values the arguments imply; LaunchError on a mismatch.
+        Generics named in `unbound` may stay unbound: mg.autotune's configs give them."""
         if len(args) != len(self.parameters):
             raise LaunchError(f"{self.__qualname__} takes {len(self.parameters)} arguments "
                               f"({', '.join(p.name for p in self.parameters)}), got {len(args)}")
@@ -264,7 +269,7 @@ class Kernel(_mlirgpu.Dispatcher):
                                       f"{dtype.name} array")
         for p, arg in scalars:  # after the arrays: they may bind a scalar's dtype generic
             _check_scalar(p, arg, bound, bind_one)
-        missing = [g for g in self.generics if g not in bound]
+        missing = [g for g in self.generics if g not in bound and g not in unbound]
         if missing:
             raise LaunchError(f"the arguments do not determine the generics {missing}: give them explicitly, "
                               f"{self.__qualname__}[...]")
