@@ -374,8 +374,8 @@ def test_vectors_ir():
               r"vector\.load %arg0\[%block_id_x, %\S+\] \{alignment = 16 : i64\} : memref<8x64xf32>, "
               r"vector<4xf32> " + loc("V-LOAD"),
               r"vector\.broadcast %\S+ : f32 to vector<4xf32> " + loc("V-ARITH"),
-              r"arith\.mulf %\S+, %\S+ : vector<4xf32> " + loc("V-ARITH"),
-              r"arith\.addf %\S+, %\S+ : vector<4xf32> " + loc("V-ARITH"),
+              r"arith\.mulf %\S+, %\S+ fastmath<contract> : vector<4xf32> " + loc("V-ARITH"),
+              r"arith\.addf %\S+, %\S+ fastmath<contract> : vector<4xf32> " + loc("V-ARITH"),
               r"vector\.extract %\S+\[0\] : f32 from vector<4xf32> " + loc("V-INSERT"),
               r"vector\.insert %\S+, %\S+ \[3\] : f32 into vector<4xf32> " + loc("V-INSERT"),
               r"vector\.store %\S+, %arg1\[%block_id_x, %\S+\] \{alignment = 16 : i64\} : memref<8x64xf32>, "
@@ -410,7 +410,7 @@ def test_device_functions_ir():
     filecheck(text,
               r"func\.func private @axpy\(%arg0: f32 loc\([^)]*\)\) -> f32 \{",
               r"arith\.constant 2\.000000e\+00 : f32 " + loc("F-BODY"),
-              r"arith\.mulf %arg0, %cst : f32 " + loc("F-BODY"),
+              r"arith\.mulf %arg0, %cst fastmath<contract> : f32 " + loc("F-BODY"),
               r"return %\S+ : f32")
     filecheck(text, r"func\.func private @axpy_2\(%arg0: i32 .*, %arg1: i32 .*\) -> i32 \{",
               r"arith\.constant 3 : i32 " + loc("F-BODY"))

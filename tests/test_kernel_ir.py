@@ -184,11 +184,11 @@ def float_ops(A: mg.memref[8, mg.f32], x: mg.f32, y: mg.f32):
 
 def test_float_operators():
     text = body(float_ops)
-    filecheck(text, r"arith\.addf %arg1, %arg2 : f32", r"arith\.subf %arg1, %arg2 : f32",
-              r"arith\.mulf %arg1, %arg2 : f32", r"arith\.divf %arg1, %arg2 : f32",
+    filecheck(text, r"arith\.addf %arg1, %arg2 fastmath<contract> : f32", r"arith\.subf %arg1, %arg2 fastmath<contract> : f32",
+              r"arith\.mulf %arg1, %arg2 fastmath<contract> : f32", r"arith\.divf %arg1, %arg2 : f32",
               r"arith\.negf %arg1 : f32",
               r"memref\.store %arg1, %arg0\[%c5\]",  # unary + is the value itself
-              r"(%cst\w*) = arith\.constant 2\.500000e\+00 : f32", r"arith\.mulf %cst\w*, %arg1 : f32",
+              r"(%cst\w*) = arith\.constant 2\.500000e\+00 : f32", r"arith\.mulf %cst\w*, %arg1 fastmath<contract> : f32",
               r"(%cst\w*) = arith\.constant 1\.000000e\+00 : f32", r"arith\.divf %cst\w*, %arg1 : f32")
     assert "f64" not in text
 
@@ -202,7 +202,7 @@ def test_float_remainder_is_c_fmod():
     # x - trunc(x / y) * y: NVVM has no lowering for arith.remf
     text = body(float_remainder)
     filecheck(text, r"(%\d+) = arith\.divf %arg1, %arg2 : f32", r"math\.ceil", r"math\.floor", r"arith\.select",
-              r"arith\.mulf %\d+, %arg2 : f32", r"arith\.subf %arg1, %\d+ : f32")
+              r"arith\.mulf %\d+, %arg2 fastmath<contract> : f32", r"arith\.subf %arg1, %\d+ fastmath<contract> : f32")
     assert "remf" not in text
 
 
@@ -305,15 +305,15 @@ def literals(F: mg.memref[4, mg.f32], D: mg.memref[2, mg.f64], H: mg.memref[2, m
 def test_python_literals_take_the_type_of_the_traced_operand():
     text = body(literals)
     filecheck(text,
-              r"arith\.constant 1\.000000e\+00 : f32", r"arith\.addf %arg5, %cst\w* : f32",
-              r"arith\.constant 5\.000000e-01 : f32", r"arith\.mulf %arg5, %cst\w* : f32",
-              r"arith\.constant 2\.500000e-01 : f64", r"arith\.addf %\d+, %cst\w* : f64",
-              r"arith\.constant 2\.000000e\+00 : f16", r"arith\.mulf %\d+, %cst\w* : f16",
+              r"arith\.constant 1\.000000e\+00 : f32", r"arith\.addf %arg5, %cst\w* fastmath<contract> : f32",
+              r"arith\.constant 5\.000000e-01 : f32", r"arith\.mulf %arg5, %cst\w* fastmath<contract> : f32",
+              r"arith\.constant 2\.500000e-01 : f64", r"arith\.addf %\d+, %cst\w* fastmath<contract> : f64",
+              r"arith\.constant 2\.000000e\+00 : f16", r"arith\.mulf %\d+, %cst\w* fastmath<contract> : f16",
               r"arith\.constant 7 : i64", r"arith\.addi %arg6, %c7_i64 : i64",
               r"arith\.constant 1099511627776 : i64", r"arith\.subi %arg6, %c1099511627776_i64 : i64",
               r"arith\.constant -1 : i8", r"arith\.addi %arg7, %c-1_i8 : i8",
               r"arith\.constant 3\.000000e\+00 : f32", r"memref\.store %cst\w*, %arg0",
-              r"arith\.constant 1\.500000e\+00 : f32", r"arith\.addf %arg5, %cst\w* : f32")
+              r"arith\.constant 1\.500000e\+00 : f32", r"arith\.addf %arg5, %cst\w* fastmath<contract> : f32")
     f32_lines = [line for line in text.splitlines() if "arith." in line and ": f32" in line]
     assert not [line for line in f32_lines if "f64" in line], "an f64 value in f32 arithmetic"
 
@@ -683,7 +683,7 @@ def test_nested_loops():
               r"scf\.for %arg2 = %c0 to %c8 step %c1 \{",
               r"%cst = arith\.constant 0\.000000e\+00 : f32",
               r"(%\d+) = scf\.for %arg3 = %arg2 to %c8_\d+ step %c1_\d+ iter_args\(%arg4 = %cst\) -> \(f32\) \{",
-              r"memref\.load %arg0\[%arg2, %arg3\]", r"arith\.addf %arg4, %\d+ : f32", r"scf\.yield %\d+ : f32",
+              r"memref\.load %arg0\[%arg2, %arg3\]", r"arith\.addf %arg4, %\d+ fastmath<contract> : f32", r"scf\.yield %\d+ : f32",
               r"\} loc", r"memref\.store %0, %arg1\[%arg2\]", r"\} loc")
 
 
@@ -704,7 +704,7 @@ def test_loop_carried_values_found_automatically():
     filecheck(text, r"%cst = arith\.constant 0\.000000e\+00 : f32", r"%c0_i32 = arith\.constant 0 : i32",
               r"(%\d+):2 = scf\.for %arg2 = %c0 to %\d+ step %c1 iter_args\(%arg3 = %cst, %arg4 = %c0_i32\) "
               r"-> \(f32, i32\) \{",
-              r"arith\.mulf", r"(%\d+) = arith\.addf %arg3, %\d+ : f32", r"(%\d+) = arith\.addi %arg4, %c1_i32 : i32",
+              r"arith\.mulf", r"(%\d+) = arith\.addf %arg3, %\d+ fastmath<contract> : f32", r"(%\d+) = arith\.addi %arg4, %c1_i32 : i32",
               r"scf\.yield %\d+, %\d+ : f32, i32", r"memref\.store %1#0, %arg0",
               r"arith\.sitofp %1#1 : i32 to f32")
     assert count(text, "scf.yield") == 1
@@ -722,7 +722,7 @@ def test_loop_carried_python_float_updated_with_f32_is_f32():
     text = body(loop_python_float)
     filecheck(text, r"%cst = arith\.constant 0\.000000e\+00 : f32",
               r"(%\d+) = scf\.for %arg1 = %c0 to %c8 step %c1 iter_args\(%arg2 = %cst\) -> \(f32\)",
-              r"arith\.addf %arg2, %\d+ : f32", r"scf\.yield %\d+ : f32", r"memref\.store %0, %arg0")
+              r"arith\.addf %arg2, %\d+ fastmath<contract> : f32", r"scf\.yield %\d+ : f32", r"memref\.store %0, %arg0")
     assert "f64" not in text
 
 
@@ -738,7 +738,7 @@ def test_loop_carried_python_float_updated_with_f64_is_retraced_as_f64():
     text = body(loop_python_float_f64)
     filecheck(text, r"%cst = arith\.constant 0\.000000e\+00 : f64",
               r"(%\d+) = scf\.for %arg1 = %c0 to %c8 step %c1 iter_args\(%arg2 = %cst\) -> \(f64\)",
-              r"arith\.addf %arg2, %\d+ : f64", r"scf\.yield %\d+ : f64")
+              r"arith\.addf %arg2, %\d+ fastmath<contract> : f64", r"scf\.yield %\d+ : f64")
 
 
 @mg.kernel
@@ -785,7 +785,7 @@ def explicit_one(A: mg.memref[8, mg.f32]):
 def test_explicit_range_with_one_iter_arg():
     filecheck(body(explicit_one), r"%cst = arith\.constant 0\.000000e\+00 : f32",
               r"(%\d+) = scf\.for %arg1 = %c0 to %c8 step %c1 iter_args\(%arg2 = %cst\) -> \(f32\) \{",
-              r"memref\.load %arg0\[%arg1\]", r"arith\.addf %arg2, %\d+ : f32", r"scf\.yield %\d+ : f32",
+              r"memref\.load %arg0\[%arg1\]", r"arith\.addf %arg2, %\d+ fastmath<contract> : f32", r"scf\.yield %\d+ : f32",
               r"memref\.store %0, %arg0\[%c0_\d+\]")
 
 
@@ -929,13 +929,13 @@ def test_if_assigning_python_floats_yields_them_as_traced_values():
     # constants of the type they meet later.
     filecheck(body(if_python_floats, mg.f32), r"(%\d+) = arith\.cmpf ogt, %arg1",
               r"arith\.constant 2\.000000e\+00 : f32", r"arith\.constant 1\.000000e\+00 : f32",
-              r"(%\d+) = arith\.select %0, %cst\w*, %cst\w* : f32", r"arith\.mulf %arg1, %1 : f32")
+              r"(%\d+) = arith\.select %0, %cst\w*, %cst\w* : f32", r"arith\.mulf %arg1, %1 fastmath<contract> : f32")
 
 
 def test_if_assigning_python_floats_in_an_f64_kernel_yields_f64():
     # The Python floats take the type of the value they meet later (f64 here), as in a loop.
     text = body(if_python_floats, mg.f64)
-    filecheck(text, r"arith\.select %0, %cst\w*, %cst\w* : f64", r"arith\.mulf %arg1, %1 : f64")
+    filecheck(text, r"arith\.select %0, %cst\w*, %cst\w* : f64", r"arith\.mulf %arg1, %1 fastmath<contract> : f64")
     assert "f32" not in text
 
 
@@ -1036,7 +1036,7 @@ def test_generics_become_shapes_bounds_and_element_types():
               r"%c128 = arith\.constant 128 : index",
               r"scf\.for %arg3 = %c0 to %c128 step %c1 iter_args\(%arg4 = %cst_0\) -> \(f32\)",
               r"memref\.load %arg0\[%1, %arg3\] : memref<256x128xf32>", r"arith\.mulf", r"arith\.addf %arg4",
-              r"scf\.yield %\d+ : f32", r"arith\.addf %4, %cst : f32",
+              r"scf\.yield %\d+ : f32", r"arith\.addf %4, %cst fastmath<contract> : f32",
               r"memref\.store %\d+, %arg2\[%1, %3\] : memref<256x64xf32>")
 
 
@@ -1055,7 +1055,7 @@ def test_same_kernel_specialized_twice_gives_two_modules():
     assert a != b
     assert "memref<64x32xf32>" in a and "f64" not in a
     assert "memref<64x32xf64>" in b and "f32" not in b
-    filecheck(b, r"arith\.constant 1\.000000e\+00 : f64", r"-> \(f64\)", r"arith\.mulf %\d+, %\d+ : f64")
+    filecheck(b, r"arith\.constant 1\.000000e\+00 : f64", r"-> \(f64\)", r"arith\.mulf %\d+, %\d+ fastmath<contract> : f64")
 
 
 P, Q = mg.generics("P Q")
@@ -1145,3 +1145,15 @@ def test_ir_text_shows_file_and_line():
     text = sgemm_naive[16, 16, 16, mg.f32].ir()
     assert f'#loc = loc("{__file__}":{first}:0)' in text   # the module and gpu.func: the decorated def
     assert re.search(rf'#loc\d+ = loc\("{re.escape(__file__)}":{first + 2}:0\)', text)  # one = ...
+
+
+@mg.kernel
+def multiply_add(A: mg.memref[64, mg.f32], B: mg.memref[64, mg.f32], C: mg.memref[64, mg.f32]):
+    i = thread_idx.x
+    C[i] = A[i] * B[i] + C[i]
+
+
+def test_multiply_add_is_contracted_to_fma_as_nvcc_does():
+    ptx = multiply_add.specialize({}).ptx(chip="sm_90a")
+    assert "fma.rn.f32" in ptx
+    assert "mul.rn.f32" not in ptx and "add.rn.f32" not in ptx

@@ -167,7 +167,7 @@ class Vector:
         if int_op is None and not lang.is_float(self.dtype):
             raise CompileError(f"{op} on {self.dtype.name} vectors: / needs floats")
         name = float_op if lang.is_float(self.dtype) else int_op
-        result = lang.emit("arith." + name, [a.value, b.value], [self.value.type])
+        result = lang.emit("arith." + name, [a.value, b.value], [self.value.type], lang.arith_attributes(name))
         return Vector(result.result, self.dtype, self.length)
 
     def __add__(self, other): return self._arith(other, "addf", "addi", "+")

@@ -298,12 +298,23 @@ def _unify(a, b, op):
     return a, b
 
 
+# Float + - * may be contracted into fused multiply-adds, as nvcc does by
+# default (--fmad=true): without `contract`, LLVM's NVPTX back end writes
+# mul.rn/add.rn, which ptxas may not fuse, and a matmul runs at half the FMA rate.
+_CONTRACTED = ("addf", "subf", "mulf")
+
+
+def arith_attributes(name):
+    """The attributes of arith.<name>: fastmath<contract> for float + - *."""
+    return {"fastmath": ir.Attribute.parse("#arith.fastmath<contract>")} if name in _CONTRACTED else None
+
+
 def _arith(a, b, float_op, int_op, op):
     a, b = _unify(a, b, op)
     if a.dtype == bool_:
         raise CompileError(f"{op} on bool values: use &, | or ^")
-    name = "arith." + (float_op if is_float(a.dtype) else int_op)
-    return Scalar(emit(name, [a, b], [a.value.type]).result, a.dtype)
+    name = float_op if is_float(a.dtype) else int_op
+    return Scalar(emit("arith." + name, [a, b], [a.value.type], arith_attributes(name)).result, a.dtype)
 
 
 def _div(a, b):
