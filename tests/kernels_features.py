@@ -3,12 +3,18 @@ both backends; test_cpu_features.py, the CPU backend's own checks;
 test_cpu_matches_gpu.py) and of benchmarks/cpu_backend.py: a block reduction
 (shared memory, barriers, warp shuffles, an atomic add), the lecture's tiled
 matmul with dynamic and static shared memory, vector copies, device functions,
-printf, atomics and shuffles."""
+printf, atomics and shuffles. The tiled matmul's home is
+examples/tiled_matmul.py."""
+import os
+import sys
+
 import mlirgpu as mg
 from mlirgpu import block_dim, block_idx, thread_idx
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from tiled_matmul import TILE, matmul_dynamic, matmul_static  # noqa: E402, F401  (the lecture's, re-exported)
+
 M, K, N, S = mg.generics("M K N S")
-TILE = 16
 BLOCK = 256
 
 
@@ -32,43 +38,6 @@ def block_sum(A: mg.memref[N, mg.f32], out: mg.memref[1, mg.f32]):
             v += mg.warp.shfl_down(v, offset)
         if t == 0:
             mg.atomic.add(out, 0, v)
-
-
-@mg.kernel(generics=(M, K, N))
-def matmul_dynamic(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[M, N, mg.f32]):
-    smem = mg.shared.dynamic(mg.f32)  # shared_mem = 2 tiles of floats
-    As = smem[0:TILE * TILE]
-    Bs = smem[TILE * TILE:2 * TILE * TILE]
-    tx, ty = thread_idx.x, thread_idx.y
-    row = block_idx.y * TILE + ty
-    col = block_idx.x * TILE + tx
-    acc = mg.constant(0.0, mg.f32)
-    for t in range(K // TILE):
-        As[ty * TILE + tx] = A[row, t * TILE + tx]
-        Bs[ty * TILE + tx] = B[t * TILE + ty, col]
-        mg.syncthreads()
-        for k in range(TILE):
-            acc += As[ty * TILE + k] * Bs[k * TILE + tx]
-        mg.syncthreads()
-    C[row, col] = acc
-
-
-@mg.kernel(generics=(M, K, N))
-def matmul_static(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[M, N, mg.f32]):
-    As = mg.shared.array((TILE, TILE), mg.f32)
-    Bs = mg.shared.array((TILE, TILE), mg.f32)
-    tx, ty = thread_idx.x, thread_idx.y
-    row = block_idx.y * TILE + ty
-    col = block_idx.x * TILE + tx
-    acc = mg.constant(0.0, mg.f32)
-    for t in range(K // TILE):
-        As[ty, tx] = A[row, t * TILE + tx]
-        Bs[ty, tx] = B[t * TILE + ty, col]
-        mg.syncthreads()
-        for k in range(TILE):
-            acc += As[ty, k] * Bs[k, tx]
-        mg.syncthreads()
-    C[row, col] = acc
 
 
 @mg.kernel

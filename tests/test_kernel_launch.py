@@ -44,6 +44,25 @@ def test_sgemm_specialization_launch(operands):
         spec(mg.empty((256, 64), mg.f32), mg.empty((64, 192), mg.f32), dC, grid=(16, 12), block=(16, 16))
 
 
+N, TILE = mg.generics("N TILE")
+
+
+@mg.kernel(generics=(N, TILE))
+def fill_with_tile(X: mg.memref[N, mg.f32]):
+    X[mg.block_idx.x * TILE + mg.thread_idx.x] = TILE
+
+
+def test_specialization_gives_generics_the_arguments_do_not():
+    X = mg.to_device(np.zeros(64, np.float32))
+    with pytest.raises(mg.LaunchError, match=r"do not determine the generics \['TILE'\]"):
+        fill_with_tile(X, grid=(4,), block=(16,))
+    spec = fill_with_tile[64, 16]
+    spec(X, grid=(4,), block=(16,))
+    np.testing.assert_array_equal(X.get(), np.full(64, 16, np.float32))
+    with pytest.raises(mg.LaunchError, match=r"N=32 \(specialized for 64\)"):
+        spec(mg.empty((32,), mg.f32), grid=(2,), block=(16,))
+
+
 def test_sgemm_numpy_arrays_copied_back(operands):
     A, B, expected = operands
     C = np.full((256, 192), np.nan, np.float32)

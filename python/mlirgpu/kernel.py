@@ -539,10 +539,11 @@ class Specialization:
         return loaded
 
     def __call__(self, *args, grid, block, shared_mem=0, stream=None):
-        bound = self.kernel.bind(args)
-        if bound != self.values:
-            diff = [f"{k}={_show(bound[k])} (specialized for {_show(self.values[k])})" for k in self.values
-                    if bound.get(k) != self.values[k]]
+        # Generics the arguments do not determine (tile sizes) take the specialization's values.
+        bound = self.kernel.bind(args, unbound=self.values)
+        diff = [f"{k}={_show(v)} (specialized for {_show(self.values[k])})" for k, v in bound.items()
+                if v != self.values[k]]
+        if diff:
             raise LaunchError(f"the arguments do not match {self!r}: {', '.join(diff)}")
         self.launch(args, grid, block, shared_mem, stream)
 
