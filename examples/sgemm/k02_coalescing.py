@@ -28,8 +28,7 @@ def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[
     if (x < M) & (y < N):
         tmp = mg.constant(0.0, mg.f32)
         for i in range(K):
-            # nvcc contracts `tmp += a * b` into one FMA (-fmad=true); mlirgpu's lowering does not, so say it.
-            tmp = mg.math.fma(A[x, i], B[i, y], tmp)
+            tmp += A[x, i] * B[i, y]
         C[x, y] = alpha * tmp + beta * C[x, y]
 
 

@@ -46,7 +46,7 @@ def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[
         Bs[thread_row, thread_col] = b
         mg.syncthreads()
         for dot in range(BLOCKSIZE):
-            tmp = mg.math.fma(As[thread_row, dot], Bs[dot, thread_col], tmp)   # nvcc contracts `+= a * b`
+            tmp += As[thread_row, dot] * Bs[dot, thread_col]
         mg.syncthreads()
     if (row < M) & (col < N):
         C[row, col] = alpha * tmp + beta * C[row, col]

@@ -44,9 +44,7 @@ def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[
         for dot_idx in mg.static_range(BK):
             tmp_b = Bs[dot_idx, thread_col]
             for res_idx in mg.static_range(TM):
-                # nvcc contracts `+= a * b` into one FMA; mlirgpu's lowering does not, so say it.
-                thread_results[res_idx] = mg.math.fma(As[thread_row * TM + res_idx, dot_idx], tmp_b,
-                                                      thread_results[res_idx])
+                thread_results[res_idx] += As[thread_row * TM + res_idx, dot_idx] * tmp_b
         mg.syncthreads()
     col = c_col + thread_col
     for res_idx in mg.static_range(TM):

@@ -52,9 +52,7 @@ def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[
             reg_n = [Bs[dot_idx, thread_col * TN + i] for i in mg.static_range(TN)]
             for res_idx_m in mg.static_range(TM):
                 for res_idx_n in mg.static_range(TN):
-                    # nvcc contracts `+= a * b` into one FMA; mlirgpu's lowering does not, so say it.
-                    thread_results[res_idx_m * TN + res_idx_n] = mg.math.fma(
-                        reg_m[res_idx_m], reg_n[res_idx_n], thread_results[res_idx_m * TN + res_idx_n])
+                    thread_results[res_idx_m * TN + res_idx_n] += reg_m[res_idx_m] * reg_n[res_idx_n]
         mg.syncthreads()
     for res_idx_m in mg.static_range(TM):
         for res_idx_n in mg.static_range(TN):
