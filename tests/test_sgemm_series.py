@@ -32,8 +32,8 @@ def number(name):
 
 
 def cpu_size(module):
-    """Odd sizes for a kernel that guards its edges; else twice its multiples,
-    a grid of 2 x 2 blocks and two steps along K."""
+    """Odd sizes for a kernel that guards its edges; else twice its multiples:
+    where those are its block tile, a grid of 2 x 2 blocks and two steps along K."""
     if tuple(module.MULTIPLE) == (1, 1, 1):
         return ODD_SIZE
     return tuple(2 * multiple for multiple in module.MULTIPLE)
