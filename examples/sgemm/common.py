@@ -13,6 +13,11 @@ Each kernel module `kNN_*.py` is the worklog's kernel NN written with
               C = alpha * A @ B + beta * C on the current backend, with the
               grid, block and shared memory its tiles need; mg.LaunchError
               for sizes it does not take
+    specialize(M, K, N)
+              the mg.Specialization that launch() launches for those sizes
+              (kernel 9: its first config's), to read its IR and PTX without
+              a GPU: specialize(M, K, N).ptx(chip="sm_90a"); mg.LaunchError
+              for sizes it does not take
 
     python examples/sgemm/k05_blocktiling_2d.py [M K N]   # MLIRGPU_BACKEND=cpu forces the CPU
 """
@@ -50,6 +55,18 @@ def check_sizes(module, M, K, N):
     if any(size % multiple for size, multiple in zip((M, K, N), module.MULTIPLE)):
         raise mg.LaunchError(f"{module.TITLE} takes M, K, N multiples of {module.MULTIPLE} (its tiles have no "
                              f"edge guards); got M={M}, K={K}, N={N}")
+
+
+def specialization(module, M, K, N):
+    """The kernel module's specialization for M, K, N (module.specialize):
+    LaunchError for sizes it does not take, TypeError if it returns
+    something other than an mg.Specialization."""
+    check_sizes(module, M, K, N)
+    spec = module.specialize(M, K, N)
+    if not isinstance(spec, mg.Specialization):
+        raise TypeError(f"{module.__name__}.specialize({M}, {K}, {N}) returned {type(spec).__name__}, "
+                        f"not an mg.Specialization")
+    return spec
 
 
 def ceil_div(a, b):

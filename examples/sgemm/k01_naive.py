@@ -30,6 +30,10 @@ def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[
         C[x, y] = alpha * tmp + beta * C[x, y]
 
 
+def specialize(M, K, N):
+    return kernel[M, K, N]
+
+
 def launch(A, B, C, alpha=1.0, beta=0.0, stream=None):
     m, n = C.shape
     kernel(A, B, C, alpha, beta, grid=(common.ceil_div(m, BLOCK), common.ceil_div(n, BLOCK)),
