@@ -32,10 +32,14 @@ def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[
         C[x, y] = alpha * tmp + beta * C[x, y]
 
 
+def specialize(M, K, N):
+    return kernel[M, K, N, TILE]
+
+
 def launch(A, B, C, alpha=1.0, beta=0.0, stream=None):
     (m, k), n = A.shape, C.shape[1]
-    kernel[m, k, n, TILE](A, B, C, alpha, beta, grid=(common.ceil_div(m, TILE), common.ceil_div(n, TILE)),
-                          block=(TILE * TILE,), stream=stream)
+    specialize(m, k, n)(A, B, C, alpha, beta, grid=(common.ceil_div(m, TILE), common.ceil_div(n, TILE)),
+                        block=(TILE * TILE,), stream=stream)
 
 
 if __name__ == "__main__":

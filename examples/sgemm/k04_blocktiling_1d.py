@@ -52,12 +52,15 @@ def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[
         C[row, col] = alpha * thread_results[res_idx] + beta * C[row, col]
 
 
+def specialize(M, K, N):
+    common.check_sizes(sys.modules[__name__], M, K, N)
+    return kernel[(M, K, N, *TILES)]
+
+
 def launch(A, B, C, alpha=1.0, beta=0.0, stream=None):
     (m, k), n = A.shape, C.shape[1]
-    common.check_sizes(sys.modules[__name__], m, k, n)
     bm, bn, bk, tm = TILES
-    kernel[m, k, n, bm, bn, bk, tm](A, B, C, alpha, beta, grid=(n // bn, m // bm), block=(bm * bn // tm,),
-                                    stream=stream)
+    specialize(m, k, n)(A, B, C, alpha, beta, grid=(n // bn, m // bm), block=(bm * bn // tm,), stream=stream)
 
 
 if __name__ == "__main__":
