@@ -28,6 +28,9 @@ M, K, N, BM, BN, BK, TM, TN = mg.generics("M K N BM BN BK TM TN")
 def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[M, N, mg.f32],
            alpha: mg.f32, beta: mg.f32):
     threads = BM * BN // (TM * TN)
+    # The float4 loads cover whole rows of the tiles, and C's float4s a thread's TN columns.
+    if (BM * BK) % (4 * threads) or (BN * BK) % (4 * threads) or (4 * threads) % BK or (4 * threads) % BN or TN % 4:
+        raise mg.CompileError(f"tiles BM={BM}, BN={BN}, BK={BK}, TM={TM}, TN={TN} do not fit {threads} threads")
     As = mg.shared.array((BK, BM), mg.f32)   # transposed: As[k, m] = A[m, k]
     Bs = mg.shared.array((BK * TN, BN // TN), mg.f32)   # "linearized": Bs[k * TN + i, c] = B[k, c * TN + i]
     c_row = block_idx.y * BM   # the block's tile of C
