@@ -45,8 +45,10 @@ M, K, N, BM, BN, BK, TM, TN = mg.generics("M K N BM BN BK TM TN")
 @mg.kernel(generics=(M, K, N, BM, BN, BK, TM, TN))
 def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[M, N, mg.f32],
            alpha: mg.f32, beta: mg.f32):
-    # The worklog's static_asserts: the float4 loads cover whole rows of the tiles, the warptiles the block tile.
-    if (BM * BK) % (4 * THREADS) or (BN * BK) % (4 * THREADS) or BM % (16 * TM) or BN % (16 * TN):
+    # The worklog's static_asserts: the float4 loads cover whole rows of the tiles, the warptiles the block
+    # tile; and C's float4s a thread's TN columns.
+    if ((4 * THREADS) % BK or (4 * THREADS) % BN or (BM * BK) % (4 * THREADS) or (BN * BK) % (4 * THREADS)
+            or BM % (16 * TM) or BN % (16 * TN) or TN % 4):
         raise mg.CompileError(f"tiles BM={BM}, BN={BN}, BK={BK}, TM={TM}, TN={TN} do not fit {THREADS} threads")
     WM = TM * 16   # the 16 x 16 threads' warptile
     WN = TN * 16

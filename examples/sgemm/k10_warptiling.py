@@ -42,15 +42,17 @@ M, K, N, BM, BN, BK, WM, WN, WNITER, TM, TN, NUM_THREADS = mg.generics(
 def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[M, N, mg.f32],
            alpha: mg.f32, beta: mg.f32):
     WMITER = (WM * WN) // (WARPSIZE * TM * TN * WNITER)
-    WSUBM = WM // WMITER   # the warp subtile
-    WSUBN = WN // WNITER
     # The worklog's static_asserts: the warps cover the block tile, the subtiles the warp tile, the float4
     # loads whole rows of the tiles; and float4 reads of the register caches.
     if ((BN // WN) * (BM // WM) != NUM_THREADS // WARPSIZE or BM % WM or BN % WN
-            or (WM * WN) % (WARPSIZE * TM * TN * WNITER) or WM % WMITER or WN % WNITER
+            or (WM * WN) % (WARPSIZE * TM * TN * WNITER) or WMITER == 0 or WM % WMITER or WN % WNITER
+            or (WM // WMITER) % TM or (WN // WNITER) % TN
+            or (4 * NUM_THREADS) % BK or (4 * NUM_THREADS) % BN
             or (BM * BK) % (4 * NUM_THREADS) or (BN * BK) % (4 * NUM_THREADS) or TM % 4 or TN % 4):
         raise mg.CompileError(f"tiles BM={BM}, BN={BN}, BK={BK}, WM={WM}, WN={WN}, WNITER={WNITER}, TM={TM}, "
                               f"TN={TN} do not fit {NUM_THREADS} threads")
+    WSUBM = WM // WMITER   # the warp subtile
+    WSUBN = WN // WNITER
     As = mg.shared.array((BK, BM), mg.f32)   # transposed: As[k, m] = A[m, k]
     Bs = mg.shared.array((BK, BN), mg.f32)
     warp_idx = thread_idx.x // WARPSIZE   # the warp's tile in the block tile
