@@ -12,12 +12,14 @@ Tiles: the worklog's for its A6000 are NUM_THREADS=128, BM=BN=128, BK=16,
 WM=WN=64, WNITER=4, TM=8, TN=4 (8 x 16 results a thread). Compiled here
 they take 193 registers, so an H100 SM holds 2 blocks, 8 warps, and their
 float4 reads of A (8 thread rows 32 bytes apart) meet 2-way bank conflicts.
-For the H100 we take cuBLAS's SIMT shape instead: 256 threads over
-BM=BN=128, BK=16, eight 32 x 64 warp tiles, and 8 x 8 results a thread as
-WMITER x WNITER = 2 x 2 subtiles of TM=TN=4. It takes 110 registers (two
-blocks, 16 warps an SM), and in every float4 read of the inner loop a
-warp reads consecutive floats (4 thread rows, 16 floats of As; 8 thread
-columns, 32 floats of Bs): conflict-free.
+For the H100 we take the shape of CUTLASS's default SIMT SGEMM instead,
+with the worklog's BK=16: 256 threads over BM=BN=128, eight 32 x 64 warp
+tiles, and 8 x 8 results a thread as WMITER x WNITER = 2 x 2 subtiles of
+TM=TN=4. It takes 110 registers (two blocks, 16 warps an SM), and in
+every float4 read of the inner loop a warp reads consecutive floats (4
+thread rows, 16 floats of As; 8 thread columns, 32 floats of Bs):
+conflict-free. (The transposed stores of A into As, once per BK, meet
+4-way conflicts, as in the worklog.)
 
     C = alpha * A @ B + beta * C        (M, K, N multiples of BM, BK, BN: no edge guards)
 """
