@@ -1,0 +1,123 @@
+"""Kernel 10 of the SGEMM worklog: warptiling. Between the block tile
+(BM x BN, in shared memory) and the thread tile (in registers) sits the
+warp tile: each warp of the block computes a WM x WN tile of it, which it
+covers in WMITER x WNITER warp subtiles of WSUBM x WSUBN; within a
+subtile the warp's 32 threads each compute TM x TN results. A thread thus
+holds WMITER * TM x WNITER * TN results, and per dot_idx caches its
+WMITER * TM elements of A and WNITER * TN of B in registers, read from
+shared memory as float4s. The block's tiles of A and B are loaded with
+float4s as in kernel 6 (A stored transposed, As[BK][BM]).
+
+Tiles: the worklog's for its A6000 are NUM_THREADS=128, BM=BN=128, BK=16,
+WM=WN=64, WNITER=4, TM=8, TN=4 (8 x 16 results a thread). Compiled here
+they take 193 registers, so an H100 SM holds 2 blocks, 8 warps, and their
+float4 reads of A (8 thread rows 32 bytes apart) meet 2-way bank conflicts.
+For the H100 we take the shape of CUTLASS's default SIMT SGEMM instead,
+with the worklog's BK=16: 256 threads over BM=BN=128, eight 32 x 64 warp
+tiles, and 8 x 8 results a thread as WMITER x WNITER = 2 x 2 subtiles of
+TM=TN=4. It takes 110 registers (two blocks, 16 warps an SM), and in
+every float4 read of the inner loop a warp reads consecutive floats (4
+thread rows, 16 floats of As; 8 thread columns, 32 floats of Bs):
+conflict-free. (The transposed stores of A into As, once per BK, meet
+4-way conflicts, as in the worklog.)
+
+    C = alpha * A @ B + beta * C        (M, K, N multiples of BM, BK, BN: no edge guards)
+"""
+import sys
+
+import mlirgpu as mg
+from mlirgpu import block_idx, thread_idx
+
+import common
+
+TITLE = "10: warptiling"
+# BM, BN, BK, WM, WN, WNITER, TM, TN, NUM_THREADS
+TILES = (128, 128, 16, 32, 64, 2, 4, 4, 256)
+MULTIPLE = (TILES[0], TILES[2], TILES[1])
+WARPSIZE = 32
+
+M, K, N, BM, BN, BK, WM, WN, WNITER, TM, TN, NUM_THREADS = mg.generics(
+    "M K N BM BN BK WM WN WNITER TM TN NUM_THREADS")
+
+
+@mg.kernel(generics=(M, K, N, BM, BN, BK, WM, WN, WNITER, TM, TN, NUM_THREADS))
+def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[M, N, mg.f32],
+           alpha: mg.f32, beta: mg.f32):
+    WMITER = (WM * WN) // (WARPSIZE * TM * TN * WNITER)
+    # The worklog's static_asserts: the warps cover the block tile, the subtiles the warp tile, the float4
+    # loads whole rows of the tiles; and float4 reads of the register caches.
+    if ((BN // WN) * (BM // WM) != NUM_THREADS // WARPSIZE or BM % WM or BN % WN
+            or (WM * WN) % (WARPSIZE * TM * TN * WNITER) or WMITER == 0 or WM % WMITER or WN % WNITER
+            or (WM // WMITER) % TM or (WN // WNITER) % TN
+            or (4 * NUM_THREADS) % BK or (4 * NUM_THREADS) % BN
+            or (BM * BK) % (4 * NUM_THREADS) or (BN * BK) % (4 * NUM_THREADS) or TM % 4 or TN % 4):
+        raise mg.CompileError(f"tiles BM={BM}, BN={BN}, BK={BK}, WM={WM}, WN={WN}, WNITER={WNITER}, TM={TM}, "
+                              f"TN={TN} do not fit {NUM_THREADS} threads")
+    WSUBM = WM // WMITER   # the warp subtile
+    WSUBN = WN // WNITER
+    As = mg.shared.array((BK, BM), mg.f32)   # transposed: As[k, m] = A[m, k]
+    Bs = mg.shared.array((BK, BN), mg.f32)
+    warp_idx = thread_idx.x // WARPSIZE   # the warp's tile in the block tile
+    warp_col = warp_idx % (BN // WN)
+    warp_row = warp_idx // (BN // WN)
+    lane = thread_idx.x % WARPSIZE        # the thread's place in a warp subtile
+    thread_col_in_warp = lane % (WSUBN // TN)
+    thread_row_in_warp = lane // (WSUBN // TN)
+    c_row = block_idx.y * BM + warp_row * WM   # the warp's tile of C
+    c_col = block_idx.x * BN + warp_col * WN
+    # The block's tile loads: one float4 per thread covers `stride` rows.
+    inner_row_a = thread_idx.x // (BK // 4)
+    inner_col_a = thread_idx.x % (BK // 4)
+    stride_a = NUM_THREADS * 4 // BK
+    inner_row_b = thread_idx.x // (BN // 4)
+    inner_col_b = thread_idx.x % (BN // 4)
+    stride_b = NUM_THREADS * 4 // BN
+    a_row = block_idx.y * BM + inner_row_a
+    b_col = block_idx.x * BN + inner_col_b * 4
+    # Offsets of the thread's register caches in a row of As and Bs.
+    m_offset = warp_row * WM + thread_row_in_warp * TM
+    n_offset = warp_col * WN + thread_col_in_warp * TN
+    thread_results = [0.0] * (WMITER * TM * WNITER * TN)   # registers: carried through the K loop
+    for bk in range(0, K, BK):
+        for offset in mg.static_range(0, BM, stride_a):
+            tmp = mg.vload(A, (a_row + offset, bk + inner_col_a * 4), 4)
+            for i in mg.static_range(4):
+                As[inner_col_a * 4 + i, inner_row_a + offset] = tmp[i]
+        for offset in mg.static_range(0, BK, stride_b):
+            mg.vstore(Bs, (inner_row_b + offset, inner_col_b * 4), mg.vload(B, (bk + inner_row_b + offset, b_col), 4))
+        mg.syncthreads()
+        for dot_idx in mg.static_range(BK):
+            reg_m = []
+            for w_sub_row in mg.static_range(WMITER):
+                for i in mg.static_range(0, TM, 4):
+                    reg_m.extend(mg.vload(As, (dot_idx, m_offset + w_sub_row * WSUBM + i), 4))
+            reg_n = []
+            for w_sub_col in mg.static_range(WNITER):
+                for i in mg.static_range(0, TN, 4):
+                    reg_n.extend(mg.vload(Bs, (dot_idx, n_offset + w_sub_col * WSUBN + i), 4))
+            for res_m in mg.static_range(WMITER * TM):
+                for res_n in mg.static_range(WNITER * TN):
+                    thread_results[res_m * (WNITER * TN) + res_n] += reg_m[res_m] * reg_n[res_n]
+        mg.syncthreads()
+    for w_sub_row in mg.static_range(WMITER):
+        for w_sub_col in mg.static_range(WNITER):
+            for res_m in mg.static_range(TM):
+                for res_n in mg.static_range(0, TN, 4):
+                    row = c_row + w_sub_row * WSUBM + thread_row_in_warp * TM + res_m
+                    col = c_col + w_sub_col * WSUBN + thread_col_in_warp * TN + res_n
+                    first = (w_sub_row * TM + res_m) * (WNITER * TN) + w_sub_col * TN + res_n
+                    tmp = mg.vload(C, (row, col), 4)
+                    mg.vstore(C, (row, col), tuple(alpha * thread_results[first + i] + beta * tmp[i]
+                                                   for i in mg.static_range(4)))
+
+
+def launch(A, B, C, alpha=1.0, beta=0.0, stream=None):
+    (m, k), n = A.shape, C.shape[1]
+    common.check_sizes(sys.modules[__name__], m, k, n)
+    bm, bn, bk, wm, wn, wniter, tm, tn, threads = TILES
+    kernel[m, k, n, bm, bn, bk, wm, wn, wniter, tm, tn, threads](A, B, C, alpha, beta, grid=(n // bn, m // bm),
+                                                                 block=(threads,), stream=stream)
+
+
+if __name__ == "__main__":
+    common.main(sys.modules[__name__])
