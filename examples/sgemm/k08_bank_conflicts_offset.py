@@ -74,12 +74,16 @@ def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[
                                            for i in mg.static_range(4)))
 
 
+def specialize(M, K, N):
+    common.check_sizes(sys.modules[__name__], M, K, N)
+    return kernel[(M, K, N, *TILES)]
+
+
 def launch(A, B, C, alpha=1.0, beta=0.0, stream=None):
     (m, k), n = A.shape, C.shape[1]
-    common.check_sizes(sys.modules[__name__], m, k, n)
     bm, bn, bk, tm, tn = TILES
-    kernel[m, k, n, bm, bn, bk, tm, tn](A, B, C, alpha, beta, grid=(n // bn, m // bm),
-                                        block=(bm * bn // (tm * tn),), stream=stream)
+    specialize(m, k, n)(A, B, C, alpha, beta, grid=(n // bn, m // bm), block=(bm * bn // (tm * tn),),
+                        stream=stream)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,12 @@ def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[
                                                    for i in mg.static_range(4)))
 
 
+def specialize(M, K, N):
+    """The first config's Specialization (the one the CPU backend runs)."""
+    common.check_sizes(sys.modules[__name__], M, K, N)
+    return kernel.kernel.specialize({"M": M, "K": K, "N": N, **CONFIGS[0]})
+
+
 def launch(A, B, C, alpha=1.0, beta=0.0, stream=None):
     (m, k), n = A.shape, C.shape[1]
     common.check_sizes(sys.modules[__name__], m, k, n)
