@@ -5,7 +5,7 @@ where there is a GPU, on the CUDA one (conftest.py's `backend`); torch and
 cupy tensors are GPU-only."""
 import numpy as np
 import pytest
-from backends import cuda_only
+from backends import cuda_only, current_backend
 from kernels_seed import scale_rows, sgemm_loop, sgemm_naive
 
 import mlirgpu as mg
@@ -101,3 +101,29 @@ def test_if_else_and_scalars():
     expected[:40] *= 3.0
     expected[40:] *= -1.0
     np.testing.assert_allclose(dX.get(), expected, rtol=1e-6)
+
+
+@mg.kernel(max_threads=64, min_blocks=4)
+def bounded_fill(X: mg.memref[N, mg.f32]):
+    X[mg.block_idx.x * mg.block_dim.x + mg.thread_idx.x] = 2.0
+
+
+def test_launch_bounds_reach_ptx_and_the_cpu_backend_refuses_bigger_blocks():
+    spec = bounded_fill[256]
+    assert "nvvm.maxntid = array<i32: 64, 1, 1>, nvvm.minctasm = 4 : i32" in spec.ir()
+    ptx = spec.ptx(chip="sm_90a")
+    assert ".maxntid 64, 1, 1" in ptx and ".minnctapersm 4" in ptx
+    X = np.zeros(256, np.float32)
+    with current_backend("cpu"):
+        bounded_fill(X, grid=(4,), block=(64,))
+        np.testing.assert_array_equal(X, 2.0)
+        with pytest.raises(mg.LaunchError, match="max_threads=64 .* 128 threads"):
+            bounded_fill(X, grid=(2,), block=(128,))
+
+
+@pytest.mark.parametrize("options, message", [(dict(max_threads=0), "positive int"),
+                                              (dict(max_threads=2048), "at most 1024"),
+                                              (dict(min_blocks=2), "needs max_threads")])
+def test_bad_launch_bounds(options, message):
+    with pytest.raises(ValueError, match=message):
+        mg.kernel(**options)(bounded_fill.function)

@@ -11,6 +11,8 @@ block as a fiber. docs/cpu.md has the design.
 
     mlirgpu.cpu.run(spec, [A, B, C], grid=(4, 4), block=(16, 16))
 """
+import math
+
 import numpy as np
 
 from . import _mlirgpu, host, ir, passes
@@ -100,6 +102,12 @@ def run(spec, args, grid, block, shared_mem=0):
     params = spec._param_types()
     if len(args) != len(params):
         raise LaunchError(f"{spec.name} takes {len(params)} arguments, got {len(args)}")
+    max_threads = spec.kernel.max_threads
+    threads = math.prod(block) if isinstance(block, (tuple, list)) else block
+    if max_threads is not None and isinstance(threads, int) and threads > max_threads:
+        # As the GPU's driver refuses a block over the kernel's .maxntid.
+        raise LaunchError(f"{spec.name} has max_threads={max_threads} (@mg.kernel), but the block has "
+                          f"{threads} threads")
     compiled = engine(spec)
     packed, copies = [], []
     for (p, shape, dtype), arg in zip(params, args):

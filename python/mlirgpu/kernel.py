@@ -125,7 +125,7 @@ class Kernel(_mlirgpu.Dispatcher):
     (host arrays never take the C fast path): every call comes to `_miss`,
     which runs it through mlirgpu.cpu."""
 
-    def __new__(cls, function, generics=None):
+    def __new__(cls, function, generics=None, max_threads=None, min_blocks=None):
         # The dispatcher's miss handler refers back to the kernel through a
         # cell: a reference cycle, which the GC collects.
         cell = []
@@ -135,9 +135,17 @@ class Kernel(_mlirgpu.Dispatcher):
         _backend_kernels.add(self)
         return self
 
-    def __init__(self, function, generics=None):
+    def __init__(self, function, generics=None, max_threads=None, min_blocks=None):
         if not inspect.isfunction(function):
             raise TypeError(f"@mg.kernel decorates a function, not {type(function).__name__}")
+        for name, value in (("max_threads", max_threads), ("min_blocks", min_blocks)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"@mg.kernel({name}=...) takes a positive int, not {value!r}")
+        if max_threads is not None and max_threads > 1024:
+            raise ValueError(f"@mg.kernel(max_threads={max_threads}): a block holds at most 1024 threads")
+        if min_blocks is not None and max_threads is None:
+            raise ValueError("@mg.kernel(min_blocks=...) needs max_threads=... too, as __launch_bounds__ does")
+        self.max_threads, self.min_blocks = max_threads, min_blocks
         self.function = function
         self.__name__ = function.__name__
         self.__qualname__ = function.__qualname__
@@ -379,11 +387,16 @@ def _check_scalar(p, arg, bound, bind_one):
             raise LaunchError(f"parameter {p.name!r} is {want.name}: {int(arg)} is out of its range {lo}..{hi}")
 
 
-def kernel(function=None, *, generics=None):
-    """`@mg.kernel` or `@mg.kernel(generics=(M, K, N, dtype))`."""
+def kernel(function=None, *, generics=None, max_threads=None, min_blocks=None):
+    """`@mg.kernel` or `@mg.kernel(generics=(M, K, N, dtype), max_threads=256, min_blocks=2)`.
+
+    `max_threads` and `min_blocks` are CUDA's `__launch_bounds__`: the most
+    threads a launch's block may have (PTX `.maxntid`; a larger block is a
+    LaunchError) and the blocks that should fit on one multiprocessor at once
+    (`.minnctapersm`), which caps the registers ptxas may give a thread."""
     if function is None:
-        return lambda f: Kernel(f, generics)
-    return Kernel(function, generics)
+        return lambda f: Kernel(f, generics, max_threads, min_blocks)
+    return Kernel(function, generics, max_threads, min_blocks)
 
 
 class Specialization:
@@ -458,7 +471,7 @@ class Specialization:
                         "gpu.func", regions=1, location=ir.Location.file(filename, def_line, 0),
                         attributes={"sym_name": ir.Attribute.string(self.name),
                                     "function_type": ir.Attribute.type_attr(ir.Type.function(types, [])),
-                                    "gpu.kernel": ir.Attribute.unit()})
+                                    "gpu.kernel": ir.Attribute.unit(), **self._launch_bounds()})
                 body = func.regions[0].append_block(types, [ir.Location.file(filename, def_line, 0)] * len(types))
             instance = tracer.instantiate(function, code, free, values)
             instance.__globals__.update(rewritten_globals)
@@ -513,6 +526,15 @@ class Specialization:
         chip = chip or _default_chip()
         return cache.default_cache().get_or_compile(self.cache_key(chip), lambda: self.compilation(chip).cubin)
 
+    def _launch_bounds(self):
+        """The gpu.func's nvvm.maxntid / nvvm.minctasm: @mg.kernel's max_threads, min_blocks."""
+        kernel, bounds = self.kernel, {}
+        if kernel.max_threads is not None:
+            bounds["nvvm.maxntid"] = ir.Attribute.dense_i32_array([kernel.max_threads, 1, 1])
+        if kernel.min_blocks is not None:
+            bounds["nvvm.minctasm"] = ir.Attribute.integer(kernel.min_blocks, ir.Type.integer(32))
+        return bounds
+
     def cache_key(self, chip):
         from . import cache
         kernel = self.kernel
@@ -524,7 +546,8 @@ class Specialization:
         generics = ",".join(f"{k}={_show(v)}" for k, v in self.values.items())
         return cache.CacheKey({"kernel": f"{kernel.function.__module__}.{kernel.__qualname__}",
                                "source": kernel.source_digest(), "globals": digest, "generics": generics,
-                               "chip": chip, "options": "opt_level=3,bare_pointers=1"},
+                               "chip": chip, "options": "opt_level=3,bare_pointers=1,max_threads="
+                               f"{kernel.max_threads},min_blocks={kernel.min_blocks}"},
                               details={"globals": details})
 
     def function(self):
