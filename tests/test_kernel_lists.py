@@ -168,3 +168,23 @@ def test_memref_reassigned_in_a_traced_loop_is_a_compile_error():
             A = B
     with pytest.raises(mg.CompileError, match="the memref 'A' is reassigned in a traced loop"):
         swap[4].ir()
+
+
+@mg.kernel
+def branch_local_in_unrolled_loop(A: mg.memref[N, mg.f32], s: mg.f32):
+    """A variable assigned in one branch of a traced if, the if unrolled twice:
+    the second if must see it as undefined (local), not as a value."""
+    for j in mg.static_range(2):
+        if s == 0.0:
+            A[j] = 1.0
+        else:
+            old = A[j]
+            A[j] = old * s
+
+
+def test_branch_local_variable_in_an_unrolled_loop(backend):
+    A = np.array([3.0, 4.0, 5.0], np.float32)
+    branch_local_in_unrolled_loop(A, 2.0, grid=(1,), block=(1,))
+    np.testing.assert_array_equal(A, [6.0, 8.0, 5.0])
+    branch_local_in_unrolled_loop(A, 0.0, grid=(1,), block=(1,))
+    np.testing.assert_array_equal(A, [1.0, 1.0, 5.0])

@@ -570,8 +570,8 @@ def _for(iterable, body, ntargets, names, initial, lineno):
 def _for_range(iterable, body, names, initial, lineno):
     traced, numbers, python = [], [], {}  # carried as they are; Python numbers; Python objects
     for i, value in enumerate(initial):
-        if value is lang.UNDEFINED:
-            continue  # local to the body
+        if isinstance(value, lang.Undefined):
+            continue  # local to the body (or left undefined by an earlier region)
         if isinstance(value, lang.Scalar):
             traced.append(i)
         elif _is_number(value):
@@ -701,8 +701,8 @@ def _traced_if(test, then_fn, else_fn, names, initial, lineno):
     results, same = [], {}  # (index, dtype) leaving the if as its results; Python values either way
     for i, name in enumerate(names):
         a, b = outs[0][i], outs[1][i]
-        if a is lang.UNDEFINED or b is lang.UNDEFINED:
-            continue  # defined in one branch only: local to it
+        if isinstance(a, lang.Undefined) or isinstance(b, lang.Undefined):
+            continue  # defined in one branch only (here or in an earlier region): local to it
         if isinstance(a, lang.Scalar) or isinstance(b, lang.Scalar):
             if isinstance(a, lang.Scalar) and isinstance(b, lang.Scalar) and a.dtype != b.dtype:
                 raise CompileError(f"{name!r} is {a.dtype.name} in one branch and {b.dtype.name} in the other: "
