@@ -22,8 +22,11 @@ Triton's tutorial matmul, measured in the same run.
   launch, is reported as FAILED, with the reason, and not timed. An error
   that leaves the CUDA context unusable (an illegal address) fails every
   later row too.
-- Time: the median of --repeat launches (default 20), each between two CUDA
-  events on the default stream, after --warmup launches (common.time_ms);
+- Time: the median of --repeat samples (default 20), after --warmup
+  launches (common.time_ms). A sample is a batch of back-to-back launches,
+  enough for about 20 ms, between two CUDA events on the default stream,
+  divided by the batch, so the host's launch overhead is not counted as
+  device time (the same for every row);
   TFLOP/s = 2 M N K / time. % of cuBLAS and % of Triton are ratios of
   times measured in this run.
 
@@ -337,7 +340,8 @@ def markdown(problems, facts, image):
     lines = [f"# SGEMM on {facts['GPU']}", "",
              "float32, row-major. Every row computes C = A @ B (the series with alpha = 1, beta = 0); tiled_matmul, "
              "cuBLAS (TF32 off) and Triton's tutorial matmul (tl.dot in IEEE precision) C = A @ B. "
-             f"Each time is the median of {facts['repeats']} launches between CUDA events; every result was "
+             f"Each time is the median of {facts['repeats']} samples, each a batch of back-to-back launches (about 20 ms) "
+             f"between CUDA events divided by the batch; every result was "
              f"checked before it was timed against {facts['reference']} (relative error below {TOLERANCE:.0e}). "
              "Written by `benchmarks/sgemm.py`.", "", tables(problems), ""]
     if image:
@@ -457,7 +461,7 @@ def main(argv=None):
              .strftime("%Y-%m-%d %H:%M UTC"), "command": "`" + shlex.join(["python", *sys.argv]) + "`",
              "software": ", ".join(software), "repeats": args.repeat,
              "reference": "cuBLAS's result" if library.cublas else "NumPy's result in float64"}
-    print(f"\nSGEMM float32 on {device.name}, median of {args.repeat} launches (CUDA events)\n")
+    print(f"\nSGEMM float32 on {device.name}, median of {args.repeat} samples (CUDA events around batches of launches)\n")
     print(tables(problems))
     if not args.no_write:
         write(problems, facts, args.out)
