@@ -70,7 +70,7 @@ FORMS = ((matmul_static, "static shared memory", 0),
          (matmul_dynamic, "dynamic shared memory", 2 * TILE * TILE * 4))   # (kernel, name, shared_mem bytes)
 
 
-def launch(kernel, A, B, C, shared_mem):
+def _launch(kernel, A, B, C, shared_mem):
     """C = A @ B with one of FORMS (M, K, N multiples of TILE)."""
     m, n = C.shape
     kernel(A, B, C, grid=(n // TILE, m // TILE), block=(TILE, TILE), shared_mem=shared_mem)
@@ -78,12 +78,12 @@ def launch(kernel, A, B, C, shared_mem):
 
 def launch_static(A, B, C):
     """C = A @ B, static shared memory (the benchmark and the notebook call it)."""
-    launch(matmul_static, A, B, C, 0)
+    _launch(matmul_static, A, B, C, 0)
 
 
 def launch_dynamic(A, B, C):
     """C = A @ B, dynamic shared memory split by slices."""
-    launch(matmul_dynamic, A, B, C, 2 * TILE * TILE * 4)
+    _launch(matmul_dynamic, A, B, C, 2 * TILE * TILE * 4)
 
 
 def main(argv=None):
@@ -102,9 +102,9 @@ def main(argv=None):
     worst = 0.0
     for kernel, name, shared_mem in FORMS:
         dC = mg.empty((m, n), mg.f32)
-        launch(kernel, dA, dB, dC, shared_mem)
+        _launch(kernel, dA, dB, dC, shared_mem)
         error = common.relative_error(dC.get(), expected)
-        ms = common.time_ms(lambda: launch(kernel, dA, dB, dC, shared_mem), repeat=args.repeat, warmup=1)
+        ms = common.time_ms(lambda: _launch(kernel, dA, dB, dC, shared_mem), repeat=args.repeat, warmup=1)
         print(f"tiled matmul, {name} ({mg.backend()}): {m}x{k} @ {k}x{n}, {ms:.3f} ms, "
               f"{2 * m * n * k / ms / 1e6:,.1f} GFLOP/s, relative error against NumPy (float64) {error:.1e}")
         worst = max(worst, error)
