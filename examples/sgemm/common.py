@@ -19,6 +19,10 @@ Each kernel module `kNN_*.py` is the worklog's kernel NN written with
               a GPU: specialize(M, K, N).ptx(chip="sm_90a"); mg.LaunchError
               for sizes it does not take
 
+The kernels without edge guards (4-8, 10) also define TILES (BM, BN, ...,
+the generics after M, K, N) and take specialize() and launch() from
+specialize_tiles() and launch_tiles() below.
+
     python examples/sgemm/k05_blocktiling_2d.py [M K N]   # MLIRGPU_BACKEND=cpu forces the CPU
 """
 import argparse
@@ -67,6 +71,20 @@ def specialization(module, M, K, N):
         raise TypeError(f"{module.__name__}.specialize({M}, {K}, {N}) returned {type(spec).__name__}, "
                         f"not an mg.Specialization")
     return spec
+
+
+def specialize_tiles(module, M, K, N):
+    """module.kernel specialized for M, K, N and its tile sizes module.TILES
+    (BM, BN first), for the kernels without edge guards (check_sizes first)."""
+    check_sizes(module, M, K, N)
+    return module.kernel[(M, K, N, *module.TILES)]
+
+
+def launch_tiles(module, A, B, C, alpha, beta, stream, threads):
+    """module.specialize's kernel, one block of `threads` per BM x BN tile of C."""
+    (m, k), n = A.shape, C.shape[1]
+    bm, bn = module.TILES[:2]
+    module.specialize(m, k, n)(A, B, C, alpha, beta, grid=(n // bn, m // bm), block=(threads,), stream=stream)
 
 
 def ceil_div(a, b):

@@ -75,15 +75,12 @@ def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[
 
 
 def specialize(M, K, N):
-    common.check_sizes(sys.modules[__name__], M, K, N)
-    return kernel[(M, K, N, *TILES)]
+    return common.specialize_tiles(sys.modules[__name__], M, K, N)
 
 
 def launch(A, B, C, alpha=1.0, beta=0.0, stream=None):
-    (m, k), n = A.shape, C.shape[1]
     bm, bn, bk, tm, tn = TILES
-    specialize(m, k, n)(A, B, C, alpha, beta, grid=(n // bn, m // bm), block=(bm * bn // (tm * tn),),
-                        stream=stream)
+    common.launch_tiles(sys.modules[__name__], A, B, C, alpha, beta, stream, threads=bm * bn // (tm * tn))
 
 
 if __name__ == "__main__":
