@@ -3,6 +3,7 @@
  * Ownership rules are in ir.h. */
 #include "ir.h"
 
+#include <mlir-c/AffineMap.h>
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
 #include <mlir-c/Diagnostics.h>
@@ -792,9 +793,10 @@ error:
 
 static PyObject *Type_memref(PyObject *cls, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"shape", "element_type", "memory_space", "location", NULL};
-    PyObject *shape, *elem, *space = Py_None, *locarg = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$O:Type.memref", kwlist, &shape, &elem, &space, &locarg))
+    static char *kwlist[] = {"shape", "element_type", "memory_space", "layout", "location", NULL};
+    PyObject *shape, *elem, *space = Py_None, *layoutarg = Py_None, *locarg = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$OO:Type.memref", kwlist, &shape, &elem, &space, &layoutarg,
+                                     &locarg))
         return NULL;
     mg_ir_Value_like *et = uniqued_arg(elem, TypeType, NULL, "element_type");
     if (et == NULL)
@@ -821,12 +823,19 @@ static PyObject *Type_memref(PyObject *cls, PyObject *args, PyObject *kwds)
             return NULL;
         space_attr = a->h.attr;
     }
+    MlirAttribute layout = mlirAttributeGetNull();
+    if (layoutarg != Py_None) {
+        mg_ir_Value_like *a = uniqued_arg(layoutarg, AttributeType, ctx, "layout");
+        if (a == NULL)
+            return NULL;
+        layout = a->h.attr;
+    }
     int64_t *dims;
     intptr_t rank;
     if (shape_arg(shape, &dims, &rank, 1) < 0)
         return NULL;
     mg_ir_diag_clear(ctx);
-    MlirType t = mlirMemRefTypeGetChecked(loc, et->h.type, rank, dims, mlirAttributeGetNull(), space_attr);
+    MlirType t = mlirMemRefTypeGetChecked(loc, et->h.type, rank, dims, layout, space_attr);
     PyMem_Free(dims);
     if (diag_check(ctx, mlirTypeIsNull(t), "invalid memref type") < 0)
         return NULL;
@@ -1011,7 +1020,8 @@ static PyMethodDef Type_methods[] = {
     {"f64", (PyCFunction)(void (*)(void))Type_f64, METH_VARARGS | METH_KEYWORDS | METH_CLASS, NULL},
     {"none", (PyCFunction)(void (*)(void))Type_none, METH_VARARGS | METH_KEYWORDS | METH_CLASS, NULL},
     {"memref", (PyCFunction)(void (*)(void))Type_memref, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
-     "Type.memref(shape, element_type, memory_space=None, *, location=None): None in shape is "
+     "Type.memref(shape, element_type, memory_space=None, *, layout=None, location=None): layout is an "
+     "Attribute such as Attribute.strided_layout(...); None in shape is "
      "a dynamic size; memory_space an int (3 = GPU shared memory) or an Attribute."},
     {"vector", (PyCFunction)(void (*)(void))Type_vector, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "Type.vector(shape, element_type, *, location=None)"},
@@ -1344,6 +1354,67 @@ static PyObject *Attribute_dense_i64_array(PyObject *cls, PyObject *args, PyObje
     return dense_array(args, kwds, 64);
 }
 
+/* Attribute.strided_layout(offset, strides): #strided<[...], offset: ...>, None for a dynamic entry. */
+static PyObject *Attribute_strided_layout(PyObject *cls, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"offset", "strides", "context", NULL};
+    PyObject *offsetarg, *seq, *ctxarg = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|$O:Attribute.strided_layout", kwlist, &offsetarg, &seq, &ctxarg))
+        return NULL;
+    mg_ir_Context *ctx = context_arg(ctxarg);
+    if (ctx == NULL)
+        return NULL;
+    int64_t dynamic = mlirShapedTypeGetDynamicStrideOrOffset(), offset = dynamic;
+    if (offsetarg != Py_None) {
+        if (!PyLong_Check(offsetarg))
+            return mg_raise(PyExc_TypeError, "offset must be an int or None, not %.100s", Py_TYPE(offsetarg)->tp_name);
+        if ((offset = PyLong_AsLongLong(offsetarg)) == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    PyObject *fast = PySequence_Fast(seq, "strides must be a sequence of ints or None");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    int64_t *strides = PyMem_Calloc((size_t)n + 1, sizeof *strides);
+    PyObject *r = NULL;
+    if (strides == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        if (item == Py_None) {
+            strides[i] = dynamic;
+        } else if (!PyLong_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "strides must be ints or None, not %.100s", Py_TYPE(item)->tp_name);
+            goto done;
+        } else if ((strides[i] = PyLong_AsLongLong(item)) == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+    }
+    r = wrap_attribute(ctx, mlirStridedLayoutAttrGet(ctx->context, offset, n, strides));
+done:
+    PyMem_Free(strides);
+    Py_DECREF(fast);
+    return r;
+}
+
+/* Attribute.identity_map(rank): affine_map<(d0, ..., dn) -> (d0, ..., dn)>. */
+static PyObject *Attribute_identity_map(PyObject *cls, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"rank", "context", NULL};
+    Py_ssize_t rank;
+    PyObject *ctxarg = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n|$O:Attribute.identity_map", kwlist, &rank, &ctxarg))
+        return NULL;
+    mg_ir_Context *ctx = context_arg(ctxarg);
+    if (ctx == NULL)
+        return NULL;
+    if (rank < 0)
+        return mg_raise(PyExc_ValueError, "rank must be >= 0, got %zd", rank);
+    return wrap_attribute(ctx, mlirAffineMapAttrGet(mlirAffineMapMultiDimIdentityGet(ctx->context, rank)));
+}
+
 static PyObject *Attribute_str(mg_ir_Value_like *self)
 {
     mg_buf buf = {0};
@@ -1438,6 +1509,11 @@ static PyMethodDef Attribute_methods[] = {
      METH_VARARGS | METH_KEYWORDS | METH_CLASS, "e.g. operandSegmentSizes"},
     {"dense_i64_array", (PyCFunction)(void (*)(void))Attribute_dense_i64_array,
      METH_VARARGS | METH_KEYWORDS | METH_CLASS, NULL},
+    {"strided_layout", (PyCFunction)(void (*)(void))Attribute_strided_layout, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Attribute.strided_layout(offset, strides, *, context=None): a memref layout #strided<[strides], "
+     "offset: offset>; None is a dynamic stride or offset (?)."},
+    {"identity_map", (PyCFunction)(void (*)(void))Attribute_identity_map, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Attribute.identity_map(rank, *, context=None): affine_map<(d0, ..., dn) -> (d0, ..., dn)>."},
     {NULL},
 };
 
