@@ -2,6 +2,7 @@
 import pytest
 
 from checks import filecheck
+import mlirgpu
 from mlirgpu import ir
 
 
@@ -184,6 +185,29 @@ def test_type_memref_static_and_dynamic(ctx):
     assert ir.Type.memref([ir.DYNAMIC, 4, None], ir.Type.f16()) == dynamic
     assert str(ir.Type.memref([], f32())) == "memref<f32>"
     assert ir.Type.memref([], f32()).shape == ()
+
+
+def test_type_memref_strided_layout(ctx):
+    layout = ir.Attribute.strided_layout(None, [None, 0, 1])
+    assert str(layout) == "strided<[?, 0, 1], offset: ?>"
+    assert str(ir.Attribute.strided_layout(4, [8])) == "strided<[8], offset: 4>"
+    t = ir.Type.memref([None, 3, 5], f32(), layout=layout)
+    assert str(t) == "memref<?x3x5xf32, strided<[?, 0, 1], offset: ?>>"
+    assert t == ir.Type.parse("memref<?x3x5xf32, strided<[?, 0, 1], offset: ?>>")
+    with pytest.raises(mlirgpu.MLIRError, match="the number of strides to match the rank"):
+        ir.Type.memref([None, 3, 5], f32(), layout=ir.Attribute.strided_layout(0, [1]))
+    with pytest.raises(TypeError, match="strides must be ints or None"):
+        ir.Attribute.strided_layout(0, ["1"])
+    with pytest.raises(TypeError, match="offset must be an int or None"):
+        ir.Attribute.strided_layout(1.5, [1])
+
+
+def test_attribute_identity_map(ctx):
+    assert str(ir.Attribute.identity_map(2)) == "affine_map<(d0, d1) -> (d0, d1)>"
+    assert str(ir.Attribute.identity_map(0)) == "affine_map<() -> ()>"
+    assert ir.Attribute.identity_map(3) == ir.Attribute.parse("affine_map<(a, b, c) -> (a, b, c)>")
+    with pytest.raises(ValueError, match="rank must be >= 0"):
+        ir.Attribute.identity_map(-1)
 
 
 def test_type_memref_memory_space(ctx):
