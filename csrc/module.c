@@ -2,6 +2,7 @@
  * its own types and functions through its mg_*_init hook. */
 #include "module.h"
 #include "cpu.h"
+#include "engine.h"
 #include "launch.h"
 
 #include <string.h>
@@ -113,7 +114,7 @@ static int module_exec(PyObject *module)
         return -1;
     if (mg_ir_init(module) < 0 || mg_pipeline_init(module) < 0 ||
         mg_cu_init(module) < 0 || mg_array_init(module) < 0 || mg_launch_init(module) < 0 ||
-        mg_cpu_init(module) < 0) {
+        mg_cpu_init(module) < 0 || mg_engine_init(module) < 0) {
         mg_st = NULL;
         return -1;
     }

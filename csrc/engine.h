@@ -1,0 +1,15 @@
+/* mlirgpu._mlirgpu.ExecutionEngine: a module lowered to the llvm dialect,
+ * JIT-compiled for the host by MLIR's ExecutionEngine. Its functions that
+ * carry llvm.emit_c_interface are called with NumPy arrays, DeviceArrays
+ * (as memref descriptors over their memory) and scalars; memref results come
+ * back as NumPy arrays. With runtime=True the mgpu* functions of runtime.c
+ * are registered, so host code lowered from the gpu dialect runs on the GPU.
+ * docs/host_programs.md has the design. */
+#ifndef MG_ENGINE_H
+#define MG_ENGINE_H
+
+#include "module.h"
+
+int mg_engine_init(PyObject *module);
+
+#endif
