@@ -24,7 +24,7 @@ from . import _mlirgpu, host, ir, language as lang, tracer
 from ._mlirgpu import CompileError, DeviceArray, DType, LaunchError, MLIRError
 from .backend import _kernels as _backend_kernels, on_cpu
 
-__all__ = ["Generic", "generics", "memref", "kernel", "Kernel", "Specialization"]
+__all__ = ["Generic", "generics", "memref", "kernel", "Kernel", "Specialization", "read_values"]
 
 
 class Generic:
@@ -225,19 +225,7 @@ class Kernel(_mlirgpu.Dispatcher):
     def read_values(self):
         """The globals and closure variables the kernel's code names, except
         its generics: what a compile depends on besides the source."""
-        code = self.function.__code__
-        names = set()
-        for c in tracer.code_objects(code):
-            names.update(c.co_names)
-        values = {}
-        for name in sorted(names):
-            if name in self.function.__globals__:
-                values[name] = self.function.__globals__[name]
-        closure = zip(code.co_freevars, (c.cell_contents for c in self.function.__closure__ or ()))
-        values.update(closure)
-        # mlirgpu's own names (mg.thread_idx, mg.constant, ...) change only
-        # with mlirgpu, which the cache's entries record already.
-        return {k: v for k, v in values.items() if not _is_symbol(v) and not _is_mlirgpu_object(v)}
+        return read_values(self.function)
 
     # -- launching -------------------------------------------------------
     def bind(self, args, unbound=()):
@@ -294,6 +282,24 @@ class Kernel(_mlirgpu.Dispatcher):
             except ValueError:
                 pass  # arguments the dispatcher cannot classify: this path serves them each time
         spec.launch(args, **kwargs)
+
+
+def read_values(function):
+    """The globals and closure variables `function`'s code names, except
+    generics: what compiling it depends on besides its source."""
+    code = function.__code__
+    names = set()
+    for c in tracer.code_objects(code):
+        names.update(c.co_names)
+    values = {}
+    for name in sorted(names):
+        if name in function.__globals__:
+            values[name] = function.__globals__[name]
+    closure = zip(code.co_freevars, (c.cell_contents for c in function.__closure__ or ()))
+    values.update(closure)
+    # mlirgpu's own names (mg.thread_idx, mg.constant, ...) change only
+    # with mlirgpu, which the cache's entries record already.
+    return {k: v for k, v in values.items() if not _is_symbol(v) and not _is_mlirgpu_object(v)}
 
 
 def _is_mlirgpu_object(value):
