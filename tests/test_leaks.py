@@ -4,6 +4,7 @@ import gc
 import io
 import os
 
+import numpy as np
 import pytest
 
 import mlirgpu as mg
@@ -132,3 +133,25 @@ def test_build_and_compile_does_not_leak():
         assert "define ptx_kernel" in compilation.llvm_ir and ".target sm_90a" in compilation.ptx
     grown = growth(build_and_compile_cycle, 100, warmup=10)
     assert grown < 16 * MB, f"{grown / MB:.1f} MB"
+
+
+def test_vectorize_calls_do_not_leak():
+    # The CPU backend's calls: classification, broadcast views, engine invocations, outputs.
+    from backends import current_backend
+
+    @mg.vectorize
+    def axpy(a, x, y):
+        return a * x + y
+
+    x = np.ones((64, 33), np.float32)
+    y = np.ones(33, np.float32)
+
+    def vectorize_cycle(i):
+        got = axpy(2.0, x, y)
+        assert got[0, 0] == 3.0
+        axpy(1.0, x, x, out=got)
+        with pytest.raises(mg.LaunchError):
+            axpy(1.0, x, np.ones(7, np.float32))
+    with current_backend("cpu"):
+        grown = growth(vectorize_cycle, 5_000, warmup=500)
+    assert grown < 8 * MB, f"{grown / MB:.1f} MB"
