@@ -56,3 +56,22 @@ def test_ir_layer_underneath():
     with pytest.raises(mg.MLIRError) as error:
         ir.Module.parse(text.replace("arith.addf %x, %x", "arith.addf %x, %i"))
     assert error.value.diagnostics[0][0] == "error"
+
+
+@pytest.mark.usefixtures("backend")
+def test_element_wise_kernels_from_scalar_functions():
+    @mg.vectorize
+    def foo(a, b, c):
+        x = a + 1.0
+        y = b - 2.0
+        z = c + 3.0
+        return x + y + z
+
+    ary = np.arange(100, dtype=np.float64).reshape(10, 10)
+    got = foo(ary, ary, ary)          # NumPy in, NumPy out; device arrays in, device array out
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_array_equal(got, 3 * ary + 2.0)
+    dary = mg.to_device(ary)
+    dgot = foo(dary, dary, dary)
+    assert isinstance(dgot, mg.DeviceArray)
+    np.testing.assert_array_equal(dgot.get(), 3 * ary + 2.0)
