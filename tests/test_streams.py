@@ -742,6 +742,46 @@ def test_a_foreign_producer_outside_the_capture_is_not_waited_for(fake):
     assert out["x"] == [1.0] * 4
 
 
+def test_a_replay_inside_another_capture_is_kept_alive_by_it(fake):
+    out = fake('''
+    x = mg.zeros(4)
+    with mg.graph() as inner:
+        raw_add(x, 1.0, 4, grid=1, block=4, stream=inner.stream)
+    with mg.graph() as outer:
+        inner.replay(stream=outer.stream)
+        inner.replay(stream=outer.stream)
+    references = sys.getrefcount(inner)
+    out["retained"] = references == 3   # `inner`, getrefcount's argument, and outer
+    log()
+    del inner
+    gc.collect()
+    out["inner_alive"] = named(log(), "cuGraphExecDestroy") == []
+    outer.replay()
+    out["x"] = x.get().tolist()
+    out["nodes"] = outer.num_nodes
+    ''')
+    assert out == {"retained": True, "inner_alive": True, "x": [2.0] * 4, "nodes": 2}
+
+
+def test_a_graph_in_a_reference_cycle_is_collected(fake):
+    out = fake('''
+    class Holder:   # a CAI object the graph retains, and that refers back to the graph
+        def __init__(self, array):
+            self.__cuda_array_interface__ = array.__cuda_array_interface__
+    holder = Holder(mg.zeros(4))
+    holder.array = mg.asarray(holder)
+    with mg.graph() as g:
+        raw_add(holder, 1.0, 4, grid=1, block=4, stream=g.stream)
+    holder.graph = g
+    log()
+    del g, holder
+    out["before_gc"] = named(log(), "cuGraphExecDestroy")
+    gc.collect()
+    out["after_gc"] = [l.split()[0] for l in named(log(), "cuGraphExecDestroy", "cuGraphDestroy")]
+    ''')
+    assert out == {"before_gc": [], "after_gc": ["cuGraphExecDestroy", "cuGraphDestroy"]}
+
+
 def test_graphs_do_not_leak(fake):
     out = fake('''
     x = mg.zeros(4)

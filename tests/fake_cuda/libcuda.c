@@ -161,7 +161,7 @@ API CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned lon
     *e = (CUgraphExec)to; note("cuGraphInstantiateWithFlags exec=%lu graph=%lu nodes=%d flags=%llu", H(to), H(g), from->n, flags); return 0; }
 API CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
     note("cuGraphLaunch exec=%lu stream=%lu", H(e), H(s)); CUresult r = legacy_use(s); if (r) return r;
-    graph_t *g = (graph_t *)e; for (int i = 0; i < g->n; i++) run(&g->ops[i]); return 0; }
+    graph_t *g = (graph_t *)e; for (int i = 0; i < g->n && !r; i++) r = submit(s, g->ops[i]); return r; }
 API CUresult cuGraphExecDestroy(CUgraphExec e) { note("cuGraphExecDestroy exec=%lu", H(e)); free(((graph_t *)e)->ops); free(e); return 0; }
 API CUresult cuEventCreate(CUevent *e, unsigned f) { *e = calloc(1, sizeof(ev_t)); return 0; }
 // Never freed: a handle is never reused, so the call log names one event per handle.
