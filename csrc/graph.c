@@ -180,11 +180,13 @@ static int graph_traverse(mg_graph *self, visitproc visit, void *arg)
 }
 
 /* A capturing graph is never garbage (this thread's chain holds it), so
- * only a ready or discarded one gets here. The handles go first: the
- * retained arrays' memory must outlive the executable graph. */
+ * only a ready or discarded one gets here; it is discarded after, in case a
+ * finalizer of its cycle still calls it. The handles go first: the retained
+ * arrays' memory must outlive the executable graph. */
 static int graph_clear(mg_graph *self)
 {
     destroy_handles(self);
+    self->state = GRAPH_DISCARDED;
     Py_CLEAR(self->retained);
     Py_CLEAR(self->stream_obj);
     return 0;
