@@ -302,6 +302,7 @@ def test_an_exception_in_the_block_propagates_and_the_stream_stays_usable():
     n = 1024
     x = mg.zeros(n)
     add_one(x, grid=grid(n), block=BLOCK)
+    mg.cuda.synchronize()                  # g.stream is non-blocking: nothing orders it after that launch
     g = mg.graph()
     with pytest.raises(ZeroDivisionError):
         with g:
