@@ -1,9 +1,11 @@
 /* Element types and device arrays: mlirgpu.DType singletons, dtype(),
- * mlirgpu.DeviceArray with empty/zeros/to_device/get, and zero-copy exchange
- * through __cuda_array_interface__ v3 and DLPack (1.0 and legacy). */
+ * mlirgpu.DeviceArray with empty/zeros/to_device/get and the asynchronous
+ * copies, pinned host memory (pinned_empty), and zero-copy exchange through
+ * __cuda_array_interface__ v3 and DLPack (1.0 and legacy). */
 #include "array.h"
 #include "cuda.h"
 #include "dlpack.h"
+#include "graph.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -663,8 +665,9 @@ error:
 /* DeviceArray: copies to the host                                         */
 /* ---------------------------------------------------------------------- */
 
-/* Copies `nbytes` from `src` to host `dst` on `stream` and waits for it. */
-static int copy_to_host(mg_array *self, void *dst, CUdeviceptr src, size_t nbytes, CUstream stream)
+/* Copies `nbytes` from `src` to host `dst` on `stream`; with `blocking`,
+ * waits for it. */
+static int copy_to_host(mg_array *self, void *dst, CUdeviceptr src, size_t nbytes, CUstream stream, int blocking)
 {
     if (self->host) {
         memcpy(dst, (const void *)(uintptr_t)src, nbytes);
@@ -673,17 +676,30 @@ static int copy_to_host(mg_array *self, void *dst, CUdeviceptr src, size_t nbyte
     int pushed;
     if (mg_cu_push(self->device, &pushed) < 0)
         return -1;
-    CUresult r;
+    CUresult r, synced = CUDA_SUCCESS;
     Py_BEGIN_ALLOW_THREADS
     r = mg_cu.cuMemcpyDtoHAsync(dst, src, nbytes, stream);
-    if (r == CUDA_SUCCESS)
-        r = mg_cu.cuStreamSynchronize(stream);
+    if (r == CUDA_SUCCESS && blocking)
+        synced = mg_cu.cuStreamSynchronize(stream);
     Py_END_ALLOW_THREADS
     mg_cu_pop(pushed);
-    return mg_cu_check(r, "cuMemcpyDtoHAsync");
+    if (mg_cu_check(r, "cuMemcpyDtoHAsync") < 0)
+        return -1;
+    return mg_cu_check(synced, "cuStreamSynchronize (after cuMemcpyDtoHAsync)");
 }
 
-/* A new C-contiguous NumPy array with the contents of `self`. */
+/* After an asynchronous copy on `stream`: the array orders later work after
+ * it, and a graph being captured keeps both ends of the copy alive. */
+static int note_async_copy(mg_array *self, PyObject *host, CUstream stream, PyObject *stream_obj)
+{
+    mg_array_set_stream((PyObject *)self, stream, stream_obj);
+    if (mg_graph_capturing() && (mg_graph_retain((PyObject *)self) < 0 || mg_graph_retain(host) < 0))
+        return -1;
+    return 0;
+}
+
+/* A new C-contiguous NumPy array with the contents of `self`; the copy is
+ * waited for. */
 static PyObject *array_to_numpy(mg_array *self, CUstream stream)
 {
     PyArray_Descr *descr = (PyArray_Descr *)mg_dtype_numpy(self->dtype);
@@ -701,7 +717,7 @@ static PyObject *array_to_numpy(mg_array *self, CUstream stream)
         return (PyObject *)result;
     }
     if (is_c_contiguous(self)) {
-        if (copy_to_host(self, PyArray_DATA(result), self->ptr, (size_t)PyArray_NBYTES(result), stream) < 0)
+        if (copy_to_host(self, PyArray_DATA(result), self->ptr, (size_t)PyArray_NBYTES(result), stream, 1) < 0)
             goto error;
         Py_DECREF(descr);
         return (PyObject *)result;
@@ -716,7 +732,7 @@ static PyObject *array_to_numpy(mg_array *self, CUstream stream)
         PyErr_NoMemory();
         goto error;
     }
-    if (copy_to_host(self, staging, self->ptr + (CUdeviceptr)lo, (size_t)(hi - lo), stream) < 0)
+    if (copy_to_host(self, staging, self->ptr + (CUdeviceptr)lo, (size_t)(hi - lo), stream, 1) < 0)
         goto error;
     view = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, self->ndim, self->shape,
                                                  self->strides, staging - lo, 0, NULL);   /* steals */
@@ -734,52 +750,107 @@ error:
     return NULL;
 }
 
-static int stream_or_own(mg_array *self, PyObject *arg, CUstream *stream)
+/* stream= of a host copy: None is the stream the array was last used on
+ * (with the object owning it, borrowed), so the copy is ordered after that use. */
+static int stream_or_own(mg_array *self, PyObject *arg, CUstream *stream, PyObject **stream_obj)
 {
-    PyObject *unused;
     if (arg == NULL || arg == Py_None || self->host) {   /* a host array's copies need no stream */
-        *stream = self->stream;   /* ordered after the array's last use */
+        *stream = self->stream;
+        *stream_obj = self->stream_obj;
         return 0;
     }
-    return parse_stream(arg, stream, &unused);
+    return parse_stream(arg, stream, stream_obj);
+}
+
+/* A host array that a copy to or from `self` may use as is: a NumPy array
+ * of the same dtype (else TypeError) and shape (else ValueError), with
+ * `what` naming it in the messages. */
+static int check_host_peer(mg_array *self, PyObject *obj, const char *what)
+{
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, not %.100s", what, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyArrayObject *host = (PyArrayObject *)obj;
+    mg_dtype *dtype;
+    if (dtype_from_descr(PyArray_DESCR(host), &dtype) < 0)
+        return -1;
+    if (dtype != self->dtype) {
+        PyErr_Format(PyExc_TypeError, "%s has dtype %s, the array %s", what, dtype->name, self->dtype->name);
+        return -1;
+    }
+    if (PyArray_NDIM(host) != self->ndim ||
+        memcmp(PyArray_SHAPE(host), self->shape, (size_t)self->ndim * sizeof(Py_ssize_t)) != 0) {
+        PyErr_Format(PyExc_ValueError, "%s has a different shape from the array", what);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_async_layout(mg_array *self, PyArrayObject *host, const char *call)
+{
+    if (!is_c_contiguous(self) || (host != NULL && !PyArray_IS_C_CONTIGUOUS(host))) {
+        PyErr_Format(PyExc_ValueError, "%s(blocking=False) copies C-contiguous arrays only: a strided one "
+                     "is gathered on the host after the copy", call);
+        return -1;
+    }
+    return 0;
 }
 
 static PyObject *array_get(mg_array *self, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"stream", NULL};
-    PyObject *stream_arg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:get", keywords, &stream_arg))
+    static char *keywords[] = {"stream", "blocking", NULL};
+    PyObject *stream_arg = Py_None, *stream_obj;
+    int blocking = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|Op:get", keywords, &stream_arg, &blocking))
+        return NULL;
+    if (!blocking && check_async_layout(self, NULL, "get") < 0)
         return NULL;
     CUstream stream;
-    if (stream_or_own(self, stream_arg, &stream) < 0)
+    if (stream_or_own(self, stream_arg, &stream, &stream_obj) < 0)
         return NULL;
-    return array_to_numpy(self, stream);
+    if (blocking)
+        return array_to_numpy(self, stream);
+    PyArray_Descr *descr = (PyArray_Descr *)mg_dtype_numpy(self->dtype);
+    if (descr == NULL)
+        return NULL;
+    PyObject *result = PyArray_Empty(self->ndim, self->shape, descr, 0);   /* steals descr */
+    if (result == NULL)
+        return NULL;
+    if (self->size > 0 &&
+        (copy_to_host(self, PyArray_DATA((PyArrayObject *)result), self->ptr,
+                      (size_t)PyArray_NBYTES((PyArrayObject *)result), stream, 0) < 0 ||
+         note_async_copy(self, result, stream, stream_obj) < 0))
+        Py_CLEAR(result);
+    return result;
 }
 
 static PyObject *array_copy_to_host(mg_array *self, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"out", "stream", NULL};
-    PyObject *out, *stream_arg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:copy_to_host", keywords, &out, &stream_arg))
+    static char *keywords[] = {"out", "stream", "blocking", NULL};
+    PyObject *out, *stream_arg = Py_None, *stream_obj;
+    int blocking = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|Op:copy_to_host", keywords, &out, &stream_arg, &blocking))
         return NULL;
-    if (!PyArray_Check(out))
-        return PyErr_Format(PyExc_TypeError, "out must be a numpy.ndarray, not %.100s", Py_TYPE(out)->tp_name);
+    if (check_host_peer(self, out, "out") < 0)
+        return NULL;
     PyArrayObject *host = (PyArrayObject *)out;
-    mg_dtype *dtype;
-    if (dtype_from_descr(PyArray_DESCR(host), &dtype) < 0)
-        return NULL;
-    if (dtype != self->dtype)
-        return PyErr_Format(PyExc_TypeError, "out has dtype %s, the array %s", dtype->name, self->dtype->name);
-    if (PyArray_NDIM(host) != self->ndim ||
-        memcmp(PyArray_SHAPE(host), self->shape, (size_t)self->ndim * sizeof(Py_ssize_t)) != 0)
-        return mg_raise(PyExc_ValueError, "out has a different shape from the array");
     if (PyArray_FailUnlessWriteable(host, "out") < 0)
         return NULL;
-    CUstream stream;
-    if (stream_or_own(self, stream_arg, &stream) < 0)
+    if (!blocking && check_async_layout(self, host, "copy_to_host") < 0)
         return NULL;
+    CUstream stream;
+    if (stream_or_own(self, stream_arg, &stream, &stream_obj) < 0)
+        return NULL;
+    if (!blocking) {
+        if (self->size > 0 &&
+            (copy_to_host(self, PyArray_DATA(host), self->ptr, (size_t)PyArray_NBYTES(host), stream, 0) < 0 ||
+             note_async_copy(self, out, stream, stream_obj) < 0))
+            return NULL;
+        return Py_NewRef(out);
+    }
     if (PyArray_IS_C_CONTIGUOUS(host) && is_c_contiguous(self)) {
-        if (self->size > 0 && copy_to_host(self, PyArray_DATA(host), self->ptr, (size_t)PyArray_NBYTES(host), stream) < 0)
+        if (self->size > 0 && copy_to_host(self, PyArray_DATA(host), self->ptr, (size_t)PyArray_NBYTES(host), stream, 1) < 0)
             return NULL;
         return Py_NewRef(out);
     }
@@ -789,6 +860,45 @@ static PyObject *array_copy_to_host(mg_array *self, PyObject *args, PyObject *kw
     int status = PyArray_CopyInto(host, (PyArrayObject *)copy);
     Py_DECREF(copy);
     return status < 0 ? NULL : Py_NewRef(out);
+}
+
+/* dst.copy_from_host(src, stream=None): a NumPy array of the same dtype and
+ * shape, both C-contiguous, copied in on `stream` (by default the array's
+ * last-used stream) without waiting. From page-locked memory the call
+ * returns at once; from pageable memory the driver stages the data first. */
+static PyObject *array_copy_from_host(mg_array *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"src", "stream", NULL};
+    PyObject *src, *stream_arg = Py_None, *stream_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:copy_from_host", keywords, &src, &stream_arg))
+        return NULL;
+    if (check_host_peer(self, src, "src") < 0)
+        return NULL;
+    PyArrayObject *host = (PyArrayObject *)src;
+    if (!is_c_contiguous(self) || !PyArray_IS_C_CONTIGUOUS(host))
+        return mg_raise(PyExc_ValueError, "copy_from_host: both arrays must be C-contiguous");
+    CUstream stream;
+    if (stream_or_own(self, stream_arg, &stream, &stream_obj) < 0)
+        return NULL;
+    size_t nbytes = (size_t)PyArray_NBYTES(host);
+    if (self->host) {
+        if (nbytes > 0)
+            memmove((void *)(uintptr_t)self->ptr, PyArray_DATA(host), nbytes);
+        Py_RETURN_NONE;
+    }
+    if (nbytes == 0)
+        Py_RETURN_NONE;
+    int pushed;
+    if (mg_cu_push(self->device, &pushed) < 0)
+        return NULL;
+    CUresult r;
+    Py_BEGIN_ALLOW_THREADS
+    r = mg_cu.cuMemcpyHtoDAsync(self->ptr, PyArray_DATA(host), nbytes, stream);
+    Py_END_ALLOW_THREADS
+    mg_cu_pop(pushed);
+    if (mg_cu_check(r, "cuMemcpyHtoDAsync") < 0 || note_async_copy(self, src, stream, stream_obj) < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -840,6 +950,8 @@ static PyObject *array_copy_from(mg_array *self, PyObject *args, PyObject *kwarg
     }
     mg_array_set_stream((PyObject *)self, stream, stream_obj);
     mg_array_set_stream((PyObject *)src, stream, stream_obj);
+    if (mg_graph_capturing() && (mg_graph_retain((PyObject *)self) < 0 || mg_graph_retain(src_obj) < 0))
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -1171,7 +1283,11 @@ static int int_tuple(PyObject *obj, const char *what, Py_ssize_t *out, int max, 
     return 0;
 }
 
-static PyObject *view_from_cai(PyObject *obj, PyObject *cai)
+/* A view of a CAI object. v3: the consumer orders its work after the
+ * producer's `stream`. With `wait` NULL (asarray) the legacy default stream,
+ * the view's stream, waits for it now; otherwise the stream is handed back
+ * in *wait / *producer for a launch to wait on from its own stream. */
+static PyObject *view_from_cai(PyObject *obj, PyObject *cai, int *wait, CUstream *producer)
 {
     if (!PyDict_Check(cai))
         return PyErr_Format(PyExc_TypeError, "__cuda_array_interface__ must be a dict, not %.100s",
@@ -1206,17 +1322,23 @@ static PyObject *view_from_cai(PyObject *obj, PyObject *cai)
             return mg_raise(PyExc_ValueError, "__cuda_array_interface__ has %d strides for %d dimensions",
                             nstrides, ndim);
     }
-    /* v3: the consumer makes its stream (here the legacy default one) wait
-     * for the producer's; None or absent means nothing to wait for. */
+    /* None or absent: nothing to wait for. */
     if (stream_obj != NULL && stream_obj != Py_None) {
         if (!PyLong_Check(stream_obj))
             return mg_raise(PyExc_TypeError, "__cuda_array_interface__ 'stream' must be an int or None");
         if (PyLong_AsLongLong(stream_obj) == 0 && !PyErr_Occurred())
             return mg_raise(PyExc_ValueError, "__cuda_array_interface__ 'stream' 0 is disallowed by version 3");
         PyErr_Clear();
-        CUstream producer;
-        if (!mg_cu_stream_converter(stream_obj, &producer) || mg_cu_stream_order(producer, NULL) < 0)
+        CUstream stream;
+        if (!mg_cu_stream_converter(stream_obj, &stream))
             return NULL;
+        if (wait != NULL) {
+            *wait = 1;
+            *producer = stream;
+        }
+        else if (mg_cu_stream_order(stream, NULL) < 0) {
+            return NULL;
+        }
     }
     mg_array *view = array_create(dtype, ndim, shape, has_strides ? strides : NULL);
     if (view == NULL)
@@ -1415,7 +1537,7 @@ PyObject *mg_array_asarray(PyObject *obj)
         return view_from_capsule(obj);
     PyObject *cai = PyObject_GetAttr(obj, str_cai);
     if (cai != NULL) {
-        PyObject *view = view_from_cai(obj, cai);
+        PyObject *view = view_from_cai(obj, cai, NULL, NULL);
         Py_DECREF(cai);
         return view;
     }
@@ -1679,6 +1801,8 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full)
     out->device = -1;
     out->contiguous = 1;
     out->host = 0;
+    out->wait = 0;
+    out->producer = NULL;
     if (PyObject_TypeCheck(obj, mg_array_type)) {
         fill_from_array((mg_array *)obj, out);
         return 1;
@@ -1695,8 +1819,10 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full)
     /* The slow path, without asking for __cuda_array_interface__ twice:
      * producers such as torch build the dict anew on every access. */
     PyObject *view, *cai = PyObject_GetAttr(obj, str_cai);
+    int wait = 0;
+    CUstream producer = NULL;
     if (cai != NULL) {
-        view = view_from_cai(obj, cai);
+        view = view_from_cai(obj, cai, &wait, &producer);
         Py_DECREF(cai);
     }
     else {
@@ -1706,11 +1832,14 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full)
         if (!PyObject_HasAttr(obj, str_dlpack))
             return 0;
         view = view_from_dlpack(obj);
+        wait = 1;   /* the producer ordered its work before the legacy default stream (stream=1) */
     }
     if (view == NULL)
         return -1;
     fill_from_array((mg_array *)view, out);
     out->view = view;
+    out->wait = wait;
+    out->producer = producer;
     return 1;
 }
 
@@ -1737,15 +1866,142 @@ int mg_dtype_of_scalar(PyObject *obj, mg_dtype **out)
 }
 
 /* ---------------------------------------------------------------------- */
+/* Pinned host memory                                                      */
+/* ---------------------------------------------------------------------- */
+
+/* The base object of the NumPy arrays pinned_empty returns: NumPy frees it
+ * with the last array (view) on the memory, and it frees the memory. */
+typedef struct {
+    PyObject_HEAD
+    void *ptr;          /* from cuMemHostAlloc (portable: every context may use it) */
+    Py_ssize_t nbytes;
+    int device;         /* the device whose context allocated it, and frees it */
+} mg_pinned;
+
+static PyTypeObject *pinned_type;
+
+static void pinned_dealloc(mg_pinned *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    mg_cu_free_host_quietly(self->ptr, self->device);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyObject *pinned_get_ptr(mg_pinned *self, void *closure)
+{
+    return PyLong_FromVoidPtr(self->ptr);
+}
+
+static PyObject *pinned_repr(mg_pinned *self)
+{
+    return PyUnicode_FromFormat("<mlirgpu.PinnedMemory %zd bytes at %p>", self->nbytes, self->ptr);
+}
+
+static PyGetSetDef pinned_getset[] = {
+    {"ptr", (getter)pinned_get_ptr, NULL, "The host address.", NULL},
+    {NULL},
+};
+
+static PyMemberDef pinned_members[] = {
+    {"nbytes", T_PYSSIZET, offsetof(mg_pinned, nbytes), READONLY, NULL},
+    {"device", T_INT, offsetof(mg_pinned, device), READONLY, "The device whose context allocated it."},
+    {NULL},
+};
+
+static PyType_Slot pinned_slots[] = {
+    {Py_tp_doc, "Page-locked host memory (cuMemHostAlloc): the base of an array from mlirgpu.pinned_empty; "
+                "freed with cuMemFreeHost when the last array on it dies."},
+    {Py_tp_dealloc, pinned_dealloc},
+    {Py_tp_repr, pinned_repr},
+    {Py_tp_getset, pinned_getset},
+    {Py_tp_members, pinned_members},
+    {0, NULL},
+};
+
+static PyType_Spec pinned_spec = {
+    .name = "mlirgpu.PinnedMemory",
+    .basicsize = sizeof(mg_pinned),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = pinned_slots,
+};
+
+/* pinned_empty/pinned_zeros: a NumPy array in page-locked memory. With
+ * `host` (the CPU backend's), and for zero bytes, ordinary NumPy memory. */
+static PyObject *pinned_allocate(PyObject *args, PyObject *kwargs, const char *format, int zero)
+{
+    static char *keywords[] = {"shape", "dtype", "host", NULL};
+    PyObject *shape_obj;
+    mg_dtype *dtype = dtypes[MG_DT_F32];
+    int host = 0, ndim;
+    Py_ssize_t shape[MG_MAX_NDIM], strides[MG_MAX_NDIM], size;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, keywords, &shape_obj, mg_dtype_converter, &dtype, &host))
+        return NULL;
+    if (parse_shape(shape_obj, &ndim, shape) < 0 || c_strides(ndim, shape, dtype->itemsize, strides, &size) < 0)
+        return NULL;
+    PyArray_Descr *descr = (PyArray_Descr *)mg_dtype_numpy(dtype);
+    if (descr == NULL)
+        return NULL;
+    size_t nbytes = (size_t)size * (size_t)dtype->itemsize;
+    if (host || nbytes == 0)
+        return zero ? PyArray_Zeros(ndim, shape, descr, 0) : PyArray_Empty(ndim, shape, descr, 0);   /* steal */
+    mg_pinned *owner = NULL;
+    void *memory = NULL;
+    if (mg_cu_ensure_context() < 0 ||
+        mg_cu_check(mg_cu.cuMemHostAlloc(&memory, nbytes, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc") < 0)
+        goto error;
+    owner = (mg_pinned *)pinned_type->tp_alloc(pinned_type, 0);
+    if (owner == NULL) {
+        mg_cu_free_host_quietly(memory, mg_cu_current_device());
+        goto error;
+    }
+    owner->ptr = memory;
+    owner->nbytes = (Py_ssize_t)nbytes;
+    owner->device = mg_cu_current_device();
+    if (zero)
+        memset(memory, 0, nbytes);
+    PyObject *array = PyArray_NewFromDescr(&PyArray_Type, descr, ndim, shape, NULL, memory,
+                                           NPY_ARRAY_CARRAY, NULL);   /* steals descr */
+    descr = NULL;
+    if (array == NULL) {
+        Py_DECREF(owner);
+        return NULL;
+    }
+    if (PyArray_SetBaseObject((PyArrayObject *)array, (PyObject *)owner) < 0) {   /* steals owner, even on failure */
+        Py_DECREF(array);
+        return NULL;
+    }
+    return array;
+error:
+    Py_XDECREF(descr);
+    return NULL;
+}
+
+static PyObject *array_pinned_empty(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    return pinned_allocate(args, kwargs, "O|O&$p:pinned_empty", 0);
+}
+
+static PyObject *array_pinned_zeros(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    return pinned_allocate(args, kwargs, "O|O&$p:pinned_zeros", 1);
+}
+
+/* ---------------------------------------------------------------------- */
 /* Type and module setup                                                   */
 /* ---------------------------------------------------------------------- */
 
 static PyMethodDef array_methods[] = {
     {"get", (PyCFunction)(void (*)(void))array_get, METH_VARARGS | METH_KEYWORDS,
-     "get(stream=None): a new numpy.ndarray with the contents (waits for the copy). By default the copy "
-     "is ordered on the stream that last used the array."},
+     "get(stream=None, blocking=True): a new numpy.ndarray with the contents. By default the copy "
+     "is ordered on the stream that last used the array; blocking=False does not wait for it."},
     {"copy_to_host", (PyCFunction)(void (*)(void))array_copy_to_host, METH_VARARGS | METH_KEYWORDS,
-     "copy_to_host(out, stream=None): copies into the numpy.ndarray `out` (same shape and dtype); returns out."},
+     "copy_to_host(out, stream=None, blocking=True): copies into the numpy.ndarray `out` (same shape and "
+     "dtype); returns out. blocking=False does not wait (C-contiguous arrays; truly asynchronous into "
+     "pinned memory)."},
+    {"copy_from_host", (PyCFunction)(void (*)(void))array_copy_from_host, METH_VARARGS | METH_KEYWORDS,
+     "copy_from_host(src, stream=None): copies the numpy.ndarray `src` (same shape and dtype, both "
+     "C-contiguous) into this array on `stream` (default: the array's last-used stream), not waited for."},
     {"copy_from", (PyCFunction)(void (*)(void))array_copy_from, METH_VARARGS | METH_KEYWORDS,
      "copy_from(src, stream=None): copies the DeviceArray `src` (same shape and dtype, both C-contiguous, "
      "both in device or both in host memory) into this one; device to device on `stream`, not waited for."},
@@ -1807,6 +2063,12 @@ static PyMethodDef array_functions[] = {
      "zeros(shape, dtype=f32, stream=None, *, host=False): a DeviceArray of zeros (set on `stream`)."},
     {"to_device", (PyCFunction)(void (*)(void))array_to_device, METH_VARARGS | METH_KEYWORDS,
      "to_device(array, stream=None, *, host=False): a DeviceArray copy of a NumPy array or array-like."},
+    {"pinned_empty", (PyCFunction)(void (*)(void))array_pinned_empty, METH_VARARGS | METH_KEYWORDS,
+     "pinned_empty(shape, dtype=f32, *, host=False): an uninitialized numpy.ndarray in page-locked host "
+     "memory (cuMemHostAlloc, portable), freed when the last array on it dies; ordinary memory with "
+     "host=True (the CPU backend's) or for zero bytes."},
+    {"pinned_zeros", (PyCFunction)(void (*)(void))array_pinned_zeros, METH_VARARGS | METH_KEYWORDS,
+     "pinned_zeros(shape, dtype=f32, *, host=False): pinned_empty filled with zeros."},
     {"asarray", (PyCFunction)(void (*)(void))array_asarray_function, METH_VARARGS | METH_KEYWORDS,
      "asarray(obj, *, host=False): obj itself if a DeviceArray, else a zero-copy view of a "
      "__cuda_array_interface__ or CUDA __dlpack__ object; with host=True, of a host __dlpack__ object."},
@@ -1832,7 +2094,8 @@ int mg_array_init(PyObject *module)
     if ((torch_dtypes = PyDict_New()) == NULL)
         return -1;
     if ((mg_DType_type = mg_add_type(module, &dtype_spec, NULL)) == NULL ||
-        (mg_array_type = mg_add_type(module, &array_spec, NULL)) == NULL)
+        (mg_array_type = mg_add_type(module, &array_spec, NULL)) == NULL ||
+        (pinned_type = mg_add_type(module, &pinned_spec, NULL)) == NULL)
         return -1;
     for (int id = 0; id < MG_DT_COUNT; id++) {
         mg_dtype *dt = (mg_dtype *)mg_DType_type->tp_alloc(mg_DType_type, 0);

@@ -106,6 +106,8 @@ typedef struct {
     Py_ssize_t shape[MG_MAX_NDIM];
     Py_ssize_t strides[MG_MAX_NDIM];   /* bytes */
     PyObject *view;           /* strong: the DeviceArray view of the slow path, or NULL */
+    int wait;                 /* 1: a launch's stream must first wait for `producer` */
+    CUstream producer;        /* a CAI v3 `stream`; the legacy default stream for DLPack views */
 } mg_foreign;
 
 /* Fills `out` for a device or host array: 1; 0 when `obj` is no array
@@ -117,8 +119,10 @@ typedef struct {
  * mg_foreign_release once the pointer is no longer needed. */
 int mg_array_foreign_info(PyObject *obj, mg_foreign *out);
 
-/* The same, but only ptr, host and view are filled (and device, dtype and
- * shape only where they come free): what a Function launch needs. */
+/* The same, but only ptr, host, view and wait/producer are filled (and
+ * device, dtype and shape only where they come free): what a Function
+ * launch needs. Neither orders any stream: the launch, which knows its
+ * stream, waits for `producer` where `wait` is set. */
 int mg_array_foreign_pointer(PyObject *obj, mg_foreign *out);
 
 static inline void mg_foreign_release(mg_foreign *info) { Py_CLEAR(info->view); }

@@ -2,6 +2,7 @@
  * Python types Device, Stream, Event, Module and Function (the launch). */
 #include "cuda.h"
 #include "array.h"
+#include "graph.h"
 
 #include <dlfcn.h>
 #include <stddef.h>
@@ -237,9 +238,7 @@ void mg_cu_pop(int pushed)
         mg_cu.cuCtxPopCurrent(&popped);
 }
 
-/* For destructors: makes `device`'s context current without raising.
- * Returns 1 if pushed, 0 if already current, -1 if the driver is unusable. */
-static int push_quietly(int device)
+int mg_cu_push_quietly(int device)
 {
     if (driver.state != DRIVER_READY || device < 0 || device >= driver.device_count ||
         driver.primary[device] == NULL)
@@ -251,14 +250,25 @@ static int push_quietly(int device)
 
 void mg_cu_free_quietly(CUdeviceptr pointer, int device)
 {
-    if (pointer == 0)
+    if (pointer == 0 || mg_graph_defer_free((uintptr_t)pointer, device, 0))
         return;
-    int pushed = push_quietly(device);
+    int pushed = mg_cu_push_quietly(device);
     if (pushed < 0)
         return;
     /* A destructor cannot report failure: at exit the driver may already be
      * deinitialized, and after a sticky fault nothing can be freed anyway. */
     mg_cu.cuMemFree(pointer);
+    mg_cu_pop(pushed);
+}
+
+void mg_cu_free_host_quietly(void *pointer, int device)
+{
+    if (pointer == NULL || mg_graph_defer_free((uintptr_t)pointer, device, 1))
+        return;
+    int pushed = mg_cu_push_quietly(device);
+    if (pushed < 0)
+        return;
+    mg_cu.cuMemFreeHost(pointer);
     mg_cu_pop(pushed);
 }
 
@@ -274,6 +284,16 @@ int mg_cu_pointer_device(CUdeviceptr pointer)
     return ordinal;
 }
 
+/* 1 when `stream` is capturing (or its capture was invalidated). The legacy
+ * stream never captures, and is not asked: while a blocking stream captures
+ * the driver answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT for it. */
+static int capturing(CUstream stream)
+{
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return stream != NULL && mg_cu.cuStreamIsCapturing(stream, &status) == CUDA_SUCCESS &&
+           status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 int mg_cu_stream_order(CUstream producer, CUstream consumer)
 {
     /* CU_STREAM_LEGACY and NULL name the same stream here. */
@@ -285,6 +305,8 @@ int mg_cu_stream_order(CUstream producer, CUstream consumer)
         return 0;
     if (mg_cu_ensure_context() < 0)
         return -1;
+    if (capturing(consumer) && !capturing(producer))
+        return 0;
     CUevent event = NULL;
     int status = -1;
     if (mg_cu_check(mg_cu.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate") < 0)
@@ -415,6 +437,13 @@ error:
     return ok;
 }
 
+int mg_cu_stream_device(PyObject *obj)
+{
+    if (obj != NULL && PyObject_TypeCheck(obj, mg_cu_Stream_type) && ((mg_stream *)obj)->device >= 0)
+        return ((mg_stream *)obj)->device;
+    return mg_cu_tls_device;
+}
+
 static PyObject *stream_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"non_blocking", NULL};
@@ -443,7 +472,7 @@ static void stream_dealloc(mg_stream *self)
 {
     PyTypeObject *type = Py_TYPE(self);
     if (self->owned) {
-        int pushed = push_quietly(self->device);
+        int pushed = mg_cu_push_quietly(self->device);
         if (pushed >= 0) {
             /* Pending work still completes; the driver frees the stream after. */
             mg_cu.cuStreamDestroy(self->handle);
@@ -598,7 +627,7 @@ static PyObject *event_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 static void event_dealloc(mg_event *self)
 {
     PyTypeObject *type = Py_TYPE(self);
-    int pushed = push_quietly(self->device);
+    int pushed = mg_cu_push_quietly(self->device);
     if (pushed >= 0) {
         mg_cu.cuEventDestroy(self->handle);
         mg_cu_pop(pushed);
@@ -1000,7 +1029,7 @@ error:
 static void module_dealloc(mg_module *self)
 {
     PyTypeObject *type = Py_TYPE(self);
-    int pushed = push_quietly(self->device);
+    int pushed = mg_cu_push_quietly(self->device);
     if (pushed >= 0) {
         mg_cu.cuModuleUnload(self->handle);
         mg_cu_pop(pushed);
@@ -1369,8 +1398,10 @@ static int pack_numpy_scalar(mg_function *self, Py_ssize_t index, PyObject *valu
 
 /* Any other array: a torch tensor read through its attributes, or an object
  * exposing __cuda_array_interface__ or __dlpack__ (a view, which *view
- * receives and the caller keeps alive until the launch returned). */
-static int pack_foreign_array(mg_function *self, Py_ssize_t index, PyObject *value, uint64_t *slot, PyObject **view)
+ * receives and the caller keeps alive until the launch returned). A
+ * producer stream the launch must wait for is added to `waits`. */
+static int pack_foreign_array(mg_function *self, Py_ssize_t index, PyObject *value, uint64_t *slot, PyObject **view,
+                              CUstream *waits, int *nwaits)
 {
     mg_foreign info;
     int found = mg_array_foreign_pointer(value, &info);
@@ -1392,16 +1423,43 @@ static int pack_foreign_array(mg_function *self, Py_ssize_t index, PyObject *val
     }
     *slot = (uint64_t)info.ptr;
     *view = info.view;   /* the reference moves to the caller */
+    if (info.wait)
+        waits[(*nwaits)++] = info.producer;
+    return 0;
+}
+
+/* Makes `stream` wait for each producer once (several arrays of one producer are common). */
+static int order_after_producers(CUstream stream, const CUstream *waits, int nwaits)
+{
+    for (int i = 0; i < nwaits; i++) {
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = waits[j] == waits[i];
+        if (!seen && mg_cu_stream_order(waits[i], stream) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* A captured launch's kernel and arrays must outlive the graph's replays. */
+static int retain_for_graph(PyObject *function, PyObject *const *args, Py_ssize_t nargs, uint64_t arrays)
+{
+    if (mg_graph_retain(function) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        if (arrays >> i & 1 && mg_graph_retain(args[i]) < 0)
+            return -1;
     return 0;
 }
 
 PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    return mg_cu_function_launch_known(function, args, nargs, kwnames, 0, NULL);
+    return mg_cu_function_launch_known(function, args, nargs, kwnames, 0, NULL, NULL, 0);
 }
 
 PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args, Py_ssize_t nargs,
-                                      PyObject *kwnames, uint64_t known, const CUdeviceptr *pointers)
+                                      PyObject *kwnames, uint64_t known, const CUdeviceptr *pointers,
+                                      const CUstream *known_waits, int nknown_waits)
 {
     mg_function *self = (mg_function *)function;
     unsigned int grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
@@ -1412,7 +1470,9 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
     void *params[MG_CU_MAX_ARGS];
     uint64_t slots[MG_CU_MAX_ARGS];           /* every parameter fits in 8 bytes */
     PyObject *views[MG_CU_MAX_ARGS];
-    int nviews = 0;
+    int nviews = 0, nwaits = 0;
+    CUstream waits[MG_CU_MAX_ARGS];           /* producers of foreign arrays, for the launch's stream */
+    uint64_t arrays = known;                  /* bit i: argument i is an array */
     PyObject *result = NULL;
 
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -1480,6 +1540,7 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
                 goto error;
             }
             slots[i] = (uint64_t)mg_array_ptr(arg);
+            arrays |= (uint64_t)1 << i;
             continue;
         }
         if (kind >= 0) {
@@ -1499,13 +1560,16 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
             continue;
         }
         PyObject *view = NULL;
-        if (pack_foreign_array(self, i, arg, &slots[i], &view) < 0)
+        if (pack_foreign_array(self, i, arg, &slots[i], &view, waits, &nwaits) < 0)
             goto error;
         if (view != NULL)
             views[nviews++] = view;
+        arrays |= (uint64_t)1 << i;
     }
+    for (int i = 0; i < nknown_waits; i++)
+        waits[nwaits++] = known_waits[i];
 
-    if (mg_cu_ensure_context() < 0)
+    if (mg_cu_ensure_context() < 0 || order_after_producers(stream, waits, nwaits) < 0)
         goto error;
     CUresult r;
     Py_BEGIN_ALLOW_THREADS
@@ -1527,6 +1591,8 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
     for (Py_ssize_t i = 0; i < nargs; i++)
         if (mg_array_check_device(args[i]))
             mg_array_set_stream(args[i], stream, stream_obj);
+    if (mg_graph_capturing() && retain_for_graph(function, args, nargs, arrays) < 0)
+        goto error;
     result = Py_NewRef(Py_None);
 error:
     for (int i = 0; i < nviews; i++)
@@ -1707,5 +1773,7 @@ int mg_cu_init(PyObject *module)
         return -1;
     stream->device = -1;   /* handle NULL, not owned */
     default_stream = (PyObject *)stream;
-    return PyModule_AddObjectRef(module, "default_stream", default_stream);
+    if (PyModule_AddObjectRef(module, "default_stream", default_stream) < 0)
+        return -1;
+    return mg_graph_init(module);   /* graphs are captured from these streams */
 }

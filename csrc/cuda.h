@@ -37,12 +37,22 @@
     X(cuMemcpyDtoHAsync, (void *dst, CUdeviceptr src, size_t bytes, CUstream stream)) \
     X(cuMemcpyDtoDAsync, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream)) \
     X(cuMemsetD8Async, (CUdeviceptr dst, unsigned char value, size_t count, CUstream stream)) \
+    X(cuMemHostAlloc, (void **pointer, size_t bytes, unsigned int flags)) \
+    X(cuMemFreeHost, (void *pointer)) \
     X(cuPointerGetAttribute, (void *data, CUpointer_attribute attribute, CUdeviceptr pointer)) \
     X(cuStreamCreate, (CUstream *stream, unsigned int flags)) \
     X(cuStreamDestroy, (CUstream stream)) \
     X(cuStreamSynchronize, (CUstream stream)) \
     X(cuStreamQuery, (CUstream stream)) \
     X(cuStreamWaitEvent, (CUstream stream, CUevent event, unsigned int flags)) \
+    X(cuStreamBeginCapture, (CUstream stream, CUstreamCaptureMode mode)) \
+    X(cuStreamEndCapture, (CUstream stream, CUgraph *graph)) \
+    X(cuStreamIsCapturing, (CUstream stream, CUstreamCaptureStatus *status)) \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec *exec, CUgraph graph, unsigned long long flags)) \
+    X(cuGraphLaunch, (CUgraphExec exec, CUstream stream)) \
+    X(cuGraphGetNodes, (CUgraph graph, CUgraphNode *nodes, size_t *count)) \
+    X(cuGraphExecDestroy, (CUgraphExec exec)) \
+    X(cuGraphDestroy, (CUgraph graph)) \
     X(cuEventCreate, (CUevent *event, unsigned int flags)) \
     X(cuEventDestroy, (CUevent event)) \
     X(cuEventRecord, (CUevent event, CUstream stream)) \
@@ -109,16 +119,27 @@ static inline int mg_cu_current_device(void) { return mg_cu_tls_device; }
 int mg_cu_push(int device, int *pushed);
 void mg_cu_pop(int pushed);
 
+/* For destructors: makes `device`'s context current without raising.
+ * 1 if pushed (pop it with mg_cu_pop), 0 if already current, -1 if the
+ * driver is unusable (then skip the driver call). */
+int mg_cu_push_quietly(int device);
+
 /* Frees device memory of `device` from a destructor: never raises, does
- * nothing once the driver is gone. */
+ * nothing once the driver is gone. While this thread captures a graph the
+ * free waits for the capture's end (graph.h). */
 void mg_cu_free_quietly(CUdeviceptr pointer, int device);
+
+/* The same for page-locked host memory from cuMemHostAlloc. */
+void mg_cu_free_host_quietly(void *pointer, int device);
 
 /* The ordinal that owns `pointer`, or the thread's device when the driver
  * cannot tell (or is not loaded). Never raises. */
 int mg_cu_pointer_device(CUdeviceptr pointer);
 
 /* Makes `consumer` wait for the work queued so far on `producer` (an event
- * recorded there, no host block). No-op when they are the same stream. */
+ * recorded there, no host block). No-op when they are the same stream, and
+ * when `consumer` is capturing a graph that `producer` is not part of: a
+ * replay runs long after, ordered by its caller. 0, or -1 with CudaError. */
 int mg_cu_stream_order(CUstream producer, CUstream consumer);
 
 /* "O&" converter for stream= arguments: None (legacy default stream, 0),
@@ -127,6 +148,10 @@ int mg_cu_stream_order(CUstream producer, CUstream consumer);
  * (-> (0, handle)) or a `cuda_stream` attribute (torch), or a CuPy stream
  * (class name ending in "Stream" with an int `ptr`). */
 int mg_cu_stream_converter(PyObject *obj, CUstream *out);
+
+/* The device of an mlirgpu.Stream, else (any other stream object, or the
+ * legacy default stream) the calling thread's device. */
+int mg_cu_stream_device(PyObject *obj);
 
 /* The Python type objects (strong refs held for the life of the process). */
 extern PyTypeObject *mg_cu_Stream_type;
@@ -159,8 +184,11 @@ PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args,
 /* The same launch where the caller already read some array arguments: bit
  * i of `known` says argument i is an array whose device pointer is
  * pointers[i] (the caller keeps whatever owns it alive); the other
- * arguments are packed as mg_cu_function_launch packs them. */
+ * arguments are packed as mg_cu_function_launch packs them. The launch's
+ * stream first waits for each of the `nwaits` streams in `waits`: the
+ * producers that foreign arrays among the known ones named (CAI `stream`). */
 PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args, Py_ssize_t nargs,
-                                      PyObject *kwnames, uint64_t known, const CUdeviceptr *pointers);
+                                      PyObject *kwnames, uint64_t known, const CUdeviceptr *pointers,
+                                      const CUstream *waits, int nwaits);
 
 #endif

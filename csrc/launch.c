@@ -34,10 +34,12 @@ typedef struct {
     Py_ssize_t n;                        /* words used */
     uint64_t known;                      /* bit i: argument i is an array at pointers[i] */
     int nviews;
+    int nwaits;
     Py_ssize_t unlaunchable;             /* first argument only `miss` can handle, or -1 */
     int unlaunchable_kind;               /* its SIG_HOST or SIG_OTHER */
     PyObject *views[MG_CU_MAX_ARGS];     /* strong: views the slow path made */
     CUdeviceptr pointers[MG_CU_MAX_ARGS];
+    CUstream waits[MG_CU_MAX_ARGS];      /* producer streams of foreign arrays, for the launch's stream */
     uint64_t words[SIG_MAX_WORDS];
 } sig_builder;
 
@@ -104,6 +106,8 @@ static int read_other(sig_builder *b, Py_ssize_t i, PyObject *arg)
     }
     b->pointers[i] = info.ptr;
     b->known |= (uint64_t)1 << i;
+    if (info.wait)
+        b->waits[b->nwaits++] = info.producer;
     if (info.view != NULL)
         b->views[b->nviews++] = info.view;   /* the reference moves to the builder */
     return 0;
@@ -115,6 +119,7 @@ static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs)
     b->n = 0;
     b->known = 0;
     b->nviews = 0;
+    b->nwaits = 0;
     b->unlaunchable = -1;
     /* A Function is loaded into one device's context: the thread's device is part of the key. */
     b->words[b->n++] = (uint64_t)nargs | (uint64_t)(uint32_t)(mg_cu_current_device() + 1) << 32;
@@ -380,7 +385,7 @@ static PyObject *dispatcher_vectorcall(PyObject *callable, PyObject *const *args
     Py_INCREF(target);
     PyObject *result;
     if (Py_IS_TYPE(target, mg_cu_Function_type))
-        result = mg_cu_function_launch_known(target, args, nargs, kwnames, b.known, b.pointers);
+        result = mg_cu_function_launch_known(target, args, nargs, kwnames, b.known, b.pointers, b.waits, b.nwaits);
     else
         result = PyObject_Vectorcall(target, args, nargsf, kwnames);
     Py_DECREF(target);

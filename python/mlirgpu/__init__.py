@@ -6,6 +6,7 @@ from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event
                        InvalidObjectError, KernelError, LaunchError, MLIRError, Stream, bf16, bool_,
                        dtype, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64)
 from .backend import asarray, backend, empty, set_backend, to_device, zeros
+from .streams import Graph, graph, pinned_empty, pinned_zeros
 from .device import func, printf, syncthreads, vload, vstore
 from .compiler import Compilation, Target, compile_cubin, compile_ptx
 from .kernel import Kernel, Specialization, generics, kernel, memref

@@ -10,10 +10,10 @@ Each thread works on one device (0 unless ``set_device`` or
 context, the one the CUDA runtime, PyTorch and CuPy use too.
 """
 from ._mlirgpu import CudaModule as Module
-from ._mlirgpu import (CudaError, Device, Event, Function, LaunchError, Stream,
+from ._mlirgpu import (CudaError, Device, Event, Function, Graph, LaunchError, Stream,
                        current_device, default_stream, device_count, driver_version,
                        is_available, load_module, set_device, synchronize)
 
-__all__ = ["CudaError", "Device", "Event", "Function", "LaunchError", "Module", "Stream",
+__all__ = ["CudaError", "Device", "Event", "Function", "Graph", "LaunchError", "Module", "Stream",
            "current_device", "default_stream", "device_count", "driver_version",
            "is_available", "load_module", "set_device", "synchronize"]

@@ -2,7 +2,15 @@
 // path hands the driver: host memory plays device memory, and the few kernels
 // the tests load are emulated by name (record_params copies the packed
 // parameters out). Built by the fake_libcuda fixture in tests/conftest.py.
+//
+// Streams can capture into graphs as the driver's do: work submitted to a
+// capturing stream is queued (not run) and runs on each cuGraphLaunch; an
+// unsafe call (allocating, freeing, synchronising the capturing stream) from
+// the capturing thread, or legacy-stream work while a blocking stream
+// captures, fails and invalidates the capture. Tests read what was handed to
+// the driver from fake_log() (one line per call) through ctypes.
 #include <cuda.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,12 +26,64 @@ typedef struct { char name[64]; } fn_t;
 
 static double now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6; }
 #define API __attribute__((visibility("default")))
+#define H(x) ((unsigned long)(uintptr_t)(x))
+
+// The call log: "name key=value ..." lines, handles as decimal ints.
+static char log_text[1 << 20]; static size_t log_used;
+static void note(const char *fmt, ...) {
+    va_list ap; va_start(ap, fmt);
+    int n = vsnprintf(log_text + log_used, sizeof log_text - log_used - 1, fmt, ap); va_end(ap);
+    if (n > 0 && log_used + n + 2 < sizeof log_text) { log_used += n; log_text[log_used++] = '\n'; }
+    log_text[log_used] = 0; }
+API const char *fake_log(void) { return log_text; }
+API void fake_log_clear(void) { log_used = 0; log_text[0] = 0; }
+static long pinned_live;
+API long fake_pinned_live(void) { return pinned_live; }
+
+// Work a stream runs, or a graph holds: a kernel (parameters copied by value,
+// 8 bytes each, as mlirgpu packs them), a copy or a memset.
+enum { OP_LAUNCH, OP_COPY, OP_SET };
+typedef struct { int kind; CUfunction fn; unsigned long long threads; int nparams; uint64_t params[72];
+                 void *dst; const void *src; size_t n; int value; } op_t;
+typedef struct { int n, cap; op_t *ops; } graph_t;
+typedef struct { int blocking, capturing, invalid, mode; const void *owner; graph_t *graph; } st_t;
+static st_t *streams[256]; static int nstreams;
+static __thread char thread_marker;   // its address tells threads apart
+static st_t *lookup(CUstream s) { for (int i = 0; i < nstreams; i++) if (streams[i] == (st_t *)s) return streams[i]; return NULL; }
+static int is_legacy(CUstream s) { return s == NULL || s == CU_STREAM_LEGACY; }
+static st_t *blocking_capture(void) { for (int i = 0; i < nstreams; i++) if (streams[i]->capturing && streams[i]->blocking) return streams[i]; return NULL; }
+// An unsafe call from a thread with a (non-relaxed) capture under way: refused, and the capture is invalidated.
+static CUresult unsafe(void) {
+    CUresult r = 0;
+    for (int i = 0; i < nstreams; i++)
+        if (streams[i]->capturing && streams[i]->owner == &thread_marker && streams[i]->mode != CU_STREAM_CAPTURE_MODE_RELAXED) { streams[i]->invalid = 1; r = 900; }
+    return r; }
+// Legacy-stream work waits for every blocking stream: impossible while one captures.
+static CUresult legacy_use(CUstream s) { st_t *c; if (is_legacy(s) && (c = blocking_capture())) { c->invalid = 1; return 906; } return 0; }
+static void run_kernel(op_t *op);
+static void run(op_t *op) {
+    if (op->kind == OP_LAUNCH) run_kernel(op);
+    else if (op->kind == OP_COPY) memcpy(op->dst, op->src, op->n);
+    else memset(op->dst, op->value, op->n); }
+static void append(graph_t *g, const op_t *op) {
+    if (g->n == g->cap) { g->cap = g->cap ? 2 * g->cap : 8; g->ops = realloc(g->ops, g->cap * sizeof *g->ops); }
+    g->ops[g->n++] = *op; }
+// Runs `op` now, or queues it when `s` captures.
+static CUresult submit(CUstream s, op_t op) {
+    CUresult r = legacy_use(s); if (r) return r;
+    st_t *st = lookup(s);
+    if (st && st->capturing) { if (st->invalid) return 901; append(st->graph, &op); return 0; }
+    run(&op); return 0; }
 API CUresult cuInit(unsigned f) { return 0; }
 API CUresult cuDriverGetVersion(int *v) { *v = 12080; return 0; }
 API CUresult cuGetErrorName(CUresult e, const char **s) {
     switch (e) { case 1: *s = "CUDA_ERROR_INVALID_VALUE"; break; case 218: *s = "CUDA_ERROR_INVALID_PTX"; break;
     case 500: *s = "CUDA_ERROR_NOT_FOUND"; break; case 400: *s = "CUDA_ERROR_INVALID_HANDLE"; break;
-    case 600: *s = "CUDA_ERROR_NOT_READY"; break; default: *s = NULL; return 1; } return 0; }
+    case 600: *s = "CUDA_ERROR_NOT_READY"; break; case 201: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case 2: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break; case 900: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; break;
+    case 901: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; break; case 906: *s = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"; break;
+    case 908: *s = "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"; break; case 401: *s = "CUDA_ERROR_ILLEGAL_STATE"; break;
+    default: *s = NULL; return 1; } return 0; }
 API CUresult cuGetErrorString(CUresult e, const char **s) { *s = "mock error text"; return 0; }
 API CUresult cuDeviceGet(CUdevice *d, int o) { if (o != 0) return 101; *d = 0; return 0; }
 API CUresult cuDeviceGetCount(int *c) { *c = 1; return 0; }
@@ -40,25 +100,75 @@ API CUresult cuCtxGetCurrent(CUcontext *c) { *c = current; return 0; }
 static CUcontext stack[16]; static __thread int depth;
 API CUresult cuCtxPushCurrent_v2(CUcontext c) { stack[depth++] = current; current = c; return 0; }
 API CUresult cuCtxPopCurrent_v2(CUcontext *c) { *c = current; current = stack[--depth]; return 0; }
-API CUresult cuCtxSynchronize(void) { return current ? 0 : 201; }
+API CUresult cuCtxSynchronize(void) { CUresult r = unsafe(); if (r) return r; return current ? 0 : 201; }
 API CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = TOTAL - allocated; *t = TOTAL; return 0; }
 API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
-    if (!current) return 201; if (n == 0) return 1;
+    if (!current) return 201; if (n == 0) return 1; CUresult r = unsafe(); if (r) return r;
     size_t *b = malloc(n + 16); b[0] = n; allocated += n; *p = (CUdeviceptr)(b + 2); return 0; }
-API CUresult cuMemFree_v2(CUdeviceptr p) { if (!current) return 201; size_t *b = (size_t *)p - 2; allocated -= b[0]; memset(b + 2, 0xAB, b[0]); free(b); return 0; }
-API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st) { memcpy((void *)d, s, n); return 0; }
-API CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream st) { memcpy(d, (void *)s, n); return 0; }
-API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { memcpy((void *)d, (void *)s, n); return 0; }
-API CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream st) { memset((void *)d, v, n); return 0; }
+API CUresult cuMemFree_v2(CUdeviceptr p) { if (!current) return 201; CUresult r = unsafe(); if (r) return r; note("cuMemFree ptr=%lu", H(p)); size_t *b = (size_t *)p - 2; allocated -= b[0]; memset(b + 2, 0xAB, b[0]); free(b); return 0; }
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st) {
+    note("cuMemcpyHtoDAsync dst=%lu src=%lu bytes=%zu stream=%lu", H(d), H(s), n, H(st));
+    return submit(st, (op_t){OP_COPY, .dst = (void *)d, .src = s, .n = n}); }
+API CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream st) {
+    note("cuMemcpyDtoHAsync dst=%lu src=%lu bytes=%zu stream=%lu", H(d), H(s), n, H(st));
+    return submit(st, (op_t){OP_COPY, .dst = d, .src = (void *)s, .n = n}); }
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+    note("cuMemcpyDtoDAsync dst=%lu src=%lu bytes=%zu stream=%lu", H(d), H(s), n, H(st));
+    return submit(st, (op_t){OP_COPY, .dst = (void *)d, .src = (void *)s, .n = n}); }
+API CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream st) {
+    note("cuMemsetD8Async dst=%lu value=%d bytes=%zu stream=%lu", H(d), v, n, H(st));
+    return submit(st, (op_t){OP_SET, .dst = (void *)d, .value = v, .n = n}); }
+API CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) {
+    if (!current) return 201; if (n == 0) return 1; CUresult r = unsafe(); if (r) return r;
+    *p = malloc(n); pinned_live++; note("cuMemHostAlloc ptr=%lu bytes=%zu flags=%u", H(*p), n, flags); return 0; }
+API CUresult cuMemFreeHost(void *p) {
+    if (!current) return 201; CUresult r = unsafe(); if (r) return r;
+    note("cuMemFreeHost ptr=%lu", H(p)); free(p); pinned_live--; return 0; }
 API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p) { *(int *)data = 0; return 0; }
-API CUresult cuStreamCreate(CUstream *s, unsigned f) { *s = malloc(8); return 0; }
-API CUresult cuStreamDestroy_v2(CUstream s) { free(s); return 0; }
-API CUresult cuStreamSynchronize(CUstream s) { return 0; }
-API CUresult cuStreamQuery(CUstream s) { return 0; }
-API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned f) { return 0; }
+API CUresult cuStreamCreate(CUstream *s, unsigned f) {
+    st_t *st = calloc(1, sizeof *st); st->blocking = !(f & CU_STREAM_NON_BLOCKING); streams[nstreams++] = st;
+    *s = (CUstream)st; note("cuStreamCreate stream=%lu flags=%u", H(st), f); return 0; }
+API CUresult cuStreamDestroy_v2(CUstream s) {
+    for (int i = 0; i < nstreams; i++) if (streams[i] == (st_t *)s) streams[i] = streams[--nstreams];
+    note("cuStreamDestroy stream=%lu", H(s)); free(s); return 0; }
+API CUresult cuStreamSynchronize(CUstream s) {
+    note("cuStreamSynchronize stream=%lu", H(s)); CUresult r = legacy_use(s); if (r) return r;
+    st_t *st = lookup(s); if (st && st->capturing) { st->invalid = 1; return 900; } return 0; }
+API CUresult cuStreamQuery(CUstream s) { CUresult r = legacy_use(s); if (r) return r; st_t *st = lookup(s); if (st && st->capturing) { st->invalid = 1; return 900; } return 0; }
+API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned f) { note("cuStreamWaitEvent stream=%lu event=%lu flags=%u", H(s), H(e), f); return legacy_use(s); }
+API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+    note("cuStreamBeginCapture stream=%lu mode=%d", H(s), (int)mode);
+    st_t *st = lookup(s); if (is_legacy(s) || !st) return 1; if (st->capturing) return 401;
+    st->capturing = 1; st->invalid = 0; st->mode = mode; st->owner = &thread_marker; st->graph = calloc(1, sizeof(graph_t)); return 0; }
+API CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
+    note("cuStreamEndCapture stream=%lu", H(s));
+    st_t *st = lookup(s); if (!st || !st->capturing) return 401;
+    if (st->mode != CU_STREAM_CAPTURE_MODE_RELAXED && st->owner != &thread_marker) return 908;
+    st->capturing = 0;
+    if (st->invalid) { free(st->graph->ops); free(st->graph); *g = NULL; return 901; }
+    *g = (CUgraph)st->graph; return 0; }
+API CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status) {
+    if (is_legacy(s) && blocking_capture()) return 906;
+    st_t *st = lookup(s);
+    *status = !st || !st->capturing ? CU_STREAM_CAPTURE_STATUS_NONE : st->invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    return 0; }
+API CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) { if (nodes) return 1; *n = (size_t)((graph_t *)g)->n; return 0; }
+API CUresult cuGraphDestroy(CUgraph g) { note("cuGraphDestroy graph=%lu", H(g)); free(((graph_t *)g)->ops); free(g); return 0; }
+// An instantiated graph owns a copy of the work, as the driver's executable graphs do.
+API CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags) {
+    graph_t *from = (graph_t *)g, *to = calloc(1, sizeof *to);
+    for (int i = 0; i < from->n; i++) append(to, &from->ops[i]);
+    *e = (CUgraphExec)to; note("cuGraphInstantiateWithFlags exec=%lu graph=%lu nodes=%d flags=%llu", H(to), H(g), from->n, flags); return 0; }
+API CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+    note("cuGraphLaunch exec=%lu stream=%lu", H(e), H(s)); CUresult r = legacy_use(s); if (r) return r;
+    graph_t *g = (graph_t *)e; for (int i = 0; i < g->n && !r; i++) r = submit(s, g->ops[i]); return r; }
+API CUresult cuGraphExecDestroy(CUgraphExec e) { note("cuGraphExecDestroy exec=%lu", H(e)); free(((graph_t *)e)->ops); free(e); return 0; }
 API CUresult cuEventCreate(CUevent *e, unsigned f) { *e = calloc(1, sizeof(ev_t)); return 0; }
-API CUresult cuEventDestroy_v2(CUevent e) { free(e); return 0; }
-API CUresult cuEventRecord(CUevent e, CUstream s) { ((ev_t *)e)->t = now(); ((ev_t *)e)->recorded = 1; return 0; }
+// Never freed: a handle is never reused, so the call log names one event per handle.
+API CUresult cuEventDestroy_v2(CUevent e) { return 0; }
+API CUresult cuEventRecord(CUevent e, CUstream s) {
+    note("cuEventRecord event=%lu stream=%lu", H(e), H(s)); CUresult r = legacy_use(s); if (r) return r;
+    ((ev_t *)e)->t = now(); ((ev_t *)e)->recorded = 1; return 0; }
 API CUresult cuEventSynchronize(CUevent e) { return 0; }
 API CUresult cuEventQuery(CUevent e) { return 0; }
 API CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) { *ms = (float)(((ev_t *)b)->t - ((ev_t *)a)->t) + 1e-3f; return 0; }
@@ -78,10 +188,24 @@ API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     fn_t *fn = malloc(sizeof *fn); snprintf(fn->name, sizeof fn->name, "%s", name); *f = (CUfunction)fn; return 0; }
 API CUresult cuFuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) { *v = a == CU_FUNC_ATTRIBUTE_NUM_REGS ? 12 : a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0; return 0; }
 API CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) { return 0; }
+// How many parameters the emulated kernel `name` takes (record_params: 2 + its count).
+static int param_count(const char *name, void **p) {
+    if (!strcmp(name, "add_scalar") || !strcmp(name, "spin_then_set")) return 3;
+    if (!strcmp(name, "add_vec") || !strcmp(name, "add3")) return 4;
+    if (!strcmp(name, "copy_first")) return 2;
+    if (!strcmp(name, "record_params")) return 2 + (int)*(unsigned *)p[1];
+    return 0; }
 API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                             unsigned sh, CUstream s, void **p, void **extra) {
     if ((unsigned long long)bx * by * bz > 1024) return 1;
-    const char *name = ((fn_t *)f)->name; unsigned long long threads = (unsigned long long)gx * gy * gz * bx * by * bz;
+    note("cuLaunchKernel function=%s stream=%lu", ((fn_t *)f)->name, H(s));
+    op_t op = {OP_LAUNCH, .fn = f, .threads = (unsigned long long)gx * gy * gz * bx * by * bz};
+    op.nparams = param_count(((fn_t *)f)->name, p);
+    for (int i = 0; i < op.nparams && i < 72; i++) memcpy(&op.params[i], p[i], 8);
+    return submit(s, op); }
+static void run_kernel(op_t *op) {
+    void *p[72]; for (int i = 0; i < op->nparams; i++) p[i] = &op->params[i];
+    const char *name = ((fn_t *)op->fn)->name; unsigned long long threads = op->threads;
     if (!strcmp(name, "add_scalar")) { float *x = *(float **)p[0]; float v = *(float *)p[1]; unsigned n = *(unsigned *)p[2];
         for (unsigned i = 0; i < n && i < threads; i++) x[i] += v; }
     else if (!strcmp(name, "add_vec")) { float *o = *(float **)p[0], *in = *(float **)p[1]; float v = *(float *)p[2]; unsigned n = *(unsigned *)p[3];
@@ -91,4 +215,4 @@ API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
         for (unsigned i = 0; i < n && i < threads; i++) c[i] = a[i] + b[i]; }
     else if (!strcmp(name, "copy_first")) { float *d = *(float **)p[0], *sr = *(float **)p[1]; d[0] = sr[0]; }
     else if (!strcmp(name, "record_params")) { uint64_t *d = *(uint64_t **)p[0]; unsigned n = *(unsigned *)p[1]; for (unsigned i = 0; i < n; i++) memcpy(&d[i], p[i + 2], 8); }
-    return 0; }
+}

@@ -1,0 +1,41 @@
+"""The asynchronous model beyond Stream and Event: page-locked host memory,
+which makes copies truly asynchronous, and CUDA graphs captured from a
+stream.
+
+    host = mg.pinned_empty(n, mg.f32)        # page-locked numpy.ndarray
+    d.copy_from_host(host, stream=s)         # returns at once
+    with mg.graph() as g:                    # captures the work queued on g.stream
+        kernel(d, grid=..., block=..., stream=g.stream)
+    g.replay()                               # runs it again, on g.stream
+
+docs/runtime.md has the rules: the default stream, copies, graphs, errors.
+"""
+from . import _mlirgpu
+from ._mlirgpu import Graph, f32
+from .backend import on_cpu
+
+__all__ = ["Graph", "graph", "pinned_empty", "pinned_zeros"]
+
+
+def pinned_empty(shape, dtype=f32):
+    """An uninitialized numpy.ndarray in page-locked host memory
+    (cuMemHostAlloc, portable to every context), freed when the last array
+    viewing it dies. On the CPU backend, and for zero bytes, ordinary memory."""
+    return _mlirgpu.pinned_empty(shape, dtype, host=on_cpu())
+
+
+def pinned_zeros(shape, dtype=f32):
+    """pinned_empty filled with zeros."""
+    return _mlirgpu.pinned_zeros(shape, dtype, host=on_cpu())
+
+
+def graph(*args, **kwargs):
+    """graph() or graph(stream): a Graph whose with-block captures the work
+    queued on its stream (g.stream; without a stream, a new non-blocking
+    mg.Stream), to run again with g.replay(). The legacy default stream
+    (None, 0, mg.cuda.default_stream) cannot be captured: ValueError. On the
+    CPU backend, whose launches run to completion, RuntimeError."""
+    if on_cpu():
+        raise RuntimeError("mg.graph needs the CUDA backend: on the CPU backend (mg.backend() == 'cpu') "
+                           "a launch runs to completion when called, so there is nothing to capture")
+    return Graph(*args, **kwargs)
