@@ -919,8 +919,8 @@ static PyMethodDef engine_functions[] = {
 
 static PyMethodDef Engine_methods[] = {
     {"invoke", (PyCFunction)(void (*)(void))Engine_invoke, METH_VARARGS | METH_KEYWORDS,
-     "invoke(name, args, results=()): calls the function `name` (a func.func with llvm.emit_c_interface) "
-     "through its C interface, without the GIL.\n\n"
+     "invoke(name, args, results=(), *, timeline=None): calls the function `name` (a func.func with "
+     "llvm.emit_c_interface) through its C interface, without the GIL.\n\n"
      "args: per parameter a numpy.ndarray or mlirgpu.DeviceArray (a memref descriptor over its memory: "
      "offset 0, its shape, its strides in elements; zero strides and read-only arrays accepted; the memory "
      "is borrowed for the call), or the bytes of a scalar (1, 2, 4 or 8, as the parameter's type). "
@@ -930,7 +930,10 @@ static PyMethodDef Engine_methods[] = {
      "Only the number of arguments and whether each is a memref or a scalar of the right size are checked: "
      "the ranks and element types of memrefs are the caller's to check. ValueError for an unknown name, "
      "results that do not match, a stride that is not a multiple of the item size or a scalar of the "
-     "wrong size; TypeError for a wrong number or kind of arguments."},
+     "wrong size; TypeError for a wrong number or kind of arguments.\n\n"
+     "With runtime=True: a failure of the GPU runtime during the call raises CudaError once it returned; "
+     "memory, streams and events the call left are released; memref results in its GPU memory are copied "
+     "from the device; `timeline`, a list, receives (kernel, stream, start_ms, end_ms) per kernel launch."},
     {NULL},
 };
 

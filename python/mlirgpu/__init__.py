@@ -9,6 +9,7 @@ from .backend import asarray, backend, empty, set_backend, to_device, zeros
 from .device import func, printf, syncthreads, vload, vstore
 from .compiler import Compilation, Target, compile_cubin, compile_ptx
 from .kernel import Kernel, Specialization, generics, kernel, memref
+from .program import HostProgram
 from .autotune import Autotuner, autotune
 from .language import (block_dim, block_idx, cast, constant, grid_dim, range_, select, static_range,
                        thread_idx)
