@@ -216,7 +216,9 @@ static CUmodule load_module(mg_rt_state *s, module *m)
             if (r != CUDA_SUCCESS)
                 fail(s, r, "mgpuModuleLoad: cuModuleLoadData", "loading the kernels' cubin (%zu bytes)", m->size);
         }
-        m->handles[s->device] = r == CUDA_SUCCESS ? handle : NULL;
+        if (r != CUDA_SUCCESS)
+            handle = NULL;
+        m->handles[s->device] = handle;
     }
     pthread_mutex_unlock(&module_lock);
     return handle;

@@ -566,6 +566,13 @@ attempt("oversized_shared", "oversized_shared", 1 << 40)
 attempt("free_argument", "free_argument", np.zeros(4, np.float32))
 attempt("freed_result", "freed_result", 4)
 out["leaked"] = free - mg.cuda.Device(0).mem_info()[0]
+# The fake driver loads a cubin as text and finds no kernel in it.
+cubin = mg.HostProgram(PROGRAM)
+try:
+    cubin("filled", 3, 2.0, 4)
+except mg.CudaError as e:
+    out["cubin"] = [e.name, str(e)]
+out["cubin host"] = float(cubin("host_only", np.ones(3, np.float32), 1.0)[1])
 ''', fake_libcuda)
     kind, name, message = out["launch"]
     assert (kind, name) == ("CudaError", "CUDA_ERROR_INVALID_VALUE")
@@ -579,6 +586,9 @@ out["leaked"] = free - mg.cuda.Device(0).mem_info()[0]
     kind, name, message = out["free_argument"]
     assert (kind, name) == ("CudaError", "CUDA_ERROR_INVALID_VALUE") and "was not allocated by this call" in message
     assert out["freed_result"][0] == "ValueError" and "GPU memory the program freed" in out["freed_result"][2]
+    name, message = out["cubin"]
+    assert name == "CUDA_ERROR_NOT_FOUND" and "mgpuModuleGetFunction: cuModuleGetFunction failed" in message
+    assert "kernel 'fill'" in message and out["cubin host"] == 3.0
     for key in ("launch", "oversized", "oversized_shared", "free_argument", "freed_result"):
         assert out[key + " then"] == [2.0, 2.0, 2.0]
     assert out["leaked"] == 0
