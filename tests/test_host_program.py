@@ -470,6 +470,19 @@ def test_host_calls_do_not_leak(program):
     assert growth(host_program_cycle, 300, 30) < 8 * MB
 
 
+def test_building_programs_does_not_leak():
+    text = seed_program(32, 64, 32)
+    bad = text.replace("%t5 = gpu.memcpy async [%t4] %dA, %A", "gpu.memcpy %dA, %A").replace("[%t5]", "[%t4]")
+
+    def build_cycle(i):
+        prog = mg.HostProgram(text)
+        assert "mgpuLaunchKernel" in prog.llvm_ir
+        with pytest.raises(mg.CompileError):
+            mg.HostProgram(bad)
+
+    assert growth(build_cycle, 30, 5) < 8 * MB
+
+
 # ---------------------------------------------------------------------------
 # The runtime, without a driver and on the fake one
 
