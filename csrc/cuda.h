@@ -33,10 +33,14 @@
     X(cuMemGetInfo, (size_t *free_bytes, size_t *total_bytes)) \
     X(cuMemAlloc, (CUdeviceptr *pointer, size_t bytes)) \
     X(cuMemFree, (CUdeviceptr pointer)) \
+    X(cuMemAllocManaged, (CUdeviceptr *pointer, size_t bytes, unsigned int flags)) \
+    X(cuMemcpyAsync, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream)) \
     X(cuMemcpyHtoDAsync, (CUdeviceptr dst, const void *src, size_t bytes, CUstream stream)) \
     X(cuMemcpyDtoHAsync, (void *dst, CUdeviceptr src, size_t bytes, CUstream stream)) \
     X(cuMemcpyDtoDAsync, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream)) \
     X(cuMemsetD8Async, (CUdeviceptr dst, unsigned char value, size_t count, CUstream stream)) \
+    X(cuMemsetD16Async, (CUdeviceptr dst, unsigned short value, size_t count, CUstream stream)) \
+    X(cuMemsetD32Async, (CUdeviceptr dst, unsigned int value, size_t count, CUstream stream)) \
     X(cuMemHostAlloc, (void **pointer, size_t bytes, unsigned int flags)) \
     X(cuMemFreeHost, (void *pointer)) \
     X(cuPointerGetAttribute, (void *data, CUpointer_attribute attribute, CUdeviceptr pointer)) \

@@ -12,6 +12,7 @@
 #include "array.h"
 #include "cuda.h"
 #include "ir.h"
+#include "runtime.h"
 
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
@@ -168,9 +169,7 @@ static LLVMModuleRef translate(mg_ir_Operation *op, LLVMContextRef *llvm_context
 
 static void *runtime_symbol(int runtime, const char *name)
 {
-    (void)runtime;
-    (void)name;
-    return NULL;
+    return runtime ? mg_rt_symbol(name) : NULL;
 }
 
 /* Appends `value`'s name to `missing` unless the runtime or the process
@@ -285,8 +284,6 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     if (opt_level < 0 || opt_level > 3)
         return PyErr_Format(PyExc_ValueError, "opt_level must be 0..3, not %d", opt_level);
-    if (runtime)
-        return PyErr_Format(PyExc_NotImplementedError, "runtime=True: the mgpu runtime is not built yet");
     mg_ir_Operation *op = mg_ir_module_operation(module);
     if (op == NULL)
         return NULL;
@@ -491,7 +488,7 @@ static int fill_descriptor(int64_t *d, void *data, int rank, const npy_intp *sha
 /* ------------------------------------------------------------------------ */
 /* Copying memref results                                                    */
 
-enum { OWNER_FUNCTION, OWNER_ARGUMENT, OWNER_GLOBAL };
+enum { OWNER_FUNCTION, OWNER_ARGUMENT, OWNER_GLOBAL, OWNER_RUNTIME };
 
 typedef struct {
     int owner;
@@ -629,11 +626,15 @@ static PyObject *parameter_error(PyObject *cls, engine_function *f, int by_point
 
 static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"name", "args", "results", NULL};
+    static char *kwlist[] = {"name", "args", "results", "timeline", NULL};
     const char *name;
-    PyObject *arglist, *resultlist = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|O:invoke", kwlist, &name, &arglist, &resultlist))
+    PyObject *arglist, *resultlist = NULL, *timeline = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|O$O:invoke", kwlist, &name, &arglist, &resultlist, &timeline))
         return NULL;
+    if (timeline != Py_None && !PyList_Check(timeline))
+        return PyErr_Format(PyExc_TypeError, "timeline must be None or a list, not %.100s", Py_TYPE(timeline)->tp_name);
+    if (timeline != Py_None && !self->runtime)
+        return PyErr_Format(PyExc_ValueError, "timeline needs an engine made with runtime=True");
     engine_function *f = find_function(self, name);
     if (f == NULL)
         return PyErr_Format(PyExc_ValueError, "the module has no function '%s' with llvm.emit_c_interface", name);
@@ -763,30 +764,50 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
     if (nresults == 1 && !by_pointer)
         packed[k++] = returned;
 
+    mg_rt_state *state = NULL;
+    if (self->runtime && (state = mg_rt_begin(timeline != Py_None)) == NULL)
+        goto done;
     packed_fn call = f->call;
     Py_BEGIN_ALLOW_THREADS
     call(packed);
+    if (state != NULL)
+        mg_rt_synchronize(state);
     Py_END_ALLOW_THREADS
+    /* After a runtime failure the results are garbage: only what the
+     * function allocated on the host is freed, then mg_rt_end raises. */
+    int skip = state != NULL && mg_rt_failed(state);
 
-    /* Who owns each memref result's memory: an argument, a global, or the
-     * function (memory it allocated, which comes back copied and is freed). */
-    int failed = 0;
+    /* Who owns each memref result's memory: an argument, a global, the
+     * runtime (freed by mg_rt_end), or the function (memory it allocated,
+     * which comes back copied and is freed here). */
     for (Py_ssize_t i = 0; i < nresults; i++) {
         if (!spec[i].memref)
             continue;
         uintptr_t allocated = (uintptr_t)*(int64_t *)((char *)returned + spec[i].offset);
-        memory[i].owner = allocated == MG_GLOBAL_MARKER ? OWNER_GLOBAL : OWNER_FUNCTION;
+        int kind = state != NULL ? mg_rt_memory(state, (void *)allocated) : MG_RT_NOT_OURS;
+        if (kind == MG_RT_FREED) {
+            if (!skip)
+                PyErr_Format(PyExc_ValueError, "result %zd of %s is GPU memory the program freed", i, name);
+            skip = 1;
+            memory[i].owner = OWNER_GLOBAL; /* never freed */
+        } else if (allocated == MG_GLOBAL_MARKER)
+            memory[i].owner = OWNER_GLOBAL;
+        else if (kind != MG_RT_NOT_OURS)
+            memory[i] = (result_memory){OWNER_RUNTIME, kind == MG_RT_DEVICE};
+        else
+            memory[i].owner = OWNER_FUNCTION;
         for (Py_ssize_t j = 0; j < nargs && memory[i].owner == OWNER_FUNCTION; j++)
             if (!PyBytes_Check(PySequence_Fast_GET_ITEM(argseq, j)) && lent[j].allocated == allocated)
                 memory[i] = (result_memory){OWNER_ARGUMENT, lent[j].device};
-        if (memory[i].owner == OWNER_FUNCTION && allocated != 0 && on_stack(allocated) && !failed) {
-            PyErr_Format(PyExc_ValueError, "result %zd of %s is stack memory (memref.alloca), gone once the "
-                         "function returned", i, name);
-            failed = 1;
+        if (memory[i].owner == OWNER_FUNCTION && allocated != 0 && on_stack(allocated)) {
+            if (!skip)
+                PyErr_Format(PyExc_ValueError, "result %zd of %s is stack memory (memref.alloca), gone once the "
+                             "function returned", i, name);
+            skip = 1;
             memory[i].owner = OWNER_GLOBAL; /* never freed */
         }
     }
-    tuple = failed ? NULL : PyTuple_New(nresults);
+    tuple = skip ? NULL : PyTuple_New(nresults);
     for (Py_ssize_t i = 0; tuple != NULL && i < nresults; i++) {
         char *data = (char *)returned + spec[i].offset;
         PyObject *descr = mg_dtype_numpy(spec[i].dtype);
@@ -813,6 +834,19 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
                    *(int64_t *)((char *)returned + spec[j].offset) == (int64_t)(intptr_t)allocated;
         if (!seen)
             free(allocated);
+    }
+    if (state != NULL) {
+        /* Its error wins: it explains garbage results. */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        if (mg_rt_end(state, timeline != Py_None ? timeline : NULL) < 0) {
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(traceback);
+            Py_CLEAR(tuple);
+        } else {
+            PyErr_Restore(type, value, traceback);
+        }
     }
     if (tuple != NULL)
         result = nresults == 0 ? Py_NewRef(Py_None) : Py_NewRef(tuple);
@@ -885,8 +919,8 @@ static PyMethodDef engine_functions[] = {
 
 static PyMethodDef Engine_methods[] = {
     {"invoke", (PyCFunction)(void (*)(void))Engine_invoke, METH_VARARGS | METH_KEYWORDS,
-     "invoke(name, args, results=()): calls the function `name` (a func.func with llvm.emit_c_interface) "
-     "through its C interface, without the GIL.\n\n"
+     "invoke(name, args, results=(), *, timeline=None): calls the function `name` (a func.func with "
+     "llvm.emit_c_interface) through its C interface, without the GIL.\n\n"
      "args: per parameter a numpy.ndarray or mlirgpu.DeviceArray (a memref descriptor over its memory: "
      "offset 0, its shape, its strides in elements; zero strides and read-only arrays accepted; the memory "
      "is borrowed for the call), or the bytes of a scalar (1, 2, 4 or 8, as the parameter's type). "
@@ -896,7 +930,10 @@ static PyMethodDef Engine_methods[] = {
      "Only the number of arguments and whether each is a memref or a scalar of the right size are checked: "
      "the ranks and element types of memrefs are the caller's to check. ValueError for an unknown name, "
      "results that do not match, a stride that is not a multiple of the item size or a scalar of the "
-     "wrong size; TypeError for a wrong number or kind of arguments."},
+     "wrong size; TypeError for a wrong number or kind of arguments.\n\n"
+     "With runtime=True: a failure of the GPU runtime during the call raises CudaError once it returned; "
+     "memory, streams and events the call left are released; memref results in its GPU memory are copied "
+     "from the device; `timeline`, a list, receives (kernel, stream, start_ms, end_ms) per kernel launch."},
     {NULL},
 };
 

@@ -372,6 +372,31 @@ def test_runtime_functions_need_runtime():
         ExecutionEngine(lowered(text))
 
 
+def test_runtime_functions_resolve_with_runtime():
+    text = """
+    func.func private @mgpuStreamCreate() -> !llvm.ptr
+    func.func private @mgpuStreamDestroy(!llvm.ptr)
+    func.func @stream() attributes {llvm.emit_c_interface} {
+      %s = func.call @mgpuStreamCreate() : () -> !llvm.ptr
+      func.call @mgpuStreamDestroy(%s) : (!llvm.ptr) -> ()
+      return
+    }
+    func.func @nothing() attributes {llvm.emit_c_interface} {
+      return
+    }
+    """
+    engine = ExecutionEngine(lowered(text), runtime=True)
+    assert engine.runtime is True
+    assert engine.invoke("nothing", [], timeline=[]) is None     # no runtime call: no driver needed
+    with pytest.raises(TypeError, match="timeline must be None or a list"):
+        engine.invoke("nothing", [], timeline=())
+
+
+def test_timeline_needs_the_runtime(engine):
+    with pytest.raises(ValueError, match="runtime=True"):
+        engine.invoke("sum", [np.zeros(2)], [("scalar", "f64")], timeline=[])
+
+
 def test_libm_resolves_from_the_process():
     text = """
     func.func @f(%x: f64) -> f64 attributes {llvm.emit_c_interface} {

@@ -10,6 +10,7 @@ from .streams import Graph, graph, pinned_empty, pinned_zeros
 from .device import func, printf, syncthreads, vload, vstore
 from .compiler import Compilation, Target, compile_cubin, compile_ptx
 from .kernel import Kernel, Specialization, generics, kernel, memref
+from .program import HostProgram
 from .autotune import Autotuner, autotune
 from .vectorize import vectorize
 from .language import (block_dim, block_idx, cast, constant, grid_dim, range_, select, static_range,

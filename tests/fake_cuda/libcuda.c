@@ -77,10 +77,10 @@ static CUresult submit(CUstream s, op_t op) {
 API CUresult cuInit(unsigned f) { return 0; }
 API CUresult cuDriverGetVersion(int *v) { *v = 12080; return 0; }
 API CUresult cuGetErrorName(CUresult e, const char **s) {
-    switch (e) { case 1: *s = "CUDA_ERROR_INVALID_VALUE"; break; case 218: *s = "CUDA_ERROR_INVALID_PTX"; break;
+    switch (e) { case 1: *s = "CUDA_ERROR_INVALID_VALUE"; break; case 2: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break; case 218: *s = "CUDA_ERROR_INVALID_PTX"; break;
     case 500: *s = "CUDA_ERROR_NOT_FOUND"; break; case 400: *s = "CUDA_ERROR_INVALID_HANDLE"; break;
     case 600: *s = "CUDA_ERROR_NOT_READY"; break; case 201: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
-    case 2: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break; case 900: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; break;
+    case 900: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; break;
     case 901: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; break; case 906: *s = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"; break;
     case 908: *s = "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"; break; case 401: *s = "CUDA_ERROR_ILLEGAL_STATE"; break;
     default: *s = NULL; return 1; } return 0; }
@@ -104,7 +104,8 @@ API CUresult cuCtxSynchronize(void) { CUresult r = unsafe(); if (r) return r; re
 API CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = TOTAL - allocated; *t = TOTAL; return 0; }
 API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     if (!current) return 201; if (n == 0) return 1; CUresult r = unsafe(); if (r) return r;
-    size_t *b = malloc(n + 16); b[0] = n; allocated += n; *p = (CUdeviceptr)(b + 2); return 0; }
+    size_t *b = n < ((size_t)1 << 40) ? malloc(n + 16) : NULL; if (!b) return 2;
+    b[0] = n; allocated += n; *p = (CUdeviceptr)(b + 2); return 0; }
 API CUresult cuMemFree_v2(CUdeviceptr p) { if (!current) return 201; CUresult r = unsafe(); if (r) return r; note("cuMemFree ptr=%lu", H(p)); size_t *b = (size_t *)p - 2; allocated -= b[0]; memset(b + 2, 0xAB, b[0]); free(b); return 0; }
 API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st) {
     note("cuMemcpyHtoDAsync dst=%lu src=%lu bytes=%zu stream=%lu", H(d), H(s), n, H(st));
@@ -124,6 +125,10 @@ API CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) {
 API CUresult cuMemFreeHost(void *p) {
     if (!current) return 201; CUresult r = unsafe(); if (r) return r;
     note("cuMemFreeHost ptr=%lu", H(p)); free(p); pinned_live--; return 0; }
+API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned f) { return cuMemAlloc_v2(p, n); }
+API CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { memcpy((void *)d, (void *)s, n); return 0; }
+API CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream st) { for (size_t i = 0; i < n; i++) ((unsigned short *)d)[i] = v; return 0; }
+API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, CUstream st) { for (size_t i = 0; i < n; i++) ((unsigned *)d)[i] = v; return 0; }
 API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p) { *(int *)data = 0; return 0; }
 API CUresult cuStreamCreate(CUstream *s, unsigned f) {
     st_t *st = calloc(1, sizeof *st); st->blocking = !(f & CU_STREAM_NON_BLOCKING); streams[nstreams++] = st;
@@ -193,6 +198,10 @@ static int param_count(const char *name, void **p) {
     if (!strcmp(name, "add_scalar") || !strcmp(name, "spin_then_set")) return 3;
     if (!strcmp(name, "add_vec") || !strcmp(name, "add3")) return 4;
     if (!strcmp(name, "copy_first")) return 2;
+    // Host programs' kernels: memref descriptors of 3 + 2 * rank parameters each.
+    if (!strcmp(name, "matmul") || !strcmp(name, "add")) return 3 * 7;
+    if (!strcmp(name, "fill")) return 5 + 1;
+    if (!strcmp(name, "twice")) return 2 * 5;
     if (!strcmp(name, "record_params")) return 2 + (int)*(unsigned *)p[1];
     return 0; }
 API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
@@ -214,5 +223,22 @@ static void run_kernel(op_t *op) {
     else if (!strcmp(name, "add3")) { float *a = *(float **)p[0], *b = *(float **)p[1], *c = *(float **)p[2]; unsigned n = *(unsigned *)p[3];
         for (unsigned i = 0; i < n && i < threads; i++) c[i] = a[i] + b[i]; }
     else if (!strcmp(name, "copy_first")) { float *d = *(float **)p[0], *sr = *(float **)p[1]; d[0] = sr[0]; }
+    // Host programs' kernels take memref descriptors: a rank-r memref is 3 + 2r
+    // parameters {allocated, aligned, offset, sizes, strides}; contiguous here.
+    else if (!strcmp(name, "matmul")) { float *a = *(float **)p[1], *b = *(float **)p[8], *c = *(float **)p[15];
+        int64_t m = *(int64_t *)p[3], k = *(int64_t *)p[4], n = *(int64_t *)p[11];
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                float acc = 0;
+                for (int64_t q = 0; q < k; q++)
+                    acc += a[i * k + q] * b[q * n + j];
+                c[i * n + j] = acc;
+            } }
+    else if (!strcmp(name, "add")) { float *x = *(float **)p[1], *y = *(float **)p[8], *z = *(float **)p[15];
+        int64_t count = *(int64_t *)p[3] * *(int64_t *)p[4]; for (int64_t i = 0; i < count; i++) z[i] = x[i] + y[i]; }
+    else if (!strcmp(name, "fill")) { float *a = *(float **)p[1]; int64_t n = *(int64_t *)p[3]; float v = *(float *)p[5];
+        for (int64_t i = 0; i < n && i < (int64_t)threads; i++) a[i] = v; }
+    else if (!strcmp(name, "twice")) { float *x = *(float **)p[1], *y = *(float **)p[6]; int64_t n = *(int64_t *)p[3];
+        for (int64_t i = 0; i < n && i < (int64_t)threads; i++) y[i] = 2 * x[i]; }
     else if (!strcmp(name, "record_params")) { uint64_t *d = *(uint64_t **)p[0]; unsigned n = *(unsigned *)p[1]; for (unsigned i = 0; i < n; i++) memcpy(&d[i], p[i + 2], 8); }
 }

@@ -1,0 +1,337 @@
+"""Host programs written in the gpu dialect: `mg.HostProgram`.
+
+A module whose host functions (`func.func`) use `gpu.alloc` (`host_shared`
+too), `gpu.memcpy`, `gpu.memset`, `gpu.dealloc`, `gpu.launch_func` (sync or
+`async` on tokens) and `gpu.wait`, next to the `gpu.module`s they launch, is
+lowered here and run by MLIR's ExecutionEngine (csrc/engine.c) with
+mlirgpu's mgpu* runtime (csrc/runtime.c) underneath:
+
+    prog = mg.HostProgram(text)                  # parsed, lowered, JIT-compiled: no GPU needed
+    C = prog("test_parallel", A, B)              # NumPy arrays in, NumPy array(s) out
+    C = prog.run("test_parallel", A, B, timeline=True)
+    prog.timeline                                # [(kernel, stream, start_ms, end_ms), ...]
+
+Stages, each kept for inspection: `gpu` (the module as given), `outlined` and
+`nvvm` (compiler.Compilation's), `lowered` (host code in the llvm dialect,
+kernels as a gpu.binary), `llvm_ir` (what the JIT compiles), `ptx` (the
+kernels). docs/host_programs.md has the design.
+"""
+import re
+from functools import cached_property
+
+import numpy as np
+
+from . import _mlirgpu, ir
+from ._mlirgpu import CompileError, DeviceArray, LaunchError, MLIRError, PassManager
+from .compiler import CUDA_HOME, Compilation
+
+__all__ = ["HostProgram"]
+
+# gpu-module-to-binary's format per `format=`: a cubin by the toolkit's ptxas
+# (mgpuModuleLoad), or PTX the driver compiles when it loads it (mgpuModuleLoadJIT).
+FORMATS = ("cubin", "ptx")
+
+# The host half of MLIR's gpu-lower-to-nvvm-pipeline, after Compilation's nvvm
+# stage: math the host uses (intrinsics, else libm), then every gpu op to calls
+# of the mgpu* runtime.
+HOST_PIPELINE = "builtin.module(convert-math-to-llvm, convert-math-to-libm, gpu-to-llvm, reconcile-unrealized-casts)"
+
+ASYNC_HINT = ("\n(gpu-to-llvm lowers gpu.alloc, gpu.memcpy, gpu.memset and gpu.dealloc only when they are `async` "
+              "with exactly one dependency, e.g. `%t1 = gpu.memcpy async [%t0] ...`; host_shared allocations "
+              "are the exception: they take no dependency; gpu.memset takes 16- and 32-bit elements only)")
+
+_STRIDED = re.compile(r"strided<\[([^\]]*)\](?:, offset: (\?|-?\d+))?>")
+
+
+def _default_chip():
+    from . import cuda
+    return cuda.Device(cuda.current_device()).chip if cuda.is_available() else "sm_90a"
+
+
+def _run(module, stage, pipeline, hint=""):
+    try:
+        PassManager(pipeline).run(module)
+    except MLIRError as error:
+        raise CompileError(f"{stage} stage failed:\n{error}{hint}") from error
+
+
+def _check_lowered(module):
+    """gpu-to-llvm converts partially: what it could not convert is an error
+    here, before the translation to LLVM IR reports it as a cast it cannot
+    translate."""
+    left = [op for op in module.walk()
+            if op.name not in ("builtin.module", "gpu.binary", "gpu.launch_func") and not op.name.startswith("llvm.")]
+    # The casts left are those feeding the operation that stayed: name that one.
+    left.sort(key=lambda op: op.name == "builtin.unrealized_conversion_cast")
+    if left:
+        op = left[0]
+        raise CompileError(f"host stage failed: {op.location}: '{op.name}' was not lowered to the llvm "
+                           f"dialect{ASYNC_HINT if op.name.startswith('gpu.') else ''}")
+
+
+def _dtype(element_type):
+    """The mlirgpu dtype of an MLIR element type, or None."""
+    name = str(element_type)
+    match = re.fullmatch(r"(u|s)?i(\d+)", name)
+    if match:
+        sign, bits = match.groups()
+        name = "bool" if bits == "1" and sign is None else f"{'u' if sign == 'u' else 'i'}{bits}"
+    try:
+        return _mlirgpu.dtype(name)
+    except (TypeError, ValueError):
+        return None
+
+
+class _Memref:
+    """A memref parameter or result: rank, static sizes (None where dynamic),
+    dtype, and what its layout lets a descriptor carry."""
+
+    def __init__(self, type_, dtype):
+        self.shape = type_.shape
+        self.dtype = dtype
+        self.text = str(type_)
+        self.strides = None      # identity layout: C-contiguous only
+        self.unsupported = None
+        layout = self.text[self.text.index("<") + 1:-1].split(", ", 1)
+        if len(layout) == 2 and not re.fullmatch(r"\d+|#gpu\.address_space<\w+>", layout[1]):
+            match = _STRIDED.match(layout[1])
+            if match is None:
+                self.unsupported = f"{self.text}: only identity and strided layouts can be passed"
+            else:
+                self.strides = tuple(None if s.strip() == "?" else int(s)
+                                     for s in match.group(1).split(",") if s.strip())
+                if match.group(2) not in (None, "?", "0"):
+                    self.unsupported = f"{self.text}: a static offset other than 0 cannot be passed"
+
+    def fits(self, shape, strides, itemsize):
+        """Whether an array of `shape` and byte `strides` is this memref as it is."""
+        if any(s % itemsize for s in strides):
+            return False
+        if self.strides is None:
+            expected = itemsize
+            for size, stride in zip(reversed(shape), reversed(strides)):
+                if size > 1 and stride != expected:
+                    return False
+                expected *= size
+            return True
+        return all(want is None or size <= 1 or want * itemsize == stride
+                   for want, size, stride in zip(self.strides, shape, strides))
+
+
+class _Scalar:
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+
+class _Function:
+    """A public host func.func: what each parameter takes, what comes back."""
+
+    def __init__(self, name, function_type):
+        self.name = name
+        self.params, self.results, self.unsupported = [], [], None
+        for kind, types in (("parameter", function_type.inputs), ("result", function_type.results)):
+            for i, t in enumerate(types):
+                described = self._describe(t)
+                if isinstance(described, str):
+                    self.unsupported = self.unsupported or f"{kind} {i} of @{name} is {described}"
+                (self.params if kind == "parameter" else self.results).append(described)
+
+    @staticmethod
+    def _describe(t):
+        element = t.element_type if t.is_memref else t
+        dtype = _dtype(element)
+        if dtype is None or not (t.is_memref or t.is_integer or t.is_index or t.is_float):
+            return f"{t}, which host programs cannot pass"
+        if not t.is_memref:
+            return _Scalar(dtype)
+        memref = _Memref(t, dtype)
+        return memref.unsupported or memref
+
+    def results_spec(self):
+        return [("memref", len(r.shape), r.dtype) if isinstance(r, _Memref) else ("scalar", r.dtype)
+                for r in self.results]
+
+
+class HostProgram:
+    """A module of host functions in the gpu dialect, lowered and JIT-compiled.
+
+    HostProgram(program, chip=None, *, format="cubin", opt_level=2): `program`
+    is MLIR text or an mlirgpu.ir.Module (cloned, never changed). `chip`
+    defaults to the current GPU's, else sm_90a. `format` is "cubin" (ptxas
+    from CUDA_HOME) or "ptx" (the driver compiles the PTX when the program
+    first launches a kernel). `opt_level` is the host JIT's (0..3).
+
+    Everything is compiled here and needs no GPU: bad text or a module that
+    does not verify raise MLIRError; a failing lowering stage raises
+    CompileError naming the stage. Call the program with a host function's
+    name and its arguments: `prog(name, *args)` or `prog.run(name, *args,
+    timeline=False)`.
+    """
+
+    def __init__(self, program, chip=None, *, format="cubin", opt_level=2):
+        if format not in FORMATS:
+            raise ValueError(f"format must be one of {FORMATS}, not {format!r}")
+        if isinstance(program, str):
+            module = ir.Module.parse(program)
+        elif isinstance(program, ir.Module):
+            module = program.clone()
+        else:
+            raise TypeError(f"expected MLIR text or an mlirgpu.ir.Module, not {type(program).__name__}")
+        module.verify()
+        self.gpu = str(module)
+        self.format = format
+        self.timeline = None
+        self._functions = {}
+        for op in module.body.operations:
+            if op.name != "func.func" or not op.regions[0].blocks:
+                continue
+            visibility = op.attributes.get("sym_visibility")
+            if visibility is not None and visibility.value != "public":
+                continue
+            name = op.get_attribute("sym_name").value
+            self._functions[name] = _Function(name, op.get_attribute("function_type").value)
+            op.set_attribute("llvm.emit_c_interface", ir.Attribute.unit(context=module.context))
+        # Kernels take memref descriptors, not bare pointers: dynamic shapes and
+        # strided layouts reach them as the host code has them.
+        self.compilation = Compilation(module, chip or _default_chip(), bare_pointers=False)
+        lowered = ir.Module.parse(self.compilation.nvvm, context=module.context)
+        _run(lowered, "host", HOST_PIPELINE, ASYNC_HINT)
+        toolkit = f" toolkit={CUDA_HOME}" if format == "cubin" else ""
+        _run(lowered, "binary", "builtin.module(gpu-module-to-binary{format=%s%s})"
+             % ("bin" if format == "cubin" else "isa", toolkit))
+        _check_lowered(lowered)
+        self._lowered = lowered
+        self.engine = _mlirgpu.ExecutionEngine(lowered, opt_level=opt_level, runtime=True)
+
+    @property
+    def chip(self):
+        return self.compilation.target.chip
+
+    @property
+    def functions(self):
+        """Names of the host functions a call can name."""
+        return tuple(self._functions)
+
+    @property
+    def outlined(self):
+        return self.compilation.outlined
+
+    @property
+    def nvvm(self):
+        return self.compilation.nvvm
+
+    @cached_property
+    def lowered(self):
+        """The host code in the llvm dialect, the kernels as gpu.binary: what the JIT translates."""
+        return str(self._lowered)
+
+    @cached_property
+    def llvm_ir(self):
+        """The host code's LLVM IR: it declares the mgpu* functions it calls."""
+        return _mlirgpu.translate_to_llvm_ir(self._lowered)
+
+    @property
+    def ptx(self):
+        """PTX of the program's one gpu.module (`compilation.objects("ptx")` for several)."""
+        return self.compilation.ptx
+
+    def __call__(self, name, *args):
+        return self.run(name, *args)
+
+    def run(self, name, *args, timeline=False):
+        """Calls the host function `name`. Memref parameters take NumPy arrays
+        (dtype, rank and static sizes must match) or DeviceArrays; scalar
+        parameters take Python or NumPy scalars. Returns None, a NumPy array
+        or scalar, or a tuple of them for several results. With timeline=True,
+        `self.timeline` lists each kernel launch as (kernel, stream, start_ms,
+        end_ms) from the earliest start."""
+        function = self._functions.get(name)
+        if function is None:
+            raise LaunchError(f"the program has no public host function @{name} "
+                              f"(it has: {', '.join(self._functions) or 'none'})")
+        if function.unsupported:
+            raise LaunchError(function.unsupported)
+        if len(args) != len(function.params):
+            raise LaunchError(f"@{name} takes {len(function.params)} arguments, got {len(args)}")
+        packed, copies, on_device = [], [], False
+        for i, (param, arg) in enumerate(zip(function.params, args)):
+            if isinstance(param, _Scalar):
+                packed.append(_scalar_bytes(name, i, param.dtype, arg))
+                continue
+            value = _memref_argument(name, i, param, arg, copies)
+            on_device |= isinstance(value, DeviceArray) and not value.is_host
+            packed.append(value)
+        if on_device:
+            # The program's streams are non-blocking: work queued on the
+            # arrays' streams must be done before its copies read them.
+            _mlirgpu.synchronize()
+        record = [] if timeline else None
+        out = self.engine.invoke(name, packed, function.results_spec(), timeline=record)
+        for original, copy in copies:
+            np.copyto(original, copy)
+        if timeline:
+            self.timeline = record
+        if not function.results:
+            return None
+        return out[0] if len(out) == 1 else out
+
+    def __repr__(self):
+        return f"<mlirgpu.HostProgram functions={self.functions} chip={self.chip!r}>"
+
+
+def _memref_argument(name, i, param, arg, copies):
+    where = f"argument {i} of @{name} ({param.text})"
+    if isinstance(arg, DeviceArray):
+        shape, strides, dtype = arg.shape, arg.strides, arg.dtype
+    elif isinstance(arg, np.ndarray):
+        shape, strides = arg.shape, arg.strides
+        try:
+            dtype = _mlirgpu.dtype(arg.dtype)
+        except (TypeError, ValueError):
+            dtype = None
+    else:
+        raise LaunchError(f"{where}: expected a numpy.ndarray or an mlirgpu.DeviceArray, "
+                          f"not {type(arg).__name__}")
+    if dtype is None or dtype != param.dtype:
+        raise LaunchError(f"{where}: expected elements of {param.dtype.name}, got {arg.dtype}")
+    if len(shape) != len(param.shape) or any(want is not None and want != size
+                                             for want, size in zip(param.shape, shape)):
+        wanted = "x".join("?" if s is None else str(s) for s in param.shape) or "rank 0"
+        raise LaunchError(f"{where}: expected shape {wanted}, got {tuple(shape)}")
+    itemsize = param.dtype.itemsize
+    if param.fits(shape, strides, itemsize) and (not isinstance(arg, np.ndarray) or arg.flags.aligned):
+        return arg
+    if isinstance(arg, np.ndarray):
+        # What the layout cannot describe runs on a C-contiguous copy, copied back after the call.
+        copy = np.ascontiguousarray(arg)
+        if param.fits(copy.shape, copy.strides, itemsize):
+            if arg.flags.writeable:
+                copies.append((arg, copy))
+            return copy
+    raise LaunchError(f"{where}: strides {tuple(strides)} (bytes) do not fit its layout")
+
+
+def _scalar_bytes(name, i, dtype, value):
+    numpy_dtype = np.dtype(dtype.numpy)
+    where = f"argument {i} of @{name} ({dtype.name})"
+    kind = numpy_dtype.kind
+    if isinstance(value, (np.ndarray, DeviceArray)) or not isinstance(value, (int, float, bool, np.generic)):
+        raise LaunchError(f"{where}: expected a scalar, got {type(value).__name__}")
+    if kind in "biu":
+        if not isinstance(value, (int, np.integer, np.bool_)):
+            raise LaunchError(f"{where}: expected an integer, got {value!r}")
+        low, high = (0, 1) if kind == "b" else (np.iinfo(numpy_dtype).min, np.iinfo(numpy_dtype).max)
+        if not low <= int(value) <= high:
+            raise LaunchError(f"{where}: {int(value)} is out of range [{low}, {high}]")
+        return np.array(int(value), numpy_dtype).tobytes()
+    if not isinstance(value, (int, float, np.integer, np.floating, np.bool_)):
+        raise LaunchError(f"{where}: expected a real number, got {value!r}")
+    try:
+        wide = float(value)
+    except OverflowError:
+        raise LaunchError(f"{where}: {value!r} is out of range") from None
+    with np.errstate(over="ignore"):
+        converted = np.array(wide, numpy_dtype)
+    if np.isfinite(wide) and not np.isfinite(converted.astype(np.float64)):
+        raise LaunchError(f"{where}: {value!r} is out of range")
+    return converted.tobytes()
