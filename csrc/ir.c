@@ -1415,6 +1415,48 @@ static PyObject *Attribute_identity_map(PyObject *cls, PyObject *args, PyObject 
     return wrap_attribute(ctx, mlirAffineMapAttrGet(mlirAffineMapMultiDimIdentityGet(ctx->context, rank)));
 }
 
+/* Attribute.permutation_map(permutation): affine_map<(d0, ..., dn) -> (d_p0, ..., d_pn)>. */
+static PyObject *Attribute_permutation_map(PyObject *cls, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"permutation", "context", NULL};
+    PyObject *seq, *ctxarg = NULL, *r = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O:Attribute.permutation_map", kwlist, &seq, &ctxarg))
+        return NULL;
+    mg_ir_Context *ctx = context_arg(ctxarg);
+    PyObject *fast = ctx ? PySequence_Fast(seq, "permutation must be a sequence of ints") : NULL;
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    unsigned *permutation = PyMem_Calloc((size_t)n + 1, sizeof *permutation);
+    char *seen = PyMem_Calloc((size_t)n + 1, 1);
+    if (permutation == NULL || seen == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyLong_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "permutation entries must be ints, not %.100s", Py_TYPE(item)->tp_name);
+            goto done;
+        }
+        Py_ssize_t v = PyLong_AsSsize_t(item);
+        if (v == -1 && PyErr_Occurred())
+            goto done;
+        if (v < 0 || v >= n || seen[v]) {
+            PyErr_SetString(PyExc_ValueError, "permutation must hold each of 0 .. len - 1 once");
+            goto done;
+        }
+        seen[v] = 1;
+        permutation[i] = (unsigned)v;
+    }
+    r = wrap_attribute(ctx, mlirAffineMapAttrGet(mlirAffineMapPermutationGet(ctx->context, n, permutation)));
+done:
+    PyMem_Free(permutation);
+    PyMem_Free(seen);
+    Py_DECREF(fast);
+    return r;
+}
+
 static PyObject *Attribute_str(mg_ir_Value_like *self)
 {
     mg_buf buf = {0};
@@ -1514,6 +1556,9 @@ static PyMethodDef Attribute_methods[] = {
      "offset: offset>; None is a dynamic stride or offset (?)."},
     {"identity_map", (PyCFunction)(void (*)(void))Attribute_identity_map, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "Attribute.identity_map(rank, *, context=None): affine_map<(d0, ..., dn) -> (d0, ..., dn)>."},
+    {"permutation_map", (PyCFunction)(void (*)(void))Attribute_permutation_map,
+     METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Attribute.permutation_map(permutation, *, context=None): affine_map<(d0, ..., dn) -> (d_p0, ..., d_pn)>."},
     {NULL},
 };
 

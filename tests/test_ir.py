@@ -208,6 +208,13 @@ def test_attribute_identity_map(ctx):
     assert ir.Attribute.identity_map(3) == ir.Attribute.parse("affine_map<(a, b, c) -> (a, b, c)>")
     with pytest.raises(ValueError, match="rank must be >= 0"):
         ir.Attribute.identity_map(-1)
+    assert str(ir.Attribute.permutation_map([2, 0, 1])) == "affine_map<(d0, d1, d2) -> (d2, d0, d1)>"
+    assert ir.Attribute.permutation_map([0, 1]) == ir.Attribute.identity_map(2)
+    for bad in ([0, 0], [1, 2], [-1]):
+        with pytest.raises(ValueError, match="each of 0 .. len - 1 once"):
+            ir.Attribute.permutation_map(bad)
+    with pytest.raises(TypeError, match="permutation entries must be ints, not str"):
+        ir.Attribute.permutation_map(["0"])
 
 
 def test_type_memref_memory_space(ctx):
