@@ -132,6 +132,14 @@ def test_parallel_loops_mapping_uses_mlirs_passes():
     filecheck(spec.ir("gpu"), r"func.func @axpy_loops", r"gpu.launch blocks\(.*\) in \(.*\) threads\(.*\) in "
               r"\(%arg\d+ = %c256", r"scf.if", r"memref.load", r"memref.store")
     filecheck(spec.ptx("sm_90a"), r"\.entry axpy_loops_kernel", r"ld\.global\.(f32|b32)")
+    # Over strided arrays its loops run in reversed order: threads along the last, contiguous dimension.
+    strided = axpy_loops.specialization([(mg.f32, False), (mg.f32, True), (mg.f32, True)], rank=3)
+    filecheck(strided.ir("gpu"), r"gpu.launch blocks\(.*\) in \(%arg10 = %0, %arg11 = %dim_0, %arg12 = %dim\) threads\(.*\) in "
+              r"\(%arg13 = %c256, %arg14 = %c1, %arg15 = %c1\)")
+    # The host function around the launch is a host program: lowered to LLVM, calling the mgpu* runtime.
+    program = mg.HostProgram(strided.gpu_module(), "sm_90a")
+    assert program.functions == ("axpy_loops",)
+    filecheck(program.llvm_ir, r"declare .* @mgpuModuleGetFunction", r"declare void @mgpuLaunchKernel")
 
 
 def test_signature_converts_the_result():

@@ -26,15 +26,17 @@ from .language import block_idx, grid_dim, static_range, thread_idx
 
 __all__ = ["memref_type", "linalg_function", "direct_kernel", "PARALLEL_LOOPS"]
 
-# MLIR's mapping of a linalg.generic to the GPU: parallel loops, the
-# innermost tiled by a block of threads (the others by 1), the tile loops
-# mapped to blocks and the loops inside a tile to threads.
+# MLIR's mapping of a linalg.generic to the GPU: parallel loops, the first
+# tiled by a block of threads (the others by 1), the tile loops mapped to
+# blocks and the loops inside a tile to threads, loop d0 to x, d1 to y, d2 to
+# z. The GPU's form of the linalg.generic iterates in reversed order, so that
+# x runs along the arrays' last (contiguous) dimension: its loads coalesce.
 PARALLEL_LOOPS_THREADS = 256
 
 
 def PARALLEL_LOOPS(rank):
     """The pass pipeline of the parallel-loops mapping for a linalg form of `rank` loops."""
-    tiles = ",".join(["1"] * (rank - 1) + [str(PARALLEL_LOOPS_THREADS)])
+    tiles = ",".join([str(PARALLEL_LOOPS_THREADS)] + ["1"] * (rank - 1))
     return ("builtin.module(func.func(convert-linalg-to-parallel-loops, "
             f"scf-parallel-loop-tiling{{parallel-loop-tile-sizes={tiles} no-min-max-bounds=1}}, "
             "gpu-map-parallel-loops, convert-parallel-loops-to-gpu), canonicalize, cse)")
@@ -69,11 +71,14 @@ def _traced_parameters(arguments, inputs, outputs, rank, names):
 # ---------------------------------------------------------------------------
 # The linalg form
 
-def linalg_function(module, name, inputs, outputs, rank, apply, location):
+def linalg_function(module, name, inputs, outputs, rank, apply, location, reversed_loops=False):
     """Adds func.func @name (with a C interface, for the host) whose body is
     the linalg.generic of `apply` over the arrays; scalar inputs are used by
-    the region from the function's arguments."""
+    the region from the function's arguments. With `reversed_loops` its loop
+    d0 runs along the arrays' last dimension (indexing maps (d0..dn) -> (dn..d0))."""
     r = 1 if rank is None else rank
+    indexing = ir.Attribute.permutation_map(list(reversed(range(r)))) if reversed_loops else \
+        ir.Attribute.identity_map(r)
     types = _parameter_types(inputs, outputs, rank)
     with ir.InsertionPoint(module.body), location:
         func = ir.Operation.create("func.func", regions=1, attributes={
@@ -87,7 +92,7 @@ def linalg_function(module, name, inputs, outputs, rank, apply, location):
     parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
     with ir.InsertionPoint(entry), location:
         generic = ir.Operation.create("linalg.generic", operands=array_operands + out_operands, regions=1, attributes={
-            "indexing_maps": ir.Attribute.array([ir.Attribute.identity_map(r)] * len(array_operands + out_operands)),
+            "indexing_maps": ir.Attribute.array([indexing] * len(array_operands + out_operands)),
             "iterator_types": ir.Attribute.array([parallel] * r),
             "operandSegmentSizes": ir.Attribute.dense_i32_array([len(array_operands), len(out_operands)])})
         ir.Operation.create("func.return")

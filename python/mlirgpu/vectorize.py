@@ -521,7 +521,7 @@ class ElementwiseSpecialization:
         self.vectorized, self.inputs, self.declared = vectorized, inputs, declared
         self.outputs, self.rank, self.width = outputs, rank, width
         self._linalg = self._gpu = self._engine = None
-        self._compilations, self._functions = {}, {}
+        self._compilations, self._loaded = {}, {}
 
     def __repr__(self):
         layout = "contiguous" if self.rank is None else f"strided rank {self.rank}"
@@ -566,7 +566,9 @@ class ElementwiseSpecialization:
                     module, self.name, self.inputs, self.outputs, self.rank, apply, v._location(),
                     v.names, self.width, v.unroll, v.threads))
             else:
-                module = self.linalg().clone()
+                module = self._build(lambda module, apply: elementwise.linalg_function(
+                    module, self.name, self.inputs, self.outputs, self.rank, apply, v._location(),
+                    reversed_loops=True))
                 try:
                     passes.run(module, elementwise.PARALLEL_LOOPS(1 if self.rank is None else self.rank))
                 except _mlirgpu.MLIRError as error:
@@ -645,17 +647,20 @@ class ElementwiseSpecialization:
         """The direct kernel, loaded on the current device."""
         from . import cuda
         device = cuda.current_device()
-        loaded = self._functions.get(device)
+        loaded = self._loaded.get(device)
         if loaded is None:
             image = self.cubin(cuda.Device(device).chip)
-            loaded = self._functions[device] = cuda.load_module(image).get_function(self.name, params=self._params())
+            loaded = self._loaded[device] = cuda.load_module(image).get_function(self.name, params=self._params())
         return loaded
 
     def launch(self, plan, device_inputs, outs, stream):
-        """Runs the direct kernel over DeviceArrays: `device_inputs` by argument index, `outs` the outputs."""
-        if self.vectorized.mapping != "direct":
-            raise CompileError("the parallel-loops mapping runs through mlirgpu.HostProgram's runtime, "
-                               "which this build does not have yet")
+        """Runs on the GPU over DeviceArrays: `device_inputs` by argument index, `outs` the outputs."""
+        if self.vectorized.mapping == "direct":
+            self._launch_direct(plan, device_inputs, outs, stream)
+        else:
+            self._run_parallel_loops(plan, device_inputs, outs)
+
+    def _launch_direct(self, plan, device_inputs, outs, stream):
         v, shape = self.vectorized, plan.shape
         args = []
 
@@ -668,7 +673,7 @@ class ElementwiseSpecialization:
             if a.is_array:
                 args += descriptor(device_inputs[a.index])
             else:
-                args.append(a.value.item() if isinstance(a.value, np.generic) else a.value)
+                args.append(_python_scalar(a.value))
         for o in outs:
             args += descriptor(o)
         total = math.prod(shape)
@@ -677,6 +682,55 @@ class ElementwiseSpecialization:
         else:
             grid = min(-(-total // v.threads), _resident_blocks(_current_device(), v.threads))
         self.function()(*args, grid=grid, block=v.threads, stream=stream)
+
+    def program(self):
+        """The parallel-loops mapping's module as an mlirgpu.HostProgram, on the current device."""
+        from . import cuda
+        from .program import HostProgram
+        device = cuda.current_device()
+        program = self._loaded.get(device)
+        if program is None:
+            program = self._loaded[device] = HostProgram(self.gpu_module(), cuda.Device(device).chip)
+        return program
+
+    def _run_parallel_loops(self, plan, device_inputs, outs):
+        """The host function MLIR's mapping made, run by the ExecutionEngine on
+        the mgpu* runtime: it waits for the device first and for the kernel after."""
+        shape = plan.shape
+        flat = (math.prod(shape),)
+
+        def memref(array):
+            if self.rank is None:
+                return _view(array, flat, (array.dtype.itemsize,))
+            return _view(array, shape, [s * array.dtype.itemsize for s in _strides(array, shape)])
+
+        args = [memref(device_inputs[a.index]) if a.is_array else _python_scalar(a.value) for a in plan.arguments]
+        self.program().run(self.name, *args, *[memref(o) for o in outs])
+
+
+def _python_scalar(value):
+    return value.item() if isinstance(value, np.generic) else value
+
+
+class _Interface:
+    """__cuda_array_interface__ of another shape and strides over an array's memory."""
+
+    def __init__(self, array, shape, strides):
+        self.array = array  # keeps the memory alive while the view lives
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "strides": tuple(strides), "version": 3,
+                                         "typestr": array.__cuda_array_interface__["typestr"],
+                                         "data": (array.ptr, False), "stream": None}
+
+
+def _view(array, shape, strides):
+    """A DeviceArray view of `array`'s memory with `shape` and byte `strides` (0 to broadcast)."""
+    if tuple(array.shape) == tuple(shape) and tuple(array.strides) == tuple(strides):
+        return array
+    try:
+        return _mlirgpu.asarray(_Interface(array, shape, strides))
+    except TypeError as error:  # bf16 has no __cuda_array_interface__ typestr
+        raise LaunchError(f"the parallel-loops mapping cannot view a {array.dtype.name} array at another shape "
+                          f"({error}); use the direct mapping") from None
 
 
 def _current_device():
