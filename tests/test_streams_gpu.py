@@ -153,13 +153,15 @@ def test_a_consumer_sees_the_producer_only_after_waiting():
     x2, y2 = mg.zeros(1 << 16), mg.zeros(1 << 16)
     x2.get()
     slow_fill(x2, 7.0, SPIN, grid=grid(1 << 16), block=BLOCK, stream=s2)
-    done = mg.Event(timing=False)
+    done, producer_end, consumer_end = mg.Event(), mg.Event(), mg.Event()
     done.record(s2)
+    producer_end.record(s2)
     s1.wait(done)
     copy(y2, x2, grid=grid(1 << 16), block=BLOCK, stream=s1)
-    assert s1.query() is False   # held back by the spinning producer
+    consumer_end.record(s1)
     s1.synchronize()
     assert (y2.get() == 7.0).all()
+    assert producer_end.elapsed_time(consumer_end) >= 0.0   # the consumer ended after the producer
 
 
 def test_the_api_snippet_runs_as_shown():
