@@ -84,8 +84,8 @@ def main():
         function = mg.vectorize(**options)(axpy)
         return lambda: function(A, x, y, out=out)
 
-    rows.append(("mlirgpu vectorize, direct (default: 256 threads, unroll 1)", vectorized(), 12 * n))
-    for threads, unroll in ((256, 4), (128, 4), (256, 2), (512, 2), (512, 1), (1024, 1), (128, 2)):
+    rows.append(("mlirgpu vectorize, direct (default: 1024 threads, unroll 1)", vectorized(), 12 * n))
+    for threads, unroll in ((256, 1), (512, 1), (256, 4), (128, 4), (256, 2), (512, 2), (128, 2)):
         rows.append((f"mlirgpu vectorize, direct ({threads} threads, unroll {unroll})",
                      vectorized(threads=threads, unroll=unroll), 12 * n))
     rows.append(("mlirgpu vectorize, parallel-loops (MLIR's mapping)", vectorized(mapping="parallel-loops"), 12 * n))

@@ -101,13 +101,13 @@ def test_direct_mapping_reads_16_byte_vectors():
     spec = axpy.specialization([(mg.f32, False), (mg.f32, True), (mg.f32, True)])
     assert spec.width == 4
     text = spec.ir("gpu")
-    filecheck(text, r"gpu.func @axpy\(.*\) kernel attributes {nvvm.maxntid = array<i32: 256, 1, 1>}",
+    filecheck(text, r"gpu.func @axpy\(.*\) kernel attributes {nvvm.maxntid = array<i32: 1024, 1, 1>}",
               r"scf.if", r"vector.load %arg1\[.*{alignment = 16 : i64} : memref<\?xf32>, vector<4xf32>",
               r"vector.store", r"} else {", r"scf.for")
     # unroll 1 (the default): one vector of each array a thread
     assert text.count("vector.load") == 2 and text.count("vector.store") == 1
     ptx = spec.ptx("sm_90a")
-    filecheck(ptx, r"\.maxntid 256, 1, 1", r"ld\.global\.v4\.(f32|b32)", r"st\.global\.v4\.(f32|b32)")
+    filecheck(ptx, r"\.maxntid 1024, 1, 1", r"ld\.global\.v4\.(f32|b32)", r"st\.global\.v4\.(f32|b32)")
     assert ptx.count("ld.global.v4") == 2
 
 
@@ -338,8 +338,8 @@ def test_empty_arrays():
 
 @pytestmark_backend
 def test_sizes_around_the_block():
-    # the direct mapping's whole blocks (256 threads x 1 vector x 4 floats) and its element-wise tail
-    for n in (1023, 1024, 1025, 3 * 1024 + 5):
+    # the direct mapping's whole blocks (1024 threads x 1 vector x 4 floats) and its element-wise tail
+    for n in (4095, 4096, 4097, 3 * 4096 + 5):
         x = rng().standard_normal(n).astype(np.float32)
         np.testing.assert_allclose(axpy(2.0, x, x), 3.0 * x, rtol=1e-6, atol=1e-6)
 

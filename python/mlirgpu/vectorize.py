@@ -43,15 +43,15 @@ _VECTOR_BYTES = 16  # the widest GPU access (ld.global.v4.f32)
 _CPU_LOOPS = "builtin.module(func.func(convert-linalg-to-loops))"
 
 
-def vectorize(signatures=None, *, mapping="direct", threads=256, unroll=1):
+def vectorize(signatures=None, *, mapping="direct", threads=1024, unroll=1):
     """`@mg.vectorize`, `@mg.vectorize(["f32(f32, f32)", ...])` or
     `@mg.vectorize(mapping="parallel-loops")`.
 
     `mapping` picks how the GPU runs it ("direct" or "parallel-loops", see
     elementwise.py); `threads` (a multiple of 32, at most 1024) and `unroll`
     (1 to 16) shape the direct mapping's blocks: each thread of a block
-    handles `unroll` vectors of 16 bytes (on the H100 one is as fast as any:
-    benchmarks/elementwise.py)."""
+    handles `unroll` vectors of 16 bytes (the defaults are the fastest shape
+    benchmarks/elementwise.py measured on the H100)."""
     if inspect.isfunction(signatures):
         return Vectorized(signatures, None, mapping, threads, unroll)
     if signatures is not None and not isinstance(signatures, (str, list, tuple)):
@@ -98,7 +98,7 @@ class Vectorized:
     """A scalar function made element-wise: call it on arrays and scalars,
     index it with input dtypes for a specialization to inspect."""
 
-    def __init__(self, function, signatures=None, mapping="direct", threads=256, unroll=1):
+    def __init__(self, function, signatures=None, mapping="direct", threads=1024, unroll=1):
         if not inspect.isfunction(function):
             raise TypeError(f"@mg.vectorize decorates a function, not {type(function).__name__}")
         parameters = inspect.signature(function).parameters.values()
