@@ -264,7 +264,10 @@ static void initialize_body(void *arg)
 {
     initialization *init = arg;
     mg_engine *self = init->self;
+    if (self->runtime)
+        mg_rt_adopt_begin(self);
     mlirExecutionEngineInitialize(self->engine);
+    mg_rt_adopt_end();
     char name[512];
     for (Py_ssize_t i = 0; i < self->nfunctions; i++) {
         engine_function *f = &self->functions[i];
@@ -343,9 +346,16 @@ error:
 static void Engine_dealloc(mg_engine *self)
 {
     PyTypeObject *type = Py_TYPE(self);
-    /* Runs the module's global destructors (the runtime's module unloads). */
-    if (!mlirExecutionEngineIsNull(self->engine))
+    if (self->runtime) {
+        /* LLVM's teardown of an engine whose module loads kernels (global
+         * constructors and destructors from gpu.binary) left the H100
+         * machine's heap corrupt in about half of the test runs that made and
+         * dropped such engines (docs/host_programs.md): its JIT is kept, and
+         * the kernel modules its constructors loaded are released here. */
+        mg_rt_release_modules(self);
+    } else if (!mlirExecutionEngineIsNull(self->engine)) {
         mlirExecutionEngineDestroy(self->engine);
+    }
     for (Py_ssize_t i = 0; i < self->nfunctions; i++)
         PyMem_Free(self->functions[i].name);
     PyMem_Free(self->functions);

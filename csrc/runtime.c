@@ -144,22 +144,36 @@ static const char *kernel_name(mg_rt_state *s, CUfunction function)
 /* ------------------------------------------------------------------------ */
 /* Modules and launches                                                      */
 
-typedef struct {
+typedef struct module {
     const void *image; /* the JIT'd module's constant: lives as long as the engine */
     size_t size;
     int ptx;           /* mgpuModuleLoadJIT: PTX text for the driver's JIT */
     int opt_level;
     CUmodule handles[MG_CU_MAX_DEVICES]; /* loaded lazily, per device */
+    const void *owner; /* the engine whose constructors made it */
+    struct module *next;
 } module;
 
-/* Loads of one image on two threads would race: one lock for all. */
+/* Loads of one image on two threads would race, and the list of live
+ * modules is shared: one lock for all. */
 static pthread_mutex_t module_lock = PTHREAD_MUTEX_INITIALIZER;
+static module *modules;
+/* The engine whose global constructors are running on this thread. */
+static _Thread_local const void *adopting;
+
+void mg_rt_adopt_begin(const void *owner) { adopting = owner; }
+void mg_rt_adopt_end(void) { adopting = NULL; }
 
 static void *new_module(const void *image, size_t size, int ptx, int opt_level)
 {
     module *m = calloc(1, sizeof *m);
-    if (m != NULL)
-        *m = (module){.image = image, .size = size, .ptx = ptx, .opt_level = opt_level};
+    if (m == NULL)
+        return NULL;
+    *m = (module){.image = image, .size = size, .ptx = ptx, .opt_level = opt_level, .owner = adopting};
+    pthread_mutex_lock(&module_lock);
+    m->next = modules;
+    modules = m;
+    pthread_mutex_unlock(&module_lock);
     return m;
 }
 
@@ -173,19 +187,16 @@ static void *mgpuModuleLoadJIT(void *ptx, int32_t opt_level)
     return new_module(ptx, strlen(ptx) + 1, 1, opt_level);
 }
 
-/* From the engine's global destructors, so with the GIL held (Engine_dealloc). */
-static void mgpuModuleUnload(void *handle)
+/* Unloads `m` from every device it was loaded on and frees it (GIL held). */
+static void release_module(module *m)
 {
-    module *m = handle;
-    if (m == NULL)
-        return;
     for (int d = 0; d < MG_CU_MAX_DEVICES; d++) {
         if (m->handles[d] == NULL)
             continue;
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback);
         int pushed;
-        /* Nothing to report to from a destructor: at exit the driver may be gone. */
+        /* Nothing to report to: at exit the driver may be gone. */
         if (mg_cu_push(d, &pushed) == 0) {
             mg_cu.cuModuleUnload(m->handles[d]);
             mg_cu_pop(pushed);
@@ -194,6 +205,52 @@ static void mgpuModuleUnload(void *handle)
         PyErr_Restore(type, value, traceback);
     }
     free(m);
+}
+
+/* Takes `m` off the list of live modules; 0 if it was not there. */
+static int unlist(module *m)
+{
+    for (module **p = &modules; *p != NULL; p = &(*p)->next)
+        if (*p == m) {
+            *p = m->next;
+            return 1;
+        }
+    return 0;
+}
+
+/* From an engine's global destructors (engines made with the runtime are
+ * never torn down by LLVM, see mg_rt_release_modules, but a module's
+ * destructor may still run): a module already released is not touched. */
+static void mgpuModuleUnload(void *handle)
+{
+    module *m = handle;
+    pthread_mutex_lock(&module_lock);
+    int listed = m != NULL && unlist(m);
+    pthread_mutex_unlock(&module_lock);
+    if (listed)
+        release_module(m);
+}
+
+void mg_rt_release_modules(const void *owner)
+{
+    module *mine = NULL;
+    pthread_mutex_lock(&module_lock);
+    for (module **p = &modules; *p != NULL;) {
+        module *m = *p;
+        if (m->owner == owner) {
+            *p = m->next;
+            m->next = mine;
+            mine = m;
+        } else {
+            p = &m->next;
+        }
+    }
+    pthread_mutex_unlock(&module_lock);
+    while (mine != NULL) {
+        module *next = mine->next;
+        release_module(mine);
+        mine = next;
+    }
 }
 
 static CUmodule load_module(mg_rt_state *s, module *m)

@@ -17,6 +17,15 @@
 /* The runtime function called `name`, or NULL. */
 void *mg_rt_symbol(const char *name);
 
+/* Kernel modules belong to the engine whose global constructors load them
+ * (mgpuModuleLoad): between mg_rt_adopt_begin(engine) and mg_rt_adopt_end(),
+ * around its initialization on this thread, each new module is recorded as
+ * the engine's. mg_rt_release_modules(engine) unloads them from every device
+ * and frees them (GIL held), in place of the engine's global destructors. */
+void mg_rt_adopt_begin(const void *owner);
+void mg_rt_adopt_end(void);
+void mg_rt_release_modules(const void *owner);
+
 typedef struct mg_rt_state mg_rt_state;
 
 /* Starts an invocation on the calling thread (GIL held): makes the thread's

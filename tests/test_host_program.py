@@ -607,6 +607,31 @@ out["cubin host"] = float(cubin("host_only", np.ones(3, np.float32), 1.0)[1])
     assert out["leaked"] == 0
 
 
+def test_an_engine_releases_the_kernel_modules_it_loaded(fake_libcuda):
+    # LLVM never tears down an engine made with the runtime (csrc/engine.c): its kernel modules are
+    # unloaded when it dies all the same, once each.
+    out = run_script(f'''
+import ctypes, gc
+fake = ctypes.CDLL({fake_libcuda!r})
+fake.fake_log.restype = ctypes.c_char_p
+prog = mg.HostProgram(seed_program(32, 64, 32), format="ptx")
+A, B = np.ones((32, 64), np.float32), np.ones((64, 32), np.float32)
+engine = mg._mlirgpu.ExecutionEngine(prog._lowered, runtime=True)
+fake.fake_log_clear()
+for _ in range(3):
+    (C,) = engine.invoke("test_parallel", [A, B], [("memref", 2, "f32")])
+out["result"] = float(C[0, 0])
+del engine
+gc.collect()
+log = fake.fake_log().decode().splitlines()
+out["loads"] = sum(line.startswith("cuModuleLoad ") for line in log)
+out["unloads"] = sum(line.startswith("cuModuleUnload ") for line in log)
+out["same"] = [line.split()[1] for line in log if line.startswith("cuModuleLoad ")] == \\
+    [line.split()[1] for line in log if line.startswith("cuModuleUnload ")]
+''', fake_libcuda)
+    assert out == {"result": 128.0, "loads": 1, "unloads": 1, "same": True}
+
+
 def test_gpu_calls_do_not_leak_on_the_fake_driver(fake_libcuda):
     out = run_script('''
 import gc

@@ -16,6 +16,7 @@ Stages, each kept for inspection: `gpu` (the module as given), `outlined` and
 kernels as a gpu.binary), `llvm_ir` (what the JIT compiles), `ptx` (the
 kernels). docs/host_programs.md has the design.
 """
+import hashlib
 import re
 from functools import cached_property
 
@@ -201,7 +202,7 @@ class HostProgram:
              % ("bin" if format == "cubin" else "isa", toolkit))
         _check_lowered(lowered)
         self._lowered = lowered
-        self.engine = _mlirgpu.ExecutionEngine(lowered, opt_level=opt_level, runtime=True)
+        self.engine = _engine(lowered, opt_level)
 
     @property
     def chip(self):
@@ -277,6 +278,20 @@ class HostProgram:
 
     def __repr__(self):
         return f"<mlirgpu.HostProgram functions={self.functions} chip={self.chip!r}>"
+
+
+# Engines of host programs, by what they compile. An engine made with the
+# runtime is never torn down (csrc/engine.c says why): programs built again
+# from the same text share one instead of each keeping its own.
+_engines = {}
+
+
+def _engine(lowered, opt_level):
+    key = (hashlib.sha256(str(lowered).encode()).hexdigest(), opt_level)
+    engine = _engines.get(key)
+    if engine is None:
+        engine = _engines[key] = _mlirgpu.ExecutionEngine(lowered, opt_level=opt_level, runtime=True)
+    return engine
 
 
 def _memref_argument(name, i, param, arg, copies):

@@ -180,13 +180,14 @@ API CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) { *ms = (float)
 static CUresult load(CUmodule *m, const void *image, char *err, size_t errn) {
     const char *text = image;
     if (strstr(text, "%f9")) { if (err) snprintf(err, errn, "ptxas application ptx input, line 27; error   : Unknown symbol '%%f9'"); return 218; }
-    mod_t *md = malloc(sizeof *md); md->text = strdup(text); *m = (CUmodule)md; return 0; }
+    mod_t *md = malloc(sizeof *md); md->text = strdup(text); *m = (CUmodule)md;
+    note("cuModuleLoad module=%lu", H(md)); return 0; }
 API CUresult cuModuleLoadData(CUmodule *m, const void *image) { return load(m, image, NULL, 0); }
 API CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, CUjit_option *o, void **v) {
     char *err = NULL; size_t errn = 0;
     for (unsigned i = 0; i < n; i++) { if (o[i] == CU_JIT_ERROR_LOG_BUFFER) err = v[i]; if (o[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) errn = (size_t)(uintptr_t)v[i]; }
     return load(m, image, err, errn); }
-API CUresult cuModuleUnload(CUmodule m) { free(((mod_t *)m)->text); free(m); return 0; }
+API CUresult cuModuleUnload(CUmodule m) { note("cuModuleUnload module=%lu", H(m)); free(((mod_t *)m)->text); free(m); return 0; }
 API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     char pattern[80]; snprintf(pattern, sizeof pattern, ".entry %s(", name);
     if (!strstr(((mod_t *)m)->text, pattern)) return 500;
