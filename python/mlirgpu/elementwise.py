@@ -8,7 +8,7 @@ traced scalars by `apply` (vectorize.py), so they compute the same thing:
                      linalg.generic over memrefs with identity maps and
                      parallel iterators. The CPU backend lowers it to loops;
                      the "parallel-loops" mapping lowers it to the GPU with
-                     MLIR's passes (PARALLEL_LOOPS below).
+                     MLIR's passes (parallel_loops_pipeline below).
     direct           a gpu.func written here in the kernel language: over
                      contiguous arrays each thread loads `unroll` vectors of
                      `width` elements of every input before computing, a
@@ -24,7 +24,7 @@ the call gives, 0 along broadcast dimensions (as NumPy's broadcast views).
 from . import device, ir, language as lang, tracer
 from .language import block_idx, grid_dim, static_range, thread_idx
 
-__all__ = ["memref_type", "linalg_function", "direct_kernel", "PARALLEL_LOOPS"]
+__all__ = ["memref_type", "linalg_function", "direct_kernel", "parallel_loops_pipeline"]
 
 # MLIR's mapping of a linalg.generic to the GPU: parallel loops, the first
 # tiled by a block of threads (the others by 1), the tile loops mapped to
@@ -34,7 +34,7 @@ __all__ = ["memref_type", "linalg_function", "direct_kernel", "PARALLEL_LOOPS"]
 PARALLEL_LOOPS_THREADS = 256
 
 
-def PARALLEL_LOOPS(rank):
+def parallel_loops_pipeline(rank):
     """The pass pipeline of the parallel-loops mapping for a linalg form of `rank` loops."""
     tiles = ",".join([str(PARALLEL_LOOPS_THREADS)] + ["1"] * (rank - 1))
     return ("builtin.module(func.func(convert-linalg-to-parallel-loops, "

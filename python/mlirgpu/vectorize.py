@@ -571,7 +571,7 @@ class ElementwiseSpecialization:
                     module, self.name, self.inputs, self.outputs, self.rank, apply, v._location(),
                     reversed_loops=True))
                 try:
-                    passes.run(module, elementwise.PARALLEL_LOOPS(1 if self.rank is None else self.rank))
+                    passes.run(module, elementwise.parallel_loops_pipeline(1 if self.rank is None else self.rank))
                 except _mlirgpu.MLIRError as error:
                     raise CompileError(f"the parallel-loops mapping of {self.name} failed:\n{error}") from error
                 self._gpu = module
