@@ -25,6 +25,7 @@ import numpy as np
 from . import _mlirgpu, ir
 from ._mlirgpu import CompileError, DeviceArray, LaunchError, MLIRError, PassManager
 from .compiler import CUDA_HOME, Compilation
+from .kernel import _default_chip
 
 __all__ = ["HostProgram"]
 
@@ -42,11 +43,6 @@ ASYNC_HINT = ("\n(gpu-to-llvm lowers gpu.alloc, gpu.memcpy, gpu.memset and gpu.d
               "are the exception: they take no dependency; gpu.memset takes 16- and 32-bit elements only)")
 
 _STRIDED = re.compile(r"strided<\[([^\]]*)\](?:, offset: (\?|-?\d+))?>")
-
-
-def _default_chip():
-    from . import cuda
-    return cuda.Device(cuda.current_device()).chip if cuda.is_available() else "sm_90a"
 
 
 def _run(module, stage, pipeline, hint=""):
