@@ -578,6 +578,21 @@ def test_integer_constant_of_a_fraction():
 
 
 @mg.kernel
+def constant_out_of_range(A: mg.memref[8, mg.u8]):
+    A[0] = mg.constant(256, mg.u8)
+
+
+@mg.kernel
+def constant_below_range(A: mg.memref[8, mg.i8]):
+    A[0] = mg.constant(-129, mg.i8)
+
+
+def test_integer_constants_out_of_range():
+    assert_compile_error(constant_out_of_range, "mg.constant(256, mg.u8)", "256 does not fit in u8")
+    assert_compile_error(constant_below_range, "mg.constant(-129, mg.i8)", "-129 does not fit in i8")
+
+
+@mg.kernel
 def cast_to_not_a_dtype(A: mg.memref[8, mg.f32]):
     A[0] = mg.cast(A[1], "nope")
 

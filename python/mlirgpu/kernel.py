@@ -387,8 +387,7 @@ def _check_scalar(p, arg, bound, bind_one):
     if isinstance(arg, (float, np.floating)) and not lang.is_float(want):
         raise LaunchError(f"parameter {p.name!r} is {want.name}: a float argument ({arg!r}) would be truncated")
     if isinstance(arg, (int, np.integer)) and not isinstance(arg, (bool, np.bool_)) and lang.is_integer(want):
-        bits = want.itemsize * 8
-        lo, hi = (0, 2 ** bits - 1) if want in lang.UNSIGNED else (-2 ** (bits - 1), 2 ** (bits - 1) - 1)
+        lo, hi = lang.integer_range(want)
         if not lo <= int(arg) <= hi:
             raise LaunchError(f"parameter {p.name!r} is {want.name}: {int(arg)} is out of its range {lo}..{hi}")
 

@@ -51,6 +51,16 @@ def is_integer(dtype):
     return dtype in SIGNED or dtype in UNSIGNED or dtype == index
 
 
+def integer_range(dtype):
+    """(lowest, highest) of an integer dtype or bool_: the one range check of
+    constants, kernel scalars, host-program scalars and vectorize scalars
+    (NumPy would wrap an out-of-range Python int silently)."""
+    if dtype == bool_:
+        return 0, 1
+    bits = dtype.itemsize * 8
+    return (0, 2 ** bits - 1) if dtype in UNSIGNED else (-2 ** (bits - 1), 2 ** (bits - 1) - 1)
+
+
 # ---------------------------------------------------------------------------
 # Tracing state: the kernel being traced and where its operations go.
 
@@ -249,12 +259,11 @@ def constant(value, dtype):
         if isinstance(value, float) and not float(value).is_integer():
             raise CompileError(f"{value!r} is not an integer: cannot be a {dtype.name} constant")
         v = int(value)
-        bits = dtype.itemsize * 8
-        lo, hi = (0, 2 ** bits - 1) if dtype in UNSIGNED else (-2 ** (bits - 1), 2 ** (bits - 1) - 1)
+        lo, hi = integer_range(dtype)
         if not lo <= v <= hi:
             raise CompileError(f"{v} does not fit in {dtype.name}")
-        if dtype in UNSIGNED and v >= 2 ** (bits - 1):
-            v -= 2 ** bits  # signless bits
+        if dtype in UNSIGNED and v > hi // 2:
+            v -= hi + 1  # signless bits
         attr = ir.Attribute.integer(v, t)
     return Scalar(emit("arith.constant", results=[t], attributes={"value": attr}).result, dtype)
 

@@ -26,6 +26,7 @@ from . import _mlirgpu, ir
 from ._mlirgpu import CompileError, DeviceArray, LaunchError, MLIRError, PassManager
 from .compiler import CUDA_HOME, Compilation
 from .kernel import _default_chip
+from .language import integer_range
 
 __all__ = ["HostProgram"]
 
@@ -331,7 +332,7 @@ def _scalar_bytes(name, i, dtype, value):
     if kind in "biu":
         if not isinstance(value, (int, np.integer, np.bool_)):
             raise LaunchError(f"{where}: expected an integer, got {value!r}")
-        low, high = (0, 1) if kind == "b" else (np.iinfo(numpy_dtype).min, np.iinfo(numpy_dtype).max)
+        low, high = integer_range(dtype)
         if not low <= int(value) <= high:
             raise LaunchError(f"{where}: {int(value)} is out of range [{low}, {high}]")
         return np.array(int(value), numpy_dtype).tobytes()

@@ -470,9 +470,9 @@ def _weak_dtype(value, strong):
 def _check_fits(name, value, dtype):
     """A Python int must fit the integer dtype it is given (NumPy would wrap it silently)."""
     if isinstance(value, int) and not isinstance(value, bool) and dtype.kind in "iu":
-        info = np.iinfo(dtype.numpy)
-        if not info.min <= value <= info.max:
-            raise LaunchError(f"argument {name!r} is {dtype.name}: {value} is out of its range {info.min}..{info.max}")
+        lo, hi = lang.integer_range(dtype)
+        if not lo <= value <= hi:
+            raise LaunchError(f"argument {name!r} is {dtype.name}: {value} is out of its range {lo}..{hi}")
 
 
 def _casts_to(argument, dtype):
