@@ -48,11 +48,12 @@ PyTypeObject *mg_add_type(PyObject *module, PyType_Spec *spec, PyObject *base)
     return mg_add_type_as(module, spec, base, dot ? dot + 1 : spec->name);
 }
 
-static PyObject *new_error(PyObject *module, const char *name, PyObject *bases, const char *doc)
+static PyObject *new_error(PyObject *module, const char *name, PyObject *bases, PyObject *dict,
+                           const char *doc)
 {
     char qualified[64];
     PyOS_snprintf(qualified, sizeof qualified, "mlirgpu.%s", name);
-    PyObject *cls = PyErr_NewExceptionWithDoc(qualified, doc, bases, NULL);
+    PyObject *cls = PyErr_NewExceptionWithDoc(qualified, doc, bases, dict);
     if (cls == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, name, cls) < 0) {
@@ -64,29 +65,37 @@ static PyObject *new_error(PyObject *module, const char *name, PyObject *bases, 
 
 static int add_errors(PyObject *module, mg_state *st)
 {
-    st->Error = new_error(module, "Error", PyExc_Exception, "Base class of every mlirgpu error.");
+    st->Error = new_error(module, "Error", PyExc_Exception, NULL, "Base class of every mlirgpu error.");
     if (st->Error == NULL)
         return -1;
-    st->MLIRError = new_error(module, "MLIRError", st->Error,
+    /* The class attribute diagnostics = () is what an error raised from a
+     * plain message (an invalid option, ptxas's output) carries; errors made
+     * from MLIR's diagnostics set their own list on the instance. */
+    PyObject *no_diagnostics = Py_BuildValue("{s:()}", "diagnostics");
+    if (no_diagnostics == NULL)
+        return -1;
+    st->MLIRError = new_error(module, "MLIRError", st->Error, no_diagnostics,
         "MLIR reported errors. `diagnostics` lists (severity, location, message) tuples.");
-    st->CompileError = new_error(module, "CompileError", st->Error,
+    st->CompileError = new_error(module, "CompileError", st->Error, no_diagnostics,
         "Lowering to NVVM, PTX or cubin failed, or a compile option is invalid. "
-        "`diagnostics` lists (severity, location, message) tuples.");
-    st->CudaError = new_error(module, "CudaError", st->Error,
+        "`diagnostics` lists (severity, location, message) tuples (empty when the "
+        "failure is not MLIR's).");
+    Py_DECREF(no_diagnostics);
+    st->CudaError = new_error(module, "CudaError", st->Error, NULL,
         "A CUDA driver call failed, or there is no driver. `code` is the CUresult "
         "(-1 when no driver could be loaded) and `name` its enum name.");
     PyObject *launch_bases = st->Error ? PyTuple_Pack(2, st->Error, PyExc_ValueError) : NULL;
     if (launch_bases == NULL)
         return -1;
-    st->LaunchError = new_error(module, "LaunchError", launch_bases,
+    st->LaunchError = new_error(module, "LaunchError", launch_bases, NULL,
         "The arguments or configuration of a launch do not fit the kernel.");
     Py_DECREF(launch_bases);
-    st->KernelError = new_error(module, "KernelError", st->Error,
+    st->KernelError = new_error(module, "KernelError", st->Error, NULL,
         "A kernel run on the CPU backend broke a rule of the GPU's execution model or went out of bounds.");
     PyObject *invalid_bases = PyTuple_Pack(2, st->Error, PyExc_RuntimeError);
     if (invalid_bases == NULL)
         return -1;
-    st->InvalidObjectError = new_error(module, "InvalidObjectError", invalid_bases,
+    st->InvalidObjectError = new_error(module, "InvalidObjectError", invalid_bases, NULL,
         "The object refers to IR that was erased or rewritten by a pass, or to "
         "memory that was freed.");
     Py_DECREF(invalid_bases);

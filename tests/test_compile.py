@@ -266,6 +266,13 @@ def test_float_opt_level(sgemm, no_llvm):
         mg.compile_ptx(sgemm, chip="sm_90a", opt_level=3.0)
 
 
+def test_a_compile_error_that_is_not_mlirs_has_no_diagnostics(sgemm, no_llvm):
+    """`diagnostics` is documented on every CompileError: an empty tuple where MLIR said nothing."""
+    with pytest.raises(mg.CompileError) as caught:
+        mg.compile_ptx(sgemm, chip="sm_90a", opt_level=4)
+    assert caught.value.diagnostics == ()
+
+
 def test_bad_chip_in_compile_cubin(sgemm, no_llvm):
     with pytest.raises(mg.CompileError, match="unknown or unsupported chip 'sm_91'"):
         mg.compile_cubin(sgemm, chip="sm_91")
