@@ -262,8 +262,9 @@ def constant(value, dtype):
         lo, hi = integer_range(dtype)
         if not lo <= v <= hi:
             raise CompileError(f"{v} does not fit in {dtype.name}")
-        if dtype in UNSIGNED and v > hi // 2:
-            v -= hi + 1  # signless bits
+        bits = dtype.itemsize * 8
+        if dtype in UNSIGNED and v >= 2 ** (bits - 1):
+            v -= 2 ** bits  # signless bits
         attr = ir.Attribute.integer(v, t)
     return Scalar(emit("arith.constant", results=[t], attributes={"value": attr}).result, dtype)
 
