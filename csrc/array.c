@@ -3,7 +3,7 @@
  * copies, pinned host memory (pinned_empty), and zero-copy exchange through
  * __cuda_array_interface__ v3 and DLPack (1.0 and legacy). */
 #include "array.h"
-#include "cuda.h"
+#include "driver.h"
 #include "dlpack.h"
 #include "graph.h"
 

@@ -10,7 +10,7 @@
  * owned freed. */
 #include "engine.h"
 #include "array.h"
-#include "cuda.h"
+#include "driver.h"
 #include "ir.h"
 #include "runtime.h"
 

@@ -3,7 +3,7 @@
  * cuGraphInstantiateWithFlags) and replayed with cuGraphLaunch. */
 #include "graph.h"
 #include "array.h"
-#include "cuda.h"
+#include "driver.h"
 
 #include <structmember.h>
 

@@ -1,9 +1,11 @@
-/* mlirgpu._mlirgpu: module init. Each area (ir, pipeline, cuda, array, launch) adds
- * its own types and functions through its mg_*_init hook. */
+/* mlirgpu._mlirgpu: module init. Each area (ir, pipeline, driver, graph, array,
+ * dispatch, cpu, engine) adds its own types and functions through its
+ * mg_*_init hook, called here in dependency order. */
 #include "module.h"
 #include "cpu.h"
 #include "engine.h"
-#include "launch.h"
+#include "dispatch.h"
+#include "graph.h"
 
 #include <string.h>
 
@@ -122,7 +124,7 @@ static int module_exec(PyObject *module)
     if (PyModule_AddStringConstant(module, "CUDA_HOME", MG_CUDA_HOME) < 0)
         return -1;
     if (mg_ir_init(module) < 0 || mg_pipeline_init(module) < 0 ||
-        mg_cu_init(module) < 0 || mg_array_init(module) < 0 || mg_launch_init(module) < 0 ||
+        mg_cu_init(module) < 0 || mg_graph_init(module) < 0 || mg_array_init(module) < 0 || mg_dispatch_init(module) < 0 ||
         mg_cpu_init(module) < 0 || mg_engine_init(module) < 0) {
         mg_st = NULL;
         return -1;

@@ -9,7 +9,7 @@
  * mgpuModuleGetFunction, so that global constructors need no driver: an
  * engine can be built, and pure host functions run, without a GPU. */
 #include "runtime.h"
-#include "cuda.h"
+#include "driver.h"
 
 #include <pthread.h>
 #include <stdarg.h>

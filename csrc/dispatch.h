@@ -3,12 +3,12 @@
  * computed in C, to a loaded Function through a hash table, and launches it
  * without Python-level binding; a signature it has not seen goes to a
  * Python `miss` callable that compiles, registers and launches. */
-#ifndef MG_LAUNCH_H
-#define MG_LAUNCH_H
+#ifndef MG_DISPATCH_H
+#define MG_DISPATCH_H
 
 #include "module.h"
 
-int mg_launch_init(PyObject *module);
+int mg_dispatch_init(PyObject *module);
 
 extern PyTypeObject *mg_Dispatcher_type;
 

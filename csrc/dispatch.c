@@ -2,9 +2,9 @@
  * each argument once, writes its signature as 64-bit words, finds the words
  * in an open-addressing hash table and launches the Function stored there
  * with the pointers already read. Nothing Python-level happens on a hit. */
-#include "launch.h"
+#include "dispatch.h"
 #include "array.h"
-#include "cuda.h"
+#include "driver.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -597,7 +597,7 @@ static int intern(PyObject **slot, const char *text)
     return *slot == NULL ? -1 : 0;
 }
 
-int mg_launch_init(PyObject *module)
+int mg_dispatch_init(PyObject *module)
 {
     if (intern(&str_grid, "grid") < 0 || intern(&str_block, "block") < 0 ||
         intern(&str_shared_mem, "shared_mem") < 0 || intern(&str_stream, "stream") < 0)

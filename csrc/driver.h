@@ -6,8 +6,8 @@
  * cuMemAlloc to the versioned symbol (cuMemAlloc_v2); the table below is
  * written with the plain names, so both the field and the dlsym'd symbol get
  * the versioned name, exactly as a program linked against libcuda would. */
-#ifndef MG_CUDA_H
-#define MG_CUDA_H
+#ifndef MG_DRIVER_H
+#define MG_DRIVER_H
 
 #include "module.h"
 #include <cuda.h>
