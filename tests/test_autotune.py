@@ -138,7 +138,7 @@ def test_attributes():
     assert tuner.configs == CONFIGS and tuner.key == ["M", "N", "K"]
     assert tuner.__name__ == "tiled_matmul" and tuner.__doc__ == tiled_matmul.__doc__
     assert tuner.best_config is None and tuner.best(M=32, N=32, K=32) is None
-    assert tuner.path().parent == autotune._default_directory()
+    assert tuner.path().parent == autotune.default_directory()
     assert tuner.path().name.startswith("test_autotune.tiled_matmul.")
     assert tuner.path().name.endswith(".autotune.json")
     with pytest.raises(TypeError, match="M, N, K"):

@@ -19,6 +19,7 @@ import pytest
 import mlirgpu
 from mlirgpu.compiler import cache
 from mlirgpu.compiler.cache import CacheInfo, CacheKey, CompileCache, fingerprint, fingerprint_globals
+from checks import PYTHON_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,7 +57,7 @@ def messages(caplog):
 
 
 def run_python(code, *args, **kwargs):
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
@@ -617,7 +618,7 @@ def test_fingerprints_are_the_same_in_another_process():
     """Nothing hash-randomized or refcount-dependent goes into a fingerprint."""
     outputs = set()
     for seed in ("1", "2"):
-        env = dict(os.environ, PYTHONPATH=str(REPO / "python"), PYTHONHASHSEED=seed)
+        env = dict(os.environ, PYTHONPATH=PYTHON_DIR, PYTHONHASHSEED=seed)
         outputs.add(subprocess.run([sys.executable, "-c", textwrap.dedent(FINGERPRINT_CHILD)], env=env,
                                    capture_output=True, text=True, check=True, timeout=120).stdout)
     assert len(outputs) == 1

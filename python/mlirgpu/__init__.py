@@ -12,8 +12,7 @@ The package is layered; each layer imports only the ones above it here:
 
 Everything a user needs is exported here (see __all__).
 """
-__version__ = "0.1.0"
-
+from ._version import __version__
 from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event, InvalidObjectError,
                        KernelError, LaunchError, MLIRError, Stream, bf16, bool_, dtype, f16, f32, f64, i8,
                        i16, i32, i64, index, u8, u16, u32, u64)

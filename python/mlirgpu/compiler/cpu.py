@@ -87,11 +87,11 @@ class HostTarget(Target):
         trace.host_indices = {key: lang.Scalar(value, lang.index) for key, value in zip(INDICES, arguments)}
 
     def extra_call_operands(self):
-        indices = lang._trace().host_indices
+        indices = lang.current_trace().host_indices
         return [indices[key].value for key in INDICES]
 
     def index(self, op, axis):
-        return lang._trace().host_indices[op, axis]
+        return lang.current_trace().host_indices[op, axis]
 
     def finish(self, module, state):
         # What the runtime needs besides the code: its string table and static shared bytes.
@@ -216,7 +216,7 @@ def _string(text):
 
 def _linear_thread():
     """The thread's linear id in its block, x fastest (as the GPU numbers lanes)."""
-    indices = lang._trace().host_indices
+    indices = lang.current_trace().host_indices
     x, y, z = (indices["gpu.thread_id", a] for a in "xyz")
     bx, by = indices["gpu.block_dim", "x"], indices["gpu.block_dim", "y"]
     return (z * by + y) * bx + x

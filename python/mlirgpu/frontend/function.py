@@ -88,7 +88,7 @@ class DeviceFunction:
         filename = rewritten[3]
         where = ir.Location.file(filename, function.__code__.co_firstlineno, 0)
         name = lang.unique_symbol(function.__name__)
-        caller = lang._trace()
+        caller = lang.current_trace()
         target = caller.target
         traced = [a for a in args if isinstance(a, (lang.Scalar, lang.MemRef))]
         types = [a.value.type for a in traced] + target.extra_argument_types()
@@ -138,7 +138,7 @@ def _results(function, result):
     values = list(result) if isinstance(result, tuple) else [result]
     for v in values:
         if not isinstance(v, lang.Scalar):
-            what = "a Python number (make it mg.constant(...))" if lang._python_scalar(v) else type(v).__name__
+            what = "a Python number (make it mg.constant(...))" if lang.is_python_number(v) else type(v).__name__
             raise CompileError(f"device function {function.__qualname__} returns {what}: it may return traced "
                                f"scalars, a tuple of them, or nothing")
     return values
@@ -160,7 +160,7 @@ def _argument_key(function, name, value):
         return ("scalar", value.dtype)
     if isinstance(value, lang.MemRef):
         return ("memref", type(value), str(value.value.type), value.dtype, value.shape)
-    if lang._python_scalar(value):
+    if lang.is_python_number(value):
         return ("constant", type(value), value)
     raise CompileError(f"device function {function.__qualname__}: argument {name!r} is a "
                        f"{type(value).__name__}; device functions take traced scalars, memrefs and Python numbers")

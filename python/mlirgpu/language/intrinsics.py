@@ -83,7 +83,7 @@ class Vector:
                 raise CompileError(f"{op} of vectors {self.length}x{self.dtype.name} and "
                                    f"{other.length}x{other.dtype.name}: they must have one type")
             return other
-        if isinstance(other, lang.Scalar) or lang._python_scalar(other):
+        if isinstance(other, lang.Scalar) or lang.is_python_number(other):
             if isinstance(other, float) and not lang.is_float(self.dtype):
                 raise CompileError(f"a Python float meets a {self.dtype.name} vector in {op}")
             scalar = lang.coerce(other, self.dtype, f"the vector's element type in {op}")

@@ -143,7 +143,7 @@ def _shape(shape):
 
 def _call_site():
     """(code, bytecode offset) of the user's call: one shared array per call site."""
-    trace = lang._trace()
+    trace = lang.current_trace()
     frame = sys._getframe(2)
     while frame is not None and frame.f_code not in trace.codes:
         frame = frame.f_back
@@ -154,7 +154,7 @@ def array(shape, dtype):
     """A static shared-memory array of `shape` (ints) and `dtype`, one per
     call site, visible to every thread of the block."""
     site = _call_site()
-    shape, dtype = _shape(shape), lang._as_dtype(dtype)
+    shape, dtype = _shape(shape), lang.as_dtype(dtype)
     state = lang.module_state()
     arrays = state.setdefault("shared_arrays", {})
     key = (site, shape, dtype)
@@ -177,7 +177,7 @@ def array(shape, dtype):
 def dynamic(dtype):
     """The launch's dynamic shared memory (`shared_mem=` bytes) as a 1-d
     array of `dtype`, 16-byte aligned; every call views the same bytes."""
-    dtype = lang._as_dtype(dtype)
+    dtype = lang.as_dtype(dtype)
     raw, nbytes = lang.target().dynamic_shared_bytes(lang.module_state())
     count = nbytes // dtype.itemsize if dtype.itemsize > 1 else nbytes
     view = lang.emit("memref.view", [raw, lang.constant(0, lang.index), count],

@@ -74,28 +74,34 @@ def on_cpu():
     return (_current or backend()) == "cpu"
 
 
-def empty(*args, **kwargs):
-    """empty(shape, dtype=f32, stream=None): an uninitialized DeviceArray
-    (host memory on the CPU backend)."""
-    if on_cpu():
-        return _mlirgpu.empty(*args, host=True, **kwargs)
-    return _mlirgpu.empty(*args, **kwargs)
+def empty(shape, dtype=_mlirgpu.f32, stream=None):
+    """An uninitialized DeviceArray of `shape` and `dtype` (host memory on
+    the CPU backend), allocated in stream order on `stream`.
+
+        >>> mg.empty((256, 256), mg.f32).shape
+        (256, 256)
+    """
+    return _mlirgpu.empty(shape, dtype, stream, host=on_cpu())
 
 
-def zeros(*args, **kwargs):
-    """zeros(shape, dtype=f32, stream=None): a DeviceArray of zeros (host
-    memory on the CPU backend)."""
-    if on_cpu():
-        return _mlirgpu.zeros(*args, host=True, **kwargs)
-    return _mlirgpu.zeros(*args, **kwargs)
+def zeros(shape, dtype=_mlirgpu.f32, stream=None):
+    """A DeviceArray of zeros (host memory on the CPU backend), set on `stream`.
+
+        >>> mg.zeros(4, mg.i32).get()
+        array([0, 0, 0, 0], dtype=int32)
+    """
+    return _mlirgpu.zeros(shape, dtype, stream, host=on_cpu())
 
 
-def to_device(*args, **kwargs):
-    """to_device(array, stream=None): a DeviceArray copy of a NumPy array or
-    array-like (a host copy on the CPU backend)."""
-    if on_cpu():
-        return _mlirgpu.to_device(*args, host=True, **kwargs)
-    return _mlirgpu.to_device(*args, **kwargs)
+def to_device(array, stream=None):
+    """A DeviceArray copy of a NumPy array or array-like (a host copy on
+    the CPU backend), copied on `stream`.
+
+        >>> d = mg.to_device(np.arange(3, dtype=np.float32))
+        >>> d.get()
+        array([0., 1., 2.], dtype=float32)
+    """
+    return _mlirgpu.to_device(array, stream, host=on_cpu())
 
 
 def asarray(obj):

@@ -122,14 +122,14 @@ class Kernel(_mlirgpu.Dispatcher):
                                f"got {len(values)} values")
         bound = {}
         for name, value in zip(self.generics, values):
-            bound[name] = _check_generic_value(name, value, self._dtype_generics())
+            bound[name] = check_generic_value(name, value, self.dtype_generics())
         return self.specialize(bound)
 
-    def _argument_generics(self):
+    def argument_generics(self):
         """The generics the parameters' annotations name: those a launch binds from its arguments."""
         return {symbol_name(s) for p in self.parameters for s in p.symbols()}
 
-    def _dtype_generics(self):
+    def dtype_generics(self):
         names = set()
         for p in self.parameters:
             entry = p.memref.dtype if p.memref else p.dtype
@@ -170,8 +170,8 @@ class Kernel(_mlirgpu.Dispatcher):
         def bind_one(symbol, value, where):
             name = symbol_name(symbol)
             if name in bound and bound[name] != value:
-                raise LaunchError(f"generic {name} is {_show(bound[name])} from {source[name]} but "
-                                  f"{_show(value)} from {where}")
+                raise LaunchError(f"generic {name} is {show(bound[name])} from {source[name]} but "
+                                  f"{show(value)} from {where}")
             bound[name], source[name] = value, where
 
         scalars = []
@@ -215,11 +215,11 @@ class Kernel(_mlirgpu.Dispatcher):
         spec.launch(args, **kwargs)
 
 
-def _show(value):
+def show(value):
     return value.name if isinstance(value, DType) else repr(value)
 
 
-def _check_generic_value(name, value, dtype_generics):
+def check_generic_value(name, value, dtype_generics):
     if name in dtype_generics:
         if not isinstance(value, DType):
             try:
@@ -321,7 +321,7 @@ class Specialization(CompiledModule):
         self._module = None
 
     def __repr__(self):
-        return f"<{self.kernel.__qualname__}[{', '.join(f'{k}={_show(v)}' for k, v in self.values.items())}]>"
+        return f"<{self.kernel.__qualname__}[{', '.join(f'{k}={show(v)}' for k, v in self.values.items())}]>"
 
     @property
     def name(self):
@@ -375,7 +375,7 @@ class Specialization(CompiledModule):
 
     def cache_fields(self):
         kernel = self.kernel
-        return (",".join(f"{k}={_show(v)}" for k, v in self.values.items()),
+        return (",".join(f"{k}={show(v)}" for k, v in self.values.items()),
                 f"opt_level=3,bare_pointers=1,max_threads={kernel.max_threads},min_blocks={kernel.min_blocks}")
 
     def function_params(self):
@@ -384,7 +384,7 @@ class Specialization(CompiledModule):
     def __call__(self, *args, grid, block, shared_mem=0, stream=None):
         # Generics the arguments do not determine (tile sizes) take the specialization's values.
         bound = self.kernel.bind(args, unbound=self.values)
-        diff = [f"{k}={_show(v)} (specialized for {_show(self.values[k])})" for k, v in bound.items()
+        diff = [f"{k}={show(v)} (specialized for {show(self.values[k])})" for k, v in bound.items()
                 if v != self.values[k]]
         if diff:
             raise LaunchError(f"the arguments do not match {self!r}: {', '.join(diff)}")

@@ -165,7 +165,7 @@ class Vectorized:
                 return [lang.cast(r, d) for r, d in zip(results, declared)]
             for r in results:
                 if not isinstance(r, lang.Scalar):
-                    what = "a Python number (write mg.constant(value, dtype))" if lang._python_scalar(r) else \
+                    what = "a Python number (write mg.constant(value, dtype))" if lang.is_python_number(r) else \
                         type(r).__name__
                     raise CompileError(f"{self.__qualname__} returns {what}: an element-wise function returns "
                                        f"traced values, or a tuple of them")
@@ -638,7 +638,7 @@ class ElementwiseSpecialization(CompiledModule):
             if a.is_array:
                 args += descriptor(device_inputs[a.index])
             else:
-                args.append(_python_scalar(a.value))
+                args.append(_as_python_number(a.value))
         for o in outs:
             args += descriptor(o)
         total = math.prod(shape)
@@ -667,11 +667,11 @@ class ElementwiseSpecialization(CompiledModule):
                 return _view(array, flat, (array.dtype.itemsize,))
             return _view(array, shape, [s * array.dtype.itemsize for s in _strides(array, shape)])
 
-        args = [memref(device_inputs[a.index]) if a.is_array else _python_scalar(a.value) for a in plan.arguments]
+        args = [memref(device_inputs[a.index]) if a.is_array else _as_python_number(a.value) for a in plan.arguments]
         self.program().run(self.name, *args, *[memref(o) for o in outs])
 
 
-def _python_scalar(value):
+def _as_python_number(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
