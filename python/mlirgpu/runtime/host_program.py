@@ -73,7 +73,7 @@ def _dtype(element_type):
         return None
 
 
-class _Memref:
+class _MemRefSignature:
     """A memref parameter or result: rank, static sizes (None where dynamic),
     dtype, and what its layout lets a descriptor carry."""
 
@@ -135,11 +135,11 @@ class _Function:
             return f"{t}, which host programs cannot pass"
         if not t.is_memref:
             return _Scalar(dtype)
-        memref = _Memref(t, dtype)
+        memref = _MemRefSignature(t, dtype)
         return memref.unsupported or memref
 
     def results_spec(self):
-        return [("memref", len(r.shape), r.dtype) if isinstance(r, _Memref) else ("scalar", r.dtype)
+        return [("memref", len(r.shape), r.dtype) if isinstance(r, _MemRefSignature) else ("scalar", r.dtype)
                 for r in self.results]
 
 
