@@ -39,6 +39,7 @@ from .core import (
 from .inttuple import crd2idx, idx2crd, product
 from .pictures import grid, show, show_tv, tv_grid
 from .swizzle import ComposedLayout, Swizzle
+from . import mma, wgmma
 
 __all__ = [
     "Layout",

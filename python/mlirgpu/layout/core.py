@@ -611,9 +611,6 @@ def _zip_tiles(divided, tiler):
     """((tile modes), (rest modes)) from a mode-by-mode divide."""
     if not is_tuple(tiler):
         return divided
-    for t in tiler:
-        if not (is_int(t) or isinstance(t, Layout)):
-            raise TypeError("zipped/tiled/flat divide take a tiler of layouts or integers, one per mode")
     r = len(tiler)
     modes = list(divided)
     tiles = [modes[i][0] for i in range(r)]
@@ -628,6 +625,8 @@ def zipped_divide(layout, tiler):
     >>> print(zipped_divide(Layout((9, (4, 8)), (59, (13, 1))), (Layout(3, 3), Layout((2, 4), (1, 8)))))
     ((3,(2,4)),(3,(2,2))):((177,(13,2)),(59,(26,1)))
     """
+    if is_tuple(tiler) and not all(is_int(t) or isinstance(t, Layout) for t in tiler):
+        raise TypeError("zipped, tiled and flat divides take a tiler of layouts or integers, one per mode")
     return _zip_tiles(logical_divide(layout, tiler), tiler)
 
 
@@ -681,21 +680,26 @@ def _zipped_product(block, tiler):
 def blocked_product(block, tiler):
     """Repeat `block` as `tiler` says, mode by mode, block fastest: mode i of
     the result is (block mode i, tiler mode i), so the copies sit side by
-    side as whole blocks.
+    side as whole blocks. Each mode comes out coalesced.
 
     >>> print(blocked_product(Layout((2, 5), (5, 1)), Layout((3, 4), (1, 3))))
-    ((2,3),(5,4)):((5,10),(1,30))
+    (6,(5,4)):(5,(1,30))
+
+    (Before coalescing, mode 0 is (2,3):(5,10): 2 rows of the block, then 3 blocks.)
     """
     blocks, copies = _zipped_product(block, tiler)
-    return make_layout(*(make_layout(b, c) for b, c in zip(blocks, copies)))
+    result = make_layout(*(make_layout(b, c) for b, c in zip(blocks, copies)))
+    return coalesce(result, (1,) * result.rank)
 
 
 def raked_product(block, tiler):
     """Like `blocked_product` with the copies fastest: mode i is (tiler mode
-    i, block mode i), so the copies interleave element by element.
+    i, block mode i), so the copies interleave element by element. Each mode
+    comes out coalesced.
 
     >>> print(raked_product(Layout((2, 5), (5, 1)), Layout((3, 4), (1, 3))))
     ((3,2),(4,5)):((10,5),(30,1))
     """
     blocks, copies = _zipped_product(block, tiler)
-    return make_layout(*(make_layout(c, b) for b, c in zip(blocks, copies)))
+    result = make_layout(*(make_layout(c, b) for b, c in zip(blocks, copies)))
+    return coalesce(result, (1,) * result.rank)
