@@ -199,6 +199,11 @@ def test_composition_that_is_not_a_layout():
         composition(L((3, 4), (1, 3 * 5)), L(2, 2))
     with pytest.raises(ValueError, match="do not split"):
         composition(L((4, 4), (1, 10)), L(6, 1))
+    # (2,2):(1,1) reaches 1 + 1 = 2 in a's first mode, whose extent is 2:
+    # a(2) is 10, not a(1) + a(1).
+    with pytest.raises(ValueError, match="reach past"):
+        composition(L((2, 2), (1, 10)), L((2, 2), (1, 1)))
+    assert composition(L(4, 1), L((2, 2), (1, 1))) == L((2, 2), (1, 1))
     with pytest.raises(TypeError):
         composition(L(4, 1), "4:1")
 
