@@ -244,8 +244,14 @@ def _zero_none(coord):
     return coord
 
 
+def _tuples(coord):
+    if isinstance(coord, (tuple, list)):
+        return tuple(_tuples(c) for c in coord)
+    return coord
+
+
 def _slice(layout, coord):
-    coord = tuple(coord) if isinstance(coord, list) else coord
+    coord = _tuples(coord)
     if is_tuple(coord) and not is_tuple(layout.shape):
         raise ValueError(f"slice {coord!r} does not match shape {_fmt(layout.shape)}")
     as_int_tuple(_zero_none(coord), "coordinate")
@@ -606,12 +612,15 @@ def logical_divide(layout, tiler):
     ((2,2),(2,3)):((4,1),(2,8))
 
     With a tuple tiler the division is mode by mode (each mode i becomes
-    (tile, rest)), as for dividing a matrix into 2-D tiles:
+    (tile, rest)), as for dividing a matrix into 2-D tiles. A swizzled
+    layout divides its inner layout and keeps the swizzle outermost.
 
     >>> print(logical_divide(Layout((9, (4, 8)), (59, (13, 1))), (Layout(3, 3), Layout((2, 4), (1, 8)))))
     ((3,3),((2,4),(2,2))):((177,59),((13,2),(26,1)))
     """
     layout = _divisible(layout, "logical_divide")
+    if not isinstance(layout, Layout):
+        return _swizzled(layout, logical_divide(layout.inner, tiler))
     if is_tuple(tiler):
         return _by_mode(logical_divide, layout, tiler, "logical_divide")
     tiler = _as_layout(tiler, "tiler")
@@ -619,11 +628,18 @@ def logical_divide(layout, tiler):
 
 
 def _divisible(layout, name):
+    """A layout, or a swizzled layout: dividing S o L is S o (L divided)."""
     from .swizzle import ComposedLayout
 
     if isinstance(layout, ComposedLayout):
         return layout
     return _as_layout(layout, f"{name}'s layout")
+
+
+def _swizzled(composed, inner):
+    from .swizzle import ComposedLayout
+
+    return ComposedLayout(composed.outer, composed.offset, inner)
 
 
 def _zip_tiles(divided, tiler):
@@ -646,6 +662,9 @@ def zipped_divide(layout, tiler):
     """
     if is_tuple(tiler) and not all(is_int(t) or isinstance(t, Layout) for t in tiler):
         raise TypeError("zipped, tiled and flat divides take a tiler of layouts or integers, one per mode")
+    layout = _divisible(layout, "zipped_divide")
+    if not isinstance(layout, Layout):
+        return _swizzled(layout, zipped_divide(layout.inner, tiler))
     return _zip_tiles(logical_divide(layout, tiler), tiler)
 
 
@@ -655,6 +674,9 @@ def tiled_divide(layout, tiler):
     >>> print(tiled_divide(Layout((9, (4, 8)), (59, (13, 1))), (Layout(3, 3), Layout((2, 4), (1, 8)))))
     ((3,(2,4)),3,(2,2)):((177,(13,2)),59,(26,1))
     """
+    layout = _divisible(layout, "tiled_divide")
+    if not isinstance(layout, Layout):
+        return _swizzled(layout, tiled_divide(layout.inner, tiler))
     z = zipped_divide(layout, tiler)
     return make_layout(z[0], *z[1])
 
@@ -665,6 +687,9 @@ def flat_divide(layout, tiler):
     >>> print(flat_divide(Layout((9, (4, 8)), (59, (13, 1))), (Layout(3, 3), Layout((2, 4), (1, 8)))))
     (3,(2,4),3,(2,2)):(177,(13,2),59,(26,1))
     """
+    layout = _divisible(layout, "flat_divide")
+    if not isinstance(layout, Layout):
+        return _swizzled(layout, flat_divide(layout.inner, tiler))
     z = zipped_divide(layout, tiler)
     return make_layout(*z[0], *z[1])
 
