@@ -120,7 +120,8 @@ class Layout:
 
     @property
     def depth(self):
-        """How deeply the shape nests: 0 for an integer shape, 1 for a flat tuple."""
+        """How deeply the shape nests: `Layout(8).depth` is 0, `Layout((4, 8)).depth` 1,
+        `Layout(((2, 2), 4)).depth` 2."""
         return inttuple.depth(self._shape)
 
     # -- modes --------------------------------------------------------------
