@@ -11,7 +11,7 @@ asking for a figure raises ImportError saying what to install.
  0 |  0  1  2  3
  1 |  4  5  6  7
 """
-from .core import Layout
+from .core import Layout  # the docstrings' examples draw Layouts
 from .inttuple import as_int_tuple, product
 
 __all__ = ["grid", "tv_grid", "show", "show_tv", "layout_figure", "tv_figure"]
