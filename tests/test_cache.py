@@ -1,4 +1,4 @@
-"""The compilation cache (mlirgpu.cache): memory and disk hits, recompiles
+"""The compilation cache (mlirgpu.compiler.cache): memory and disk hits, recompiles
 with their logged reasons, corrupt entries, several processes on one
 directory, fingerprints of globals. CPU only."""
 import hashlib
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import mlirgpu
-from mlirgpu import cache
-from mlirgpu.cache import CacheInfo, CacheKey, CompileCache, fingerprint, fingerprint_globals
+from mlirgpu.compiler import cache
+from mlirgpu.compiler.cache import CacheInfo, CacheKey, CompileCache, fingerprint, fingerprint_globals
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,7 +96,7 @@ def test_new_cache_on_the_same_directory_hits_the_disk(tmp_path, log_compile):
 
 CHILD = """
     import sys
-    from mlirgpu.cache import CacheKey, CompileCache
+    from mlirgpu.compiler.cache import CacheKey, CompileCache
     key = CacheKey({"kernel": "mod.kernel", "generics": "M=256"})
     def compile_fn():
         print("compiled")
@@ -306,7 +306,7 @@ def test_an_unreadable_entry_is_a_miss(tmp_path, log_compile):
 
 RACER = """
     import json, os, sys, time
-    from mlirgpu.cache import CacheKey, CompileCache
+    from mlirgpu.compiler.cache import CacheKey, CompileCache
     base, index = sys.argv[1], sys.argv[2]
     directory = os.path.join(base, "cache")
     key = CacheKey({"kernel": "mod.race", "generics": "M=1024"})
@@ -605,7 +605,7 @@ def test_a_function_fingerprint_follows_its_code():
 
 FINGERPRINT_CHILD = """
     import math, numpy as np, mlirgpu
-    from mlirgpu.cache import fingerprint
+    from mlirgpu.compiler.cache import fingerprint
     def helper(x):
         return {"k": [x, 1.5, "s"]}, lambda y: y * 2
     print(fingerprint([1, 2.5, "a", None, (np.float32(2.0), mlirgpu.f32, np.ones(4)), math.sqrt]))

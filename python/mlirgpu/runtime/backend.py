@@ -12,8 +12,8 @@ memory, and launches run through mlirgpu.cpu.run. docs/cpu.md has the design.
 import os
 import weakref
 
-from . import _mlirgpu
-from ._mlirgpu import CudaError
+from .. import _mlirgpu
+from .._mlirgpu import CudaError
 
 __all__ = ["BACKENDS", "backend", "set_backend", "empty", "zeros", "to_device", "asarray"]
 
@@ -31,7 +31,7 @@ def _check_name(name, where):
 
 
 def _require_cuda(where):
-    from . import cuda
+    from .. import cuda
     if cuda.is_available():
         return
     cuda.device_count()   # raises the driver's CudaError (no driver, or its error) with the reason
@@ -49,7 +49,7 @@ def backend():
                 _require_cuda("MLIRGPU_BACKEND=cuda")
             _current = name
         else:
-            from . import cuda
+            from .. import cuda
             _current = "cuda" if cuda.is_available() else "cpu"
     return _current
 

@@ -10,8 +10,8 @@ stream.
 
 docs/runtime.md has the rules: the default stream, copies, graphs, errors.
 """
-from . import _mlirgpu
-from ._mlirgpu import Graph, f32
+from .. import _mlirgpu
+from .._mlirgpu import Graph, f32
 from .backend import on_cpu
 
 __all__ = ["Graph", "graph", "pinned_empty", "pinned_zeros"]

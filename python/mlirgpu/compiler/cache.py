@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy
 
-from ._mlirgpu import DType
+from .._mlirgpu import DType
 
 __all__ = ["CacheInfo", "CacheKey", "CompileCache", "cache_clear", "cache_info", "default_cache", "environment",
            "fingerprint", "fingerprint_globals"]
@@ -322,7 +322,7 @@ def environment():
     with _environment_lock:
         if _environment is None:
             import mlirgpu
-            from .compiler import CUDA_HOME
+            from .nvvm import CUDA_HOME
 
             mlir, mlir_build = _mlir_version()
             _environment = {"mlirgpu": getattr(mlirgpu, "__version__", "unknown"),

@@ -4,8 +4,8 @@ Floating-point functions take and return the operand's float type; `abs`,
 `min` and `max` also take integers. Python numbers take the other operand's
 type, as with operators.
 """
-from . import language as lang
-from ._mlirgpu import CompileError
+from . import core as lang
+from .._mlirgpu import CompileError
 
 __all__ = ["exp", "exp2", "log", "log2", "log10", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
            "floor", "ceil", "round", "trunc", "fma", "abs", "min", "max", "pow", "atan2"]

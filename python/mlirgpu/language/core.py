@@ -17,15 +17,19 @@ Type rules (docs/kernels.md):
   arith.index_cast (lossless for the sizes a GPU addresses).
 """
 import builtins
+import contextlib
 import threading
 
 import numpy as np
 
-from . import ir
-from ._mlirgpu import CompileError, DType, bf16, bool_, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64
+from .. import ir
+from .._mlirgpu import CompileError, DType, bf16, bool_, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64
 
 __all__ = ["Scalar", "MemRef", "constant", "cast", "thread_idx", "block_idx", "block_dim", "grid_dim",
            "range_", "static_range", "select"]
+
+# The kinds of memory access a Target may check (Target.check_access).
+LOAD, STORE, ATOMIC, VECTOR_LOAD, VECTOR_STORE = range(5)
 
 FLOATS = (f16, bf16, f32, f64)
 SIGNED = (i8, i16, i32, i64)
@@ -80,6 +84,51 @@ def _trace():
 def location():
     """The user's line that is running now, as an MLIR location."""
     return _trace().location()
+
+
+def target():
+    """The Target (language/target.py) the code being traced is for."""
+    return _trace().target
+
+
+def module_state():
+    """A dict shared by everything traced into one kernel's module (the
+    kernel and the device functions it calls): shared arrays, device
+    function specializations, the device-function call stack."""
+    return _trace().module_state
+
+
+def _top_level():
+    """The function (gpu.func or func.func) being traced into, at the top of
+    its gpu.module (or builtin.module when the target traces for the host)."""
+    op = ir.InsertionPoint.current().block.owner
+    while op is not None and (op.parent is None or op.parent.name not in ("gpu.module", "builtin.module")):
+        op = op.parent
+    if op is None:
+        raise CompileError("no gpu.module around the code being traced")
+    return op
+
+
+@contextlib.contextmanager
+def gpu_module_scope():
+    """Insert into the module of the function being traced, before it."""
+    with ir.InsertionPoint.before(_top_level()):
+        yield
+
+
+def unique_symbol(name):
+    """`name`, or name_2, name_3, ...: a symbol not yet used in the module."""
+    state = module_state()
+    used = state.get("symbols")
+    if used is None:
+        used = state["symbols"] = {op.get_attribute("sym_name").value for op in _top_level().block.operations
+                                   if "sym_name" in op.attributes}
+    symbol, n = name, 1
+    while symbol in used:
+        n += 1
+        symbol = f"{name}_{n}"
+    used.add(symbol)
+    return symbol
 
 
 def emit(name, operands=(), results=(), attributes=None, regions=0):
@@ -272,7 +321,7 @@ def constant(value, dtype):
 def _as_dtype(dtype):
     if isinstance(dtype, DType):
         return dtype
-    from . import _mlirgpu
+    from .. import _mlirgpu
     try:
         return _mlirgpu.dtype(dtype)
     except (TypeError, ValueError) as error:
@@ -479,13 +528,13 @@ class MemRef:
 
     def __getitem__(self, key):
         indices = self._indices(key)
-        host.check_bounds(self, indices, host.LOAD)
+        target().check_access(self, indices, LOAD)
         return Scalar(emit("memref.load", [self.value, *indices], [ir_type(self.dtype)]).result, self.dtype)
 
     def __setitem__(self, key, value):
         indices = self._indices(key)
         value = coerce(value, self.dtype, "the memref's element type")
-        host.check_bounds(self, indices, host.STORE)
+        target().check_access(self, indices, STORE)
         emit("memref.store", [value, self.value, *indices])
 
     def __len__(self):
@@ -505,11 +554,7 @@ class _Dim3:
         self._op, self._name = op, name
 
     def _get(self, axis):
-        host = getattr(_trace(), "host_indices", None)
-        if host is not None:  # the CPU backend: the host function's index arguments
-            return host[self._op, axis]
-        attr = ir.Attribute.parse(f"#gpu<dim {axis}>")
-        return Scalar(emit(self._op, results=[ir.Type.index()], attributes={"dimension": attr}).result, index)
+        return target().index(self._op, axis)
 
     x = property(lambda self: self._get("x"))
     y = property(lambda self: self._get("y"))
@@ -554,5 +599,3 @@ def python_range_args(args):
         return args[0], args[1], 1
     return args
 
-
-from . import host  # noqa: E402  (host uses this module's names)

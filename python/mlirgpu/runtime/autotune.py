@@ -26,10 +26,10 @@ import sys
 
 import numpy as np
 
-from . import cuda
-from ._mlirgpu import CompileError, CudaError, DeviceArray, DType, Event, LaunchError
+from .. import cuda
+from .._mlirgpu import CompileError, CudaError, DeviceArray, DType, Event, LaunchError
 from .backend import asarray, empty, on_cpu, to_device
-from .cache import _default_directory, _log
+from ..compiler.cache import _default_directory, _log
 from .kernel import Kernel, _check_generic_value, _show
 
 __all__ = ["autotune", "Autotuner", "WARMUP", "REPEAT"]
