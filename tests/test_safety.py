@@ -443,3 +443,17 @@ def test_long_cpu_launch_is_interrupted_and_lets_threads_run():
     assert out["interrupted"]
     assert out["blocks_done"] < 1024
     assert out["ticks"] > 0
+
+
+def test_cpu_run_knows_which_parameters_the_kernel_stores_to():
+    """mg.cpu.run passes a read-only array for a parameter the trace only
+    reads, and refuses one for a parameter it stores to."""
+    spec = copy_kernel.specialize({})
+    assert mg.cpu.stored_params(mg.cpu.host_module(spec), spec.name) == {0}
+    X = np.arange(4, dtype=np.float32)
+    X.flags.writeable = False
+    Y = np.zeros(4, np.float32)
+    mg.cpu.run(spec, [Y, X], grid=1, block=4)
+    np.testing.assert_array_equal(Y, X)
+    with pytest.raises(mg.LaunchError, match="read-only"):
+        mg.cpu.run(spec, [X, Y], grid=1, block=4)
