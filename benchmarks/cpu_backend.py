@@ -5,7 +5,8 @@
 
 - mlirgpu: the kernel below on the CPU backend (mg.set_backend("cpu")),
   DeviceArrays in host memory; the first launch (trace, lowering, JIT) is
-  reported apart, then the best of R launches.
+  reported apart, then the best of R launches, with bounds checks (the
+  default) and without (MLIRGPU_CHECK=none): the ratio is what checks cost.
 - peer: the same kernel written with numba.cuda, run by its simulator
   (NUMBA_ENABLE_CUDASIM=1) in a subprocess. Where numba-cuda is not
   importable here, the script makes a virtual environment under /tmp
@@ -89,7 +90,10 @@ def relative_error(got, expected):
     return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
 
 
-def run_mlirgpu(n, repeats):
+def run_mlirgpu(n, repeats, checks):
+    """`checks`: MLIRGPU_CHECK for this run ("bounds", the default, or "none");
+    engines are cached per set of checks, so both runs compile their own."""
+    os.environ["MLIRGPU_CHECK"] = checks
     mg.set_backend("cpu")
     A, B, expected = operands(n)
     dA, dB = mg.to_device(A), mg.to_device(B)
@@ -145,11 +149,13 @@ def main():
         parser.error(f"sizes are multiples of {TILE}")
     print(f"tiled matmul (tile {TILE}, static shared memory), {n}x{n}x{n} float32, "
           f"{os.cpu_count()} CPUs, mlirgpu {mg.__version__}")
-    rows, ours = [], None
+    rows, ours, unchecked = [], None, None
     try:
-        ours = run_mlirgpu(n, args.repeats)
-        rows.append(("mlirgpu, CPU backend", n, ours["seconds"], ours["error"], ""))
+        ours = run_mlirgpu(n, args.repeats, "bounds")
+        rows.append(("mlirgpu, CPU backend (bounds checks, the default)", n, ours["seconds"], ours["error"], ""))
         print(f"mlirgpu first launch (trace + lowering + JIT + run): {ours['first']:.3f} s")
+        unchecked = run_mlirgpu(n, args.repeats, "none")
+        rows.append(("mlirgpu, CPU backend (MLIRGPU_CHECK=none)", n, unchecked["seconds"], unchecked["error"], ""))
     except mg.Error as error:
         print(f"mlirgpu's CPU backend cannot run the tiled matmul ({type(error).__name__}): {error}")
         print("(shared memory on the CPU backend: see docs/cpu.md)")
@@ -166,6 +172,8 @@ def main():
         print(f"\n{'':{width}}  {'n':>5}  {'seconds':>9}  {'rel. error':>10}")
         for name, size, seconds, error, note in rows:
             print(f"{name:{width}}  {size:>5}  {seconds:>9.4f}  {error:>10.1e}  {note}")
+    if ours is not None and unchecked is not None:
+        print(f"\nbounds checks cost: {ours['seconds'] / unchecked['seconds']:.2f}x the unchecked launch")
     if ours is not None and peer_seconds is not None:
         print(f"\nsimulator / mlirgpu: {peer_seconds / ours['seconds']:.0f}x (goal: >= 100x); "
               f"mlirgpu {ours['seconds']:.3f} s (goal: <= 2 s)")

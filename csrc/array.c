@@ -333,16 +333,22 @@ static int parse_shape(PyObject *obj, int *ndim, Py_ssize_t shape[MG_MAX_NDIM])
                      Py_TYPE(obj)->tp_name);
         return -1;
     }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+    /* A tuple of our own: an item's __index__ may change a list while it is read. */
+    PyObject *items = PySequence_Tuple(obj);
+    if (items == NULL)
+        return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    int status = 0;
     if (n > MG_MAX_NDIM) {
         PyErr_Format(PyExc_ValueError, "at most %d dimensions are supported, got %zd", MG_MAX_NDIM, n);
-        return -1;
+        status = -1;
     }
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (parse_extent(PySequence_Fast_ITEMS(obj)[i], &shape[i]) < 0)
-            return -1;
-    *ndim = (int)n;
-    return 0;
+    for (Py_ssize_t i = 0; i < n && status == 0; i++)
+        status = parse_extent(PyTuple_GET_ITEM(items, i), &shape[i]);
+    Py_DECREF(items);
+    if (status == 0)
+        *ndim = (int)n;
+    return status;
 }
 
 /* Fills strides for a C-contiguous layout and the element count; ValueError
@@ -866,13 +872,21 @@ static PyObject *array_copy_to_host(mg_array *self, PyObject *args, PyObject *kw
  * shape, both C-contiguous, copied in on `stream` (by default the array's
  * last-used stream) without waiting. From page-locked memory the call
  * returns at once; from pageable memory the driver stages the data first. */
+static int refuse_readonly(mg_array *self, const char *call)
+{
+    if (!self->readonly)
+        return 0;
+    mg_raise(PyExc_ValueError, "%s: the array is read-only (its producer exported it so)", call);
+    return -1;
+}
+
 static PyObject *array_copy_from_host(mg_array *self, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"src", "stream", NULL};
     PyObject *src, *stream_arg = Py_None, *stream_obj;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:copy_from_host", keywords, &src, &stream_arg))
         return NULL;
-    if (check_host_peer(self, src, "src") < 0)
+    if (refuse_readonly(self, "copy_from_host") < 0 || check_host_peer(self, src, "src") < 0)
         return NULL;
     PyArrayObject *host = (PyArrayObject *)src;
     if (!is_c_contiguous(self) || !PyArray_IS_C_CONTIGUOUS(host))
@@ -917,6 +931,8 @@ static PyObject *array_copy_from(mg_array *self, PyObject *args, PyObject *kwarg
                                      &stream_arg))
         return NULL;
     mg_array *src = (mg_array *)src_obj;
+    if (refuse_readonly(self, "copy_from") < 0)
+        return NULL;
     if (src->dtype != self->dtype)
         return PyErr_Format(PyExc_TypeError, "copy_from: src has dtype %s, the array %s", src->dtype->name,
                             self->dtype->name);
@@ -981,6 +997,7 @@ static PyObject *array_get_dtype(mg_array *self, void *closure) { return Py_NewR
 static PyObject *array_get_nbytes(mg_array *self, void *closure) { return PyLong_FromSsize_t(self->size * self->dtype->itemsize); }
 static PyObject *array_get_ptr(mg_array *self, void *closure) { return PyLong_FromUnsignedLongLong(self->ptr); }
 static PyObject *array_get_host(mg_array *self, void *closure) { return PyBool_FromLong(self->host); }
+static PyObject *array_get_readonly(mg_array *self, void *closure) { return PyBool_FromLong(self->readonly); }
 static PyObject *array_get_contiguous(mg_array *self, void *closure) { return PyBool_FromLong(is_c_contiguous(self)); }
 
 /* __cuda_array_interface__ version 3. */
@@ -1002,7 +1019,7 @@ static PyObject *array_get_cai(mg_array *self, void *closure)
     unsigned long long stream = self->stream == NULL ? 1 : (unsigned long long)(uintptr_t)self->stream;
     unsigned long long data = self->size == 0 ? 0 : (unsigned long long)self->ptr;
     result = Py_BuildValue("{s:O,s:s,s:(KO),s:i,s:O,s:K}", "shape", shape, "typestr", self->dtype->typestr,
-                           "data", data, Py_False, "version", 3, "strides", strides, "stream", stream);
+                           "data", data, self->readonly ? Py_True : Py_False, "version", 3, "strides", strides, "stream", stream);
 error:
     Py_XDECREF(shape);
     Py_XDECREF(strides);
@@ -1134,6 +1151,9 @@ static PyObject *array_dlpack(mg_array *self, PyObject *args, PyObject *kwargs)
         return NULL;
     if (copy == Py_True)
         return mg_raise(PyExc_BufferError, "DeviceArray.__dlpack__ shares memory; copy=True is not supported");
+    if (self->readonly && !versioned)
+        return mg_raise(PyExc_BufferError, "a read-only DeviceArray is exported through versioned DLPack only "
+                        "(max_version=(1, 0)): the legacy capsule cannot say it is read-only");
     /* The stream is the consumer's: None is the legacy default stream, -1
      * asks for no synchronization, 0 is ambiguous and not allowed. */
     CUstream consumer = NULL;
@@ -1179,6 +1199,7 @@ static PyObject *array_dlpack(mg_array *self, PyObject *args, PyObject *kwargs)
         block->managed.versioned.version.major = MG_DLPACK_MAJOR;
         block->managed.versioned.version.minor = MG_DLPACK_MINOR;
         block->managed.versioned.manager_ctx = self;
+        block->managed.versioned.flags = self->readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
         block->managed.versioned.deleter = versioned_deleter;
     }
     else {
@@ -1309,8 +1330,14 @@ static PyObject *view_from_cai(PyObject *obj, PyObject *cai, int *wait, CUstream
     mg_dtype *dtype;
     if (int_tuple(shape_obj, "shape", shape, MG_MAX_NDIM, &ndim, 1) < 0 || dtype_from_typestr(typestr, &dtype) < 0)
         return NULL;
-    if (!PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2 || !PyLong_Check(PyTuple_GET_ITEM(data, 0)))
+    /* The read-only flag is a bool (an int is taken too); anything else could run Python code while
+     * the dict's items are borrowed. */
+    if (!PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2 || !PyLong_Check(PyTuple_GET_ITEM(data, 0)) ||
+        !PyLong_Check(PyTuple_GET_ITEM(data, 1)))
         return mg_raise(PyExc_TypeError, "__cuda_array_interface__ 'data' must be a (pointer, read_only) tuple");
+    int readonly = PyObject_IsTrue(PyTuple_GET_ITEM(data, 1));
+    if (readonly < 0)
+        return NULL;
     unsigned long long pointer = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
     if (pointer == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
@@ -1349,6 +1376,7 @@ static PyObject *view_from_cai(PyObject *obj, PyObject *cai, int *wait, CUstream
         return NULL;
     }
     view->ptr = (CUdeviceptr)pointer;
+    view->readonly = readonly;
     view->device = view->size > 0 && pointer != 0 ? mg_cu_pointer_device(view->ptr) : mg_cu_current_device();
     view->owner = Py_NewRef(obj);
     return (PyObject *)view;
@@ -1399,12 +1427,14 @@ static PyObject *view_from_capsule_on(PyObject *capsule, int host)
     if (managed == NULL)
         return NULL;
     DLTensor *t;
+    int readonly = 0;
     if (versioned) {
         DLManagedTensorVersioned *m = managed;
         if (m->version.major != MG_DLPACK_MAJOR)
             return PyErr_Format(PyExc_BufferError, "DLPack %u.%u is newer than this mlirgpu understands (%d.x)",
                                 m->version.major, m->version.minor, MG_DLPACK_MAJOR);
         t = &m->dl_tensor;
+        readonly = (m->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
     }
     else {
         t = &((DLManagedTensor *)managed)->dl_tensor;
@@ -1440,6 +1470,7 @@ static PyObject *view_from_capsule_on(PyObject *capsule, int host)
     if (view->size > 0 && byte_extent(view, &lo, &hi) < 0)
         goto error;
     view->ptr = (CUdeviceptr)(uintptr_t)t->data + (CUdeviceptr)t->byte_offset;
+    view->readonly = readonly;
     if (!host)
         view->device = t->device.device_id;
     if (PyCapsule_SetName(capsule, versioned ? MG_DLPACK_USED_VERSIONED_NAME : MG_DLPACK_USED_NAME) < 0)
@@ -1566,9 +1597,28 @@ static PyObject *host_asarray(PyObject *obj)
     if (!PyObject_HasAttr(obj, str_dlpack))
         return PyErr_Format(PyExc_TypeError, "cannot view %.100s as a host array: it has no __dlpack__",
                             Py_TYPE(obj)->tp_name);
-    PyObject *capsule = PyObject_CallMethodNoArgs(obj, str_dlpack);
+    /* Versioned first: only its capsule can say the memory is read-only. */
+    PyObject *capsule = NULL, *method = PyObject_GetAttr(obj, str_dlpack);
+    PyObject *kwargs = Py_BuildValue("{s:(ii)}", "max_version", MG_DLPACK_MAJOR, MG_DLPACK_MINOR);
+    PyObject *empty = PyTuple_New(0);
+    if (method != NULL && kwargs != NULL && empty != NULL) {
+        capsule = PyObject_Call(method, empty, kwargs);
+        if (capsule == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            capsule = PyObject_CallNoArgs(method);
+        }
+    }
+    Py_XDECREF(method);
+    Py_XDECREF(kwargs);
+    Py_XDECREF(empty);
     if (capsule == NULL)
         return NULL;
+    if (!PyCapsule_CheckExact(capsule)) {
+        PyErr_Format(PyExc_TypeError, "%.100s.__dlpack__() returned %.100s, not a capsule",
+                     Py_TYPE(obj)->tp_name, Py_TYPE(capsule)->tp_name);
+        Py_DECREF(capsule);
+        return NULL;
+    }
     PyObject *view = view_from_capsule_on(capsule, 1);
     Py_DECREF(capsule);   /* a consumed capsule lives on as the view's owner */
     return view;
@@ -1773,6 +1823,7 @@ static void fill_from_array(const mg_array *a, mg_foreign *out)
     out->ndim = a->ndim;
     out->device = a->device;
     out->host = a->host;
+    out->readonly = a->readonly;
     memcpy(out->shape, a->shape, (size_t)a->ndim * sizeof a->shape[0]);
     memcpy(out->strides, a->strides, (size_t)a->ndim * sizeof a->strides[0]);
     out->contiguous = is_c_contiguous(a);
@@ -1781,6 +1832,7 @@ static void fill_from_array(const mg_array *a, mg_foreign *out)
 static void fill_from_numpy(PyArrayObject *a, mg_foreign *out)
 {
     out->host = 1;
+    out->readonly = !PyArray_ISWRITEABLE(a);
     out->ptr = (CUdeviceptr)(uintptr_t)PyArray_DATA(a);
     out->contiguous = PyArray_IS_C_CONTIGUOUS(a);
     if (PyArray_NDIM(a) > MG_MAX_NDIM || dtype_from_descr(PyArray_DESCR(a), &out->dtype) < 0) {
@@ -1801,6 +1853,7 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full)
     out->device = -1;
     out->contiguous = 1;
     out->host = 0;
+    out->readonly = 0;
     out->wait = 0;
     out->producer = NULL;
     if (PyObject_TypeCheck(obj, mg_array_type)) {
@@ -2022,6 +2075,9 @@ static PyGetSetDef array_getset[] = {
     {"__cuda_array_interface__", (getter)array_get_cai, NULL,
      "Version 3; TypeError for bf16; AttributeError for a host array.", NULL},
     {"is_host", (getter)array_get_host, NULL, "True for host memory (a DeviceArray of the CPU backend).", NULL},
+    {"readonly", (getter)array_get_readonly, NULL, "True for memory its producer exported read-only "
+     "(__cuda_array_interface__ data[1], DLPack's read-only flag): copies into it and kernels that store to it "
+     "are refused, and its own exports say so.", NULL},
     {NULL},
 };
 

@@ -57,6 +57,7 @@ typedef struct {
     int device;             /* CUDA ordinal */
     int owns;               /* 1: ptr came from cuMemAlloc (or, when `host`, malloc) and is freed here */
     int host;               /* 1: host memory (the CPU backend); ptr is a host address, device -1 */
+    int readonly;           /* 1: a read-only producer's memory (CAI data[1], DLPack's flag): never written */
     Py_ssize_t size;        /* elements */
     Py_ssize_t shape[MG_MAX_NDIM];
     Py_ssize_t strides[MG_MAX_NDIM];   /* bytes, like NumPy */
@@ -103,6 +104,7 @@ typedef struct {
     int device;               /* CUDA ordinal; -1 for host arrays */
     int contiguous;           /* C-contiguous (size-1 extents and empty arrays included) */
     int host;                 /* a NumPy array or CPU tensor: never passed as a pointer */
+    int readonly;             /* the memory must not be written (a kernel storing to it is refused) */
     Py_ssize_t shape[MG_MAX_NDIM];
     Py_ssize_t strides[MG_MAX_NDIM];   /* bytes */
     PyObject *view;           /* strong: the DeviceArray view of the slow path, or NULL */

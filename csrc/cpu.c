@@ -7,8 +7,17 @@
  * every fiber at a barrier, all are released; when some have returned while
  * others wait, that is barrier divergence and the launch stops with
  * mlirgpu.KernelError. Fibers never unwind: an abandoned fiber's stack is
- * simply reused by the next block or launch. The GIL is held throughout, so
- * the scheduler's state can be process-wide.
+ * simply reused by the next block or launch.
+ *
+ * Everything a launch runs on is its own (mg_cpu_launch): the fibers and their
+ * stacks, the scheduler's context, printf output, a failed bounds check. The
+ * runtime calls below find it through a thread-local pointer, set while the
+ * launch's blocks run on that thread. So two Python threads launch at the same
+ * time, and Python code that runs between blocks (sys.stdout.write printing a
+ * kernel's output) may itself launch a kernel. Blocks run without the GIL:
+ * between blocks the launch takes it back to print, to check for signals
+ * (Ctrl-C) and to raise errors. The only state shared by launches is the
+ * cache of idle fiber pools, which is touched with the GIL held.
  *
  * The other runtime calls of the host trace: mg_cpu_shared (the block's
  * shared memory), mg_cpu_shuffle (a warp-level barrier that exchanges one
@@ -25,12 +34,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
 
 #include "numpy_api.h"
-
-extern _Thread_local jmp_buf *mg_fatal_target; /* ir.c: LLVM fatal errors longjmp there */
 
 #define MG_CPU_STACK (64 * 1024)
 #define MG_CPU_MAX_THREADS 1024 /* threads per block, as on the GPU */
@@ -38,9 +46,11 @@ extern _Thread_local jmp_buf *mg_fatal_target; /* ir.c: LLVM fatal errors longjm
 #define MG_CPU_WARP 32
 #define MG_CPU_MAX_ARGS 32      /* printf values, bounds-check indices */
 #define MG_CPU_ALIGN 64         /* of each shared memory region */
+#define MG_CPU_SLICE_NS 10000000 /* blocks run this long without the GIL before signals are checked */
+#define MG_CPU_IDLE_POOLS 4     /* fiber pools kept for later launches */
 
 /* ------------------------------------------------------------------------ */
-/* Fibers and the scheduler                                                  */
+/* Fibers and the launch                                                     */
 
 typedef void (*mg_packed_fn)(void **);
 
@@ -57,83 +67,134 @@ typedef struct {
 
 enum { MG_SHFL_XOR, MG_SHFL_DOWN, MG_SHFL_UP, MG_SHFL_IDX };
 
-/* What mg_cpu_out_of_bounds records for the scheduler to raise. */
+/* Fibers and their stacks, one mapping: per fiber a guard page, then its stack. */
+typedef struct fiber_pool {
+    struct fiber_pool *next; /* in the idle list */
+    mg_fiber *fibers;
+    char *stacks;
+    size_t capacity;
+} fiber_pool;
+
+/* What stopped a block, for the launch to raise once it holds the GIL again. */
+enum { BLOCK_OK, BLOCK_OUT_OF_BOUNDS, BLOCK_BARRIER_DIVERGENCE, BLOCK_WARP_DIVERGENCE };
+
 typedef struct {
-    int failed;
     int thread;
     int32_t name, kind, line;
     int rank;
     int64_t index[MG_CPU_MAX_ARGS], size[MG_CPU_MAX_ARGS];
 } mg_bounds_error;
 
-static struct {
+typedef struct {
+    int waiting, other;      /* the waiting thread; the one that returned or waits elsewhere */
+    int32_t line, other_line;
+} mg_divergence;
+
+typedef struct {
     ucontext_t scheduler;
-    mg_fiber *fibers;
-    char *stacks;      /* one mapping: per fiber a guard page, then its stack */
-    size_t capacity;   /* fibers (and stacks) allocated */
-    size_t page;
+    fiber_pool *pool;
     int current;
-    int nthreads;      /* of the block running */
     mg_packed_fn function;
-    void ***arguments; /* per thread: the packed argument array */
+    void ***arguments;       /* per thread: the packed argument array */
     const char *const *strings; /* the engine's: printf formats, array names */
     Py_ssize_t nstrings;
-    char *shared[2];   /* the block's static and dynamic shared memory */
+    char *shared[2];         /* the block's static and dynamic shared memory */
     int64_t shared_size[2];
-    int nargs;         /* printf values or bounds-check indices pending */
+    int nargs;               /* printf values or bounds-check indices pending */
     int64_t args[MG_CPU_MAX_ARGS], sizes[MG_CPU_MAX_ARGS];
-    char *output;      /* printf output not yet written to sys.stdout */
+    char *output;            /* printf output not yet written to sys.stdout (malloc: no GIL needed) */
     size_t output_len, output_cap;
-    int output_failed; /* out of memory while formatting: raised after the block */
+    int output_failed;       /* out of memory while formatting: raised after the block */
+    int failed;              /* BLOCK_* */
     mg_bounds_error bounds;
-} sched;
+    mg_divergence divergence;
+} mg_cpu_launch;
 
-static size_t stack_stride(void) { return sched.page + MG_CPU_STACK; }
+/* The launch whose blocks run on this thread (fibers share their thread's). */
+static _Thread_local mg_cpu_launch *running;
 
-/* Grows the fiber pool to `n` (kept across launches: stacks are reused). */
-static int reserve_fibers(size_t n)
+static size_t page_size;
+static fiber_pool *idle_pools; /* guarded by the GIL */
+static int nidle_pools;
+
+static size_t stack_stride(void) { return page_size + MG_CPU_STACK; }
+
+static void pool_destroy(fiber_pool *p)
 {
-    if (n <= sched.capacity)
-        return 0;
-    if (sched.page == 0)
-        sched.page = (size_t)sysconf(_SC_PAGESIZE);
-    mg_fiber *fibers = PyMem_Calloc(n, sizeof *fibers);
-    if (fibers == NULL) {
-        PyErr_NoMemory();
-        return -1;
+    munmap(p->stacks, p->capacity * stack_stride());
+    PyMem_Free(p->fibers);
+    PyMem_Free(p);
+}
+
+/* A pool of at least `n` fibers, idle or new; with the GIL. */
+static fiber_pool *pool_take(size_t n)
+{
+    for (fiber_pool **at = &idle_pools; *at != NULL; at = &(*at)->next) {
+        if ((*at)->capacity >= n) {
+            fiber_pool *p = *at;
+            *at = p->next;
+            nidle_pools--;
+            return p;
+        }
     }
-    char *stacks = mmap(NULL, n * stack_stride(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (page_size == 0)
+        page_size = (size_t)sysconf(_SC_PAGESIZE);
+    size_t capacity = MG_CPU_WARP;
+    while (capacity < n)
+        capacity *= 2;
+    fiber_pool *p = PyMem_Calloc(1, sizeof *p);
+    mg_fiber *fibers = PyMem_Calloc(capacity, sizeof *fibers);
+    char *stacks = MAP_FAILED;
+    if (p != NULL && fibers != NULL)
+        stacks = mmap(NULL, capacity * stack_stride(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (stacks == MAP_FAILED) {
+        PyMem_Free(p);
         PyMem_Free(fibers);
-        PyErr_SetFromErrno(PyExc_MemoryError);
-        return -1;
+        PyErr_NoMemory();
+        return NULL;
     }
     /* A guard page under each stack: an overflow faults instead of corrupting its neighbour. */
-    for (size_t i = 0; i < n; i++)
-        mprotect(stacks + i * stack_stride(), sched.page, PROT_NONE);
-    if (sched.stacks != NULL)
-        munmap(sched.stacks, sched.capacity * stack_stride());
-    PyMem_Free(sched.fibers);
-    sched.fibers = fibers;
-    sched.stacks = stacks;
-    sched.capacity = n;
-    return 0;
+    for (size_t i = 0; i < capacity; i++)
+        mprotect(stacks + i * stack_stride(), page_size, PROT_NONE);
+    p->fibers = fibers;
+    p->stacks = stacks;
+    p->capacity = capacity;
+    return p;
+}
+
+/* Back to the idle list (the smallest goes when it is full); with the GIL. */
+static void pool_give(fiber_pool *p)
+{
+    p->next = idle_pools;
+    idle_pools = p;
+    if (++nidle_pools <= MG_CPU_IDLE_POOLS)
+        return;
+    fiber_pool **smallest = &idle_pools;
+    for (fiber_pool **at = &idle_pools; *at != NULL; at = &(*at)->next)
+        if ((*at)->capacity < (*smallest)->capacity)
+            smallest = at;
+    fiber_pool *gone = *smallest;
+    *smallest = gone->next;
+    nidle_pools--;
+    pool_destroy(gone);
 }
 
 static void fiber_main(void)
 {
-    int t = sched.current;
-    sched.function(sched.arguments[t]);
-    sched.fibers[t].state = FIBER_DONE;
+    mg_cpu_launch *l = running;
+    int t = l->current;
+    l->function(l->arguments[t]);
+    l->pool->fibers[t].state = FIBER_DONE;
     /* Returning resumes uc_link: the scheduler. */
 }
 
 void mg_cpu_barrier(int32_t line)
 {
-    mg_fiber *f = &sched.fibers[sched.current];
+    mg_cpu_launch *l = running;
+    mg_fiber *f = &l->pool->fibers[l->current];
     f->state = FIBER_AT_BARRIER;
     f->line = line;
-    swapcontext(&f->context, &sched.scheduler);
+    swapcontext(&f->context, &l->scheduler);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -148,8 +209,9 @@ struct mg_memref_1d {
  * 0 the block's static shared memory, 1 its dynamic (the launch's shared_mem). */
 void _mlir_ciface_mg_cpu_shared(mg_memref_1d *result, int32_t which)
 {
+    mg_cpu_launch *l = running;
     which = which != 0;
-    *result = (mg_memref_1d){sched.shared[which], sched.shared[which], 0, sched.shared_size[which], 1};
+    *result = (mg_memref_1d){l->shared[which], l->shared[which], 0, l->shared_size[which], 1};
 }
 
 /* ------------------------------------------------------------------------ */
@@ -161,27 +223,28 @@ void _mlir_ciface_mg_cpu_shared(mg_memref_1d *result, int32_t which)
  * or not there, as gpu.shuffle gives). */
 int64_t mg_cpu_shuffle(int32_t mode, int64_t value, int32_t offset, int32_t line)
 {
-    mg_fiber *f = &sched.fibers[sched.current];
+    mg_cpu_launch *l = running;
+    mg_fiber *f = &l->pool->fibers[l->current];
     f->state = FIBER_AT_SHUFFLE;
     f->mode = mode;
     f->value = value;
     f->offset = offset;
     f->line = line;
-    swapcontext(&f->context, &sched.scheduler);
+    swapcontext(&f->context, &l->scheduler);
     return f->value;
 }
 
 /* Completes the shuffle of the warp starting at thread `first`. */
-static void exchange(int first, int end)
+static void exchange(mg_fiber *fibers, int first, int end)
 {
     int64_t in[MG_CPU_WARP];
     int active[MG_CPU_WARP];
     for (int t = first; t < end; t++) {
-        in[t - first] = sched.fibers[t].value;
-        active[t - first] = sched.fibers[t].state == FIBER_AT_SHUFFLE;
+        in[t - first] = fibers[t].value;
+        active[t - first] = fibers[t].state == FIBER_AT_SHUFFLE;
     }
     for (int t = first; t < end; t++) {
-        mg_fiber *f = &sched.fibers[t];
+        mg_fiber *f = &fibers[t];
         if (f->state != FIBER_AT_SHUFFLE)
             continue;
         int lane = t - first, b = f->offset & (MG_CPU_WARP - 1), source;
@@ -202,26 +265,27 @@ static void exchange(int first, int end)
 
 void mg_cpu_printf_arg(int64_t bits)
 {
-    if (sched.nargs < MG_CPU_MAX_ARGS)
-        sched.args[sched.nargs++] = bits;
+    mg_cpu_launch *l = running;
+    if (l->nargs < MG_CPU_MAX_ARGS)
+        l->args[l->nargs++] = bits;
 }
 
-static void append_output(const char *text, size_t len)
+static void append_output(mg_cpu_launch *l, const char *text, size_t len)
 {
-    if (sched.output_len + len + 1 > sched.output_cap) {
-        size_t cap = sched.output_cap ? sched.output_cap : 4096;
-        while (cap < sched.output_len + len + 1)
+    if (l->output_len + len + 1 > l->output_cap) {
+        size_t cap = l->output_cap ? l->output_cap : 4096;
+        while (cap < l->output_len + len + 1)
             cap *= 2;
-        char *grown = PyMem_Realloc(sched.output, cap);
+        char *grown = realloc(l->output, cap);
         if (grown == NULL) {
-            sched.output_failed = 1;
+            l->output_failed = 1;
             return;
         }
-        sched.output = grown;
-        sched.output_cap = cap;
+        l->output = grown;
+        l->output_cap = cap;
     }
-    memcpy(sched.output + sched.output_len, text, len);
-    sched.output_len += len;
+    memcpy(l->output + l->output_len, text, len);
+    l->output_len += len;
 }
 
 /* Formats strings[format] with the values mg_cpu_printf_arg gave, as C's
@@ -229,21 +293,22 @@ static void append_output(const char *text, size_t len)
  * double), one conversion at a time. */
 void mg_cpu_printf(int32_t format)
 {
-    int nargs = sched.nargs, next = 0;
-    sched.nargs = 0;
-    if (format < 0 || format >= sched.nstrings)
+    mg_cpu_launch *l = running;
+    int nargs = l->nargs, next = 0;
+    l->nargs = 0;
+    if (format < 0 || format >= l->nstrings)
         return;
-    const char *p = sched.strings[format];
+    const char *p = l->strings[format];
     char spec[64], text[512];
     while (*p) {
         const char *percent = strchr(p, '%');
         if (percent == NULL) {
-            append_output(p, strlen(p));
+            append_output(l, p, strlen(p));
             break;
         }
-        append_output(p, (size_t)(percent - p));
+        append_output(l, p, (size_t)(percent - p));
         if (percent[1] == '%') {
-            append_output("%", 1);
+            append_output(l, "%", 1);
             p = percent + 2;
             continue;
         }
@@ -264,7 +329,7 @@ void mg_cpu_printf(int32_t format)
         if (n + 4 > sizeof spec)
             break;
         memcpy(spec, percent, n); /* without the length modifier: we pick the C type */
-        int64_t bits = next < nargs ? sched.args[next] : 0;
+        int64_t bits = next < nargs ? l->args[next] : 0;
         next++;
         char conversion = *q;
         int len = 0;
@@ -288,31 +353,36 @@ void mg_cpu_printf(int32_t format)
             len = snprintf(text, sizeof text, spec, d);
         }
         if (len > 0)
-            append_output(text, (size_t)len < sizeof text ? (size_t)len : sizeof text - 1);
+            append_output(l, text, (size_t)len < sizeof text ? (size_t)len : sizeof text - 1);
         p = q + 1;
     }
 }
 
-/* Writes the pending printf output to sys.stdout (from the scheduler: Python
- * does not run on a fiber's small stack); -1 with an exception set. */
-static int flush_output(void)
+/* Writes the pending printf output to sys.stdout, with the GIL (and from the
+ * scheduler: Python does not run on a fiber's small stack); -1 with an
+ * exception set. sys.stdout.write may run any Python code, kernel launches
+ * included: those use launch state of their own. */
+static int flush_output(mg_cpu_launch *l)
 {
-    if (sched.output_failed) {
-        sched.output_failed = 0;
-        sched.output_len = 0;
+    if (l->output_failed) {
+        l->output_failed = 0;
+        l->output_len = 0;
         PyErr_NoMemory();
         return -1;
     }
-    if (sched.output_len == 0)
+    if (l->output_len == 0)
         return 0;
-    PyObject *text = PyUnicode_DecodeUTF8(sched.output, (Py_ssize_t)sched.output_len, "replace");
-    sched.output_len = 0;
+    PyObject *text = PyUnicode_DecodeUTF8(l->output, (Py_ssize_t)l->output_len, "replace");
+    l->output_len = 0;
     if (text == NULL)
         return -1;
-    PyObject *out = PySys_GetObject("stdout"); /* borrowed */
+    PyObject *out = PySys_GetObject("stdout"); /* borrowed: held while write runs */
     PyObject *r = NULL;
-    if (out != NULL && out != Py_None)
+    if (out != NULL && out != Py_None) {
+        Py_INCREF(out);
         r = PyObject_CallMethod(out, "write", "O", text);
+        Py_DECREF(out);
+    }
     else
         r = Py_NewRef(Py_None);
     Py_DECREF(text);
@@ -321,13 +391,14 @@ static int flush_output(void)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Bounds checks (MLIRGPU_CHECK=bounds)                                      */
+/* Bounds checks                                                             */
 
 void mg_cpu_bounds_index(int64_t index, int64_t size)
 {
-    if (sched.nargs < MG_CPU_MAX_ARGS) {
-        sched.args[sched.nargs] = index;
-        sched.sizes[sched.nargs++] = size;
+    mg_cpu_launch *l = running;
+    if (l->nargs < MG_CPU_MAX_ARGS) {
+        l->args[l->nargs] = index;
+        l->sizes[l->nargs++] = size;
     }
 }
 
@@ -335,19 +406,20 @@ void mg_cpu_bounds_index(int64_t index, int64_t size)
  * KernelError; this fiber is abandoned, never resumed. */
 void mg_cpu_out_of_bounds(int32_t name, int32_t kind, int32_t line)
 {
-    mg_bounds_error *e = &sched.bounds;
-    e->failed = 1;
-    e->thread = sched.current;
+    mg_cpu_launch *l = running;
+    mg_bounds_error *e = &l->bounds;
+    l->failed = BLOCK_OUT_OF_BOUNDS;
+    e->thread = l->current;
     e->name = name;
     e->kind = kind;
     e->line = line;
-    e->rank = sched.nargs;
-    memcpy(e->index, sched.args, sizeof e->index);
-    memcpy(e->size, sched.sizes, sizeof e->size);
-    sched.nargs = 0;
-    mg_fiber *f = &sched.fibers[sched.current];
+    e->rank = l->nargs;
+    memcpy(e->index, l->args, sizeof e->index);
+    memcpy(e->size, l->sizes, sizeof e->size);
+    l->nargs = 0;
+    mg_fiber *f = &l->pool->fibers[l->current];
     f->state = FIBER_FAILED;
-    swapcontext(&f->context, &sched.scheduler);
+    swapcontext(&f->context, &l->scheduler);
 }
 
 static void thread_xyz(int t, const int64_t *bdim, long long xyz[3])
@@ -357,9 +429,9 @@ static void thread_xyz(int t, const int64_t *bdim, long long xyz[3])
     xyz[2] = t / (bdim[0] * bdim[1]);
 }
 
-static const char *string_at(int32_t i)
+static const char *string_at(const mg_cpu_launch *l, int32_t i)
 {
-    return i >= 0 && i < sched.nstrings ? sched.strings[i] : "?";
+    return i >= 0 && i < l->nstrings ? l->strings[i] : "?";
 }
 
 static void tuple_text(char *out, size_t cap, const int64_t *v, int n)
@@ -371,50 +443,69 @@ static void tuple_text(char *out, size_t cap, const int64_t *v, int n)
         snprintf(out + at, cap - at, n == 1 ? ",)" : ")");
 }
 
-static void raise_bounds(const int64_t *block, const int64_t *bdim, const char *source)
+/* The KernelError of the block that failed; with the GIL. */
+static void raise_block_error(mg_cpu_launch *l, const int64_t *block, const int64_t *bdim, const char *source)
 {
     static const char *kinds[] = {"load from", "store to", "atomic update of", "vector load from",
                                   "vector store to"};
-    mg_bounds_error *e = &sched.bounds;
-    char index[512], shape[512];
-    long long t[3];
-    tuple_text(index, sizeof index, e->index, e->rank);
-    tuple_text(shape, sizeof shape, e->size, e->rank);
-    thread_xyz(e->thread, bdim, t);
-    mg_raise(mg_st->KernelError, "out-of-bounds %s '%s' at index %s [shape %s] by thread (%lld, %lld, %lld) "
-             "of block (%lld, %lld, %lld) at %s:%d", kinds[e->kind >= 0 && e->kind < 5 ? e->kind : 0],
-             string_at(e->name), index, shape, t[0], t[1], t[2], (long long)block[0], (long long)block[1],
-             (long long)block[2], source, (int)e->line);
-    e->failed = 0;
+    long long w[3], d[3];
+    if (l->failed == BLOCK_OUT_OF_BOUNDS) {
+        mg_bounds_error *e = &l->bounds;
+        char index[512], shape[512];
+        tuple_text(index, sizeof index, e->index, e->rank);
+        tuple_text(shape, sizeof shape, e->size, e->rank);
+        thread_xyz(e->thread, bdim, w);
+        mg_raise(mg_st->KernelError, "out-of-bounds %s '%s' at index %s [shape %s] by thread (%lld, %lld, %lld) "
+                 "of block (%lld, %lld, %lld) at %s:%d", kinds[e->kind >= 0 && e->kind < 5 ? e->kind : 0],
+                 string_at(l, e->name), index, shape, w[0], w[1], w[2], (long long)block[0], (long long)block[1],
+                 (long long)block[2], source, (int)e->line);
+        return;
+    }
+    mg_divergence *v = &l->divergence;
+    thread_xyz(v->waiting, bdim, w);
+    thread_xyz(v->other, bdim, d);
+    if (l->failed == BLOCK_WARP_DIVERGENCE)
+        mg_raise(mg_st->KernelError,
+                 "warp divergence at %s:%d: thread (%lld, %lld, %lld) of block (%lld, %lld, %lld) waits at "
+                 "a warp shuffle on line %d, but thread (%lld, %lld, %lld) of its warp waits at "
+                 "mg.syncthreads() on line %d",
+                 source, (int)v->line, w[0], w[1], w[2], (long long)block[0], (long long)block[1],
+                 (long long)block[2], (int)v->line, d[0], d[1], d[2], (int)v->other_line);
+    else
+        mg_raise(mg_st->KernelError,
+                 "barrier divergence at %s:%d: thread (%lld, %lld, %lld) of block (%lld, %lld, %lld) "
+                 "waits at mg.syncthreads() on line %d, but thread (%lld, %lld, %lld) returned "
+                 "without reaching it",
+                 source, (int)v->line, w[0], w[1], w[2], (long long)block[0], (long long)block[1],
+                 (long long)block[2], (int)v->line, d[0], d[1], d[2]);
 }
 
 /* ------------------------------------------------------------------------ */
 /* Running a block                                                           */
 
-/* Runs one block of `n` threads as fibers; -1 with KernelError on barrier or
- * warp divergence or a failed bounds check. */
-static int run_block(int n, const int64_t *block, const int64_t *bdim, const char *source)
+/* Runs one block of `n` threads as fibers, without the GIL: BLOCK_OK, or what
+ * stopped it (barrier or warp divergence, a failed bounds check), recorded
+ * in the launch for raise_block_error. */
+static int run_block(mg_cpu_launch *l, int n)
 {
-    sched.nthreads = n;
+    mg_fiber *fibers = l->pool->fibers;
     for (int t = 0; t < n; t++) {
-        mg_fiber *f = &sched.fibers[t];
+        mg_fiber *f = &fibers[t];
         getcontext(&f->context);
-        f->context.uc_stack.ss_sp = sched.stacks + (size_t)t * stack_stride() + sched.page;
+        f->context.uc_stack.ss_sp = l->pool->stacks + (size_t)t * stack_stride() + page_size;
         f->context.uc_stack.ss_size = MG_CPU_STACK;
-        f->context.uc_link = &sched.scheduler;
+        f->context.uc_link = &l->scheduler;
         makecontext(&f->context, fiber_main, 0);
         f->state = FIBER_READY;
     }
     for (;;) {
         for (int t = 0; t < n; t++) {
-            if (sched.fibers[t].state != FIBER_READY)
+            if (fibers[t].state != FIBER_READY)
                 continue;
-            sched.current = t;
-            swapcontext(&sched.scheduler, &sched.fibers[t].context);
-            if (sched.bounds.failed) {
-                raise_bounds(block, bdim, source);
-                return -1;
-            }
+            l->current = t;
+            swapcontext(&l->scheduler, &fibers[t].context);
+            if (l->failed)
+                return l->failed;
         }
         /* Every fiber has returned or waits. A warp whose remaining threads
          * all wait at a shuffle completes it; they run on before any barrier. */
@@ -422,11 +513,11 @@ static int run_block(int n, const int64_t *block, const int64_t *bdim, const cha
         for (int first = 0; first < n; first += MG_CPU_WARP) {
             int end = first + MG_CPU_WARP < n ? first + MG_CPU_WARP : n, shuffling = 0, other = 0;
             for (int t = first; t < end; t++) {
-                shuffling += sched.fibers[t].state == FIBER_AT_SHUFFLE;
-                other += sched.fibers[t].state == FIBER_AT_BARRIER;
+                shuffling += fibers[t].state == FIBER_AT_SHUFFLE;
+                other += fibers[t].state == FIBER_AT_BARRIER;
             }
             if (shuffling && !other) {
-                exchange(first, end);
+                exchange(fibers, first, end);
                 progress = 1;
             }
         }
@@ -434,7 +525,7 @@ static int run_block(int n, const int64_t *block, const int64_t *bdim, const cha
             continue;
         int waiting = -1, done = -1, shuffling = -1;
         for (int t = 0; t < n; t++) {
-            int state = sched.fibers[t].state;
+            int state = fibers[t].state;
             if (state == FIBER_AT_BARRIER) {
                 if (waiting < 0)
                     waiting = t;
@@ -446,41 +537,23 @@ static int run_block(int n, const int64_t *block, const int64_t *bdim, const cha
             }
         }
         if (waiting < 0 && shuffling < 0)
-            return 0;
-        long long w[3], d[3];
+            return BLOCK_OK;
         if (shuffling >= 0) {
             /* Its warp has a thread at a barrier: neither can go on. */
-            int first = shuffling / MG_CPU_WARP * MG_CPU_WARP, other = first;
-            while (sched.fibers[other].state != FIBER_AT_BARRIER)
+            int other = shuffling / MG_CPU_WARP * MG_CPU_WARP;
+            while (fibers[other].state != FIBER_AT_BARRIER)
                 other++;
-            thread_xyz(shuffling, bdim, w);
-            thread_xyz(other, bdim, d);
-            mg_raise(mg_st->KernelError,
-                     "warp divergence at %s:%d: thread (%lld, %lld, %lld) of block (%lld, %lld, %lld) waits at "
-                     "a warp shuffle on line %d, but thread (%lld, %lld, %lld) of its warp waits at "
-                     "mg.syncthreads() on line %d",
-                     source, (int)sched.fibers[shuffling].line, w[0], w[1], w[2], (long long)block[0],
-                     (long long)block[1], (long long)block[2], (int)sched.fibers[shuffling].line, d[0], d[1],
-                     d[2], (int)sched.fibers[other].line);
-            return -1;
+            l->divergence = (mg_divergence){shuffling, other, fibers[shuffling].line, fibers[other].line};
+            return l->failed = BLOCK_WARP_DIVERGENCE;
         }
         if (done >= 0) {
-            thread_xyz(waiting, bdim, w);
-            thread_xyz(done, bdim, d);
-            mg_raise(mg_st->KernelError,
-                     "barrier divergence at %s:%d: thread (%lld, %lld, %lld) of block (%lld, %lld, %lld) "
-                     "waits at mg.syncthreads() on line %d, but thread (%lld, %lld, %lld) returned "
-                     "without reaching it",
-                     source, (int)sched.fibers[waiting].line, w[0], w[1], w[2],
-                     (long long)block[0], (long long)block[1], (long long)block[2],
-                     (int)sched.fibers[waiting].line, d[0], d[1], d[2]);
-            return -1;
+            l->divergence = (mg_divergence){waiting, done, fibers[waiting].line, 0};
+            return l->failed = BLOCK_BARRIER_DIVERGENCE;
         }
         for (int t = 0; t < n; t++)
-            sched.fibers[t].state = FIBER_READY;
+            fibers[t].state = FIBER_READY;
     }
 }
-
 /* ------------------------------------------------------------------------ */
 /* CpuEngine                                                                 */
 
@@ -489,6 +562,7 @@ enum { PARAM_MEMREF, PARAM_SCALAR };
 typedef struct {
     int kind;
     int rank;        /* memref */
+    int written;     /* memref: the kernel may store to it (a read-only array is refused) */
     Py_ssize_t size; /* memref: element size; scalar: bytes */
 } mg_cpu_param;
 
@@ -510,10 +584,16 @@ static PyTypeObject *CpuEngineType;
 
 static int parse_params(mg_CpuEngine *self, PyObject *params)
 {
-    PyObject *seq = PySequence_Fast(params, "params must be a sequence of (kind, rank, size) tuples");
-    if (seq == NULL)
+    /* A tuple of our own: the items' conversions may run Python code that changes a list. */
+    PyObject *seq = PySequence_Check(params) ? PySequence_Tuple(params) : NULL;
+    if (seq == NULL) {
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "params must be a sequence of (kind, rank, size[, written]) tuples");
+        }
         return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
     self->params = PyMem_Calloc(n ? (size_t)n : 1, sizeof *self->params);
     if (self->params == NULL) {
         Py_DECREF(seq);
@@ -522,17 +602,23 @@ static int parse_params(mg_CpuEngine *self, PyObject *params)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         const char *kind;
-        int rank;
+        int rank, written = 1;
         Py_ssize_t size;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "sin:param", &kind, &rank, &size)) {
+        PyObject *item = PyTuple_GET_ITEM(seq, i);
+        if (!PyTuple_Check(item)) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_TypeError, "param %zd must be a (kind, rank, size[, written]) tuple", i);
+            return -1;
+        }
+        if (!PyArg_ParseTuple(item, "sin|p:param", &kind, &rank, &size, &written)) {
             Py_DECREF(seq);
             return -1;
         }
         mg_cpu_param *p = &self->params[i];
         if (strcmp(kind, "memref") == 0 && rank >= 0 && rank <= 8 && size > 0)
-            *p = (mg_cpu_param){PARAM_MEMREF, rank, size};
+            *p = (mg_cpu_param){PARAM_MEMREF, rank, written, size};
         else if (strcmp(kind, "scalar") == 0 && size > 0 && size <= 16)
-            *p = (mg_cpu_param){PARAM_SCALAR, 0, size};
+            *p = (mg_cpu_param){PARAM_SCALAR, 0, 0, size};
         else {
             Py_DECREF(seq);
             PyErr_Format(PyExc_ValueError, "param %zd: bad (kind, rank, size) (%s, %d, %zd)", i, kind, rank, size);
@@ -560,13 +646,35 @@ static void create_engine(void *arg)
     c->engine = mlirExecutionEngineCreate(c->module, c->opt_level, 0, NULL, false, true);
 }
 
-/* mlirExecutionEngineCreate; 1 if LLVM hit a fatal error inside. */
-static int create_guarded(MlirModule module, int opt_level, MlirExecutionEngine *engine)
+static const struct {
+    const char *name;
+    void *address;
+} runtime_symbols[] = {
+    {"mg_cpu_barrier", (void *)mg_cpu_barrier},
+    {"_mlir_ciface_mg_cpu_shared", (void *)_mlir_ciface_mg_cpu_shared},
+    {"mg_cpu_shuffle", (void *)mg_cpu_shuffle},
+    {"mg_cpu_printf_arg", (void *)mg_cpu_printf_arg},
+    {"mg_cpu_printf", (void *)mg_cpu_printf},
+    {"mg_cpu_bounds_index", (void *)mg_cpu_bounds_index},
+    {"mg_cpu_out_of_bounds", (void *)mg_cpu_out_of_bounds},
+};
+
+typedef struct {
+    MlirExecutionEngine engine;
+    MlirStringRef name;
+    mg_packed_fn function;
+} engine_start;
+
+/* Registers the runtime, runs the JIT (materialization happens here and in
+ * the lookup, where LLVM may still hit a fatal error) and finds the kernel. */
+static void start_engine(void *arg)
 {
-    engine_creation c = {module, opt_level, {NULL}};
-    int fatal = mg_fatal_guarded(create_engine, &c);
-    *engine = c.engine;
-    return fatal;
+    engine_start *s = arg;
+    for (size_t i = 0; i < sizeof runtime_symbols / sizeof *runtime_symbols; i++)
+        mlirExecutionEngineRegisterSymbol(s->engine, mlirStringRefCreateFromCString(runtime_symbols[i].name),
+                                          runtime_symbols[i].address);
+    mlirExecutionEngineInitialize(s->engine);
+    s->function = (mg_packed_fn)mlirExecutionEngineLookupPacked(s->engine, s->name);
 }
 
 static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -583,9 +691,6 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
         return PyErr_Format(PyExc_ValueError, "opt_level must be 0..3, not %d", opt_level);
     if (static_shared < 0)
         return PyErr_Format(PyExc_ValueError, "static_shared must be >= 0, not %zd", static_shared);
-    mg_ir_Operation *op = mg_ir_module_operation(module);
-    if (op == NULL)
-        return NULL;
     mg_CpuEngine *self = (mg_CpuEngine *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
@@ -593,6 +698,7 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     self->source = Py_NewRef(source);
     self->uses_fibers = uses_fibers;
     self->static_shared = static_shared;
+    /* Everything that can run Python code (the sequences) before the module is looked at. */
     self->strings = strings != NULL ? PySequence_Tuple(strings) : PyTuple_New(0);
     if (self->strings == NULL || parse_params(self, params) < 0)
         goto error;
@@ -611,19 +717,23 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
             goto error;
     }
 
+    mg_ir_Operation *op = mg_ir_module_operation(module);
+    if (op == NULL)
+        goto error;
     mg_ir_Context *ctx = op->context;
     mg_ir_diag_clear(ctx);
     if (!mlirOperationVerify(op->op) || mg_ir_diag_has_error(ctx)) {
         mg_ir_diag_raise(ctx, mg_st->MLIRError, "the host module does not verify");
         goto error;
     }
-    MlirModule m = mlirModuleFromOperation(op->op);
-    if (create_guarded(m, opt_level, &self->engine)) {
-        self->engine.ptr = NULL; /* half-built by LLVM: leaked, never touched */
-        mg_raise(mg_st->CompileError, "LLVM failed while JIT-compiling %U for the host", name);
+    engine_creation c = {mlirModuleFromOperation(op->op), opt_level, {NULL}};
+    if (mg_fatal_guarded(create_engine, &c)) {
+        /* half-built by LLVM: leaked, never touched */
+        mg_raise(mg_st->CompileError, "LLVM failed while JIT-compiling %U for the host: %s", name,
+                 mg_fatal_reason);
         goto error;
     }
-    if (mlirExecutionEngineIsNull(self->engine)) {
+    if (mlirExecutionEngineIsNull(c.engine)) {
         if (mg_ir_diag_has_error(ctx))
             mg_ir_diag_raise(ctx, mg_st->CompileError, "JIT-compiling the host module failed");
         else
@@ -631,33 +741,26 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
                                           "dialect?)", name);
         goto error;
     }
-    static const struct {
-        const char *name;
-        void *address;
-    } runtime[] = {
-        {"mg_cpu_barrier", (void *)mg_cpu_barrier},
-        {"_mlir_ciface_mg_cpu_shared", (void *)_mlir_ciface_mg_cpu_shared},
-        {"mg_cpu_shuffle", (void *)mg_cpu_shuffle},
-        {"mg_cpu_printf_arg", (void *)mg_cpu_printf_arg},
-        {"mg_cpu_printf", (void *)mg_cpu_printf},
-        {"mg_cpu_bounds_index", (void *)mg_cpu_bounds_index},
-        {"mg_cpu_out_of_bounds", (void *)mg_cpu_out_of_bounds},
-    };
-    for (size_t i = 0; i < sizeof runtime / sizeof *runtime; i++)
-        mlirExecutionEngineRegisterSymbol(self->engine, mlirStringRefCreateFromCString(runtime[i].name),
-                                          runtime[i].address);
-    mlirExecutionEngineInitialize(self->engine);
+    self->engine = c.engine;
     PyObject *packed = PyUnicode_FromFormat("_mlir_ciface_%U", name);
     if (packed == NULL)
         goto error;
     Py_ssize_t len;
     const char *text = PyUnicode_AsUTF8AndSize(packed, &len);
-    if (text != NULL)
-        self->function = (mg_packed_fn)mlirExecutionEngineLookupPacked(self->engine,
-                                                                      mlirStringRefCreate(text, (size_t)len));
-    Py_DECREF(packed);
-    if (text == NULL)
+    if (text == NULL) {
+        Py_DECREF(packed);
         goto error;
+    }
+    engine_start s = {self->engine, mlirStringRefCreate(text, (size_t)len), NULL};
+    int fatal = mg_fatal_guarded(start_engine, &s);
+    Py_DECREF(packed);
+    if (fatal) {
+        self->engine.ptr = NULL; /* LLVM stopped half-way through it: leaked, never touched */
+        mg_raise(mg_st->CompileError, "LLVM failed while JIT-compiling %U for the host: %s", name,
+                 mg_fatal_reason);
+        goto error;
+    }
+    self->function = s.function;
     if (self->function == NULL) {
         mg_raise(mg_st->CompileError, "the host module has no function %U with llvm.emit_c_interface", name);
         goto error;
@@ -682,28 +785,41 @@ static void CpuEngine_dealloc(mg_CpuEngine *self)
     Py_DECREF(type);
 }
 
-/* A (x, y, z) of positive ints, or an int (y = z = 1). */
+/* A (x, y, z) of positive ints, or an int (y = z = 1). A list is copied into
+ * a tuple first: an item's __index__ may change the list while it is read. */
 static int dim3(PyObject *obj, const char *what, int64_t out[3])
 {
     out[0] = out[1] = out[2] = 1;
-    if (PyLong_Check(obj)) {
+    PyObject *items = NULL;
+    if (PyIndex_Check(obj) && !PyBool_Check(obj)) {
         out[0] = PyLong_AsLongLong(obj);
-    } else {
-        PyObject *seq = PySequence_Fast(obj, "");
-        if (seq == NULL || PySequence_Fast_GET_SIZE(seq) < 1 || PySequence_Fast_GET_SIZE(seq) > 3) {
-            Py_XDECREF(seq);
-            PyErr_Clear();
-            mg_raise(mg_st->LaunchError, "%s must be an int or a tuple of 1 to 3 ints", what);
+    } else if (PyTuple_Check(obj) || PyList_Check(obj)) {
+        items = PySequence_Tuple(obj);
+        if (items == NULL)
+            return -1;
+        Py_ssize_t n = PyTuple_GET_SIZE(items);
+        if (n < 1 || n > 3) {
+            Py_DECREF(items);
+            mg_raise(mg_st->LaunchError, "%s must be an int or a tuple of 1 to 3 ints, got %zd items", what, n);
             return -1;
         }
-        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-            out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = PyTuple_GET_ITEM(items, i);
+            if (!PyIndex_Check(item) || PyBool_Check(item)) {
+                PyErr_SetString(PyExc_TypeError, "not an int");
+                break;
+            }
+            out[i] = PyLong_AsLongLong(item);
             if (out[i] == -1 && PyErr_Occurred())
                 break;
         }
-        Py_DECREF(seq);
+        Py_DECREF(items);
+    } else {
+        PyErr_SetString(PyExc_TypeError, "not an int");
     }
     if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;  /* KeyboardInterrupt and the like go on as they are */
         PyErr_Clear();
         mg_raise(mg_st->LaunchError, "%s must be an int or a tuple of 1 to 3 ints", what);
         return -1;
@@ -716,8 +832,76 @@ static int dim3(PyObject *obj, const char *what, int64_t out[3])
     return 0;
 }
 
+/* The threads of a block, or -1 past MG_CPU_MAX_THREADS (the product of three
+ * extents up to 2**31-1 does not fit in 64 bits: checked step by step). */
+static int64_t block_threads(const int64_t block[3])
+{
+    int64_t n = 1;
+    for (int i = 0; i < 3; i++)
+        if (__builtin_mul_overflow(n, block[i], &n) || n > MG_CPU_MAX_THREADS)
+            return -1;
+    return n;
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Runs every block of the grid; the GIL is released while blocks run and
+ * taken back after a slice (MG_CPU_SLICE_NS) or when a block printed or
+ * failed, to print, check for signals and raise. 0, or -1 with an error. */
+static int run_grid(mg_CpuEngine *self, mg_cpu_launch *l, const int64_t grid[3], const int64_t block[3],
+                    int64_t nthreads, int64_t *indices, char *shared, size_t shared_bytes, const char *source)
+{
+    mg_cpu_launch *outer = running; /* a launch from sys.stdout.write inside another's flush */
+    int status = 0;
+    int64_t b[3] = {0, 0, 0};
+    PyThreadState *thread = PyEval_SaveThread();
+    int64_t slice_end = now_ns() + MG_CPU_SLICE_NS;
+    running = l;
+    for (b[2] = 0; b[2] < grid[2] && status == 0; b[2]++)
+        for (b[1] = 0; b[1] < grid[1] && status == 0; b[1]++)
+            for (b[0] = 0; b[0] < grid[0] && status == 0; b[0]++) {
+                for (int64_t t = 0; t < nthreads; t++)
+                    memcpy(indices + (size_t)t * MG_CPU_NINDEX + 3, b, sizeof b);
+                /* Fresh for each block, as far as a program can tell. */
+                memset(shared, 0, shared_bytes);
+                int failed = BLOCK_OK;
+                if (self->uses_fibers)
+                    failed = run_block(l, (int)nthreads);
+                else
+                    for (int64_t t = 0; t < nthreads; t++)
+                        self->function(l->arguments[t]);
+                if (failed == BLOCK_OK && l->output_len == 0 && !l->output_failed && now_ns() < slice_end)
+                    continue;
+                running = outer;
+                PyEval_RestoreThread(thread);
+                if (failed != BLOCK_OK) {
+                    flush_output(l); /* what ran before the error is printed; its own error is lost */
+                    PyErr_Clear();
+                    raise_block_error(l, b, block, source);
+                    status = -1;
+                }
+                else if (flush_output(l) < 0 || PyErr_CheckSignals() < 0) {
+                    status = -1;
+                }
+                thread = PyEval_SaveThread();
+                slice_end = now_ns() + MG_CPU_SLICE_NS;
+                running = l;
+            }
+    running = outer;
+    PyEval_RestoreThread(thread);
+    if (status == 0 && (flush_output(l) < 0 || PyErr_CheckSignals() < 0))
+        status = -1;
+    return status;
+}
+
 /* launch(args, grid, block, shared_mem=0): args as the kernel's parameters
- * (C-contiguous aligned writeable ndarrays for memrefs, bytes for scalars). */
+ * (C-contiguous aligned ndarrays for memrefs, writeable where the kernel may
+ * store to them; bytes for scalars). */
 static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"args", "grid", "block", "shared_mem", NULL};
@@ -728,20 +912,29 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
     int64_t grid[3], block[3];
     if (dim3(gridobj, "grid", grid) < 0 || dim3(blockobj, "block", block) < 0)
         return NULL;
-    int64_t nthreads = block[0] * block[1] * block[2];
-    if (nthreads > MG_CPU_MAX_THREADS)
-        return mg_raise(mg_st->LaunchError, "block has %lld threads; at most %d", (long long)nthreads,
-                        MG_CPU_MAX_THREADS);
+    int64_t nthreads = block_threads(block);
+    if (nthreads < 0)
+        return mg_raise(mg_st->LaunchError, "block (%lld, %lld, %lld) has too many threads: at most %d",
+                        (long long)block[0], (long long)block[1], (long long)block[2], MG_CPU_MAX_THREADS);
     if (shared_mem < 0)
         return mg_raise(mg_st->LaunchError, "shared_mem must be >= 0, not %zd", shared_mem);
-    PyObject *seq = PySequence_Fast(arglist, "args must be a sequence");
-    if (seq == NULL)
+    /* Our own tuple: it keeps every array (and so its memory) alive while the blocks run without the GIL. */
+    PyObject *seq = PyTuple_Check(arglist) || PyList_Check(arglist) ? PySequence_Tuple(arglist) : NULL;
+    if (seq == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "args must be a tuple or list");
         return NULL;
+    }
     Py_ssize_t n = self->nparams;
-    if (PySequence_Fast_GET_SIZE(seq) != n) {
+    if (PyTuple_GET_SIZE(seq) != n) {
         Py_DECREF(seq);
         return mg_raise(mg_st->LaunchError, "%U takes %zd arguments, got %zd", self->name, n,
-                        PySequence_Fast_GET_SIZE(seq));
+                        PyTuple_GET_SIZE(seq));
+    }
+    const char *source = PyUnicode_AsUTF8(self->source);
+    if (source == NULL) {
+        Py_DECREF(seq);
+        return NULL;
     }
 
     /* One allocation: descriptors and scalar slots (shared by all threads),
@@ -769,9 +962,10 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
     int64_t *indices = (int64_t *)(packed + (size_t)nthreads * nargs);
 
     PyObject *result = NULL;
+    mg_cpu_launch *launch = NULL;
     int64_t *slot = slots;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *arg = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *arg = PyTuple_GET_ITEM(seq, i);
         mg_cpu_param *p = &self->params[i];
         if (p->kind == PARAM_SCALAR) {
             if (!PyBytes_Check(arg) || PyBytes_GET_SIZE(arg) != p->size) {
@@ -790,9 +984,13 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
         }
         PyArrayObject *a = (PyArrayObject *)arg;
         if (PyArray_NDIM(a) != p->rank || PyArray_ITEMSIZE(a) != p->size ||
-            !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || !PyArray_ISWRITEABLE(a)) {
-            mg_raise(mg_st->LaunchError, "argument %zd: expected a C-contiguous, aligned, writeable array of "
+            !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a)) {
+            mg_raise(mg_st->LaunchError, "argument %zd: expected a C-contiguous, aligned array of "
                      "rank %d and item size %zd", i, p->rank, p->size);
+            goto done;
+        }
+        if (p->written && !PyArray_ISWRITEABLE(a)) {
+            mg_raise(mg_st->LaunchError, "argument %zd is read-only, and %U stores to it", i, self->name);
             goto done;
         }
         /* {allocated, aligned, offset, sizes[rank], strides[rank]} in elements */
@@ -824,54 +1022,30 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
         }
         per_thread[t] = a;
     }
-    if (self->uses_fibers && reserve_fibers((size_t)nthreads) < 0)
+    launch = PyMem_Calloc(1, sizeof *launch);
+    if (launch == NULL) {
+        PyErr_NoMemory();
         goto done;
-
-    sched.function = self->function;
-    sched.arguments = per_thread;
-    sched.strings = self->texts;
-    sched.nstrings = PyTuple_GET_SIZE(self->strings);
-    sched.shared[0] = shared;
-    sched.shared_size[0] = self->static_shared;
-    sched.shared[1] = shared + static_bytes;
-    sched.shared_size[1] = shared_mem;
-    sched.nargs = 0;
-    sched.output_len = 0;
-    const char *source = PyUnicode_AsUTF8(self->source);
-    if (source == NULL)
+    }
+    if (self->uses_fibers && (launch->pool = pool_take((size_t)nthreads)) == NULL)
         goto done;
-    for (int64_t bz = 0; bz < grid[2]; bz++)
-        for (int64_t by = 0; by < grid[1]; by++)
-            for (int64_t bx = 0; bx < grid[0]; bx++) {
-                int64_t b[3] = {bx, by, bz};
-                for (int64_t t = 0; t < nthreads; t++)
-                    memcpy(indices + (size_t)t * MG_CPU_NINDEX + 3, b, sizeof b);
-                /* Fresh for each block, as far as a program can tell. */
-                memset(shared, 0, shared_bytes);
-                if (self->uses_fibers) {
-                    if (run_block((int)nthreads, b, block, source) < 0) {
-                        PyObject *type, *value, *traceback;
-                        PyErr_Fetch(&type, &value, &traceback);
-                        flush_output(); /* what ran before the error is printed; its own error is lost */
-                        PyErr_Clear();
-                        PyErr_Restore(type, value, traceback);
-                        goto done;
-                    }
-                } else {
-                    for (int64_t t = 0; t < nthreads; t++)
-                        self->function(per_thread[t]);
-                }
-                if (flush_output() < 0)
-                    goto done;
-            }
-    result = Py_NewRef(Py_None);
+    launch->function = self->function;
+    launch->arguments = per_thread;
+    launch->strings = self->texts;
+    launch->nstrings = PyTuple_GET_SIZE(self->strings);
+    launch->shared[0] = shared;
+    launch->shared_size[0] = self->static_shared;
+    launch->shared[1] = shared + static_bytes;
+    launch->shared_size[1] = shared_mem;
+    if (run_grid(self, launch, grid, block, nthreads, indices, shared, shared_bytes, source) == 0)
+        result = Py_NewRef(Py_None);
 done:
-    sched.function = NULL;
-    sched.arguments = NULL;
-    sched.strings = NULL;
-    sched.nstrings = 0;
-    sched.shared[0] = sched.shared[1] = NULL;
-    sched.output_len = 0;
+    if (launch != NULL) {
+        if (launch->pool != NULL)
+            pool_give(launch->pool);
+        free(launch->output);
+        PyMem_Free(launch);
+    }
     free(shared);
     PyMem_Free(memory);
     Py_DECREF(seq);
@@ -886,17 +1060,19 @@ static PyObject *CpuEngine_repr(mg_CpuEngine *self)
 static PyMethodDef CpuEngine_methods[] = {
     {"launch", (PyCFunction)(void (*)(void))CpuEngine_launch, METH_VARARGS | METH_KEYWORDS,
      "launch(args, grid, block, shared_mem=0): runs every thread of every block; memref arguments are "
-     "C-contiguous ndarrays, scalars their bytes. Raises KernelError on barrier or warp divergence and on a "
-     "failed bounds check; printf output goes to sys.stdout after each block."},
+     "C-contiguous ndarrays (writeable where the kernel stores), scalars their bytes. Raises KernelError on "
+     "barrier or warp divergence and on a failed bounds check; printf output goes to sys.stdout between "
+     "blocks. Blocks run without the GIL; Ctrl-C stops the launch between blocks."},
     {NULL},
 };
 
 static PyType_Slot CpuEngine_slots[] = {
     {Py_tp_doc, "CpuEngine(module, name, params, source, uses_fibers=True, strings=(), static_shared=0, "
                 "opt_level=2): the host module (lowered to the llvm dialect) JIT-compiled; `name` is its "
-                "func.func with llvm.emit_c_interface, `params` a (kind, rank, size) tuple per kernel "
-                "parameter, `strings` the printf formats and array names its runtime calls refer to by index, "
-                "`static_shared` the bytes of its static shared memory."},
+                "func.func with llvm.emit_c_interface, `params` a (kind, rank, size[, written]) tuple per kernel "
+                "parameter (written, default True: the kernel may store to that memref), `strings` the printf "
+                "formats and array names its runtime calls refer to by index, `static_shared` the bytes of "
+                "its static shared memory."},
     {Py_tp_new, CpuEngine_new},
     {Py_tp_dealloc, CpuEngine_dealloc},
     {Py_tp_repr, CpuEngine_repr},

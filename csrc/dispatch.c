@@ -33,6 +33,7 @@ enum {
 typedef struct {
     Py_ssize_t n;                        /* words used */
     uint64_t known;                      /* bit i: argument i is an array at pointers[i] */
+    uint64_t readonly;                   /* bit i: that array must not be written */
     int nviews;
     int nwaits;
     Py_ssize_t unlaunchable;             /* first argument only `miss` can handle, or -1 */
@@ -43,10 +44,13 @@ typedef struct {
     uint64_t words[SIG_MAX_WORDS];
 } sig_builder;
 
-static inline uint64_t array_word(int kind, const mg_dtype *dtype, int ndim, int contiguous, int device)
+/* Read-only arrays have signatures of their own: a launch registered for a
+ * writeable one must not take one that its kernel may store to. */
+static inline uint64_t array_word(int kind, const mg_dtype *dtype, int ndim, int contiguous, int readonly, int device)
 {
     return (uint64_t)kind | (uint64_t)(dtype ? dtype->id : SIG_NO_DTYPE) << 8 | (uint64_t)ndim << 16 |
-           (uint64_t)(contiguous != 0) << 24 | (uint64_t)(uint32_t)(device + 1) << 32;
+           (uint64_t)(contiguous != 0) << 24 | (uint64_t)(readonly != 0) << 25 |
+           (uint64_t)(uint32_t)(device + 1) << 32;
 }
 
 static void push_layout(sig_builder *b, int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides, int contiguous)
@@ -97,7 +101,7 @@ static int read_other(sig_builder *b, Py_ssize_t i, PyObject *arg)
         return 0;
     }
     int kind = info.host ? SIG_HOST : SIG_ARRAY;
-    b->words[b->n++] = array_word(kind, info.dtype, info.ndim, info.contiguous, info.device);
+    b->words[b->n++] = array_word(kind, info.dtype, info.ndim, info.contiguous, info.readonly, info.device);
     push_layout(b, info.ndim, info.shape, info.strides, info.contiguous);
     if (info.host) {
         mark_unlaunchable(b, i, SIG_HOST);
@@ -106,6 +110,8 @@ static int read_other(sig_builder *b, Py_ssize_t i, PyObject *arg)
     }
     b->pointers[i] = info.ptr;
     b->known |= (uint64_t)1 << i;
+    if (info.readonly)
+        b->readonly |= (uint64_t)1 << i;
     if (info.wait)
         b->waits[b->nwaits++] = info.producer;
     if (info.view != NULL)
@@ -118,6 +124,7 @@ static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs)
 {
     b->n = 0;
     b->known = 0;
+    b->readonly = 0;
     b->nviews = 0;
     b->nwaits = 0;
     b->unlaunchable = -1;
@@ -128,10 +135,12 @@ static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs)
         if (mg_array_check_device(arg)) {
             const mg_array *a = (const mg_array *)arg;
             int contiguous = mg_array_is_c_contiguous(arg);
-            b->words[b->n++] = array_word(SIG_ARRAY, a->dtype, a->ndim, contiguous, a->device);
+            b->words[b->n++] = array_word(SIG_ARRAY, a->dtype, a->ndim, contiguous, a->readonly, a->device);
             push_layout(b, a->ndim, a->shape, a->strides, contiguous);
             b->pointers[i] = a->ptr;
             b->known |= (uint64_t)1 << i;
+            if (a->readonly)
+                b->readonly |= (uint64_t)1 << i;
         }
         else if (PyFloat_CheckExact(arg)) {
             b->words[b->n++] = SIG_FLOAT;
@@ -372,8 +381,11 @@ static PyObject *dispatcher_vectorcall(PyObject *callable, PyObject *const *args
         sig_release(&b);
         return NULL;
     }
+    /* Reading the arguments ran Python code (__cuda_array_interface__,
+     * __dlpack__, torch's methods), which may have cleared or grown the
+     * table, here or from another thread: it is read only now. */
     PyObject *target = NULL;
-    if (b.unlaunchable < 0) {
+    if (b.unlaunchable < 0 && self->count > 0) {
         sig_entry *e = table_find(self->entries, self->capacity, sig_hash(b.words, b.n), b.words, b.n);
         target = e->target;
     }
@@ -385,7 +397,8 @@ static PyObject *dispatcher_vectorcall(PyObject *callable, PyObject *const *args
     Py_INCREF(target);
     PyObject *result;
     if (Py_IS_TYPE(target, mg_cu_Function_type))
-        result = mg_cu_function_launch_known(target, args, nargs, kwnames, b.known, b.pointers, b.waits, b.nwaits);
+        result = mg_cu_function_launch_known(target, args, nargs, kwnames, b.known, b.readonly, b.pointers, b.waits,
+                                             b.nwaits);
     else
         result = PyObject_Vectorcall(target, args, nargsf, kwnames);
     Py_DECREF(target);

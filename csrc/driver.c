@@ -1046,19 +1046,21 @@ static PyObject *module_load(PyObject *cls, PyObject *image)
 
 static PyObject *module_get_function(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"name", "params", NULL};
+    static char *keywords[] = {"name", "params", "stores", NULL};
     const char *name;
-    PyObject *params = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|O:get_function", keywords, &name, &params))
+    PyObject *params = Py_None, *stores = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|OO:get_function", keywords, &name, &params, &stores))
         return NULL;
-    return mg_cu_function_new(self, name, params);
+    return mg_cu_function_new(self, name, params, stores);
 }
 
 static PyMethodDef module_methods[] = {
     {"load", (PyCFunction)module_load, METH_O | METH_CLASS,
      "Module.load(image): PTX (str, or bytes) through the JIT, or a cubin (ELF bytes)."},
     {"get_function", (PyCFunction)(void (*)(void))module_get_function, METH_VARARGS | METH_KEYWORDS,
-     "get_function(name, params=None): the kernel `name`; `params` lists \"ptr\" or a dtype per parameter."},
+     "get_function(name, params=None, stores=None): the kernel `name`; `params` lists \"ptr\" or a dtype per "
+     "parameter; `stores` the indices of the pointer parameters the kernel may store to (None: any). A read-only "
+     "array passed for one of those is a LaunchError."},
     {NULL},
 };
 
@@ -1098,6 +1100,7 @@ typedef struct {
     PyObject *name;       /* str */
     PyObject *params;     /* tuple of "ptr" and DTypes, or None */
     int nparams;          /* -1 without a signature */
+    uint64_t stores;      /* bit i: the kernel may store through parameter i */
     signed char kinds[MG_CU_MAX_ARGS];
 } mg_function;
 
@@ -1118,7 +1121,15 @@ static int parse_signature(mg_function *self, PyObject *params)
                      Py_TYPE(params)->tp_name);
         return -1;
     }
-    PyObject *items = PySequence_Tuple(params);
+    /* A tuple of our own even when `params` is a tuple (PySequence_Tuple would
+     * hand back the caller's, and normalizing writes into it). */
+    PyObject *given = PySequence_Tuple(params);
+    if (given == NULL)
+        return -1;
+    PyObject *items = PyTuple_New(PyTuple_GET_SIZE(given));
+    for (Py_ssize_t i = 0; items != NULL && i < PyTuple_GET_SIZE(given); i++)
+        PyTuple_SET_ITEM(items, i, Py_NewRef(PyTuple_GET_ITEM(given, i)));
+    Py_DECREF(given);
     if (items == NULL)
         return -1;
     Py_ssize_t n = PyTuple_GET_SIZE(items);
@@ -1149,7 +1160,36 @@ error:
     return -1;
 }
 
-PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *params)
+/* `stores`: None (any pointer parameter may be stored to) or the indices of those that may. */
+static int parse_stores(mg_function *self, PyObject *stores)
+{
+    self->stores = ~(uint64_t)0;
+    if (stores == NULL || stores == Py_None)
+        return 0;
+    PyObject *items = PySequence_Check(stores) ? PySequence_Tuple(stores) : NULL;
+    if (items == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "stores must be None or a sequence of parameter indices, not %.100s",
+                         Py_TYPE(stores)->tp_name);
+        return -1;
+    }
+    self->stores = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items); i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        Py_ssize_t index = PyLong_Check(item) ? PyLong_AsSsize_t(item) : -1;
+        if (index < 0 || index >= MG_CU_MAX_ARGS || (self->nparams >= 0 && index >= self->nparams)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "stores holds parameter indices, got %R", item);
+            Py_DECREF(items);
+            return -1;
+        }
+        self->stores |= (uint64_t)1 << index;
+    }
+    Py_DECREF(items);
+    return 0;
+}
+
+PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *params, PyObject *stores)
 {
     if (!PyObject_TypeCheck(module, mg_cu_Module_type))
         return PyErr_Format(PyExc_TypeError, "expected an mlirgpu.Module, not %.100s", Py_TYPE(module)->tp_name);
@@ -1159,7 +1199,7 @@ PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *param
     self->vectorcall = function_vectorcall;
     self->module = Py_NewRef(module);
     self->name = PyUnicode_FromString(name);
-    if (self->name == NULL || parse_signature(self, params ? params : Py_None) < 0)
+    if (self->name == NULL || parse_signature(self, params ? params : Py_None) < 0 || parse_stores(self, stores) < 0)
         goto error;
     int pushed;
     if (mg_cu_push(((mg_module *)module)->device, &pushed) < 0)
@@ -1235,8 +1275,17 @@ static int launch_error(mg_function *self, const char *fmt, ...)
     return -1;
 }
 
-/* A grid or block extent: a positive int that fits in 32 bits. */
-static int parse_extent(mg_function *self, PyObject *value, const char *what, int axis, unsigned int *out)
+static int stored_readonly(mg_function *self, Py_ssize_t index)
+{
+    return launch_error(self, "argument %zd is a read-only array, and the kernel may store to it%s", index,
+                        self->stores == ~(uint64_t)0 ? " (get_function's stores= names the parameters it "
+                                                       "stores to)" : "");
+}
+
+/* A grid or block extent: a positive int that fits in 32 bits. *ran_python
+ * is set where its __index__ (user code) ran. */
+static int parse_extent(mg_function *self, PyObject *value, const char *what, int axis, unsigned int *out,
+                        int *ran_python)
 {
     if (!PyIndex_Check(value) || PyBool_Check(value))
         return launch_error(self, "%s must be an int or a tuple of 1 to 3 ints, got %.100s in it",
@@ -1244,6 +1293,7 @@ static int parse_extent(mg_function *self, PyObject *value, const char *what, in
     int overflow = 0;
     long long n = PyLong_Check(value) ? PyLong_AsLongLongAndOverflow(value, &overflow) : -1;
     if (!PyLong_Check(value)) {
+        *ran_python = 1;
         PyObject *index = PyNumber_Index(value);
         if (index == NULL)
             return -1;
@@ -1258,22 +1308,25 @@ static int parse_extent(mg_function *self, PyObject *value, const char *what, in
     return 0;
 }
 
-static int parse_dims(mg_function *self, PyObject *value, const char *what, unsigned int out[3])
+static int parse_dims(mg_function *self, PyObject *value, const char *what, unsigned int out[3], int *ran_python)
 {
     if (PyTuple_Check(value) || PyList_Check(value)) {
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
+        /* A tuple of our own: an item's __index__ may change a list while it is read. */
+        PyObject *items = PySequence_Tuple(value);
+        if (items == NULL)
+            return -1;
+        Py_ssize_t n = PyTuple_GET_SIZE(items);
+        int status = 0;
         if (n < 1 || n > 3)
-            return launch_error(self, "%s must have 1 to 3 extents, got %zd", what, n);
-        PyObject **items = PySequence_Fast_ITEMS(value);
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (parse_extent(self, items[i], what, (int)i, &out[i]) < 0)
-                return -1;
-        return 0;
+            status = launch_error(self, "%s must have 1 to 3 extents, got %zd", what, n);
+        for (Py_ssize_t i = 0; i < n && status == 0; i++)
+            status = parse_extent(self, PyTuple_GET_ITEM(items, i), what, (int)i, &out[i], ran_python);
+        Py_DECREF(items);
+        return status;
     }
-    return parse_extent(self, value, what, 0, &out[0]);
+    return parse_extent(self, value, what, 0, &out[0], ran_python);
 }
 
-/* IEEE binary16 from binary32, rounding to nearest even. */
 static uint16_t float_to_half(float f)
 {
     uint32_t x;
@@ -1416,6 +1469,10 @@ static int pack_foreign_array(mg_function *self, Py_ssize_t index, PyObject *val
         mg_foreign_release(&info);
         return launch_error(self, "argument %zd is a host array: use mlirgpu.to_device", index);
     }
+    if (info.readonly && self->stores >> index & 1) {
+        mg_foreign_release(&info);
+        return stored_readonly(self, index);
+    }
     *slot = (uint64_t)info.ptr;
     *view = info.view;   /* the reference moves to the caller */
     if (info.wait)
@@ -1449,12 +1506,12 @@ static int retain_for_graph(PyObject *function, PyObject *const *args, Py_ssize_
 
 PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    return mg_cu_function_launch_known(function, args, nargs, kwnames, 0, NULL, NULL, 0);
+    return mg_cu_function_launch_known(function, args, nargs, kwnames, 0, 0, NULL, NULL, 0);
 }
 
 PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args, Py_ssize_t nargs,
-                                      PyObject *kwnames, uint64_t known, const CUdeviceptr *pointers,
-                                      const CUstream *known_waits, int nknown_waits)
+                                      PyObject *kwnames, uint64_t known, uint64_t readonly,
+                                      const CUdeviceptr *pointers, const CUstream *known_waits, int nknown_waits)
 {
     mg_function *self = (mg_function *)function;
     unsigned int grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
@@ -1467,7 +1524,8 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
     PyObject *views[MG_CU_MAX_ARGS];
     int nviews = 0, nwaits = 0;
     CUstream waits[MG_CU_MAX_ARGS];           /* producers of foreign arrays, for the launch's stream */
-    uint64_t arrays = known;                  /* bit i: argument i is an array */
+    uint64_t arrays;                          /* bit i: argument i is an array */
+    int ran_python = 0;                       /* reading the keywords ran user code */
     PyObject *result = NULL;
 
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -1475,12 +1533,12 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
         PyObject *key = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
         /* Keywords from call sites are interned: identity settles it. */
         if (key == str_grid || PyUnicode_Compare(key, str_grid) == 0) {
-            if (parse_dims(self, value, "grid", grid) < 0)
+            if (parse_dims(self, value, "grid", grid, &ran_python) < 0)
                 goto error;
             have_grid = 1;
         }
         else if (key == str_block || PyUnicode_Compare(key, str_block) == 0) {
-            if (parse_dims(self, value, "block", block) < 0)
+            if (parse_dims(self, value, "block", block, &ran_python) < 0)
                 goto error;
             have_block = 1;
         }
@@ -1494,6 +1552,7 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
             shared_mem = (unsigned long long)n;
         }
         else if (key == str_stream || PyUnicode_Compare(key, str_stream) == 0) {
+            ran_python |= value != Py_None && !PyObject_TypeCheck(value, mg_cu_Stream_type) && !PyLong_Check(value);
             if (!mg_cu_stream_converter(value, &stream))
                 goto error;
             stream_obj = value == Py_None ? NULL : value;
@@ -1516,6 +1575,13 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
         launch_error(self, "the signature has %d parameters, %zd arguments given", self->nparams, nargs);
         goto error;
     }
+    if (ran_python) {
+        /* The caller's pointers were read before that code ran, which may have
+         * freed or moved what they point to: read every argument again. */
+        known = readonly = 0;
+        nknown_waits = 0;
+    }
+    arrays = known;
 
     for (Py_ssize_t i = 0; i < nargs; i++) {
         PyObject *arg = args[i];
@@ -1526,12 +1592,20 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
                 launch_error(self, "argument %zd is a %s scalar, got an array", i, mg_dtype_get(kind)->name);
                 goto error;
             }
+            if (readonly >> i & self->stores >> i & 1) {
+                stored_readonly(self, i);
+                goto error;
+            }
             slots[i] = (uint64_t)pointers[i];
             continue;
         }
         if (mg_array_check_device(arg)) {
             if (kind >= 0) {
                 launch_error(self, "argument %zd is a %s scalar, got a DeviceArray", i, mg_dtype_get(kind)->name);
+                goto error;
+            }
+            if (((mg_array *)arg)->readonly && self->stores >> i & 1) {
+                stored_readonly(self, i);
                 goto error;
             }
             slots[i] = (uint64_t)mg_array_ptr(arg);

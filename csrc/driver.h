@@ -169,7 +169,7 @@ PyObject *mg_cu_module_load(PyObject *image);
 
 /* module.get_function(name, params): a new mlirgpu.Function. `params` is
  * NULL/None or a sequence of "ptr" and dtypes. */
-PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *params);
+PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *params, PyObject *stores);
 
 /* The raw handle of an mlirgpu.Function (borrowed; lives as long as it). */
 
@@ -187,11 +187,15 @@ PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args,
 /* The same launch where the caller already read some array arguments: bit
  * i of `known` says argument i is an array whose device pointer is
  * pointers[i] (the caller keeps whatever owns it alive); the other
- * arguments are packed as mg_cu_function_launch packs them. The launch's
- * stream first waits for each of the `nwaits` streams in `waits`: the
- * producers that foreign arrays among the known ones named (CAI `stream`). */
+ * arguments are packed as mg_cu_function_launch packs them; bit i of
+ * `readonly` says known array i must not be written. The launch's stream
+ * first waits for each of the `nwaits` streams in `waits`: the producers
+ * that foreign arrays among the known ones named (CAI `stream`). Where
+ * reading the launch keywords may have run Python code (an __index__, a
+ * stream object's protocol), the known pointers are not trusted: every
+ * argument is read again. */
 PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args, Py_ssize_t nargs,
-                                      PyObject *kwnames, uint64_t known, const CUdeviceptr *pointers,
-                                      const CUstream *waits, int nwaits);
+                                      PyObject *kwnames, uint64_t known, uint64_t readonly,
+                                      const CUdeviceptr *pointers, const CUstream *waits, int nwaits);
 
 #endif

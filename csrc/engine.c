@@ -634,6 +634,17 @@ static PyObject *parameter_error(PyObject *cls, engine_function *f, int by_point
     return NULL;
 }
 
+/* A new reference to a tuple of the items of `seq` (TypeError `message` when it is no sequence). */
+static PyObject *tuple_of(PyObject *seq, const char *message)
+{
+    PyObject *fast = PySequence_Fast(seq, message);
+    if (fast == NULL || !PyList_Check(fast))
+        return fast;
+    PyObject *tuple = PyList_AsTuple(fast);
+    Py_DECREF(fast);
+    return tuple;
+}
+
 static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"name", "args", "results", "timeline", NULL};
@@ -649,11 +660,11 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
     if (f == NULL)
         return PyErr_Format(PyExc_ValueError, "the module has no function '%s' with llvm.emit_c_interface", name);
 
-    PyObject *argseq = PySequence_Fast(arglist, "args must be a sequence");
+    /* Tuples of our own: reading an item (__index__, a buffer) may run Python code that changes a list. */
+    PyObject *argseq = tuple_of(arglist, "args must be a sequence");
     if (argseq == NULL)
         return NULL;
-    PyObject *resseq = resultlist != NULL ? PySequence_Fast(resultlist, "results must be a sequence")
-                                          : PyTuple_New(0);
+    PyObject *resseq = resultlist != NULL ? tuple_of(resultlist, "results must be a sequence") : PyTuple_New(0);
     if (resseq == NULL) {
         Py_DECREF(argseq);
         return NULL;

@@ -395,6 +395,26 @@ static mg_ir_Context *context_arg(PyObject *arg) /* borrowed */
     return (mg_ir_Context *)arg;
 }
 
+/* Replaces *seq (borrowed) by a new reference to a tuple of its items (None
+ * and NULL stay as they are, with a reference). Called before the current
+ * Context or InsertionPoint is looked at: iterating a generator runs Python
+ * code, which may leave a `with` block and free what was looked at. */
+static int own_items(PyObject **seq, const char *message)
+{
+    if (*seq == NULL || *seq == Py_None) {
+        Py_XINCREF(*seq);
+        return 0;
+    }
+    PyObject *fast = PySequence_Fast(*seq, message);
+    if (fast == NULL) {
+        *seq = NULL;
+        return -1;
+    }
+    *seq = PyList_Check(fast) ? PyList_AsTuple(fast) : Py_NewRef(fast);
+    Py_DECREF(fast);
+    return *seq == NULL ? -1 : 0;
+}
+
 static PyObject *Context_current(PyObject *cls, PyObject *unused)
 {
     return Py_XNewRef((PyObject *)context_current());
@@ -602,14 +622,17 @@ static PyObject *Location_fused(PyObject *cls, PyObject *args, PyObject *kwds)
     PyObject *seq, *ctxarg = NULL;
     const void **locs;
     Py_ssize_t n;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O:Location.fused", kwlist, &seq, &ctxarg))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O:Location.fused", kwlist, &seq, &ctxarg) ||
+        own_items(&seq, "expected a sequence") < 0)
         return NULL;
     mg_ir_Context *ctx = context_arg(ctxarg);
-    if (ctx == NULL || uniqued_seq(seq, LocationType, ctx, "location", &locs, &n) < 0)
-        return NULL;
-    PyObject *result = wrap_location(ctx, mlirLocationFusedGet(ctx->context, n, (MlirLocation *)locs,
-                                                                mlirAttributeGetNull()));
-    PyMem_Free(locs);
+    PyObject *result = NULL;
+    if (ctx != NULL && uniqued_seq(seq, LocationType, ctx, "location", &locs, &n) == 0) {
+        result = wrap_location(ctx, mlirLocationFusedGet(ctx->context, n, (MlirLocation *)locs,
+                                                         mlirAttributeGetNull()));
+        PyMem_Free(locs);
+    }
+    Py_DECREF(seq);
     return result;
 }
 
@@ -903,6 +926,12 @@ static PyObject *Type_function(PyObject *cls, PyObject *args, PyObject *kwds)
     Py_ssize_t nin, nout;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|$O:Type.function", kwlist, &inputs, &results, &ctxarg))
         return NULL;
+    if (own_items(&inputs, "expected a sequence") < 0)
+        return NULL;
+    if (own_items(&results, "expected a sequence") < 0) {
+        Py_DECREF(inputs);
+        return NULL;
+    }
     mg_ir_Context *ctx = context_arg(ctxarg);
     if (ctx == NULL || uniqued_seq(inputs, TypeType, ctx, "input type", &in, &nin) < 0 ||
         uniqued_seq(results, TypeType, ctx, "result type", &out, &nout) < 0)
@@ -911,6 +940,8 @@ static PyObject *Type_function(PyObject *cls, PyObject *args, PyObject *kwds)
 error:
     PyMem_Free(in);
     PyMem_Free(out);
+    Py_DECREF(inputs);
+    Py_DECREF(results);
     return r;
 }
 
@@ -1244,13 +1275,16 @@ static PyObject *Attribute_array(PyObject *cls, PyObject *args, PyObject *kwds)
     PyObject *seq, *ctxarg = NULL;
     const void **items;
     Py_ssize_t n;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O:Attribute.array", kwlist, &seq, &ctxarg))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O:Attribute.array", kwlist, &seq, &ctxarg) ||
+        own_items(&seq, "expected a sequence") < 0)
         return NULL;
     mg_ir_Context *ctx = context_arg(ctxarg);
-    if (ctx == NULL || uniqued_seq(seq, AttributeType, ctx, "array element", &items, &n) < 0)
-        return NULL;
-    PyObject *r = wrap_attribute(ctx, mlirArrayAttrGet(ctx->context, n, (MlirAttribute *)items));
-    PyMem_Free(items);
+    PyObject *r = NULL;
+    if (ctx != NULL && uniqued_seq(seq, AttributeType, ctx, "array element", &items, &n) == 0) {
+        r = wrap_attribute(ctx, mlirArrayAttrGet(ctx->context, n, (MlirAttribute *)items));
+        PyMem_Free(items);
+    }
+    Py_DECREF(seq);
     return r;
 }
 
@@ -1309,10 +1343,15 @@ static PyObject *dense_array(PyObject *args, PyObject *kwds, int bits)
     PyObject *seq, *ctxarg = NULL, *r = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O:Attribute.dense_array", kwlist, &seq, &ctxarg))
         return NULL;
-    mg_ir_Context *ctx = context_arg(ctxarg);
-    PyObject *fast = ctx ? PySequence_Fast(seq, "values must be a sequence of ints") : NULL;
+    /* The items first: iterating runs Python code, which may free the current Context. */
+    PyObject *fast = PySequence_Fast(seq, "values must be a sequence of ints");
     if (fast == NULL)
         return NULL;
+    mg_ir_Context *ctx = context_arg(ctxarg);
+    if (ctx == NULL) {
+        Py_DECREF(fast);
+        return NULL;
+    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
     int64_t *vals = PyMem_Calloc((size_t)n + 1, sizeof *vals);
     int32_t *vals32 = PyMem_Calloc((size_t)n + 1, sizeof *vals32);
@@ -1361,9 +1400,6 @@ static PyObject *Attribute_strided_layout(PyObject *cls, PyObject *args, PyObjec
     PyObject *offsetarg, *seq, *ctxarg = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|$O:Attribute.strided_layout", kwlist, &offsetarg, &seq, &ctxarg))
         return NULL;
-    mg_ir_Context *ctx = context_arg(ctxarg);
-    if (ctx == NULL)
-        return NULL;
     int64_t dynamic = mlirShapedTypeGetDynamicStrideOrOffset(), offset = dynamic;
     if (offsetarg != Py_None) {
         if (!PyLong_Check(offsetarg))
@@ -1371,9 +1407,15 @@ static PyObject *Attribute_strided_layout(PyObject *cls, PyObject *args, PyObjec
         if ((offset = PyLong_AsLongLong(offsetarg)) == -1 && PyErr_Occurred())
             return NULL;
     }
+    /* The items first: iterating runs Python code, which may free the current Context. */
     PyObject *fast = PySequence_Fast(seq, "strides must be a sequence of ints or None");
     if (fast == NULL)
         return NULL;
+    mg_ir_Context *ctx = context_arg(ctxarg);
+    if (ctx == NULL) {
+        Py_DECREF(fast);
+        return NULL;
+    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
     int64_t *strides = PyMem_Calloc((size_t)n + 1, sizeof *strides);
     PyObject *r = NULL;
@@ -1422,10 +1464,15 @@ static PyObject *Attribute_permutation_map(PyObject *cls, PyObject *args, PyObje
     PyObject *seq, *ctxarg = NULL, *r = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O:Attribute.permutation_map", kwlist, &seq, &ctxarg))
         return NULL;
-    mg_ir_Context *ctx = context_arg(ctxarg);
-    PyObject *fast = ctx ? PySequence_Fast(seq, "permutation must be a sequence of ints") : NULL;
+    /* The items first: iterating runs Python code, which may free the current Context. */
+    PyObject *fast = PySequence_Fast(seq, "permutation must be a sequence of ints");
     if (fast == NULL)
         return NULL;
+    mg_ir_Context *ctx = context_arg(ctxarg);
+    if (ctx == NULL) {
+        Py_DECREF(fast);
+        return NULL;
+    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
     unsigned *permutation = PyMem_Calloc((size_t)n + 1, sizeof *permutation);
     char *seen = PyMem_Calloc((size_t)n + 1, 1);
@@ -1805,6 +1852,26 @@ static PyObject *view_richcompare(mg_ir_Block *self, PyObject *other, int op)
 
 /* ---- insertion ---- */
 
+typedef struct { MlirOperation *ops; size_t n, cap; int failed; } op_list;
+
+static MlirWalkResult collect_op(MlirOperation op, void *userdata)
+{
+    op_list *list = userdata;
+    if (list->n == list->cap) {
+        size_t cap = list->cap ? 2 * list->cap : 64;
+        MlirOperation *grown = realloc(list->ops, cap * sizeof *grown);
+        if (grown == NULL) {
+            list->failed = 1;
+            return MlirWalkResultInterrupt;
+        }
+        list->ops = grown;
+        list->cap = cap;
+    }
+    list->ops[list->n++] = op;
+    return MlirWalkResultAdvance;
+}
+
+
 static MlirOperation ir_root(MlirOperation op)
 {
     for (MlirOperation p = op; !mlirOperationIsNull(p); p = mlirOperationGetParentOperation(p))
@@ -1845,15 +1912,40 @@ static int insert_operation(mg_ir_Block *block, mg_ir_Operation *before, PyObjec
             return -1;
         }
     }
-    /* Uses across two roots would dangle once either root is freed. */
+    /* Uses across two roots would dangle once either root is freed: every
+     * operand of the operation and of the operations nested in it (a clone's
+     * body may use values of the module it was cloned from) must be defined
+     * in the block's tree or inside the operation itself. */
     MlirOperation root = ir_root(block->anchor->op);
-    for (intptr_t i = 0; i < mlirOperationGetNumOperands(op->op); i++) {
-        if (!mlirOperationEqual(ir_root(value_owner_op(mlirOperationGetOperand(op->op, i))), root)) {
-            PyErr_Format(PyExc_ValueError, "operand #%zd is defined outside the IR tree of the block "
-                         "(another module or detached operation)", (Py_ssize_t)i);
+    op_list nested = {0};
+    mlirOperationWalk(op->op, collect_op, &nested, MlirWalkPreOrder);
+    if (nested.failed) {
+        free(nested.ops);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t k = 0; k < nested.n; k++) {
+        MlirOperation user = nested.ops[k];
+        for (intptr_t i = 0; i < mlirOperationGetNumOperands(user); i++) {
+            MlirOperation owner_root = ir_root(value_owner_op(mlirOperationGetOperand(user, i)));
+            if (mlirOperationEqual(owner_root, root) || mlirOperationEqual(owner_root, op->op))
+                continue;
+            if (k == 0)
+                PyErr_Format(PyExc_ValueError, "operand #%zd is defined outside the IR tree of the block "
+                             "(another module or detached operation)", (Py_ssize_t)i);
+            else {
+                PyObject *name = mg_ir_str(mlirIdentifierStr(mlirOperationGetName(user)));
+                if (name != NULL)
+                    PyErr_Format(PyExc_ValueError, "operand #%zd of the nested operation '%U' is defined outside "
+                                 "the IR tree of the block (another module or detached operation)", (Py_ssize_t)i,
+                                 name);
+                Py_XDECREF(name);
+            }
+            free(nested.ops);
             return -1;
         }
     }
+    free(nested.ops);
     if (before != NULL) {
         if (op_check(before) < 0)
             return -1;
@@ -2102,22 +2194,47 @@ static int blocks_arg(PyObject *seq, mg_ir_Context *ctx, MlirBlock **out, Py_ssi
     return 0;
 }
 
+static PyObject *operation_create(PyObject *name, PyObject *operands, PyObject *results, PyObject *attributes,
+                                  int nregions, PyObject *successors, PyObject *locarg, int detached,
+                                  PyObject *ctxarg);
+
 static PyObject *Operation_create(PyObject *cls, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"name", "operands", "results", "attributes", "regions", "successors",
                              "location", "detached", "context", NULL};
     PyObject *name, *operands = NULL, *results = NULL, *attributes = NULL, *successors = NULL;
-    PyObject *locarg = NULL, *ctxarg = NULL, *anchors = NULL, *result = NULL;
+    PyObject *locarg = NULL, *ctxarg = NULL, *result;
     int nregions = 0, detached = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "U|OOOiO$OpO:Operation.create", kwlist, &name, &operands,
+                                     &results, &attributes, &nregions, &successors, &locarg, &detached, &ctxarg))
+        return NULL;
+    if (own_items(&operands, "operands must be a sequence of Values") < 0)
+        return NULL;
+    if (own_items(&results, "expected a sequence") < 0 ||
+        own_items(&successors, "successors must be a sequence of Blocks") < 0) {
+        Py_XDECREF(operands);
+        Py_XDECREF(results);
+        return NULL;
+    }
+    result = operation_create(name, operands, results, attributes, nregions, successors, locarg, detached, ctxarg);
+    Py_XDECREF(operands);
+    Py_XDECREF(results);
+    Py_XDECREF(successors);
+    return result;
+}
+
+/* Operation.create, with its sequences already tuples of its own. */
+static PyObject *operation_create(PyObject *name, PyObject *operands, PyObject *results, PyObject *attributes,
+                                  int nregions, PyObject *successors, PyObject *locarg, int detached,
+                                  PyObject *ctxarg)
+{
+    PyObject *anchors = NULL, *result = NULL;
     MlirValue *vals = NULL;
     const void **types = NULL;
     MlirNamedAttribute *named = NULL;
     MlirBlock *succ = NULL;
     MlirRegion *regions = NULL;
     Py_ssize_t nvals = 0, ntypes = 0, nnamed = 0, nsucc = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "U|OOOiO$OpO:Operation.create", kwlist, &name, &operands,
-                                     &results, &attributes, &nregions, &successors, &locarg, &detached, &ctxarg))
-        return NULL;
     mg_ir_Context *ctx = implied_context(ctxarg, locarg);
     if (ctx == NULL)
         return NULL;
@@ -2404,25 +2521,6 @@ static PyObject *Operation_repr(mg_ir_Operation *self)
     PyObject *r = PyUnicode_FromFormat("<mlirgpu.ir.Operation %U>", name);
     Py_DECREF(name);
     return r;
-}
-
-typedef struct { MlirOperation *ops; size_t n, cap; int failed; } op_list;
-
-static MlirWalkResult collect_op(MlirOperation op, void *userdata)
-{
-    op_list *list = userdata;
-    if (list->n == list->cap) {
-        size_t cap = list->cap ? 2 * list->cap : 64;
-        MlirOperation *grown = realloc(list->ops, cap * sizeof *grown);
-        if (grown == NULL) {
-            list->failed = 1;
-            return MlirWalkResultInterrupt;
-        }
-        list->ops = grown;
-        list->cap = cap;
-    }
-    list->ops[list->n++] = op;
-    return MlirWalkResultAdvance;
 }
 
 static PyObject *Operation_walk(mg_ir_Operation *self, PyObject *args, PyObject *kwds)
@@ -2769,6 +2867,9 @@ static PyObject *Region_append_block(mg_ir_Region *self, PyObject *args, PyObjec
         for (Py_ssize_t i = 0; i < nt; i++)
             l[i] = loc.ptr;
     }
+    /* Reading the sequences ran Python code, which may have erased the region's operation. */
+    if (anchor_check(self->anchor, "region") < 0)
+        goto error;
     MlirBlock block = mlirBlockCreate(nt, (MlirType *)t, (MlirLocation *)l);
     mlirRegionAppendOwnedBlock(self->region, block);
     result = block_wrap(self->anchor, block);

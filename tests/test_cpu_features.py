@@ -169,15 +169,18 @@ def test_in_bounds_kernels_pass_the_checks(bounds_checks):
     np.testing.assert_array_equal(B, A.reshape(4, BLOCK)[:, ::-1].ravel())
 
 
-def test_without_mlirgpu_check_no_checks_are_emitted(monkeypatch):
+def test_bounds_checks_are_on_unless_mlirgpu_check_is_none(monkeypatch):
     monkeypatch.delenv("MLIRGPU_CHECK", raising=False)
-    plain = mg.cpu.host_module(fill_rows[64, 48]).print()
-    assert "mg_cpu_out_of_bounds" not in plain and "arith.cmpi" not in plain
-    monkeypatch.setenv("MLIRGPU_CHECK", "bounds")
     checked = mg.cpu.host_module(fill_rows[64, 48]).print()
     assert "mg_cpu_out_of_bounds" in checked and "arith.cmpi" in checked
+    monkeypatch.setenv("MLIRGPU_CHECK", "none")
+    plain = mg.cpu.host_module(fill_rows[64, 48]).print()
+    assert "mg_cpu_out_of_bounds" not in plain and "arith.cmpi" not in plain
+    monkeypatch.setenv("MLIRGPU_CHECK", "bonds")
+    with pytest.raises(ValueError, match="unknown check 'bonds'"):
+        mg.cpu.host_module(fill_rows[64, 48])
     # Unchecked, the same out-of-bounds kernel is not stopped (it writes past C's rows: give it room).
-    monkeypatch.delenv("MLIRGPU_CHECK")
+    monkeypatch.setenv("MLIRGPU_CHECK", "none")
     C = np.zeros((80, 48), np.float32)[:64]
     mg.cpu.run(fill_rows[64, 48], [C], grid=4, block=(16, 48))
     assert (C == 1).all()

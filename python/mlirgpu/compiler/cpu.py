@@ -56,9 +56,20 @@ _RUNTIME = {
 _SHUFFLE_MODES = {"xor": 0, "down": 1, "up": 2, "idx": 3}  # cpu.c's MG_SHFL_*
 
 
+DEFAULT_CHECKS = frozenset({"bounds"})
+
+
 def checks_from_environment():
-    """The checks MLIRGPU_CHECK asks for (a comma-separated list; "bounds" is the one there is)."""
-    return frozenset(c.strip() for c in os.environ.get("MLIRGPU_CHECK", "").split(",") if c.strip())
+    """The checks MLIRGPU_CHECK asks for: a comma-separated list ("bounds" is
+    the one there is); "none" for no check; unset or empty, the default
+    (bounds: a wrong index raises KernelError instead of corrupting memory)."""
+    names = frozenset(c.strip() for c in os.environ.get("MLIRGPU_CHECK", "").split(",") if c.strip())
+    if not names:
+        return DEFAULT_CHECKS
+    unknown = names - DEFAULT_CHECKS - {"none"}
+    if unknown:
+        raise ValueError(f"MLIRGPU_CHECK: unknown check {sorted(unknown)[0]!r} (known: bounds, none)")
+    return names - {"none"}
 
 
 class HostTarget(Target):

@@ -20,7 +20,7 @@ from ..compiler.cpu import PIPELINE, HostTarget, checks_from_environment
 from ..ir import passes
 from .scalars import scalar_bytes
 
-__all__ = ["PIPELINE", "host_module", "lowered_module", "engine", "run"]
+__all__ = ["PIPELINE", "host_module", "lowered_module", "stored_params", "engine", "run"]
 
 
 # Runtime calls that switch fibers (or, for a failed bounds check, never return).
@@ -55,6 +55,37 @@ def _uses_fibers(module):
                for op in module.walk())
 
 
+# Operations that only read the memref operand they are given (and
+# memref.dim, which reads its shape); views pass the question on to their
+# result. Any other use of a parameter counts as a store: a read-only array
+# is then refused rather than written.
+_READS = {"memref.load", "vector.load", "vector.maskedload", "vector.transfer_read", "memref.dim",
+          "vector.gather"}
+_VIEWS = {"memref.subview", "memref.cast", "memref.reinterpret_cast", "memref.collapse_shape",
+          "memref.expand_shape", "memref.view", "memref.transpose", "memref.extract_strided_metadata"}
+
+
+def stored_params(module, name):
+    """The indices of the memref parameters of func.func @`name` in the traced
+    `module` that the kernel may store to (conservatively: any use other than
+    a read, through any chain of views)."""
+    function = next(op for op in module.body.operations
+                    if op.name == "func.func" and op.get_attribute("sym_name").value == name)
+    derived = {argument: index for index, argument in enumerate(function.regions[0].blocks[0].arguments)
+               if str(argument.type).startswith("memref")}
+    stored = set()
+    for op in function.walk():   # pre-order: a view is defined before it is used
+        for position, operand in enumerate(op.operands):
+            index = derived.get(operand)
+            if index is None or (op.name in _READS and position == 0):
+                continue
+            if op.name in _VIEWS and position == 0:
+                derived.update((result, index) for result in op.results)
+            else:
+                stored.add(index)
+    return stored
+
+
 def engine(spec, checks=None):
     """The spec's CpuEngine (made once per Specialization and set of checks)."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
@@ -63,10 +94,11 @@ def engine(spec, checks=None):
 
 def _make_engine(spec, checks):
     traced = host_module(spec, checks)
+    stored = stored_params(traced, spec.name)
     params = []
-    for _, shape, dtype in spec._param_types():
+    for index, (_, shape, dtype) in enumerate(spec._param_types()):
         if shape is not None:
-            params.append(("memref", len(shape), dtype.itemsize))
+            params.append(("memref", len(shape), dtype.itemsize, index in stored))
         else:
             params.append(("scalar", 0, dtype.itemsize))
     filename = spec.kernel.rewritten()[3]
@@ -91,7 +123,7 @@ def run(spec, args, grid, block, shared_mem=0):
                           f"{threads} threads")
     compiled = engine(spec)
     packed, copies = [], []
-    for (p, shape, dtype), arg in zip(params, args):
+    for index, ((p, shape, dtype), arg) in enumerate(zip(params, args)):
         if shape is None:
             packed.append(scalar_bytes(f"parameter {p.name!r} ({dtype.name})", dtype, arg))
             continue
@@ -101,7 +133,9 @@ def run(spec, args, grid, block, shared_mem=0):
         if arg.dtype != np.dtype(dtype.numpy) or list(arg.shape) != list(shape):
             raise LaunchError(f"parameter {p.name!r}: expected shape {tuple(shape)} of {dtype.name}, "
                               f"got {arg.shape} of {arg.dtype}")
-        if not (arg.flags.c_contiguous and arg.flags.aligned and arg.flags.writeable):
+        if not arg.flags.writeable and index in compiled_stores(spec):
+            raise LaunchError(f"parameter {p.name!r}: the array is read-only, and {spec.name} stores to it")
+        if not (arg.flags.c_contiguous and arg.flags.aligned):
             # The kernel's memref has the identity layout: run on a contiguous copy, copy back.
             copy = np.array(arg, order="C")
             copies.append((arg, copy))
@@ -111,3 +145,9 @@ def run(spec, args, grid, block, shared_mem=0):
     for original, copy in copies:
         if original.flags.writeable:
             np.copyto(original, copy)
+
+
+def compiled_stores(spec, checks=None):
+    """stored_params of the spec's host trace (made once per set of checks)."""
+    checks = checks_from_environment() if checks is None else frozenset(checks)
+    return _cached(spec, "_cpu_stores", checks, lambda: stored_params(host_module(spec, checks), spec.name))
