@@ -5,6 +5,7 @@ through MLIR's ExecutionEngine (the CPU backend: mg.backend()).
 The package is layered; each layer imports only the ones above it here:
 
     ir         MLIR objects and pass pipelines, over MLIR's C API
+    layout     the layout algebra (pure integer functions, used by the language)
     language   what kernels are written with (knows no backend)
     frontend   Python source to MLIR: the rewrite, the trace, device functions
     compiler   MLIR to PTX and cubin, the CPU target's lowering, the compile cache
@@ -16,7 +17,7 @@ from ._version import __version__
 from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event, InvalidObjectError,
                        KernelError, LaunchError, MLIRError, Stream, bf16, bool_, dtype, f16, f32, f64, i8,
                        i16, i32, i64, index, u8, u16, u32, u64)
-from . import cuda, ir
+from . import cuda, ir, layout
 from .ir import passes
 from .language import (atomic, block_dim, block_idx, cast, constant, generics, grid_dim, math, memref,
                        printf, range_, select, shared, static_range, syncthreads, thread_idx, vload, vstore,
@@ -49,8 +50,8 @@ __all__ = [
     # backends, compiling, host programs
     "backend", "set_backend", "cpu", "cuda", "Compilation", "Target", "compile_ptx", "compile_cubin",
     "cache_info", "cache_clear", "HostProgram",
-    # the IR layer
-    "ir", "passes",
+    # the IR layer, layouts
+    "ir", "passes", "layout",
     "__version__",
 ]
 

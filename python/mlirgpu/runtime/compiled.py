@@ -10,7 +10,7 @@ function it was traced from, which the cache key names), `gpu_module()`,
 `cache_fields()` and `function_params()`.
 """
 import hashlib
-import inspect
+import linecache
 import types
 
 from .. import cuda
@@ -29,13 +29,20 @@ def default_chip():
 
 
 def source_digest(function):
-    """sha256 of `function`'s source, read once per function."""
+    """sha256 of `function`'s source lines, read once per function. The
+    lines are those its code spans (decorators to its last line), taken from
+    linecache: no tokenizing, which would cost a new process's first cache
+    hit more than the rest of it."""
     digest = getattr(function, "__mlirgpu_source_digest__", None)
     if digest is None:
-        try:
-            source = inspect.getsource(function)
-        except (OSError, TypeError) as error:
-            raise CompileError(f"cannot read the source of {function.__qualname__}: {error}") from error
+        code = function.__code__
+        lines = linecache.getlines(code.co_filename, function.__globals__)
+        last = max((line for c in code_objects(code) for _, _, line in c.co_lines() if line is not None),
+                   default=code.co_firstlineno)
+        if not lines or last > len(lines):
+            raise CompileError(f"cannot read the source of {function.__qualname__}: no source lines for "
+                               f"{code.co_filename!r}")
+        source = "".join(lines[code.co_firstlineno - 1:last])
         digest = hashlib.sha256(source.encode()).hexdigest()
         try:
             function.__mlirgpu_source_digest__ = digest
