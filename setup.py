@@ -95,6 +95,10 @@ class BuildExt(build_ext):
         for extension in self.extensions:
             if link == "static":
                 extension.extra_link_args = static_link_args(self.build_temp)
+                # A wheel travels: the build machine's toolkit path means
+                # nothing where it lands, the conventional one may.
+                extension.define_macros = [macro for macro in extension.define_macros if macro[0] != "MG_CUDA_HOME"]
+                extension.define_macros.append(("MG_CUDA_HOME", '"/usr/local/cuda"'))
             else:
                 extension.sources = [source for source in extension.sources if source != STATIC_ONLY]
                 extension.extra_link_args = shared_link_args()
