@@ -1178,11 +1178,6 @@ error:
     return NULL;
 }
 
-CUfunction mg_cu_function_handle(PyObject *function)
-{
-    return ((mg_function *)function)->handle;
-}
-
 int mg_cu_function_nparams(PyObject *function)
 {
     return ((mg_function *)function)->nparams;

@@ -172,7 +172,6 @@ PyObject *mg_cu_module_load(PyObject *image);
 PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *params);
 
 /* The raw handle of an mlirgpu.Function (borrowed; lives as long as it). */
-CUfunction mg_cu_function_handle(PyObject *function);
 
 /* The number of parameters of its signature, or -1 without one. */
 int mg_cu_function_nparams(PyObject *function);

@@ -1,5 +1,11 @@
 /* Module state shared by every area of the extension: the exception classes
- * and the per-area init hooks called from the module's exec slot. */
+ * and the per-area init hooks called from the module's exec slot.
+ *
+ * Naming, in every .c file: symbols shared between files are prefixed by
+ * area (mg_ir_, mg_cu_, mg_array_, mg_cpu_, ...); a Python type's methods and
+ * slots are TypeName_method (as CPython's own modules write them); every other
+ * static function is lower_snake_case. Functions named mgpu* are MLIR's
+ * runtime ABI and keep MLIR's names. */
 #ifndef MG_MODULE_H
 #define MG_MODULE_H
 

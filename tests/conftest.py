@@ -2,14 +2,32 @@
 device; where there is none they are skipped, with the reason. A test that
 takes the `backend` fixture runs once per backend: "cpu" everywhere, "cuda"
 (gpu-marked) where there is a GPU, with the same assertions; `size` picks its
-problem size per backend where the GPU's would be too slow on the CPU."""
+problem size per backend where the GPU's would be too slow on the CPU.
+
+The whole session compiles into a cache directory of its own (MLIRGPU_CACHE_DIR,
+removed at the end), so the tests neither read nor fill the user's cache."""
 import os
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 from backends import current_backend
 
 from mlirgpu import compiler, ir
+
+_cache_dir = None
+
+
+def pytest_configure(config):
+    global _cache_dir
+    _cache_dir = tempfile.mkdtemp(prefix="mlirgpu-test-cache-")
+    os.environ["MLIRGPU_CACHE_DIR"] = _cache_dir
+
+
+def pytest_unconfigure(config):
+    if _cache_dir is not None:
+        shutil.rmtree(_cache_dir, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

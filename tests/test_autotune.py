@@ -16,7 +16,7 @@ import mlirgpu as mg
 from mlirgpu import block_idx, thread_idx
 from checks import run_isolated
 
-autotune = importlib.import_module("mlirgpu.autotune")   # the module; mg.autotune is the decorator
+autotune = importlib.import_module("mlirgpu.runtime.autotune")   # the module; mg.autotune is the decorator
 
 M, N, K, T = mg.generics("M N K T")
 
@@ -138,7 +138,7 @@ def test_attributes():
     assert tuner.configs == CONFIGS and tuner.key == ["M", "N", "K"]
     assert tuner.__name__ == "tiled_matmul" and tuner.__doc__ == tiled_matmul.__doc__
     assert tuner.best_config is None and tuner.best(M=32, N=32, K=32) is None
-    assert tuner.path().parent == autotune._default_directory()
+    assert tuner.path().parent == autotune.default_directory()
     assert tuner.path().name.startswith("test_autotune.tiled_matmul.")
     assert tuner.path().name.endswith(".autotune.json")
     with pytest.raises(TypeError, match="M, N, K"):
@@ -349,7 +349,7 @@ os.environ["MLIRGPU_LIBCUDA"] = {fake_libcuda!r}
 os.environ["MLIRGPU_CACHE_DIR"] = {str(tmp_path)!r}
 import numpy as np
 import mlirgpu as mg
-autotune = importlib.import_module("mlirgpu.autotune")
+autotune = importlib.import_module("mlirgpu.runtime.autotune")
 
 mg.Specialization.cubin = lambda self, chip=None: self.ptx(chip)
 N, R = mg.generics("N R")

@@ -1,4 +1,4 @@
-"""The compilation cache (mlirgpu.cache): memory and disk hits, recompiles
+"""The compilation cache (mlirgpu.compiler.cache): memory and disk hits, recompiles
 with their logged reasons, corrupt entries, several processes on one
 directory, fingerprints of globals. CPU only."""
 import hashlib
@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 import mlirgpu
-from mlirgpu import cache
-from mlirgpu.cache import CacheInfo, CacheKey, CompileCache, fingerprint, fingerprint_globals
+from mlirgpu.compiler import cache
+from mlirgpu.compiler.cache import CacheInfo, CacheKey, CompileCache, fingerprint, fingerprint_globals
+from checks import PYTHON_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,7 +57,7 @@ def messages(caplog):
 
 
 def run_python(code, *args, **kwargs):
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
@@ -96,7 +97,7 @@ def test_new_cache_on_the_same_directory_hits_the_disk(tmp_path, log_compile):
 
 CHILD = """
     import sys
-    from mlirgpu.cache import CacheKey, CompileCache
+    from mlirgpu.compiler.cache import CacheKey, CompileCache
     key = CacheKey({"kernel": "mod.kernel", "generics": "M=256"})
     def compile_fn():
         print("compiled")
@@ -306,7 +307,7 @@ def test_an_unreadable_entry_is_a_miss(tmp_path, log_compile):
 
 RACER = """
     import json, os, sys, time
-    from mlirgpu.cache import CacheKey, CompileCache
+    from mlirgpu.compiler.cache import CacheKey, CompileCache
     base, index = sys.argv[1], sys.argv[2]
     directory = os.path.join(base, "cache")
     key = CacheKey({"kernel": "mod.race", "generics": "M=1024"})
@@ -605,7 +606,7 @@ def test_a_function_fingerprint_follows_its_code():
 
 FINGERPRINT_CHILD = """
     import math, numpy as np, mlirgpu
-    from mlirgpu.cache import fingerprint
+    from mlirgpu.compiler.cache import fingerprint
     def helper(x):
         return {"k": [x, 1.5, "s"]}, lambda y: y * 2
     print(fingerprint([1, 2.5, "a", None, (np.float32(2.0), mlirgpu.f32, np.ones(4)), math.sqrt]))
@@ -617,7 +618,7 @@ def test_fingerprints_are_the_same_in_another_process():
     """Nothing hash-randomized or refcount-dependent goes into a fingerprint."""
     outputs = set()
     for seed in ("1", "2"):
-        env = dict(os.environ, PYTHONPATH=str(REPO / "python"), PYTHONHASHSEED=seed)
+        env = dict(os.environ, PYTHONPATH=PYTHON_DIR, PYTHONHASHSEED=seed)
         outputs.add(subprocess.run([sys.executable, "-c", textwrap.dedent(FINGERPRINT_CHILD)], env=env,
                                    capture_output=True, text=True, check=True, timeout=120).stdout)
     assert len(outputs) == 1

@@ -30,7 +30,7 @@ def no_llvm(monkeypatch):
     class Forbidden:
         def __init__(self, pipeline, **options):
             raise AssertionError(f"a pipeline ran before validation failed: {pipeline}")
-    monkeypatch.setattr(mlirgpu.compiler, "PassManager", Forbidden)
+    monkeypatch.setattr(mlirgpu.compiler.nvvm, "PassManager", Forbidden)
 
 
 def ptx_version(ptx):
@@ -403,7 +403,7 @@ def test_llvm_bitcode_to_text_rejects_garbage():
     printed "error: Invalid bitcode signature" on fd 2 and exited the process."""
     proc = assert_isolated("""
         import mlirgpu as mg
-        from mlirgpu.compiler import llvm_bitcode_to_text
+        from mlirgpu.compiler.nvvm import llvm_bitcode_to_text
         try:
             llvm_bitcode_to_text(b"not bitcode at all")
             print("parsed")

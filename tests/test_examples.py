@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 import mlirgpu as mg
+from checks import PYTHON_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_example(*args, backend=None):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
     env.pop("MLIRGPU_BACKEND", None)
     if backend is not None:
         env["MLIRGPU_BACKEND"] = backend

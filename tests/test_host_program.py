@@ -16,6 +16,7 @@ import pytest
 
 import mlirgpu as mg
 from mlirgpu import ir
+from checks import PYTHON_DIR, TESTS_DIR
 from test_leaks import MB, growth
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -487,7 +488,7 @@ def test_building_programs_does_not_leak():
 # The runtime, without a driver and on the fake one
 
 def run_script(code, libcuda):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), str(ROOT / "tests")]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PYTHON_DIR, TESTS_DIR]),
                MLIRGPU_LIBCUDA=libcuda)
     env.pop("MLIRGPU_BACKEND", None)
     proc = subprocess.run([sys.executable, "-c", "import json, numpy as np, mlirgpu as mg\n"
@@ -673,7 +674,7 @@ def test_the_example_runs(libcuda, request):
     else:
         code, path = f"import runpy; runpy.run_path({str(ROOT / 'examples' / 'host_program.py')!r}, " \
                      "run_name='__main__')", "/nonexistent/libcuda.so.1"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), MLIRGPU_LIBCUDA=path)
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR, MLIRGPU_LIBCUDA=path)
     done = subprocess.run([sys.executable, "-c", code, "64", "128", "32"], capture_output=True, text=True,
                           env=env, timeout=300)
     assert done.returncode == 0, done.stderr

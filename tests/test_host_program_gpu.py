@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import mlirgpu as mg
+from checks import PYTHON_DIR
 from test_host_program import PROGRAM, example, seed_program
 from test_leaks import MB, rss
 
@@ -147,7 +148,7 @@ def test_the_example_reports_overlap():
     import os
     import subprocess
     import sys
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(example.__file__), "..", "python"))
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
     done = subprocess.run([sys.executable, example.__file__, "256", "16384", "256"], capture_output=True,
                           text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import mlirgpu as mg
-from mlirgpu import language, thread_idx
+from mlirgpu import thread_idx
+from mlirgpu.language import core as language
 
 
 def helper(value):

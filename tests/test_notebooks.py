@@ -6,9 +6,11 @@ nbclient, nbformat and ipykernel (.ci/install)."""
 import os
 from pathlib import Path
 
-import nbclient
-import nbformat
+from checks import PYTHON_DIR
 import pytest
+
+nbclient = pytest.importorskip("nbclient")
+nbformat = pytest.importorskip("nbformat")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -29,7 +31,7 @@ def cell_text(cell):
 def execute(path):
     notebook = nbformat.read(path, as_version=4)
     env = dict(os.environ, MLIRGPU_BACKEND="cpu",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "python"), os.environ.get("PYTHONPATH")])))
+               PYTHONPATH=os.pathsep.join(filter(None, [PYTHON_DIR, os.environ.get("PYTHONPATH")])))
     client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT, kernel_name="python3",
                                      resources={"metadata": {"path": str(path.parent)}})
     client.execute(env=env)  # CellExecutionError at the first cell that raises

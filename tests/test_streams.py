@@ -864,5 +864,5 @@ def test_no_driver_behaviour_of_the_new_functions():
 
 def test_exports():
     assert mg.graph is not None and mg.Graph is C.Graph is mg.cuda.Graph
-    assert mg.pinned_empty.__module__ == "mlirgpu.streams"
+    assert mg.pinned_empty.__module__ == "mlirgpu.runtime.streams"
     assert callable(mg.pinned_zeros)

@@ -1,21 +1,59 @@
 """mlirgpu: build MLIR from Python, lower it through the NVVM pipeline to PTX
 and cubin, and run it on NVIDIA GPUs through the CUDA driver, or on the host
-through MLIR's ExecutionEngine (the CPU backend: mg.backend())."""
-from . import atomic, cpu, cuda, ir, math, passes, shared, warp
-from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event,
-                       InvalidObjectError, KernelError, LaunchError, MLIRError, Stream, bf16, bool_,
-                       dtype, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64)
-from .backend import asarray, backend, empty, set_backend, to_device, zeros
-from .streams import Graph, graph, pinned_empty, pinned_zeros
-from .device import func, printf, syncthreads, vload, vstore
+through MLIR's ExecutionEngine (the CPU backend: mg.backend()).
+
+The package is layered; each layer imports only the ones above it here:
+
+    ir         MLIR objects and pass pipelines, over MLIR's C API
+    language   what kernels are written with (knows no backend)
+    frontend   Python source to MLIR: the rewrite, the trace, device functions
+    compiler   MLIR to PTX and cubin, the CPU target's lowering, the compile cache
+    runtime    backends, arrays, launches, vectorize, autotune, host programs
+
+Everything a user needs is exported here (see __all__).
+"""
+from ._version import __version__
+from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event, InvalidObjectError,
+                       KernelError, LaunchError, MLIRError, Stream, bf16, bool_, dtype, f16, f32, f64, i8,
+                       i16, i32, i64, index, u8, u16, u32, u64)
+from . import cuda, ir
+from .ir import passes
+from .language import (atomic, block_dim, block_idx, cast, constant, generics, grid_dim, math, memref,
+                       printf, range_, select, shared, static_range, syncthreads, thread_idx, vload, vstore,
+                       warp)
+from .frontend import func
 from .compiler import Compilation, Target, compile_cubin, compile_ptx
-from .kernel import Kernel, Specialization, generics, kernel, memref
-from .program import HostProgram
-from .autotune import Autotuner, autotune
-from .vectorize import vectorize
-from .language import (block_dim, block_idx, cast, constant, grid_dim, range_, select, static_range,
-                       thread_idx)
+from .compiler.cache import cache_clear, cache_info
+from .runtime import cpu
+from .runtime.backend import asarray, backend, empty, set_backend, to_device, zeros
+from .runtime.streams import Graph, graph, pinned_empty, pinned_zeros
+from .runtime.kernel import Kernel, Specialization, kernel
+from .runtime.vectorize import vectorize
+from .runtime.autotune import Autotuner, autotune
+from .runtime.host_program import HostProgram
 
-__version__ = "0.1.0"
+__all__ = [
+    # errors
+    "Error", "MLIRError", "CompileError", "CudaError", "LaunchError", "KernelError", "InvalidObjectError",
+    # dtypes
+    "DType", "dtype", "bool_", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32",
+    "f64", "index",
+    # kernels
+    "kernel", "Kernel", "Specialization", "generics", "memref", "func", "vectorize", "autotune", "Autotuner",
+    # inside kernels
+    "thread_idx", "block_idx", "block_dim", "grid_dim", "constant", "cast", "select", "range_",
+    "static_range", "syncthreads", "printf", "vload", "vstore", "math", "atomic", "warp", "shared",
+    # arrays, streams, graphs
+    "DeviceArray", "to_device", "empty", "zeros", "asarray", "pinned_empty", "pinned_zeros", "Stream",
+    "Event", "Graph", "graph",
+    # backends, compiling, host programs
+    "backend", "set_backend", "cpu", "cuda", "Compilation", "Target", "compile_ptx", "compile_cubin",
+    "cache_info", "cache_clear", "HostProgram",
+    # the IR layer
+    "ir", "passes",
+    "__version__",
+]
 
-from .cache import cache_clear, cache_info  # noqa: E402 (reads __version__)
+
+def __dir__():
+    return sorted(__all__)

@@ -10,8 +10,8 @@ stream.
 
 docs/runtime.md has the rules: the default stream, copies, graphs, errors.
 """
-from . import _mlirgpu
-from ._mlirgpu import Graph, f32
+from .. import _mlirgpu
+from .._mlirgpu import Graph, f32
 from .backend import on_cpu
 
 __all__ = ["Graph", "graph", "pinned_empty", "pinned_zeros"]
@@ -29,13 +29,26 @@ def pinned_zeros(shape, dtype=f32):
     return _mlirgpu.pinned_zeros(shape, dtype, host=on_cpu())
 
 
-def graph(*args, **kwargs):
-    """graph() or graph(stream): a Graph whose with-block captures the work
-    queued on its stream (g.stream; without a stream, a new non-blocking
-    mg.Stream), to run again with g.replay(). The legacy default stream
-    (None, 0, mg.cuda.default_stream) cannot be captured: ValueError. On the
-    CPU backend, whose launches run to completion, RuntimeError."""
+class _NewStream:
+    def __repr__(self):
+        return "<a new stream>"
+
+
+_NEW_STREAM = _NewStream()
+
+
+def graph(stream=_NEW_STREAM):
+    """A Graph whose with-block captures the work queued on its stream
+    (g.stream; by default a new non-blocking mg.Stream), to run again with
+    g.replay(). The legacy default stream (None, 0, mg.cuda.default_stream)
+    cannot be captured: ValueError. On the CPU backend, whose launches run
+    to completion, RuntimeError.
+
+        with mg.graph() as g:
+            kernel(dX, grid=4, block=256, stream=g.stream)
+        g.replay()
+    """
     if on_cpu():
         raise RuntimeError("mg.graph needs the CUDA backend: on the CPU backend (mg.backend() == 'cpu') "
                            "a launch runs to completion when called, so there is nothing to capture")
-    return Graph(*args, **kwargs)
+    return Graph() if stream is _NEW_STREAM else Graph(stream)

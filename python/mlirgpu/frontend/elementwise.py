@@ -21,8 +21,12 @@ every array of a call is C-contiguous with the output's shape (the call
 flattens them), else the output's rank with a strided layout whose strides
 the call gives, 0 along broadcast dimensions (as NumPy's broadcast views).
 """
-from . import device, ir, language as lang, tracer
-from .language import block_idx, grid_dim, static_range, thread_idx
+from .. import ir
+from ..language import core as lang
+from ..language import intrinsics as device
+from ..language.core import block_idx, grid_dim, static_range, thread_idx
+from .rewrite import rewrite
+from .trace import instantiate
 
 __all__ = ["memref_type", "linalg_function", "direct_kernel", "parallel_loops_pipeline"]
 
@@ -146,8 +150,8 @@ def _template(which):
     function = _templates.get(which)
     if function is None:
         source = {"contiguous": _contiguous, "strided": _strided}[which]
-        code, free, _, _ = tracer.rewrite(source)
-        function = _templates[which] = tracer.instantiate(source, code, free, {})
+        code, free, _, _ = rewrite(source)
+        function = _templates[which] = instantiate(source, code, free, {})
     return function
 
 

@@ -1,7 +1,7 @@
 """Pass pipelines over modules (MLIR's textual pipeline syntax)."""
 import sys
 
-from ._mlirgpu import PassManager
+from .._mlirgpu import PassManager
 
 __all__ = ["PassManager", "run"]
 

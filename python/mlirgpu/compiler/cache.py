@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy
 
-from ._mlirgpu import DType
+from .._mlirgpu import DType
 
 __all__ = ["CacheInfo", "CacheKey", "CompileCache", "cache_clear", "cache_info", "default_cache", "environment",
            "fingerprint", "fingerprint_globals"]
@@ -229,7 +229,7 @@ def _log_enabled(*topics):
     return bool(words & ({"all"} | set(topics)))
 
 
-def _log(topics, message):
+def log(topics, message):
     """Log at INFO when MLIRGPU_LOG names one of topics (read at each call)."""
     if not _log_enabled(*topics):
         return
@@ -254,7 +254,7 @@ def _package_build():
     development builds, the code that traces and lowers does not. (Stat, not
     contents, as Python's own .pyc check does: a new process reads this before
     its first cache hit.)"""
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parent.parent  # the mlirgpu package
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         if path.suffix in (".py", ".so") and "__pycache__" not in path.parts and path.is_file():
@@ -321,11 +321,11 @@ def environment():
     global _environment
     with _environment_lock:
         if _environment is None:
-            import mlirgpu
-            from .compiler import CUDA_HOME
+            from .._version import __version__
+            from .nvvm import CUDA_HOME
 
             mlir, mlir_build = _mlir_version()
-            _environment = {"mlirgpu": getattr(mlirgpu, "__version__", "unknown"),
+            _environment = {"mlirgpu": __version__,
                             "mlirgpu_build": _package_build(), "mlir": mlir, "mlir_build": mlir_build,
                             "cuda": _cuda_version(CUDA_HOME)}
         return dict(_environment)
@@ -453,7 +453,7 @@ compiled); compiles: compile_fn calls that returned; disk_writes: entries
 written; corrupt: disk entries found invalid (and recompiled)."""
 
 
-def _default_directory():
+def default_directory():
     return Path(os.environ.get("MLIRGPU_CACHE_DIR") or Path.home() / ".cache" / "mlirgpu")
 
 
@@ -464,7 +464,7 @@ class CompileCache:
     written, the cache keeps to memory."""
 
     def __init__(self, directory=None, *, disk=True):
-        self.directory = Path(directory) if directory is not None else _default_directory()
+        self.directory = Path(directory) if directory is not None else default_directory()
         self.disk = bool(disk)
         self._memory = {}
         self._last = {}                 # kernel name -> the CacheKey it was last looked up with
@@ -519,11 +519,11 @@ class CompileCache:
                     self._memory[key.digest] = payload
                     self._count("disk_hits")
                     self._last[key.kernel] = key
-                    _log(("cache",), f"mlirgpu: loaded {_label(key)} from the disk cache")
+                    log(("cache",), f"mlirgpu: loaded {_label(key)} from the disk cache")
                     return payload
             with self._lock:
                 reason = _reason(self._last.get(key.kernel), key)
-            _log(("compile",), f"mlirgpu: compiling {_label(key)} because: {reason}")
+            log(("compile",), f"mlirgpu: compiling {_label(key)} because: {reason}")
             payload = compile_fn()
             if not isinstance(payload, (bytes, bytearray, memoryview)):
                 raise TypeError(f"compile_fn must return bytes, not {type(payload).__name__}")
@@ -543,12 +543,12 @@ class CompileCache:
         except FileNotFoundError:
             return None
         except OSError as error:
-            _log(("cache", "compile"), f"mlirgpu: cannot read cache entry {path} ({error}); recompiling")
+            log(("cache", "compile"), f"mlirgpu: cannot read cache entry {path} ({error}); recompiling")
             return None
         payload, problem = _decode_entry(data, key, environment())
         if problem is not None:
             self._count("corrupt")
-            _log(("cache", "compile"), f"mlirgpu: corrupt entry {path} for {_label(key)} ({problem}); "
+            log(("cache", "compile"), f"mlirgpu: corrupt entry {path} for {_label(key)} ({problem}); "
                  "recompiling")
         return payload
 
@@ -570,7 +570,7 @@ class CompileCache:
             except OSError:
                 pass
             self._write_failed = True
-            _log(("cache", "compile"), f"mlirgpu: cannot write the compile cache in {self.directory} "
+            log(("cache", "compile"), f"mlirgpu: cannot write the compile cache in {self.directory} "
                  f"({error}); keeping compiled kernels in memory only")
             return
         self._count("disk_writes")

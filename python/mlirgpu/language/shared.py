@@ -22,34 +22,20 @@ overlap static shared arrays).
 """
 import sys
 
-from . import host, ir, language as lang
-from ._mlirgpu import CompileError
-from .device import gpu_module_scope, module_state, unique_symbol
+from .. import ir
+from .._mlirgpu import CompileError
+from . import core as lang
 
 __all__ = ["array", "dynamic", "size", "SharedMemRef", "STATIC_LIMIT"]
 
 STATIC_LIMIT = 48 * 1024  # bytes of static shared memory a kernel may declare
-WORKGROUP = "#gpu.address_space<workgroup>"
-_DYNAMIC = "__mg_dynamic_shared"
-_KDYNAMIC = -(2 ** 63)  # ShapedType::kDynamic in static_offsets/static_sizes
-
-
-def _workgroup():
-    return ir.Attribute.parse(WORKGROUP)
+_KDYNAMIC = ir.DYNAMIC  # ShapedType::kDynamic in static_offsets/static_sizes
 
 
 def _type_text(shape, dtype, layout=None):
     dims = "".join(f"{'?' if d is None else d}x" for d in shape)
     layout = f", {layout}" if layout else ""
-    # On the host, shared memory is ordinary memory (the runtime's per-block buffer).
-    space = "" if host.active() else f", {WORKGROUP}"
-    return f"memref<{dims}{lang.ir_type(dtype)}{layout}{space}>"
-
-
-def is_shared(value):
-    """Whether an MLIR memref value lives in workgroup memory."""
-    space = value.type.memory_space
-    return space is not None and str(space) == WORKGROUP
+    return f"memref<{dims}{lang.ir_type(dtype)}{layout}{lang.target().shared_memory_space()}>"
 
 
 class SharedMemRef(lang.MemRef):
@@ -157,7 +143,7 @@ def _shape(shape):
 
 def _call_site():
     """(code, bytecode offset) of the user's call: one shared array per call site."""
-    trace = lang._trace()
+    trace = lang.current_trace()
     frame = sys._getframe(2)
     while frame is not None and frame.f_code not in trace.codes:
         frame = frame.f_back
@@ -168,10 +154,11 @@ def array(shape, dtype):
     """A static shared-memory array of `shape` (ints) and `dtype`, one per
     call site, visible to every thread of the block."""
     site = _call_site()
-    shape, dtype = _shape(shape), lang._as_dtype(dtype)
-    state = module_state()
+    shape, dtype = _shape(shape), lang.as_dtype(dtype)
+    state = lang.module_state()
     arrays = state.setdefault("shared_arrays", {})
     key = (site, shape, dtype)
+    type_text = _type_text(shape, dtype)
     name = arrays.get(key)
     if name is None:
         nbytes = dtype.itemsize
@@ -183,70 +170,17 @@ def array(shape, dtype):
                                f"kernel to {total} bytes, over the {STATIC_LIMIT}-byte (48 KB) limit; use "
                                f"mg.shared.dynamic and the launch's shared_mem= for more")
         state["shared_bytes"] = total
-        if host.active():
-            # The CPU backend: a 16-byte aligned place in the block's static buffer.
-            offset = (state.get("host_shared_bytes", 0) + 15) // 16 * 16
-            state["host_shared_bytes"] = offset + nbytes
-            name = arrays[key] = offset
-        else:
-            name = arrays[key] = unique_symbol("__shared")
-            with gpu_module_scope():
-                ir.Operation.create("memref.global", location=lang.location(), attributes={
-                    "sym_name": ir.Attribute.string(name),
-                    "sym_visibility": ir.Attribute.string("private"),
-                    "type": ir.Attribute.type_attr(ir.Type.parse(_type_text(shape, dtype))),
-                    "alignment": ir.Attribute.integer(16)})
-    if host.active():
-        view = lang.emit("memref.view", [host.shared_buffer(0), lang.constant(name, lang.index)],
-                         [ir.Type.parse(_type_text(shape, dtype))]).result
-        return SharedMemRef(view, dtype, shape, "shared")
-    op = lang.emit("memref.get_global", results=[ir.Type.parse(_type_text(shape, dtype))],
-                   attributes={"name": ir.Attribute.symbol_ref(name)})
-    return SharedMemRef(op.result, dtype, shape, "shared")
-
-
-def _dynamic_bytes():
-    """The launch's dynamic shared memory size in bytes, as index."""
-    op = lang.emit("nvvm.read.ptx.sreg.dynamic.smem.size", results=[ir.Type.integer(32)])
-    return lang.cast(lang.Scalar(op.result, lang.u32), lang.index)
+        name = arrays[key] = lang.target().static_shared(state, shape, dtype, type_text, nbytes)
+    return SharedMemRef(lang.target().static_shared_value(name, type_text), dtype, shape, "shared")
 
 
 def dynamic(dtype):
     """The launch's dynamic shared memory (`shared_mem=` bytes) as a 1-d
     array of `dtype`, 16-byte aligned; every call views the same bytes."""
-    dtype = lang._as_dtype(dtype)
-    if host.active():
-        # The CPU backend: the block's dynamic buffer, the launch's shared_mem bytes.
-        raw = host.shared_buffer(1)
-        nbytes = lang.Scalar(lang.emit("memref.dim", [raw, lang.constant(0, lang.index)],
-                                       [ir.Type.index()]).result, lang.index)
-        count = nbytes // dtype.itemsize if dtype.itemsize > 1 else nbytes
-        view = lang.emit("memref.view", [raw, lang.constant(0, lang.index), count],
-                         [ir.Type.parse(_type_text([None], dtype))]).result
-        return SharedMemRef(view, dtype, (None,), "shared")
-    state = module_state()
-    name = state.get("dynamic_shared")
-    if name is None:
-        name = unique_symbol(_DYNAMIC)
-        with gpu_module_scope():
-            # No initial value and public: an external declaration, which PTX
-            # spells `.extern .shared .b8 name[]`, the dynamic shared memory.
-            ir.Operation.create("memref.global", location=lang.location(), attributes={
-                "sym_name": ir.Attribute.string(name),
-                "type": ir.Attribute.type_attr(ir.Type.parse(_type_text([0], lang.i8))),
-                "alignment": ir.Attribute.integer(16)})
-        state["dynamic_shared"] = name
-    raw = lang.emit("memref.get_global", results=[ir.Type.parse(_type_text([0], lang.i8))],
-                    attributes={"name": ir.Attribute.symbol_ref(name)}).result
-    nbytes = _dynamic_bytes()
-    as_bytes = lang.emit("memref.reinterpret_cast", [raw, nbytes], [ir.Type.parse(_type_text([None], lang.i8))],
-                         attributes={
-                             "operandSegmentSizes": ir.Attribute.dense_i32_array([1, 0, 1, 0]),
-                             "static_offsets": ir.Attribute.dense_i64_array([0]),
-                             "static_sizes": ir.Attribute.dense_i64_array([_KDYNAMIC]),
-                             "static_strides": ir.Attribute.dense_i64_array([1])}).result
+    dtype = lang.as_dtype(dtype)
+    raw, nbytes = lang.target().dynamic_shared_bytes(lang.module_state())
     count = nbytes // dtype.itemsize if dtype.itemsize > 1 else nbytes
-    view = lang.emit("memref.view", [as_bytes, lang.constant(0, lang.index), count],
+    view = lang.emit("memref.view", [raw, lang.constant(0, lang.index), count],
                      [ir.Type.parse(_type_text([None], dtype))]).result
     return SharedMemRef(view, dtype, (None,), "shared")
 

@@ -17,15 +17,19 @@ Type rules (docs/kernels.md):
   arith.index_cast (lossless for the sizes a GPU addresses).
 """
 import builtins
+import contextlib
 import threading
 
 import numpy as np
 
-from . import ir
-from ._mlirgpu import CompileError, DType, bf16, bool_, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64
+from .. import ir
+from .._mlirgpu import CompileError, DType, bf16, bool_, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64
 
 __all__ = ["Scalar", "MemRef", "constant", "cast", "thread_idx", "block_idx", "block_dim", "grid_dim",
            "range_", "static_range", "select"]
+
+# The kinds of memory access a Target may check (Target.check_access).
+LOAD, STORE, ATOMIC, VECTOR_LOAD, VECTOR_STORE = range(5)
 
 FLOATS = (f16, bf16, f32, f64)
 SIGNED = (i8, i16, i32, i64)
@@ -71,7 +75,7 @@ class _State(threading.local):
 state = _State()
 
 
-def _trace():
+def current_trace():
     if state.tracer is None:
         raise CompileError("mlirgpu kernel operations can only be used inside an @mg.kernel while it is traced")
     return state.tracer
@@ -79,7 +83,52 @@ def _trace():
 
 def location():
     """The user's line that is running now, as an MLIR location."""
-    return _trace().location()
+    return current_trace().location()
+
+
+def target():
+    """The Target (language/target.py) the code being traced is for."""
+    return current_trace().target
+
+
+def module_state():
+    """A dict shared by everything traced into one kernel's module (the
+    kernel and the device functions it calls): shared arrays, device
+    function specializations, the device-function call stack."""
+    return current_trace().module_state
+
+
+def _top_level():
+    """The function (gpu.func or func.func) being traced into, at the top of
+    its gpu.module (or builtin.module when the target traces for the host)."""
+    op = ir.InsertionPoint.current().block.owner
+    while op is not None and (op.parent is None or op.parent.name not in ("gpu.module", "builtin.module")):
+        op = op.parent
+    if op is None:
+        raise CompileError("no gpu.module around the code being traced")
+    return op
+
+
+@contextlib.contextmanager
+def gpu_module_scope():
+    """Insert into the module of the function being traced, before it."""
+    with ir.InsertionPoint.before(_top_level()):
+        yield
+
+
+def unique_symbol(name):
+    """`name`, or name_2, name_3, ...: a symbol not yet used in the module."""
+    state = module_state()
+    used = state.get("symbols")
+    if used is None:
+        used = state["symbols"] = {op.get_attribute("sym_name").value for op in _top_level().block.operations
+                                   if "sym_name" in op.attributes}
+    symbol, n = name, 1
+    while symbol in used:
+        n += 1
+        symbol = f"{name}_{n}"
+    used.add(symbol)
+    return symbol
 
 
 def emit(name, operands=(), results=(), attributes=None, regions=0):
@@ -194,7 +243,7 @@ class Scalar:
     def __rxor__(self, other): return _bitwise(other, self, "xori", "^")
     def __lshift__(self, other): return _bitwise(self, other, "shli", "<<")
     def __rshift__(self, other):
-        a, b = _unify(self, other, ">>")
+        a, b = unify(self, other, ">>")
         return _bitwise(a, b, "shrui" if a.dtype in UNSIGNED else "shrsi", ">>")
 
     def __pow__(self, exponent):
@@ -239,13 +288,13 @@ class Scalar:
     __hash__ = None
 
 
-def _python_scalar(x):
+def is_python_number(x):
     return isinstance(x, (bool, int, float, np.generic)) and not isinstance(x, Scalar)
 
 
 def constant(value, dtype):
     """`value` as a traced constant of `dtype`."""
-    dtype = _as_dtype(dtype)
+    dtype = as_dtype(dtype)
     if isinstance(value, Scalar):
         raise CompileError("mg.constant takes a Python number; use mg.cast to convert a traced value")
     if not isinstance(value, (bool, int, float, np.generic)):
@@ -269,10 +318,10 @@ def constant(value, dtype):
     return Scalar(emit("arith.constant", results=[t], attributes={"value": attr}).result, dtype)
 
 
-def _as_dtype(dtype):
+def as_dtype(dtype):
     if isinstance(dtype, DType):
         return dtype
-    from . import _mlirgpu
+    from .. import _mlirgpu
     try:
         return _mlirgpu.dtype(dtype)
     except (TypeError, ValueError) as error:
@@ -286,17 +335,17 @@ def _lift(x, like, op):
     _check_defined(x)
     if isinstance(x, Choice):
         return x.as_type(like.dtype, op)
-    if not _python_scalar(x):
+    if not is_python_number(x):
         raise CompileError(f"unsupported operand for {op}: {type(x).__name__}")
     if isinstance(x, np.generic):
-        return constant(x, _as_dtype(x.dtype))
+        return constant(x, as_dtype(x.dtype))
     if isinstance(x, float) and not is_float(like.dtype):
         raise CompileError(f"a Python float meets a {like.dtype.name} value in {op}: "
                            f"write an integer, or mg.cast the value to a float type")
     return constant(x, like.dtype)
 
 
-def _unify(a, b, op):
+def unify(a, b, op):
     """Both operands as Scalars of one dtype, or CompileError."""
     if not isinstance(a, Scalar) and not isinstance(b, Scalar):
         raise CompileError(f"{op} needs a traced operand")
@@ -320,7 +369,7 @@ def arith_attributes(name):
 
 
 def _arith(a, b, float_op, int_op, op):
-    a, b = _unify(a, b, op)
+    a, b = unify(a, b, op)
     if a.dtype == bool_:
         raise CompileError(f"{op} on bool values: use &, | or ^")
     name = float_op if is_float(a.dtype) else int_op
@@ -328,14 +377,14 @@ def _arith(a, b, float_op, int_op, op):
 
 
 def _div(a, b):
-    a, b = _unify(a, b, "/")
+    a, b = unify(a, b, "/")
     if not is_float(a.dtype):
         raise CompileError(f"/ on {a.dtype.name} values: use // for integer division, or mg.cast to a float type")
     return Scalar(emit("arith.divf", [a, b], [a.value.type]).result, a.dtype)
 
 
 def _intdiv(a, b, kind, op):
-    a, b = _unify(a, b, op)
+    a, b = unify(a, b, op)
     if is_float(a.dtype):
         if kind == "rem":
             # C's fmod: a - trunc(a / b) * b (NVVM has no lowering for arith.remf)
@@ -349,7 +398,7 @@ def _intdiv(a, b, kind, op):
 
 
 def _bitwise(a, b, name, op):
-    a, b = _unify(a, b, op)
+    a, b = unify(a, b, op)
     if is_float(a.dtype):
         raise CompileError(f"{op} on {a.dtype.name} values: bitwise operators need integers or bools")
     return Scalar(emit("arith." + name, [a, b], [a.value.type]).result, a.dtype)
@@ -360,7 +409,7 @@ _INT_PREDICATES = {"eq": 0, "ne": 1, "lt": 2, "le": 3, "gt": 4, "ge": 5}  # sign
 
 
 def _compare(a, b, how):
-    a, b = _unify(a, b, {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[how])
+    a, b = unify(a, b, {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[how])
     i1 = ir.Type.integer(1)
     if is_float(a.dtype):
         predicate = 13 if how == "ne" else _FLOAT_PREDICATES[how]  # une: NaN != anything
@@ -377,14 +426,14 @@ def select(condition, if_true, if_false):
     """`if_true` where `condition` holds, else `if_false` (arith.select)."""
     if not isinstance(condition, Scalar) or condition.dtype != bool_:
         raise CompileError("mg.select needs a traced bool condition (a comparison)")
-    a, b = _unify(if_true, if_false, "mg.select")
+    a, b = unify(if_true, if_false, "mg.select")
     return Scalar(emit("arith.select", [condition, a, b], [a.value.type]).result, a.dtype)
 
 
 def cast(value, dtype):
     """`value` converted to `dtype` (arith casts; floats to ints truncate toward zero)."""
-    dtype = _as_dtype(dtype)
-    if _python_scalar(value):
+    dtype = as_dtype(dtype)
+    if is_python_number(value):
         return constant(value, dtype)
     if not isinstance(value, Scalar):
         raise CompileError(f"mg.cast takes a traced value or a Python number, not {type(value).__name__}")
@@ -446,7 +495,7 @@ def coerce(value, dtype, what):
         if value.dtype != dtype:
             raise CompileError(f"{what} is {dtype.name} but the value is {value.dtype.name}: mg.cast it")
         return value
-    if _python_scalar(value):
+    if is_python_number(value):
         if isinstance(value, float) and not is_float(dtype):
             raise CompileError(f"{what} is {dtype.name} but the value is a Python float")
         return constant(value, dtype)
@@ -479,13 +528,13 @@ class MemRef:
 
     def __getitem__(self, key):
         indices = self._indices(key)
-        host.check_bounds(self, indices, host.LOAD)
+        target().check_access(self, indices, LOAD)
         return Scalar(emit("memref.load", [self.value, *indices], [ir_type(self.dtype)]).result, self.dtype)
 
     def __setitem__(self, key, value):
         indices = self._indices(key)
         value = coerce(value, self.dtype, "the memref's element type")
-        host.check_bounds(self, indices, host.STORE)
+        target().check_access(self, indices, STORE)
         emit("memref.store", [value, self.value, *indices])
 
     def __len__(self):
@@ -505,11 +554,7 @@ class _Dim3:
         self._op, self._name = op, name
 
     def _get(self, axis):
-        host = getattr(_trace(), "host_indices", None)
-        if host is not None:  # the CPU backend: the host function's index arguments
-            return host[self._op, axis]
-        attr = ir.Attribute.parse(f"#gpu<dim {axis}>")
-        return Scalar(emit(self._op, results=[ir.Type.index()], attributes={"dimension": attr}).result, index)
+        return target().index(self._op, axis)
 
     x = property(lambda self: self._get("x"))
     y = property(lambda self: self._get("y"))
@@ -554,5 +599,3 @@ def python_range_args(args):
         return args[0], args[1], 1
     return args
 
-
-from . import host  # noqa: E402  (host uses this module's names)

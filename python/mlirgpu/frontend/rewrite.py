@@ -25,10 +25,12 @@ import types
 
 import numpy as np
 
-from . import ir, language as lang
-from ._mlirgpu import CompileError
+from .. import ir
 
-__all__ = ["rewrite", "instantiate", "Trace"]
+from ..language import core as lang
+from .._mlirgpu import CompileError
+
+__all__ = ["rewrite", "code_objects", "HELPERS"]
 
 
 def _vars(frame_locals, names):
@@ -335,32 +337,6 @@ def rewrite(function, returns=False):
 # ---------------------------------------------------------------------------
 # Runtime helpers the rewritten code calls
 
-class Trace:
-    """One kernel being traced: where operations go and whose lines they carry."""
-
-    def __init__(self, codes, filename, def_line):
-        self.codes, self.filename, self.def_line = codes, filename, def_line
-        self._locations = {}
-
-    def location(self):
-        frame = sys._getframe(1)
-        while frame is not None and frame.f_code not in self.codes:
-            frame = frame.f_back
-        line = frame.f_lineno if frame is not None else self.def_line
-        location = self._locations.get(line)
-        if location is None:
-            location = self._locations[line] = ir.Location.file(self.filename, line, 0)
-        return location
-
-    def __enter__(self):
-        self._outer = lang.state.tracer
-        lang.state.tracer = self
-        return self
-
-    def __exit__(self, *exc):
-        lang.state.tracer = self._outer
-
-
 class _Range:
     """The iterable of a for statement the tracer rewrote."""
 
@@ -382,7 +358,7 @@ def _call(function, *args, **kwargs):
             raise CompileError(f"mg.range_ got unexpected keyword arguments {sorted(kwargs)}")
         return _Range(args, list(iter_args) if iter_args is not None else [])
     if function in (builtins.min, builtins.max) and any(isinstance(a, lang.Scalar) for a in args):
-        from . import math as kmath
+        from ..language import math as kmath
         result = args[0]
         for other in args[1:]:
             result = (kmath.min if function is builtins.min else kmath.max)(result, other)
@@ -786,34 +762,6 @@ def _traced_while(cond_fn, body_fn, names, initial, lineno):
 
 HELPERS = {"__mg_for": _for, "__mg_for_explicit": _for_explicit, "__mg_if": _if, "__mg_while": _while,
            "__mg_vars": _vars, "__mg_call": _call}
-
-
-def instantiate(function, code, free, values):
-    """The rewritten kernel function, with `values` (closure variables and
-    generics, by name) bound as its free variables."""
-    namespace = dict(function.__globals__)
-    namespace.update(HELPERS)
-    exec(code, namespace)
-    return namespace["__mg_make"](*[values[n] for n in free])
-
-
-def trace_error(error, trace_codes, filename):
-    """A CompileError pointing at the user's line for any error raised while
-    tracing (CompileErrors from mlirgpu keep their message)."""
-    lines = [line for frame, line in _walk_tb(error.__traceback__) if frame.f_code in trace_codes]
-    line = lines[-1] if lines else None
-    message = str(error) if isinstance(error, CompileError) else f"{type(error).__name__}: {error}"
-    if line is None or message.startswith(f"{filename}:"):
-        return error if isinstance(error, CompileError) else CompileError(message)
-    new = CompileError(f"{filename}:{line}: {message}\n    {_source_line(filename, line)}")
-    new.filename, new.lineno = filename, line
-    return new
-
-
-def _walk_tb(tb):
-    while tb is not None:
-        yield tb.tb_frame, tb.tb_lineno
-        tb = tb.tb_next
 
 
 def code_objects(function_code):

@@ -11,8 +11,9 @@ of another dtype is an error, mg.cast it). Global and shared memory both
 work. Float max/min follow IEEE maxNum/minNum (a NaN operand loses); PTX has
 no float atomic max/min, so they lower to a compare-and-swap loop.
 """
-from . import host, ir, language as lang
-from ._mlirgpu import CompileError
+from .. import ir
+from .._mlirgpu import CompileError
+from . import core as lang
 
 __all__ = ["add", "max", "min", "exchange", "and_", "or_", "xor", "cas"]
 
@@ -27,7 +28,7 @@ def _target(what, memref, index):
     if memref.dtype == lang.bool_:
         raise CompileError(f"mg.atomic.{what} on a bool memref is not supported")
     indices = memref._indices(index if isinstance(index, tuple) else (index,))
-    host.check_bounds(memref, indices, host.ATOMIC)
+    lang.target().check_access(memref, indices, lang.ATOMIC)
     return indices
 
 

@@ -24,16 +24,25 @@ On the CPU backend the linalg.generic is lowered to loops and run by MLIR's
 ExecutionEngine. docs/vectorize.md has the rules.
 """
 import functools
-import hashlib
 import inspect
 import math
 import re
 
 import numpy as np
 
-from . import _mlirgpu, device, elementwise, ir, language as lang, passes, tracer
-from ._mlirgpu import CompileError, DeviceArray, DType, LaunchError
+from .. import _mlirgpu, cuda, ir
+from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError
+from ..compiler.cpu import PIPELINE
+from ..frontend import elementwise
+from ..frontend import rewrite as tracer
+from ..frontend.function import at_return
+from ..frontend.trace import tracing
+from ..ir import passes
+from ..language import core as lang
 from .backend import empty, on_cpu
+from .compiled import CompiledModule
+from .host_program import HostProgram
+from .scalars import scalar_bytes
 
 __all__ = ["vectorize", "Vectorized", "ElementwiseSpecialization", "MAPPINGS"]
 
@@ -141,17 +150,8 @@ class Vectorized:
         errors as CompileErrors pointing there."""
         if self._rewritten is None:
             self._rewritten = tracer.rewrite(self.function, returns=True)
-        code, free, _, filename = self._rewritten
-        function = self.function
-        closure = dict(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
-        instance = tracer.instantiate(function, code, free, closure)
-        codes = tracer.code_objects(instance.__code__)
-        trace = tracer.Trace(codes, filename, function.__code__.co_firstlineno)
-        try:
-            with ir.Context.current(), trace:
-                return build(instance)
-        except Exception as error:
-            raise tracer.trace_error(error, codes, filename) from None
+        with ir.Context.current(), tracing(self.function, self._rewritten) as trace:
+            return build(trace.instance)
 
     def _apply(self, instance, declared, values):
         """The function on traced scalars: its results, as declared (converted) or as they are."""
@@ -165,12 +165,12 @@ class Vectorized:
                 return [lang.cast(r, d) for r, d in zip(results, declared)]
             for r in results:
                 if not isinstance(r, lang.Scalar):
-                    what = "a Python number (write mg.constant(value, dtype))" if lang._python_scalar(r) else \
+                    what = "a Python number (write mg.constant(value, dtype))" if lang.is_python_number(r) else \
                         type(r).__name__
                     raise CompileError(f"{self.__qualname__} returns {what}: an element-wise function returns "
                                        f"traced values, or a tuple of them")
         except CompileError as error:
-            raise device._at_return(self.function, self._rewritten[3], error) from None
+            raise at_return(self.function, self._rewritten[3], error) from None
         return results
 
     def _location(self):
@@ -386,8 +386,8 @@ class _Plan:
 
     def _scalars(self):
         """Each scalar argument's bytes in its dtype (the CPU engine's form); LaunchError when it does not fit."""
-        from .cpu import _scalar_bytes
-        return {a.index: _scalar_bytes(self.vectorized.names[a.index], a.value, a.dtype)
+        return {a.index: scalar_bytes(f"parameter {self.vectorized.names[a.index]!r} ({a.dtype.name})", a.dtype,
+                                      a.value)
                 for a in self.arguments if not a.is_array}
 
     def _result(self, outs):
@@ -513,16 +513,20 @@ def _strides(array, shape):
     return strides
 
 
-class ElementwiseSpecialization:
+class ElementwiseSpecialization(CompiledModule):
     """One element-wise kernel: input dtypes (arrays or scalars), output
     dtypes, contiguous (rank None) or strided arrays of `rank` dimensions,
     and the elements of each vector access (`width`, direct mapping)."""
 
+    # Dynamic sizes: memrefs pass as descriptors (pointers, offset, sizes, strides).
+    bare_pointers = False
+
     def __init__(self, vectorized, inputs, declared, outputs, rank, width):
+        super().__init__()
         self.vectorized, self.inputs, self.declared = vectorized, inputs, declared
         self.outputs, self.rank, self.width = outputs, rank, width
         self._linalg = self._gpu = self._engine = None
-        self._compilations, self._loaded = {}, {}
+        self._programs = {}
 
     def __repr__(self):
         layout = "contiguous" if self.rank is None else f"strided rank {self.rank}"
@@ -537,6 +541,10 @@ class ElementwiseSpecialization:
     @property
     def mapping(self):
         return self.vectorized.mapping
+
+    @property
+    def source_function(self):
+        return self.vectorized.function
 
     def _build(self, make):
         v = self.vectorized
@@ -584,58 +592,24 @@ class ElementwiseSpecialization:
             raise ValueError(f"stage is 'linalg' or 'gpu', not {stage!r}")
         return (self.linalg() if stage == "linalg" else self.gpu_module()).print(debug_info=True)
 
-    def compilation(self, chip=None):
-        """The Compilation (compiler.py) of the GPU module for `chip`."""
-        from .compiler import Compilation
-        from .kernel import _default_chip
-        chip = chip or _default_chip()
-        compilation = self._compilations.get(chip)
-        if compilation is None:
-            # Dynamic sizes: memrefs pass as descriptors (pointers, offset, sizes, strides).
-            compilation = self._compilations[chip] = Compilation(self.gpu_module(), chip, bare_pointers=False)
-        return compilation
-
-    def ptx(self, chip=None):
-        """PTX for `chip` (default: the current GPU's, else sm_90a). Needs no GPU."""
-        return self.compilation(chip).ptx
-
-    def cubin(self, chip=None):
-        """cubin for `chip`, through the compile cache (docs/cache.md). Needs no GPU."""
-        from . import cache
-        from .kernel import _default_chip
-        chip = chip or _default_chip()
-        return cache.default_cache().get_or_compile(self.cache_key(chip), lambda: self.compilation(chip).cubin)
-
-    def cache_key(self, chip):
-        from . import cache
-        from .kernel import read_values
+    def cache_fields(self):
         v = self.vectorized
-        try:
-            digest, details = cache.fingerprint_globals(read_values(v.function))
-        except TypeError as error:
-            raise CompileError(f"{v.__qualname__}: {error}: the compile cache cannot tell when it changes; "
-                               f"pass it as an argument or make it a plain constant") from None
-        source = hashlib.sha256(inspect.getsource(v.function).encode()).hexdigest()
         signature = ",".join(f"{d.name}{'' if a else ' scalar'}" for d, a in self.inputs) + "->" + \
             ",".join(d.name for d in self.outputs)
-        return cache.CacheKey({"kernel": f"{v.function.__module__}.{v.__qualname__}", "source": source,
-                               "globals": digest, "generics": signature, "chip": chip,
-                               "options": f"vectorize,mapping={v.mapping},rank={self.rank},width={self.width},"
-                                          f"threads={v.threads},unroll={v.unroll}"},
-                              details={"globals": details})
+        return signature, (f"vectorize,mapping={v.mapping},rank={self.rank},width={self.width},"
+                           f"threads={v.threads},unroll={v.unroll}")
 
     # -- running -----------------------------------------------------------
     def cpu_engine(self):
         """The linalg form lowered to loops and JIT-compiled for the host."""
         if self._engine is None:
-            from .cpu import PIPELINE
             module = self.linalg().clone()
             passes.run(module, _CPU_LOOPS)
             passes.run(module, PIPELINE)
             self._engine = _mlirgpu.ExecutionEngine(module)
         return self._engine
 
-    def _params(self):
+    def function_params(self):
         """The direct kernel's parameters for Function packing: each memref as its descriptor's fields."""
         rank = 1 if self.rank is None else self.rank
         memref = ["ptr", "ptr", _mlirgpu.i64] + [_mlirgpu.i64] * (2 * rank)
@@ -643,16 +617,6 @@ class ElementwiseSpecialization:
         for dtype, is_array in self.inputs:
             params += memref if is_array else [dtype]
         return params + memref * len(self.outputs)
-
-    def function(self):
-        """The direct kernel, loaded on the current device."""
-        from . import cuda
-        device = cuda.current_device()
-        loaded = self._loaded.get(device)
-        if loaded is None:
-            image = self.cubin(cuda.Device(device).chip)
-            loaded = self._loaded[device] = cuda.load_module(image).get_function(self.name, params=self._params())
-        return loaded
 
     def launch(self, plan, device_inputs, outs, stream):
         """Runs on the GPU over DeviceArrays: `device_inputs` by argument index, `outs` the outputs."""
@@ -674,7 +638,7 @@ class ElementwiseSpecialization:
             if a.is_array:
                 args += descriptor(device_inputs[a.index])
             else:
-                args.append(_python_scalar(a.value))
+                args.append(_as_python_number(a.value))
         for o in outs:
             args += descriptor(o)
         total = math.prod(shape)
@@ -686,12 +650,10 @@ class ElementwiseSpecialization:
 
     def program(self):
         """The parallel-loops mapping's module as an mlirgpu.HostProgram, on the current device."""
-        from . import cuda
-        from .program import HostProgram
         device = cuda.current_device()
-        program = self._loaded.get(device)
+        program = self._programs.get(device)
         if program is None:
-            program = self._loaded[device] = HostProgram(self.gpu_module(), cuda.Device(device).chip)
+            program = self._programs[device] = HostProgram(self.gpu_module(), cuda.Device(device).chip)
         return program
 
     def _run_parallel_loops(self, plan, device_inputs, outs):
@@ -705,11 +667,11 @@ class ElementwiseSpecialization:
                 return _view(array, flat, (array.dtype.itemsize,))
             return _view(array, shape, [s * array.dtype.itemsize for s in _strides(array, shape)])
 
-        args = [memref(device_inputs[a.index]) if a.is_array else _python_scalar(a.value) for a in plan.arguments]
+        args = [memref(device_inputs[a.index]) if a.is_array else _as_python_number(a.value) for a in plan.arguments]
         self.program().run(self.name, *args, *[memref(o) for o in outs])
 
 
-def _python_scalar(value):
+def _as_python_number(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
@@ -735,12 +697,10 @@ def _view(array, shape, strides):
 
 
 def _current_device():
-    from . import cuda
     return cuda.current_device()
 
 
 @functools.lru_cache(maxsize=None)
 def _resident_blocks(device, threads):
     """Blocks of `threads` a GPU holds at once: the strided kernel's grid-stride width."""
-    from . import cuda
     return cuda.Device(device).multiprocessor_count * max(1, 2048 // threads)

@@ -1,12 +1,11 @@
 """The CPU backend: kernels run on the host, JIT-compiled through MLIR's ExecutionEngine.
 
-A Specialization is traced a second time for the host (kernel.py's
-`_trace(host=True)`): a `func.func` with `llvm.emit_c_interface` whose
-arguments are the kernel's followed by thread, block, block_dim and grid_dim
-x/y/z as `index`, with `mg.syncthreads()` a call of the runtime's
-`mg_cpu_barrier(line)` and the other device features calls of the runtime
-(host.py). It is lowered to the llvm dialect in-process and
-handed to `_mlirgpu.CpuEngine` (csrc/cpu.c), which runs each thread of a
+A Specialization is traced a second time, for the CPU target
+(mlirgpu.compiler.cpu.HostTarget): a `func.func` with `llvm.emit_c_interface`
+whose arguments are the kernel's followed by thread, block, block_dim and
+grid_dim x/y/z as `index`, with `mg.syncthreads()` and the other device
+features calls of the runtime. It is lowered to the llvm dialect in-process
+and handed to `_mlirgpu.CpuEngine` (csrc/cpu.c), which runs each thread of a
 block as a fiber. docs/cpu.md has the design.
 
     mlirgpu.cpu.run(spec, [A, B, C], grid=(4, 4), block=(16, 16))
@@ -15,18 +14,13 @@ import math
 
 import numpy as np
 
-from . import _mlirgpu, host, ir, passes
-from ._mlirgpu import LaunchError
+from .. import _mlirgpu
+from .._mlirgpu import LaunchError
+from ..compiler.cpu import PIPELINE, HostTarget, checks_from_environment
+from ..ir import passes
+from .scalars import scalar_bytes
 
 __all__ = ["PIPELINE", "host_module", "lowered_module", "engine", "run"]
-
-# Every dialect a traced kernel uses, down to the llvm dialect. math-to-llvm
-# takes what LLVM has intrinsics for; math-to-libm the rest (tanh, atan, ...).
-# arith goes to llvm before memref too: memref.generic_atomic_rmw (mg.atomic.cas)
-# lowers only once the arith ops of its body have.
-PIPELINE = ("builtin.module(lower-affine, convert-scf-to-cf, convert-vector-to-llvm, expand-strided-metadata, "
-            "convert-arith-to-llvm, finalize-memref-to-llvm, convert-math-to-llvm, convert-math-to-libm, "
-            "convert-arith-to-llvm, convert-index-to-llvm, convert-cf-to-llvm, convert-func-to-llvm, reconcile-unrealized-casts)")
 
 
 # Runtime calls that switch fibers (or, for a failed bounds check, never return).
@@ -45,8 +39,8 @@ def _cached(spec, attribute, checks, make):
 def host_module(spec, checks=None):
     """The kernel traced for the host: func.func @<name> and the runtime
     functions it calls. `checks` defaults to MLIRGPU_CHECK's, read now."""
-    checks = host.checks_from_environment() if checks is None else frozenset(checks)
-    return _cached(spec, "_cpu_modules", checks, lambda: spec._trace(host=True, checks=checks))
+    checks = checks_from_environment() if checks is None else frozenset(checks)
+    return _cached(spec, "_cpu_modules", checks, lambda: spec.trace(HostTarget(checks)))
 
 
 def lowered_module(spec, checks=None):
@@ -63,7 +57,7 @@ def _uses_fibers(module):
 
 def engine(spec, checks=None):
     """The spec's CpuEngine (made once per Specialization and set of checks)."""
-    checks = host.checks_from_environment() if checks is None else frozenset(checks)
+    checks = checks_from_environment() if checks is None else frozenset(checks)
     return _cached(spec, "_cpu_engines", checks, lambda: _make_engine(spec, checks))
 
 
@@ -83,19 +77,6 @@ def _make_engine(spec, checks):
                               static_shared=attributes["mg.cpu.static_shared"].value)
 
 
-def _scalar_bytes(name, value, dtype):
-    numpy_dtype = np.dtype(dtype.numpy)
-    try:
-        scalar = np.asarray(value)
-        if scalar.ndim != 0:
-            raise TypeError
-        if numpy_dtype.kind in "iu" and scalar.dtype.kind not in "biu":
-            raise TypeError
-        return scalar.astype(numpy_dtype).tobytes()
-    except (TypeError, ValueError):
-        raise LaunchError(f"parameter {name!r}: expected a {dtype.name} scalar, got {value!r}") from None
-
-
 def run(spec, args, grid, block, shared_mem=0):
     """Runs the Specialization `spec` on the host over NumPy arrays (written
     in place) and Python/NumPy scalars, with the GPU's grid and block."""
@@ -112,7 +93,7 @@ def run(spec, args, grid, block, shared_mem=0):
     packed, copies = [], []
     for (p, shape, dtype), arg in zip(params, args):
         if shape is None:
-            packed.append(_scalar_bytes(p.name, arg, dtype))
+            packed.append(scalar_bytes(f"parameter {p.name!r} ({dtype.name})", dtype, arg))
             continue
         if not isinstance(arg, np.ndarray):
             raise LaunchError(f"parameter {p.name!r}: the CPU backend takes numpy.ndarray, "

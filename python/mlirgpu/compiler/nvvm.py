@@ -16,9 +16,9 @@ import os
 import re
 from functools import cached_property
 
-from . import ir
-from . import _mlirgpu
-from ._mlirgpu import CompileError, MLIRError, PassManager, gpu_objects, llvm_bitcode_to_text
+from .. import ir
+from .. import _mlirgpu
+from .._mlirgpu import CompileError, MLIRError, PassManager, gpu_objects, llvm_bitcode_to_text
 
 __all__ = ["CHIPS", "Compilation", "Target", "compile_cubin", "compile_ptx"]
 
@@ -83,11 +83,13 @@ def _check_module_targets(module):
             Target(chip.group(1) if chip else "sm_50", features.group(1) if features else None)
 
 
-def _run(module, stage, pipeline):
+def run_stage(module, stage, pipeline, hint=""):
+    """Runs `pipeline` on `module` in place and returns it; a failure is a
+    CompileError naming the stage (and `hint`, what usually causes it)."""
     try:
         PassManager(pipeline).run(module)
     except MLIRError as error:
-        raise CompileError(f"{stage} stage failed:\n{error}") from error
+        raise CompileError(f"{stage} stage failed:\n{error}{hint}") from error
     return module
 
 
@@ -107,10 +109,10 @@ class Compilation:
         self.bare_pointers = bool(bare_pointers)
         self.gpu = str(module)
         t = self.target
-        self._outlined = _run(module.clone(), "outlined", "builtin.module(gpu-kernel-outlining, "
+        self._outlined = run_stage(module.clone(), "outlined", "builtin.module(gpu-kernel-outlining, "
                               f"nvvm-attach-target{{chip={t.chip} features={t.features} O={t.opt_level}}})")
         bare = "true" if self.bare_pointers else "false"
-        self._nvvm = _run(self._outlined.clone(), "nvvm", ",".join([
+        self._nvvm = run_stage(self._outlined.clone(), "nvvm", ",".join([
             "builtin.module(convert-nvgpu-to-nvvm", "convert-vector-to-scf", "convert-scf-to-cf",
             "convert-nvvm-to-llvm", "convert-func-to-llvm", "expand-strided-metadata", "lower-affine",
             "convert-arith-to-llvm", "convert-index-to-llvm", "canonicalize", "cse",
@@ -128,7 +130,7 @@ class Compilation:
     def _binary(self, fmt, stage):
         module = self._nvvm.clone()
         toolkit = f" toolkit={CUDA_HOME}" if fmt == "bin" else ""
-        _run(module, stage, f"builtin.module(gpu-module-to-binary{{format={fmt}{toolkit}}})")
+        run_stage(module, stage, f"builtin.module(gpu-module-to-binary{{format={fmt}{toolkit}}})")
         objects = {name: data for name, _, data in gpu_objects(module)}
         if not objects:
             raise CompileError("the module holds no gpu.module to compile")

@@ -26,11 +26,11 @@ import sys
 
 import numpy as np
 
-from . import cuda
-from ._mlirgpu import CompileError, CudaError, DeviceArray, DType, Event, LaunchError
+from .. import cuda
+from .._mlirgpu import CompileError, CudaError, DeviceArray, DType, Event, LaunchError
 from .backend import asarray, empty, on_cpu, to_device
-from .cache import _default_directory, _log
-from .kernel import Kernel, _check_generic_value, _show
+from ..compiler.cache import default_directory, log
+from .kernel import Kernel, check_generic_value, show
 
 __all__ = ["autotune", "Autotuner", "WARMUP", "REPEAT"]
 
@@ -61,7 +61,7 @@ class Autotuner:
             raise TypeError(f"@mg.autotune decorates an @mg.kernel, not {type(kernel).__name__}")
         self.kernel = kernel
         self.__name__, self.__qualname__, self.__doc__ = kernel.__name__, kernel.__qualname__, kernel.__doc__
-        from_arguments = kernel._argument_generics()
+        from_arguments = kernel.argument_generics()
         self._tuned = [g for g in kernel.generics if g not in from_arguments]
         self.configs = _check_configs(kernel, configs, self._tuned)
         if not isinstance(key, (list, tuple)) or not all(isinstance(name, str) for name in key):
@@ -70,7 +70,7 @@ class Autotuner:
             if name not in from_arguments:
                 raise ValueError(f"key names {name!r}, which is not a generic the arguments of "
                                  f"{kernel.__qualname__} determine ({', '.join(sorted(from_arguments))})")
-        dtypes = [g for g in kernel.generics if g in kernel._dtype_generics() and g not in key]
+        dtypes = [g for g in kernel.generics if g in kernel.dtype_generics() and g not in key]
         self.key = list(key) + dtypes
         if not (isinstance(warmup, int) and warmup >= 0 and isinstance(repeat, int) and repeat >= 1):
             raise ValueError(f"warmup is an int >= 0 and repeat an int >= 1, got {warmup!r} and {repeat!r}")
@@ -108,9 +108,9 @@ class Autotuner:
         in this process; None where none has been chosen yet."""
         if set(key_values) != set(self.key):
             raise TypeError(f"best() takes the key's values by name: {', '.join(self.key)}")
-        dtypes = self.kernel._dtype_generics()
+        dtypes = self.kernel.dtype_generics()
         try:
-            key = tuple(_check_generic_value(name, key_values[name], dtypes) for name in self.key)
+            key = tuple(check_generic_value(name, key_values[name], dtypes) for name in self.key)
         except CompileError as error:
             raise ValueError(str(error)) from None
         gpu = _gpu_name()
@@ -124,16 +124,16 @@ class Autotuner:
         named after the kernel and the sha256 of its source."""
         kernel = self.kernel
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{kernel.function.__module__}.{kernel.__qualname__}")
-        return _default_directory() / f"{name}.{kernel.source_digest()[:16]}{_SUFFIX}"
+        return default_directory() / f"{name}.{kernel.source_digest()[:16]}{_SUFFIX}"
 
     # -- choosing --------------------------------------------------------
     def _label(self, key):
-        return f"{self.kernel.__qualname__} ({', '.join(f'{n}={_show(v)}' for n, v in zip(self.key, key))})"
+        return f"{self.kernel.__qualname__} ({', '.join(f'{n}={show(v)}' for n, v in zip(self.key, key))})"
 
     def _skip(self, key, config, error, skipped):
         reason = f"{type(error).__name__}: {error}"
         skipped.append((config, reason))
-        _log(("autotune",), f"mlirgpu: autotune {self._label(key)}: skipped {_describe(config)}: {reason}")
+        log(("autotune",), f"mlirgpu: autotune {self._label(key)}: skipped {_describe(config)}: {reason}")
 
     def _launch_first_that_runs(self, key, bound, args, grid, block, shared_mem, stream):
         """The CPU backend's rule: there is no GPU to time, so the first config
@@ -180,7 +180,7 @@ class Autotuner:
         if not timings:
             raise _nothing_runs(label, skipped)
         config, ms = min(timings, key=lambda timing: timing[1])
-        _log(("autotune",), f"mlirgpu: autotune {label} on {gpu}: chose {_describe(config)} ({ms:.4f} ms; "
+        log(("autotune",), f"mlirgpu: autotune {label} on {gpu}: chose {_describe(config)} ({ms:.4f} ms; "
              f"{len(timings)} timed, {len(skipped)} skipped)")
         self._store(gpu, key, config)
         return config
@@ -192,7 +192,7 @@ class Autotuner:
 
     # -- the cache directory ---------------------------------------------
     def _entry(self, gpu, key):
-        return f"{gpu}|{','.join(f'{n}={_show(v)}' for n, v in zip(self.key, key))}"
+        return f"{gpu}|{','.join(f'{n}={show(v)}' for n, v in zip(self.key, key))}"
 
     def _read(self, quiet=False):
         """The file's choices (entry -> config as JSON), or {} where there is
@@ -211,7 +211,7 @@ class Autotuner:
                 return data["choices"]
             problem = "not this kernel's choices"
         if not quiet:
-            _log(("autotune",), f"mlirgpu: autotune: ignoring {path} ({problem}); tuning again")
+            log(("autotune",), f"mlirgpu: autotune: ignoring {path} ({problem}); tuning again")
         return {}
 
     def _load(self, gpu, key):
@@ -221,10 +221,10 @@ class Autotuner:
             return None
         for config in self.configs:
             if _as_json(config) == stored:
-                _log(("autotune",), f"mlirgpu: autotune {self._label(key)}: loaded {_describe(config)} "
+                log(("autotune",), f"mlirgpu: autotune {self._label(key)}: loaded {_describe(config)} "
                      f"from {self.path()}")
                 return config
-        _log(("autotune",), f"mlirgpu: autotune {self._label(key)}: the choice {stored!r} in {self.path()} is not "
+        log(("autotune",), f"mlirgpu: autotune {self._label(key)}: the choice {stored!r} in {self.path()} is not "
              f"in configs; tuning again")
         return None
 
@@ -251,7 +251,7 @@ class Autotuner:
                 temp.unlink()
             except OSError:
                 pass   # never made: the directory is the problem
-            _log(("autotune",), f"mlirgpu: autotune: cannot write {path} ({error}); the choice is kept in "
+            log(("autotune",), f"mlirgpu: autotune: cannot write {path} ({error}); the choice is kept in "
                  "memory only")
 
 
@@ -267,7 +267,7 @@ def _check_configs(kernel, configs, tuned):
     or leaves one of `tuned` out."""
     if not isinstance(configs, (list, tuple)) or not configs or not all(isinstance(c, dict) for c in configs):
         raise TypeError("configs is a non-empty list of dicts of generic values, e.g. [dict(BM=64, BN=64)]")
-    dtypes = kernel._dtype_generics()
+    dtypes = kernel.dtype_generics()
     checked = []
     for i, config in enumerate(configs):
         for name in config:
@@ -281,14 +281,14 @@ def _check_configs(kernel, configs, tuned):
             raise ValueError(f"config {i} does not give {', '.join(missing)}: a config gives every generic the "
                              f"arguments do not determine ({', '.join(tuned)})")
         try:
-            checked.append({name: _check_generic_value(name, config[name], dtypes) for name in tuned})
+            checked.append({name: check_generic_value(name, config[name], dtypes) for name in tuned})
         except CompileError as error:
             raise ValueError(f"config {i}: {error}") from None
     return checked
 
 
 def _describe(config):
-    return ", ".join(f"{name}={_show(value)}" for name, value in config.items()) or "{}"
+    return ", ".join(f"{name}={show(value)}" for name, value in config.items()) or "{}"
 
 
 def _as_json(config):

@@ -4,8 +4,8 @@ Floating-point functions take and return the operand's float type; `abs`,
 `min` and `max` also take integers. Python numbers take the other operand's
 type, as with operators.
 """
-from . import language as lang
-from ._mlirgpu import CompileError
+from . import core as lang
+from .._mlirgpu import CompileError
 
 __all__ = ["exp", "exp2", "log", "log2", "log10", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
            "floor", "ceil", "round", "trunc", "fma", "abs", "min", "max", "pow", "atan2"]
@@ -34,7 +34,7 @@ def trunc(x):
 
 
 def _float_binary(a, b, what):
-    a, b = lang._unify(a, b, what)
+    a, b = lang.unify(a, b, what)
     if not lang.is_float(a.dtype):
         raise CompileError(f"{what} takes float values, not {a.dtype.name}")
     return a, b
@@ -69,7 +69,7 @@ def abs(x):
 
 
 def _minmax(a, b, which):
-    a, b = lang._unify(a, b, f"mg.math.{which}")
+    a, b = lang.unify(a, b, f"mg.math.{which}")
     if lang.is_float(a.dtype):
         name = "minnumf" if which == "min" else "maxnumf"
     elif a.dtype in lang.UNSIGNED or a.dtype in (lang.index, lang.bool_):

@@ -12,8 +12,8 @@ memory, and launches run through mlirgpu.cpu.run. docs/cpu.md has the design.
 import os
 import weakref
 
-from . import _mlirgpu
-from ._mlirgpu import CudaError
+from .. import _mlirgpu
+from .._mlirgpu import CudaError
 
 __all__ = ["BACKENDS", "backend", "set_backend", "empty", "zeros", "to_device", "asarray"]
 
@@ -31,7 +31,7 @@ def _check_name(name, where):
 
 
 def _require_cuda(where):
-    from . import cuda
+    from .. import cuda
     if cuda.is_available():
         return
     cuda.device_count()   # raises the driver's CudaError (no driver, or its error) with the reason
@@ -49,7 +49,7 @@ def backend():
                 _require_cuda("MLIRGPU_BACKEND=cuda")
             _current = name
         else:
-            from . import cuda
+            from .. import cuda
             _current = "cuda" if cuda.is_available() else "cpu"
     return _current
 
@@ -74,28 +74,34 @@ def on_cpu():
     return (_current or backend()) == "cpu"
 
 
-def empty(*args, **kwargs):
-    """empty(shape, dtype=f32, stream=None): an uninitialized DeviceArray
-    (host memory on the CPU backend)."""
-    if on_cpu():
-        return _mlirgpu.empty(*args, host=True, **kwargs)
-    return _mlirgpu.empty(*args, **kwargs)
+def empty(shape, dtype=_mlirgpu.f32, stream=None):
+    """An uninitialized DeviceArray of `shape` and `dtype` (host memory on
+    the CPU backend), allocated in stream order on `stream`.
+
+        >>> mg.empty((256, 256), mg.f32).shape
+        (256, 256)
+    """
+    return _mlirgpu.empty(shape, dtype, stream, host=on_cpu())
 
 
-def zeros(*args, **kwargs):
-    """zeros(shape, dtype=f32, stream=None): a DeviceArray of zeros (host
-    memory on the CPU backend)."""
-    if on_cpu():
-        return _mlirgpu.zeros(*args, host=True, **kwargs)
-    return _mlirgpu.zeros(*args, **kwargs)
+def zeros(shape, dtype=_mlirgpu.f32, stream=None):
+    """A DeviceArray of zeros (host memory on the CPU backend), set on `stream`.
+
+        >>> mg.zeros(4, mg.i32).get()
+        array([0, 0, 0, 0], dtype=int32)
+    """
+    return _mlirgpu.zeros(shape, dtype, stream, host=on_cpu())
 
 
-def to_device(*args, **kwargs):
-    """to_device(array, stream=None): a DeviceArray copy of a NumPy array or
-    array-like (a host copy on the CPU backend)."""
-    if on_cpu():
-        return _mlirgpu.to_device(*args, host=True, **kwargs)
-    return _mlirgpu.to_device(*args, **kwargs)
+def to_device(array, stream=None):
+    """A DeviceArray copy of a NumPy array or array-like (a host copy on
+    the CPU backend), copied on `stream`.
+
+        >>> d = mg.to_device(np.arange(3, dtype=np.float32))
+        >>> d.get()
+        array([0., 1., 2.], dtype=float32)
+    """
+    return _mlirgpu.to_device(array, stream, host=on_cpu())
 
 
 def asarray(obj):

@@ -16,8 +16,8 @@ There is no `width` argument: gpu.shuffle's width is the number of lanes
 *taking part* (MLIR lowers width 16 to a member mask of lanes 0-15), not
 CUDA's segment width, so only the whole warp (32) is offered.
 """
-from . import host, ir, language as lang
-from ._mlirgpu import CompileError
+from .._mlirgpu import CompileError
+from . import core as lang
 
 __all__ = ["WARP_SIZE", "shfl_xor", "shfl_down", "shfl_up", "shfl_idx", "lane_id"]
 
@@ -44,18 +44,7 @@ def _shuffle(mode, value, offset, what):
     if value.dtype not in _TYPES:
         raise CompileError(f"mg.warp.{mode_name(mode)} shuffles 32- and 64-bit values (f32, i32, u32, f64, i64, u64), not "
                            f"{value.dtype.name}: mg.cast it")
-    if host.active():
-        # The CPU backend: a warp-level barrier in the runtime exchanges the bits.
-        bits = host.call("mg_cpu_shuffle", [host.i32(_HOST_MODES[mode]), host.to_bits(value), _i32(offset, what),
-                                            host.line()])[0]
-        return host.from_bits(lang.Scalar(bits, lang.i64), value.dtype)
-    op = lang.emit("gpu.shuffle", [value, _i32(offset, what), lang.constant(WARP_SIZE, lang.i32)],
-                   [value.value.type, ir.Type.integer(1)],
-                   attributes={"mode": ir.Attribute.parse(f"#gpu<shuffle_mode {mode}>")})
-    return lang.Scalar(op.results[0], value.dtype)
-
-
-_HOST_MODES = {"xor": 0, "down": 1, "up": 2, "idx": 3}  # cpu.c's MG_SHFL_*
+    return lang.target().shuffle(mode, value, _i32(offset, what), lang.constant(WARP_SIZE, lang.i32))
 
 
 def mode_name(mode):
@@ -84,7 +73,4 @@ def shfl_idx(value, lane):
 
 def lane_id():
     """This thread's lane in its warp, 0..31, as index (gpu.lane_id)."""
-    if host.active():
-        return host.linear_thread() % WARP_SIZE
-    op = lang.emit("gpu.lane_id", results=[ir.Type.index()])
-    return lang.Scalar(op.result, lang.index)
+    return lang.target().lane_id()

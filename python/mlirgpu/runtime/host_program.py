@@ -22,11 +22,11 @@ from functools import cached_property
 
 import numpy as np
 
-from . import _mlirgpu, ir
-from ._mlirgpu import CompileError, DeviceArray, LaunchError, MLIRError, PassManager
-from .compiler import CUDA_HOME, Compilation
-from .kernel import _default_chip
-from .language import integer_range
+from .. import _mlirgpu, ir
+from .._mlirgpu import CompileError, DeviceArray, LaunchError, MLIRError
+from ..compiler.nvvm import CUDA_HOME, Compilation, run_stage
+from .compiled import default_chip
+from .scalars import scalar_bytes
 
 __all__ = ["HostProgram"]
 
@@ -44,13 +44,6 @@ ASYNC_HINT = ("\n(gpu-to-llvm lowers gpu.alloc, gpu.memcpy, gpu.memset and gpu.d
               "are the exception: they take no dependency; gpu.memset takes 16- and 32-bit elements only)")
 
 _STRIDED = re.compile(r"strided<\[([^\]]*)\](?:, offset: (\?|-?\d+))?>")
-
-
-def _run(module, stage, pipeline, hint=""):
-    try:
-        PassManager(pipeline).run(module)
-    except MLIRError as error:
-        raise CompileError(f"{stage} stage failed:\n{error}{hint}") from error
 
 
 def _check_lowered(module):
@@ -80,7 +73,7 @@ def _dtype(element_type):
         return None
 
 
-class _Memref:
+class _MemRefSignature:
     """A memref parameter or result: rank, static sizes (None where dynamic),
     dtype, and what its layout lets a descriptor carry."""
 
@@ -142,11 +135,11 @@ class _Function:
             return f"{t}, which host programs cannot pass"
         if not t.is_memref:
             return _Scalar(dtype)
-        memref = _Memref(t, dtype)
+        memref = _MemRefSignature(t, dtype)
         return memref.unsupported or memref
 
     def results_spec(self):
-        return [("memref", len(r.shape), r.dtype) if isinstance(r, _Memref) else ("scalar", r.dtype)
+        return [("memref", len(r.shape), r.dtype) if isinstance(r, _MemRefSignature) else ("scalar", r.dtype)
                 for r in self.results]
 
 
@@ -191,11 +184,11 @@ class HostProgram:
             op.set_attribute("llvm.emit_c_interface", ir.Attribute.unit(context=module.context))
         # Kernels take memref descriptors, not bare pointers: dynamic shapes and
         # strided layouts reach them as the host code has them.
-        self.compilation = Compilation(module, chip or _default_chip(), bare_pointers=False)
+        self.compilation = Compilation(module, chip or default_chip(), bare_pointers=False)
         lowered = ir.Module.parse(self.compilation.nvvm, context=module.context)
-        _run(lowered, "host", HOST_PIPELINE, ASYNC_HINT)
+        run_stage(lowered, "host", HOST_PIPELINE, ASYNC_HINT)
         toolkit = f" toolkit={CUDA_HOME}" if format == "cubin" else ""
-        _run(lowered, "binary", "builtin.module(gpu-module-to-binary{format=%s%s})"
+        run_stage(lowered, "binary", "builtin.module(gpu-module-to-binary{format=%s%s})"
              % ("bin" if format == "cubin" else "isa", toolkit))
         _check_lowered(lowered)
         self._lowered = lowered
@@ -254,7 +247,7 @@ class HostProgram:
         packed, copies, on_device = [], [], False
         for i, (param, arg) in enumerate(zip(function.params, args)):
             if isinstance(param, _Scalar):
-                packed.append(_scalar_bytes(name, i, param.dtype, arg))
+                packed.append(scalar_bytes(f"argument {i} of @{name} ({param.dtype.name})", param.dtype, arg))
                 continue
             value = _memref_argument(name, i, param, arg, copies)
             on_device |= isinstance(value, DeviceArray) and not value.is_host
@@ -321,29 +314,3 @@ def _memref_argument(name, i, param, arg, copies):
                 copies.append((arg, copy))
             return copy
     raise LaunchError(f"{where}: strides {tuple(strides)} (bytes) do not fit its layout")
-
-
-def _scalar_bytes(name, i, dtype, value):
-    numpy_dtype = np.dtype(dtype.numpy)
-    where = f"argument {i} of @{name} ({dtype.name})"
-    kind = numpy_dtype.kind
-    if isinstance(value, (np.ndarray, DeviceArray)) or not isinstance(value, (int, float, bool, np.generic)):
-        raise LaunchError(f"{where}: expected a scalar, got {type(value).__name__}")
-    if kind in "biu":
-        if not isinstance(value, (int, np.integer, np.bool_)):
-            raise LaunchError(f"{where}: expected an integer, got {value!r}")
-        low, high = integer_range(dtype)
-        if not low <= int(value) <= high:
-            raise LaunchError(f"{where}: {int(value)} is out of range [{low}, {high}]")
-        return np.array(int(value), numpy_dtype).tobytes()
-    if not isinstance(value, (int, float, np.integer, np.floating, np.bool_)):
-        raise LaunchError(f"{where}: expected a real number, got {value!r}")
-    try:
-        wide = float(value)
-    except OverflowError:
-        raise LaunchError(f"{where}: {value!r} is out of range") from None
-    with np.errstate(over="ignore"):
-        converted = np.array(wide, numpy_dtype)
-    if np.isfinite(wide) and not np.isfinite(converted.astype(np.float64)):
-        raise LaunchError(f"{where}: {value!r} is out of range")
-    return converted.tobytes()

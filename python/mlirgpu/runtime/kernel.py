@@ -13,80 +13,21 @@ static shapes of the gpu.func's memrefs, a dtype generic their element type,
 and inside the body the generic's name evaluates to its value (so
 `range(K)` has a constant bound and `mg.constant(1.0, dtype)` a concrete type).
 """
-import hashlib
 import inspect
-import types
-import typing
 
 import numpy as np
 
-from . import _mlirgpu, host, ir, language as lang, tracer
-from ._mlirgpu import CompileError, DeviceArray, DType, LaunchError, MLIRError
+from .. import _mlirgpu, ir
+from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError
+from ..frontend import rewrite as tracer
+from ..frontend.kernel import trace_kernel
+from ..language import core as lang
+from ..language.generics import Generic, MemRefType, is_symbol, symbol_name
+from . import cpu
 from .backend import _kernels as _backend_kernels, on_cpu
+from .compiled import CompiledModule, read_values, source_digest
 
-__all__ = ["Generic", "generics", "memref", "kernel", "Kernel", "Specialization", "read_values"]
-
-
-class Generic:
-    """A symbolic size or dtype of a kernel, given a value per specialization.
-    Generics made by one mg.generics call keep its order, which is the order
-    of kernel[...] values when a kernel does not list them itself."""
-
-    __slots__ = ("name", "order")
-    _made = 0
-
-    def __init__(self, name):
-        if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"a generic's name must be an identifier, got {name!r}")
-        self.name = name
-        self.order = Generic._made
-        Generic._made += 1
-
-    def __repr__(self):
-        return f"mg.generic({self.name})"
-
-
-def generics(names):
-    """`M, K, N, dtype = mg.generics("M K N dtype")`"""
-    if not isinstance(names, str):
-        raise TypeError("mg.generics takes the names in one string, e.g. 'M K N dtype'")
-    return tuple(Generic(name) for name in names.replace(",", " ").split())
-
-
-def _is_symbol(x):
-    return isinstance(x, Generic) or isinstance(x, typing.TypeVar)
-
-
-class MemRefType:
-    """The annotation `mg.memref[d0, d1, ..., dtype]`: each size an int or a
-    generic, the element type a dtype or a generic."""
-
-    def __init__(self, params):
-        params = params if isinstance(params, tuple) else (params,)
-        if len(params) < 2:
-            raise CompileError("mg.memref[...] takes the sizes and then the element type, e.g. mg.memref[M, K, mg.f32]")
-        *shape, dtype = params
-        for size in shape:
-            if not (_is_symbol(size) or (isinstance(size, int) and not isinstance(size, bool) and size > 0)):
-                raise CompileError(f"memref sizes are positive ints or generics, not {size!r}")
-        if not (_is_symbol(dtype) or isinstance(dtype, DType)):
-            raise CompileError(f"the last entry of mg.memref[...] is the element type (a dtype or a generic), "
-                               f"not {dtype!r}")
-        self.shape, self.dtype = tuple(shape), dtype
-
-    def __repr__(self):
-        return f"mg.memref[{', '.join(map(_name, self.shape + (self.dtype,)))}]"
-
-
-def _name(x):
-    return x.__name__ if isinstance(x, typing.TypeVar) else x.name if isinstance(x, (Generic, DType)) else repr(x)
-
-
-class memref:
-    """`mg.memref[M, K, dtype]`: the annotation of an array parameter."""
-
-    def __class_getitem__(cls, params):
-        return MemRefType(params)
+__all__ = ["kernel", "Kernel", "Specialization"]
 
 
 _SCALAR_ANNOTATIONS = {int: lang.i32, float: lang.f32, bool: lang.bool_}
@@ -99,7 +40,7 @@ class Parameter:
             self.memref = annotation
         elif annotation in _SCALAR_ANNOTATIONS:
             self.memref, self.dtype = None, _SCALAR_ANNOTATIONS[annotation]
-        elif isinstance(annotation, DType) or _is_symbol(annotation):
+        elif isinstance(annotation, DType) or is_symbol(annotation):
             self.memref, self.dtype = None, annotation
         else:
             raise CompileError(f"parameter {name!r} needs an annotation: mg.memref[...] for an array, a dtype "
@@ -107,11 +48,7 @@ class Parameter:
 
     def symbols(self):
         entries = (self.memref.shape + (self.memref.dtype,)) if self.memref else (self.dtype,)
-        return [e for e in entries if _is_symbol(e)]
-
-
-def _key(symbol):
-    return symbol.name if isinstance(symbol, Generic) else symbol.__name__
+        return [e for e in entries if is_symbol(e)]
 
 
 class Kernel(_mlirgpu.Dispatcher):
@@ -160,20 +97,19 @@ class Kernel(_mlirgpu.Dispatcher):
         used = []
         for p in self.parameters:
             for s in p.symbols():
-                if _key(s) not in [_key(u) for u in used]:
+                if symbol_name(s) not in [symbol_name(u) for u in used]:
                     used.append(s)
         if generics is None and not declared:
             declared = sorted(used, key=lambda s: s.order if isinstance(s, Generic) else -1)
         for s in declared:
-            if not _is_symbol(s):
+            if not is_symbol(s):
                 raise CompileError(f"generics=... lists mg.generics symbols, not {s!r}")
-        missing = [_key(s) for s in used if _key(s) not in [_key(d) for d in declared]]
+        missing = [symbol_name(s) for s in used if symbol_name(s) not in [symbol_name(d) for d in declared]]
         if missing:
             raise CompileError(f"{function.__qualname__} uses generics {missing} that generics=... does not list")
-        self.generics = [_key(s) for s in declared]
+        self.generics = [symbol_name(s) for s in declared]
         self._rewritten = None
         self._specializations = {}
-        self._source_digest = None
 
     def __repr__(self):
         return f"<mlirgpu kernel {self.__qualname__}[{', '.join(self.generics)}]>"
@@ -186,19 +122,19 @@ class Kernel(_mlirgpu.Dispatcher):
                                f"got {len(values)} values")
         bound = {}
         for name, value in zip(self.generics, values):
-            bound[name] = _check_generic_value(name, value, self._dtype_generics())
+            bound[name] = check_generic_value(name, value, self.dtype_generics())
         return self.specialize(bound)
 
-    def _argument_generics(self):
+    def argument_generics(self):
         """The generics the parameters' annotations name: those a launch binds from its arguments."""
-        return {_key(s) for p in self.parameters for s in p.symbols()}
+        return {symbol_name(s) for p in self.parameters for s in p.symbols()}
 
-    def _dtype_generics(self):
+    def dtype_generics(self):
         names = set()
         for p in self.parameters:
             entry = p.memref.dtype if p.memref else p.dtype
-            if _is_symbol(entry):
-                names.add(_key(entry))
+            if is_symbol(entry):
+                names.add(symbol_name(entry))
         return names
 
     def specialize(self, bound):
@@ -214,13 +150,8 @@ class Kernel(_mlirgpu.Dispatcher):
         return self._rewritten
 
     def source_digest(self):
-        if self._source_digest is None:
-            try:
-                source = inspect.getsource(self.function)
-            except (OSError, TypeError) as error:
-                raise CompileError(f"cannot read the source of {self.__qualname__}: {error}") from error
-            self._source_digest = hashlib.sha256(source.encode()).hexdigest()
-        return self._source_digest
+        """sha256 of the kernel's source."""
+        return source_digest(self.function)
 
     def read_values(self):
         """The globals and closure variables the kernel's code names, except
@@ -237,10 +168,10 @@ class Kernel(_mlirgpu.Dispatcher):
         bound, source = {}, {}
 
         def bind_one(symbol, value, where):
-            name = _key(symbol)
+            name = symbol_name(symbol)
             if name in bound and bound[name] != value:
-                raise LaunchError(f"generic {name} is {_show(bound[name])} from {source[name]} but "
-                                  f"{_show(value)} from {where}")
+                raise LaunchError(f"generic {name} is {show(bound[name])} from {source[name]} but "
+                                  f"{show(value)} from {where}")
             bound[name], source[name] = value, where
 
         scalars = []
@@ -254,11 +185,11 @@ class Kernel(_mlirgpu.Dispatcher):
                     raise LaunchError(f"parameter {p.name!r} is a {len(m.shape)}-d memref, got a "
                                       f"{len(shape)}-d array")
                 for axis, (want, got) in enumerate(zip(m.shape, shape)):
-                    if _is_symbol(want):
+                    if is_symbol(want):
                         bind_one(want, got, f"{p.name}.shape[{axis}]")
                     elif want != got:
                         raise LaunchError(f"parameter {p.name!r} needs size {want} in dimension {axis}, got {got}")
-                if _is_symbol(m.dtype):
+                if is_symbol(m.dtype):
                     bind_one(m.dtype, dtype, f"{p.name}.dtype")
                 elif m.dtype != dtype:
                     raise LaunchError(f"parameter {p.name!r} has element type {m.dtype.name}, got a "
@@ -284,35 +215,11 @@ class Kernel(_mlirgpu.Dispatcher):
         spec.launch(args, **kwargs)
 
 
-def read_values(function):
-    """The globals and closure variables `function`'s code names, except
-    generics: what compiling it depends on besides its source."""
-    code = function.__code__
-    names = set()
-    for c in tracer.code_objects(code):
-        names.update(c.co_names)
-    values = {}
-    for name in sorted(names):
-        if name in function.__globals__:
-            values[name] = function.__globals__[name]
-    closure = zip(code.co_freevars, (c.cell_contents for c in function.__closure__ or ()))
-    values.update(closure)
-    # mlirgpu's own names (mg.thread_idx, mg.constant, ...) change only
-    # with mlirgpu, which the cache's entries record already.
-    return {k: v for k, v in values.items() if not _is_symbol(v) and not _is_mlirgpu_object(v)}
-
-
-def _is_mlirgpu_object(value):
-    module = getattr(value, "__module__", None) if isinstance(value, (types.FunctionType, type, Kernel)) \
-        else type(value).__module__
-    return isinstance(module, str) and module.startswith("mlirgpu") and not isinstance(value, DType)
-
-
-def _show(value):
+def show(value):
     return value.name if isinstance(value, DType) else repr(value)
 
 
-def _check_generic_value(name, value, dtype_generics):
+def check_generic_value(name, value, dtype_generics):
     if name in dtype_generics:
         if not isinstance(value, DType):
             try:
@@ -374,12 +281,12 @@ def _check_scalar(p, arg, bound, bind_one):
         raise LaunchError(f"parameter {p.name!r} is a scalar, got an array")
     if isinstance(arg, np.generic):
         dtype = _mlirgpu.dtype(arg.dtype)
-        if _is_symbol(p.dtype):
+        if is_symbol(p.dtype):
             bind_one(p.dtype, dtype, f"{p.name} (a NumPy {arg.dtype} scalar)")
             return
         want = p.dtype
     elif isinstance(arg, (bool, int, float)):
-        want = bound.get(_key(p.dtype)) if _is_symbol(p.dtype) else p.dtype
+        want = bound.get(symbol_name(p.dtype)) if is_symbol(p.dtype) else p.dtype
         if want is None:
             return  # bound by another parameter, or reported as missing
     else:
@@ -404,132 +311,58 @@ def kernel(function=None, *, generics=None, max_threads=None, min_blocks=None):
     return Kernel(function, generics, max_threads, min_blocks)
 
 
-class Specialization:
+class Specialization(CompiledModule):
     """A kernel with every generic given a value: its IR, PTX, cubin, and
     launches with arguments that must match it."""
 
     def __init__(self, kernel, values):
+        super().__init__()
         self.kernel, self.values = kernel, values
         self._module = None
-        self._compilations = {}
-        self._functions = {}
 
     def __repr__(self):
-        return f"<{self.kernel.__qualname__}[{', '.join(f'{k}={_show(v)}' for k, v in self.values.items())}]>"
+        return f"<{self.kernel.__qualname__}[{', '.join(f'{k}={show(v)}' for k, v in self.values.items())}]>"
 
     @property
     def name(self):
         return self.kernel.function.__name__
 
+    @property
+    def source_function(self):
+        return self.kernel.function
+
+    def gpu_module(self):
+        return self.module()
+
     def module(self):
         """The traced module (gpu.module @kernels holding gpu.func @<name>)."""
         if self._module is None:
-            self._module = self._trace()
+            self._module = self.trace()
         return self._module
 
     def _param_types(self):
         result = []
         for p in self.kernel.parameters:
             if p.memref is not None:
-                shape = [self.values[_key(s)] if _is_symbol(s) else s for s in p.memref.shape]
-                dtype = self.values[_key(p.memref.dtype)] if _is_symbol(p.memref.dtype) else p.memref.dtype
+                shape = [self.values[symbol_name(s)] if is_symbol(s) else s for s in p.memref.shape]
+                dtype = self.values[symbol_name(p.memref.dtype)] if is_symbol(p.memref.dtype) else p.memref.dtype
                 result.append((p, shape, dtype))
             else:
-                dtype = self.values[_key(p.dtype)] if _is_symbol(p.dtype) else p.dtype
+                dtype = self.values[symbol_name(p.dtype)] if is_symbol(p.dtype) else p.dtype
                 result.append((p, None, dtype))
         return result
 
-    def _trace(self, host=False, checks=frozenset()):
-        """The kernel traced into a gpu.func in a gpu.module, or with `host`
-        into a func.func for the CPU backend (see cpu.py, host.py), with the
-        run-time `checks` asked for ({"bounds"} or none)."""
-        function = self.kernel.function
-        code, free, generic_params, filename = self.kernel.rewritten()
-        closure = dict(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
-        values = {**closure}
-        values.update({k: v for k, v in self.values.items() if k in generic_params})
-        # Generics named in the module's globals (mg.generics symbols) read as their values.
-        rewritten_globals = {}
-        for name, value in function.__globals__.items():
-            if isinstance(value, Generic) and value.name in self.values:
-                rewritten_globals[name] = self.values[value.name]
-        for name in free:
-            if name not in values:
-                raise CompileError(f"{function.__qualname__}: no value for {name!r}")
-        def_line = function.__code__.co_firstlineno
-        params = self._param_types()
-        context = ir.Context.current()
-        with context:
-            module = ir.Module.create(location=ir.Location.file(filename, def_line, 0))
-            types = [ir.Type.memref(shape, lang.ir_type(dtype)) if shape is not None else lang.ir_type(dtype)
-                     for _, shape, dtype in params]
-            if host:
-                body = _host_function(module, self.name, types, ir.Location.file(filename, def_line, 0))
-            else:
-                module.operation.set_attribute("gpu.container_module", ir.Attribute.unit())
-                with ir.InsertionPoint(module.body):
-                    gpu_module = ir.Operation.create("gpu.module", attributes={
-                        "sym_name": ir.Attribute.string("kernels")}, regions=1,
-                        location=ir.Location.file(filename, def_line, 0))
-                with ir.InsertionPoint(gpu_module.regions[0].append_block()):
-                    func = ir.Operation.create(
-                        "gpu.func", regions=1, location=ir.Location.file(filename, def_line, 0),
-                        attributes={"sym_name": ir.Attribute.string(self.name),
-                                    "function_type": ir.Attribute.type_attr(ir.Type.function(types, [])),
-                                    "gpu.kernel": ir.Attribute.unit(), **self._launch_bounds()})
-                body = func.regions[0].append_block(types, [ir.Location.file(filename, def_line, 0)] * len(types))
-            instance = tracer.instantiate(function, code, free, values)
-            instance.__globals__.update(rewritten_globals)
-            codes = tracer.code_objects(instance.__code__)
-            arguments = [lang.MemRef(a, dtype, shape, p.name) if shape is not None else lang.Scalar(a, dtype)
-                         for a, (p, shape, dtype) in zip(body.arguments, params)]
-            trace = tracer.Trace(codes, filename, def_line)
-            trace.generic_values = dict(self.values)  # for @mg.func device functions it calls
-            if host:
-                trace.host_indices = _host_indices(body.arguments[len(types):])
-                trace.module_state = {"host_checks": frozenset(checks)}
-            try:
-                with trace, ir.InsertionPoint(body):
-                    instance(*arguments)
-                    lang.emit("func.return" if host else "gpu.return")
-            except Exception as error:
-                raise tracer.trace_error(error, codes, filename) from None
-            if host:
-                # What the runtime needs besides the code (host.py): its string table and static shared bytes.
-                state = trace.module_state
-                module.operation.set_attribute("mg.cpu.strings", ir.Attribute.array(
-                    [ir.Attribute.string(text) for text in state.get("host_strings", [])]))
-                module.operation.set_attribute("mg.cpu.static_shared", ir.Attribute.integer(
-                    state.get("host_shared_bytes", 0)))
-            try:
-                module.verify()
-            except MLIRError as error:
-                raise _located_compile_error(error) from None
-        return module
+    def trace(self, target=None):
+        """The kernel traced into a module for `target` (default: the GPU's
+        gpu.module @kernels holding gpu.func @<name>)."""
+        kernel = self.kernel
+        return trace_kernel(kernel.function, kernel.rewritten(), self.name,
+                            [(p.name, shape, dtype) for p, shape, dtype in self._param_types()], self.values,
+                            target=target, attributes=self._launch_bounds())
 
     def ir(self):
         """The gpu-dialect module, with the user's file:line locations."""
         return self.module().print(debug_info=True)
-
-    def compilation(self, chip=None):
-        from .compiler import Compilation
-        chip = chip or _default_chip()
-        compilation = self._compilations.get(chip)
-        if compilation is None:
-            compilation = self._compilations[chip] = Compilation(self.module(), chip)
-        return compilation
-
-    def ptx(self, chip=None):
-        """PTX text for `chip` (default: the current GPU's, else sm_90a). Needs no GPU."""
-        return self.compilation(chip).ptx
-
-    def cubin(self, chip=None):
-        """cubin bytes for `chip` (default: the current GPU's, else sm_90a). Needs no GPU.
-        Served from the compile cache (memory, then disk) when the kernel's
-        source, the globals it reads, the generics, chip and options match."""
-        from . import cache
-        chip = chip or _default_chip()
-        return cache.default_cache().get_or_compile(self.cache_key(chip), lambda: self.compilation(chip).cubin)
 
     def _launch_bounds(self):
         """The gpu.func's nvvm.maxntid / nvvm.minctasm: @mg.kernel's max_threads, min_blocks."""
@@ -540,36 +373,18 @@ class Specialization:
             bounds["nvvm.minctasm"] = ir.Attribute.integer(kernel.min_blocks, ir.Type.integer(32))
         return bounds
 
-    def cache_key(self, chip):
-        from . import cache
+    def cache_fields(self):
         kernel = self.kernel
-        try:
-            digest, details = cache.fingerprint_globals(kernel.read_values())
-        except TypeError as error:
-            raise CompileError(f"{kernel.__qualname__}: {error}: the compile cache cannot tell when it "
-                               f"changes; pass it as an argument or make it a plain constant") from None
-        generics = ",".join(f"{k}={_show(v)}" for k, v in self.values.items())
-        return cache.CacheKey({"kernel": f"{kernel.function.__module__}.{kernel.__qualname__}",
-                               "source": kernel.source_digest(), "globals": digest, "generics": generics,
-                               "chip": chip, "options": "opt_level=3,bare_pointers=1,max_threads="
-                               f"{kernel.max_threads},min_blocks={kernel.min_blocks}"},
-                              details={"globals": details})
+        return (",".join(f"{k}={show(v)}" for k, v in self.values.items()),
+                f"opt_level=3,bare_pointers=1,max_threads={kernel.max_threads},min_blocks={kernel.min_blocks}")
 
-    def function(self):
-        """The loaded kernel on the current device."""
-        from . import cuda
-        device = cuda.current_device()
-        loaded = self._functions.get(device)
-        if loaded is None:
-            params = ["ptr" if shape is not None else dtype for _, shape, dtype in self._param_types()]
-            image = self.cubin(cuda.Device(device).chip)
-            loaded = self._functions[device] = cuda.load_module(image).get_function(self.name, params=params)
-        return loaded
+    def function_params(self):
+        return ["ptr" if shape is not None else dtype for _, shape, dtype in self._param_types()]
 
     def __call__(self, *args, grid, block, shared_mem=0, stream=None):
         # Generics the arguments do not determine (tile sizes) take the specialization's values.
         bound = self.kernel.bind(args, unbound=self.values)
-        diff = [f"{k}={_show(v)} (specialized for {_show(self.values[k])})" for k, v in bound.items()
+        diff = [f"{k}={show(v)} (specialized for {show(self.values[k])})" for k, v in bound.items()
                 if v != self.values[k]]
         if diff:
             raise LaunchError(f"the arguments do not match {self!r}: {', '.join(diff)}")
@@ -580,7 +395,6 @@ class Specialization:
         if grid is None or block is None:
             raise LaunchError(f"launching {self.name} needs grid= and block=")
         if on_cpu():
-            from . import cpu
             # The CPU backend runs the launch to completion: `stream` has nothing to order.
             cpu.run(self, [_host_view(p.name, a) if shape is not None else a
                            for (p, shape, _), a in zip(self._param_types(), args)], grid, block, shared_mem)
@@ -596,53 +410,3 @@ class Specialization:
             # NumPy arrays are copied in, and back after the launch.
             np.copyto(a, args[i].get(stream=stream))
 
-
-HOST_INDICES = host.INDICES
-
-
-def _host_function(module, name, types, location):
-    """The CPU backend's form of a kernel: func.func @name(params..., then
-    thread, block, block_dim, grid_dim x/y/z as index) with a C interface.
-    The runtime functions it calls are declared as they are used (host.py).
-    Returns its entry block."""
-    inputs = types + [ir.Type.index()] * len(HOST_INDICES)
-    with ir.InsertionPoint(module.body), location:
-        func = ir.Operation.create("func.func", regions=1, attributes={
-            "sym_name": ir.Attribute.string(name),
-            "function_type": ir.Attribute.type_attr(ir.Type.function(inputs, [])),
-            "llvm.emit_c_interface": ir.Attribute.unit()})
-    return func.regions[0].append_block(inputs, [location] * len(inputs))
-
-
-def _host_indices(arguments):
-    return {key: lang.Scalar(value, _mlirgpu.index) for key, value in zip(HOST_INDICES, arguments)}
-
-
-def _default_chip():
-    from . import cuda
-    return cuda.Device(cuda.current_device()).chip if cuda.is_available() else "sm_90a"
-
-
-def _located_compile_error(error):
-    """CompileError for MLIR's diagnostics on a traced kernel, each as
-    `file:line: severity: message` and the user's source line, like every
-    other CompileError of a kernel."""
-    import linecache
-    import re
-    lines, first = [], None
-    for severity, location, message in error.diagnostics:
-        match = re.match(r'loc\("([^"]+)":(\d+):\d+\)', location)
-        if match is None:
-            lines.append(f"{location}: {severity}: {message}")
-            continue
-        filename, line = match.group(1), int(match.group(2))
-        first = first or (filename, line)
-        lines.append(f"{filename}:{line}: {severity}: {message}")
-        source = linecache.getline(filename, line).strip()
-        if source:
-            lines.append(f"    {source}")
-    new = CompileError("\n".join(lines) or str(error))
-    new.diagnostics = error.diagnostics
-    if first is not None:
-        new.filename, new.lineno = first
-    return new

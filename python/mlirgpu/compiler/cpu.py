@@ -1,0 +1,249 @@
+"""The CPU target: what the kernel language becomes when a kernel runs on the host.
+
+A kernel traced for the host is a `func.func` with a C interface whose
+arguments are the kernel's followed by the thread, block, block_dim and
+grid_dim x/y/z as `index`. The operations that need the other threads of the
+block, or the host, are calls of the runtime in csrc/cpu.c, declared in the
+module on first use:
+
+    mg_cpu_barrier(line)                         mg.syncthreads()
+    mg_cpu_shared(which) -> memref<?xi8>         the block's static (0) or dynamic (1) shared memory
+    mg_cpu_shuffle(mode, bits, offset, line)     mg.warp.shfl_*: a warp-level barrier
+    mg_cpu_printf_arg(bits), mg_cpu_printf(fmt)  mg.printf
+    mg_cpu_bounds_index(i, size), mg_cpu_out_of_bounds(name, kind, line)
+                                                 a failed bounds check
+
+Strings (printf formats, array names) are passed by index into a table the
+module carries as its `mg.cpu.strings` attribute; the bytes of its static
+shared arrays are `mg.cpu.static_shared`. `PIPELINE` lowers such a module to
+the llvm dialect for the ExecutionEngine. docs/cpu.md has the design.
+"""
+import os
+
+from .. import ir
+from ..language import core as lang
+from ..language.target import Target
+
+__all__ = ["HostTarget", "INDICES", "PIPELINE", "checks_from_environment"]
+
+# The trailing index arguments of a host function, in order.
+INDICES = [(op, axis) for op in ("gpu.thread_id", "gpu.block_id", "gpu.block_dim", "gpu.grid_dim")
+           for axis in "xyz"]
+
+# Every dialect a traced kernel uses, down to the llvm dialect. math-to-llvm
+# takes what LLVM has intrinsics for; math-to-libm the rest (tanh, atan, ...).
+# arith goes to llvm before memref too: memref.generic_atomic_rmw (mg.atomic.cas)
+# lowers only once the arith ops of its body have.
+PIPELINE = ("builtin.module(lower-affine, convert-scf-to-cf, convert-vector-to-llvm, expand-strided-metadata, "
+            "convert-arith-to-llvm, finalize-memref-to-llvm, convert-math-to-llvm, convert-math-to-libm, "
+            "convert-arith-to-llvm, convert-index-to-llvm, convert-cf-to-llvm, convert-func-to-llvm, "
+            "reconcile-unrealized-casts)")
+
+_i32 = lambda: ir.Type.integer(32)  # noqa: E731
+_i64 = lambda: ir.Type.integer(64)  # noqa: E731
+
+# name: (inputs, results, C interface)
+_RUNTIME = {
+    "mg_cpu_barrier": (lambda: [_i32()], lambda: [], False),
+    "mg_cpu_shared": (lambda: [_i32()], lambda: [ir.Type.parse("memref<?xi8>")], True),
+    "mg_cpu_shuffle": (lambda: [_i32(), _i64(), _i32(), _i32()], lambda: [_i64()], False),
+    "mg_cpu_printf_arg": (lambda: [_i64()], lambda: [], False),
+    "mg_cpu_printf": (lambda: [_i32()], lambda: [], False),
+    "mg_cpu_bounds_index": (lambda: [_i64(), _i64()], lambda: [], False),
+    "mg_cpu_out_of_bounds": (lambda: [_i32(), _i32(), _i32()], lambda: [], False),
+}
+
+_SHUFFLE_MODES = {"xor": 0, "down": 1, "up": 2, "idx": 3}  # cpu.c's MG_SHFL_*
+
+
+def checks_from_environment():
+    """The checks MLIRGPU_CHECK asks for (a comma-separated list; "bounds" is the one there is)."""
+    return frozenset(c.strip() for c in os.environ.get("MLIRGPU_CHECK", "").split(",") if c.strip())
+
+
+class HostTarget(Target):
+    """The kernel language for the CPU backend, with the run-time `checks`
+    asked for ({"bounds"} or none)."""
+
+    return_op = "func.return"
+
+    def __init__(self, checks=frozenset()):
+        self.checks = frozenset(checks)
+
+    # -- functions and their index arguments ------------------------------
+    def kernel_function(self, module, name, types, location, attributes):
+        inputs = types + self.extra_argument_types()
+        with ir.InsertionPoint(module.body), location:
+            func = ir.Operation.create("func.func", regions=1, attributes={
+                "sym_name": ir.Attribute.string(name),
+                "function_type": ir.Attribute.type_attr(ir.Type.function(inputs, [])),
+                "llvm.emit_c_interface": ir.Attribute.unit()})
+        return func.regions[0].append_block(inputs, [location] * len(inputs))
+
+    def extra_argument_types(self):
+        return [ir.Type.index()] * len(INDICES)
+
+    def bind_extra_arguments(self, trace, arguments):
+        trace.host_indices = {key: lang.Scalar(value, lang.index) for key, value in zip(INDICES, arguments)}
+
+    def extra_call_operands(self):
+        indices = lang.current_trace().host_indices
+        return [indices[key].value for key in INDICES]
+
+    def index(self, op, axis):
+        return lang.current_trace().host_indices[op, axis]
+
+    def finish(self, module, state):
+        # What the runtime needs besides the code: its string table and static shared bytes.
+        module.operation.set_attribute("mg.cpu.strings", ir.Attribute.array(
+            [ir.Attribute.string(text) for text in state.get("host_strings", [])]))
+        module.operation.set_attribute("mg.cpu.static_shared", ir.Attribute.integer(
+            state.get("host_shared_bytes", 0)))
+
+    # -- the runtime's operations ------------------------------------------
+    def barrier(self):
+        # The runtime's fiber switch, told the line for its errors.
+        _call("mg_cpu_barrier", [_line()])
+
+    def printf(self, format, operands):
+        # Each value's bits, then the format's index; cpu.c formats them.
+        for value in operands:
+            _call("mg_cpu_printf_arg", [_to_bits(value)])
+        _call("mg_cpu_printf", [_i32_constant(_string(format))])
+
+    def shuffle(self, mode, value, offset, width):
+        # A warp-level barrier in the runtime exchanges the bits.
+        bits = _call("mg_cpu_shuffle", [_i32_constant(_SHUFFLE_MODES[mode]), _to_bits(value), offset, _line()])[0]
+        return _from_bits(lang.Scalar(bits, lang.i64), value.dtype)
+
+    def lane_id(self):
+        return _linear_thread() % 32
+
+    def shared_memory_space(self):
+        # Shared memory is ordinary memory: the runtime's per-block buffer.
+        return ""
+
+    def static_shared(self, state, shape, dtype, type_text, nbytes):
+        # A 16-byte aligned place in the block's static buffer.
+        offset = (state.get("host_shared_bytes", 0) + 15) // 16 * 16
+        state["host_shared_bytes"] = offset + nbytes
+        return offset
+
+    def static_shared_value(self, key, type_text):
+        return lang.emit("memref.view", [_shared_buffer(0), lang.constant(key, lang.index)],
+                         [ir.Type.parse(type_text)]).result
+
+    def dynamic_shared_bytes(self, state):
+        raw = _shared_buffer(1)
+        nbytes = lang.Scalar(lang.emit("memref.dim", [raw, lang.constant(0, lang.index)],
+                                       [ir.Type.index()]).result, lang.index)
+        return raw, nbytes
+
+    def vector_alignment(self, dtype, nbytes):
+        # An access the GPU would fault on as misaligned must not crash the process.
+        return dtype.itemsize
+
+    def check_access(self, memref, indices, kind, length=1):
+        """With the "bounds" check: a comparison of each index with its
+        dimension (`length` elements along the innermost one) and, when one is
+        out of range, the runtime's report of it (which ends the launch)."""
+        if "bounds" not in self.checks:
+            return
+        index_type = ir.Type.index()
+        i1 = ir.Type.integer(1)
+        ult, ule = ir.Attribute.integer(6, ir.Type.integer(64)), ir.Attribute.integer(7, ir.Type.integer(64))
+        sizes, ok = [], None
+        for d, i in enumerate(indices):
+            if memref.shape[d] is not None:
+                size = lang.constant(memref.shape[d], lang.index)
+            else:
+                size = lang.Scalar(lang.emit("memref.dim", [memref.value, lang.constant(d, lang.index)],
+                                             [index_type]).result, lang.index)
+            sizes.append(size)
+            # Unsigned: a negative index is a huge one.
+            good = lang.Scalar(lang.emit("arith.cmpi", [i, size], [i1], {"predicate": ult}).result, lang.bool_)
+            if length > 1 and d == len(indices) - 1:
+                end = lang.Scalar(lang.emit("arith.addi", [i, lang.constant(length, lang.index)],
+                                            [index_type]).result, lang.index)
+                fits = lang.emit("arith.cmpi", [end, size], [i1], {"predicate": ule}).result
+                good = good & lang.Scalar(fits, lang.bool_)
+            ok = good if ok is None else ok & good
+        if ok is None:
+            return
+        bad = ~ok
+        op = lang.emit("scf.if", [bad], [], regions=2)
+        with ir.InsertionPoint(op.regions[0].append_block()):
+            for i, size in zip(indices, sizes):
+                _call("mg_cpu_bounds_index", [lang.cast(i, lang.i64), lang.cast(size, lang.i64)])
+            name = getattr(memref, "name", None) or "?"
+            _call("mg_cpu_out_of_bounds", [_i32_constant(_string(name)), _i32_constant(kind), _line()])
+            lang.emit("scf.yield")
+
+
+def _call(name, operands=()):
+    """func.call of a runtime function (declared in the module the first time); its results."""
+    declared = lang.module_state().setdefault("host_declared", set())
+    inputs, results, c_interface = _RUNTIME[name]
+    if name not in declared:
+        declared.add(name)
+        attributes = {"sym_name": ir.Attribute.string(name),
+                      "function_type": ir.Attribute.type_attr(ir.Type.function(inputs(), results())),
+                      "sym_visibility": ir.Attribute.string("private")}
+        if c_interface:
+            attributes["llvm.emit_c_interface"] = ir.Attribute.unit()
+        with lang.gpu_module_scope():
+            ir.Operation.create("func.func", regions=1, attributes=attributes, location=lang.location())
+    op = lang.emit("func.call", operands, results(), attributes={"callee": ir.Attribute.symbol_ref(name)})
+    return op.results
+
+
+def _i32_constant(value):
+    return lang.constant(value, lang.i32)
+
+
+def _line():
+    """The user's line now traced, as an i32 constant (for the runtime's errors)."""
+    return _i32_constant(lang.location().line)
+
+
+def _string(text):
+    """The index of `text` in the module's string table."""
+    strings = lang.module_state().setdefault("host_strings", [])
+    if text not in strings:
+        strings.append(text)
+    return strings.index(text)
+
+
+def _linear_thread():
+    """The thread's linear id in its block, x fastest (as the GPU numbers lanes)."""
+    indices = lang.current_trace().host_indices
+    x, y, z = (indices["gpu.thread_id", a] for a in "xyz")
+    bx, by = indices["gpu.block_dim", "x"], indices["gpu.block_dim", "y"]
+    return (z * by + y) * bx + x
+
+
+def _shared_buffer(which):
+    """The block's static (0) or dynamic (1) shared memory, as memref<?xi8>."""
+    return _call("mg_cpu_shared", [_i32_constant(which)])[0]
+
+
+def _to_bits(value):
+    """A 32- or 64-bit scalar's bits as i64 (zero-extended)."""
+    dtype = value.dtype
+    if lang.is_float(dtype):
+        width = dtype.itemsize * 8
+        bits = lang.Scalar(lang.emit("arith.bitcast", [value], [ir.Type.integer(width)]).result,
+                           lang.u32 if width == 32 else lang.u64)
+        return lang.cast(bits, lang.u64) if width == 32 else bits
+    return lang.cast(value, lang.u64 if dtype in lang.UNSIGNED else lang.i64) if dtype.itemsize < 8 else value
+
+
+def _from_bits(bits, dtype):
+    """The inverse of _to_bits: i64 bits as a scalar of `dtype`."""
+    width = dtype.itemsize * 8
+    raw = bits.value
+    if width < 64:
+        raw = lang.emit("arith.trunci", [raw], [ir.Type.integer(width)]).result
+    if lang.is_float(dtype):
+        raw = lang.emit("arith.bitcast", [raw], [lang.ir_type(dtype)]).result
+    return lang.Scalar(raw, dtype)

@@ -1,0 +1,66 @@
+"""A kernel specialization traced into a module for a target.
+
+    module = trace_kernel(function, rewritten, "sgemm", params, {"M": 256, ...})
+
+`params` gives each parameter's (name, shape, dtype), shape None for a
+scalar: sizes become the static shapes of the function's memrefs, and inside
+the body each generic's name evaluates to its value (so `range(K)` has a
+constant bound and `mg.constant(1.0, dtype)` a concrete type).
+"""
+import linecache
+import re
+
+from .. import ir
+from .._mlirgpu import CompileError, MLIRError
+from ..language import core as lang
+from ..language.target import Target
+from .trace import tracing
+
+__all__ = ["trace_kernel"]
+
+
+def trace_kernel(function, rewritten, name, params, generic_values, *, target=None, attributes=None):
+    """The module holding `function` traced as kernel `name` for `target`
+    (default: the GPU), verified; CompileError at the user's line otherwise."""
+    target = target or Target()
+    location = ir.Location.file(rewritten[3], function.__code__.co_firstlineno, 0)
+    with ir.Context.current():
+        module = ir.Module.create(location=location)
+        types = [ir.Type.memref(shape, lang.ir_type(dtype)) if shape is not None else lang.ir_type(dtype)
+                 for _, shape, dtype in params]
+        body = target.kernel_function(module, name, types, location, attributes or {})
+        arguments = [lang.MemRef(a, dtype, shape, p) if shape is not None else lang.Scalar(a, dtype)
+                     for a, (p, shape, dtype) in zip(body.arguments, params)]
+        with tracing(function, rewritten, generic_values, target=target) as trace, ir.InsertionPoint(body):
+            target.bind_extra_arguments(trace, body.arguments[len(types):])
+            trace.instance(*arguments)
+            lang.emit(target.return_op)
+        target.finish(module, trace.module_state)
+        try:
+            module.verify()
+        except MLIRError as error:
+            raise located_compile_error(error) from None
+    return module
+
+
+def located_compile_error(error):
+    """CompileError for MLIR's diagnostics on a traced kernel, each as
+    `file:line: severity: message` and the user's source line, like every
+    other CompileError of a kernel."""
+    lines, first = [], None
+    for severity, location, message in error.diagnostics:
+        match = re.match(r'loc\("([^"]+)":(\d+):\d+\)', location)
+        if match is None:
+            lines.append(f"{location}: {severity}: {message}")
+            continue
+        filename, line = match.group(1), int(match.group(2))
+        first = first or (filename, line)
+        lines.append(f"{filename}:{line}: {severity}: {message}")
+        source = linecache.getline(filename, line).strip()
+        if source:
+            lines.append(f"    {source}")
+    new = CompileError("\n".join(lines) or str(error))
+    new.diagnostics = error.diagnostics
+    if first is not None:
+        new.filename, new.lineno = first
+    return new

@@ -1,0 +1,123 @@
+"""One way from a traced module to a loaded GPU function, shared by
+@mg.kernel specializations and @mg.vectorize's GPU kernels.
+
+    compiled.compilation(chip)   # compiler.Compilation: every stage, inspectable
+    compiled.ptx(chip), compiled.cubin(chip)   # the cubin through the compile cache
+    compiled.function()          # loaded on the current device, once per device
+
+A subclass gives `name` (the kernel's symbol), `source_function` (the Python
+function it was traced from, which the cache key names), `gpu_module()`,
+`cache_fields()` and `function_params()`.
+"""
+import hashlib
+import inspect
+import types
+
+from .. import cuda
+from .._mlirgpu import CompileError, DType
+from ..compiler import cache
+from ..compiler.nvvm import Compilation
+from ..frontend.rewrite import code_objects
+from ..language.generics import is_symbol
+
+__all__ = ["CompiledModule", "default_chip", "read_values", "source_digest"]
+
+
+def default_chip():
+    """The current GPU's chip, else sm_90a (compiling needs no GPU)."""
+    return cuda.Device(cuda.current_device()).chip if cuda.is_available() else "sm_90a"
+
+
+def source_digest(function):
+    """sha256 of `function`'s source, read once per function."""
+    digest = getattr(function, "__mlirgpu_source_digest__", None)
+    if digest is None:
+        try:
+            source = inspect.getsource(function)
+        except (OSError, TypeError) as error:
+            raise CompileError(f"cannot read the source of {function.__qualname__}: {error}") from error
+        digest = hashlib.sha256(source.encode()).hexdigest()
+        try:
+            function.__mlirgpu_source_digest__ = digest
+        except AttributeError:
+            pass  # a function that takes no attributes is read again next time
+    return digest
+
+
+def read_values(function):
+    """The globals and closure variables `function`'s code names, except
+    generics: what compiling it depends on besides its source."""
+    code = function.__code__
+    names = set()
+    for c in code_objects(code):
+        names.update(c.co_names)
+    values = {}
+    for name in sorted(names):
+        if name in function.__globals__:
+            values[name] = function.__globals__[name]
+    closure = zip(code.co_freevars, (c.cell_contents for c in function.__closure__ or ()))
+    values.update(closure)
+    # mlirgpu's own names (mg.thread_idx, mg.constant, ...) change only
+    # with mlirgpu, which the cache's entries record already.
+    return {k: v for k, v in values.items() if not is_symbol(v) and not _is_mlirgpu_object(v)}
+
+
+def _is_mlirgpu_object(value):
+    if isinstance(value, DType):
+        return False
+    module = value.__module__ if isinstance(value, (types.FunctionType, type)) else type(value).__module__
+    return isinstance(module, str) and module.startswith("mlirgpu")
+
+
+class CompiledModule:
+    """A traced GPU module, compiled per chip and loaded per device."""
+
+    #: Whether memrefs pass as bare pointers (static shapes) or as descriptors.
+    bare_pointers = True
+
+    def __init__(self):
+        self._compilations = {}
+        self._functions = {}
+
+    def compilation(self, chip=None):
+        """The Compilation (mlirgpu.compiler) of the GPU module for `chip`."""
+        chip = chip or default_chip()
+        compilation = self._compilations.get(chip)
+        if compilation is None:
+            compilation = self._compilations[chip] = Compilation(self.gpu_module(), chip,
+                                                                 bare_pointers=self.bare_pointers)
+        return compilation
+
+    def ptx(self, chip=None):
+        """PTX text for `chip` (default: the current GPU's, else sm_90a). Needs no GPU."""
+        return self.compilation(chip).ptx
+
+    def cubin(self, chip=None):
+        """cubin bytes for `chip` (default: the current GPU's, else sm_90a). Needs no GPU.
+        Served from the compile cache (memory, then disk) when the source,
+        the globals it reads, the generics, chip and options match."""
+        chip = chip or default_chip()
+        return cache.default_cache().get_or_compile(self.cache_key(chip), lambda: self.compilation(chip).cubin)
+
+    def cache_key(self, chip):
+        """The compile cache's key of this module's cubin for `chip`."""
+        function = self.source_function
+        try:
+            digest, details = cache.fingerprint_globals(read_values(function))
+        except TypeError as error:
+            raise CompileError(f"{function.__qualname__}: {error}: the compile cache cannot tell when it "
+                               f"changes; pass it as an argument or make it a plain constant") from None
+        generics, options = self.cache_fields()
+        return cache.CacheKey({"kernel": f"{function.__module__}.{function.__qualname__}",
+                               "source": source_digest(function), "globals": digest, "generics": generics,
+                               "chip": chip, "options": options}, details={"globals": details})
+
+    def function(self):
+        """The kernel, loaded on the current device."""
+        device = cuda.current_device()
+        loaded = self._functions.get(device)
+        if loaded is None:
+            image = self.cubin(cuda.Device(device).chip)
+            loaded = self._functions[device] = cuda.load_module(image).get_function(
+                self.name, params=self.function_params())
+        return loaded
