@@ -7,6 +7,7 @@
 #include "dispatch.h"
 #include "graph.h"
 
+#include <llvm/Config/llvm-config.h>
 #include <string.h>
 
 #define MG_NUMPY_IMPORT /* this file defines the table */
@@ -120,8 +121,11 @@ static int module_exec(PyObject *module)
     if (add_errors(module, st) < 0)
         return -1;
     mg_st = st;
-    /* Where ptxas was at build time; compiler.py's default for CUDA_HOME. */
+    /* The toolkit the build was made for; compiler/toolkit.py looks there first. */
     if (PyModule_AddStringConstant(module, "CUDA_HOME", MG_CUDA_HOME) < 0)
+        return -1;
+    /* The MLIR and LLVM release the extension was compiled against. */
+    if (PyModule_AddStringConstant(module, "MLIR_VERSION", LLVM_VERSION_STRING) < 0)
         return -1;
     if (mg_ir_init(module) < 0 || mg_pipeline_init(module) < 0 ||
         mg_cu_init(module) < 0 || mg_graph_init(module) < 0 || mg_array_init(module) < 0 || mg_dispatch_init(module) < 0 ||

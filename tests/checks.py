@@ -41,3 +41,17 @@ def assert_isolated(code, expected_stdout):
                                   f"stderr:\n{proc.stderr[-3000:]}")
     assert expected_stdout in proc.stdout, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
     return proc
+
+
+def toolkit_without_ptxas(directory):
+    """directory/no-ptxas: a CUDA toolkit directory with this machine's
+    libdevice (nvvm/, which kernels' math functions link) and no ptxas. As
+    CUDA_HOME it sends kernels to the driver's JIT as PTX."""
+    from mlirgpu.compiler import toolkit
+    home = os.path.join(directory, "no-ptxas")
+    os.makedirs(home, exist_ok=True)
+    source = toolkit.PTXAS.home if toolkit.PTXAS else os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    if not os.path.lexists(os.path.join(home, "nvvm")):
+        os.symlink(os.path.join(source, "nvvm"), os.path.join(home, "nvvm"))
+    return home
+

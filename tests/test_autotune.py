@@ -14,7 +14,7 @@ import pytest
 
 import mlirgpu as mg
 from mlirgpu import block_idx, thread_idx
-from checks import run_isolated
+from checks import run_isolated, toolkit_without_ptxas
 
 autotune = importlib.import_module("mlirgpu.runtime.autotune")   # the module; mg.autotune is the decorator
 
@@ -339,7 +339,8 @@ def test_grid_and_block_callables_see_every_generic(fake_gpu):
 # ---------------------------------------------------------------------------
 # The GPU path against the fake driver (tests/fake_cuda): events, device
 # snapshots, the recorded choice. The fake driver runs `add_scalar` (x[i] += v)
-# by name; PTX stands in for the cubin, which it cannot read.
+# by name; CUDA_HOME names a toolkit without ptxas, so kernels load as PTX, which it reads
+# (it cannot read a cubin).
 
 def test_tuning_on_the_fake_driver(fake_libcuda, tmp_path):
     script = tmp_path / "fake_driver_tuning.py"   # a file: the tracer reads the kernel's source
@@ -347,11 +348,11 @@ def test_tuning_on_the_fake_driver(fake_libcuda, tmp_path):
 import importlib, json, os
 os.environ["MLIRGPU_LIBCUDA"] = {fake_libcuda!r}
 os.environ["MLIRGPU_CACHE_DIR"] = {str(tmp_path)!r}
+os.environ["CUDA_HOME"] = {toolkit_without_ptxas(str(tmp_path))!r}
 import numpy as np
 import mlirgpu as mg
 autotune = importlib.import_module("mlirgpu.runtime.autotune")
 
-mg.Specialization.cubin = lambda self, chip=None: self.ptx(chip)
 N, R = mg.generics("N R")
 
 @mg.autotune(configs=[dict(R=1), dict(R=2)], key=["N"], warmup=2, repeat=5)

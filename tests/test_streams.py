@@ -15,14 +15,16 @@ import pytest
 import mlirgpu as mg
 import mlirgpu._mlirgpu as C
 from backends import current_backend
-from checks import run_isolated
+from checks import run_isolated, toolkit_without_ptxas
 
 # The script's prelude: the fake driver, its log, and kernels it emulates by
-# name (PTX stands in for the cubin, which the fake cannot read).
+# name. CUDA_HOME names a toolkit without ptxas, so kernels load as PTX for the driver's
+# JIT: the fake reads PTX, not cubins.
 PRELUDE = '''
 import ctypes, gc, json, os, sys, tracemalloc, weakref
 os.environ["MLIRGPU_LIBCUDA"] = {fake!r}
 os.environ["MLIRGPU_CACHE_DIR"] = {cache!r}
+os.environ["CUDA_HOME"] = {no_ptxas!r}
 import numpy as np
 import mlirgpu as mg
 import mlirgpu._mlirgpu as C
@@ -57,7 +59,6 @@ def trace(**named):
 def named(lines, *prefixes):
     return [l for l in lines if l.split()[0] in prefixes]
 
-mg.Specialization.cubin = lambda self, chip=None: self.ptx(chip)
 N, = mg.generics("N")
 
 @mg.kernel
@@ -87,7 +88,8 @@ def fake(fake_libcuda, tmp_path):
     driver (from a file: the tracer reads kernel sources); returns its `out` dict."""
     def run(body):
         script = tmp_path / "script.py"
-        script.write_text(PRELUDE.format(fake=fake_libcuda, cache=str(tmp_path / "cache")) +
+        script.write_text(PRELUDE.format(fake=fake_libcuda, cache=str(tmp_path / "cache"),
+                                         no_ptxas=toolkit_without_ptxas(str(tmp_path))) +
                           textwrap.dedent(body) + "\nprint(json.dumps(out))\n")
         proc = run_isolated(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
         assert proc.returncode == 0, proc.stderr[-4000:]

@@ -15,6 +15,7 @@ compile; `cache` logs disk hits, corrupt entries and a cache directory that
 cannot be written. See docs/cache.md.
 """
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -322,12 +323,19 @@ def environment():
     with _environment_lock:
         if _environment is None:
             from .._version import __version__
-            from .nvvm import CUDA_HOME
+            from . import toolkit
 
             mlir, mlir_build = _mlir_version()
+            # Without ptxas an entry holds PTX, not a cubin: never the same entry.
+            cuda = _cuda_version(toolkit.PTXAS.home) if toolkit.PTXAS else "none: PTX for the driver's JIT"
+            if toolkit.PTXAS and toolkit.PTXAS.source == "nvidia-cuda-nvcc wheel":
+                try:
+                    cuda = importlib.metadata.version("nvidia-cuda-nvcc-cu12")
+                except importlib.metadata.PackageNotFoundError:
+                    pass
             _environment = {"mlirgpu": __version__,
                             "mlirgpu_build": _package_build(), "mlir": mlir, "mlir_build": mlir_build,
-                            "cuda": _cuda_version(CUDA_HOME)}
+                            "cuda": cuda}
         return dict(_environment)
 
 

@@ -9,6 +9,9 @@ The lowering is an ordered list of named stages, each kept for inspection:
     ptx       PTX text
     cubin     the ELF that ptxas makes of it
 
+The image a GPU loads is the cubin where ptxas is found (toolkit.py says
+where), else the PTX, which the driver compiles as it loads it.
+
 Chip and PTX features are checked here, before LLVM runs: LLVM aborts the
 whole process on a PTX version that does not support the chip.
 """
@@ -16,8 +19,8 @@ import os
 import re
 from functools import cached_property
 
-from .. import ir
-from .. import _mlirgpu
+from .. import _mlirgpu, ir
+from . import toolkit
 from .._mlirgpu import CompileError, MLIRError, PassManager, gpu_objects, llvm_bitcode_to_text
 
 __all__ = ["CHIPS", "Compilation", "Target", "compile_cubin", "compile_ptx"]
@@ -32,8 +35,10 @@ CHIPS = {
 # PTX ISA versions known to both LLVM 22 and the CUDA 13.0 ptxas.
 PTX_VERSIONS = (63, 64, 65, 70, 71, 72, 73, 74, 75, 76, 77, 78, 80, 81, 82, 83, 84, 85, 86, 87, 88)
 STAGES = ("gpu", "outlined", "nvvm", "llvm_ir", "ptx", "cubin")
-# ptxas for cubin: $CUDA_HOME/bin/ptxas, else the toolkit the extension was built with.
-CUDA_HOME = os.environ.get("CUDA_HOME", _mlirgpu.CUDA_HOME)
+# The toolkit of the ptxas in use (its bin/ptxas), else where one was looked for.
+CUDA_HOME = toolkit.PTXAS.home if toolkit.PTXAS else os.environ.get("CUDA_HOME", _mlirgpu.CUDA_HOME)
+NO_PTXAS = ("no ptxas to make a cubin: install the CUDA toolkit (or pip install nvidia-cuda-nvcc-cu12), "
+            "or set CUDA_HOME to one; kernels meanwhile load as PTX, compiled by the driver (Compilation.image)")
 
 # gpu.binary's #gpu.object formats (mlir::gpu::CompilationTarget).
 _FORMAT_OFFLOAD, _FORMAT_ASSEMBLY, _FORMAT_BINARY = 1, 2, 3
@@ -99,6 +104,10 @@ class Compilation:
     Each stage is computed on first access and kept: `gpu`, `outlined`,
     `nvvm` and `llvm_ir` are str, `ptx` is str, `cubin` bytes. With several
     gpu.modules, `objects(stage)` gives a dict by gpu.module name.
+
+    `image` is what a GPU loads: the cubin, or where no ptxas was found the
+    PTX (bytes) for the driver's JIT. `image_format` says which ("cubin" or
+    "ptx") and `ptxas` names the ptxas used (None for the driver's JIT).
     """
 
     def __init__(self, module, chip="sm_90a", *, features=None, opt_level=3, bare_pointers=True):
@@ -107,6 +116,9 @@ class Compilation:
         self.target = Target(chip, features, opt_level)
         _check_module_targets(module)
         self.bare_pointers = bool(bare_pointers)
+        self._toolkit = toolkit.PTXAS
+        self.ptxas = self._toolkit.ptxas if self._toolkit else None
+        self.image_format = "cubin" if self._toolkit else "ptx"
         self.gpu = str(module)
         t = self.target
         self._outlined = run_stage(module.clone(), "outlined", "builtin.module(gpu-kernel-outlining, "
@@ -129,8 +141,11 @@ class Compilation:
 
     def _binary(self, fmt, stage):
         module = self._nvvm.clone()
-        toolkit = f" toolkit={CUDA_HOME}" if fmt == "bin" else ""
-        run_stage(module, stage, f"builtin.module(gpu-module-to-binary{{format={fmt}{toolkit}}})")
+        # The toolkit gives ptxas and libdevice (nvvm/libdevice), which every
+        # format links for the math functions; without one MLIR looks at
+        # $CUDA_HOME, else links none.
+        home = f" toolkit={self._toolkit.home}" if self._toolkit else ""
+        run_stage(module, stage, f"builtin.module(gpu-module-to-binary{{format={fmt}{home}}})")
         objects = {name: data for name, _, data in gpu_objects(module)}
         if not objects:
             raise CompileError("the module holds no gpu.module to compile")
@@ -146,6 +161,8 @@ class Compilation:
 
     @cached_property
     def _cubin(self):
+        if self._toolkit is None:
+            raise CompileError(NO_PTXAS)
         return self._binary("bin", "cubin")
 
     def objects(self, stage):
@@ -165,6 +182,11 @@ class Compilation:
     ptx = property(lambda self: self._single("ptx"), doc="PTX text.")
     cubin = property(lambda self: self._single("cubin"), doc="cubin (ELF) bytes.")
 
+    @property
+    def image(self):
+        """What a GPU loads: the cubin (bytes), else the PTX as bytes."""
+        return self.cubin if self._toolkit else self.ptx.encode()
+
     def stage(self, name):
         """A stage by name, one of STAGES."""
         if name not in STAGES:
@@ -178,5 +200,5 @@ def compile_ptx(module, chip="sm_90a", **options):
 
 
 def compile_cubin(module, chip="sm_90a", **options):
-    """cubin bytes of the module's only gpu.module (ptxas from CUDA_HOME). Needs no GPU."""
+    """cubin bytes of the module's only gpu.module. Needs no GPU, but ptxas (toolkit.py)."""
     return Compilation(module, chip, **options).cubin

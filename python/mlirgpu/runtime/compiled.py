@@ -2,7 +2,8 @@
 @mg.kernel specializations and @mg.vectorize's GPU kernels.
 
     compiled.compilation(chip)   # compiler.Compilation: every stage, inspectable
-    compiled.ptx(chip), compiled.cubin(chip)   # the cubin through the compile cache
+    compiled.ptx(chip), compiled.cubin(chip)
+    compiled.image(chip)         # what the GPU loads (cubin, else PTX), through the compile cache
     compiled.function()          # loaded on the current device, once per device
 
 A subclass gives `name` (the kernel's symbol), `source_function` (the Python
@@ -15,8 +16,8 @@ import types
 
 from .. import cuda
 from .._mlirgpu import CompileError, DType
-from ..compiler import cache
-from ..compiler.nvvm import Compilation
+from ..compiler import cache, toolkit
+from ..compiler.nvvm import NO_PTXAS, Compilation
 from ..frontend.rewrite import code_objects
 from ..language.generics import is_symbol
 
@@ -103,8 +104,17 @@ class CompiledModule:
         """cubin bytes for `chip` (default: the current GPU's, else sm_90a). Needs no GPU.
         Served from the compile cache (memory, then disk) when the source,
         the globals it reads, the generics, chip and options match."""
+        if toolkit.PTXAS is None:
+            raise CompileError(NO_PTXAS)
+        return self.image(chip)
+
+    def image(self, chip=None):
+        """What a GPU of `chip` loads: the cubin, or where there is no ptxas
+        the PTX for the driver's JIT (Compilation.image_format says which).
+        Served from the compile cache (memory, then disk) when the source,
+        the globals it reads, the generics, chip and options match."""
         chip = chip or default_chip()
-        return cache.default_cache().get_or_compile(self.cache_key(chip), lambda: self.compilation(chip).cubin)
+        return cache.default_cache().get_or_compile(self.cache_key(chip), lambda: self.compilation(chip).image)
 
     def cache_key(self, chip):
         """The compile cache's key of this module's cubin for `chip`."""
@@ -124,7 +134,7 @@ class CompiledModule:
         device = cuda.current_device()
         loaded = self._functions.get(device)
         if loaded is None:
-            image = self.cubin(cuda.Device(device).chip)
+            image = self.image(cuda.Device(device).chip)
             loaded = self._functions[device] = cuda.load_module(image).get_function(
                 self.name, params=self.function_params())
         return loaded

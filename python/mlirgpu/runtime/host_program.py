@@ -24,7 +24,8 @@ import numpy as np
 
 from .. import _mlirgpu, ir
 from .._mlirgpu import CompileError, DeviceArray, LaunchError, MLIRError
-from ..compiler.nvvm import CUDA_HOME, Compilation, run_stage
+from ..compiler import toolkit
+from ..compiler.nvvm import NO_PTXAS, Compilation, run_stage
 from .compiled import default_chip
 from .scalars import scalar_bytes
 
@@ -146,11 +147,12 @@ class _Function:
 class HostProgram:
     """A module of host functions in the gpu dialect, lowered and JIT-compiled.
 
-    HostProgram(program, chip=None, *, format="cubin", opt_level=2): `program`
+    HostProgram(program, chip=None, *, format=None, opt_level=2): `program`
     is MLIR text or an mlirgpu.ir.Module (cloned, never changed). `chip`
-    defaults to the current GPU's, else sm_90a. `format` is "cubin" (ptxas
-    from CUDA_HOME) or "ptx" (the driver compiles the PTX when the program
-    first launches a kernel). `opt_level` is the host JIT's (0..3).
+    defaults to the current GPU's, else sm_90a. `format` is "cubin" (by
+    ptxas: see mlirgpu.compiler.toolkit) or "ptx" (the driver compiles the
+    PTX when the program first launches a kernel); the default is "cubin"
+    where ptxas is found, else "ptx". `opt_level` is the host JIT's (0..3).
 
     Everything is compiled here and needs no GPU: bad text or a module that
     does not verify raise MLIRError; a failing lowering stage raises
@@ -159,9 +161,13 @@ class HostProgram:
     timeline=False)`.
     """
 
-    def __init__(self, program, chip=None, *, format="cubin", opt_level=2):
+    def __init__(self, program, chip=None, *, format=None, opt_level=2):
+        if format is None:
+            format = "cubin" if toolkit.PTXAS else "ptx"
         if format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, not {format!r}")
+        if format == "cubin" and toolkit.PTXAS is None:
+            raise CompileError(NO_PTXAS)
         if isinstance(program, str):
             module = ir.Module.parse(program)
         elif isinstance(program, ir.Module):
@@ -187,9 +193,9 @@ class HostProgram:
         self.compilation = Compilation(module, chip or default_chip(), bare_pointers=False)
         lowered = ir.Module.parse(self.compilation.nvvm, context=module.context)
         run_stage(lowered, "host", HOST_PIPELINE, ASYNC_HINT)
-        toolkit = f" toolkit={CUDA_HOME}" if format == "cubin" else ""
+        home = f" toolkit={toolkit.PTXAS.home}" if toolkit.PTXAS else ""
         run_stage(lowered, "binary", "builtin.module(gpu-module-to-binary{format=%s%s})"
-             % ("bin" if format == "cubin" else "isa", toolkit))
+             % ("bin" if format == "cubin" else "isa", home))
         _check_lowered(lowered)
         self._lowered = lowered
         self.engine = _engine((self.gpu, self.chip, format, opt_level), lowered, opt_level)
