@@ -17,7 +17,7 @@ from ._version import __version__
 from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event, InvalidObjectError,
                        KernelError, LaunchError, MLIRError, Stream, bf16, bool_, dtype, f16, f32, f64, i8,
                        i16, i32, i64, index, u8, u16, u32, u64)
-from . import cuda, ir, layout
+from . import cuda, ir
 from .ir import passes
 from .language import (atomic, block_dim, block_idx, cast, constant, generics, grid_dim, math, memref,
                        printf, range_, select, shared, static_range, syncthreads, thread_idx, vload, vstore,
@@ -54,6 +54,15 @@ __all__ = [
     "ir", "passes", "layout",
     "__version__",
 ]
+
+
+def __getattr__(name):
+    # mg.layout, pure Python and only needed by layout work, loads on first use.
+    if name == "layout":
+        import importlib
+
+        return importlib.import_module(".layout", __name__)
+    raise AttributeError(f"module 'mlirgpu' has no attribute {name!r}")
 
 
 def __dir__():

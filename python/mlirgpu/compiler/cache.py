@@ -15,7 +15,6 @@ compile; `cache` logs disk hits, corrupt entries and a cache directory that
 cannot be written. See docs/cache.md.
 """
 import hashlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -329,6 +328,8 @@ def environment():
             # Without ptxas an entry holds PTX, not a cubin: never the same entry.
             cuda = _cuda_version(toolkit.PTXAS.home) if toolkit.PTXAS else "none: PTX for the driver's JIT"
             if toolkit.PTXAS and toolkit.PTXAS.source == "nvidia-cuda-nvcc wheel":
+                import importlib.metadata  # here: importing it costs more than the rest of mlirgpu's modules
+
                 try:
                     cuda = importlib.metadata.version("nvidia-cuda-nvcc-cu12")
                 except importlib.metadata.PackageNotFoundError:
