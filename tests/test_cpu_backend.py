@@ -13,7 +13,7 @@ from mlirgpu import block_dim, block_idx, thread_idx
 
 from kernels_seed import scale_rows
 
-N, = mg.generics("N")
+N = mg.generics("N")
 
 
 def test_non_contiguous_argument_is_written_back():

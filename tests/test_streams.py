@@ -58,7 +58,7 @@ def named(lines, *prefixes):
     return [l for l in lines if l.split()[0] in prefixes]
 
 mg.Specialization.cubin = lambda self, chip=None: self.ptx(chip)
-N, = mg.generics("N")
+N = mg.generics("N")
 
 @mg.kernel
 def add_scalar(X: mg.memref[N, mg.f32], v: mg.f32, n: mg.u32):

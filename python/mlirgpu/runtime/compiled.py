@@ -17,7 +17,7 @@ from .. import cuda
 from .._mlirgpu import CompileError, DType
 from ..compiler import cache
 from ..compiler.nvvm import Compilation
-from ..frontend.rewrite import code_objects
+from ..frontend.rewrite import code_objects, source_unavailable
 from ..language.generics import is_symbol
 
 __all__ = ["CompiledModule", "default_chip", "read_values", "source_digest"]
@@ -35,7 +35,7 @@ def source_digest(function):
         try:
             source = inspect.getsource(function)
         except (OSError, TypeError) as error:
-            raise CompileError(f"cannot read the source of {function.__qualname__}: {error}") from error
+            raise source_unavailable(function, error) from error
         digest = hashlib.sha256(source.encode()).hexdigest()
         try:
             function.__mlirgpu_source_digest__ = digest

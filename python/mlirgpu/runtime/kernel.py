@@ -22,7 +22,7 @@ from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError
 from ..frontend import rewrite as tracer
 from ..frontend.kernel import trace_kernel
 from ..language import core as lang
-from ..language.generics import Generic, MemRefType, is_symbol, symbol_name
+from ..language.generics import Generic, MemRefType, as_element_type, is_symbol, symbol_name
 from . import cpu
 from .backend import _kernels as _backend_kernels, on_cpu
 from .compiled import CompiledModule, read_values, source_digest
@@ -36,6 +36,7 @@ _SCALAR_ANNOTATIONS = {int: lang.i32, float: lang.f32, bool: lang.bool_}
 class Parameter:
     def __init__(self, name, annotation):
         self.name = name
+        annotation = as_element_type(annotation)
         if isinstance(annotation, MemRefType):
             self.memref = annotation
         elif annotation in _SCALAR_ANNOTATIONS:
@@ -86,7 +87,8 @@ class Kernel(_mlirgpu.Dispatcher):
         self.function = function
         self.__name__ = function.__name__
         self.__qualname__ = function.__qualname__
-        self.__doc__ = function.__doc__
+        self.__module__ = function.__module__
+        self.__wrapped__ = function
         annotations = inspect.get_annotations(function, eval_str=True)
         signature = inspect.signature(function)
         for p in signature.parameters.values():
@@ -108,6 +110,8 @@ class Kernel(_mlirgpu.Dispatcher):
         if missing:
             raise CompileError(f"{function.__qualname__} uses generics {missing} that generics=... does not list")
         self.generics = [symbol_name(s) for s in declared]
+        self.__signature__ = signature.replace(parameters=list(signature.parameters.values()) + _LAUNCH_KEYWORDS)
+        self.__doc__ = _launch_doc(self, function.__doc__)
         self._rewritten = None
         self._specializations = {}
 
@@ -117,9 +121,16 @@ class Kernel(_mlirgpu.Dispatcher):
     # -- specializations -------------------------------------------------
     def __getitem__(self, values):
         values = values if isinstance(values, tuple) else (values,)
+        # kernel[blocks, threads](...) is how Numba launches; here brackets give generics.
+        numba_style = (" (to launch, pass the launch shape as keywords: "
+                       f"{self.__name__}(..., grid=blocks, block=threads))"
+                       if any(isinstance(v, (tuple, list)) for v in values) or len(values) == 2 else "")
         if len(values) != len(self.generics):
             raise CompileError(f"{self.__qualname__} has {len(self.generics)} generics ({', '.join(self.generics)}), "
-                               f"got {len(values)} values")
+                               f"got {len(values)} values{numba_style}")
+        if any(isinstance(v, (tuple, list)) for v in values):
+            raise CompileError(f"{self.__qualname__}[...] takes one value per generic "
+                               f"({', '.join(self.generics)}), not tuples{numba_style}")
         bound = {}
         for name, value in zip(self.generics, values):
             bound[name] = check_generic_value(name, value, self.dtype_generics())
@@ -213,6 +224,29 @@ class Kernel(_mlirgpu.Dispatcher):
             except ValueError:
                 pass  # arguments the dispatcher cannot classify: this path serves them each time
         spec.launch(args, **kwargs)
+
+
+_LAUNCH_KEYWORDS = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+                    for name, default in (("grid", inspect.Parameter.empty), ("block", inspect.Parameter.empty),
+                                          ("shared_mem", 0), ("stream", None))]
+
+
+def _launch_doc(kernel, doc):
+    """The kernel's own docstring, then how to launch and specialize it (what help() shows)."""
+    params = ", ".join(p.name for p in kernel.parameters)
+    name = kernel.__name__
+    lines = [inspect.cleandoc(doc), ""] if doc else []
+    lines += [f"An mlirgpu kernel. Launch it with one argument per parameter and the launch shape:",
+              "",
+              f"    {name}({params}, grid=(blocks_x, blocks_y, blocks_z), block=(threads_x, threads_y, threads_z),",
+              f"    {' ' * len(name)} shared_mem=0, stream=None)",
+              "",
+              "grid and block take 1 to 3 ints; arrays are mg.DeviceArray, NumPy arrays (copied in and back),",
+              "or objects with __cuda_array_interface__ or __dlpack__; scalars are Python or NumPy numbers."]
+    if kernel.generics:
+        lines += ["", f"Generics ({', '.join(kernel.generics)}) are taken from the arguments' shapes and dtypes;",
+                  f"{name}[{', '.join(kernel.generics)}] gives a specialization with .ir(), .ptx(), .cubin()."]
+    return "\n".join(lines)
 
 
 def show(value):
