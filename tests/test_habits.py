@@ -8,6 +8,7 @@ import pydoc
 
 import numpy as np
 import pytest
+from backends import current_backend
 from checks import run_isolated
 
 import mlirgpu as mg
@@ -164,3 +165,23 @@ def test_no_source_says_what_works():
     assert "cannot read the source of k" in proc.stdout, proc.stderr
     for what in ("python -c", "exec()", "a .py file", "Jupyter notebook", "IPython", "3.13"):
         assert what in proc.stdout
+
+
+def test_read_only_numpy_argument_is_refused(backend):
+    x = np.broadcast_to(np.float32(1), (8,))
+    with pytest.raises(mg.LaunchError, match="parameter 'x' is a read-only NumPy array"):
+        scale(x, 2.0, grid=1, block=8)
+
+
+def test_strided_numpy_argument_is_copied_in_and_back(backend):
+    base = np.arange(16, dtype=np.float32)
+    scale(base[::2], 10.0, grid=1, block=8)
+    np.testing.assert_array_equal(base, np.where(np.arange(16) % 2 == 0, 10, 1) * np.arange(16))
+
+
+def test_strided_device_array_is_refused():
+    with current_backend("cpu"):
+        view = mg.asarray(np.arange(16, dtype=np.float32)[::2])
+        assert not view.is_c_contiguous
+        with pytest.raises(mg.LaunchError, match="parameter 'x' needs a C-contiguous array"):
+            scale(view, 2.0, grid=1, block=8)

@@ -274,6 +274,11 @@ def _array_shape_dtype(name, arg):
     if isinstance(arg, DeviceArray):
         array = arg
     elif isinstance(arg, np.ndarray):
+        if not arg.flags.writeable:
+            # A NumPy argument is copied back after the launch: a read-only one would lose the kernel's writes.
+            raise LaunchError(f"parameter {name!r} is a read-only NumPy array, which the launch could not copy "
+                              f"the kernel's writes back into: pass a writeable array, or mg.to_device(...) of "
+                              f"it for an input")
         try:
             return tuple(arg.shape), _mlirgpu.dtype(arg.dtype)
         except (TypeError, ValueError):
