@@ -61,6 +61,15 @@ def page_id(page):
 
 
 def run_page(page, tmp_path, run_gpu_blocks):
+    environment = dict(os.environ)  # pages may set MLIRGPU_CHECK and the like
+    try:
+        run_blocks(page, tmp_path, run_gpu_blocks)
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+
+
+def run_blocks(page, tmp_path, run_gpu_blocks):
     namespace = {"__name__": f"docs_{page.stem}"}
     for line, source in blocks(page):
         path = tmp_path / f"{page.stem}_line{line}.py"
