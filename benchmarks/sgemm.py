@@ -309,7 +309,7 @@ def table(rows):
 
 
 def tables(problems):
-    return "\n\n".join(f"### {label(p.size)} (M={p.size[0]}, K={p.size[1]}, N={p.size[2]})\n\n{table(p.rows)}"
+    return "\n\n".join(f"## {label(p.size)} (M={p.size[0]}, K={p.size[1]}, N={p.size[2]})\n\n{table(p.rows)}"
                        for p in problems)
 
 

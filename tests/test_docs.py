@@ -29,7 +29,7 @@ from backends import current_backend
 from checks import PYTHON_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
 GPU_MARKER = "# needs an NVIDIA GPU"
 FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 
