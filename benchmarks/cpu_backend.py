@@ -1,4 +1,4 @@
-"""The CPU backend against numba-cuda's simulator: the lecture's tiled matmul
+"""The CPU backend against numba-cuda's simulator: the shared-memory tiled matmul
 (tile 16, static shared memory), float32, C = A @ B, in one run.
 
     python benchmarks/cpu_backend.py [--size 256] [--repeats 3] [--peer-size N]
@@ -14,7 +14,7 @@
   minutes. --peer-size runs it on a smaller cube and scales its time by the
   ratio of multiply-adds (n**3), which the table marks as an estimate.
 
-Both results are checked against NumPy (float64). Goal (issue 4): at most
+Both results are checked against NumPy (float64). Goal: at most
 2 s for mlirgpu on a 2-core machine, and at least 100x faster than the
 simulator.
 """
