@@ -152,7 +152,7 @@ def main():
         print(f"mlirgpu first launch (trace + lowering + JIT + run): {ours['first']:.3f} s")
     except mg.Error as error:
         print(f"mlirgpu's CPU backend cannot run the tiled matmul ({type(error).__name__}): {error}")
-        print("(shared memory on the CPU backend: see docs/cpu.md)")
+        print("(shared memory on the CPU backend: see docs/cpu_backend.md)")
     peer_seconds = None
     if not args.no_peer:
         peer_n = args.peer_size or n

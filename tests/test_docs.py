@@ -114,3 +114,13 @@ def test_docs_build(tmp_path):
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "html" / "api.html").exists()
+
+
+INTERNAL = re.compile(r"\bseed'?s?\b|\blecture'?s?\b|(?-i:API\.md)|\bthe contract\b|\bissue \d+", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("page", PAGES + sorted((ROOT / "notebooks").glob("*.ipynb")), ids=page_id)
+def test_pages_speak_to_users(page):
+    """No project-internal vocabulary in what users read."""
+    text = page.read_text()
+    assert [m.group(0) for m in INTERNAL.finditer(text)] == []

@@ -713,7 +713,7 @@ def test_launch_contradicting_sizes_later_parameter():
 
 
 def test_launch_non_contiguous_numpy_arrays_are_copied_not_refused():
-    # NumPy arrays are copied in contiguously and back (docs/kernels.md), so
+    # NumPy arrays are copied in contiguously and back (docs/arrays.md), so
     # their layout does not matter; device arrays must be contiguous (below).
     A, B, C = arrays()
     strided = np.zeros((4, 6), np.float32)[:, ::2]

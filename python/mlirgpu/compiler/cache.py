@@ -12,7 +12,7 @@ file that does not match is recompiled and overwritten, never trusted.
 MLIRGPU_LOG (comma-separated) turns on logging through the "mlirgpu" logger:
 `compile` logs each compile with what changed since the kernel's previous
 compile; `cache` logs disk hits, corrupt entries and a cache directory that
-cannot be written. See docs/cache.md.
+cannot be written. See docs/design/compile_cache.md.
 """
 import hashlib
 import json

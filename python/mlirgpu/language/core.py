@@ -5,7 +5,7 @@ While a kernel is traced, every value it computes on the GPU is a `Scalar`
 `MemRef`. Operators on them emit arith/memref/gpu operations at the current
 insertion point, each located at the user's line.
 
-Type rules (docs/kernels.md):
+Type rules (docs/language.md):
 - Two traced operands must have the same dtype; nothing is converted
   silently. `mg.cast(v, dtype)` converts explicitly.
 - A Python int meets any integer or index operand and takes its type; with a

@@ -16,7 +16,7 @@ GPU backend the first launch of a key times every config (CUDA events, after
 warm-up launches; the median), keeps the fastest and records the choice in
 the cache directory, keyed by the GPU's name and the key's values, so a new
 process launches it without timing. On the CPU backend the first config that
-compiles and launches is used. docs/autotune.md has the details.
+compiles and launches is used. docs/design/autotune.md has the details.
 """
 import json
 import os

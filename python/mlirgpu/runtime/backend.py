@@ -7,7 +7,7 @@ the host through MLIR's ExecutionEngine).
 The choice is made at first use (the first mg.backend(), array allocation
 or launch) and holds for the process until set_backend changes it. On the
 CPU backend mg.empty/zeros/to_device/asarray make DeviceArrays in host
-memory, and launches run through mlirgpu.cpu.run. docs/cpu.md has the design.
+memory, and launches run through mlirgpu.cpu.run. docs/design/cpu_backend.md has the design.
 """
 import os
 import weakref

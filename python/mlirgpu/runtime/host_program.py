@@ -14,7 +14,7 @@ mlirgpu's mgpu* runtime (csrc/runtime.c) underneath:
 Stages, each kept for inspection: `gpu` (the module as given), `outlined` and
 `nvvm` (compiler.Compilation's), `lowered` (host code in the llvm dialect,
 kernels as a gpu.binary), `llvm_ir` (what the JIT compiles), `ptx` (the
-kernels). docs/host_programs.md has the design.
+kernels). docs/design/host_runtime.md has the design.
 """
 import hashlib
 import re

@@ -8,7 +8,7 @@ stream.
         kernel(d, grid=..., block=..., stream=g.stream)
     g.replay()                               # runs it again, on g.stream
 
-docs/runtime.md has the rules: the default stream, copies, graphs, errors.
+docs/launching.md and docs/design/cuda_runtime.md have the rules: the default stream, copies, graphs, errors.
 """
 from .. import _mlirgpu
 from .._mlirgpu import Graph, f32

@@ -10,7 +10,7 @@
     print(spec.ir())                      # the linalg.generic it is traced to
     print(spec.ptx(chip="sm_90a"))        # needs no GPU
 
-The function is traced with the kernel language (docs/kernels.md), once per
+The function is traced with the kernel language (docs/language.md), once per
 input signature: each parameter is a traced scalar of its argument's dtype,
 and what it returns (a value or a tuple) is the element of each output.
 Arrays broadcast as in NumPy; Python scalars are passed by value, with the
