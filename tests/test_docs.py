@@ -88,8 +88,10 @@ def run_blocks(page, tmp_path, run_gpu_blocks):
                                      f"{type(error).__name__}: {error}") from error
 
 
-def test_every_page_has_code():
-    assert [p for p in PAGES if not blocks(p) and p.name not in ("index.md", "api.md", "sgemm_h100.md")] == []
+def test_every_guide_page_has_code():
+    """The guide teaches by example; the reference pages (the API, measurements, docs/design) need not."""
+    reference = ("index.md", "api.md", "sgemm_h100.md")
+    assert [p for p in PAGES if not blocks(p) and p.name not in reference and p.parent.name != "design"] == []
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
