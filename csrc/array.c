@@ -261,7 +261,11 @@ static void dtype_dealloc(mg_dtype *self)
 }
 
 static PyType_Slot dtype_slots[] = {
-    {Py_tp_doc, "An element type; the instances are the singletons mlirgpu.f32, mlirgpu.i32..."},
+    {Py_tp_doc, "An element type; the instances are the singletons mlirgpu.f32, mlirgpu.i32, ... "
+                "They convert to and from NumPy's.\n\nFor example::\n\n"
+                "    mg.f32.numpy            # dtype('float32')\n"
+                "    mg.f32 == np.float32    # True\n"
+                "    mg.f16.itemsize, mg.bf16.bits"},
     {Py_tp_dealloc, dtype_dealloc},
     {Py_tp_repr, dtype_repr},
     {Py_tp_richcompare, dtype_richcompare},
@@ -2034,7 +2038,12 @@ static PyMemberDef array_members[] = {
 };
 
 static PyType_Slot array_slots[] = {
-    {Py_tp_doc, "An array in CUDA device memory: mlirgpu.empty, zeros, to_device, asarray."},
+    {Py_tp_doc, "An array in CUDA device memory (host memory on the CPU backend), made by mlirgpu.empty, "
+                "zeros, to_device and asarray.\n\nFor example::\n\n"
+                "    d = mg.to_device(np.arange(6, dtype=np.float32).reshape(2, 3))\n"
+                "    d.shape, d.dtype, d.strides, d.nbytes, len(d)\n"
+                "    host = d.get()              # a NumPy copy\n"
+                "    torch.from_dlpack(d)        # zero-copy exchange: DLPack, __cuda_array_interface__"},
     {Py_tp_dealloc, array_dealloc},
     {Py_tp_traverse, array_traverse},
     {Py_tp_clear, array_clear},
@@ -2055,7 +2064,10 @@ static PyType_Spec array_spec = {
 
 static PyMethodDef array_functions[] = {
     {"dtype", array_dtype_function, METH_O,
-     "dtype(x): the mlirgpu dtype of a DType, numpy dtype, NumPy scalar type or name."},
+     "dtype(x): the mlirgpu dtype of a DType, numpy dtype, NumPy scalar type or name.\n\nFor example::\n\n"
+     "    mg.dtype(np.float32)     # mlirgpu.f32\n"
+     "    mg.dtype(\"float64\")      # mlirgpu.f64\n"
+     "    mg.dtype(\"i8\")           # mlirgpu.i8 (mlirgpu's names give bits, not bytes)"},
     {"empty", (PyCFunction)(void (*)(void))array_empty, METH_VARARGS | METH_KEYWORDS,
      "empty(shape, dtype=f32, stream=None, *, host=False): an uninitialized DeviceArray (host memory with "
      "host=True: the CPU backend's)."},

@@ -185,3 +185,21 @@ def test_strided_device_array_is_refused():
         assert not view.is_c_contiguous
         with pytest.raises(mg.LaunchError, match="parameter 'x' needs a C-contiguous array"):
             scale(view, 2.0, grid=1, block=8)
+
+
+def public_callables():
+    return [name for name in mg.__all__ if callable(getattr(mg, name)) and not inspect.ismodule(getattr(mg, name))]
+
+
+@pytest.mark.parametrize("name", public_callables())
+def test_public_callable_has_a_docstring_with_an_example(name):
+    """help(mg.<name>) says what it is and shows it used: an indented example line."""
+    doc = inspect.getdoc(getattr(mg, name)) or ""
+    assert len(doc.splitlines()[0] if doc else "") > 10, f"mg.{name} has no docstring"
+    assert any((line.startswith("    ") and line.strip()) or line.startswith(">>>") for line in doc.splitlines()), \
+        f"mg.{name}'s docstring has no example"
+
+
+@pytest.mark.parametrize("name", ["to_device", "empty", "zeros", "asarray", "graph", "kernel", "vectorize"])
+def test_public_functions_have_real_signatures(name):
+    assert "*args" not in str(inspect.signature(getattr(mg, name)))

@@ -40,7 +40,12 @@ _FORMAT_OFFLOAD, _FORMAT_ASSEMBLY, _FORMAT_BINARY = 1, 2, 3
 
 
 class Target:
-    """A validated NVVM target: chip, PTX features, optimisation level."""
+    """A validated NVVM target: chip, PTX features, optimisation level.
+
+    For example::
+
+        target = mg.Target("sm_90a", features="+ptx80", opt_level=3)
+    """
 
     def __init__(self, chip="sm_90a", features=None, opt_level=3):
         if not isinstance(chip, str):
@@ -99,6 +104,12 @@ class Compilation:
     Each stage is computed on first access and kept: `gpu`, `outlined`,
     `nvvm` and `llvm_ir` are str, `ptx` is str, `cubin` bytes. With several
     gpu.modules, `objects(stage)` gives a dict by gpu.module name.
+
+    For example::
+
+        stages = mg.Compilation(module, chip="sm_90a")
+        print(stages.nvvm)
+        ptx, cubin = stages.ptx, stages.cubin
     """
 
     def __init__(self, module, chip="sm_90a", *, features=None, opt_level=3, bare_pointers=True):
@@ -173,10 +184,21 @@ class Compilation:
 
 
 def compile_ptx(module, chip="sm_90a", **options):
-    """PTX text of the module's only gpu.module. Needs no GPU."""
+    """PTX text of the module's only gpu.module. Needs no GPU.
+
+    For example::
+
+        ptx = mg.compile_ptx(mg.ir.Module.parse(text), chip="sm_90a")
+    """
     return Compilation(module, chip, **options).ptx
 
 
 def compile_cubin(module, chip="sm_90a", **options):
-    """cubin bytes of the module's only gpu.module (ptxas from CUDA_HOME). Needs no GPU."""
+    """cubin bytes of the module's only gpu.module (ptxas from CUDA_HOME). Needs no GPU.
+
+    For example::
+
+        cubin = mg.compile_cubin(module, chip="sm_90a")
+        kernel = mg.cuda.load_module(cubin).get_function("copy")
+    """
     return Compilation(module, chip, **options).cubin

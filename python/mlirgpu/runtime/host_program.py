@@ -157,6 +157,13 @@ class HostProgram:
     CompileError naming the stage. Call the program with a host function's
     name and its arguments: `prog(name, *args)` or `prog.run(name, *args,
     timeline=False)`.
+
+    For example::
+
+        prog = mg.HostProgram(text)                 # MLIR text with host functions and gpu.modules
+        C = prog("matmul_twice", A, B)              # NumPy arrays in, NumPy array out
+        C = prog.run("matmul_twice", A, B, timeline=True)
+        print(prog.timeline)                        # [(kernel, stream, start_ms, end_ms), ...]
     """
 
     def __init__(self, program, chip=None, *, format="cubin", opt_level=2):

@@ -53,15 +53,21 @@ class Parameter:
 
 
 class Kernel(_mlirgpu.Dispatcher):
-    """A Python function traced into a gpu.func per specialization.
+    """What @mg.kernel makes: a Python function traced into a gpu.func per
+    specialization (one per set of generic values).
 
-    Calling it launches: the C dispatcher it is reads the arguments' types,
-    shapes and dtypes, finds the loaded kernel of that signature and launches
-    it; only a signature it has not seen (or NumPy arguments, which are copied
-    in and back) comes to `_miss`, which binds the generics, compiles and
-    registers the specialization. On the CPU backend nothing is registered
-    (host arrays never take the C fast path): every call comes to `_miss`,
-    which runs it through mlirgpu.cpu."""
+    Calling it launches. The arguments' kinds, shapes and dtypes are looked up
+    in C and a kernel compiled for them before launches at once; a new
+    signature (or NumPy arguments, which are copied in and back) binds the
+    generics, compiles the specialization and keeps it. On the CPU backend
+    every call binds its arguments and runs through mlirgpu.cpu.
+
+    For example::
+
+        scale(x, 2.0, grid=4, block=256)        # launch: generics from the arguments
+        spec = scale[1000]                       # the Specialization for N = 1000
+        print(spec.ir(), spec.ptx(chip="sm_90a"))
+    """
 
     def __new__(cls, function, generics=None, max_threads=None, min_blocks=None):
         # The dispatcher's miss handler refers back to the kernel through a
@@ -344,7 +350,21 @@ def kernel(function=None, *, generics=None, max_threads=None, min_blocks=None):
     `max_threads` and `min_blocks` are CUDA's `__launch_bounds__`: the most
     threads a launch's block may have (PTX `.maxntid`; a larger block is a
     LaunchError) and the blocks that should fit on one multiprocessor at once
-    (`.minnctapersm`), which caps the registers ptxas may give a thread."""
+    (`.minnctapersm`), which caps the registers ptxas may give a thread.
+
+    For example::
+
+        N = mg.generics("N")
+
+        @mg.kernel
+        def scale(x: mg.memref[N, mg.f32], a: mg.f32):
+            i = mg.block_idx.x * mg.block_dim.x + mg.thread_idx.x
+            if i < N:
+                x[i] = a * x[i]
+
+        x = mg.to_device(np.ones(1000, np.float32))
+        scale(x, 2.0, grid=4, block=256)
+    """
     if function is None:
         return lambda f: Kernel(f, generics, max_threads, min_blocks)
     return Kernel(function, generics, max_threads, min_blocks)
@@ -352,7 +372,15 @@ def kernel(function=None, *, generics=None, max_threads=None, min_blocks=None):
 
 class Specialization(CompiledModule):
     """A kernel with every generic given a value: its IR, PTX, cubin, and
-    launches with arguments that must match it."""
+    launches with arguments that must match it.
+
+    For example::
+
+        spec = scale[1000]
+        print(spec.ir())                       # the gpu dialect, with file:line locations
+        ptx = spec.ptx(chip="sm_90a")          # needs no GPU
+        spec(x, 2.0, grid=4, block=256)        # launch with arguments that match it
+    """
 
     def __init__(self, kernel, values):
         super().__init__()

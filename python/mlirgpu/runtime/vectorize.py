@@ -60,7 +60,16 @@ def vectorize(signatures=None, *, mapping="direct", threads=1024, unroll=1):
     elementwise.py); `threads` (a multiple of 32, at most 1024) and `unroll`
     (1 to 16) shape the direct mapping's blocks: each thread of a block
     handles `unroll` vectors of 16 bytes (the defaults are the fastest shape
-    benchmarks/elementwise.py measured on the H100)."""
+    benchmarks/elementwise.py measured on the H100).
+
+    For example::
+
+        @mg.vectorize
+        def axpy(a, x, y):
+            return a * x + y
+
+        z = axpy(2.0, np.arange(4.0), np.ones(4))     # NumPy in, NumPy out: [1. 3. 5. 7.]
+    """
     if inspect.isfunction(signatures):
         return Vectorized(signatures, None, mapping, threads, unroll)
     if signatures is not None and not isinstance(signatures, (str, list, tuple)):
