@@ -35,6 +35,13 @@ STAGES = ("gpu", "outlined", "nvvm", "llvm_ir", "ptx", "cubin")
 # ptxas for cubin: $CUDA_HOME/bin/ptxas, else the toolkit the extension was built with.
 CUDA_HOME = os.environ.get("CUDA_HOME", _mlirgpu.CUDA_HOME)
 
+# Line information: a debug-info scope for every llvm.func, from its operations' file:line
+# locations, with only the line directives emitted. The PTX then carries .file/.loc (as nvcc's
+# -lineinfo makes it) but not the ", debug" target, which would make ptxas compile for a debugger
+# and change the SASS; ptxas -lineinfo keeps the lines in the cubin for profilers and
+# compute-sanitizer.
+LINEINFO_PASS = "ensure-debug-info-scope-on-llvm-func{emission-kind=DebugDirectivesOnly}"
+
 # gpu.binary's #gpu.object formats (mlir::gpu::CompilationTarget).
 _FORMAT_OFFLOAD, _FORMAT_ASSEMBLY, _FORMAT_BINARY = 1, 2, 3
 
@@ -104,6 +111,9 @@ class Compilation:
     Each stage is computed on first access and kept: `gpu`, `outlined`,
     `nvvm` and `llvm_ir` are str, `ptx` is str, `cubin` bytes. With several
     gpu.modules, `objects(stage)` gives a dict by gpu.module name.
+    `lineinfo=True` (the default) puts the source lines of the module's
+    locations into the PTX (.file/.loc) and the cubin, for profilers and
+    compute-sanitizer; it does not change the machine code.
 
     For example::
 
@@ -112,12 +122,13 @@ class Compilation:
         ptx, cubin = stages.ptx, stages.cubin
     """
 
-    def __init__(self, module, chip="sm_90a", *, features=None, opt_level=3, bare_pointers=True):
+    def __init__(self, module, chip="sm_90a", *, features=None, opt_level=3, bare_pointers=True, lineinfo=True):
         if not isinstance(module, ir.Module):
             raise TypeError(f"expected an mlirgpu.ir.Module, not {type(module).__name__}")
         self.target = Target(chip, features, opt_level)
         _check_module_targets(module)
         self.bare_pointers = bool(bare_pointers)
+        self.lineinfo = bool(lineinfo)
         self.gpu = str(module)
         t = self.target
         self._outlined = run_stage(module.clone(), "outlined", "builtin.module(gpu-kernel-outlining, "
@@ -128,7 +139,7 @@ class Compilation:
             "convert-nvvm-to-llvm", "convert-func-to-llvm", "expand-strided-metadata", "lower-affine",
             "convert-arith-to-llvm", "convert-index-to-llvm", "canonicalize", "cse",
             f"gpu.module(convert-gpu-to-nvvm{{use-bare-ptr-memref-call-conv={bare}}}, "
-            "canonicalize, cse, reconcile-unrealized-casts))"]))
+            "canonicalize, cse, reconcile-unrealized-casts)"] + ([LINEINFO_PASS] if self.lineinfo else [])) + ")")
 
     @cached_property
     def outlined(self):
@@ -141,6 +152,8 @@ class Compilation:
     def _binary(self, fmt, stage):
         module = self._nvvm.clone()
         toolkit = f" toolkit={CUDA_HOME}" if fmt == "bin" else ""
+        if fmt == "bin" and self.lineinfo:
+            toolkit += " opts=-lineinfo"  # ptxas keeps the PTX's .loc lines in the cubin's line table
         run_stage(module, stage, f"builtin.module(gpu-module-to-binary{{format={fmt}{toolkit}}})")
         objects = {name: data for name, _, data in gpu_objects(module)}
         if not objects:
