@@ -21,7 +21,7 @@ myst_heading_anchors = 3
 exclude_patterns = ["_build"]
 html_theme = "alabaster"
 html_static_path = []
-autodoc_default_options = {"members": True, "undoc-members": False}
+autodoc_default_options = {}
 autodoc_member_order = "bysource"
 # The environment has no GPU when the guide is built: kernels are traced on the CPU backend.
 os.environ.setdefault("MLIRGPU_BACKEND", "cpu")
