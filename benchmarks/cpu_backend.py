@@ -1,4 +1,4 @@
-"""The CPU backend against numba-cuda's simulator: the lecture's tiled matmul
+"""The CPU backend against numba-cuda's simulator: the shared-memory tiled matmul
 (tile 16, static shared memory), float32, C = A @ B, in one run.
 
     python benchmarks/cpu_backend.py [--size 256] [--repeats 3] [--peer-size N]
@@ -15,7 +15,7 @@
   minutes. --peer-size runs it on a smaller cube and scales its time by the
   ratio of multiply-adds (n**3), which the table marks as an estimate.
 
-Both results are checked against NumPy (float64). Goal (issue 4): at most
+Both results are checked against NumPy (float64). Goal: at most
 2 s for mlirgpu on a 2-core machine, and at least 100x faster than the
 simulator.
 """
@@ -158,7 +158,7 @@ def main():
         rows.append(("mlirgpu, CPU backend (MLIRGPU_CHECK=none)", n, unchecked["seconds"], unchecked["error"], ""))
     except mg.Error as error:
         print(f"mlirgpu's CPU backend cannot run the tiled matmul ({type(error).__name__}): {error}")
-        print("(shared memory on the CPU backend: see docs/cpu.md)")
+        print("(shared memory on the CPU backend: see docs/cpu_backend.md)")
     peer_seconds = None
     if not args.no_peer:
         peer_n = args.peer_size or n

@@ -33,7 +33,7 @@ import mlirgpu as mg
 N_ELEMENTS = 1024
 BLOCK = 256
 
-L, = mg.generics("L")
+L = mg.generics("L")
 
 
 @mg.kernel

@@ -126,7 +126,7 @@ def mlirgpu_runner():
     return launch, device.synchronize, kernel, cubin, (a, b, c)
 
 
-L, = mg.generics("L")
+L = mg.generics("L")
 
 
 @mg.kernel

@@ -5,7 +5,7 @@ Triton's tutorial matmul, measured in the same run.
 
 - The first of --sizes (default 4096x4096x4096) runs every kernel of the
   series (--kernels: those numbers only); each later size (default
-  5120x256x5120, the lecture's A 5120x256 @ B 256x5120) runs the fastest of
+  5120x256x5120, A 5120x256 @ B 256x5120) runs the fastest of
   them at the first size, and the launch functions of
   examples/tiled_matmul.py where that module is importable.
 - Peers at every size, where importable: cuBLAS through torch.matmul with
@@ -309,7 +309,7 @@ def table(rows):
 
 
 def tables(problems):
-    return "\n\n".join(f"### {label(p.size)} (M={p.size[0]}, K={p.size[1]}, N={p.size[2]})\n\n{table(p.rows)}"
+    return "\n\n".join(f"## {label(p.size)} (M={p.size[0]}, K={p.size[1]}, N={p.size[2]})\n\n{table(p.rows)}"
                        for p in problems)
 
 

@@ -261,7 +261,11 @@ static void dtype_dealloc(mg_dtype *self)
 }
 
 static PyType_Slot dtype_slots[] = {
-    {Py_tp_doc, "An element type; the instances are the singletons mlirgpu.f32, mlirgpu.i32..."},
+    {Py_tp_doc, "An element type; the instances are the singletons mlirgpu.f32, mlirgpu.i32, ... "
+                "They convert to and from NumPy's.\n\nFor example::\n\n"
+                "    mg.f32.numpy            # dtype('float32')\n"
+                "    mg.f32 == np.float32    # True\n"
+                "    mg.f16.itemsize, mg.bf16.bits"},
     {Py_tp_dealloc, dtype_dealloc},
     {Py_tp_repr, dtype_repr},
     {Py_tp_richcompare, dtype_richcompare},
@@ -2041,6 +2045,225 @@ static PyObject *array_pinned_zeros(PyObject *module, PyObject *args, PyObject *
 }
 
 /* ---------------------------------------------------------------------- */
+/* Views, copies and NumPy's habits: d[...], d.T, reshape, copy, fill      */
+/* ---------------------------------------------------------------------- */
+
+/* A view of `base`'s memory (same device, host flag and last-used stream),
+ * keeping `base` alive. `strides` NULL: C-contiguous. */
+static PyObject *array_view(mg_array *base, Py_ssize_t offset, int ndim, const Py_ssize_t *shape,
+                            const Py_ssize_t *strides)
+{
+    mg_array *view = array_create(base->dtype, ndim, shape, strides);
+    if (view == NULL)
+        return NULL;
+    /* An empty view reads nothing: keep the base's address rather than one past its end. */
+    view->ptr = view->size > 0 ? (CUdeviceptr)((intptr_t)base->ptr + offset) : base->ptr;
+    view->device = base->device;
+    view->host = base->host;
+    view->readonly = base->readonly;   /* a view of read-only memory is read-only too */
+    view->owner = Py_NewRef((PyObject *)base);
+    mg_array_set_stream((PyObject *)view, base->stream, base->stream_obj);
+    return (PyObject *)view;
+}
+
+/* d[i], d[a:b:c], d[i, ..., a:b]: basic indexing, as NumPy's, gives a view
+ * (a 0-d one for as many ints as dimensions). */
+static PyObject *array_subscript(mg_array *self, PyObject *key)
+{
+    PyObject *items = PyTuple_Check(key) ? Py_NewRef(key) : PyTuple_Pack(1, key);
+    if (items == NULL)
+        return NULL;
+    Py_ssize_t count = PyTuple_GET_SIZE(items), used = 0, ellipsis = -1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        if (item == Py_Ellipsis) {
+            if (ellipsis >= 0) {
+                Py_DECREF(items);
+                return mg_raise(PyExc_IndexError, "an index can only have a single ellipsis ('...')");
+            }
+            ellipsis = i;
+        }
+        else if (item == Py_None) {
+            Py_DECREF(items);
+            return mg_raise(PyExc_IndexError, "DeviceArray indexing does not add dimensions (None): "
+                            "use reshape()");
+        }
+        else {
+            used++;
+        }
+    }
+    if (used > self->ndim) {
+        Py_DECREF(items);
+        return mg_raise(PyExc_IndexError, "too many indices for a %d-d DeviceArray: %zd", self->ndim, used);
+    }
+    Py_ssize_t shape[MG_MAX_NDIM], strides[MG_MAX_NDIM], offset = 0;
+    int out = 0, dim = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        if (item == Py_Ellipsis) {
+            for (Py_ssize_t k = 0; k < self->ndim - used; k++, dim++, out++) {
+                shape[out] = self->shape[dim];
+                strides[out] = self->strides[dim];
+            }
+        }
+        else if (PySlice_Check(item)) {
+            Py_ssize_t start, stop, step;
+            if (PySlice_Unpack(item, &start, &stop, &step) < 0) {
+                Py_DECREF(items);
+                return NULL;
+            }
+            shape[out] = PySlice_AdjustIndices(self->shape[dim], &start, &stop, step);
+            strides[out] = self->strides[dim] * step;
+            offset += start * self->strides[dim];
+            out++, dim++;
+        }
+        else {
+            Py_ssize_t index = PyNumber_AsSsize_t(item, PyExc_IndexError);
+            if (index == -1 && PyErr_Occurred()) {
+                if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+                    PyErr_Clear();
+                    PyErr_Format(PyExc_TypeError, "DeviceArray indices are ints, slices and '...', not "
+                                 "%.100s (read elements on the host: d.get()[...])", Py_TYPE(item)->tp_name);
+                }
+                Py_DECREF(items);
+                return NULL;
+            }
+            Py_ssize_t extent = self->shape[dim];
+            if (index < -extent || index >= extent) {
+                Py_DECREF(items);
+                return mg_raise(PyExc_IndexError, "index %zd is out of bounds for dimension %d of size %zd",
+                                index, dim, extent);
+            }
+            offset += (index < 0 ? index + extent : index) * self->strides[dim];
+            dim++;
+        }
+    }
+    Py_DECREF(items);
+    for (; dim < self->ndim; dim++, out++) {
+        shape[out] = self->shape[dim];
+        strides[out] = self->strides[dim];
+    }
+    return array_view(self, offset, out, shape, strides);
+}
+
+static PyObject *array_get_transpose(mg_array *self, void *closure)
+{
+    Py_ssize_t shape[MG_MAX_NDIM], strides[MG_MAX_NDIM];
+    for (int i = 0; i < self->ndim; i++) {
+        shape[i] = self->shape[self->ndim - 1 - i];
+        strides[i] = self->strides[self->ndim - 1 - i];
+    }
+    return array_view(self, 0, self->ndim, shape, strides);
+}
+
+static PyObject *array_get_itemsize(mg_array *self, void *closure)
+{
+    return PyLong_FromLong(self->dtype->itemsize);
+}
+
+/* reshape(2, 3) or reshape((2, 3)); one extent may be -1. A view of a C-contiguous array. */
+static PyObject *array_reshape(mg_array *self, PyObject *args)
+{
+    PyObject *dims = args;
+    if (PyTuple_GET_SIZE(args) == 1 && (PyTuple_Check(PyTuple_GET_ITEM(args, 0)) ||
+                                        PyList_Check(PyTuple_GET_ITEM(args, 0))))
+        dims = PyTuple_GET_ITEM(args, 0);
+    PyObject *seq = PySequence_Fast(dims, "reshape takes ints or a tuple of ints");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), shape[MG_MAX_NDIM], known = 1;
+    int unknown = -1;
+    if (n > MG_MAX_NDIM) {
+        Py_DECREF(seq);
+        return mg_raise(PyExc_ValueError, "a DeviceArray has at most %d dimensions", MG_MAX_NDIM);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        shape[i] = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i), PyExc_ValueError);
+        if (shape[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (shape[i] == -1 && unknown < 0) {
+            unknown = (int)i;
+        }
+        else if (shape[i] < 0) {
+            Py_DECREF(seq);
+            return mg_raise(PyExc_ValueError, "reshape: extents are non-negative (one may be -1)");
+        }
+        else if (checked_mul(known, shape[i], &known) < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    if (unknown >= 0)
+        shape[unknown] = known == 0 ? 0 : self->size / known;
+    Py_ssize_t size = 1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        size *= shape[i];
+    if (size != self->size)
+        return mg_raise(PyExc_ValueError, "cannot reshape a DeviceArray of %zd elements into %zd elements",
+                        self->size, size);
+    if (!is_c_contiguous(self))
+        return mg_raise(PyExc_ValueError, "reshape needs a C-contiguous DeviceArray: copy() the view first");
+    return array_view(self, 0, (int)n, shape, NULL);
+}
+
+/* A new C-contiguous array with the same contents, in the same kind of memory. */
+static PyObject *array_copy(mg_array *self, PyObject *unused)
+{
+    PyObject *copy = array_allocate(self->dtype, self->ndim, self->shape, Py_None, 0, self->host);
+    if (copy == NULL || self->size == 0)
+        return copy;
+    PyObject *done;
+    if (is_c_contiguous(self)) {
+        done = PyObject_CallMethod(copy, "copy_from", "O", (PyObject *)self);
+    }
+    else {   /* a strided view: gathered on the host */
+        PyObject *host = PyObject_CallMethod((PyObject *)self, "get", NULL);
+        done = host == NULL ? NULL : PyObject_CallMethod(copy, "copy_from_host", "O", host);
+        Py_XDECREF(host);
+    }
+    if (done == NULL) {
+        Py_DECREF(copy);
+        return NULL;
+    }
+    Py_DECREF(done);
+    return copy;
+}
+
+/* fill(value): every element set to `value`, converted as NumPy converts it. */
+static PyObject *array_fill(mg_array *self, PyObject *value)
+{
+    if (!is_c_contiguous(self))
+        return mg_raise(PyExc_ValueError, "fill() of a strided DeviceArray view: fill a C-contiguous array");
+    PyArray_Descr *descr = (PyArray_Descr *)mg_dtype_numpy(self->dtype);
+    if (descr == NULL)
+        return NULL;
+    PyObject *host = PyArray_Empty(self->ndim, self->shape, descr, 0);   /* steals descr */
+    if (host == NULL)
+        return NULL;
+    PyObject *done = NULL;
+    if (PyArray_FillWithScalar((PyArrayObject *)host, value) == 0 && self->size > 0)
+        done = PyObject_CallMethod((PyObject *)self, "copy_from_host", "O", host);
+    else if (!PyErr_Occurred())
+        done = Py_NewRef(Py_None);
+    Py_DECREF(host);
+    if (done == NULL)
+        return NULL;
+    Py_DECREF(done);
+    Py_RETURN_NONE;
+}
+
+/* np.asarray(d) would make a 0-d object array: refused, as CuPy does. */
+static PyObject *array_array(mg_array *self, PyObject *args, PyObject *kwargs)
+{
+    return mg_raise(PyExc_TypeError, "implicit conversion of a DeviceArray to a NumPy array is not allowed: "
+                    "call .get() for a NumPy copy%s", self->host ? " (or np.from_dlpack(d) for a zero-copy view "
+                    "of a host array)" : "");
+}
+
+/* ---------------------------------------------------------------------- */
 /* Type and module setup                                                   */
 /* ---------------------------------------------------------------------- */
 
@@ -2060,6 +2283,14 @@ static PyMethodDef array_methods[] = {
      "both in device or both in host memory) into this one; device to device on `stream`, not waited for."},
     {"__dlpack__", (PyCFunction)(void (*)(void))array_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None): a DLPack capsule."},
+    {"copy", (PyCFunction)array_copy, METH_NOARGS,
+     "copy(): a new C-contiguous DeviceArray with the same contents (a strided view is gathered)."},
+    {"fill", (PyCFunction)array_fill, METH_O,
+     "fill(value): sets every element of a C-contiguous array to `value`."},
+    {"reshape", (PyCFunction)array_reshape, METH_VARARGS,
+     "reshape(*shape): a view of a C-contiguous array with another shape; one extent may be -1."},
+    {"__array__", (PyCFunction)(void (*)(void))array_array, METH_VARARGS | METH_KEYWORDS,
+     "Refused: np.asarray(d) does not copy device memory; call d.get()."},
     {"__dlpack_device__", (PyCFunction)array_dlpack_device, METH_NOARGS,
      "(2, ordinal): kDLCUDA; (1, 0): kDLCPU for a host array (the CPU backend's)."},
     {NULL},
@@ -2078,6 +2309,8 @@ static PyGetSetDef array_getset[] = {
     {"readonly", (getter)array_get_readonly, NULL, "True for memory its producer exported read-only "
      "(__cuda_array_interface__ data[1], DLPack's read-only flag): copies into it and kernels that store to it "
      "are refused, and its own exports say so.", NULL},
+    {"T", (getter)array_get_transpose, NULL, "The transposed view (dimensions reversed).", NULL},
+    {"itemsize", (getter)array_get_itemsize, NULL, "Bytes of one element.", NULL},
     {NULL},
 };
 
@@ -2090,12 +2323,19 @@ static PyMemberDef array_members[] = {
 };
 
 static PyType_Slot array_slots[] = {
-    {Py_tp_doc, "An array in CUDA device memory: mlirgpu.empty, zeros, to_device, asarray."},
+    {Py_tp_doc, "An array in CUDA device memory (host memory on the CPU backend), made by mlirgpu.empty, "
+                "zeros, to_device and asarray.\n\nFor example::\n\n"
+                "    d = mg.to_device(np.arange(6, dtype=np.float32).reshape(2, 3))\n"
+                "    d.shape, d.dtype, d.strides, d.nbytes, len(d)\n"
+                "    host = d.get()              # a NumPy copy\n"
+                "    torch.from_dlpack(d)        # zero-copy exchange: DLPack, __cuda_array_interface__"},
     {Py_tp_dealloc, array_dealloc},
     {Py_tp_traverse, array_traverse},
     {Py_tp_clear, array_clear},
     {Py_tp_repr, array_repr},
     {Py_sq_length, array_length},
+    {Py_mp_length, array_length},
+    {Py_mp_subscript, array_subscript},
     {Py_tp_methods, array_methods},
     {Py_tp_getset, array_getset},
     {Py_tp_members, array_members},
@@ -2111,7 +2351,10 @@ static PyType_Spec array_spec = {
 
 static PyMethodDef array_functions[] = {
     {"dtype", array_dtype_function, METH_O,
-     "dtype(x): the mlirgpu dtype of a DType, numpy dtype, NumPy scalar type or name."},
+     "dtype(x): the mlirgpu dtype of a DType, numpy dtype, NumPy scalar type or name.\n\nFor example::\n\n"
+     "    mg.dtype(np.float32)     # mlirgpu.f32\n"
+     "    mg.dtype(\"float64\")      # mlirgpu.f64\n"
+     "    mg.dtype(\"i8\")           # mlirgpu.i8 (mlirgpu's names give bits, not bytes)"},
     {"empty", (PyCFunction)(void (*)(void))array_empty, METH_VARARGS | METH_KEYWORDS,
      "empty(shape, dtype=f32, stream=None, *, host=False): an uninitialized DeviceArray (host memory with "
      "host=True: the CPU backend's)."},

@@ -1,4 +1,4 @@
-/* The CPU backend's runtime (see cpu.h and docs/cpu.md).
+/* The CPU backend's runtime (see cpu.h and docs/design/cpu_backend.md).
  *
  * A launch runs the grid's blocks one after another. Within a block every
  * thread is a fiber with its own stack; the scheduler (the launching thread's

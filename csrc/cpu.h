@@ -15,7 +15,7 @@ int mg_cpu_init(PyObject *module);
  * block has arrived. `line` is the barrier's source line, for errors. */
 void mg_cpu_barrier(int32_t line);
 
-/* The other calls of the host trace (docs/cpu.md): the block's shared memory
+/* The other calls of the host trace (docs/design/cpu_backend.md): the block's shared memory
  * (0 static, 1 dynamic) as a memref<?xi8> through its C interface; a warp
  * shuffle; printf; a failed bounds check. */
 typedef struct mg_memref_1d mg_memref_1d;

@@ -189,7 +189,7 @@ static PyObject *layout_tuple(const uint64_t *words, int ndim)
 }
 
 /* The readable form of the words of `args` (header excluded): one tuple
- * per argument, see docs/dispatch.md. */
+ * per argument, see docs/design/dispatch.md. */
 static PyObject *sig_describe(const sig_builder *b, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *result = PyTuple_New(nargs);

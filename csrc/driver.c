@@ -580,7 +580,11 @@ static PyMemberDef stream_members[] = {
 };
 
 static PyType_Slot stream_slots[] = {
-    {Py_tp_doc, "Stream(non_blocking=False): a CUDA stream of the current device."},
+    {Py_tp_doc, "Stream(non_blocking=False): a CUDA stream of the current device. Work on one stream runs "
+                "in order; work on two may overlap.\n\nFor example::\n\n"
+                "    s = mg.Stream()\n"
+                "    kernel(x, grid=4, block=256, stream=s)\n"
+                "    s.synchronize()"},
     {Py_tp_new, stream_new},
     {Py_tp_dealloc, stream_dealloc},
     {Py_tp_repr, stream_repr},
@@ -720,7 +724,12 @@ static PyMemberDef event_members[] = {
 };
 
 static PyType_Slot event_slots[] = {
-    {Py_tp_doc, "Event(timing=True): a CUDA event of the current device."},
+    {Py_tp_doc, "Event(timing=True): a CUDA event of the current device: a point in a stream, to wait "
+                "for or to time.\n\nFor example::\n\n"
+                "    start, end = mg.Event(), mg.Event()\n"
+                "    start.record(s); kernel(x, grid=4, block=256, stream=s); end.record(s)\n"
+                "    end.synchronize()\n"
+                "    start.elapsed_time(end)      # milliseconds"},
     {Py_tp_new, event_new},
     {Py_tp_dealloc, event_dealloc},
     {Py_tp_methods, event_methods},

@@ -1,4 +1,4 @@
-/* mlirgpu._mlirgpu.ExecutionEngine (see engine.h and docs/host_programs.md).
+/* mlirgpu._mlirgpu.ExecutionEngine (see engine.h and docs/design/host_runtime.md).
  *
  * Creation: verify, translate once to LLVM IR to list what the module
  * declares but does not define, refuse (CompileError) what neither the
@@ -350,7 +350,7 @@ static void Engine_dealloc(mg_engine *self)
         /* LLVM's teardown of an engine whose module loads kernels (global
          * constructors and destructors from gpu.binary) left the H100
          * machine's heap corrupt in about half of the test runs that made and
-         * dropped such engines (docs/host_programs.md): its JIT is kept, and
+         * dropped such engines (docs/design/host_runtime.md): its JIT is kept, and
          * the kernel modules its constructors loaded are released here. */
         mg_rt_release_modules(self);
     } else if (!mlirExecutionEngineIsNull(self->engine)) {

@@ -4,7 +4,7 @@
  * (as memref descriptors over their memory) and scalars; memref results come
  * back as NumPy arrays. With runtime=True the mgpu* functions of runtime.c
  * are registered, so host code lowered from the gpu dialect runs on the GPU.
- * docs/host_programs.md has the design. */
+ * docs/design/host_runtime.md has the design. */
 #ifndef MG_ENGINE_H
 #define MG_ENGINE_H
 

@@ -386,7 +386,10 @@ static PyMemberDef graph_members[] = {
 
 static PyType_Slot graph_slots[] = {
     {Py_tp_doc, "Graph(stream=<a new non-blocking Stream>): `with g:` captures the work queued on `stream` "
-                "into a CUDA graph, g.replay() runs it again. mlirgpu.graph() is the usual way to make one."},
+                "into a CUDA graph, g.replay() runs it again. mlirgpu.graph() is the usual way to make one.\n\nFor example::\n\n"
+                "    with mg.graph() as g:\n"
+                "        kernel(x, grid=4, block=256, stream=g.stream)\n"
+                "    g.replay()"},
     {Py_tp_new, graph_new},
     {Py_tp_dealloc, graph_dealloc},
     {Py_tp_traverse, graph_traverse},

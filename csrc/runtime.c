@@ -1,4 +1,4 @@
-/* mlirgpu's mgpu* runtime (see runtime.h and docs/host_programs.md).
+/* mlirgpu's mgpu* runtime (see runtime.h and docs/design/host_runtime.md).
  *
  * The signatures are those MLIR 22's lowering declares (gpu-to-llvm for
  * streams, events, memory; gpu.binary's translation for modules and

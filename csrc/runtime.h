@@ -7,7 +7,7 @@
  * is recorded there and every later runtime call of that invocation does
  * nothing harmful; the streams, events and memory the program made and left
  * are released when the call ends, and the failure is raised then.
- * docs/host_programs.md has the contract. */
+ * docs/design/host_runtime.md has the rules. */
 #ifndef MG_RUNTIME_H
 #define MG_RUNTIME_H
 

@@ -1,4 +1,4 @@
-"""The seed's host program in the gpu dialect: two matmul kernels launched
+"""A host program in the gpu dialect: two matmul kernels launched
 `async` on independent tokens (so on two streams, free to overlap), joined by
 `gpu.wait`, then an add kernel on their results, written into host_shared
 memory. mg.HostProgram lowers it (kernels through NVVM to a cubin, host code
@@ -20,7 +20,7 @@ import mlirgpu as mg
 BLOCK = 16
 
 
-def seed_program(M=256, K=1024, N=256):
+def two_matmuls_program(M=256, K=1024, N=256):
     """The host program for A (MxK) @ B (KxN), as MLIR text."""
     return f"""
 module attributes {{gpu.container_module}} {{
@@ -118,7 +118,7 @@ def overlap(timeline):
 def main(M=256, K=1024, N=256):
     if M % BLOCK or N % BLOCK:
         raise SystemExit(f"M and N must be multiples of {BLOCK}")
-    prog = mg.HostProgram(seed_program(M, K, N))
+    prog = mg.HostProgram(two_matmuls_program(M, K, N))
     declared = sorted(line.split("@")[1].split("(")[0] for line in prog.llvm_ir.splitlines()
                       if line.startswith("declare") and "@mgpu" in line)
     print(f"host program {M}x{K} @ {K}x{N} for {prog.chip}: the host code calls {', '.join(declared)}")

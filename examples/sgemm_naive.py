@@ -1,11 +1,11 @@
-"""The naive SGEMM of the seed, built through mlirgpu.ir and lowered to PTX
+"""The naive SGEMM, built through mlirgpu.ir and lowered to PTX
 and cubin (run on the GPU when there is one), then the same kernel written
 with @mg.kernel, run on the current backend (mg.backend(): the GPU, else the
 CPU) and checked against NumPy.
 
     python examples/sgemm_naive.py [M K N]         # MLIRGPU_BACKEND=cpu forces the CPU
 
-Each thread computes one element of C = A @ B (plus one, as in the seed):
+Each thread computes one element of C = A @ B (plus one):
 
     r = block_dim.x * block_id.x + thread_id.x
     c = block_dim.y * block_id.y + thread_id.y
@@ -28,12 +28,12 @@ M_, K_, N_, dtype_ = mg.generics("M K N dtype")
 @mg.kernel(generics=(M_, K_, N_, dtype_))
 def sgemm_naive(A: mg.memref[M_, K_, dtype_], B: mg.memref[K_, N_, dtype_],
                 C: mg.memref[M_, N_, dtype_]):
-    """The seed's kernel as API.md writes it."""
+    """One thread computes C[r, c], with the loop-carried value written explicitly."""
     one = mg.constant(1.0, dtype_)
     tmp = mg.constant(0.0, dtype_)
     r = block_dim.x * block_idx.x + thread_idx.x
     c = block_dim.y * block_idx.y + thread_idx.y
-    for k, tmp in mg.range_(K_, iter_args=[tmp]):   # the seed's explicit form
+    for k, tmp in mg.range_(K_, iter_args=[tmp]):   # the explicit loop-carried form
         tmp += A[r, k] * B[k, c]
         tmp = yield tmp
     C[r, c] = tmp + one

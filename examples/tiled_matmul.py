@@ -1,4 +1,4 @@
-"""The lecture's tiled matmul, C = A @ B, in its two forms: a 2-D block of
+"""The classic shared-memory tiled matmul, C = A @ B, in its two forms: a 2-D block of
 TILE x TILE threads computes a TILE x TILE tile of C; per step of K it loads
 a tile of A and a tile of B into shared memory (one element per thread),
 waits for the block, and accumulates from shared memory.
@@ -88,7 +88,7 @@ def launch_dynamic(A, B, C):
 
 def main(argv=None):
     on_gpu = mg.backend() == "cuda"
-    parser = argparse.ArgumentParser(description="the lecture's tiled matmul, static and dynamic shared memory")
+    parser = argparse.ArgumentParser(description="a tiled matmul in shared memory, static and dynamic")
     parser.add_argument("sizes", nargs="*", type=int, metavar="M K N",
                         help="multiples of 16; default 5120 256 5120 on the GPU, 320 64 320 on the CPU")
     parser.add_argument("--repeat", type=int, default=20 if on_gpu else 2)

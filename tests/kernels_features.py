@@ -1,7 +1,7 @@
 """The kernels of the device-feature tests (test_device_features.py, run on
 both backends; test_cpu_features.py, the CPU backend's own checks;
 test_cpu_matches_gpu.py) and of benchmarks/cpu_backend.py: a block reduction
-(shared memory, barriers, warp shuffles, an atomic add), the lecture's tiled
+(shared memory, barriers, warp shuffles, an atomic add), the shared-memory tiled
 matmul with dynamic and static shared memory, vector copies, device functions,
 printf, atomics and shuffles. The tiled matmul's home is
 examples/tiled_matmul.py."""
@@ -12,7 +12,7 @@ import mlirgpu as mg
 from mlirgpu import block_dim, block_idx, thread_idx
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
-from tiled_matmul import TILE, matmul_dynamic, matmul_static  # noqa: E402, F401  (the lecture's, re-exported)
+from tiled_matmul import TILE, matmul_dynamic, matmul_static  # noqa: E402, F401  (re-exported)
 
 M, K, N, S = mg.generics("M K N S")
 BLOCK = 256

@@ -1,4 +1,4 @@
-"""The seed's kernels as API.md writes them, shared by the CPU and GPU tests.
+"""The SGEMM kernels of the README and the guide, shared by the CPU and GPU tests.
 sgemm_naive is the README example's own (examples/sgemm_naive.py)."""
 from sgemm_ir import sgemm_naive as example
 

@@ -1,4 +1,4 @@
-"""The snippets of ../shared/API.md that this release covers, as written there."""
+"""The user-facing forms of the API as a user writes them: specializing, inspecting, compiling without a GPU, launching."""
 import kernels_seed
 import numpy as np
 import pytest

@@ -146,7 +146,7 @@ def test_attributes():
 
 
 def test_dtype_generics_join_the_key():
-    D = mg.generics("D")[0]
+    D = mg.generics("D")
 
     @mg.kernel(generics=(N, D, T))
     def fill(X: mg.memref[N, D], v: D):

@@ -1,6 +1,6 @@
 """The CPU backend's runtime (mlirgpu.cpu.run): kernels JIT-compiled for the
 host through MLIR's ExecutionEngine, each thread of a block a fiber; its
-barriers, argument checks and memory. Runs without a GPU. The seed's kernels
+barriers, argument checks and memory. Runs without a GPU. The SGEMM kernels
 launched on both backends are in test_kernel_launch.py."""
 import gc
 import os
@@ -13,7 +13,7 @@ from mlirgpu import block_dim, block_idx, thread_idx
 
 from kernels_seed import scale_rows
 
-N, = mg.generics("N")
+N = mg.generics("N")
 
 
 def test_non_contiguous_argument_is_written_back():

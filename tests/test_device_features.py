@@ -42,7 +42,7 @@ def test_block_reduction(size, gpu_n, cpu_n):
 
 
 # ---------------------------------------------------------------------------
-# Tiled matmul (the lecture's), TILE 16
+# The shared-memory tiled matmul, TILE 16
 
 @pytest.fixture(scope="module")
 def matmul_operands():

@@ -1,5 +1,5 @@
 """The README's main example runs: the IR-built SGEMM compiled to PTX (and
-run on a GPU where there is one), then the seed's @mg.kernel SGEMM run on the
+run on a GPU where there is one), then the @mg.kernel SGEMM run on the
 current backend (the CPU where there is no GPU) and checked against NumPy."""
 import os
 import re

@@ -1,4 +1,4 @@
-"""mg.HostProgram on the CPU: lowering the seed program and others to the llvm
+"""mg.HostProgram on the CPU: lowering the two-matmul program and others to the llvm
 dialect, the errors of bad programs and bad arguments, pure host functions,
 and the mgpu* runtime against no driver and against the fake driver
 (tests/fake_cuda, in subprocesses: the driver is loaded once per process).
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("host_program_example", ROOT / "examples" / "host_program.py")
 example = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(example)
-seed_program = example.seed_program
+two_matmuls_program = example.two_matmuls_program
 
 PROGRAM = """
 module attributes {gpu.container_module} {
@@ -253,8 +253,8 @@ def program():
 
 
 @pytest.fixture(scope="module")
-def seed():
-    return mg.HostProgram(seed_program())
+def two_matmuls():
+    return mg.HostProgram(two_matmuls_program())
 
 
 def declared(llvm_ir):
@@ -264,10 +264,10 @@ def declared(llvm_ir):
 # ---------------------------------------------------------------------------
 # Lowering
 
-def test_seed_program_lowers_to_the_llvm_dialect(seed):
-    assert seed.functions == ("test_parallel",)
-    assert seed.chip == ("sm_90a" if not mg.cuda.is_available() else mg.cuda.Device(0).chip)
-    lowered = seed.lowered
+def test_two_matmuls_program_lowers_to_the_llvm_dialect(two_matmuls):
+    assert two_matmuls.functions == ("test_parallel",)
+    assert two_matmuls.chip == ("sm_90a" if not mg.cuda.is_available() else mg.cuda.Device(0).chip)
+    lowered = two_matmuls.lowered
     assert "gpu.binary @kernels" in lowered and "gpu.module" not in lowered
     assert "func.func" not in lowered and "gpu.alloc" not in lowered and "gpu.wait" not in lowered
     for declaration in ("llvm.func @mgpuStreamCreate() -> !llvm.ptr",
@@ -279,16 +279,16 @@ def test_seed_program_lowers_to_the_llvm_dialect(seed):
         assert declaration in lowered
     assert "llvm.func @_mlir_ciface_test_parallel" in lowered
     # What the translation of gpu.binary and gpu.launch_func adds:
-    assert declared(seed.llvm_ir) == {
+    assert declared(two_matmuls.llvm_ir) == {
         "mgpuStreamCreate", "mgpuMemAlloc", "mgpuMemcpy", "mgpuStreamSynchronize", "mgpuStreamDestroy",
         "mgpuMemFree", "mgpuModuleLoad", "mgpuModuleUnload", "mgpuModuleGetFunction", "mgpuLaunchKernel"}
-    assert "declare void @mgpuLaunchKernel(ptr, i64, i64, i64, i64, i64, i64, i32, ptr, ptr, ptr, i64)" in seed.llvm_ir
+    assert "declare void @mgpuLaunchKernel(ptr, i64, i64, i64, i64, i64, i64, i32, ptr, ptr, ptr, i64)" in two_matmuls.llvm_ir
     # A stream for the copies, one per matmul token, one the add's launch without async makes, one
     # for the deallocs.
-    assert seed.llvm_ir.count("call ptr @mgpuStreamCreate()") == 5
-    assert ".entry matmul(" in seed.ptx and ".entry add(" in seed.ptx
-    assert "gpu.launch_func" in seed.gpu and "llvm.emit_c_interface" not in seed.gpu
-    assert "nvvm.target" in seed.outlined and "llvm.func @matmul" in seed.nvvm
+    assert two_matmuls.llvm_ir.count("call ptr @mgpuStreamCreate()") == 5
+    assert ".entry matmul(" in two_matmuls.ptx and ".entry add(" in two_matmuls.ptx
+    assert "gpu.launch_func" in two_matmuls.gpu and "llvm.emit_c_interface" not in two_matmuls.gpu
+    assert "nvvm.target" in two_matmuls.outlined and "llvm.func @matmul" in two_matmuls.nvvm
 
 
 def test_every_gpu_operation_lowers(program):
@@ -303,12 +303,12 @@ def test_every_gpu_operation_lowers(program):
 
 
 def test_ptx_format_loads_through_the_drivers_jit():
-    prog = mg.HostProgram(seed_program(32, 64, 32), format="ptx")
+    prog = mg.HostProgram(two_matmuls_program(32, 64, 32), format="ptx")
     assert "mgpuModuleLoadJIT" in declared(prog.llvm_ir) and "mgpuModuleLoad" not in declared(prog.llvm_ir)
 
 
 def test_a_module_is_cloned_not_changed():
-    module = ir.Module.parse(seed_program(32, 64, 32))
+    module = ir.Module.parse(two_matmuls_program(32, 64, 32))
     before = str(module)
     prog = mg.HostProgram(module, chip="sm_80")
     assert str(module) == before and prog.chip == "sm_80" and ".target sm_80" in prog.ptx
@@ -334,7 +334,7 @@ def test_a_program_that_does_not_verify_raises_mlir_error():
 
 
 def test_a_lowering_failure_raises_compile_error_with_the_stage():
-    text = seed_program(32, 64, 32).replace("%t5 = gpu.memcpy async [%t4] %dA, %A", "gpu.memcpy %dA, %A") \
+    text = two_matmuls_program(32, 64, 32).replace("%t5 = gpu.memcpy async [%t4] %dA, %A", "gpu.memcpy %dA, %A") \
                                    .replace("[%t5]", "[%t4]")
     with pytest.raises(mg.CompileError, match=r"host stage failed: loc\(.*\): 'gpu.memcpy' was not lowered(.|\n)*"
                                               r"only when they are `async` with exactly one dependency"):
@@ -343,9 +343,9 @@ def test_a_lowering_failure_raises_compile_error_with_the_stage():
 
 def test_bad_options():
     with pytest.raises(mg.CompileError, match="unknown or unsupported chip"):
-        mg.HostProgram(seed_program(32, 64, 32), chip="sm_42")
+        mg.HostProgram(two_matmuls_program(32, 64, 32), chip="sm_42")
     with pytest.raises(ValueError, match="format"):
-        mg.HostProgram(seed_program(32, 64, 32), format="sass")
+        mg.HostProgram(two_matmuls_program(32, 64, 32), format="sass")
     with pytest.raises(TypeError):
         mg.HostProgram(b"module {}")
 
@@ -377,16 +377,16 @@ A, B = np.ones((256, 1024), np.float32), np.ones((1024, 256), np.float32)
     ((A, B.tolist()), "argument 1 .*expected a numpy.ndarray or an mlirgpu.DeviceArray, not list"),
     ((A, 3.0), "argument 1 .*not float"),
 ])
-def test_argument_mismatches_raise_launch_error(seed, args, match):
+def test_argument_mismatches_raise_launch_error(two_matmuls, args, match):
     with pytest.raises(mg.LaunchError, match=match):
-        seed("test_parallel", *args)
+        two_matmuls("test_parallel", *args)
 
 
-def test_unknown_function_raises_launch_error(seed):
+def test_unknown_function_raises_launch_error(two_matmuls):
     with pytest.raises(mg.LaunchError, match=r"no public host function @nonesuch \(it has: test_parallel\)"):
-        seed("nonesuch")
+        two_matmuls("nonesuch")
     with pytest.raises(ValueError):   # LaunchError is a ValueError
-        seed.run("nonesuch")
+        two_matmuls.run("nonesuch")
 
 
 def test_private_functions_are_not_callable(program):
@@ -473,7 +473,7 @@ def test_host_calls_do_not_leak(program):
 
 
 def test_building_programs_does_not_leak():
-    text = seed_program(32, 64, 32)
+    text = two_matmuls_program(32, 64, 32)
     bad = text.replace("%t5 = gpu.memcpy async [%t4] %dA, %A", "gpu.memcpy %dA, %A").replace("[%t5]", "[%t4]")
 
     def build_cycle(i):
@@ -501,7 +501,7 @@ def run_script(code, libcuda):
                MLIRGPU_LIBCUDA=libcuda)
     env.pop("MLIRGPU_BACKEND", None)
     proc = subprocess.run([sys.executable, "-c", "import json, numpy as np, mlirgpu as mg\n"
-                           "from test_host_program import PROGRAM, seed_program\nout = {}\n" + code
+                           "from test_host_program import PROGRAM, two_matmuls_program\nout = {}\n" + code
                            + "\nprint(json.dumps(out))"], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -522,9 +522,9 @@ for attempt in range(2):
     assert out["host"] == [[[0, 2, 4, 6], 6.0]] * 2
 
 
-def test_seed_program_on_the_fake_driver(fake_libcuda):
+def test_two_matmuls_program_on_the_fake_driver(fake_libcuda):
     out = run_script('''
-prog = mg.HostProgram(seed_program(64, 128, 32), format="ptx")
+prog = mg.HostProgram(two_matmuls_program(64, 128, 32), format="ptx")
 rng = np.random.default_rng(1)
 A = rng.standard_normal((64, 128), dtype=np.float32)
 B = rng.standard_normal((128, 32), dtype=np.float32)
@@ -624,7 +624,7 @@ def test_an_engine_releases_the_kernel_modules_it_loaded(fake_libcuda):
 import ctypes, gc
 fake = ctypes.CDLL({fake_libcuda!r})
 fake.fake_log.restype = ctypes.c_char_p
-prog = mg.HostProgram(seed_program(32, 64, 32), format="ptx")
+prog = mg.HostProgram(two_matmuls_program(32, 64, 32), format="ptx")
 A, B = np.ones((32, 64), np.float32), np.ones((64, 32), np.float32)
 engine = mg._mlirgpu.ExecutionEngine(prog._lowered, runtime=True)
 fake.fake_log_clear()

@@ -1,4 +1,4 @@
-"""mg.HostProgram on the GPU: the seed program against NumPy and its two
+"""mg.HostProgram on the GPU: the two-matmul program against NumPy and its two
 matmuls overlapping, every runtime operation, failures that leave the
 process and the context usable (only non-sticky errors: an invalid launch
 configuration, an allocation far too big), and no growth over many calls."""
@@ -9,7 +9,7 @@ import pytest
 
 import mlirgpu as mg
 from checks import PYTHON_DIR
-from test_host_program import PROGRAM, example, seed_program
+from test_host_program import PROGRAM, example, two_matmuls_program
 from test_leaks import MB, rss
 
 pytestmark = pytest.mark.gpu
@@ -30,8 +30,8 @@ def relative_error(got, A, B):
     return np.abs(got - reference).max() / np.abs(reference).max()
 
 
-def test_seed_program_equals_numpy():
-    prog = mg.HostProgram(seed_program())
+def test_two_matmuls_program_equals_numpy():
+    prog = mg.HostProgram(two_matmuls_program())
     A, B = inputs(256, 1024, 256)
     C = prog("test_parallel", A, B)
     assert C.shape == (256, 256) and C.dtype == np.float32
@@ -43,7 +43,7 @@ def test_seed_program_equals_numpy():
 def test_the_two_matmuls_overlap():
     # K = 16384: each matmul runs for milliseconds, far longer than the launch
     # of the second, and both grids (256 blocks each) fit on the GPU at once.
-    prog = mg.HostProgram(seed_program(256, 16384, 256))
+    prog = mg.HostProgram(two_matmuls_program(256, 16384, 256))
     A, B = inputs(256, 16384, 256)
     prog("test_parallel", A, B)                        # loads the kernels
     C = prog.run("test_parallel", A, B, timeline=True)
@@ -124,7 +124,7 @@ def test_a_gpu_launch_body_is_outlined_and_runs():
 
 
 def test_many_calls_do_not_grow_device_or_host_memory(program):
-    prog = mg.HostProgram(seed_program(64, 128, 64))
+    prog = mg.HostProgram(two_matmuls_program(64, 128, 64))
     A, B = inputs(64, 128, 64)
     device = mg.cuda.Device(mg.cuda.current_device())
 

@@ -130,11 +130,13 @@ def test_return_inside_a_loop():
 @mg.kernel
 def returns_inside_an_if(A: mg.memref[8, mg.f32], x: mg.f32):
     if x > 0.0:
+        A[0] = x
         return
 
 
 def test_return_inside_a_traced_if():
-    assert_compile_error(returns_inside_an_if, "        return", "`return`")
+    # Only the bare guard `if cond: return` at the top level is an early exit.
+    assert_compile_error(returns_inside_an_if, "        return", "`return`", "if cond: return")
 
 
 @mg.kernel
@@ -711,7 +713,7 @@ def test_launch_contradicting_sizes_later_parameter():
 
 
 def test_launch_non_contiguous_numpy_arrays_are_copied_not_refused():
-    # NumPy arrays are copied in contiguously and back (docs/kernels.md), so
+    # NumPy arrays are copied in contiguously and back (docs/arrays.md), so
     # their layout does not matter; device arrays must be contiguous (below).
     A, B, C = arrays()
     strided = np.zeros((4, 6), np.float32)[:, ::2]

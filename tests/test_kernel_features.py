@@ -18,7 +18,7 @@ from mlirgpu import block_idx, thread_idx
 PTXAS = os.path.join(mlirgpu.compiler.CUDA_HOME, "bin", "ptxas")
 HERE = os.path.abspath(__file__)
 N, M, K = mg.generics("N M K")
-T = mg.generics("T")[0]
+T = mg.generics("T")
 TILE = 16
 
 

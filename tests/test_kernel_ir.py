@@ -250,7 +250,7 @@ def test_float_comparisons_are_ordered_except_not_equal():
               r"arith\.cmpf ogt, %arg1, %arg2 : f32", r"arith\.cmpf oge, %arg1, %arg2 : f32")
 
 
-S, = mg.generics("S")
+S = mg.generics("S")
 
 
 @mg.kernel(generics=(S,))
@@ -453,7 +453,7 @@ def test_select():
               r"arith\.cmpi slt, %arg3, %c0_i32", r"arith\.select %\d+, %c0_i32\w*, %arg3 : i32")
 
 
-FT, = mg.generics("FT")
+FT = mg.generics("FT")
 
 
 @mg.kernel(generics=(FT,))
@@ -537,7 +537,7 @@ MATH_FUNCTIONS = [mg.math.exp, mg.math.exp2, mg.math.log, mg.math.log2, mg.math.
                   mg.math.rsqrt, mg.math.sin, mg.math.cos, mg.math.tan, mg.math.tanh, mg.math.erf, mg.math.floor,
                   mg.math.ceil, mg.math.round, mg.math.trunc, mg.math.abs, mg.math.fma, mg.math.min, mg.math.max,
                   mg.math.pow, mg.math.atan2]
-FN, = mg.generics("FN")
+FN = mg.generics("FN")
 
 
 @mg.kernel(generics=(FN, FT))
@@ -913,7 +913,7 @@ def test_if_on_a_python_condition_keeps_python_semantics():
     assert "%c1 " not in text
 
 
-FLOAT_T, = mg.generics("FLOAT_T")
+FLOAT_T = mg.generics("FLOAT_T")
 
 
 @mg.kernel(generics=(FLOAT_T,))

@@ -1,4 +1,4 @@
-"""@mg.kernel launched: the seed's SGEMM in both loop forms, launched with
+"""@mg.kernel launched: the naive SGEMM in both loop forms, launched with
 generics inferred from DeviceArrays, NumPy arrays, torch and cupy tensors,
 and scale_rows (if/else, scalars). Every test runs on the CPU backend and,
 where there is a GPU, on the CUDA one (conftest.py's `backend`); torch and

@@ -255,6 +255,11 @@ def test_readonly_dlpack_stays_readonly_through_views_and_exports():
     again = C.asarray(view.__dlpack__(max_version=(1, 0)), host=True)
     assert again.readonly
     assert C.asarray(C.asarray(np.zeros(4, np.float32), host=True).__dlpack__(), host=True).readonly is False
+    # Slices, transposes and reshapes of it are views of the same read-only memory.
+    for derived in (view[1:3], view[::2], view.reshape(2, 2), view.reshape(2, 2).T):
+        assert derived.readonly
+        with pytest.raises(ValueError, match="read-only"):
+            derived.fill(1.0) if derived.is_c_contiguous else derived.copy_from_host(np.zeros(derived.shape, np.float32))
     np.testing.assert_array_equal(host, [0, 1, 2, 3])
 
 

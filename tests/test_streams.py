@@ -59,7 +59,7 @@ def trace(**named):
 def named(lines, *prefixes):
     return [l for l in lines if l.split()[0] in prefixes]
 
-N, = mg.generics("N")
+N = mg.generics("N")
 
 @mg.kernel
 def add_scalar(X: mg.memref[N, mg.f32], v: mg.f32, n: mg.u32):
@@ -348,7 +348,7 @@ def test_cpu_backend_runs_launches_to_completion_and_ignores_streams(fake):
 
 
 def test_the_api_snippet_hands_the_driver_its_ordering(fake):
-    """API.md's streams snippet, with add3 (C = A + B) for k1, k2 and add."""
+    """The two-stream example of the guide, with add3 (C = A + B) for k1, k2 and add."""
     out = fake('''
     k1 = k2 = add = add3
     n, g, b = 8, 1, 8

@@ -9,7 +9,7 @@ from mlirgpu import block_dim, block_idx, thread_idx
 
 pytestmark = pytest.mark.gpu
 
-N, = mg.generics("N")
+N = mg.generics("N")
 BLOCK = 256
 # Steps of slow_fill's dependent FMA chain: about 40 ms on an H100, long
 # enough that a consumer launched right after it runs while it spins.

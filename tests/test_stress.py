@@ -12,7 +12,7 @@ from mlirgpu import block_dim, block_idx, thread_idx
 
 from checks import run_isolated
 
-N, = mg.generics("N")
+N = mg.generics("N")
 
 @mg.kernel
 def scale(X: mg.memref[N, mg.f32], k: mg.f32):

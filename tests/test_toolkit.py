@@ -17,7 +17,7 @@ from checks import run_isolated, toolkit_without_ptxas
 
 KERNEL = '''
 import mlirgpu as mg
-N, = mg.generics("N")
+N = mg.generics("N")
 
 @mg.kernel
 def add_one(X: mg.memref[N, mg.f32]):
@@ -169,7 +169,7 @@ def test_without_ptxas_a_kernel_runs_on_the_fake_driver(fake_libcuda, tmp_path):
     code = '''
 import numpy as np
 import mlirgpu as mg
-N, = mg.generics("N")
+N = mg.generics("N")
 
 @mg.kernel
 def add_scalar(X: mg.memref[N, mg.f32], v: mg.f32, n: mg.u32):

@@ -42,6 +42,11 @@ def logic(p, q):
     return (p & ~q) | (q & ~p)
 
 
+@mg.vectorize
+def add2(a, b):
+    return a + b
+
+
 @mg.vectorize(["f32(f32, f32)", "f64(f64, f64)"])
 def hypot(a, b):
     return mg.math.sqrt(a * a + b * b)
@@ -249,9 +254,10 @@ def test_python_and_numpy_scalars_broadcast():
     np.testing.assert_allclose(axpy(np.float32(-2), x, x), -2 * x + x, rtol=1e-6, atol=1e-6)
     # A Python float beside float32 arrays stays float32 (NumPy 2's weak scalars)
     assert axpy(0.1, x, x).dtype == np.float32
-    # a NumPy float64 scalar is not weak: a * x mixes f64 and f32, which the kernel language refuses
-    with pytest.raises(mg.CompileError, match="different types"):
-        axpy(np.float64(2.0), x, x)
+    # a NumPy float64 scalar is not weak: the inputs are promoted to float64, as NumPy's ufuncs do
+    got = axpy(np.float64(2.0), x, x)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, 3.0 * x.astype(np.float64), rtol=1e-12)
 
 
 @pytestmark_backend
@@ -441,3 +447,58 @@ def test_trace_errors_point_at_the_users_line():
     with pytest.raises(mg.CompileError, match=r"test_vectorize.py:\d+: NameError") as info:
         uses_a_missing_name(np.zeros(3))
     assert info.value.lineno == line_of(uses_a_missing_name, "undefined_name")
+
+
+@pytestmark_backend
+@pytest.mark.parametrize("a, b", [
+    (np.float32, np.float64), (np.int32, np.float32), (np.int8, np.int16), (np.uint8, np.int8), (np.int64, np.float16),
+])
+def test_numpy_type_promotion(a, b):
+    x = (np.arange(1, 7) % 5).astype(a)
+    y = (np.arange(6) % 3).astype(b)
+    got = add2(x, y)
+    want = np.add(x, y)
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-3)
+
+
+@pytestmark_backend
+def test_promotion_of_device_arrays():
+    x = mg.to_device(np.arange(4, dtype=np.float32))
+    y = mg.to_device(np.arange(4, dtype=np.float64))
+    got = add2(x, y)
+    assert isinstance(got, mg.DeviceArray) and got.dtype == mg.f64
+    np.testing.assert_array_equal(got.get(), 2 * np.arange(4))
+
+
+@pytestmark_backend
+def test_bool_inputs_stay_bool():
+    @mg.vectorize
+    def where(c, a, b):
+        return mg.select(c, a, b)
+
+    c = np.array([True, False, True])
+    got = where(c, np.float32(1), np.arange(3, dtype=np.float64))
+    np.testing.assert_array_equal(got, [1.0, 1.0, 1.0])
+    assert got.dtype == np.float64
+
+
+@pytestmark_backend
+def test_lists_scalars_and_zero_d_arrays():
+    np.testing.assert_array_equal(add2([1.0, 2.0], [3.0, 4.0]), [4.0, 6.0])
+    assert add2(np.array(1.5, np.float32), 2).dtype == np.float32
+    assert add2(np.array(1.5, np.float32), np.array(2, np.float32)) == np.float32(3.5)
+    np.testing.assert_array_equal(add2([[1], [2]], (10, 20)), [[11, 21], [12, 22]])
+
+
+@pytestmark_backend
+def test_dtype_keyword():
+    x = np.arange(4, dtype=np.float32)
+    got = add2(x, 1, dtype=np.float64)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, np.arange(4) + 1)
+    out = np.zeros(4, np.float64)
+    assert add2(x, x, dtype=np.float64, out=out) is out
+    np.testing.assert_array_equal(out, 2 * np.arange(4))
+    with pytest.raises(mg.LaunchError, match="convert it first"):
+        add2(mg.to_device(x), x, dtype=np.float64)

@@ -12,7 +12,7 @@ file that does not match is recompiled and overwritten, never trusted.
 MLIRGPU_LOG (comma-separated) turns on logging through the "mlirgpu" logger:
 `compile` logs each compile with what changed since the kernel's previous
 compile; `cache` logs disk hits, corrupt entries and a cache directory that
-cannot be written. See docs/cache.md.
+cannot be written. See docs/design/compile_cache.md.
 """
 import hashlib
 import json
@@ -619,10 +619,21 @@ def default_cache():
 
 
 def cache_info():
-    """CacheInfo of the process's default cache."""
+    """CacheInfo of the process's default cache.
+
+    For example::
+
+        print(mg.cache_info())   # CacheInfo(hits=3, disk_hits=1, misses=2, compiles=1, ...)
+    """
     return default_cache().info()
 
 
 def cache_clear(memory=True, disk=False):
-    """Clear the process's default cache: its memory and/or its disk entries."""
+    """Clear the process's default cache: its memory and/or its disk entries.
+
+    For example::
+
+        mg.cache_clear()                  # forget what this process compiled
+        mg.cache_clear(disk=True)         # and delete the disk entries too
+    """
     default_cache().clear(memory=memory, disk=disk)

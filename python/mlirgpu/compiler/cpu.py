@@ -16,7 +16,7 @@ module on first use:
 Strings (printf formats, array names) are passed by index into a table the
 module carries as its `mg.cpu.strings` attribute; the bytes of its static
 shared arrays are `mg.cpu.static_shared`. `PIPELINE` lowers such a module to
-the llvm dialect for the ExecutionEngine. docs/cpu.md has the design.
+the llvm dialect for the ExecutionEngine. docs/design/cpu_backend.md has the design.
 """
 import os
 

@@ -40,12 +40,24 @@ CUDA_HOME = toolkit.PTXAS.home if toolkit.PTXAS else os.environ.get("CUDA_HOME",
 NO_PTXAS = ("no ptxas to make a cubin: install the CUDA toolkit (or pip install nvidia-cuda-nvcc-cu12), "
             "or set CUDA_HOME to one; kernels meanwhile load as PTX, compiled by the driver (Compilation.image)")
 
+# Line information: a debug-info scope for every llvm.func, from its operations' file:line
+# locations, with only the line directives emitted. The PTX then carries .file/.loc (as nvcc's
+# -lineinfo makes it) but not the ", debug" target, which would make ptxas compile for a debugger
+# and change the SASS; ptxas -lineinfo keeps the lines in the cubin for profilers and
+# compute-sanitizer.
+LINEINFO_PASS = "ensure-debug-info-scope-on-llvm-func{emission-kind=DebugDirectivesOnly}"
+
 # gpu.binary's #gpu.object formats (mlir::gpu::CompilationTarget).
 _FORMAT_OFFLOAD, _FORMAT_ASSEMBLY, _FORMAT_BINARY = 1, 2, 3
 
 
 class Target:
-    """A validated NVVM target: chip, PTX features, optimisation level."""
+    """A validated NVVM target: chip, PTX features, optimisation level.
+
+    For example::
+
+        target = mg.Target("sm_90a", features="+ptx80", opt_level=3)
+    """
 
     def __init__(self, chip="sm_90a", features=None, opt_level=3):
         if not isinstance(chip, str):
@@ -108,9 +120,19 @@ class Compilation:
     `image` is what a GPU loads: the cubin, or where no ptxas was found the
     PTX (bytes) for the driver's JIT. `image_format` says which ("cubin" or
     "ptx") and `ptxas` names the ptxas used (None for the driver's JIT).
+
+    `lineinfo=True` (the default) puts the source lines of the module's
+    locations into the PTX (.file/.loc) and the cubin, for profilers and
+    compute-sanitizer; it does not change the machine code.
+
+    For example::
+
+        stages = mg.Compilation(module, chip="sm_90a")
+        print(stages.nvvm)
+        ptx, cubin = stages.ptx, stages.cubin
     """
 
-    def __init__(self, module, chip="sm_90a", *, features=None, opt_level=3, bare_pointers=True):
+    def __init__(self, module, chip="sm_90a", *, features=None, opt_level=3, bare_pointers=True, lineinfo=True):
         if not isinstance(module, ir.Module):
             raise TypeError(f"expected an mlirgpu.ir.Module, not {type(module).__name__}")
         self.target = Target(chip, features, opt_level)
@@ -119,6 +141,7 @@ class Compilation:
         self._toolkit = toolkit.PTXAS
         self.ptxas = self._toolkit.ptxas if self._toolkit else None
         self.image_format = "cubin" if self._toolkit else "ptx"
+        self.lineinfo = bool(lineinfo)
         self.gpu = str(module)
         t = self.target
         self._outlined = run_stage(module.clone(), "outlined", "builtin.module(gpu-kernel-outlining, "
@@ -129,7 +152,7 @@ class Compilation:
             "convert-nvvm-to-llvm", "convert-func-to-llvm", "expand-strided-metadata", "lower-affine",
             "convert-arith-to-llvm", "convert-index-to-llvm", "canonicalize", "cse",
             f"gpu.module(convert-gpu-to-nvvm{{use-bare-ptr-memref-call-conv={bare}}}, "
-            "canonicalize, cse, reconcile-unrealized-casts))"]))
+            "canonicalize, cse, reconcile-unrealized-casts)"] + ([LINEINFO_PASS] if self.lineinfo else [])) + ")")
 
     @cached_property
     def outlined(self):
@@ -144,8 +167,10 @@ class Compilation:
         # The toolkit gives ptxas and libdevice (nvvm/libdevice), which every
         # format links for the math functions; without one MLIR looks at
         # $CUDA_HOME, else links none.
-        home = f" toolkit={self._toolkit.home}" if self._toolkit else ""
-        run_stage(module, stage, f"builtin.module(gpu-module-to-binary{{format={fmt}{home}}})")
+        options = f" toolkit={self._toolkit.home}" if self._toolkit else ""
+        if fmt == "bin" and self.lineinfo:
+            options += " opts=-lineinfo"  # ptxas keeps the PTX's .loc lines in the cubin's line table
+        run_stage(module, stage, f"builtin.module(gpu-module-to-binary{{format={fmt}{options}}})")
         objects = {name: data for name, _, data in gpu_objects(module)}
         if not objects:
             raise CompileError("the module holds no gpu.module to compile")
@@ -195,10 +220,21 @@ class Compilation:
 
 
 def compile_ptx(module, chip="sm_90a", **options):
-    """PTX text of the module's only gpu.module. Needs no GPU."""
+    """PTX text of the module's only gpu.module. Needs no GPU.
+
+    For example::
+
+        ptx = mg.compile_ptx(mg.ir.Module.parse(text), chip="sm_90a")
+    """
     return Compilation(module, chip, **options).ptx
 
 
 def compile_cubin(module, chip="sm_90a", **options):
-    """cubin bytes of the module's only gpu.module. Needs no GPU, but ptxas (toolkit.py)."""
+    """cubin bytes of the module's only gpu.module (needs ptxas: see mlirgpu.compiler.toolkit). Needs no GPU.
+
+    For example::
+
+        cubin = mg.compile_cubin(module, chip="sm_90a")
+        kernel = mg.cuda.load_module(cubin).get_function("copy")
+    """
     return Compilation(module, chip, **options).cubin

@@ -169,5 +169,17 @@ def _argument_key(function, name, value):
 def func(function):
     """`@mg.func`: a device function callable from kernels and from other
     device functions, traced per argument types (Python numbers are
-    constants of the specialization) into a private func.func."""
+    constants of the specialization) into a private func.func.
+
+    For example::
+
+        @mg.func
+        def axpy(a, x, y):
+            return a * x + y
+
+        @mg.kernel
+        def k(x: mg.memref[N, mg.f32], y: mg.memref[N, mg.f32]):
+            i = mg.thread_idx.x
+            y[i] = axpy(2.0, x[i], y[i])
+    """
     return DeviceFunction(function)

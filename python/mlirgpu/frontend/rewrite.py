@@ -26,11 +26,10 @@ import types
 import numpy as np
 
 from .. import ir
-
 from ..language import core as lang
 from .._mlirgpu import CompileError
 
-__all__ = ["rewrite", "code_objects", "HELPERS"]
+__all__ = ["rewrite", "code_objects", "source_unavailable", "HELPERS"]
 
 
 def _vars(frame_locals, names):
@@ -192,8 +191,9 @@ class _Rewriter(ast.NodeTransformer):
         for statement in statements:
             for n in ast.walk(statement):
                 if isinstance(n, ast.Return):
-                    self.fail(n, "`return` inside a loop or a branch of a kernel is not supported "
-                                 "(it would need to leave a traced region)")
+                    self.fail(n, "`return` inside a loop or a branch of a kernel is not supported (it would need "
+                                 "to leave a traced region); only an early-exit guard `if cond: return` at the "
+                                 "top level of the body is: put the rest of the work in an if/else")
 
     def visit_all(self, statements):
         """The rewritten statements: one may become several."""
@@ -290,6 +290,35 @@ def _code_objects(code):
             yield from _code_objects(const)
 
 
+def _is_guard(statement):
+    """`if cond: return` (no value, no else): an early exit."""
+    return (isinstance(statement, ast.If) and not statement.orelse and len(statement.body) == 1
+            and isinstance(statement.body[0], ast.Return) and statement.body[0].value is None)
+
+
+def _guards_to_else(statements):
+    """The top-level guard `if cond: return` followed by the rest of the body
+    becomes `if cond: pass / else: rest`: a thread that leaves early is one
+    that skips the rest, which a traced if can express."""
+    for i, statement in enumerate(statements):
+        if _is_guard(statement):
+            skip = ast.copy_location(ast.Pass(), statement.body[0])
+            guard = ast.copy_location(ast.If(test=statement.test, body=[skip],
+                                             orelse=_guards_to_else(statements[i + 1:])), statement)
+            return statements[:i] + [guard]
+    return statements
+
+
+def source_unavailable(function, error):
+    """The CompileError for a function whose source Python did not keep."""
+    where = function.__code__.co_filename
+    return CompileError(
+        f"cannot read the source of {function.__qualname__} (defined in {where}): {error}. mlirgpu compiles a "
+        f"kernel from its Python source, which Python does not keep for code run with `python -c`, exec() or "
+        f"the plain interactive interpreter before Python 3.13. Define it in a .py file, a Jupyter notebook "
+        f"cell, IPython, or the Python 3.13+ REPL.")
+
+
 def rewrite(function, returns=False):
     """(code, free names, generic parameter names, filename) of the rewritten
     function: running `code` defines `__mg_make(*free)`, which returns the
@@ -299,7 +328,7 @@ def rewrite(function, returns=False):
     try:
         lines, first_line = inspect.getsourcelines(function)
     except (OSError, TypeError) as error:
-        raise CompileError(f"cannot read the source of {function.__qualname__}: {error}") from error
+        raise source_unavailable(function, error) from error
     filename = inspect.getsourcefile(function) or function.__code__.co_filename
     source = textwrap.dedent("".join(lines))
     tree = ast.parse(source)
@@ -317,6 +346,7 @@ def rewrite(function, returns=False):
     definition.returns = None
     for statement in definition.body:
         _Unsupported(filename, first_line).visit(statement)
+    definition.body = _guards_to_else(definition.body)
     local_names = frozenset([a.arg for a in definition.args.args] + _assigned(definition.body))
     definition.body = _Rewriter(filename, returns, local_names).visit_all(definition.body)
     free = list(function.__code__.co_freevars) + [p for p in generic_params if p not in function.__code__.co_freevars]
@@ -363,12 +393,44 @@ def _call(function, *args, **kwargs):
         for other in args[1:]:
             result = (kmath.min if function is builtins.min else kmath.max)(result, other)
         return result
+    if function is builtins.print:
+        raise CompileError("print() in a kernel would run once, while the kernel is traced, and print traced "
+                           "values as placeholders: use mg.printf(\"x = %f\\n\", x), which every thread runs")
     traced = [a for a in list(args) + list(kwargs.values()) if isinstance(a, (lang.Scalar, lang.MemRef))]
+    if traced:
+        _check_not_host_math(function)
     if traced and isinstance(function, types.FunctionType) and not getattr(function, "__mlirgpu__", False) \
             and not function.__module__.startswith("mlirgpu"):
         raise CompileError(f"cannot call the Python function {function.__qualname__} on traced values: "
                            f"make it a device function with @mg.func, or compute inline")
     return function(*args, **kwargs)
+
+
+def _check_not_host_math(function):
+    """NumPy's and Python's math functions compute on the host, in Python: on
+    traced values, point to the kernel language's spelling instead."""
+    module = getattr(function, "__module__", None) or ""
+    if isinstance(function, np.ufunc):
+        owner = "np"
+    elif module == "math" or module == "cmath":
+        owner = module
+    elif module.split(".")[0] == "numpy":
+        owner = "np"
+    else:
+        return
+    from ..language import math as kmath
+    name = getattr(function, "__name__", "")
+    spelling = {"absolute": "abs", "fabs": "abs", "minimum": "min", "maximum": "max", "fmin": "min",
+                "fmax": "max", "power": "pow", "arctan2": "atan2"}.get(name, name)
+    if spelling in ("min", "max", "abs"):
+        hint = f"use Python's {spelling}() or mg.math.{spelling}"
+    elif spelling in kmath.__all__:
+        hint = f"use mg.math.{spelling}"
+    elif name == "where":
+        hint = "use mg.select(condition, a, b)"
+    else:
+        hint = "use mg.math (exp, log, sqrt, sin, cos, tanh, fma, ...), mg.select and operators"
+    raise CompileError(f"{owner}.{name} computes on the host and cannot take traced values: inside a kernel {hint}")
 
 
 def _loop_bounds(r):

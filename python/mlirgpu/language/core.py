@@ -5,7 +5,7 @@ While a kernel is traced, every value it computes on the GPU is a `Scalar`
 `MemRef`. Operators on them emit arith/memref/gpu operations at the current
 insertion point, each located at the user's line.
 
-Type rules (docs/kernels.md):
+Type rules (docs/language.md):
 - Two traced operands must have the same dtype; nothing is converted
   silently. `mg.cast(v, dtype)` converts explicitly.
 - A Python int meets any integer or index operand and takes its type; with a
@@ -293,7 +293,13 @@ def is_python_number(x):
 
 
 def constant(value, dtype):
-    """`value` as a traced constant of `dtype`."""
+    """`value` as a traced constant of `dtype`.
+
+    For example::
+
+        one = mg.constant(1.0, mg.f32)
+        zero = mg.constant(0, dtype)           # a dtype generic works too
+    """
     dtype = as_dtype(dtype)
     if isinstance(value, Scalar):
         raise CompileError("mg.constant takes a Python number; use mg.cast to convert a traced value")
@@ -423,7 +429,12 @@ def _compare(a, b, how):
 
 
 def select(condition, if_true, if_false):
-    """`if_true` where `condition` holds, else `if_false` (arith.select)."""
+    """`if_true` where `condition` holds, else `if_false` (arith.select).
+
+    For example::
+
+        y[i] = mg.select(x[i] > 0.0, x[i], 0.0 * x[i])    # a ReLU without a branch
+    """
     if not isinstance(condition, Scalar) or condition.dtype != bool_:
         raise CompileError("mg.select needs a traced bool condition (a comparison)")
     a, b = unify(if_true, if_false, "mg.select")
@@ -431,7 +442,13 @@ def select(condition, if_true, if_false):
 
 
 def cast(value, dtype):
-    """`value` converted to `dtype` (arith casts; floats to ints truncate toward zero)."""
+    """`value` converted to `dtype` (arith casts; floats to ints truncate toward zero).
+
+    For example::
+
+        j = mg.cast(x[i], mg.i32)              # f32 -> i32, truncating
+        y[i] = mg.cast(mg.thread_idx.x, mg.f32)
+    """
     dtype = as_dtype(dtype)
     if is_python_number(value):
         return constant(value, dtype)
@@ -577,12 +594,27 @@ def range_(*bounds, iter_args=None):
     """`for k in mg.range_(lo, hi, step)` (bounds traced or Python ints) becomes scf.for;
     `for k, acc in mg.range_(n, iter_args=[acc]): ...; acc = yield acc` is the
     explicit loop-carried form. Only valid as the iterable of a for statement
-    in a kernel, which the tracer rewrites."""
+    in a kernel, which the tracer rewrites.
+
+    For example::
+
+        for k in mg.range_(0, K, 2):                      # like range(0, K, 2)
+            acc += A[r, k]
+        for k, acc in mg.range_(K, iter_args=[acc]):      # explicitly carried values
+            acc += A[r, k]
+            acc = yield acc
+    """
     raise CompileError("mg.range_ can only be the iterable of a `for` statement in an @mg.kernel")
 
 
 def static_range(*args):
-    """A Python range that the tracer unrolls: bounds must be Python ints."""
+    """A Python range that the tracer unrolls: bounds must be Python ints.
+
+    For example::
+
+        for j in mg.static_range(4):           # four copies of the body
+            acc[j] += a * b[j]
+    """
     for a in args:
         if isinstance(a, Scalar):
             raise CompileError("mg.static_range needs Python int bounds: it unrolls at trace time")

@@ -10,9 +10,12 @@ PEP 695 type parameters (`def f[M, N](...)`) are generics too.
 """
 import typing
 
+import numpy as np
+
+from .. import _mlirgpu
 from .._mlirgpu import CompileError, DType
 
-__all__ = ["Generic", "generics", "memref", "MemRefType", "is_symbol", "symbol_name"]
+__all__ = ["Generic", "generics", "memref", "MemRefType", "as_element_type", "is_symbol", "symbol_name"]
 
 
 class Generic:
@@ -35,10 +38,36 @@ class Generic:
 
 
 def generics(names):
-    """`M, K, N, dtype = mg.generics("M K N dtype")`"""
+    """Make the symbolic sizes and element types of a kernel.
+
+    Several names give a tuple, one name gives that one generic (as
+    sympy.symbols does)::
+
+        M, K, N, dtype = mg.generics("M K N dtype")
+        N = mg.generics("N")
+
+        @mg.kernel
+        def scale(x: mg.memref[N, mg.f32], a: mg.f32):
+            i = mg.block_idx.x * mg.block_dim.x + mg.thread_idx.x
+            x[i] = a * x[i]
+    """
     if not isinstance(names, str):
         raise TypeError("mg.generics takes the names in one string, e.g. 'M K N dtype'")
-    return tuple(Generic(name) for name in names.replace(",", " ").split())
+    made = tuple(Generic(name) for name in names.replace(",", " ").split())
+    if not made:
+        raise ValueError("mg.generics needs at least one name, e.g. mg.generics('N')")
+    return made[0] if len(made) == 1 else made
+
+
+def as_element_type(entry):
+    """A dtype given as an mlirgpu dtype or a NumPy one (np.float32,
+    np.dtype('f4')), as an mlirgpu dtype; anything else is returned as is."""
+    if isinstance(entry, np.dtype) or (isinstance(entry, type) and issubclass(entry, np.generic)):
+        try:
+            return _mlirgpu.dtype(entry)
+        except (TypeError, ValueError) as error:
+            raise CompileError(f"{entry!r} has no mlirgpu dtype: {error}") from None
+    return entry
 
 
 def is_symbol(x):
@@ -54,6 +83,7 @@ class MemRefType:
         if len(params) < 2:
             raise CompileError("mg.memref[...] takes the sizes and then the element type, e.g. mg.memref[M, K, mg.f32]")
         *shape, dtype = params
+        dtype = as_element_type(dtype)
         for size in shape:
             if not (is_symbol(size) or (isinstance(size, int) and not isinstance(size, bool) and size > 0)):
                 raise CompileError(f"memref sizes are positive ints or generics, not {size!r}")
@@ -71,7 +101,17 @@ def _name(x):
 
 
 class memref:
-    """`mg.memref[M, K, dtype]`: the annotation of an array parameter."""
+    """The annotation of an array parameter: its sizes, then its element type.
+
+    Sizes are positive ints or generics; the element type is an mlirgpu dtype,
+    a NumPy one (``np.float32``) or a generic::
+
+        M, N = mg.generics("M N")
+
+        @mg.kernel
+        def fill(out: mg.memref[M, N, np.float32], value: mg.f32):
+            out[mg.thread_idx.y, mg.thread_idx.x] = value
+    """
 
     def __class_getitem__(cls, params):
         return MemRefType(params)

@@ -23,7 +23,14 @@ __all__ = ["syncthreads", "vload", "vstore", "Vector", "printf"]
 def syncthreads():
     """Wait until every thread of the block gets here, and make their shared
     and global memory writes visible to each other (gpu.barrier; CUDA's
-    __syncthreads). Every thread of the block must reach the same call."""
+    __syncthreads). Every thread of the block must reach the same call.
+
+    For example::
+
+        tile[t] = x[i]
+        mg.syncthreads()                       # every thread's write is done
+        y[i] = tile[TILE - 1 - t]
+    """
     lang.target().barrier()
 
 
@@ -160,7 +167,13 @@ def vload(memref, index, length):
 
     The access is aligned to its size (16 bytes for 4 x f32): the innermost
     index must be a multiple of `length`, as for CUDA's float4 loads; a
-    misaligned index is undefined behaviour on the GPU ("misaligned address")."""
+    misaligned index is undefined behaviour on the GPU ("misaligned address").
+
+    For example::
+
+        v = mg.vload(A, (row, col), 4)      # one 16-byte load of 4 float32
+        mg.vstore(B, (row, col), v * 2.0)
+    """
     indices, vector_type, alignment = _vector_access("mg.vload", memref, index, length)
     op = lang.emit("vector.load", [memref.value, *indices], [vector_type], attributes={"alignment": alignment})
     return Vector(op.result, memref.dtype, length)
@@ -168,7 +181,13 @@ def vload(memref, index, length):
 
 def vstore(memref, index, vector):
     """Store a Vector (or a tuple/list of values) at `index` along the
-    innermost dimension (vector.store); aligned as for mg.vload."""
+    innermost dimension (vector.store); aligned as for mg.vload.
+
+    For example::
+
+        mg.vstore(B, (row, col), mg.vload(A, (row, col), 4))
+        mg.vstore(B, i, (a, b, c, d))             # a tuple of four values
+    """
     if isinstance(vector, (tuple, list)):
         if not vector:
             raise CompileError("mg.vstore of an empty tuple")
@@ -225,7 +244,12 @@ def printf(format, *values):
     the output reaches the process's stdout when the host synchronizes.
     `format` is a Python str with C conversions (%d %u %ld %f %e %g %x %c %%);
     values are traced scalars or Python numbers. Floats print as double,
-    index values as 64-bit integers (%ld / %lu)."""
+    index values as 64-bit integers (%ld / %lu).
+
+    For example::
+
+        mg.printf("thread %ld: x = %f\n", mg.thread_idx.x, x[i])
+    """
     if not isinstance(format, str):
         raise CompileError(f"mg.printf takes a Python str format first, not {type(format).__name__}")
     conversions = [m for m in _CONVERSION.finditer(format) if m.group(0) != "%%"]

@@ -16,7 +16,7 @@ GPU backend the first launch of a key times every config (CUDA events, after
 warm-up launches; the median), keeps the fastest and records the choice in
 the cache directory, keyed by the GPU's name and the key's values, so a new
 process launches it without timing. On the CPU backend the first config that
-compiles and launches is used. docs/autotune.md has the details.
+compiles and launches is used. docs/design/autotune.md has the details.
 """
 import json
 import os
@@ -43,7 +43,21 @@ _SUFFIX = ".autotune.json"
 
 def autotune(configs, key, *, warmup=WARMUP, repeat=REPEAT, progress=True):
     """`@mg.autotune(configs=[{...}, ...], key=["M", "N", "K"])` over an `@mg.kernel`.
-    `progress=False` silences the progress bar."""
+    `progress=False` silences the progress bar.
+
+    For example::
+
+        N, BLOCK = mg.generics("N BLOCK")
+
+        @mg.autotune(configs=[dict(BLOCK=128), dict(BLOCK=256)], key=["N"])
+        @mg.kernel(generics=(N, BLOCK))
+        def scale(x: mg.memref[N, mg.f32], a: mg.f32):
+            i = mg.block_idx.x * BLOCK + mg.thread_idx.x
+            if i < N:
+                x[i] = a * x[i]
+
+        scale(x, 2.0, grid=lambda g: ((g["N"] + g["BLOCK"] - 1) // g["BLOCK"],), block=lambda g: (g["BLOCK"],))
+    """
     return lambda kernel: Autotuner(kernel, configs, key, warmup=warmup, repeat=repeat, progress=progress)
 
 
@@ -54,7 +68,14 @@ class Autotuner:
     whose values name a tuning problem: those given, then the dtype generics
     the arguments bind), timings and skipped (per key tuple, from its last
     tuning in this process: [(config, median ms)] and [(config, reason)]),
-    best_config (the config of the last launch), best(**key_values), path()."""
+    best_config (the config of the last launch), best(**key_values), path().
+
+    For example::
+
+        scale(x, 2.0, grid=..., block=...)   # tunes on the first launch of a key
+        scale.best(N=4096)                    # {'BLOCK': 256}
+        scale.timings[(4096,)]                # [(config, median ms), ...]
+    """
 
     def __init__(self, kernel, configs, key, *, warmup=WARMUP, repeat=REPEAT, progress=True):
         if not isinstance(kernel, Kernel):

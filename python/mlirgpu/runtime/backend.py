@@ -7,7 +7,7 @@ the host through MLIR's ExecutionEngine).
 The choice is made at first use (the first mg.backend(), array allocation
 or launch) and holds for the process until set_backend changes it. On the
 CPU backend mg.empty/zeros/to_device/asarray make DeviceArrays in host
-memory, and launches run through mlirgpu.cpu.run. docs/cpu.md has the design.
+memory, and launches run through mlirgpu.cpu.run. docs/design/cpu_backend.md has the design.
 """
 import os
 import weakref
@@ -39,7 +39,13 @@ def _require_cuda(where):
 
 
 def backend():
-    """"cuda" or "cpu": the backend launches and array allocations use."""
+    """"cuda" or "cpu": the backend launches and array allocations use.
+
+    For example::
+
+        if mg.backend() == "cpu":
+            print("no GPU: kernels run on the host")
+    """
     global _current
     if _current is None:
         name = os.environ.get("MLIRGPU_BACKEND", "").strip().lower()
@@ -58,7 +64,13 @@ def set_backend(name):
     """Makes `name` ("cuda" or "cpu") the backend from now on. ValueError for
     another name, CudaError for "cuda" where there is no driver or GPU.
     Arrays made before keep their memory: a host DeviceArray is not a
-    device pointer, and the CUDA launch path refuses it."""
+    device pointer, and the CUDA launch path refuses it.
+
+    For example::
+
+        mg.set_backend("cpu")                  # or MLIRGPU_BACKEND=cpu in the environment
+        x = mg.to_device(np.ones(4, np.float32))   # host memory now
+    """
     global _current
     _check_name(name, "set_backend")
     if name == "cuda":
@@ -107,7 +119,13 @@ def to_device(array, stream=None):
 def asarray(obj):
     """obj itself if a DeviceArray, else a zero-copy view: of a
     __cuda_array_interface__ or CUDA __dlpack__ object on the GPU backend, of
-    a host __dlpack__ object (a NumPy array, a CPU tensor) on the CPU backend."""
+    a host __dlpack__ object (a NumPy array, a CPU tensor) on the CPU backend.
+
+    For example::
+
+        t = torch.ones(8, device="cuda")
+        view = mg.asarray(t)                   # shares t's memory
+    """
     if on_cpu():
         return _mlirgpu.asarray(obj, host=True)
     return _mlirgpu.asarray(obj)

@@ -18,7 +18,7 @@ from .. import cuda
 from .._mlirgpu import CompileError, DType
 from ..compiler import cache, toolkit
 from ..compiler.nvvm import NO_PTXAS, Compilation
-from ..frontend.rewrite import code_objects
+from ..frontend.rewrite import code_objects, source_unavailable
 from ..language.generics import is_symbol
 
 __all__ = ["CompiledModule", "default_chip", "read_values", "source_digest"]
@@ -41,8 +41,7 @@ def source_digest(function):
         last = max((line for c in code_objects(code) for _, _, line in c.co_lines() if line is not None),
                    default=code.co_firstlineno)
         if not lines or last > len(lines):
-            raise CompileError(f"cannot read the source of {function.__qualname__}: no source lines for "
-                               f"{code.co_filename!r}")
+            raise source_unavailable(function, "Python kept no source lines for it")
         source = "".join(lines[code.co_firstlineno - 1:last])
         digest = hashlib.sha256(source.encode()).hexdigest()
         try:

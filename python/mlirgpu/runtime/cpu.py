@@ -6,7 +6,7 @@ whose arguments are the kernel's followed by thread, block, block_dim and
 grid_dim x/y/z as `index`, with `mg.syncthreads()` and the other device
 features calls of the runtime. It is lowered to the llvm dialect in-process
 and handed to `_mlirgpu.CpuEngine` (csrc/cpu.c), which runs each thread of a
-block as a fiber. docs/cpu.md has the design.
+block as a fiber. docs/design/cpu_backend.md has the design.
 
     mlirgpu.cpu.run(spec, [A, B, C], grid=(4, 4), block=(16, 16))
 """

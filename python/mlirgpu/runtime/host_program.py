@@ -14,7 +14,7 @@ mlirgpu's mgpu* runtime (csrc/runtime.c) underneath:
 Stages, each kept for inspection: `gpu` (the module as given), `outlined` and
 `nvvm` (compiler.Compilation's), `lowered` (host code in the llvm dialect,
 kernels as a gpu.binary), `llvm_ir` (what the JIT compiles), `ptx` (the
-kernels). docs/host_programs.md has the design.
+kernels). docs/design/host_runtime.md has the design.
 """
 import hashlib
 import re
@@ -159,6 +159,13 @@ class HostProgram:
     CompileError naming the stage. Call the program with a host function's
     name and its arguments: `prog(name, *args)` or `prog.run(name, *args,
     timeline=False)`.
+
+    For example::
+
+        prog = mg.HostProgram(text)                 # MLIR text with host functions and gpu.modules
+        C = prog("matmul_twice", A, B)              # NumPy arrays in, NumPy array out
+        C = prog.run("matmul_twice", A, B, timeline=True)
+        print(prog.timeline)                        # [(kernel, stream, start_ms, end_ms), ...]
     """
 
     def __init__(self, program, chip=None, *, format=None, opt_level=2):

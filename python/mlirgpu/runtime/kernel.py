@@ -22,7 +22,7 @@ from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError
 from ..frontend import rewrite as tracer
 from ..frontend.kernel import trace_kernel
 from ..language import core as lang
-from ..language.generics import Generic, MemRefType, is_symbol, symbol_name
+from ..language.generics import Generic, MemRefType, as_element_type, is_symbol, symbol_name
 from . import cpu
 from .backend import _kernels as _backend_kernels, on_cpu
 from .compiled import CompiledModule, read_values, source_digest
@@ -36,6 +36,7 @@ _SCALAR_ANNOTATIONS = {int: lang.i32, float: lang.f32, bool: lang.bool_}
 class Parameter:
     def __init__(self, name, annotation):
         self.name = name
+        annotation = as_element_type(annotation)
         if isinstance(annotation, MemRefType):
             self.memref = annotation
         elif annotation in _SCALAR_ANNOTATIONS:
@@ -52,15 +53,21 @@ class Parameter:
 
 
 class Kernel(_mlirgpu.Dispatcher):
-    """A Python function traced into a gpu.func per specialization.
+    """What @mg.kernel makes: a Python function traced into a gpu.func per
+    specialization (one per set of generic values).
 
-    Calling it launches: the C dispatcher it is reads the arguments' types,
-    shapes and dtypes, finds the loaded kernel of that signature and launches
-    it; only a signature it has not seen (or NumPy arguments, which are copied
-    in and back) comes to `_miss`, which binds the generics, compiles and
-    registers the specialization. On the CPU backend nothing is registered
-    (host arrays never take the C fast path): every call comes to `_miss`,
-    which runs it through mlirgpu.cpu."""
+    Calling it launches. The arguments' kinds, shapes and dtypes are looked up
+    in C and a kernel compiled for them before launches at once; a new
+    signature (or NumPy arguments, which are copied in and back) binds the
+    generics, compiles the specialization and keeps it. On the CPU backend
+    every call binds its arguments and runs through mlirgpu.cpu.
+
+    For example::
+
+        scale(x, 2.0, grid=4, block=256)        # launch: generics from the arguments
+        spec = scale[1000]                       # the Specialization for N = 1000
+        print(spec.ir(), spec.ptx(chip="sm_90a"))
+    """
 
     def __new__(cls, function, generics=None, max_threads=None, min_blocks=None):
         # The dispatcher's miss handler refers back to the kernel through a
@@ -86,7 +93,8 @@ class Kernel(_mlirgpu.Dispatcher):
         self.function = function
         self.__name__ = function.__name__
         self.__qualname__ = function.__qualname__
-        self.__doc__ = function.__doc__
+        self.__module__ = function.__module__
+        self.__wrapped__ = function
         annotations = inspect.get_annotations(function, eval_str=True)
         signature = inspect.signature(function)
         for p in signature.parameters.values():
@@ -108,6 +116,8 @@ class Kernel(_mlirgpu.Dispatcher):
         if missing:
             raise CompileError(f"{function.__qualname__} uses generics {missing} that generics=... does not list")
         self.generics = [symbol_name(s) for s in declared]
+        self.__signature__ = signature.replace(parameters=list(signature.parameters.values()) + _LAUNCH_KEYWORDS)
+        self.__doc__ = _launch_doc(self, function.__doc__)
         self._rewritten = None
         self._specializations = {}
 
@@ -117,9 +127,16 @@ class Kernel(_mlirgpu.Dispatcher):
     # -- specializations -------------------------------------------------
     def __getitem__(self, values):
         values = values if isinstance(values, tuple) else (values,)
+        # kernel[blocks, threads](...) is how Numba launches; here brackets give generics.
+        numba_style = (" (to launch, pass the launch shape as keywords: "
+                       f"{self.__name__}(..., grid=blocks, block=threads))"
+                       if any(isinstance(v, (tuple, list)) for v in values) or len(values) == 2 else "")
         if len(values) != len(self.generics):
             raise CompileError(f"{self.__qualname__} has {len(self.generics)} generics ({', '.join(self.generics)}), "
-                               f"got {len(values)} values")
+                               f"got {len(values)} values{numba_style}")
+        if any(isinstance(v, (tuple, list)) for v in values):
+            raise CompileError(f"{self.__qualname__}[...] takes one value per generic "
+                               f"({', '.join(self.generics)}), not tuples{numba_style}")
         bound = {}
         for name, value in zip(self.generics, values):
             bound[name] = check_generic_value(name, value, self.dtype_generics())
@@ -215,6 +232,29 @@ class Kernel(_mlirgpu.Dispatcher):
         spec.launch(args, **kwargs)
 
 
+_LAUNCH_KEYWORDS = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+                    for name, default in (("grid", inspect.Parameter.empty), ("block", inspect.Parameter.empty),
+                                          ("shared_mem", 0), ("stream", None))]
+
+
+def _launch_doc(kernel, doc):
+    """The kernel's own docstring, then how to launch and specialize it (what help() shows)."""
+    params = ", ".join(p.name for p in kernel.parameters)
+    name = kernel.__name__
+    lines = [inspect.cleandoc(doc), ""] if doc else []
+    lines += [f"An mlirgpu kernel. Launch it with one argument per parameter and the launch shape:",
+              "",
+              f"    {name}({params}, grid=(blocks_x, blocks_y, blocks_z), block=(threads_x, threads_y, threads_z),",
+              f"    {' ' * len(name)} shared_mem=0, stream=None)",
+              "",
+              "grid and block take 1 to 3 ints; arrays are mg.DeviceArray, NumPy arrays (copied in and back),",
+              "or objects with __cuda_array_interface__ or __dlpack__; scalars are Python or NumPy numbers."]
+    if kernel.generics:
+        lines += ["", f"Generics ({', '.join(kernel.generics)}) are taken from the arguments' shapes and dtypes;",
+                  f"{name}[{', '.join(kernel.generics)}] gives a specialization with .ir(), .ptx(), .cubin()."]
+    return "\n".join(lines)
+
+
 def show(value):
     return value.name if isinstance(value, DType) else repr(value)
 
@@ -240,6 +280,11 @@ def _array_shape_dtype(name, arg):
     if isinstance(arg, DeviceArray):
         array = arg
     elif isinstance(arg, np.ndarray):
+        if not arg.flags.writeable:
+            # A NumPy argument is copied back after the launch: a read-only one would lose the kernel's writes.
+            raise LaunchError(f"parameter {name!r} is a read-only NumPy array, which the launch could not copy "
+                              f"the kernel's writes back into: pass a writeable array, or mg.to_device(...) of "
+                              f"it for an input")
         try:
             return tuple(arg.shape), _mlirgpu.dtype(arg.dtype)
         except (TypeError, ValueError):
@@ -305,7 +350,21 @@ def kernel(function=None, *, generics=None, max_threads=None, min_blocks=None):
     `max_threads` and `min_blocks` are CUDA's `__launch_bounds__`: the most
     threads a launch's block may have (PTX `.maxntid`; a larger block is a
     LaunchError) and the blocks that should fit on one multiprocessor at once
-    (`.minnctapersm`), which caps the registers ptxas may give a thread."""
+    (`.minnctapersm`), which caps the registers ptxas may give a thread.
+
+    For example::
+
+        N = mg.generics("N")
+
+        @mg.kernel
+        def scale(x: mg.memref[N, mg.f32], a: mg.f32):
+            i = mg.block_idx.x * mg.block_dim.x + mg.thread_idx.x
+            if i < N:
+                x[i] = a * x[i]
+
+        x = mg.to_device(np.ones(1000, np.float32))
+        scale(x, 2.0, grid=4, block=256)
+    """
     if function is None:
         return lambda f: Kernel(f, generics, max_threads, min_blocks)
     return Kernel(function, generics, max_threads, min_blocks)
@@ -313,7 +372,15 @@ def kernel(function=None, *, generics=None, max_threads=None, min_blocks=None):
 
 class Specialization(CompiledModule):
     """A kernel with every generic given a value: its IR, PTX, cubin, and
-    launches with arguments that must match it."""
+    launches with arguments that must match it.
+
+    For example::
+
+        spec = scale[1000]
+        print(spec.ir())                       # the gpu dialect, with file:line locations
+        ptx = spec.ptx(chip="sm_90a")          # needs no GPU
+        spec(x, 2.0, grid=4, block=256)        # launch with arguments that match it
+    """
 
     def __init__(self, kernel, values):
         super().__init__()

@@ -8,7 +8,7 @@ stream.
         kernel(d, grid=..., block=..., stream=g.stream)
     g.replay()                               # runs it again, on g.stream
 
-docs/runtime.md has the rules: the default stream, copies, graphs, errors.
+docs/launching.md and docs/design/cuda_runtime.md have the rules: the default stream, copies, graphs, errors.
 """
 from .. import _mlirgpu
 from .._mlirgpu import Graph, f32
@@ -20,12 +20,25 @@ __all__ = ["Graph", "graph", "pinned_empty", "pinned_zeros"]
 def pinned_empty(shape, dtype=f32):
     """An uninitialized numpy.ndarray in page-locked host memory
     (cuMemHostAlloc, portable to every context), freed when the last array
-    viewing it dies. On the CPU backend, and for zero bytes, ordinary memory."""
+    viewing it dies. On the CPU backend, and for zero bytes, ordinary memory.
+
+    For example::
+
+        host = mg.pinned_empty((1 << 20,), mg.f32)
+        host[:] = 1.0
+        d = mg.to_device(host)                 # an asynchronous copy from pinned memory
+    """
     return _mlirgpu.pinned_empty(shape, dtype, host=on_cpu())
 
 
 def pinned_zeros(shape, dtype=f32):
-    """pinned_empty filled with zeros."""
+    """pinned_empty filled with zeros.
+
+    For example::
+
+        host = mg.pinned_zeros((1024,), mg.f32)
+        d.copy_to_host(host)
+    """
     return _mlirgpu.pinned_zeros(shape, dtype, host=on_cpu())
 
 

@@ -10,7 +10,7 @@
     print(spec.ir())                      # the linalg.generic it is traced to
     print(spec.ptx(chip="sm_90a"))        # needs no GPU
 
-The function is traced with the kernel language (docs/kernels.md), once per
+The function is traced with the kernel language (docs/language.md), once per
 input signature: each parameter is a traced scalar of its argument's dtype,
 and what it returns (a value or a tuple) is the element of each output.
 Arrays broadcast as in NumPy; Python scalars are passed by value, with the
@@ -60,7 +60,16 @@ def vectorize(signatures=None, *, mapping="direct", threads=1024, unroll=1):
     elementwise.py); `threads` (a multiple of 32, at most 1024) and `unroll`
     (1 to 16) shape the direct mapping's blocks: each thread of a block
     handles `unroll` vectors of 16 bytes (the defaults are the fastest shape
-    benchmarks/elementwise.py measured on the H100)."""
+    benchmarks/elementwise.py measured on the H100).
+
+    For example::
+
+        @mg.vectorize
+        def axpy(a, x, y):
+            return a * x + y
+
+        z = axpy(2.0, np.arange(4.0), np.ones(4))     # NumPy in, NumPy out: [1. 3. 5. 7.]
+    """
     if inspect.isfunction(signatures):
         return Vectorized(signatures, None, mapping, threads, unroll)
     if signatures is not None and not isinstance(signatures, (str, list, tuple)):
@@ -154,7 +163,11 @@ class Vectorized:
             return build(trace.instance)
 
     def _apply(self, instance, declared, values):
-        """The function on traced scalars: its results, as declared (converted) or as they are."""
+        """The function on traced scalars: its results, as declared (converted) or as they are.
+        Without declared signatures the inputs are first converted to their common type, as a
+        NumPy ufunc's are (bools stay bools, for conditions)."""
+        if not self.signatures:
+            values = _promoted(values)
         result = instance(*values)
         results = list(result) if isinstance(result, tuple) else [result]
         try:
@@ -234,17 +247,25 @@ class Vectorized:
         return self._plan(args, out).specialization()
 
     # -- calling -----------------------------------------------------------
-    def __call__(self, *args, out=None, stream=None):
-        plan = self._plan(args, out)
+    def __call__(self, *args, out=None, dtype=None, stream=None):
+        plan = self._plan(args, out, dtype)
         if on_cpu():
             return plan.run_cpu()
         return plan.run_gpu(stream)
 
-    def _plan(self, args, out):
+    def _plan(self, args, out, dtype=None):
         if len(args) != self.nin:
             raise LaunchError(f"{self.__qualname__} takes {self.nin} arguments ({', '.join(self.names)}), "
                               f"got {len(args)}")
-        return _Plan(self, args, out)
+        if dtype is not None:
+            if self.signatures:
+                raise LaunchError(f"{self.__qualname__} declares its signatures: dtype= applies to functions "
+                                  f"without them")
+            try:
+                dtype = _mlirgpu.dtype(dtype)
+            except (TypeError, ValueError) as error:
+                raise LaunchError(f"{self.__qualname__}: dtype={dtype!r}: {error}") from None
+        return _Plan(self, args, out, dtype)
 
 
 def _widest(inputs, outputs):
@@ -275,8 +296,9 @@ def _array_dtype(name, dtype):
 class _Plan:
     """A call bound to its arguments: dtypes, broadcast shape, outputs."""
 
-    def __init__(self, vectorized, args, out):
+    def __init__(self, vectorized, args, out, dtype=None):
         self.vectorized = v = vectorized
+        self.dtype = dtype
         cpu = on_cpu()
         self.arguments = [self._classify(v.names[i], i, a, cpu) for i, a in enumerate(args)]
         arrays = [a for a in self.arguments if a.is_array]
@@ -297,6 +319,8 @@ class _Plan:
             return _Argument(index, value, None, False, weak=True)
         if isinstance(value, np.generic):
             return _Argument(index, value, _array_dtype(name, value.dtype), False)
+        if isinstance(value, (list, tuple)):
+            value = np.asarray(value)  # what a NumPy ufunc makes of a list
         if isinstance(value, np.ndarray):
             return _Argument(index, value, _array_dtype(name, value.dtype), True, shape=value.shape)
         if isinstance(value, DeviceArray):
@@ -327,6 +351,8 @@ class _Plan:
                 if a.weak:
                     a.dtype = _weak_dtype(a.value, strong)
                     _check_fits(v.names[a.index], a.value, a.dtype)
+                if self.dtype is not None and a.dtype != lang.bool_ and a.dtype != self.dtype:
+                    self._convert(a, self.dtype, f"dtype={self.dtype.name}")
             self.inputs = tuple((a.dtype, a.is_array) for a in self.arguments)
             self.declared = None
             return
@@ -339,15 +365,26 @@ class _Plan:
                               + ", ".join(s.text for s in v.signatures))
         for a, d in zip(self.arguments, signature.inputs):
             if a.dtype != d and a.is_array:
-                if a.on_device:
-                    raise LaunchError(f"argument {v.names[a.index]!r} is a device array of {a.dtype.name}, but the "
-                                      f"signature {signature.text!r} takes {d.name}: convert it first")
-                a.value = a.value.astype(d.numpy)
+                self._convert(a, d, f"the signature {signature.text!r}")
             a.dtype = d
             if a.weak:
                 _check_fits(v.names[a.index], a.value, d)
         self.inputs = tuple((d, a.is_array) for a, d in zip(self.arguments, signature.inputs))
         self.declared = signature.outputs
+
+    def _convert(self, a, dtype, why):
+        """Argument `a` as `dtype`: host arrays and scalars are converted, device arrays must have it."""
+        name = self.vectorized.names[a.index]
+        if a.on_device:
+            raise LaunchError(f"argument {name!r} is a device array of {a.dtype.name}, but {why} takes "
+                              f"{dtype.name}: convert it first")
+        if a.is_array:
+            a.value = a.value.astype(dtype.numpy)
+        elif not a.weak:
+            a.value = dtype.numpy.type(a.value)
+        else:
+            _check_fits(name, a.value, dtype)
+        a.dtype = dtype
 
     def _check_out(self, out):
         """out= as classified arguments (the caller's objects kept in self.out_objects)."""
@@ -455,6 +492,19 @@ class _Plan:
 def _host_view(array):
     """A NumPy view of a host array (a host DeviceArray's memory, shared)."""
     return np.from_dlpack(array) if isinstance(array, DeviceArray) else array
+
+
+def _promoted(values):
+    """The traced inputs converted to NumPy's result type of their dtypes (bool inputs
+    left as they are); bf16 has no NumPy promotion and meets f32 and f64 as f16 does."""
+    numeric = [v.dtype for v in values if v.dtype != lang.bool_]
+    if len(set(numeric)) <= 1:
+        return values
+    as_numpy = [np.dtype(np.float16) if d == lang.bf16 else d.numpy for d in numeric]
+    common = _mlirgpu.dtype(np.result_type(*as_numpy))
+    if common == lang.f16 and lang.bf16 in numeric:
+        common = lang.f32  # bf16 with f16 or an integer: neither holds the other
+    return [v if v.dtype == lang.bool_ else lang.cast(v, common) for v in values]
 
 
 def _weak_dtype(value, strong):
