@@ -129,10 +129,16 @@ class Target:
         """nvvm.mma.sync of the atom `kind` ("f16", "bf16", "tf32") on this
         lane's fragments (Scalars in register order); D's 4 f32 values.
         nvvm.mma.sync rather than nvgpu.mma.sync: MLIR 22's nvgpu op cannot
-        deduce the PTX types of bf16 operands. Inputs go as i32 registers."""
+        deduce the PTX types of bf16 operands. Inputs go as the op wants
+        them: f16 pairs as vector<2xf16>, bf16 pairs and tf32 values as i32."""
         from .mma import registers
-        dtype = lang.f32 if kind == "tf32" else (lang.f16 if kind == "f16" else lang.bf16)
-        a_regs, b_regs = registers(a, dtype), registers(b, dtype)
+        if kind == "f16":
+            pair = ir.Type.vector([2], ir.Type.f16())
+            a_regs, b_regs = ([lang.emit("vector.from_elements", [x[i], x[i + 1]], [pair]).result
+                               for i in range(0, len(x), 2)] for x in (a, b))
+        else:
+            dtype = lang.f32 if kind == "tf32" else lang.bf16
+            a_regs, b_regs = registers(a, dtype), registers(b, dtype)
         k = 8 if kind == "tf32" else 16
         attributes = {
             "shape": ir.Attribute.parse(f"#nvvm.shape<m = 16, n = 8, k = {k}>"),
