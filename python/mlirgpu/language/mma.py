@@ -45,8 +45,8 @@ destination with zeros (the predication of a tile's edges).
 memref[layout(r, c)], computed at trace time for Python ints and emitted as
 index arithmetic (multiplications, divisions, xors) for traced coordinates.
 
-mma.sync and cp.async need sm_80 or later, ldmatrix sm_75: compiling a
-kernel that uses one for an older chip raises CompileError at its line. On the CPU
+They need sm_80 or later: compiling a kernel that uses one for an older
+chip raises CompileError at its line. On the CPU
 backend they run with the hardware's fragment semantics (the warp's lanes
 meet at a warp barrier, as for shuffles); cp.async copies there at once, so
 commit_group and wait_group have nothing left to wait for.
@@ -62,9 +62,10 @@ __all__ = ["M16N8K16_F16", "M16N8K16_BF16", "M16N8K8_TF32", "Fragment", "zeros",
            "sync", "ldmatrix", "cp_async", "commit_group", "wait_group", "tile", "Tile", "layout_index",
            "MIN_CHIP"]
 
-#: The oldest chip each operation mg.mma emits compiles for (PTX ISA: ldmatrix
-#: came with sm_75, m16n8k16 and cp.async with sm_80); compiler.nvvm checks it.
-MIN_CHIP = {"nvvm.mma.sync": "sm_80", "nvgpu.ldmatrix": "sm_75", "nvgpu.device_async_copy": "sm_80",
+#: The oldest chip each operation mg.mma emits compiles for; compiler.nvvm
+#: checks it. (PTX has ldmatrix from sm_75, but only from PTX 6.5, newer than
+#: the PTX 6.3 that mlirgpu targets on sm_75.)
+MIN_CHIP = {"nvvm.mma.sync": "sm_80", "nvgpu.ldmatrix": "sm_80", "nvgpu.device_async_copy": "sm_80",
             "nvvm.cp.async.commit.group": "sm_80", "nvvm.cp.async.wait.group": "sm_80"}
 
 _WARP = 32
