@@ -463,3 +463,30 @@ def test_ampere_gemm_sizes_on_the_cpu(m, k, n):
 def test_ampere_gemm_on_the_gpu(m, k, n, dtype, out_dtype):
     with mg_backend("cuda"):
         gemm_case(m, k, n, dtype, out_dtype, "cuda")
+
+
+# ==========================================================================
+# The benchmark script's parts that need no GPU
+
+def run_benchmark(*args):
+    env = dict(os.environ, MLIRGPU_BACKEND="cpu")
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gemm_tensorcore.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_benchmark_help():
+    done = run_benchmark("--help")
+    assert done.returncode == 0, done.stderr
+    assert "% of cuBLAS" in done.stdout and "--check" in done.stdout
+
+
+def test_benchmark_check_runs_every_kernel_on_the_cpu():
+    done = run_benchmark("--check", "--sizes", "130x72x136", "--dtypes", "bf16")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"\| bf16 \| 130x72x136 \| mma\.sync \(examples/tensorcore/ampere_gemm\.py\) \| [\d.]+ \|",
+                     done.stdout), done.stdout
+
+
+def test_benchmark_without_a_gpu_refuses_to_time():
+    done = run_benchmark("--no-write")
+    assert done.returncode != 0 and "there is none here" in done.stderr
