@@ -17,6 +17,8 @@ import mlirgpu.compiler
 from mlirgpu import layout, thread_idx
 from mlirgpu.language import mma as mma_module
 
+from checks import PYTHON_DIR
+
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 PTXAS = os.path.join(mlirgpu.compiler.CUDA_HOME, "bin", "ptxas")
@@ -490,3 +492,15 @@ def test_benchmark_check_runs_every_kernel_on_the_cpu():
 def test_benchmark_without_a_gpu_refuses_to_time():
     done = run_benchmark("--no-write")
     assert done.returncode != 0 and "there is none here" in done.stderr
+
+
+def test_the_guide_s_first_example_runs(tmp_path):
+    # docs/tensor_cores.md's first code block is a whole program (kernels need a source file).
+    text = (ROOT / "docs" / "tensor_cores.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.DOTALL).group(1)
+    path = tmp_path / "first_product.py"
+    path.write_text(code)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (PYTHON_DIR, os.environ.get("PYTHONPATH")) if p))
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
