@@ -502,3 +502,24 @@ def test_the_guide_s_first_example_runs(tmp_path):
     done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1"
+
+
+@mg.kernel
+def shuffle_beside_mma(D: mg.memref[32, mg.f32]):
+    t = thread_idx.x
+    if t < 16:
+        D[t] = mg.warp.shfl_xor(mg.cast(1.0, mg.f32), 1)
+    else:
+        d = mg.mma.sync(mg.mma.M16N8K8_TF32, [1.0] * 4, [1.0] * 2, mg.mma.zeros(mg.mma.M16N8K8_TF32))
+        D[t] = d[0]
+
+
+def test_mma_sync_beside_a_shuffle_is_warp_divergence_on_the_cpu():
+    with mg_backend("cpu"), pytest.raises(mg.KernelError, match="lane 0 is at another warp operation"):
+        shuffle_beside_mma(np.zeros(32, np.float32), grid=1, block=32)
+    # The runtime is left clean for the next launch.
+    D = np.zeros((16, 8), np.float32)
+    A, Bt, C = mma_operands("tf32")
+    with mg_backend("cpu"):
+        mma_kernel[16, 8, 8, mg.f32, KINDS.index("tf32") + 1](A, Bt, C, D, grid=1, block=32)
+    np.testing.assert_allclose(D, A.astype(np.float64) @ Bt.astype(np.float64).T + C, rtol=1e-5, atol=1e-5)
