@@ -21,7 +21,9 @@
  *
  * The other runtime calls of the host trace: mg_cpu_shared (the block's
  * shared memory), mg_cpu_shuffle (a warp-level barrier that exchanges one
- * value per lane), mg_cpu_printf_arg / mg_cpu_printf (formatted into a buffer
+ * value per lane), mg_cpu_warp_put / mg_cpu_warp_collective / mg_cpu_warp_get
+ * (the tensor-core collectives mma.sync and ldmatrix, at the same warp-level
+ * barrier), mg_cpu_printf_arg / mg_cpu_printf (formatted into a buffer
  * that goes to sys.stdout between blocks), mg_cpu_bounds_index /
  * mg_cpu_out_of_bounds (a failed bounds check: recorded, and the fiber never
  * resumes). */
@@ -46,6 +48,7 @@
 #define MG_CPU_WARP 32
 #define MG_CPU_MAX_ARGS 32      /* printf values, bounds-check indices */
 #define MG_CPU_ALIGN 64         /* of each shared memory region */
+#define MG_CPU_WARP_DATA 16     /* 64-bit words a lane gives a warp collective */
 #define MG_CPU_SLICE_NS 10000000 /* blocks run this long without the GIL before signals are checked */
 #define MG_CPU_IDLE_POOLS 4     /* fiber pools kept for later launches */
 
@@ -63,9 +66,14 @@ typedef struct {
     int32_t mode;     /* shuffle: MG_SHFL_* */
     int32_t offset;   /* shuffle: lane mask, delta or source lane */
     int64_t value;    /* shuffle: its value going in, then the one it reads */
+    int ndata;        /* collective: words given so far */
+    int64_t data[MG_CPU_WARP_DATA]; /* collective: its operands, then its results */
 } mg_fiber;
 
 enum { MG_SHFL_XOR, MG_SHFL_DOWN, MG_SHFL_UP, MG_SHFL_IDX };
+/* Warp collectives (mode >= MG_WARP_MMA_F16): mma.sync m16n8k16 f16/bf16 and
+ * m16n8k8 tf32; ldmatrix is MG_WARP_LDMATRIX | count (1, 2, 4) | 8 if .trans. */
+enum { MG_WARP_MMA_F16 = 16, MG_WARP_MMA_BF16 = 17, MG_WARP_MMA_TF32 = 18, MG_WARP_LDMATRIX = 32 };
 
 /* Fibers and their stacks, one mapping: per fiber a guard page, then its stack. */
 typedef struct fiber_pool {
@@ -76,7 +84,7 @@ typedef struct fiber_pool {
 } fiber_pool;
 
 /* What stopped a block, for the launch to raise once it holds the GIL again. */
-enum { BLOCK_OK, BLOCK_OUT_OF_BOUNDS, BLOCK_BARRIER_DIVERGENCE, BLOCK_WARP_DIVERGENCE };
+enum { BLOCK_OK, BLOCK_OUT_OF_BOUNDS, BLOCK_BARRIER_DIVERGENCE, BLOCK_WARP_DIVERGENCE, BLOCK_COLLECTIVE_DIVERGENCE };
 
 typedef struct {
     int thread;
@@ -88,7 +96,11 @@ typedef struct {
 typedef struct {
     int waiting, other;      /* the waiting thread; the one that returned or waits elsewhere */
     int32_t line, other_line;
+    int why;                 /* a collective's: COLLECTIVE_* of the lane `other` */
 } mg_divergence;
+
+/* Why a lane could not take part in its warp's tensor-core collective. */
+enum { COLLECTIVE_NO_LANE, COLLECTIVE_OTHER_OPERATION, COLLECTIVE_RETURNED };
 
 typedef struct {
     ucontext_t scheduler;
@@ -258,6 +270,165 @@ static void exchange(mg_fiber *fibers, int first, int end)
             f->value = in[source];
         f->state = FIBER_READY;
     }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tensor-core collectives                                                   */
+
+/* The lane's operands go in one 64-bit word at a time, then it waits at the
+ * collective `mode` (a warp-level barrier like a shuffle's), then reads its
+ * results back word by word. */
+void mg_cpu_warp_put(int64_t bits)
+{
+    mg_cpu_launch *l = running;
+    mg_fiber *f = &l->pool->fibers[l->current];
+    if (f->ndata < MG_CPU_WARP_DATA)
+        f->data[f->ndata++] = bits;
+}
+
+void mg_cpu_warp_collective(int32_t mode, int32_t line)
+{
+    mg_cpu_launch *l = running;
+    mg_fiber *f = &l->pool->fibers[l->current];
+    f->state = FIBER_AT_SHUFFLE;
+    f->mode = mode;
+    f->line = line;
+    swapcontext(&f->context, &l->scheduler);
+    f->ndata = 0;
+}
+
+int64_t mg_cpu_warp_get(int32_t k)
+{
+    mg_cpu_launch *l = running;
+    return k >= 0 && k < MG_CPU_WARP_DATA ? l->pool->fibers[l->current].data[k] : 0;
+}
+
+static float half_to_float(uint32_t h)
+{
+    uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, bits;
+    if (exponent == 0x1f) {
+        bits = sign | 0x7f800000u | (mantissa << 13); /* inf, nan */
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else {
+        float value = (float)mantissa * (1.0f / 16777216.0f); /* subnormal: mantissa * 2^-24 */
+        return sign ? -value : value;
+    }
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+static float bits_to_float(uint32_t bits)
+{
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* Element `i` (0 low, 1 high) of a register of the collective's input type. */
+static float element(int mode, uint32_t reg, int i)
+{
+    switch (mode) {
+    case MG_WARP_MMA_F16: return half_to_float(i ? reg >> 16 : reg & 0xffff);
+    case MG_WARP_MMA_BF16: return bits_to_float((i ? reg >> 16 : reg & 0xffff) << 16);
+    default: return bits_to_float(reg & 0xffffe000u); /* tf32: the top 19 bits */
+    }
+}
+
+/* mma.sync over the 32 lanes at `lanes`, with the PTX ISA's fragment layouts
+ * (groupID g = lane / 4, threadID_in_group t = lane % 4):
+ *   m16n8k16: a_i (row g + 8 * (i/2 % 2), col 2t + i%2 + 8 * (i/4)), two per register;
+ *             b_i (k 2t + i%2 + 8 * (i/2), col g), two per register;
+ *   m16n8k8 tf32: a_i (row g + 8 * (i%2), col t + 4 * (i/2)); b_i (k t + 4i, col g);
+ *   c_i and d_i (row g + 8 * (i/2), col 2t + i%2).
+ * Products are summed in double and rounded to f32 once. */
+static void mma(mg_fiber *lanes, int mode)
+{
+    int K = mode == MG_WARP_MMA_TF32 ? 8 : 16;
+    float A[16][16], B[16][8], C[16][8];
+    for (int lane = 0; lane < MG_CPU_WARP; lane++) {
+        const int64_t *d = lanes[lane].data;
+        int g = lane / 4, t = lane % 4;
+        for (int i = 0; i < (K == 16 ? 8 : 4); i++) {
+            uint32_t reg = (uint32_t)d[K == 16 ? i / 2 : i];
+            float value = element(mode, reg, K == 16 ? i % 2 : 0);
+            if (K == 16)
+                A[g + 8 * (i / 2 % 2)][2 * t + i % 2 + 8 * (i / 4)] = value;
+            else
+                A[g + 8 * (i % 2)][t + 4 * (i / 2)] = value;
+        }
+        for (int i = 0; i < (K == 16 ? 4 : 2); i++) {
+            uint32_t reg = (uint32_t)d[4 + (K == 16 ? i / 2 : i)];
+            float value = element(mode, reg, K == 16 ? i % 2 : 0);
+            if (K == 16)
+                B[2 * t + i % 2 + 8 * (i / 2)][g] = value;
+            else
+                B[t + 4 * i][g] = value;
+        }
+        for (int i = 0; i < 4; i++)
+            C[g + 8 * (i / 2)][2 * t + i % 2] = bits_to_float((uint32_t)d[6 + i]);
+    }
+    for (int lane = 0; lane < MG_CPU_WARP; lane++) {
+        int g = lane / 4, t = lane % 4;
+        for (int i = 0; i < 4; i++) {
+            int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+            double sum = C[row][col];
+            for (int k = 0; k < K; k++)
+                sum += (double)A[row][k] * (double)B[k][col];
+            float out = (float)sum;
+            uint32_t bits;
+            memcpy(&bits, &out, sizeof bits);
+            lanes[lane].data[i] = bits;
+        }
+    }
+}
+
+/* ldmatrix .x{count}: lanes 8j .. 8j+7 gave the addresses of matrix j's rows
+ * (8 contiguous 16-bit elements each). Lane l receives, per matrix, row l/4,
+ * columns 2 (l%4) and +1; with .trans, column l/4, rows 2 (l%4) and +1. */
+static void ldmatrix(mg_fiber *lanes, int count, int transpose)
+{
+    uint16_t m[4][8][8];
+    for (int j = 0; j < count; j++)
+        for (int r = 0; r < 8; r++)
+            memcpy(m[j][r], (const void *)(intptr_t)lanes[8 * j + r].data[0], sizeof m[j][r]);
+    for (int lane = 0; lane < MG_CPU_WARP; lane++)
+        for (int j = 0; j < count; j++) {
+            int row = lane / 4, col = 2 * (lane % 4);
+            uint32_t low = transpose ? m[j][col][row] : m[j][row][col];
+            uint32_t high = transpose ? m[j][col + 1][row] : m[j][row][col + 1];
+            lanes[lane].data[j] = low | high << 16;
+        }
+}
+
+/* Completes the collective of the warp starting at thread `first`; where not
+ * all 32 lanes are at the same collective, records why in the launch (for
+ * raise_block_error) and returns BLOCK_COLLECTIVE_DIVERGENCE. */
+static int collective(mg_cpu_launch *l, mg_fiber *fibers, int first, int end)
+{
+    mg_fiber *lanes = &fibers[first];
+    int mode = -1, at = 0;
+    for (int t = first; t < end && mode < 0; t++)
+        if (fibers[t].state == FIBER_AT_SHUFFLE && fibers[t].mode >= MG_WARP_MMA_F16) {
+            mode = fibers[t].mode;
+            at = t;
+        }
+    for (int lane = 0; lane < MG_CPU_WARP; lane++) {
+        if (first + lane >= end || lanes[lane].state != FIBER_AT_SHUFFLE || lanes[lane].mode != mode) {
+            int why = first + lane >= end ? COLLECTIVE_NO_LANE
+                    : lanes[lane].state == FIBER_AT_SHUFFLE ? COLLECTIVE_OTHER_OPERATION : COLLECTIVE_RETURNED;
+            l->divergence = (mg_divergence){at, lane, fibers[at].line, 0, why};
+            return l->failed = BLOCK_COLLECTIVE_DIVERGENCE;
+        }
+    }
+    if (mode >= MG_WARP_LDMATRIX)
+        ldmatrix(lanes, mode & 7, (mode & 8) != 0);
+    else
+        mma(lanes, mode);
+    for (int lane = 0; lane < MG_CPU_WARP; lane++)
+        lanes[lane].state = FIBER_READY;
+    return BLOCK_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -463,6 +634,17 @@ static void raise_block_error(mg_cpu_launch *l, const int64_t *block, const int6
     }
     mg_divergence *v = &l->divergence;
     thread_xyz(v->waiting, bdim, w);
+    if (l->failed == BLOCK_COLLECTIVE_DIVERGENCE) {
+        mg_raise(mg_st->KernelError,
+                 "warp divergence at %s:%d: thread (%lld, %lld, %lld) of block (%lld, %lld, %lld) runs a "
+                 "warp-wide tensor-core operation (mma.sync, ldmatrix) on line %d, which needs all 32 lanes "
+                 "of its warp, but lane %d %s",
+                 source, (int)v->line, w[0], w[1], w[2], (long long)block[0], (long long)block[1],
+                 (long long)block[2], (int)v->line, v->other,
+                 v->why == COLLECTIVE_NO_LANE ? "does not exist (the block is not a whole number of warps)"
+                 : v->why == COLLECTIVE_OTHER_OPERATION ? "is at another warp operation" : "has returned");
+        return;
+    }
     thread_xyz(v->other, bdim, d);
     if (l->failed == BLOCK_WARP_DIVERGENCE)
         mg_raise(mg_st->KernelError,
@@ -497,6 +679,7 @@ static int run_block(mg_cpu_launch *l, int n)
         f->context.uc_link = &l->scheduler;
         makecontext(&f->context, fiber_main, 0);
         f->state = FIBER_READY;
+        f->ndata = 0; /* a fiber abandoned mid-collective may have left words behind */
     }
     for (;;) {
         for (int t = 0; t < n; t++) {
@@ -517,7 +700,15 @@ static int run_block(mg_cpu_launch *l, int n)
                 other += fibers[t].state == FIBER_AT_BARRIER;
             }
             if (shuffling && !other) {
-                exchange(fibers, first, end);
+                /* A lane at a tensor-core collective makes it one (which fails
+                 * unless all 32 lanes are at the same). */
+                int tensor_core = 0;
+                for (int t = first; t < end; t++)
+                    tensor_core |= fibers[t].state == FIBER_AT_SHUFFLE && fibers[t].mode >= MG_WARP_MMA_F16;
+                if (!tensor_core)
+                    exchange(fibers, first, end);
+                else if (collective(l, fibers, first, end) != BLOCK_OK)
+                    return l->failed;
                 progress = 1;
             }
         }
@@ -653,6 +844,9 @@ static const struct {
     {"mg_cpu_barrier", (void *)mg_cpu_barrier},
     {"_mlir_ciface_mg_cpu_shared", (void *)_mlir_ciface_mg_cpu_shared},
     {"mg_cpu_shuffle", (void *)mg_cpu_shuffle},
+    {"mg_cpu_warp_put", (void *)mg_cpu_warp_put},
+    {"mg_cpu_warp_collective", (void *)mg_cpu_warp_collective},
+    {"mg_cpu_warp_get", (void *)mg_cpu_warp_get},
     {"mg_cpu_printf_arg", (void *)mg_cpu_printf_arg},
     {"mg_cpu_printf", (void *)mg_cpu_printf},
     {"mg_cpu_bounds_index", (void *)mg_cpu_bounds_index},

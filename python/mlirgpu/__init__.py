@@ -19,7 +19,7 @@ from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event
                        i16, i32, i64, index, u8, u16, u32, u64)
 from . import cuda, ir
 from .ir import passes
-from .language import (atomic, block_dim, block_idx, cast, constant, generics, grid_dim, math, memref,
+from .language import (atomic, block_dim, block_idx, cast, constant, generics, grid_dim, math, memref, mma,
                        printf, range_, select, shared, static_range, syncthreads, thread_idx, vload, vstore,
                        warp)
 from .frontend import func
@@ -43,7 +43,7 @@ __all__ = [
     "kernel", "Kernel", "Specialization", "generics", "memref", "func", "vectorize", "autotune", "Autotuner",
     # inside kernels
     "thread_idx", "block_idx", "block_dim", "grid_dim", "constant", "cast", "select", "range_",
-    "static_range", "syncthreads", "printf", "vload", "vstore", "math", "atomic", "warp", "shared",
+    "static_range", "syncthreads", "printf", "vload", "vstore", "math", "atomic", "warp", "shared", "mma",
     # arrays, streams, graphs
     "DeviceArray", "to_device", "empty", "zeros", "asarray", "pinned_empty", "pinned_zeros", "Stream",
     "Event", "Graph", "graph",

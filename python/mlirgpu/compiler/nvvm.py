@@ -15,6 +15,7 @@ where), else the PTX, which the driver compiles as it loads it.
 Chip and PTX features are checked here, before LLVM runs: LLVM aborts the
 whole process on a PTX version that does not support the chip.
 """
+import linecache
 import os
 import re
 from functools import cached_property
@@ -22,6 +23,7 @@ from functools import cached_property
 from .. import _mlirgpu, ir
 from . import toolkit
 from .._mlirgpu import CompileError, MLIRError, PassManager, gpu_objects, llvm_bitcode_to_text
+from ..language import mma
 
 __all__ = ["CHIPS", "Compilation", "Target", "compile_cubin", "compile_ptx"]
 
@@ -100,6 +102,27 @@ def _check_module_targets(module):
             Target(chip.group(1) if chip else "sm_50", features.group(1) if features else None)
 
 
+def _chip_number(chip):
+    return int(re.match(r"sm_(\d+)", chip).group(1))
+
+
+def _check_chip_operations(module, chip):
+    """Operations the chip lacks would reach LLVM, which aborts the process
+    on them: a CompileError at the user's line of the first one instead."""
+    number = _chip_number(chip)
+    if number >= max(_chip_number(c) for c in mma.MIN_CHIP.values()):
+        return
+    for op in module.walk():
+        if op.name in mma.MIN_CHIP and number < _chip_number(mma.MIN_CHIP[op.name]):
+            location = op.location
+            where = f"{location.filename}:{location.line}: " if location.filename else ""
+            source = linecache.getline(location.filename, location.line).strip() if location.filename else ""
+            error = CompileError(f"{where}{op.name} (mg.mma) needs {mma.MIN_CHIP[op.name]} or later; this kernel is "
+                                 f"compiled for {chip}" + (f"\n    {source}" if source else ""))
+            error.filename, error.lineno = location.filename, location.line
+            raise error
+
+
 def run_stage(module, stage, pipeline, hint=""):
     """Runs `pipeline` on `module` in place and returns it; a failure is a
     CompileError naming the stage (and `hint`, what usually causes it)."""
@@ -137,6 +160,7 @@ class Compilation:
             raise TypeError(f"expected an mlirgpu.ir.Module, not {type(module).__name__}")
         self.target = Target(chip, features, opt_level)
         _check_module_targets(module)
+        _check_chip_operations(module, self.target.chip)
         self.bare_pointers = bool(bare_pointers)
         self._toolkit = toolkit.PTXAS
         self.ptxas = self._toolkit.ptxas if self._toolkit else None
