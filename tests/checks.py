@@ -41,3 +41,14 @@ def assert_isolated(code, expected_stdout):
                                   f"stderr:\n{proc.stderr[-3000:]}")
     assert expected_stdout in proc.stdout, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
     return proc
+
+
+def ptxas_accepts(ptx, chip, tmp_path):
+    """The CUDA toolkit's ptxas assembles `ptx` for `chip` (its stderr, warnings included)."""
+    ptxas = os.path.join(mlirgpu.compiler.CUDA_HOME, "bin", "ptxas")
+    path = tmp_path / f"kernel_{chip}.ptx"
+    path.write_text(ptx)
+    proc = subprocess.run([ptxas, f"-arch={chip}", str(path), "-o", str(tmp_path / f"kernel_{chip}.cubin")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stderr

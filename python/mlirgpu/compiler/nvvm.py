@@ -19,6 +19,7 @@ from functools import cached_property
 from .. import ir
 from .. import _mlirgpu
 from .._mlirgpu import CompileError, MLIRError, PassManager, gpu_objects, llvm_bitcode_to_text
+from ..frontend.kernel import located_compile_error
 
 __all__ = ["CHIPS", "Compilation", "Target", "compile_cubin", "compile_ptx"]
 
@@ -89,7 +90,13 @@ def run_stage(module, stage, pipeline, hint=""):
     try:
         PassManager(pipeline).run(module)
     except MLIRError as error:
-        raise CompileError(f"{stage} stage failed:\n{error}{hint}") from error
+        located = located_compile_error(error)
+        if getattr(located, "lineno", None) is None:
+            raise CompileError(f"{stage} stage failed:\n{error}{hint}") from error
+        # A diagnostic at a traced operation: its user's file:line and source line.
+        new = CompileError(f"{located.filename}:{located.lineno}: {stage} stage failed:\n{located}{hint}")
+        new.filename, new.lineno, new.diagnostics = located.filename, located.lineno, error.diagnostics
+        raise new from error
     return module
 
 
@@ -114,10 +121,10 @@ class Compilation:
         bare = "true" if self.bare_pointers else "false"
         self._nvvm = run_stage(self._outlined.clone(), "nvvm", ",".join([
             "builtin.module(convert-nvgpu-to-nvvm", "convert-vector-to-scf", "convert-scf-to-cf",
-            "convert-nvvm-to-llvm", "convert-func-to-llvm", "expand-strided-metadata", "lower-affine",
+            "convert-nvvm-to-llvm", "expand-strided-metadata", "lower-affine",
             "convert-arith-to-llvm", "convert-index-to-llvm", "canonicalize", "cse",
             f"gpu.module(convert-gpu-to-nvvm{{use-bare-ptr-memref-call-conv={bare}}}, "
-            "canonicalize, cse, reconcile-unrealized-casts))"]))
+            "canonicalize, cse, reconcile-unrealized-casts)", "convert-func-to-llvm", "reconcile-unrealized-casts)"]))
 
     @cached_property
     def outlined(self):

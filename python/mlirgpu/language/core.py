@@ -26,7 +26,7 @@ from .. import ir
 from .._mlirgpu import CompileError, DType, bf16, bool_, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64
 
 __all__ = ["Scalar", "MemRef", "constant", "cast", "thread_idx", "block_idx", "block_dim", "grid_dim",
-           "range_", "static_range", "select"]
+           "range_", "static_range", "select", "element_pointer", "address_space"]
 
 # The kinds of memory access a Target may check (Target.check_access).
 LOAD, STORE, ATOMIC, VECTOR_LOAD, VECTOR_STORE = range(5)
@@ -599,3 +599,36 @@ def python_range_args(args):
         return args[0], args[1], 1
     return args
 
+
+
+# ---------------------------------------------------------------------------
+# Element pointers: for the operations MLIR's memref dialect has no form of
+# (atomics with an ordering and scope, loads and stores with cache hints)
+
+_ADDRESS_SPACES = {"#gpu.address_space<workgroup>": 3, "#gpu.address_space<global>": 1}
+
+
+def address_space(memref):
+    """The LLVM address space of a memref's memory (3 for shared memory on the GPU, else 0)."""
+    text = str(memref.value.type)
+    return next((space for name, space in _ADDRESS_SPACES.items() if name in text), 0)
+
+
+def element_pointer(memref, indices):
+    """An !llvm.ptr to memref[indices] (`indices` as index Scalars), in the
+    memref's address space: the aligned base pointer plus the element's
+    offset, from the memref's strided metadata."""
+    rank = len(memref.shape)
+    space = address_space(memref)
+    memory_space = str(memref.value.type).rsplit(", ", 1)[-1][:-1] if space else None
+    base_type = ir.Type.parse(f"memref<{ir_type(memref.dtype)}{', ' + memory_space if memory_space else ''}>")
+    metadata = emit("memref.extract_strided_metadata", [memref.value],
+                    [base_type] + [ir.Type.index()] * (1 + 2 * rank))
+    offset = Scalar(metadata.results[1], index)
+    strides = [Scalar(metadata.results[2 + rank + d], index) for d in range(rank)]
+    for i, stride in zip(indices, strides):
+        offset = offset + i * stride
+    base = Scalar(emit("memref.extract_aligned_pointer_as_index", [memref.value], [ir.Type.index()]).result, index)
+    address = cast(base + offset * memref.dtype.itemsize, i64)
+    pointer_type = ir.Type.parse(f"!llvm.ptr<{space}>" if space else "!llvm.ptr")
+    return emit("llvm.inttoptr", [address], [pointer_type]).result
