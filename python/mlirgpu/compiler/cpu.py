@@ -8,7 +8,8 @@ module on first use:
 
     mg_cpu_barrier(line)                         mg.syncthreads()
     mg_cpu_shared(which) -> memref<?xi8>         the block's static (0) or dynamic (1) shared memory
-    mg_cpu_shuffle(mode, bits, offset, line)     mg.warp.shfl_*: a warp-level barrier
+    mg_cpu_shuffle(mode, bits, offset, width, line)
+                                                 mg.warp.shfl_*, ballot, any, all: a warp-level barrier
     mg_cpu_printf_arg(bits), mg_cpu_printf(fmt)  mg.printf
     mg_cpu_bounds_index(i, size), mg_cpu_out_of_bounds(name, kind, line)
                                                  a failed bounds check
@@ -22,7 +23,7 @@ import os
 
 from .. import ir
 from ..language import core as lang
-from ..language.target import Target
+from ..language.target import Target, llvm_atomicrmw
 
 __all__ = ["HostTarget", "INDICES", "PIPELINE", "checks_from_environment"]
 
@@ -46,14 +47,14 @@ _i64 = lambda: ir.Type.integer(64)  # noqa: E731
 _RUNTIME = {
     "mg_cpu_barrier": (lambda: [_i32()], lambda: [], False),
     "mg_cpu_shared": (lambda: [_i32()], lambda: [ir.Type.parse("memref<?xi8>")], True),
-    "mg_cpu_shuffle": (lambda: [_i32(), _i64(), _i32(), _i32()], lambda: [_i64()], False),
+    "mg_cpu_shuffle": (lambda: [_i32(), _i64(), _i32(), _i32(), _i32()], lambda: [_i64()], False),
     "mg_cpu_printf_arg": (lambda: [_i64()], lambda: [], False),
     "mg_cpu_printf": (lambda: [_i32()], lambda: [], False),
     "mg_cpu_bounds_index": (lambda: [_i64(), _i64()], lambda: [], False),
     "mg_cpu_out_of_bounds": (lambda: [_i32(), _i32(), _i32()], lambda: [], False),
 }
 
-_SHUFFLE_MODES = {"xor": 0, "down": 1, "up": 2, "idx": 3}  # cpu.c's MG_SHFL_*
+_SHUFFLE_MODES = {"xor": 0, "down": 1, "up": 2, "idx": 3, "ballot": 4}  # cpu.c's MG_SHFL_*, MG_VOTE_BALLOT
 
 
 def checks_from_environment():
@@ -113,8 +114,41 @@ class HostTarget(Target):
 
     def shuffle(self, mode, value, offset, width):
         # A warp-level barrier in the runtime exchanges the bits.
-        bits = _call("mg_cpu_shuffle", [_i32_constant(_SHUFFLE_MODES[mode]), _to_bits(value), offset, _line()])[0]
+        bits = _call("mg_cpu_shuffle", [_i32_constant(_SHUFFLE_MODES[mode]), _to_bits(value), offset,
+                                        _i32_constant(width), _line()])[0]
         return _from_bits(lang.Scalar(bits, lang.i64), value.dtype)
+
+    def vote(self, kind, pred):
+        # The runtime's ballot; any and all are read from one.
+        if kind == "all":
+            return self.vote("ballot", ~pred) == 0
+        bits = _call("mg_cpu_shuffle", [_i32_constant(_SHUFFLE_MODES["ballot"]), lang.cast(pred, lang.i64),
+                                        _i32_constant(0), _i32_constant(32), _line()])[0]
+        ballot = lang.cast(lang.Scalar(bits, lang.i64), lang.u32)
+        return ballot if kind == "ballot" else ballot != 0
+
+    def warp_reduce(self, op, value):
+        # No single instruction: the library's shuffles.
+        return None
+
+    def global_pointer(self, pointer):
+        # The host has one address space.
+        return pointer, 0
+
+    def sync_scope(self, scope):
+        # One process runs the whole grid: every scope is the system's.
+        return ""
+
+    def atomic_rmw(self, operation, pointer, value, order, scope, space):
+        # The host's atomics honour every ordering (scopes: see sync_scope).
+        return llvm_atomicrmw(operation, pointer, value, order, "")
+
+    def fence(self, scope):
+        # The blocks of a launch run one after another on one thread and a
+        # block's threads are fibers on it, so a fence only has to keep the
+        # compiler from moving memory accesses across it: an LLVM fence does.
+        lang.emit("llvm.fence", attributes={"ordering": ir.Attribute.integer(7, ir.Type.integer(64)),
+                                            "syncscope": ir.Attribute.string("")})
 
     def lane_id(self):
         return _linear_thread() % 32

@@ -609,15 +609,16 @@ _ADDRESS_SPACES = {"#gpu.address_space<workgroup>": 3, "#gpu.address_space<globa
 
 
 def address_space(memref):
-    """The LLVM address space of a memref's memory (3 for shared memory on the GPU, else 0)."""
+    """The LLVM address space of a memref's type (3 for shared memory on the GPU, else 0)."""
     text = str(memref.value.type)
     return next((space for name, space in _ADDRESS_SPACES.items() if name in text), 0)
 
 
 def element_pointer(memref, indices):
-    """An !llvm.ptr to memref[indices] (`indices` as index Scalars), in the
-    memref's address space: the aligned base pointer plus the element's
-    offset, from the memref's strided metadata."""
+    """(pointer, address space): an !llvm.ptr to memref[indices] (`indices` as
+    index Scalars), the aligned base pointer plus the element's offset from
+    the memref's strided metadata. A memref of no memory space is global
+    memory on the GPU: the target says in which address space it points."""
     rank = len(memref.shape)
     space = address_space(memref)
     memory_space = str(memref.value.type).rsplit(", ", 1)[-1][:-1] if space else None
@@ -630,5 +631,7 @@ def element_pointer(memref, indices):
         offset = offset + i * stride
     base = Scalar(emit("memref.extract_aligned_pointer_as_index", [memref.value], [ir.Type.index()]).result, index)
     address = cast(base + offset * memref.dtype.itemsize, i64)
-    pointer_type = ir.Type.parse(f"!llvm.ptr<{space}>" if space else "!llvm.ptr")
-    return emit("llvm.inttoptr", [address], [pointer_type]).result
+    pointer = emit("llvm.inttoptr", [address], [ir.Type.parse(f"!llvm.ptr<{space}>" if space else "!llvm.ptr")])
+    if space:
+        return pointer.result, space
+    return target().global_pointer(pointer.result)

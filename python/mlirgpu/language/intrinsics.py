@@ -1,7 +1,8 @@
-"""Device-side building blocks of kernels: barriers, vector loads and
-stores, printf.
+"""Device-side building blocks of kernels: barriers, fences, vector loads
+and stores, printf.
 
     mg.syncthreads()                     # gpu.barrier
+    mg.threadfence()                     # membar.gl (block, system: membar.cta, membar.sys)
     v = mg.vload(A, (i, j), 4)           # vector.load: vector<4xf32>, v[0] .. v[3]
     mg.vstore(B, (i, j), v * 2.0)        # vector.store
     mg.printf("%d: %f\\n", i, x)          # gpu.printf (vprintf)
@@ -14,7 +15,8 @@ from .. import ir
 from .._mlirgpu import CompileError
 from . import core as lang
 
-__all__ = ["syncthreads", "vload", "vstore", "Vector", "printf"]
+__all__ = ["syncthreads", "threadfence", "threadfence_block", "threadfence_system", "vload", "vstore", "Vector",
+           "printf"]
 
 
 # ---------------------------------------------------------------------------
@@ -25,6 +27,26 @@ def syncthreads():
     and global memory writes visible to each other (gpu.barrier; CUDA's
     __syncthreads). Every thread of the block must reach the same call."""
     lang.target().barrier()
+
+
+# ---------------------------------------------------------------------------
+# Fences (docs/kernels.md, "The memory model")
+
+def threadfence():
+    """Order this thread's memory accesses for every thread of the device:
+    all its writes before the fence are seen by any thread that sees a write
+    after it (CUDA's __threadfence; PTX membar.gl)."""
+    lang.target().fence("gpu")
+
+
+def threadfence_block():
+    """As mg.threadfence, among the threads of the block (__threadfence_block; membar.cta)."""
+    lang.target().fence("cta")
+
+
+def threadfence_system():
+    """As mg.threadfence, also for the host and peer devices (__threadfence_system; membar.sys)."""
+    lang.target().fence("sys")
 
 
 # ---------------------------------------------------------------------------

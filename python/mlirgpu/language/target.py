@@ -11,7 +11,29 @@ the language never needs to know which one it is tracing for.
 from .. import ir
 from . import core as lang
 
-__all__ = ["Target"]
+__all__ = ["Target", "ORDERINGS", "llvm_atomicrmw"]
+
+# C++ memory orders as LLVM's AtomicOrdering (monotonic is C++'s relaxed).
+ORDERINGS = {"relaxed": 2, "acquire": 4, "release": 5, "acq_rel": 6, "seq_cst": 7}
+# LLVM's AtomicBinOp
+_BIN_OPS = {"xchg": 0, "add": 1, "and": 3, "or": 5, "xor": 6, "max": 7, "min": 8, "umax": 9, "umin": 10,
+            "fadd": 11, "fmax": 13, "fmin": 14}
+# PTX's atom: the operation and type of each (LLVM operation, dtype), and register constraints.
+_PTX_ATOM = {"xchg": "exch.b", "add": "add.u", "and": "and.b", "or": "or.b", "xor": "xor.b", "max": "max.s",
+             "min": "min.s", "umax": "max.u", "umin": "min.u", "fadd": "add.f"}
+_PTX_REGISTERS = {"i32": "r", "u32": "r", "i64": "l", "u64": "l", "f32": "f", "f64": "d"}
+_PTX_SPACES = {0: "", 1: ".global", 3: ".shared"}
+_SHUFFLE_KINDS = {"xor": "bfly", "down": "down", "up": "up", "idx": "idx"}
+
+
+def llvm_atomicrmw(operation, pointer, value, order, syncscope):
+    """llvm.atomicrmw `operation` (an AtomicBinOp name) of `value` at `pointer`."""
+    i64 = ir.Type.integer(64)
+    op = lang.emit("llvm.atomicrmw", [pointer, value], [value.value.type], attributes={
+        "bin_op": ir.Attribute.integer(_BIN_OPS[operation], i64),
+        "ordering": ir.Attribute.integer(ORDERINGS[order], i64),
+        "syncscope": ir.Attribute.string(syncscope)})
+    return lang.Scalar(op.result, value.dtype)
 
 
 class Target:
@@ -59,10 +81,88 @@ class Target:
         lang.emit("gpu.printf", operands, attributes={"format": ir.Attribute.string(format)})
 
     def shuffle(self, mode, value, offset, width):
-        """gpu.shuffle `mode` ("xor", "down", "up", "idx") of a 32/64-bit scalar; `offset` and `width` i32."""
-        op = lang.emit("gpu.shuffle", [value, offset, width], [value.value.type, ir.Type.integer(1)],
-                       attributes={"mode": ir.Attribute.parse(f"#gpu<shuffle_mode {mode}>")})
-        return lang.Scalar(op.results[0], value.dtype)
+        """shfl.sync `mode` ("xor", "down", "up", "idx") of a 32/64-bit scalar;
+        `offset` i32, `width` a Python int: the lanes of a segment, written
+        into the clamp operand as CUDA does, ((32 - width) << 8) | (up ? 0 : 31)."""
+        clamp = lang.constant(((32 - width) << 8) | (0 if mode == "up" else 31), lang.i32)
+        kind = ir.Attribute.parse(f"#nvvm<shfl_kind {_SHUFFLE_KINDS[mode]}>")
+        full = lang.constant(-1, lang.i32)
+        if value.dtype.itemsize == 4:
+            t = ir.Type.f32() if value.dtype == lang.f32 else ir.Type.integer(32)
+            op = lang.emit("nvvm.shfl.sync", [full, value, offset, clamp], [t], attributes={"kind": kind})
+            return lang.Scalar(op.result, value.dtype)
+        # 64 bits: each half shuffled on its own.
+        i32, i64 = ir.Type.integer(32), ir.Type.integer(64)
+        bits = lang.emit("arith.bitcast", [value], [i64]).result if value.dtype == lang.f64 else value.value
+        low = lang.emit("arith.trunci", [bits], [i32]).result
+        shift = lang.constant(32, lang.i64)
+        high = lang.emit("arith.trunci", [lang.emit("arith.shrui", [bits, shift], [i64]).result], [i32]).result
+        low, high = (lang.emit("nvvm.shfl.sync", [full, half, offset, clamp], [i32], attributes={"kind": kind}).result
+                     for half in (low, high))
+        low = lang.emit("arith.extui", [low], [i64]).result
+        high = lang.emit("arith.shli", [lang.emit("arith.extui", [high], [i64]).result, shift], [i64]).result
+        bits = lang.emit("arith.ori", [low, high], [i64]).result
+        if value.dtype == lang.f64:
+            bits = lang.emit("arith.bitcast", [bits], [ir.Type.f64()]).result
+        return lang.Scalar(bits, value.dtype)
+
+    def vote(self, kind, pred):
+        """vote.sync `kind` ("ballot", "any", "all") over the full warp: a u32 of
+        the lanes' predicates for a ballot, else a bool."""
+        result = ir.Type.integer(32) if kind == "ballot" else ir.Type.integer(1)
+        op = lang.emit("nvvm.vote.sync", [lang.constant(-1, lang.i32), pred], [result],
+                       attributes={"kind": ir.Attribute.parse(f"#nvvm<vote_sync_kind {kind}>")})
+        return lang.Scalar(op.result, lang.u32 if kind == "ballot" else lang.bool_)
+
+    def warp_reduce(self, op, value):
+        """The warp's reduction as one instruction, where there is one: PTX
+        redux.sync on 32-bit integers (sm_80 and newer); None for the library's
+        butterfly of shuffles."""
+        if value.dtype not in (lang.i32, lang.u32):
+            return None
+        kind = {"max": "umax", "min": "umin"}.get(op, op) if value.dtype == lang.u32 else op
+        result = lang.emit("nvvm.redux.sync", [value, lang.constant(-1, lang.i32)], [ir.Type.integer(32)],
+                           attributes={"kind": ir.Attribute.parse(f"#nvvm<redux_kind {kind}>")})
+        return lang.Scalar(result.result, value.dtype)
+
+    def global_pointer(self, pointer):
+        """(pointer, address space) of a generic pointer into global memory: the
+        global window (PTX cvta.to.global), so that loads, stores and atomics
+        through it are ld.global, st.global and atom.global."""
+        cast = lang.emit("llvm.addrspacecast", [pointer], [ir.Type.parse("!llvm.ptr<1>")])
+        return cast.result, 1
+
+    def sync_scope(self, scope):
+        """The LLVM sync scope of an atomic's `scope` ("cta", "gpu", "sys"): the
+        NVPTX back end's names, written as PTX's .cta, .gpu and .sys."""
+        return {"cta": "block", "gpu": "device", "sys": ""}[scope]
+
+    def atomic_rmw(self, operation, pointer, value, order, scope, space):
+        """The atomic read-modify-write `operation` (an LLVM AtomicBinOp name)
+        of `value` at `pointer` (in LLVM address space `space`); its old value.
+
+        LLVM 22's NVPTX back end writes every atomicrmw as a relaxed `atom`,
+        whatever its ordering and scope, so an ordered or narrower one is
+        PTX's `atom.<order>.<scope>` itself; float max/min (no PTX atom) and
+        8/16-bit integers become a compare-and-swap loop, which LLVM orders."""
+        dtype = value.dtype
+        registers = _PTX_REGISTERS.get(dtype.name)
+        if (order, scope) == ("relaxed", "gpu") or registers is None or operation in ("fmax", "fmin"):
+            return llvm_atomicrmw(operation, pointer, value, order, self.sync_scope(scope))
+        bits = dtype.itemsize * 8
+        instruction = "add.s32" if operation == "add" and dtype == lang.i32 else _PTX_ATOM[operation] + str(bits)
+        asm = f"atom.{order}.{scope}{_PTX_SPACES[space]}.{instruction} $0, [$1], $2;"
+        op = lang.emit("llvm.inline_asm", [pointer, value], [value.value.type], attributes={
+            "asm_string": ir.Attribute.string(asm),
+            "constraints": ir.Attribute.string(f"={registers},l,{registers},~{{memory}}"),
+            "has_side_effects": ir.Attribute.unit()})
+        return lang.Scalar(op.result, dtype)
+
+    def fence(self, scope):
+        """A sequentially consistent fence among the threads of `scope` (CUDA's
+        __threadfence_block, __threadfence, __threadfence_system): PTX membar.cta,
+        membar.gl and membar.sys, as nvcc writes them."""
+        lang.emit("nvvm.memory.barrier", attributes={"scope": ir.Attribute.parse(f"#nvvm.mem_scope<{scope}>")})
 
     def lane_id(self):
         return lang.Scalar(lang.emit("gpu.lane_id", results=[ir.Type.index()]).result, lang.index)
