@@ -150,6 +150,10 @@ class HostTarget(Target):
         lang.emit("llvm.fence", attributes={"ordering": ir.Attribute.integer(7, ir.Type.integer(64)),
                                             "syncscope": ir.Attribute.string("")})
 
+    def reciprocal_approx(self, x):
+        # The host has no approximate reciprocal: the division, correctly rounded.
+        return 1.0 / x
+
     def lane_id(self):
         return _linear_thread() % 32
 

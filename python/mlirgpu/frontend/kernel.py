@@ -19,9 +19,12 @@ from .trace import tracing
 __all__ = ["trace_kernel"]
 
 
-def trace_kernel(function, rewritten, name, params, generic_values, *, target=None, attributes=None):
+def trace_kernel(function, rewritten, name, params, generic_values, *, target=None, attributes=None,
+                 fastmath=False):
     """The module holding `function` traced as kernel `name` for `target`
-    (default: the GPU), verified; CompileError at the user's line otherwise."""
+    (default: the GPU), verified; CompileError at the user's line otherwise.
+    `fastmath`: its float operations (and its device functions') carry
+    MLIR's `fast` flags."""
     target = target or Target()
     location = ir.Location.file(rewritten[3], function.__code__.co_firstlineno, 0)
     with ir.Context.current():
@@ -31,7 +34,8 @@ def trace_kernel(function, rewritten, name, params, generic_values, *, target=No
         body = target.kernel_function(module, name, types, location, attributes or {})
         arguments = [lang.MemRef(a, dtype, shape, p) if shape is not None else lang.Scalar(a, dtype)
                      for a, (p, shape, dtype) in zip(body.arguments, params)]
-        with tracing(function, rewritten, generic_values, target=target) as trace, ir.InsertionPoint(body):
+        with tracing(function, rewritten, generic_values, target=target,
+                     module_state={"fastmath": fastmath}) as trace, ir.InsertionPoint(body):
             target.bind_extra_arguments(trace, body.arguments[len(types):])
             trace.instance(*arguments)
             lang.emit(target.return_op)

@@ -259,7 +259,7 @@ class Scalar:
 
     def __neg__(self):
         if is_float(self.dtype):
-            return Scalar(emit("arith.negf", [self], [self.value.type]).result, self.dtype)
+            return Scalar(emit("arith.negf", [self], [self.value.type], arith_attributes("negf")).result, self.dtype)
         return _arith(0, self, "subf", "subi", "-")
 
     def __pos__(self):
@@ -363,8 +363,16 @@ def unify(a, b, op):
 _CONTRACTED = ("addf", "subf", "mulf")
 
 
+def fastmath():
+    """Whether the kernel being traced has @mg.kernel(fastmath=True)."""
+    return bool(module_state().get("fastmath"))
+
+
 def arith_attributes(name):
-    """The attributes of arith.<name>: fastmath<contract> for float + - *."""
+    """The attributes of arith.<name>: fastmath<contract> for float + - *, and
+    fastmath<fast> for every float operation under @mg.kernel(fastmath=True)."""
+    if fastmath() and name in _CONTRACTED + ("divf", "negf"):
+        return {"fastmath": ir.Attribute.parse("#arith.fastmath<fast>")}
     return {"fastmath": ir.Attribute.parse("#arith.fastmath<contract>")} if name in _CONTRACTED else None
 
 
@@ -380,7 +388,7 @@ def _div(a, b):
     a, b = unify(a, b, "/")
     if not is_float(a.dtype):
         raise CompileError(f"/ on {a.dtype.name} values: use // for integer division, or mg.cast to a float type")
-    return Scalar(emit("arith.divf", [a, b], [a.value.type]).result, a.dtype)
+    return Scalar(emit("arith.divf", [a, b], [a.value.type], arith_attributes("divf")).result, a.dtype)
 
 
 def _intdiv(a, b, kind, op):

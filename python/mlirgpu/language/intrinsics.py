@@ -137,7 +137,8 @@ class Vector:
 
     def __neg__(self):
         if lang.is_float(self.dtype):
-            return Vector(lang.emit("arith.negf", [self.value], [self.value.type]).result, self.dtype, self.length)
+            return Vector(lang.emit("arith.negf", [self.value], [self.value.type],
+                                    lang.arith_attributes("negf")).result, self.dtype, self.length)
         return self._arith(0, None, "subi", "-", True)
 
 

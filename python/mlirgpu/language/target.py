@@ -164,6 +164,10 @@ class Target:
         membar.gl and membar.sys, as nvcc writes them."""
         lang.emit("nvvm.memory.barrier", attributes={"scope": ir.Attribute.parse(f"#nvvm.mem_scope<{scope}>")})
 
+    def reciprocal_approx(self, x):
+        """1 / x of an f32, approximate: PTX rcp.approx.ftz.f32."""
+        return lang.Scalar(lang.emit("nvvm.rcp.approx.ftz.f", [x], [x.value.type]).result, x.dtype)
+
     def lane_id(self):
         return lang.Scalar(lang.emit("gpu.lane_id", results=[ir.Type.index()]).result, lang.index)
 

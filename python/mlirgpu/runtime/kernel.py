@@ -62,7 +62,7 @@ class Kernel(_mlirgpu.Dispatcher):
     (host arrays never take the C fast path): every call comes to `_miss`,
     which runs it through mlirgpu.cpu."""
 
-    def __new__(cls, function, generics=None, max_threads=None, min_blocks=None):
+    def __new__(cls, function, generics=None, max_threads=None, min_blocks=None, fastmath=False):
         # The dispatcher's miss handler refers back to the kernel through a
         # cell: a reference cycle, which the GC collects.
         cell = []
@@ -72,7 +72,7 @@ class Kernel(_mlirgpu.Dispatcher):
         _backend_kernels.add(self)
         return self
 
-    def __init__(self, function, generics=None, max_threads=None, min_blocks=None):
+    def __init__(self, function, generics=None, max_threads=None, min_blocks=None, fastmath=False):
         if not inspect.isfunction(function):
             raise TypeError(f"@mg.kernel decorates a function, not {type(function).__name__}")
         for name, value in (("max_threads", max_threads), ("min_blocks", min_blocks)):
@@ -82,7 +82,9 @@ class Kernel(_mlirgpu.Dispatcher):
             raise ValueError(f"@mg.kernel(max_threads={max_threads}): a block holds at most 1024 threads")
         if min_blocks is not None and max_threads is None:
             raise ValueError("@mg.kernel(min_blocks=...) needs max_threads=... too, as __launch_bounds__ does")
-        self.max_threads, self.min_blocks = max_threads, min_blocks
+        if not isinstance(fastmath, bool):
+            raise ValueError(f"@mg.kernel(fastmath=...) takes True or False, not {fastmath!r}")
+        self.max_threads, self.min_blocks, self.fastmath = max_threads, min_blocks, fastmath
         self.function = function
         self.__name__ = function.__name__
         self.__qualname__ = function.__qualname__
@@ -299,16 +301,22 @@ def _check_scalar(p, arg, bound, bind_one):
             raise LaunchError(f"parameter {p.name!r} is {want.name}: {int(arg)} is out of its range {lo}..{hi}")
 
 
-def kernel(function=None, *, generics=None, max_threads=None, min_blocks=None):
-    """`@mg.kernel` or `@mg.kernel(generics=(M, K, N, dtype), max_threads=256, min_blocks=2)`.
+def kernel(function=None, *, generics=None, max_threads=None, min_blocks=None, fastmath=False):
+    """`@mg.kernel` or `@mg.kernel(generics=(M, K, N, dtype), max_threads=256, min_blocks=2, fastmath=True)`.
 
     `max_threads` and `min_blocks` are CUDA's `__launch_bounds__`: the most
     threads a launch's block may have (PTX `.maxntid`; a larger block is a
     LaunchError) and the blocks that should fit on one multiprocessor at once
-    (`.minnctapersm`), which caps the registers ptxas may give a thread."""
+    (`.minnctapersm`), which caps the registers ptxas may give a thread.
+
+    `fastmath=True` gives the kernel's float arithmetic and mg.math calls
+    MLIR's `fast` flags (nvcc's --use_fast_math): `exp`, `log`, `sin`, `cos`,
+    `pow` and friends become the approximate hardware instructions
+    (ex2.approx, lg2.approx, sin.approx, ...) and `/` an approximate division;
+    on the CPU backend the same flags let LLVM reassociate."""
     if function is None:
-        return lambda f: Kernel(f, generics, max_threads, min_blocks)
-    return Kernel(function, generics, max_threads, min_blocks)
+        return lambda f: Kernel(f, generics, max_threads, min_blocks, fastmath)
+    return Kernel(function, generics, max_threads, min_blocks, fastmath)
 
 
 class Specialization(CompiledModule):
@@ -358,7 +366,7 @@ class Specialization(CompiledModule):
         kernel = self.kernel
         return trace_kernel(kernel.function, kernel.rewritten(), self.name,
                             [(p.name, shape, dtype) for p, shape, dtype in self._param_types()], self.values,
-                            target=target, attributes=self._launch_bounds())
+                            target=target, attributes=self._launch_bounds(), fastmath=kernel.fastmath)
 
     def ir(self):
         """The gpu-dialect module, with the user's file:line locations."""
@@ -376,7 +384,8 @@ class Specialization(CompiledModule):
     def cache_fields(self):
         kernel = self.kernel
         return (",".join(f"{k}={show(v)}" for k, v in self.values.items()),
-                f"opt_level=3,bare_pointers=1,max_threads={kernel.max_threads},min_blocks={kernel.min_blocks}")
+                f"opt_level=3,bare_pointers=1,max_threads={kernel.max_threads},min_blocks={kernel.min_blocks},"
+                f"fastmath={int(kernel.fastmath)}")
 
     def function_params(self):
         return ["ptr" if shape is not None else dtype for _, shape, dtype in self._param_types()]
