@@ -449,6 +449,12 @@ def _value(value, carried_type):
     return lang.Scalar(value, carried_type)
 
 
+def _advice(carried_type, value):
+    if isinstance(carried_type, VectorType) or isinstance(value, Vector):
+        return "a variable keeps its kind (vector or scalar) and type through a loop"
+    return "mg.cast one of them"
+
+
 def _coerce(value, carried_type, what):
     """`value` as the carried type: lang.coerce's rules for scalars; a vector must be one of that type."""
     if isinstance(carried_type, VectorType):
@@ -645,7 +651,7 @@ def _for_range(iterable, body, names, initial, lineno):
     for i in carried:
         if _traced(new[i]) and _type_of(new[i]) != dtypes[i]:
             raise CompileError(f"loop-carried variable {names[i]!r} is {dtypes[i].name} before the loop and "
-                               f"{_type_of(new[i]).name} at the end of its body: mg.cast one of them")
+                               f"{_type_of(new[i]).name} at the end of its body: {_advice(dtypes[i], new[i])}")
     _yield(block, [new[i] for i in carried], [dtypes[i] for i in carried],
            [f"loop-carried {names[i]!r}" for i in carried])
     results = dict(zip(carried, _result_values(op, [dtypes[i] for i in carried])))
@@ -806,7 +812,7 @@ def _traced_while(cond_fn, body_fn, names, initial, lineno):
     for i in carried:
         if _traced(new[i]) and _type_of(new[i]) != dtypes[i]:
             raise CompileError(f"loop-carried variable {names[i]!r} is {dtypes[i].name} before the loop and "
-                               f"{_type_of(new[i]).name} at the end of its body: mg.cast one of them")
+                               f"{_type_of(new[i]).name} at the end of its body: {_advice(dtypes[i], new[i])}")
     _yield(after, [new[i] for i in carried], [dtypes[i] for i in carried],
            [f"loop-carried {names[i]!r}" for i in carried])
     results = dict(zip(carried, _result_values(op, [dtypes[i] for i in carried])))
