@@ -81,6 +81,13 @@ class HostTarget(Target):
                 "llvm.emit_c_interface": ir.Attribute.unit()})
         return func.regions[0].append_block(inputs, [location] * len(inputs))
 
+    def memref_parameter_types(self, shape, dtype):
+        # A memref descriptor carries its sizes: dynamic extents are `?`.
+        return [ir.Type.memref([ir.DYNAMIC if d is None else d for d in shape], lang.ir_type(dtype))]
+
+    def memref_parameter(self, arguments, shape, dtype, name):
+        return lang.MemRef(next(arguments), dtype, shape, name)
+
     def extra_argument_types(self):
         return [ir.Type.index()] * len(INDICES)
 
@@ -192,8 +199,8 @@ class HostTarget(Target):
         ult, ule = ir.Attribute.integer(6, ir.Type.integer(64)), ir.Attribute.integer(7, ir.Type.integer(64))
         sizes, ok = [], None
         for d, i in enumerate(indices):
-            if memref.shape[d] is not None:
-                size = lang.constant(memref.shape[d], lang.index)
+            if memref.extents[d] is not None:
+                size = lang.constant(memref.extents[d], lang.index)
             else:
                 size = lang.Scalar(lang.emit("memref.dim", [memref.value, lang.constant(d, lang.index)],
                                              [index_type]).result, lang.index)

@@ -29,14 +29,16 @@ def trace_kernel(function, rewritten, name, params, generic_values, *, target=No
     location = ir.Location.file(rewritten[3], function.__code__.co_firstlineno, 0)
     with ir.Context.current():
         module = ir.Module.create(location=location)
-        types = [ir.Type.memref(shape, lang.ir_type(dtype)) if shape is not None else lang.ir_type(dtype)
-                 for _, shape, dtype in params]
+        types = []
+        for _, shape, dtype in params:
+            types += target.memref_parameter_types(list(shape), dtype) if shape is not None else [lang.ir_type(dtype)]
         body = target.kernel_function(module, name, types, location, attributes or {})
-        arguments = [lang.MemRef(a, dtype, shape, p) if shape is not None else lang.Scalar(a, dtype)
-                     for a, (p, shape, dtype) in zip(body.arguments, params)]
         with tracing(function, rewritten, generic_values, target=target,
                      module_state={"fastmath": fastmath}) as trace, ir.InsertionPoint(body):
             target.bind_extra_arguments(trace, body.arguments[len(types):])
+            given = iter(body.arguments)
+            arguments = [target.memref_parameter(given, list(shape), dtype, p) if shape is not None
+                         else lang.Scalar(next(given), dtype) for p, shape, dtype in params]
             trace.instance(*arguments)
             lang.emit(target.return_op)
         target.finish(module, trace.module_state)

@@ -515,21 +515,33 @@ def coerce(value, dtype, what):
 
 class MemRef:
     """A traced array parameter (or shared-memory array): `A[i, j]` loads,
-    `A[i, j] = v` stores. `name` (the parameter's) is for the CPU backend's
-    bounds-check errors."""
+    `A[i, j] = v` stores, `A.shape` its sizes. `extents` holds the static
+    sizes, None for a dynamic one. `name` (the parameter's) is for the CPU
+    backend's bounds-check errors."""
 
-    __slots__ = ("value", "dtype", "shape", "name")
+    __slots__ = ("value", "dtype", "extents", "name")
 
     def __init__(self, value, dtype, shape, name=None):
-        self.value, self.dtype, self.shape, self.name = value, dtype, tuple(shape), name
+        self.value, self.dtype, self.extents, self.name = value, dtype, tuple(shape), name
 
     def __repr__(self):
-        return f"<traced memref {'x'.join(map(str, self.shape))}x{self.dtype.name}>"
+        return f"<traced memref {'x'.join('?' if d is None else str(d) for d in self.extents)}x{self.dtype.name}>"
+
+    @property
+    def shape(self):
+        """The sizes: a Python int where static, a traced index (memref.dim) where dynamic."""
+        return tuple(d if d is not None else
+                     Scalar(emit("memref.dim", [self.value, constant(k, index)], [ir.Type.index()]).result, index)
+                     for k, d in enumerate(self.extents))
+
+    @property
+    def ndim(self):
+        return len(self.extents)
 
     def _indices(self, key):
         key = key if isinstance(key, tuple) else (key,)
-        if len(key) != len(self.shape):
-            raise CompileError(f"a {len(self.shape)}-d memref takes {len(self.shape)} indices, got {len(key)}")
+        if len(key) != len(self.extents):
+            raise CompileError(f"a {len(self.extents)}-d memref takes {len(self.extents)} indices, got {len(key)}")
         if any(isinstance(k, slice) for k in key):
             raise CompileError("slices of a memref are only supported for 1-d shared memory (s[a:b])")
         return [as_index(k) for k in key]
@@ -546,7 +558,9 @@ class MemRef:
         emit("memref.store", [value, self.value, *indices])
 
     def __len__(self):
-        return self.shape[0]
+        if self.extents[0] is None:
+            raise CompileError("len() of a memref whose first size is dynamic: use A.shape[0], a traced value")
+        return self.extents[0]
 
     def __bool__(self):
         raise CompileError("a memref has no Python truth value")
@@ -627,7 +641,7 @@ def element_pointer(memref, indices):
     index Scalars), the aligned base pointer plus the element's offset from
     the memref's strided metadata. A memref of no memory space is global
     memory on the GPU: the target says in which address space it points."""
-    rank = len(memref.shape)
+    rank = len(memref.extents)
     space = address_space(memref)
     memory_space = str(memref.value.type).rsplit(", ", 1)[-1][:-1] if space else None
     base_type = ir.Type.parse(f"memref<{ir_type(memref.dtype)}{', ' + memory_space if memory_space else ''}>")

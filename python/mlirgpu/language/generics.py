@@ -46,8 +46,10 @@ def is_symbol(x):
 
 
 class MemRefType:
-    """The annotation `mg.memref[d0, d1, ..., dtype]`: each size an int or a
-    generic, the element type a dtype or a generic."""
+    """The annotation `mg.memref[d0, d1, ..., dtype]`: each size an int, a
+    generic or None (a dynamic extent: any size, read in the kernel as
+    `A.shape[d]`, and no new compile for a new size), the element type a
+    dtype or a generic."""
 
     def __init__(self, params):
         params = params if isinstance(params, tuple) else (params,)
@@ -55,8 +57,10 @@ class MemRefType:
             raise CompileError("mg.memref[...] takes the sizes and then the element type, e.g. mg.memref[M, K, mg.f32]")
         *shape, dtype = params
         for size in shape:
-            if not (is_symbol(size) or (isinstance(size, int) and not isinstance(size, bool) and size > 0)):
-                raise CompileError(f"memref sizes are positive ints or generics, not {size!r}")
+            if not (size is None or is_symbol(size) or (isinstance(size, int) and not isinstance(size, bool)
+                                                        and size > 0)):
+                raise CompileError(f"memref sizes are positive ints, generics or None (known at launch), "
+                                   f"not {size!r}")
         if not (is_symbol(dtype) or isinstance(dtype, DType)):
             raise CompileError(f"the last entry of mg.memref[...] is the element type (a dtype or a generic), "
                                f"not {dtype!r}")
@@ -67,6 +71,8 @@ class MemRefType:
 
 
 def _name(x):
+    if x is None:
+        return "None"
     return x.__name__ if isinstance(x, typing.TypeVar) else x.name if isinstance(x, (Generic, DType)) else repr(x)
 
 

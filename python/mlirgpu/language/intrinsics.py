@@ -160,9 +160,9 @@ def _vector_access(what, memref, index, length):
                            f"is at most {_VECTOR_BYTES} bytes")
     key = index if isinstance(index, tuple) else (index,)
     indices = memref._indices(key)
-    inner = memref.shape[-1]
+    inner = memref.extents[-1]
     last = key[-1]
-    if inner is not None and len(memref.shape) > 1 and inner % length:
+    if inner is not None and len(memref.extents) > 1 and inner % length:
         raise CompileError(f"{what} of {length} needs rows whose length is a multiple of {length} "
                            f"(aligned to {nbytes} bytes); this memref's rows hold {inner}")
     if isinstance(last, (int, np.integer)) and not isinstance(last, bool):

@@ -57,6 +57,41 @@ class Target:
                 "gpu.kernel": ir.Attribute.unit(), **attributes})
         return func.regions[0].append_block(types, [location] * len(types))
 
+    def memref_parameter_types(self, shape, dtype):
+        """The function's argument types for a memref parameter of `shape`
+        (None for a dynamic extent). Static: the memref, passed as a bare
+        pointer. Dynamic: a rank-0 memref (the bare pointer) and one index
+        per dynamic extent, the launch passing each after the pointer."""
+        element = lang.ir_type(dtype)
+        if None not in shape:
+            return [ir.Type.memref(shape, element)]
+        return [ir.Type.memref([], element)] + [ir.Type.index()] * shape.count(None)
+
+    def memref_parameter(self, arguments, shape, dtype, name):
+        """The MemRef of a parameter, from the iterator of its block arguments
+        (those memref_parameter_types gave): on the GPU, a dynamic one is its
+        pointer viewed with its sizes (memref.reinterpret_cast, row-major)."""
+        pointer = next(arguments)
+        if None not in shape:
+            return lang.MemRef(pointer, dtype, shape, name)
+        sizes = [lang.Scalar(next(arguments), lang.index) if d is None else d for d in shape]
+        strides = [1]  # row-major: each stride the product of the sizes after it
+        for size in reversed(sizes[1:]):
+            strides.insert(0, size if strides[0] == 1 else strides[0] * size)
+        result = ir.Type.memref([ir.DYNAMIC if d is None else d for d in shape], lang.ir_type(dtype))
+        view = lang.emit("memref.reinterpret_cast", [pointer, *[v for v in sizes if isinstance(v, lang.Scalar)],
+                                                     *[v for v in strides if isinstance(v, lang.Scalar)]],
+                         [result], attributes={
+                             "operandSegmentSizes": ir.Attribute.dense_i32_array(
+                                 [1, 0, sum(isinstance(v, lang.Scalar) for v in sizes),
+                                  sum(isinstance(v, lang.Scalar) for v in strides)]),
+                             "static_offsets": ir.Attribute.dense_i64_array([0]),
+                             "static_sizes": ir.Attribute.dense_i64_array(
+                                 [ir.DYNAMIC if isinstance(v, lang.Scalar) else v for v in sizes]),
+                             "static_strides": ir.Attribute.dense_i64_array(
+                                 [ir.DYNAMIC if isinstance(v, lang.Scalar) else v for v in strides])})
+        return lang.MemRef(view.result, dtype, shape, name)
+
     def extra_argument_types(self):
         """Types of the arguments every traced function takes after its own (none on the GPU)."""
         return []

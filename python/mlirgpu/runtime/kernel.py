@@ -112,6 +112,8 @@ class Kernel(_mlirgpu.Dispatcher):
         self.generics = [symbol_name(s) for s in declared]
         self._rewritten = None
         self._specializations = {}
+        # The C dispatcher's signatures leave out the dynamic extents: a new size is no miss.
+        self.set_dynamic(self.dynamic_extents())
 
     def __repr__(self):
         return f"<mlirgpu kernel {self.__qualname__}[{', '.join(self.generics)}]>"
@@ -126,6 +128,11 @@ class Kernel(_mlirgpu.Dispatcher):
         for name, value in zip(self.generics, values):
             bound[name] = check_generic_value(name, value, self.dtype_generics())
         return self.specialize(bound)
+
+    def dynamic_extents(self):
+        """Per parameter, the dimensions annotated None (sizes known only at launch)."""
+        return [[d for d, size in enumerate(p.memref.shape) if size is None] if p.memref else []
+                for p in self.parameters]
 
     def argument_generics(self):
         """The generics the parameters' annotations name: those a launch binds from its arguments."""
@@ -187,6 +194,8 @@ class Kernel(_mlirgpu.Dispatcher):
                     raise LaunchError(f"parameter {p.name!r} is a {len(m.shape)}-d memref, got a "
                                       f"{len(shape)}-d array")
                 for axis, (want, got) in enumerate(zip(m.shape, shape)):
+                    if want is None:
+                        continue  # a dynamic extent: any size
                     if is_symbol(want):
                         bind_one(want, got, f"{p.name}.shape[{axis}]")
                     elif want != got:
@@ -319,14 +328,30 @@ def kernel(function=None, *, generics=None, max_threads=None, min_blocks=None, f
     return Kernel(function, generics, max_threads, min_blocks, fastmath)
 
 
-class Specialization(CompiledModule):
+class Specialization(CompiledModule, _mlirgpu.Dispatcher):
     """A kernel with every generic given a value: its IR, PTX, cubin, and
-    launches with arguments that must match it."""
+    launches with arguments that must match it.
+
+    Calling it launches through a C dispatcher of its own, as calling the
+    kernel does: the first call with a signature checks the arguments
+    against the specialization (`_miss`) and registers them; later calls
+    with that signature launch from C. Dynamic extents are no part of the
+    signature, as for the kernel."""
+
+    def __new__(cls, kernel, values):
+        # The miss handler refers back through a cell: a cycle the GC collects (as Kernel's).
+        cell = []
+        self = _mlirgpu.Dispatcher.__new__(cls, lambda args, kwargs: cell[0]._miss(args, kwargs),
+                                           kernel.function.__name__)
+        cell.append(self)
+        _backend_kernels.add(self)
+        return self
 
     def __init__(self, kernel, values):
         super().__init__()
         self.kernel, self.values = kernel, values
         self._module = None
+        self.set_dynamic(kernel.dynamic_extents())
 
     def __repr__(self):
         return f"<{self.kernel.__qualname__}[{', '.join(f'{k}={show(v)}' for k, v in self.values.items())}]>"
@@ -352,7 +377,7 @@ class Specialization(CompiledModule):
         result = []
         for p in self.kernel.parameters:
             if p.memref is not None:
-                shape = [self.values[symbol_name(s)] if is_symbol(s) else s for s in p.memref.shape]
+                shape = [self.values[symbol_name(s)] if is_symbol(s) else s for s in p.memref.shape]  # None: dynamic
                 dtype = self.values[symbol_name(p.memref.dtype)] if is_symbol(p.memref.dtype) else p.memref.dtype
                 result.append((p, shape, dtype))
             else:
@@ -388,16 +413,30 @@ class Specialization(CompiledModule):
                 f"fastmath={int(kernel.fastmath)}")
 
     def function_params(self):
-        return ["ptr" if shape is not None else dtype for _, shape, dtype in self._param_types()]
+        # An array with dynamic extents: its pointer, then those extents (the launch reads them off the array).
+        return [dtype if shape is None else
+                ("ptr", tuple(d for d, size in enumerate(shape) if size is None)) if None in shape else "ptr"
+                for _, shape, dtype in self._param_types()]
 
-    def __call__(self, *args, grid, block, shared_mem=0, stream=None):
+    def _miss(self, args, kwargs):
+        """A call whose signature the dispatcher has not seen: check the
+        arguments against the specialization, register them (on the GPU,
+        device arrays only) and launch."""
         # Generics the arguments do not determine (tile sizes) take the specialization's values.
         bound = self.kernel.bind(args, unbound=self.values)
         diff = [f"{k}={show(v)} (specialized for {show(self.values[k])})" for k, v in bound.items()
                 if v != self.values[k]]
         if diff:
             raise LaunchError(f"the arguments do not match {self!r}: {', '.join(diff)}")
-        self.launch(args, grid, block, shared_mem, stream)
+        unknown = set(kwargs) - {"grid", "block", "shared_mem", "stream"}
+        if unknown:
+            raise TypeError(f"{self!r}: unknown launch keyword {sorted(unknown)[0]!r}")
+        if not on_cpu() and not any(isinstance(a, np.ndarray) for a in args):
+            try:
+                self.register(args, self.function())
+            except ValueError:
+                pass  # arguments the dispatcher cannot classify: this path serves them each time
+        self.launch(args, **kwargs)
 
     def launch(self, args, grid=None, block=None, shared_mem=0, stream=None):
         """Launches with arguments already checked against this specialization."""
