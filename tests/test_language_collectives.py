@@ -157,6 +157,9 @@ def test_redux_sync_where_the_type_allows(tmp_path):
     wide = warp_reductions[64, mg.i64].ptx(chip="sm_90a")
     assert "redux" not in wide and wide.count("shfl.sync.bfly.b32") >= 5
     assert "redux" not in warp_float_reductions[64, mg.f32].ptx(chip="sm_90a")
+    with pytest.raises(mg.CompileError, match=r"mg\.warp\.reduce of 32-bit integers \(redux\.sync\) needs sm_80 "
+                                              r"or newer, not sm_75"):
+        warp_reductions[64, mg.i32].ptx(chip="sm_75")
 
 
 @mg.kernel

@@ -23,6 +23,7 @@ import os
 
 from .. import ir
 from ..language import core as lang
+from ..language.intrinsics import Vector
 from ..language.target import Target, llvm_atomicrmw
 
 __all__ = ["HostTarget", "INDICES", "PIPELINE", "checks_from_environment"]
@@ -72,7 +73,9 @@ class HostTarget(Target):
         self.checks = frozenset(checks)
 
     # -- functions and their index arguments ------------------------------
-    def kernel_function(self, module, name, types, location, attributes):
+    def kernel_function(self, module, name, types, location, attributes, argument_attributes=None):
+        # No LLVM argument attributes: a memref descriptor is no pointer, and the
+        # host has no read-only cache for them to unlock.
         inputs = types + self.extra_argument_types()
         with ir.InsertionPoint(module.body), location:
             func = ir.Operation.create("func.func", regions=1, attributes={
@@ -85,8 +88,8 @@ class HostTarget(Target):
         # A memref descriptor carries its sizes: dynamic extents are `?`.
         return [ir.Type.memref([ir.DYNAMIC if d is None else d for d in shape], lang.ir_type(dtype))]
 
-    def memref_parameter(self, arguments, shape, dtype, name):
-        return lang.MemRef(next(arguments), dtype, shape, name)
+    def memref_parameter(self, arguments, shape, dtype, name, readonly=False):
+        return lang.MemRef(next(arguments), dtype, shape, name, readonly)
 
     def extra_argument_types(self):
         return [ir.Type.index()] * len(INDICES)
@@ -156,6 +159,24 @@ class HostTarget(Target):
         # compiler from moving memory accesses across it: an LLVM fence does.
         lang.emit("llvm.fence", attributes={"ordering": ir.Attribute.integer(7, ir.Type.integer(64)),
                                             "syncscope": ir.Attribute.string("")})
+
+    def hinted_load(self, memref, indices, length, cache):
+        # The host's caches take no hints: a plain load.
+        if length is None:
+            return lang.Scalar(lang.emit("memref.load", [memref.value, *indices], [lang.ir_type(memref.dtype)]).result,
+                               memref.dtype)
+        vector_type = ir.Type.vector([length], lang.ir_type(memref.dtype))
+        op = lang.emit("vector.load", [memref.value, *indices], [vector_type], attributes={
+            "alignment": ir.Attribute.integer(memref.dtype.itemsize)})
+        return Vector(op.result, memref.dtype, length)
+
+    def hinted_store(self, memref, indices, value, cache):
+        # The host's caches take no hints: a plain store.
+        if isinstance(value, Vector):
+            lang.emit("vector.store", [value.value, memref.value, *indices], attributes={
+                "alignment": ir.Attribute.integer(memref.dtype.itemsize)})
+        else:
+            lang.emit("memref.store", [value, memref.value, *indices])
 
     def reciprocal_approx(self, x):
         # The host has no approximate reciprocal: the division, correctly rounded.

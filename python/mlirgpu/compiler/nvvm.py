@@ -84,6 +84,25 @@ def _check_module_targets(module):
             Target(chip.group(1) if chip else "sm_50", features.group(1) if features else None)
 
 
+def _check_requirements(module, target, may_raise_ptx):
+    """What the kernel's operations need of the chip and PTX version (the
+    module's mg.min_sm and mg.min_ptx): a newer PTX version than the chip's
+    default where features= was not given, else a CompileError."""
+    attributes = module.operation.attributes
+    if "mg.min_sm" in attributes:
+        need = attributes["mg.min_sm"].value
+        sm, what = need["version"].value, need["for"].value
+        if int(re.match(r"sm_(\d+)", target.chip).group(1)) < sm:
+            raise CompileError(f"{what} needs sm_{sm} or newer, not {target.chip}")
+    if "mg.min_ptx" in attributes:
+        need = attributes["mg.min_ptx"].value
+        ptx, what = need["version"].value, need["for"].value
+        if target.ptx_version < ptx:
+            if not may_raise_ptx:
+                raise CompileError(f"{what} needs PTX ISA {ptx // 10}.{ptx % 10}, but features={target.features!r}")
+            target.ptx_version, target.features = ptx, f"+ptx{ptx}"
+
+
 def run_stage(module, stage, pipeline, hint=""):
     """Runs `pipeline` on `module` in place and returns it; a failure is a
     CompileError naming the stage (and `hint`, what usually causes it)."""
@@ -112,6 +131,7 @@ class Compilation:
         if not isinstance(module, ir.Module):
             raise TypeError(f"expected an mlirgpu.ir.Module, not {type(module).__name__}")
         self.target = Target(chip, features, opt_level)
+        _check_requirements(module, self.target, features is None)
         _check_module_targets(module)
         self.bare_pointers = bool(bare_pointers)
         self.gpu = str(module)

@@ -9,8 +9,9 @@ from . import atomic, block, math, shared, warp
 from .core import (block_dim, block_idx, cast, constant, grid_dim, range_, select, static_range,
                    thread_idx)
 from .generics import generics, memref
-from .intrinsics import printf, syncthreads, threadfence, threadfence_block, threadfence_system, vload, vstore
+from .intrinsics import (load, printf, store, syncthreads, threadfence, threadfence_block, threadfence_system, vload,
+                         vstore)
 
 __all__ = ["atomic", "block", "math", "shared", "warp", "block_dim", "block_idx", "cast", "constant", "grid_dim",
            "range_", "select", "static_range", "thread_idx", "generics", "memref", "printf", "syncthreads",
-           "threadfence", "threadfence_block", "threadfence_system", "vload", "vstore"]
+           "threadfence", "threadfence_block", "threadfence_system", "vload", "vstore", "load", "store"]

@@ -56,6 +56,8 @@ def _pointer(what, memref, index):
         raise CompileError(f"mg.atomic.{what} takes a memref first, not {type(memref).__name__}")
     if memref.dtype in (lang.bool_, lang.index):
         raise CompileError(f"mg.atomic.{what} on a {memref.dtype.name} memref is not supported")
+    if what != "load":
+        memref.check_writable(f"mg.atomic.{what}")
     indices = memref._indices(index if isinstance(index, tuple) else (index,))
     lang.target().check_access(memref, indices, lang.ATOMIC)
     return lang.element_pointer(memref, indices)

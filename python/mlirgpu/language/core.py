@@ -116,6 +116,17 @@ def gpu_module_scope():
         yield
 
 
+def require(what, ptx=None, sm=None):
+    """Records that the module uses `what`, which needs PTX ISA `ptx` (x10)
+    or chip sm_`sm` at least: the compiler raises the PTX version it writes
+    to `ptx`, and refuses an older chip with a CompileError naming `what`."""
+    state = module_state()
+    if ptx is not None and ptx > state.get("min_ptx", (0, ""))[0]:
+        state["min_ptx"] = (ptx, what)
+    if sm is not None and sm > state.get("min_sm", (0, ""))[0]:
+        state["min_sm"] = (sm, what)
+
+
 def unique_symbol(name):
     """`name`, or name_2, name_3, ...: a symbol not yet used in the module."""
     state = module_state()
@@ -519,10 +530,15 @@ class MemRef:
     sizes, None for a dynamic one. `name` (the parameter's) is for the CPU
     backend's bounds-check errors."""
 
-    __slots__ = ("value", "dtype", "extents", "name")
+    __slots__ = ("value", "dtype", "extents", "name", "readonly")
 
-    def __init__(self, value, dtype, shape, name=None):
+    def __init__(self, value, dtype, shape, name=None, readonly=False):
         self.value, self.dtype, self.extents, self.name = value, dtype, tuple(shape), name
+        self.readonly = readonly
+
+    def check_writable(self, what):
+        if self.readonly:
+            raise CompileError(f"{what} to {self.name!r}, which is declared .readonly()")
 
     def __repr__(self):
         return f"<traced memref {'x'.join('?' if d is None else str(d) for d in self.extents)}x{self.dtype.name}>"
@@ -552,6 +568,7 @@ class MemRef:
         return Scalar(emit("memref.load", [self.value, *indices], [ir_type(self.dtype)]).result, self.dtype)
 
     def __setitem__(self, key, value):
+        self.check_writable("a store")
         indices = self._indices(key)
         value = coerce(value, self.dtype, "the memref's element type")
         target().check_access(self, indices, STORE)

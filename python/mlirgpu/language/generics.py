@@ -65,9 +65,27 @@ class MemRefType:
             raise CompileError(f"the last entry of mg.memref[...] is the element type (a dtype or a generic), "
                                f"not {dtype!r}")
         self.shape, self.dtype = tuple(shape), dtype
+        self.is_readonly = self.is_noalias = False
+
+    def readonly(self):
+        """This annotation for an array the kernel only reads and that no other
+        parameter aliases (CUDA's `const T* __restrict__`): loads through it
+        may use the read-only data cache (PTX ld.global.nc), and storing to
+        it is a CompileError."""
+        copy = self.noalias()
+        copy.is_readonly = True
+        return copy
+
+    def noalias(self):
+        """This annotation for an array no other parameter aliases (CUDA's
+        `T* __restrict__`): LLVM may reorder and combine its accesses."""
+        copy = MemRefType(self.shape + (self.dtype,))
+        copy.is_readonly, copy.is_noalias = self.is_readonly, True
+        return copy
 
     def __repr__(self):
-        return f"mg.memref[{', '.join(map(_name, self.shape + (self.dtype,)))}]"
+        text = f"mg.memref[{', '.join(map(_name, self.shape + (self.dtype,)))}]"
+        return text + (".readonly()" if self.is_readonly else ".noalias()" if self.is_noalias else "")
 
 
 def _name(x):

@@ -16,7 +16,7 @@ from .._mlirgpu import CompileError
 from . import core as lang
 
 __all__ = ["syncthreads", "threadfence", "threadfence_block", "threadfence_system", "vload", "vstore", "Vector",
-           "printf"]
+           "load", "store", "LOAD_HINTS", "STORE_HINTS", "printf"]
 
 
 # ---------------------------------------------------------------------------
@@ -177,21 +177,25 @@ def _vector_access(what, memref, index, length):
     return indices, vector_type, ir.Attribute.integer(target.vector_alignment(dtype, nbytes))
 
 
-def vload(memref, index, length):
+def vload(memref, index, length, cache=None):
     """`length` consecutive elements along the innermost dimension, from
     `index` (an index or a tuple of indices), as a Vector (vector.load).
 
     The access is aligned to its size (16 bytes for 4 x f32): the innermost
     index must be a multiple of `length`, as for CUDA's float4 loads; a
-    misaligned index is undefined behaviour on the GPU ("misaligned address")."""
+    misaligned index is undefined behaviour on the GPU ("misaligned address").
+    `cache` is a load hint, as for mg.load."""
     indices, vector_type, alignment = _vector_access("mg.vload", memref, index, length)
+    if cache is not None:
+        return lang.target().hinted_load(memref, indices, length, _hint("mg.vload", cache, LOAD_HINTS, memref))
     op = lang.emit("vector.load", [memref.value, *indices], [vector_type], attributes={"alignment": alignment})
     return Vector(op.result, memref.dtype, length)
 
 
-def vstore(memref, index, vector):
+def vstore(memref, index, vector, cache=None):
     """Store a Vector (or a tuple/list of values) at `index` along the
-    innermost dimension (vector.store); aligned as for mg.vload."""
+    innermost dimension (vector.store); aligned as for mg.vload. `cache` is
+    a store hint, as for mg.store."""
     if isinstance(vector, (tuple, list)):
         if not vector:
             raise CompileError("mg.vstore of an empty tuple")
@@ -203,11 +207,74 @@ def vstore(memref, index, vector):
     if not isinstance(vector, Vector):
         raise CompileError(f"mg.vstore stores a vector (from mg.vload, or a tuple of values), "
                            f"not {type(vector).__name__}")
+    memref.check_writable("mg.vstore")
     indices, vector_type, alignment = _vector_access("mg.vstore", memref, index, vector.length)
     if vector.dtype != memref.dtype:
         raise CompileError(f"mg.vstore of a {vector.dtype.name} vector into a {memref.dtype.name} memref: "
                            f"the element types must match")
+    if cache is not None:
+        lang.target().hinted_store(memref, indices, vector, _hint("mg.vstore", cache, STORE_HINTS, memref))
+        return
     lang.emit("vector.store", [vector.value, memref.value, *indices], attributes={"alignment": alignment})
+
+
+# ---------------------------------------------------------------------------
+# Loads and stores with cache hints
+
+#: Load hints and their PTX (CUDA's __ldg, __ldcs, __ldlu and the L1 eviction priorities).
+LOAD_HINTS = {"readonly": "ld.global.nc", "streaming": "ld.global.cs", "last_use": "ld.global.lu",
+              "evict_first": "ld.global.L1::evict_first", "evict_last": "ld.global.L1::evict_last",
+              "no_allocate": "ld.global.L1::no_allocate"}
+#: Store hints and their PTX (CUDA's __stcs, __stwt and the L1 eviction priorities).
+STORE_HINTS = {"streaming": "st.global.cs", "write_through": "st.global.wt",
+               "evict_first": "st.global.L1::evict_first", "evict_last": "st.global.L1::evict_last",
+               "no_allocate": "st.global.L1::no_allocate"}
+
+
+def _hint(what, cache, hints, memref):
+    if cache not in hints:
+        raise CompileError(f"{what}: cache must be one of {', '.join(map(repr, hints))}, not {cache!r}")
+    if not isinstance(memref, lang.MemRef) or lang.address_space(memref):
+        raise CompileError(f"{what}: cache hints are for arrays in global memory (kernel parameters)")
+    return cache
+
+
+def load(memref, index, cache=None):
+    """memref[index], with a cache hint (LOAD_HINTS): "readonly" reads through
+    the read-only data cache (PTX ld.global.nc, CUDA's __ldg: the array must
+    not change during the kernel), "streaming" marks the line as used once
+    (ld.global.cs, __ldcs), "last_use" (ld.global.lu), "evict_first",
+    "evict_last" and "no_allocate" set the L1 eviction priority. None is a
+    plain load. On the CPU backend a hint is a plain load (the host's caches
+    take none)."""
+    if not isinstance(memref, lang.MemRef):
+        raise CompileError(f"mg.load takes a memref first, not {type(memref).__name__}")
+    if cache is None:
+        return memref[index]
+    if memref.dtype in (lang.bool_, lang.index) or memref.dtype.itemsize < 2:
+        raise CompileError(f"mg.load with a cache hint of {memref.dtype.name} elements is not supported")
+    indices = memref._indices(index)
+    lang.target().check_access(memref, indices, lang.LOAD)
+    return lang.target().hinted_load(memref, indices, None, _hint("mg.load", cache, LOAD_HINTS, memref))
+
+
+def store(memref, index, value, cache=None):
+    """memref[index] = value, with a cache hint (STORE_HINTS): "streaming"
+    (st.global.cs, CUDA's __stcs: data not read again soon), "write_through"
+    (st.global.wt), "evict_first", "evict_last", "no_allocate". None is a
+    plain store; on the CPU backend every store is."""
+    if not isinstance(memref, lang.MemRef):
+        raise CompileError(f"mg.store takes a memref first, not {type(memref).__name__}")
+    if cache is None:
+        memref[index] = value
+        return
+    memref.check_writable("mg.store")
+    if memref.dtype in (lang.bool_, lang.index) or memref.dtype.itemsize < 2:
+        raise CompileError(f"mg.store with a cache hint of {memref.dtype.name} elements is not supported")
+    indices = memref._indices(index)
+    value = lang.coerce(value, memref.dtype, "the memref's element type")
+    lang.target().check_access(memref, indices, lang.STORE)
+    lang.target().hinted_store(memref, indices, value, _hint("mg.store", cache, STORE_HINTS, memref))
 
 
 # ---------------------------------------------------------------------------

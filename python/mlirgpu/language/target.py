@@ -10,6 +10,7 @@ the language never needs to know which one it is tracing for.
 """
 from .. import ir
 from . import core as lang
+from .intrinsics import LOAD_HINTS, STORE_HINTS, Vector
 
 __all__ = ["Target", "ORDERINGS", "llvm_atomicrmw"]
 
@@ -24,6 +25,23 @@ _PTX_ATOM = {"xchg": "exch.b", "add": "add.u", "and": "and.b", "or": "or.b", "xo
 _PTX_REGISTERS = {"i32": "r", "u32": "r", "i64": "l", "u64": "l", "f32": "f", "f64": "d"}
 _PTX_SPACES = {0: "", 1: ".global", 3: ".shared"}
 _SHUFFLE_KINDS = {"xor": "bfly", "down": "down", "up": "up", "idx": "idx"}
+_REGISTERS = {16: "h", 32: "r", 64: "l"}  # PTX register constraints by width
+
+
+def _require_hint(instruction):
+    # PTX's L1 eviction priorities came with PTX ISA 7.4.
+    if "::" in instruction:
+        lang.require(f"the cache hint {instruction}", ptx=74)
+
+
+def _words(dtype, count):
+    """(bits, number) of the words a hinted access of `count` elements moves:
+    the elements themselves from 32 bits up, else 32-bit words of them (one
+    16-bit word for a lone 16-bit element)."""
+    nbytes = count * dtype.itemsize
+    if dtype.itemsize >= 4:
+        return dtype.itemsize * 8, count
+    return (32, nbytes // 4) if nbytes % 4 == 0 else (16, nbytes // 2)
 
 
 def llvm_atomicrmw(operation, pointer, value, order, syncscope):
@@ -42,10 +60,15 @@ class Target:
     #: The operation that ends a kernel's body.
     return_op = "gpu.return"
 
-    def kernel_function(self, module, name, types, location, attributes):
-        """The kernel's function in `module`, taking `types`; returns its entry
-        block. On the GPU a gpu.func with the gpu.kernel attribute, in
-        gpu.module @kernels of a gpu.container_module."""
+    def kernel_function(self, module, name, types, location, attributes, argument_attributes=None):
+        """The kernel's function in `module`, taking `types` (with
+        `argument_attributes`, a dict of LLVM attribute names per argument:
+        llvm.noalias, llvm.readonly); returns its entry block. On the GPU a
+        gpu.func with the gpu.kernel attribute, in gpu.module @kernels of a
+        gpu.container_module."""
+        if argument_attributes and any(argument_attributes):
+            attributes = dict(attributes, arg_attrs=ir.Attribute.array(
+                [ir.Attribute.dictionary({k: ir.Attribute.unit() for k in names}) for names in argument_attributes]))
         module.operation.set_attribute("gpu.container_module", ir.Attribute.unit())
         with ir.InsertionPoint(module.body):
             gpu_module = ir.Operation.create("gpu.module", attributes={"sym_name": ir.Attribute.string("kernels")},
@@ -67,13 +90,13 @@ class Target:
             return [ir.Type.memref(shape, element)]
         return [ir.Type.memref([], element)] + [ir.Type.index()] * shape.count(None)
 
-    def memref_parameter(self, arguments, shape, dtype, name):
+    def memref_parameter(self, arguments, shape, dtype, name, readonly=False):
         """The MemRef of a parameter, from the iterator of its block arguments
         (those memref_parameter_types gave): on the GPU, a dynamic one is its
         pointer viewed with its sizes (memref.reinterpret_cast, row-major)."""
         pointer = next(arguments)
         if None not in shape:
-            return lang.MemRef(pointer, dtype, shape, name)
+            return lang.MemRef(pointer, dtype, shape, name, readonly)
         sizes = [lang.Scalar(next(arguments), lang.index) if d is None else d for d in shape]
         strides = [1]  # row-major: each stride the product of the sizes after it
         for size in reversed(sizes[1:]):
@@ -90,7 +113,7 @@ class Target:
                                  [ir.DYNAMIC if isinstance(v, lang.Scalar) else v for v in sizes]),
                              "static_strides": ir.Attribute.dense_i64_array(
                                  [ir.DYNAMIC if isinstance(v, lang.Scalar) else v for v in strides])})
-        return lang.MemRef(view.result, dtype, shape, name)
+        return lang.MemRef(view.result, dtype, shape, name, readonly)
 
     def extra_argument_types(self):
         """Types of the arguments every traced function takes after its own (none on the GPU)."""
@@ -155,6 +178,7 @@ class Target:
         butterfly of shuffles."""
         if value.dtype not in (lang.i32, lang.u32):
             return None
+        lang.require("mg.warp.reduce of 32-bit integers (redux.sync)", sm=80)
         kind = {"max": "umax", "min": "umin"}.get(op, op) if value.dtype == lang.u32 else op
         result = lang.emit("nvvm.redux.sync", [value, lang.constant(-1, lang.i32)], [ir.Type.integer(32)],
                            attributes={"kind": ir.Attribute.parse(f"#nvvm<redux_kind {kind}>")})
@@ -198,6 +222,57 @@ class Target:
         __threadfence_block, __threadfence, __threadfence_system): PTX membar.cta,
         membar.gl and membar.sys, as nvcc writes them."""
         lang.emit("nvvm.memory.barrier", attributes={"scope": ir.Attribute.parse(f"#nvvm.mem_scope<{scope}>")})
+
+    def hinted_load(self, memref, indices, length, cache):
+        """memref[indices] (a Scalar; `length` elements as a Vector) read with
+        the PTX of the cache hint: an `ld.global.<hint>` of the element's (or
+        vector's) bits, as CUDA's __ldg and __ldcs are written."""
+        _require_hint(LOAD_HINTS[cache])
+        pointer, _ = lang.element_pointer(memref, indices)
+        dtype, count = memref.dtype, length or 1
+        word_bits, words = _words(dtype, count)
+        register = _REGISTERS[word_bits]
+        word = ir.Type.integer(word_bits)
+        shape = f".v{words}" if words > 1 else ""
+        outputs = "{" + ", ".join(f"${k}" for k in range(words)) + "}" if words > 1 else "$0"
+        result = ir.Type.parse(f"!llvm.struct<({', '.join([str(word)] * words)})>") if words > 1 else word
+        op = lang.emit("llvm.inline_asm", [pointer], [result], attributes={
+            "asm_string": ir.Attribute.string(f"{LOAD_HINTS[cache]}{shape}.b{word_bits} {outputs}, [${words}];"),
+            "constraints": ir.Attribute.string(",".join([f"={register}"] * words + ["l"])),
+            "has_side_effects": ir.Attribute.unit()})
+        if words == 1 and length is None:
+            bits = op.result
+            if lang.is_float(dtype):
+                bits = lang.emit("arith.bitcast", [bits], [lang.ir_type(dtype)]).result
+            return lang.Scalar(bits, dtype)
+        parts = [op.result] if words == 1 else [
+            lang.emit("llvm.extractvalue", [op.result], [word],
+                      attributes={"position": ir.Attribute.dense_i64_array([k])}).result for k in range(words)]
+        packed = lang.emit("vector.from_elements", parts, [ir.Type.vector([words], word)]).result
+        vector = lang.emit("vector.bitcast", [packed], [ir.Type.vector([count], lang.ir_type(dtype))]).result
+        return Vector(vector, dtype, count)
+
+    def hinted_store(self, memref, indices, value, cache):
+        """memref[indices] = value (a Scalar or Vector), written with the PTX
+        of the cache hint: `st.global.<hint>` of its bits (CUDA's __stcs)."""
+        _require_hint(STORE_HINTS[cache])
+        pointer, _ = lang.element_pointer(memref, indices)
+        dtype = memref.dtype
+        count = value.length if isinstance(value, Vector) else 1
+        word_bits, words = _words(dtype, count)
+        word = ir.Type.integer(word_bits)
+        if isinstance(value, Vector):
+            packed = lang.emit("vector.bitcast", [value.value], [ir.Type.vector([words], word)]).result
+            parts = [lang.emit("vector.extract", [packed], [word], attributes={
+                "static_position": ir.Attribute.dense_i64_array([k])}).result for k in range(words)]
+        else:
+            parts = [lang.emit("arith.bitcast", [value], [word]).result if lang.is_float(dtype) else value.value]
+        shape = f".v{words}" if words > 1 else ""
+        inputs = "{" + ", ".join(f"${k + 1}" for k in range(words)) + "}" if words > 1 else "$1"
+        lang.emit("llvm.inline_asm", [pointer, *parts], [], attributes={
+            "asm_string": ir.Attribute.string(f"{STORE_HINTS[cache]}{shape}.b{word_bits} [$0], {inputs};"),
+            "constraints": ir.Attribute.string(",".join(["l"] + [_REGISTERS[word_bits]] * words + ["~{memory}"])),
+            "has_side_effects": ir.Attribute.unit()})
 
     def reciprocal_approx(self, x):
         """1 / x of an f32, approximate: PTX rcp.approx.ftz.f32."""
@@ -261,4 +336,11 @@ class Target:
         """Before an access of `memref` at `indices`: nothing on the GPU."""
 
     def finish(self, module, state):
-        """Called once the kernel's module is traced."""
+        """Called once the kernel's module is traced: what it requires of the
+        PTX version and chip (core.require) goes on the module, for the compiler."""
+        for key in ("min_ptx", "min_sm"):
+            if key in state:
+                value, what = state[key]
+                module.operation.set_attribute(f"mg.{key}", ir.Attribute.dictionary({
+                    "version": ir.Attribute.integer(value, ir.Type.integer(32)),
+                    "for": ir.Attribute.string(what)}))

@@ -391,7 +391,9 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         kernel = self.kernel
         return trace_kernel(kernel.function, kernel.rewritten(), self.name,
                             [(p.name, shape, dtype) for p, shape, dtype in self._param_types()], self.values,
-                            target=target, attributes=self._launch_bounds(), fastmath=kernel.fastmath)
+                            target=target, attributes=self._launch_bounds(), fastmath=kernel.fastmath,
+                            qualifiers=[(p.memref.is_readonly, p.memref.is_noalias) if p.memref else (False, False)
+                                        for p in kernel.parameters])
 
     def ir(self):
         """The gpu-dialect module, with the user's file:line locations."""
