@@ -148,3 +148,23 @@ def test_len_of_a_dynamic_extent_is_an_error():
 def test_bad_extent_annotation():
     with pytest.raises(mg.CompileError, match="positive ints, generics or None"):
         mg.memref[0, mg.f32]
+
+
+@pytest.mark.parametrize("name", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_dynamic_shapes_example(name):
+    """examples/dynamic_shapes.py: softmax and LayerNorm over five shapes, one
+    specialization each (and on the GPU one build each in the compile log)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from checks import PYTHON_DIR
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR, MLIRGPU_BACKEND=name)
+    proc = subprocess.run([sys.executable, str(root / "examples" / "dynamic_shapes.py")], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "every result matches NumPy" in proc.stdout
+    builds = "|             1 |" if name == "cuda" else "|     n/a (CPU) |"
+    assert proc.stdout.count(f"|               1 {builds}") == 2, proc.stdout
