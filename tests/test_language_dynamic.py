@@ -168,3 +168,17 @@ def test_dynamic_shapes_example(name):
     assert "every result matches NumPy" in proc.stdout
     builds = "|             1 |" if name == "cuda" else "|     n/a (CPU) |"
     assert proc.stdout.count(f"|               1 {builds}") == 2, proc.stdout
+
+
+@pytest.mark.gpu
+def test_new_sizes_hit_the_dispatcher_on_the_gpu():
+    """DeviceArrays of three row counts: one dispatcher entry, one compile, right results."""
+    with_current = __import__("backends").current_backend
+    with with_current("cuda"):
+        row_softmax.clear()
+        for rows, columns in [(3, 100), (40, 257), (7, 64)]:
+            X = np.random.default_rng(rows).standard_normal((rows, columns)).astype(np.float32)
+            dX, dY = mg.to_device(X), mg.empty((rows, columns), mg.f32)
+            row_softmax(dX, dY, grid=rows, block=64)
+            np.testing.assert_allclose(dY.get(), softmax(X), rtol=1e-5, atol=1e-7)
+        assert len(row_softmax) == 1 and len(row_softmax._specializations) == 1
