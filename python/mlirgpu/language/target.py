@@ -2,8 +2,9 @@
 
 Most of the language (arithmetic, loads, stores, loops) is the same MLIR for
 every target. A few operations are not: thread indices, barriers, printf,
-shuffles, shared memory, and the checks a debugging target adds around
-memory accesses. The trace asks its `Target` for those. This class is the
+shuffles, votes and warp reductions, shared memory, memref parameters with
+dynamic extents, fences, ordered atomics, cache-hinted accesses, approximate
+reciprocals, and the checks a debugging target adds around memory accesses. The trace asks its `Target` for those. This class is the
 GPU's meaning, the gpu and nvvm dialects' own operations; a backend that runs
 kernels elsewhere (the CPU backend, mlirgpu.compiler.cpu) subclasses it, and
 the language never needs to know which one it is tracing for.
@@ -23,7 +24,7 @@ _BIN_OPS = {"xchg": 0, "add": 1, "and": 3, "or": 5, "xor": 6, "max": 7, "min": 8
 _PTX_ATOM = {"xchg": "exch.b", "add": "add.u", "and": "and.b", "or": "or.b", "xor": "xor.b", "max": "max.s",
              "min": "min.s", "umax": "max.u", "umin": "min.u", "fadd": "add.f"}
 _PTX_REGISTERS = {"i32": "r", "u32": "r", "i64": "l", "u64": "l", "f32": "f", "f64": "d"}
-_PTX_SPACES = {0: "", 1: ".global", 3: ".shared"}
+_PTX_SPACES = {1: ".global", 3: ".shared"}  # the pointers element_pointer gives on the GPU
 _SHUFFLE_KINDS = {"xor": "bfly", "down": "down", "up": "up", "idx": "idx"}
 _REGISTERS = {16: "h", 32: "r", 64: "l"}  # PTX register constraints by width
 
