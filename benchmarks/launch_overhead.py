@@ -13,8 +13,10 @@ blocks of 256 threads). Two figures, each the median of R runs:
 
 mlirgpu paths: the kernel written with @mlirgpu.kernel and called as users
 call it (after its first call every launch is a hit of its C dispatcher:
-argument signature, table lookup, launch), and the same kernel's Function
-from mlirgpu.cuda called directly; each with DeviceArrays and torch tensors.
+argument signature, table lookup, launch), a specialization of it called as
+`kernel[L, BLOCK](...)` (a tile size the arguments do not give: its own C
+dispatcher), and the same kernel's Function from mlirgpu.cuda called
+directly; each with DeviceArrays and torch tensors.
 
 Peers, each where importable: CuPy RawKernel, a torch in-place add, Triton,
 and cuLaunchKernel called from C (benchmarks/launch_floor.c, built with gcc
@@ -148,6 +150,29 @@ def kernel_runner(arrays, check):
     return launch
 
 
+BLOCK = mg.generics("BLOCK")
+
+
+@mg.kernel(generics=(L, BLOCK))
+def add_tiled(a: mg.memref[L, mg.f32], b: mg.memref[L, mg.f32], c: mg.memref[L, mg.f32]):
+    i = mg.block_idx.x * BLOCK + mg.thread_idx.x
+    c[i] = a[i] + b[i]
+
+
+def specialization_runner(arrays, check):
+    """add_tiled[L, 256](...), the way to launch a kernel whose tile size the arguments do not give."""
+    a, b, c = arrays
+    spec = add_tiled[N_ELEMENTS, 256]
+
+    def launch():
+        spec(a, b, c, grid=(N_ELEMENTS // 256,), block=(256,))
+
+    launch()
+    check(c)
+    assert len(spec) == 1, "the specialization's dispatcher has more than one entry"
+    return launch
+
+
 def torch_tensors_runner(kernel, torch):
     a = torch.arange(N_ELEMENTS, dtype=torch.float32, device="cuda")
     b, c = a.clone(), torch.empty_like(a)
@@ -222,6 +247,9 @@ def main():
     paths["mlirgpu @mg.kernel (DeviceArray args)"] = (
         kernel_runner((mg.to_device(host), mg.to_device(host), mg.empty((N_ELEMENTS,), mg.f32)),
                       lambda c: np.testing.assert_array_equal(c.get(), 2 * host)), sync)
+    paths["mlirgpu kernel[L, BLOCK] (DeviceArray args)"] = (
+        specialization_runner((mg.to_device(host), mg.to_device(host), mg.empty((N_ELEMENTS,), mg.f32)),
+                              lambda c: np.testing.assert_array_equal(c.get(), 2 * host)), sync)
     paths["mlirgpu Function (DeviceArray args)"] = (launch, sync)
     try:
         import torch
@@ -229,6 +257,9 @@ def main():
         paths["mlirgpu @mg.kernel (torch tensor args)"] = (
             kernel_runner((t, t.clone(), torch.empty_like(t)),
                           lambda c: np.testing.assert_array_equal(c.cpu().numpy(), 2 * host)), sync)
+        paths["mlirgpu kernel[L, BLOCK] (torch tensor args)"] = (
+            specialization_runner((t, t.clone(), torch.empty_like(t)),
+                                  lambda c: np.testing.assert_array_equal(c.cpu().numpy(), 2 * host)), sync)
         paths["mlirgpu Function (torch tensor args)"] = (torch_tensors_runner(kernel, torch), sync)
     except ImportError:
         pass

@@ -65,12 +65,13 @@ typedef struct {
     int32_t line;     /* the barrier or shuffle it waits at */
     int32_t mode;     /* shuffle: MG_SHFL_* */
     int32_t offset;   /* shuffle: lane mask, delta or source lane */
+    int32_t width;    /* shuffle: lanes per segment (a power of two, 1 to 32) */
     int64_t value;    /* shuffle: its value going in, then the one it reads */
     int ndata;        /* collective: words given so far */
     int64_t data[MG_CPU_WARP_DATA]; /* collective: its operands, then its results */
 } mg_fiber;
 
-enum { MG_SHFL_XOR, MG_SHFL_DOWN, MG_SHFL_UP, MG_SHFL_IDX };
+enum { MG_SHFL_XOR, MG_SHFL_DOWN, MG_SHFL_UP, MG_SHFL_IDX, MG_VOTE_BALLOT };
 /* Warp collectives (mode >= MG_WARP_MMA_F16): mma.sync m16n8k16 f16/bf16 and
  * m16n8k8 tf32; ldmatrix is MG_WARP_LDMATRIX | count (1, 2, 4) | 8 if .trans. */
 enum { MG_WARP_MMA_F16 = 16, MG_WARP_MMA_BF16 = 17, MG_WARP_MMA_TF32 = 18, MG_WARP_LDMATRIX = 32 };
@@ -231,9 +232,12 @@ void _mlir_ciface_mg_cpu_shared(mg_memref_1d *result, int32_t which)
 
 /* A warp-level barrier: deposits `value`, waits until every thread of its
  * warp that has not returned is at a shuffle, and returns the value of the
- * lane chosen by `mode` and `offset` (its own where that lane is out of range
- * or not there, as gpu.shuffle gives). */
-int64_t mg_cpu_shuffle(int32_t mode, int64_t value, int32_t offset, int32_t line)
+ * lane chosen by `mode`, `offset` and `width` within the lane's segment of
+ * `width` lanes (its own where that lane is outside the segment or not
+ * there), as PTX's shfl.sync does with CUDA's clamp of ((32 - width) << 8) |
+ * (up ? 0 : 31). MG_VOTE_BALLOT returns the bits of the lanes whose value
+ * is nonzero instead (vote.sync.ballot). */
+int64_t mg_cpu_shuffle(int32_t mode, int64_t value, int32_t offset, int32_t width, int32_t line)
 {
     mg_cpu_launch *l = running;
     mg_fiber *f = &l->pool->fibers[l->current];
@@ -241,6 +245,7 @@ int64_t mg_cpu_shuffle(int32_t mode, int64_t value, int32_t offset, int32_t line
     f->mode = mode;
     f->value = value;
     f->offset = offset;
+    f->width = width;
     f->line = line;
     swapcontext(&f->context, &l->scheduler);
     return f->value;
@@ -255,20 +260,31 @@ static void exchange(mg_fiber *fibers, int first, int end)
         in[t - first] = fibers[t].value;
         active[t - first] = fibers[t].state == FIBER_AT_SHUFFLE;
     }
+    int64_t ballot = 0;
+    for (int t = first; t < end; t++)
+        if (active[t - first] && in[t - first] != 0)
+            ballot |= (int64_t)1 << (t - first);
     for (int t = first; t < end; t++) {
         mg_fiber *f = &fibers[t];
         if (f->state != FIBER_AT_SHUFFLE)
             continue;
-        int lane = t - first, b = f->offset & (MG_CPU_WARP - 1), source;
-        switch (f->mode) {
-        case MG_SHFL_XOR: source = lane ^ b; break;
-        case MG_SHFL_DOWN: source = lane + b; break;
-        case MG_SHFL_UP: source = lane - b; break;
-        default: source = b; break;
-        }
-        if (source >= 0 && source < end - first && active[source])
-            f->value = in[source];
         f->state = FIBER_READY;
+        if (f->mode == MG_VOTE_BALLOT) {
+            f->value = ballot;
+            continue;
+        }
+        /* PTX's shfl.sync: the segment is [first lane, last lane] of the lane's `width`. */
+        int lane = t - first, b = f->offset & (MG_CPU_WARP - 1), source, valid;
+        int width = f->width >= 1 && f->width <= MG_CPU_WARP ? f->width : MG_CPU_WARP;
+        int segment_first = lane & ~(width - 1), segment_last = segment_first + width - 1;
+        switch (f->mode) {
+        case MG_SHFL_XOR: source = lane ^ b; valid = source <= segment_last; break;
+        case MG_SHFL_DOWN: source = lane + b; valid = source <= segment_last; break;
+        case MG_SHFL_UP: source = lane - b; valid = source >= segment_first; break;
+        default: source = segment_first | (b & (width - 1)); valid = 1; break;
+        }
+        if (valid && source < end - first && active[source])
+            f->value = in[source];
     }
 }
 

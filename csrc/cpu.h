@@ -20,7 +20,7 @@ void mg_cpu_barrier(int32_t line);
  * shuffle; the tensor-core collectives (mma.sync, ldmatrix); printf; a failed bounds check. */
 typedef struct mg_memref_1d mg_memref_1d;
 void _mlir_ciface_mg_cpu_shared(mg_memref_1d *result, int32_t which);
-int64_t mg_cpu_shuffle(int32_t mode, int64_t value, int32_t offset, int32_t line);
+int64_t mg_cpu_shuffle(int32_t mode, int64_t value, int32_t offset, int32_t width, int32_t line);
 void mg_cpu_warp_put(int64_t bits);
 void mg_cpu_warp_collective(int32_t mode, int32_t line);
 int64_t mg_cpu_warp_get(int32_t k);

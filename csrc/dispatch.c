@@ -39,7 +39,9 @@ typedef struct {
     Py_ssize_t unlaunchable;             /* first argument only `miss` can handle, or -1 */
     int unlaunchable_kind;               /* its SIG_HOST or SIG_OTHER */
     PyObject *views[MG_CU_MAX_ARGS];     /* strong: views the slow path made */
+    const uint8_t *dynamic;              /* per argument, bit d: extent d is not part of the signature */
     CUdeviceptr pointers[MG_CU_MAX_ARGS];
+    mg_cu_extents shapes[MG_CU_MAX_ARGS]; /* of the arrays among them, for the extents a kernel takes */
     CUstream waits[MG_CU_MAX_ARGS];      /* producer streams of foreign arrays, for the launch's stream */
     uint64_t words[SIG_MAX_WORDS];
 } sig_builder;
@@ -53,10 +55,16 @@ static inline uint64_t array_word(int kind, const mg_dtype *dtype, int ndim, int
            (uint64_t)(uint32_t)(device + 1) << 32;
 }
 
-static void push_layout(sig_builder *b, int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides, int contiguous)
+/* A dynamic extent's word: every size reads the same (no extent is this large). */
+#define SIG_DYNAMIC_EXTENT UINT64_MAX
+
+static void push_layout(sig_builder *b, Py_ssize_t i, int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
+                        int contiguous)
 {
+    unsigned dynamic = b->dynamic[i];
     for (int d = 0; d < ndim; d++)
-        b->words[b->n++] = (uint64_t)shape[d];
+        b->words[b->n++] = dynamic >> d & 1 ? SIG_DYNAMIC_EXTENT : (uint64_t)shape[d];
+    memcpy(b->shapes[i], shape, (size_t)ndim * sizeof *shape);
     if (!contiguous)   /* a strided layout is part of what a kernel is compiled for */
         for (int d = 0; d < ndim; d++)
             b->words[b->n++] = (uint64_t)strides[d];
@@ -102,7 +110,7 @@ static int read_other(sig_builder *b, Py_ssize_t i, PyObject *arg)
     }
     int kind = info.host ? SIG_HOST : SIG_ARRAY;
     b->words[b->n++] = array_word(kind, info.dtype, info.ndim, info.contiguous, info.readonly, info.device);
-    push_layout(b, info.ndim, info.shape, info.strides, info.contiguous);
+    push_layout(b, i, info.ndim, info.shape, info.strides, info.contiguous);
     if (info.host) {
         mark_unlaunchable(b, i, SIG_HOST);
         mg_foreign_release(&info);
@@ -119,9 +127,12 @@ static int read_other(sig_builder *b, Py_ssize_t i, PyObject *arg)
     return 0;
 }
 
-/* Reads every argument; nargs <= MG_CU_MAX_ARGS. 0, or -1 with an error set. */
-static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs)
+/* Reads every argument; nargs <= MG_CU_MAX_ARGS; `dynamic` (per argument, bit
+ * d: extent d is not part of the signature) has MG_CU_MAX_ARGS entries.
+ * 0, or -1 with an error set. */
+static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs, const uint8_t *dynamic)
 {
+    b->dynamic = dynamic;
     b->n = 0;
     b->known = 0;
     b->readonly = 0;
@@ -136,7 +147,7 @@ static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs)
             const mg_array *a = (const mg_array *)arg;
             int contiguous = mg_array_is_c_contiguous(arg);
             b->words[b->n++] = array_word(SIG_ARRAY, a->dtype, a->ndim, contiguous, a->readonly, a->device);
-            push_layout(b, a->ndim, a->shape, a->strides, contiguous);
+            push_layout(b, i, a->ndim, a->shape, a->strides, contiguous);
             b->pointers[i] = a->ptr;
             b->known |= (uint64_t)1 << i;
             if (a->readonly)
@@ -179,7 +190,9 @@ static PyObject *layout_tuple(const uint64_t *words, int ndim)
 {
     PyObject *tuple = PyTuple_New(ndim);
     for (int d = 0; tuple != NULL && d < ndim; d++) {
-        PyObject *item = PyLong_FromSsize_t((Py_ssize_t)words[d]);
+        /* None: a dynamic extent, which any size matches. */
+        PyObject *item = words[d] == SIG_DYNAMIC_EXTENT ? Py_NewRef(Py_None)
+                                                        : PyLong_FromSsize_t((Py_ssize_t)words[d]);
         if (item == NULL)
             Py_CLEAR(tuple);
         else
@@ -250,6 +263,7 @@ typedef struct {
     sig_entry *entries;  /* capacity slots (a power of two), or NULL */
     Py_ssize_t capacity;
     Py_ssize_t count;
+    uint8_t dynamic[MG_CU_MAX_ARGS]; /* per argument, bit d: its extent d is dynamic (set_dynamic) */
 } mg_dispatcher;
 
 #define TABLE_INITIAL 8
@@ -377,7 +391,7 @@ static PyObject *dispatcher_vectorcall(PyObject *callable, PyObject *const *args
             return call_miss(self, args, nargs, kwnames);
 
     sig_builder b;
-    if (sig_build(&b, args, nargs) < 0) {
+    if (sig_build(&b, args, nargs, self->dynamic) < 0) {
         sig_release(&b);
         return NULL;
     }
@@ -397,7 +411,7 @@ static PyObject *dispatcher_vectorcall(PyObject *callable, PyObject *const *args
     Py_INCREF(target);
     PyObject *result;
     if (Py_IS_TYPE(target, mg_cu_Function_type))
-        result = mg_cu_function_launch_known(target, args, nargs, kwnames, b.known, b.readonly, b.pointers, b.waits,
+        result = mg_cu_function_launch_known(target, args, nargs, kwnames, b.known, b.readonly, b.pointers, b.shapes, b.waits,
                                              b.nwaits);
     else
         result = PyObject_Vectorcall(target, args, nargsf, kwnames);
@@ -450,7 +464,7 @@ static PyObject *dispatcher_register(mg_dispatcher *self, PyObject *const *fargs
                      mg_cu_function_nparams(target), nargs);
         goto error;
     }
-    if (sig_build(b, &PyTuple_GET_ITEM(tuple, 0), nargs) < 0)
+    if (sig_build(b, &PyTuple_GET_ITEM(tuple, 0), nargs, self->dynamic) < 0)
         goto error;
     if (b->unlaunchable >= 0) {
         PyObject *arg = PyTuple_GET_ITEM(tuple, b->unlaunchable);
@@ -484,12 +498,50 @@ static PyObject *dispatcher_signature(mg_dispatcher *self, PyObject *args)
         return PyErr_NoMemory();
     }
     b->nviews = 0;
-    if (sig_build(b, &PyTuple_GET_ITEM(tuple, 0), PyTuple_GET_SIZE(tuple)) == 0)
+    if (sig_build(b, &PyTuple_GET_ITEM(tuple, 0), PyTuple_GET_SIZE(tuple), self->dynamic) == 0)
         result = sig_describe(b, &PyTuple_GET_ITEM(tuple, 0), PyTuple_GET_SIZE(tuple));
     sig_release(b);
     PyMem_Free(b);
     Py_DECREF(tuple);
     return result;
+}
+
+/* set_dynamic(dims): dims[i] lists the dimensions of argument i whose extent
+ * is dynamic (not part of the signature); the table is cleared. */
+static PyObject *dispatcher_set_dynamic(mg_dispatcher *self, PyObject *dims)
+{
+    uint8_t dynamic[MG_CU_MAX_ARGS] = {0};
+    PyObject *seq = PySequence_Fast(dims, "set_dynamic takes a sequence of dimension lists, one per argument");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > MG_CU_MAX_ARGS) {
+        Py_DECREF(seq);
+        return PyErr_Format(PyExc_ValueError, "at most %d arguments, got %zd", MG_CU_MAX_ARGS, n);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *inner = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, i), "each entry is a list of dimensions");
+        if (inner == NULL)
+            goto error;
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(inner); k++) {
+            long d = PyLong_AsLong(PySequence_Fast_GET_ITEM(inner, k));
+            if (d < 0 || d >= MG_MAX_NDIM) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_ValueError, "a dimension must be in [0, %d), got %ld", MG_MAX_NDIM, d);
+                Py_DECREF(inner);
+                goto error;
+            }
+            dynamic[i] |= (uint8_t)(1u << d);
+        }
+        Py_DECREF(inner);
+    }
+    Py_DECREF(seq);
+    table_clear(self);
+    memcpy(self->dynamic, dynamic, sizeof dynamic);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(seq);
+    return NULL;
 }
 
 static PyObject *dispatcher_clear_method(mg_dispatcher *self, PyObject *unused)
@@ -563,6 +615,9 @@ static PyMethodDef dispatcher_methods[] = {
     {"signature", (PyCFunction)dispatcher_signature, METH_O,
      "signature(args): the signature of a call with these positional arguments, one tuple per argument."},
     {"clear", (PyCFunction)dispatcher_clear_method, METH_NOARGS, "Forgets every registered signature."},
+    {"set_dynamic", (PyCFunction)dispatcher_set_dynamic, METH_O,
+     "set_dynamic(dims): dims[i] lists the dimensions of argument i whose extent is dynamic: any size matches "
+     "them (the signature shows None). Forgets every registered signature."},
     {NULL},
 };
 

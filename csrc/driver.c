@@ -1107,15 +1107,38 @@ typedef struct {
     CUfunction handle;
     PyObject *module;     /* strong: the CUmodule outlives its functions */
     PyObject *name;       /* str */
-    PyObject *params;     /* tuple of "ptr" and DTypes, or None */
+    PyObject *params;     /* tuple of "ptr", ("ptr", dims) and DTypes, or None */
     int nparams;          /* -1 without a signature */
     uint64_t stores;      /* bit i: the kernel may store through parameter i */
     signed char kinds[MG_CU_MAX_ARGS];
+    uint8_t extents[MG_CU_MAX_ARGS]; /* bit d: the array's extent d follows its pointer, as an i64 */
 } mg_function;
 
 PyTypeObject *mg_cu_Function_type;
 
 static PyObject *function_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+/* The dims of ("ptr", dims), each in [0, MG_MAX_NDIM), as a bit mask. */
+static int parse_extents(PyObject *dims, uint8_t *mask)
+{
+    PyObject *seq = PySequence_Fast(dims, "(\"ptr\", dims): dims must be a sequence of dimensions");
+    if (seq == NULL)
+        return -1;
+    *mask = 0;
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
+        long d = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, k));
+        if (d < 0 || d >= MG_MAX_NDIM) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "(\"ptr\", dims): a dimension must be in [0, %d), got %ld",
+                             MG_MAX_NDIM, d);
+            Py_DECREF(seq);
+            return -1;
+        }
+        *mask |= (uint8_t)(1u << d);
+    }
+    Py_DECREF(seq);
+    return 0;
+}
 
 /* Parses a signature into self->kinds and a normalized tuple. */
 static int parse_signature(mg_function *self, PyObject *params)
@@ -1149,7 +1172,16 @@ static int parse_signature(mg_function *self, PyObject *params)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyTuple_GET_ITEM(items, i);
+        self->extents[i] = 0;
         if (PyUnicode_Check(item) && PyUnicode_CompareWithASCIIString(item, "ptr") == 0) {
+            self->kinds[i] = KIND_PTR;
+            continue;
+        }
+        if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && PyUnicode_Check(PyTuple_GET_ITEM(item, 0)) &&
+            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(item, 0), "ptr") == 0) {
+            /* ("ptr", dims): the pointer, then the extents of those dimensions (dynamic sizes). */
+            if (parse_extents(PyTuple_GET_ITEM(item, 1), &self->extents[i]) < 0)
+                goto error;
             self->kinds[i] = KIND_PTR;
             continue;
         }
@@ -1458,10 +1490,12 @@ static int pack_numpy_scalar(mg_function *self, Py_ssize_t index, PyObject *valu
  * receives and the caller keeps alive until the launch returned). A
  * producer stream the launch must wait for is added to `waits`. */
 static int pack_foreign_array(mg_function *self, Py_ssize_t index, PyObject *value, uint64_t *slot, PyObject **view,
-                              CUstream *waits, int *nwaits)
+                              CUstream *waits, int *nwaits, int *ndim, Py_ssize_t *shape)
 {
     mg_foreign info;
-    int found = mg_array_foreign_pointer(value, &info);
+    /* The shape too where the kernel takes extents of this array. */
+    int found = self->nparams >= 0 && self->extents[index] ? mg_array_foreign_info(value, &info)
+                                                           : mg_array_foreign_pointer(value, &info);
     if (found < 0)
         return -1;
     if (found == 0) {
@@ -1483,9 +1517,31 @@ static int pack_foreign_array(mg_function *self, Py_ssize_t index, PyObject *val
         return stored_readonly(self, index);
     }
     *slot = (uint64_t)info.ptr;
+    *ndim = info.ndim;
+    memcpy(shape, info.shape, sizeof info.shape);
     *view = info.view;   /* the reference moves to the caller */
     if (info.wait)
         waits[(*nwaits)++] = info.producer;
+    return 0;
+}
+
+_Static_assert(sizeof(mg_cu_extents) == MG_MAX_NDIM * sizeof(Py_ssize_t), "mg_cu_extents holds MG_MAX_NDIM extents");
+
+/* Appends the extents (bit d: dimension d) of argument i, an array of `ndim`
+ * dimensions: the dynamic sizes the kernel reads, as i64 (index) parameters. */
+static int push_extents(mg_function *self, Py_ssize_t i, unsigned extents, int ndim, const Py_ssize_t *shape,
+                        uint64_t *slots, void **params, int *nslots)
+{
+    for (int d = 0; d < MG_MAX_NDIM; d++) {
+        if (!(extents >> d & 1))
+            continue;
+        if (d >= ndim)
+            return launch_error(self, "argument %zd: the kernel takes the extent of dimension %d, but the array "
+                                "has %d dimensions", i, d, ndim);
+        slots[*nslots] = (uint64_t)shape[d];
+        params[*nslots] = &slots[*nslots];
+        (*nslots)++;
+    }
     return 0;
 }
 
@@ -1515,12 +1571,13 @@ static int retain_for_graph(PyObject *function, PyObject *const *args, Py_ssize_
 
 PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    return mg_cu_function_launch_known(function, args, nargs, kwnames, 0, 0, NULL, NULL, 0);
+    return mg_cu_function_launch_known(function, args, nargs, kwnames, 0, 0, NULL, NULL, NULL, 0);
 }
 
 PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args, Py_ssize_t nargs,
                                       PyObject *kwnames, uint64_t known, uint64_t readonly,
-                                      const CUdeviceptr *pointers, const CUstream *known_waits, int nknown_waits)
+                                      const CUdeviceptr *pointers, const mg_cu_extents *known_shapes,
+                                      const CUstream *known_waits, int nknown_waits)
 {
     mg_function *self = (mg_function *)function;
     unsigned int grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
@@ -1528,8 +1585,10 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
     CUstream stream = NULL;
     PyObject *stream_obj = NULL;              /* borrowed from the call */
     int have_grid = 0, have_block = 0;
-    void *params[MG_CU_MAX_ARGS];
-    uint64_t slots[MG_CU_MAX_ARGS];           /* every parameter fits in 8 bytes */
+    /* Per argument its slot, and after an array's the extents the kernel takes of it. */
+    void *params[MG_CU_MAX_ARGS * (1 + MG_MAX_NDIM)];
+    uint64_t slots[MG_CU_MAX_ARGS * (1 + MG_MAX_NDIM)];   /* every parameter fits in 8 bytes */
+    int nslots = 0;
     PyObject *views[MG_CU_MAX_ARGS];
     int nviews = 0, nwaits = 0;
     CUstream waits[MG_CU_MAX_ARGS];           /* producers of foreign arrays, for the launch's stream */
@@ -1595,7 +1654,12 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
     for (Py_ssize_t i = 0; i < nargs; i++) {
         PyObject *arg = args[i];
         int kind = self->nparams >= 0 ? self->kinds[i] : KIND_ANY;
-        params[i] = &slots[i];
+        unsigned extents = self->nparams >= 0 ? self->extents[i] : 0;
+        uint64_t *slot = &slots[nslots];
+        params[nslots] = slot;
+        nslots++;
+        int ndim = 0;
+        Py_ssize_t shape[MG_MAX_NDIM];
         if (known >> i & 1) {
             if (kind >= 0) {
                 launch_error(self, "argument %zd is a %s scalar, got an array", i, mg_dtype_get(kind)->name);
@@ -1605,7 +1669,10 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
                 stored_readonly(self, i);
                 goto error;
             }
-            slots[i] = (uint64_t)pointers[i];
+            *slot = (uint64_t)pointers[i];
+            /* The caller read the shape, and its signature checked the rank. */
+            if (extents && push_extents(self, i, extents, MG_MAX_NDIM, known_shapes[i], slots, params, &nslots) < 0)
+                goto error;
             continue;
         }
         if (mg_array_check_device(arg)) {
@@ -1617,12 +1684,15 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
                 stored_readonly(self, i);
                 goto error;
             }
-            slots[i] = (uint64_t)mg_array_ptr(arg);
+            *slot = (uint64_t)mg_array_ptr(arg);
             arrays |= (uint64_t)1 << i;
+            const mg_array *a = (const mg_array *)arg;
+            if (extents && push_extents(self, i, extents, a->ndim, a->shape, slots, params, &nslots) < 0)
+                goto error;
             continue;
         }
         if (kind >= 0) {
-            if (pack_scalar(self, i, mg_dtype_get(kind), arg, &slots[i]) < 0)
+            if (pack_scalar(self, i, mg_dtype_get(kind), arg, slot) < 0)
                 goto error;
             continue;
         }
@@ -1633,16 +1703,18 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
             goto error;
         }
         if (PyArray_IsScalar(arg, Generic)) {
-            if (pack_numpy_scalar(self, i, arg, &slots[i]) < 0)
+            if (pack_numpy_scalar(self, i, arg, slot) < 0)
                 goto error;
             continue;
         }
         PyObject *view = NULL;
-        if (pack_foreign_array(self, i, arg, &slots[i], &view, waits, &nwaits) < 0)
+        if (pack_foreign_array(self, i, arg, slot, &view, waits, &nwaits, &ndim, shape) < 0)
             goto error;
         if (view != NULL)
             views[nviews++] = view;
         arrays |= (uint64_t)1 << i;
+        if (extents && push_extents(self, i, extents, ndim, shape, slots, params, &nslots) < 0)
+            goto error;
     }
     for (int i = 0; i < nknown_waits; i++)
         waits[nwaits++] = known_waits[i];

@@ -184,9 +184,13 @@ int mg_cu_function_nparams(PyObject *function);
 PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args,
                                 Py_ssize_t nargs, PyObject *kwnames);
 
+/* The shape of one array argument, as the caller read it. */
+typedef Py_ssize_t mg_cu_extents[8];
+
 /* The same launch where the caller already read some array arguments: bit
  * i of `known` says argument i is an array whose device pointer is
- * pointers[i] (the caller keeps whatever owns it alive); the other
+ * pointers[i] and whose shape is shapes[i] (read only for the extents the
+ * signature passes; the caller keeps whatever owns it alive); the other
  * arguments are packed as mg_cu_function_launch packs them; bit i of
  * `readonly` says known array i must not be written. The launch's stream
  * first waits for each of the `nwaits` streams in `waits`: the producers
@@ -196,6 +200,7 @@ PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args,
  * argument is read again. */
 PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args, Py_ssize_t nargs,
                                       PyObject *kwnames, uint64_t known, uint64_t readonly,
-                                      const CUdeviceptr *pointers, const CUstream *waits, int nwaits);
+                                      const CUdeviceptr *pointers, const mg_cu_extents *shapes,
+                                      const CUstream *waits, int nwaits);
 
 #endif

@@ -900,12 +900,12 @@ def test_annotation_memref_element_type_not_a_dtype():
 
 
 def test_annotation_memref_non_positive_size():
-    with pytest.raises(mg.CompileError, match=r"positive ints or generics, not 0"):
+    with pytest.raises(mg.CompileError, match=r"positive ints, generics or None \(known at launch\), not 0"):
         mg.memref[0, mg.f32]
 
 
 def test_annotation_memref_float_size():
-    with pytest.raises(mg.CompileError, match=r"positive ints or generics, not 4.0"):
+    with pytest.raises(mg.CompileError, match=r"positive ints, generics or None \(known at launch\), not 4.0"):
         mg.memref[4.0, mg.f32]
 
 

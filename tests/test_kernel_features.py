@@ -315,25 +315,23 @@ def test_shared_array_in_a_loop_is_one_array():
 
 
 def test_atomics_ir():
+    # Relaxed, device scope (CUDA's atomicAdd, ...): llvm.atomicrmw on the element's global pointer.
     text = ir_of(atomics[64])
+    rmw = r"llvm\.atomicrmw {} %\S+, %\S+ syncscope\(\"device\"\) monotonic : !llvm\.ptr<1>, {} "
     filecheck(text,
-              r"memref\.atomic_rmw addf %\S+, %arg0\[%thread_id_x\] : \(f32, memref<64xf32>\) -> f32 " + loc("A-ADDF"),
-              r"memref\.atomic_rmw addi %\S+, %arg1\[%thread_id_x\] : \(i32, memref<64xi32>\) -> i32 " + loc("A-ADDI"),
-              r"memref\.atomic_rmw maxnumf .* -> f32 " + loc("A-MAXF"),
-              r"memref\.atomic_rmw maxs .* -> i32 " + loc("A-MAXS"),
-              r"memref\.atomic_rmw maxu .* -> i32 " + loc("A-MAXU"),
-              r"memref\.atomic_rmw minnumf .* " + loc("A-MINF"),
-              r"memref\.atomic_rmw mins .* " + loc("A-MINS"),
-              r"memref\.atomic_rmw minu .* " + loc("A-MINU"),
-              r"memref\.generic_atomic_rmw %arg1\[%\S+\] : memref<64xi32> \{",
-              r"\^bb0\(%\S+: i32 ",
-              r"arith\.cmpi eq",
-              r"arith\.select",
-              r"memref\.atomic_yield %\S+ : i32",
-              r"\} " + loc("A-CAS"),
-              r"memref\.atomic_rmw assign .* " + loc("A-EXCH"),
-              r"memref\.atomic_rmw addf .* -> f64 " + loc("A-ADDD"),
-              r"memref\.atomic_rmw ori .* " + loc("A-OR"))
+              rmw.format("fadd", "f32") + loc("A-ADDF"),
+              rmw.format("add", "i32") + loc("A-ADDI"),
+              rmw.format("fmax", "f32") + loc("A-MAXF"),
+              rmw.format("max", "i32") + loc("A-MAXS"),
+              rmw.format("umax", "i32") + loc("A-MAXU"),
+              rmw.format("fmin", "f32") + loc("A-MINF"),
+              rmw.format("min", "i32") + loc("A-MINS"),
+              rmw.format("umin", "i32") + loc("A-MINU"),
+              r"llvm\.cmpxchg %\S+, %\S+, %\S+ syncscope\(\"device\"\) monotonic monotonic : !llvm\.ptr<1>, i32 "
+              + loc("A-CAS"),
+              rmw.format("xchg", "i32") + loc("A-EXCH"),
+              rmw.format("fadd", "f64") + loc("A-ADDD"),
+              rmw.format("_or", "i32") + loc("A-OR"))
 
 
 def test_atomics_ptx():
@@ -346,18 +344,19 @@ def test_atomics_ptx():
 
 
 def test_atomics_on_shared_memory():
-    filecheck(ir_of(shared_atomics[8]),
-              r"memref\.atomic_rmw addi %\S+, %0\[%\S+\] : \(i32, memref<1xi32, #gpu\.address_space<workgroup>>\)")
+    filecheck(ir_of(shared_atomics[8]), r"llvm\.atomicrmw add %\S+, %\S+ syncscope\(\"device\"\) monotonic : !llvm\.ptr<3>, i32")
     assert re.search(r"atom\.shared\.add\.u32", shared_atomics[8].ptx("sm_90a"))
 
 
 def test_shuffles_ir():
+    # CUDA's full-warp clamp operands: 31, and 0 for up.
     filecheck(ir_of(shuffles[64]),
-              r"gpu\.shuffle  xor %\S+, %c16_i32, %c32_i32 : f32 " + loc("W-XOR"),
-              r"gpu\.shuffle  down %\S+, %\S+, %\S+ : f32 " + loc("W-DOWN"),
-              r"gpu\.shuffle  up %\S+, %\S+, %\S+ : f32 " + loc("W-UP"),
-              r"gpu\.shuffle  idx %\S+, %\S+, %\S+ : i32 " + loc("W-IDX"),
-              r"gpu\.shuffle  down %\S+, %\S+, %\S+ : f64 " + loc("W-F64"),
+              r"nvvm\.shfl\.sync  bfly %\S+, %\S+, %c16_i32, %c31_i32 : f32 -> f32 " + loc("W-XOR"),
+              r"nvvm\.shfl\.sync  down %\S+, %\S+, %\S+, %\S+ : f32 -> f32 " + loc("W-DOWN"),
+              r"nvvm\.shfl\.sync  up %\S+, %\S+, %\S+, %c0_i32 : f32 -> f32 " + loc("W-UP"),
+              r"nvvm\.shfl\.sync  idx %\S+, %\S+, %\S+, %\S+ : i32 -> i32 " + loc("W-IDX"),
+              r"nvvm\.shfl\.sync  down %\S+, %\S+, %\S+, %\S+ : i32 -> i32 " + loc("W-F64"),
+              r"nvvm\.shfl\.sync  down %\S+, %\S+, %\S+, %\S+ : i32 -> i32 " + loc("W-F64"),
               r"gpu\.lane_id " + loc("W-LANE"))
 
 

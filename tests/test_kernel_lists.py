@@ -148,12 +148,13 @@ def grows(A: mg.memref[N, mg.f32]):
 def holds_a_vector(A: mg.memref[N, mg.f32]):
     acc = [0.0]
     for k in range(0, N, 4):
-        acc[0] = mg.vload(A, (k,), 4)    # a Vector is no scalar
+        acc[0] = mg.vload(A, (k,), 4)    # a float element cannot become a vector
     A[0] = 1.0
 
 
 @pytest.mark.parametrize("kernel, message", [(grows, "must keep its length"),
-                                             (holds_a_vector, "must keep its length and element kinds")])
+                                             (holds_a_vector, "'acc\\[0\\]' is f32 before the loop and vector<4xf32> at the "
+                                                                "end of its body: a variable keeps its kind")])
 def test_list_that_changes_shape_is_a_compile_error(kernel, message):
     with pytest.raises(mg.CompileError, match=message) as error:
         kernel[8].ir()

@@ -19,9 +19,9 @@ from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event
                        i16, i32, i64, index, u8, u16, u32, u64)
 from . import cuda, ir
 from .ir import passes
-from .language import (atomic, block_dim, block_idx, cast, constant, generics, grid_dim, math, memref, mma,
-                       printf, range_, select, shared, static_range, syncthreads, thread_idx, vload, vstore,
-                       warp)
+from .language import (atomic, block, block_dim, block_idx, cast, constant, generics, grid_dim, load, math, memref,
+                       mma, printf, range_, select, shared, static_range, store, syncthreads, thread_idx,
+                       threadfence, threadfence_block, threadfence_system, vload, vstore, warp)
 from .frontend import func
 from .compiler import Compilation, Target, compile_cubin, compile_ptx
 from .compiler.cache import cache_clear, cache_info
@@ -43,7 +43,8 @@ __all__ = [
     "kernel", "Kernel", "Specialization", "generics", "memref", "func", "vectorize", "autotune", "Autotuner",
     # inside kernels
     "thread_idx", "block_idx", "block_dim", "grid_dim", "constant", "cast", "select", "range_",
-    "static_range", "syncthreads", "printf", "vload", "vstore", "math", "atomic", "warp", "shared", "mma",
+    "static_range", "syncthreads", "threadfence", "threadfence_block", "threadfence_system", "printf", "vload",
+    "vstore", "load", "store", "math", "atomic", "warp", "block", "shared", "mma",
     # arrays, streams, graphs
     "DeviceArray", "to_device", "empty", "zeros", "asarray", "pinned_empty", "pinned_zeros", "Stream",
     "Event", "Graph", "graph",

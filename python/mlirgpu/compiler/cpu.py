@@ -8,7 +8,8 @@ module on first use:
 
     mg_cpu_barrier(line)                         mg.syncthreads()
     mg_cpu_shared(which) -> memref<?xi8>         the block's static (0) or dynamic (1) shared memory
-    mg_cpu_shuffle(mode, bits, offset, line)     mg.warp.shfl_*: a warp-level barrier
+    mg_cpu_shuffle(mode, bits, offset, width, line)
+                                                 mg.warp.shfl_*, ballot, any, all: a warp-level barrier
     mg_cpu_warp_put(bits), mg_cpu_warp_collective(mode, line), mg_cpu_warp_get(k)
                                                  mg.mma.sync and mg.mma.ldmatrix: a lane's
                                                  operands, the warp-level barrier that computes
@@ -26,7 +27,8 @@ import os
 
 from .. import ir
 from ..language import core as lang
-from ..language.target import Target
+from ..language.intrinsics import Vector
+from ..language.target import Target, llvm_atomicrmw
 
 __all__ = ["HostTarget", "INDICES", "PIPELINE", "checks_from_environment"]
 
@@ -50,7 +52,7 @@ _i64 = lambda: ir.Type.integer(64)  # noqa: E731
 _RUNTIME = {
     "mg_cpu_barrier": (lambda: [_i32()], lambda: [], False),
     "mg_cpu_shared": (lambda: [_i32()], lambda: [ir.Type.parse("memref<?xi8>")], True),
-    "mg_cpu_shuffle": (lambda: [_i32(), _i64(), _i32(), _i32()], lambda: [_i64()], False),
+    "mg_cpu_shuffle": (lambda: [_i32(), _i64(), _i32(), _i32(), _i32()], lambda: [_i64()], False),
     "mg_cpu_warp_put": (lambda: [_i64()], lambda: [], False),
     "mg_cpu_warp_collective": (lambda: [_i32(), _i32()], lambda: [], False),
     "mg_cpu_warp_get": (lambda: [_i32()], lambda: [_i64()], False),
@@ -60,7 +62,7 @@ _RUNTIME = {
     "mg_cpu_out_of_bounds": (lambda: [_i32(), _i32(), _i32()], lambda: [], False),
 }
 
-_SHUFFLE_MODES = {"xor": 0, "down": 1, "up": 2, "idx": 3}  # cpu.c's MG_SHFL_*
+_SHUFFLE_MODES = {"xor": 0, "down": 1, "up": 2, "idx": 3, "ballot": 4}  # cpu.c's MG_SHFL_*, MG_VOTE_BALLOT
 _MMA_MODES = {"f16": 16, "bf16": 17, "tf32": 18}  # cpu.c's MG_WARP_MMA_*
 _LDMATRIX_MODE = 32  # cpu.c's MG_WARP_LDMATRIX
 
@@ -91,7 +93,9 @@ class HostTarget(Target):
         self.checks = frozenset(checks)
 
     # -- functions and their index arguments ------------------------------
-    def kernel_function(self, module, name, types, location, attributes):
+    def kernel_function(self, module, name, types, location, attributes, argument_attributes=None):
+        # No LLVM argument attributes: a memref descriptor is no pointer, and the
+        # host has no read-only cache for them to unlock.
         inputs = types + self.extra_argument_types()
         with ir.InsertionPoint(module.body), location:
             func = ir.Operation.create("func.func", regions=1, attributes={
@@ -99,6 +103,13 @@ class HostTarget(Target):
                 "function_type": ir.Attribute.type_attr(ir.Type.function(inputs, [])),
                 "llvm.emit_c_interface": ir.Attribute.unit()})
         return func.regions[0].append_block(inputs, [location] * len(inputs))
+
+    def memref_parameter_types(self, shape, dtype):
+        # A memref descriptor carries its sizes: dynamic extents are `?`.
+        return [ir.Type.memref([ir.DYNAMIC if d is None else d for d in shape], lang.ir_type(dtype))]
+
+    def memref_parameter(self, arguments, shape, dtype, name, readonly=False):
+        return lang.MemRef(next(arguments), dtype, shape, name, readonly)
 
     def extra_argument_types(self):
         return [ir.Type.index()] * len(INDICES)
@@ -133,8 +144,63 @@ class HostTarget(Target):
 
     def shuffle(self, mode, value, offset, width):
         # A warp-level barrier in the runtime exchanges the bits.
-        bits = _call("mg_cpu_shuffle", [_i32_constant(_SHUFFLE_MODES[mode]), _to_bits(value), offset, _line()])[0]
+        bits = _call("mg_cpu_shuffle", [_i32_constant(_SHUFFLE_MODES[mode]), _to_bits(value), offset,
+                                        _i32_constant(width), _line()])[0]
         return _from_bits(lang.Scalar(bits, lang.i64), value.dtype)
+
+    def vote(self, kind, pred):
+        # The runtime's ballot; any and all are read from one.
+        if kind == "all":
+            return self.vote("ballot", ~pred) == 0
+        bits = _call("mg_cpu_shuffle", [_i32_constant(_SHUFFLE_MODES["ballot"]), lang.cast(pred, lang.i64),
+                                        _i32_constant(0), _i32_constant(32), _line()])[0]
+        ballot = lang.cast(lang.Scalar(bits, lang.i64), lang.u32)
+        return ballot if kind == "ballot" else ballot != 0
+
+    def warp_reduce(self, op, value):
+        # No single instruction: the library's shuffles.
+        return None
+
+    def global_pointer(self, pointer):
+        # The host has one address space.
+        return pointer, 0
+
+    def sync_scope(self, scope):
+        # One process runs the whole grid: every scope is the system's.
+        return ""
+
+    def atomic_rmw(self, operation, pointer, value, order, scope, space):
+        # The host's atomics honour every ordering (scopes: see sync_scope).
+        return llvm_atomicrmw(operation, pointer, value, order, "")
+
+    def fence(self, scope):
+        # The blocks of a launch run one after another on one thread and a
+        # block's threads are fibers on it, so a fence only has to keep the
+        # compiler from moving memory accesses across it: an LLVM fence does.
+        lang.emit("llvm.fence", attributes={"ordering": ir.Attribute.integer(7, ir.Type.integer(64)),
+                                            "syncscope": ir.Attribute.string("")})
+
+    def hinted_load(self, memref, indices, length, cache):
+        # The host's caches take no hints: a plain load.
+        if length is None:
+            return lang.Scalar(lang.emit("memref.load", [memref.value, *indices], [lang.ir_type(memref.dtype)]).result,
+                               memref.dtype)
+        vector_type = ir.Type.vector([length], lang.ir_type(memref.dtype))
+        op = lang.emit("vector.load", [memref.value, *indices], [vector_type], attributes={
+            "alignment": ir.Attribute.integer(memref.dtype.itemsize)})
+        return Vector(op.result, memref.dtype, length)
+
+    def hinted_store(self, memref, indices, value, cache):
+        # The host's caches take no hints: a plain store.
+        if isinstance(value, Vector):
+            lang.emit("vector.store", [value.value, memref.value, *indices], attributes={
+                "alignment": ir.Attribute.integer(memref.dtype.itemsize)})
+        else:
+            lang.emit("memref.store", [value, memref.value, *indices])
+
+    def reciprocal_approx(self, x):
+        # The host has no approximate reciprocal: the division, correctly rounded.
+        return 1.0 / x
 
     def lane_id(self):
         return _linear_thread() % 32
@@ -229,8 +295,8 @@ class HostTarget(Target):
         ult, ule = ir.Attribute.integer(6, ir.Type.integer(64)), ir.Attribute.integer(7, ir.Type.integer(64))
         sizes, ok = [], None
         for d, i in enumerate(indices):
-            if memref.shape[d] is not None:
-                size = lang.constant(memref.shape[d], lang.index)
+            if memref.extents[d] is not None:
+                size = lang.constant(memref.extents[d], lang.index)
             else:
                 size = lang.Scalar(lang.emit("memref.dim", [memref.value, lang.constant(d, lang.index)],
                                              [index_type]).result, lang.index)

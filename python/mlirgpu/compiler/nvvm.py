@@ -24,6 +24,7 @@ from .. import _mlirgpu, ir
 from . import toolkit
 from .._mlirgpu import CompileError, MLIRError, PassManager, gpu_objects, llvm_bitcode_to_text
 from ..language import mma
+from ..frontend.kernel import located_compile_error
 
 __all__ = ["CHIPS", "Compilation", "Target", "compile_cubin", "compile_ptx"]
 
@@ -123,13 +124,38 @@ def _check_chip_operations(module, chip):
             raise error
 
 
+def _check_requirements(module, target, may_raise_ptx):
+    """What the kernel's operations need of the chip and PTX version (the
+    module's mg.min_sm and mg.min_ptx): a newer PTX version than the chip's
+    default where features= was not given, else a CompileError."""
+    attributes = module.operation.attributes
+    if "mg.min_sm" in attributes:
+        need = attributes["mg.min_sm"].value
+        sm, what = need["version"].value, need["for"].value
+        if int(re.match(r"sm_(\d+)", target.chip).group(1)) < sm:
+            raise CompileError(f"{what} needs sm_{sm} or newer, not {target.chip}")
+    if "mg.min_ptx" in attributes:
+        need = attributes["mg.min_ptx"].value
+        ptx, what = need["version"].value, need["for"].value
+        if target.ptx_version < ptx:
+            if not may_raise_ptx:
+                raise CompileError(f"{what} needs PTX ISA {ptx // 10}.{ptx % 10}, but features={target.features!r}")
+            target.ptx_version, target.features = ptx, f"+ptx{ptx}"
+
+
 def run_stage(module, stage, pipeline, hint=""):
     """Runs `pipeline` on `module` in place and returns it; a failure is a
     CompileError naming the stage (and `hint`, what usually causes it)."""
     try:
         PassManager(pipeline).run(module)
     except MLIRError as error:
-        raise CompileError(f"{stage} stage failed:\n{error}{hint}") from error
+        located = located_compile_error(error)
+        if getattr(located, "lineno", None) is None:
+            raise CompileError(f"{stage} stage failed:\n{error}{hint}") from error
+        # A diagnostic at a traced operation: its user's file:line and source line.
+        new = CompileError(f"{located.filename}:{located.lineno}: {stage} stage failed:\n{located}{hint}")
+        new.filename, new.lineno, new.diagnostics = located.filename, located.lineno, error.diagnostics
+        raise new from error
     return module
 
 
@@ -159,6 +185,7 @@ class Compilation:
         if not isinstance(module, ir.Module):
             raise TypeError(f"expected an mlirgpu.ir.Module, not {type(module).__name__}")
         self.target = Target(chip, features, opt_level)
+        _check_requirements(module, self.target, features is None)
         _check_module_targets(module)
         _check_chip_operations(module, self.target.chip)
         self.bare_pointers = bool(bare_pointers)
@@ -173,10 +200,11 @@ class Compilation:
         bare = "true" if self.bare_pointers else "false"
         self._nvvm = run_stage(self._outlined.clone(), "nvvm", ",".join([
             "builtin.module(convert-nvgpu-to-nvvm", "convert-vector-to-scf", "convert-scf-to-cf",
-            "convert-nvvm-to-llvm", "convert-func-to-llvm", "expand-strided-metadata", "lower-affine",
+            "convert-nvvm-to-llvm", "expand-strided-metadata", "lower-affine",
             "convert-arith-to-llvm", "convert-index-to-llvm", "canonicalize", "cse",
             f"gpu.module(convert-gpu-to-nvvm{{use-bare-ptr-memref-call-conv={bare}}}, "
-            "canonicalize, cse, reconcile-unrealized-casts)"] + ([LINEINFO_PASS] if self.lineinfo else [])) + ")")
+            "canonicalize, cse, reconcile-unrealized-casts)", "convert-func-to-llvm", "reconcile-unrealized-casts"]
+            + ([LINEINFO_PASS] if self.lineinfo else [])) + ")")
 
     @cached_property
     def outlined(self):

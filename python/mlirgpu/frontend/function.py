@@ -104,7 +104,7 @@ class DeviceFunction:
             if isinstance(a, lang.Scalar):
                 parameters.append(lang.Scalar(next(block_args), a.dtype))
             elif isinstance(a, lang.MemRef):
-                parameters.append(type(a)(next(block_args), a.dtype, a.shape, a.name))
+                parameters.append(type(a)(next(block_args), a.dtype, a.extents, a.name, a.readonly))
             else:
                 parameters.append(a)  # a Python number: a constant of this specialization
         with tracing(function, rewritten, caller.generic_values, target=target, module_state=state) as trace, \
@@ -159,7 +159,7 @@ def _argument_key(function, name, value):
     if isinstance(value, lang.Scalar):
         return ("scalar", value.dtype)
     if isinstance(value, lang.MemRef):
-        return ("memref", type(value), str(value.value.type), value.dtype, value.shape)
+        return ("memref", type(value), str(value.value.type), value.dtype, value.extents, value.readonly)
     if lang.is_python_number(value):
         return ("constant", type(value), value)
     raise CompileError(f"device function {function.__qualname__}: argument {name!r} is a "

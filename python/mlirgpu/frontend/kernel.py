@@ -19,20 +19,33 @@ from .trace import tracing
 __all__ = ["trace_kernel"]
 
 
-def trace_kernel(function, rewritten, name, params, generic_values, *, target=None, attributes=None):
+def trace_kernel(function, rewritten, name, params, generic_values, *, target=None, attributes=None,
+                 fastmath=False, qualifiers=None):
     """The module holding `function` traced as kernel `name` for `target`
-    (default: the GPU), verified; CompileError at the user's line otherwise."""
+    (default: the GPU), verified; CompileError at the user's line otherwise.
+    `fastmath`: its float operations (and its device functions') carry
+    MLIR's `fast` flags. `qualifiers` gives per parameter (readonly,
+    noalias): LLVM's readonly and noalias on its pointer."""
+    qualifiers = qualifiers or [(False, False)] * len(params)
     target = target or Target()
     location = ir.Location.file(rewritten[3], function.__code__.co_firstlineno, 0)
     with ir.Context.current():
         module = ir.Module.create(location=location)
-        types = [ir.Type.memref(shape, lang.ir_type(dtype)) if shape is not None else lang.ir_type(dtype)
-                 for _, shape, dtype in params]
-        body = target.kernel_function(module, name, types, location, attributes or {})
-        arguments = [lang.MemRef(a, dtype, shape, p) if shape is not None else lang.Scalar(a, dtype)
-                     for a, (p, shape, dtype) in zip(body.arguments, params)]
-        with tracing(function, rewritten, generic_values, target=target) as trace, ir.InsertionPoint(body):
+        types, argument_attributes = [], []
+        for (_, shape, dtype), (readonly, noalias) in zip(params, qualifiers):
+            parameter_types = (target.memref_parameter_types(list(shape), dtype) if shape is not None
+                               else [lang.ir_type(dtype)])
+            types += parameter_types
+            names = (["llvm.noalias"] if noalias else []) + (["llvm.readonly"] if readonly else [])
+            argument_attributes += [names] + [[]] * (len(parameter_types) - 1)
+        body = target.kernel_function(module, name, types, location, attributes or {}, argument_attributes)
+        with tracing(function, rewritten, generic_values, target=target,
+                     module_state={"fastmath": fastmath}) as trace, ir.InsertionPoint(body):
             target.bind_extra_arguments(trace, body.arguments[len(types):])
+            given = iter(body.arguments)
+            arguments = [target.memref_parameter(given, list(shape), dtype, p, readonly) if shape is not None
+                         else lang.Scalar(next(given), dtype)
+                         for (p, shape, dtype), (readonly, _) in zip(params, qualifiers)]
             trace.instance(*arguments)
             lang.emit(target.return_op)
         target.finish(module, trace.module_state)

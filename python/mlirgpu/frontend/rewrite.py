@@ -27,6 +27,7 @@ import numpy as np
 
 from .. import ir
 from ..language import core as lang
+from ..language.intrinsics import Vector
 from .._mlirgpu import CompileError
 
 __all__ = ["rewrite", "code_objects", "source_unavailable", "HELPERS"]
@@ -467,8 +468,67 @@ def _is_number(value):
     return isinstance(value, (bool, int, float)) and not isinstance(value, lang.Scalar)
 
 
+# ---------------------------------------------------------------------------
+# What a traced region carries: scalars (typed by their dtype) and vectors
+# (typed by a VectorType), each an iter_arg or a result of the region.
+
+class VectorType:
+    """The type of a Vector carried through a traced region."""
+
+    __slots__ = ("dtype", "length")
+
+    def __init__(self, dtype, length):
+        self.dtype, self.length = dtype, length
+
+    @property
+    def name(self):
+        return f"vector<{self.length}x{self.dtype.name}>"
+
+    def __eq__(self, other):
+        return isinstance(other, VectorType) and (self.dtype, self.length) == (other.dtype, other.length)
+
+    def __hash__(self):
+        return hash((self.dtype, self.length))
+
+
+def _traced(value):
+    return isinstance(value, (lang.Scalar, Vector))
+
+
+def _type_of(value):
+    return VectorType(value.dtype, value.length) if isinstance(value, Vector) else value.dtype
+
+
+def _ir_type(carried_type):
+    if isinstance(carried_type, VectorType):
+        return ir.Type.vector([carried_type.length], lang.ir_type(carried_type.dtype))
+    return lang.ir_type(carried_type)
+
+
+def _value(value, carried_type):
+    if isinstance(carried_type, VectorType):
+        return Vector(value, carried_type.dtype, carried_type.length)
+    return lang.Scalar(value, carried_type)
+
+
+def _advice(carried_type, value):
+    if isinstance(carried_type, VectorType) or isinstance(value, Vector):
+        return "a variable keeps its kind (vector or scalar) and type through a loop"
+    return "mg.cast one of them"
+
+
+def _coerce(value, carried_type, what):
+    """`value` as the carried type: lang.coerce's rules for scalars; a vector must be one of that type."""
+    if isinstance(carried_type, VectorType):
+        if not isinstance(value, Vector) or _type_of(value) != carried_type:
+            got = _type_of(value).name if _traced(value) else type(value).__name__
+            raise CompileError(f"{what} is a {carried_type.name} and must stay one, not become {got}")
+        return value.value
+    return lang.coerce(value, carried_type, what).value
+
+
 def _result_values(op, dtypes):
-    return [lang.Scalar(v, d) for v, d in zip(op.results, dtypes)]
+    return [_value(v, d) for v, d in zip(op.results, dtypes)]
 
 
 def _emit_loop(bounds, dtypes, inits, run):
@@ -476,7 +536,8 @@ def _emit_loop(bounds, dtypes, inits, run):
     traced by run(induction, block arguments) -> new values; (op, block, new)."""
     lo, hi, step, descending = bounds
     zero = lang.constant(0, lang.index) if descending else None
-    types_ = [lang.ir_type(d) for d in dtypes]
+    types_ = [_ir_type(d) for d in dtypes]
+    inits = [v.value if _traced(v) else v for v in inits]
     op = lang.emit("scf.for", [zero if descending else lo, hi, step, *inits], types_, regions=1)
     location = lang.location()
     block = op.regions[0].append_block([ir.Type.index(), *types_], [location] * (1 + len(types_)))
@@ -485,13 +546,13 @@ def _emit_loop(bounds, dtypes, inits, run):
         induction = lang.Scalar(induction, lang.index)
         if descending:
             induction = lo - induction * step
-        new = run(induction, [lang.Scalar(a, d) for a, d in zip(args, dtypes)])
+        new = run(induction, [_value(a, d) for a, d in zip(args, dtypes)])
     return op, block, list(new)
 
 
 def _yield(block, values, dtypes, what):
     with ir.InsertionPoint(block):
-        lang.emit("scf.yield", [lang.coerce(v, d, w) for v, d, w in zip(values, dtypes, what)])
+        lang.emit("scf.yield", [_coerce(v, d, w) for v, d, w in zip(values, dtypes, what)])
 
 
 class _Flat:
@@ -558,7 +619,7 @@ def _shape(value):
             if inner is None:
                 return None
             shapes.append(inner)
-        elif isinstance(item, lang.Scalar) or _is_number(item):
+        elif _traced(item) or _is_number(item):
             shapes.append(None)
         else:
             return None
@@ -610,7 +671,7 @@ def _for_range(iterable, body, names, initial, lineno):
     for i, value in enumerate(initial):
         if isinstance(value, lang.Undefined):
             continue  # local to the body (or left undefined by an earlier region)
-        if isinstance(value, lang.Scalar):
+        if _traced(value):
             traced.append(i)
         elif _is_number(value):
             numbers.append(i)
@@ -637,7 +698,7 @@ def _for_range(iterable, body, names, initial, lineno):
             return new
         return run
 
-    dtypes = {i: initial[i].dtype for i in traced}
+    dtypes = {i: _type_of(initial[i]) for i in traced}
     if numbers:
         # A probe loop, the Python numbers going in as they are, tells their
         # types: those of the traced values they become in the body.
@@ -647,12 +708,12 @@ def _for_range(iterable, body, names, initial, lineno):
             dtypes[i] = new[i].dtype if isinstance(new[i], lang.Scalar) else _guess_dtype(initial[i])
         probe.erase()
     carried = traced + numbers
-    inits = [lang.coerce(initial[i], dtypes[i], f"loop-carried {names[i]!r}") for i in carried]
+    inits = [_coerce(initial[i], dtypes[i], f"loop-carried {names[i]!r}") for i in carried]
     op, block, new = _emit_loop(bounds, [dtypes[i] for i in carried], inits, run_with(carried, ()))
     for i in carried:
-        if isinstance(new[i], lang.Scalar) and new[i].dtype != dtypes[i]:
+        if _traced(new[i]) and _type_of(new[i]) != dtypes[i]:
             raise CompileError(f"loop-carried variable {names[i]!r} is {dtypes[i].name} before the loop and "
-                               f"{new[i].dtype.name} at the end of its body: mg.cast one of them")
+                               f"{_type_of(new[i]).name} at the end of its body: {_advice(dtypes[i], new[i])}")
     _yield(block, [new[i] for i in carried], [dtypes[i] for i in carried],
            [f"loop-carried {names[i]!r}" for i in carried])
     results = dict(zip(carried, _result_values(op, [dtypes[i] for i in carried])))
@@ -741,11 +802,11 @@ def _traced_if(test, then_fn, else_fn, names, initial, lineno):
         a, b = outs[0][i], outs[1][i]
         if isinstance(a, lang.Undefined) or isinstance(b, lang.Undefined):
             continue  # defined in one branch only (here or in an earlier region): local to it
-        if isinstance(a, lang.Scalar) or isinstance(b, lang.Scalar):
-            if isinstance(a, lang.Scalar) and isinstance(b, lang.Scalar) and a.dtype != b.dtype:
-                raise CompileError(f"{name!r} is {a.dtype.name} in one branch and {b.dtype.name} in the other: "
-                                   f"mg.cast one of them")
-            results.append((i, a.dtype if isinstance(a, lang.Scalar) else b.dtype))
+        if _traced(a) or _traced(b):
+            if _traced(a) and _traced(b) and _type_of(a) != _type_of(b):
+                raise CompileError(f"{name!r} is {_type_of(a).name} in one branch and {_type_of(b).name} in the "
+                                   f"other: mg.cast one of them")
+            results.append((i, _type_of(a) if _traced(a) else _type_of(b)))
         elif a is b or (type(a) is type(b) and a == b):
             same[i] = a
         elif _is_number(a) and _is_number(b):
@@ -753,11 +814,11 @@ def _traced_if(test, then_fn, else_fn, names, initial, lineno):
         else:
             raise CompileError(f"{name!r} gets different Python values in the two branches of a traced if "
                                f"({a!r} and {b!r})")
-    op = lang.emit("scf.if", [test], [lang.ir_type(d) for _, d in results], regions=2)
+    op = lang.emit("scf.if", [test], [_ir_type(d) for _, d in results], regions=2)
     for region, branch in zip(op.regions, (then_fn, else_fn)):
         with ir.InsertionPoint(region.append_block()):
             out = list(branch(*initial))
-            lang.emit("scf.yield", [lang.coerce(out[i], d, f"{names[i]!r} after the if") for i, d in results])
+            lang.emit("scf.yield", [_coerce(out[i], d, f"{names[i]!r} after the if") for i, d in results])
     values = dict(zip([i for i, _ in results], _result_values(op, [d for _, d in results])))
     return tuple(values.get(i, same.get(i, initial[i] if initial[i] is not lang.UNDEFINED else
                                         lang.Undefined(n, f"one branch of the if at line {lineno}")))
@@ -778,20 +839,19 @@ def _while(cond_fn, body_fn, names, initial, lineno):
 
 
 def _traced_while(cond_fn, body_fn, names, initial, lineno):
-    carried = [i for i, v in enumerate(initial) if isinstance(v, lang.Scalar) or _is_number(v)]
-    dtypes = {i: initial[i].dtype if isinstance(initial[i], lang.Scalar) else _guess_dtype(initial[i])
-              for i in carried}
+    carried = [i for i, v in enumerate(initial) if _traced(v) or _is_number(v)]
+    dtypes = {i: _type_of(initial[i]) if _traced(initial[i]) else _guess_dtype(initial[i]) for i in carried}
     location = lang.location()
 
     def values_from(block):
         values = list(initial)
         for i, a in zip(carried, block.arguments):
-            values[i] = lang.Scalar(a, dtypes[i])
+            values[i] = _value(a, dtypes[i])
         return values
 
     def build():
-        types_ = [lang.ir_type(dtypes[i]) for i in carried]
-        inits = [lang.coerce(initial[i], dtypes[i], f"loop-carried {names[i]!r}") for i in carried]
+        types_ = [_ir_type(dtypes[i]) for i in carried]
+        inits = [_coerce(initial[i], dtypes[i], f"loop-carried {names[i]!r}") for i in carried]
         op = lang.emit("scf.while", inits, types_, regions=2)
         before = op.regions[0].append_block(types_, [location] * len(types_))
         after = op.regions[1].append_block(types_, [location] * len(types_))
@@ -812,9 +872,9 @@ def _traced_while(cond_fn, body_fn, names, initial, lineno):
                 dtypes[i] = new[i].dtype
     op, after, new = build()
     for i in carried:
-        if isinstance(new[i], lang.Scalar) and new[i].dtype != dtypes[i]:
+        if _traced(new[i]) and _type_of(new[i]) != dtypes[i]:
             raise CompileError(f"loop-carried variable {names[i]!r} is {dtypes[i].name} before the loop and "
-                               f"{new[i].dtype.name} at the end of its body: mg.cast one of them")
+                               f"{_type_of(new[i]).name} at the end of its body: {_advice(dtypes[i], new[i])}")
     _yield(after, [new[i] for i in carried], [dtypes[i] for i in carried],
            [f"loop-carried {names[i]!r}" for i in carried])
     results = dict(zip(carried, _result_values(op, [dtypes[i] for i in carried])))

@@ -1,104 +1,158 @@
-"""mg.atomic: atomic read-modify-write of one memref element.
+"""mg.atomic: atomic operations on one memref element, with CUDA's memory model.
 
-    old = mg.atomic.add(C, (i, j), x)        # memref.atomic_rmw addf / addi
-    old = mg.atomic.max(C, i, x)             # maxnumf / maxs / maxu
-    old = mg.atomic.cas(flags, i, 0, 1)      # memref.generic_atomic_rmw
+    old = mg.atomic.add(C, (i, j), x)                    # relaxed, device scope: CUDA's atomicAdd
+    old = mg.atomic.max(C, i, x, scope="cta")            # atomicMax_block
+    ticket = mg.atomic.add(count, 0, 1, order="acq_rel") # a release of this thread's writes, an
+                                                         # acquire of the others'
+    old = mg.atomic.cas(flags, i, 0, 1)                  # atomicCAS
+    flag = mg.atomic.load(flags, i, order="acquire")     # cuda::atomic_ref::load
+    mg.atomic.store(flags, i, 1, order="release")        # cuda::atomic_ref::store
 
-Each returns the element's value from just before the operation, as a
-traced scalar. `index` is one index or a tuple of them; the value takes the
-memref's element type (Python numbers become constants of it; a traced value
-of another dtype is an error, mg.cast it). Global and shared memory both
-work. Float max/min follow IEEE maxNum/minNum (a NaN operand loses); PTX has
-no float atomic max/min, so they lower to a compare-and-swap loop.
+Each read-modify-write returns the element's value from just before the
+operation, as a traced scalar. `index` is one index or a tuple of them; the
+value takes the memref's element type (Python numbers become constants of
+it; a traced value of another dtype is an error, mg.cast it). Global and
+shared memory both work.
+
+`order` is the C++ memory order: "relaxed" (the default, as CUDA's atomicAdd),
+"acquire", "release" or "acq_rel" (loads take relaxed or acquire, stores
+relaxed or release). `scope` is the set of threads the ordering is with:
+"cta" (the block), "gpu" (the default: the whole device) or "sys" (the
+device, the host and peer devices). They become LLVM's atomic orderings and
+sync scopes, which the NVPTX back end writes as PTX `atom.acquire.gpu`,
+`atom.acq_rel.cta`, `ld.acquire.gpu`, ... Float max/min follow IEEE
+maxNum/minNum (a NaN operand loses); PTX has no float atomic max/min, so they
+become a compare-and-swap loop.
 """
 from .. import ir
 from .._mlirgpu import CompileError
 from . import core as lang
+from .target import ORDERINGS
 
-__all__ = ["add", "max", "min", "exchange", "and_", "or_", "xor", "cas"]
+__all__ = ["add", "max", "min", "exchange", "and_", "or_", "xor", "cas", "load", "store", "ORDERS", "SCOPES"]
 
-# arith::AtomicRMWKind
-_KINDS = {"addf": 0, "addi": 1, "andi": 2, "assign": 3, "maxnumf": 5, "maxs": 6, "maxu": 7,
-          "minnumf": 9, "mins": 10, "minu": 11, "ori": 14, "xori": 15}
+ORDERS = ("relaxed", "acquire", "release", "acq_rel")
+SCOPES = ("cta", "gpu", "sys")
 
 
-def _target(what, memref, index):
+def _check(what, order, scope, orders=ORDERS):
+    if order not in orders:
+        raise CompileError(f"mg.atomic.{what}: order must be one of {', '.join(map(repr, orders))}, "
+                           f"not {order!r}")
+    if scope not in SCOPES:
+        raise CompileError(f"mg.atomic.{what}: scope must be one of {', '.join(map(repr, SCOPES))}, not {scope!r}")
+
+
+def _ordering(order):
+    return ir.Attribute.integer(ORDERINGS[order], ir.Type.integer(64))
+
+
+def _scope(scope):
+    return ir.Attribute.string(lang.target().sync_scope(scope))
+
+
+def _pointer(what, memref, index):
     if not isinstance(memref, lang.MemRef):
         raise CompileError(f"mg.atomic.{what} takes a memref first, not {type(memref).__name__}")
-    if memref.dtype == lang.bool_:
-        raise CompileError(f"mg.atomic.{what} on a bool memref is not supported")
+    if memref.dtype in (lang.bool_, lang.index):
+        raise CompileError(f"mg.atomic.{what} on a {memref.dtype.name} memref is not supported")
+    if what != "load":
+        memref.check_writable(f"mg.atomic.{what}")
     indices = memref._indices(index if isinstance(index, tuple) else (index,))
     lang.target().check_access(memref, indices, lang.ATOMIC)
-    return indices
+    return lang.element_pointer(memref, indices)
 
 
-def _rmw(what, memref, index, value, kinds):
-    """kinds: (float kind, signed kind, unsigned kind); None where not defined."""
-    indices = _target(what, memref, index)
+def _rmw(what, memref, index, value, kinds, order, scope):
+    """kinds: (float op, signed op, unsigned op), LLVM atomicrmw operations; None where not defined."""
+    _check(what, order, scope)
+    pointer, space = _pointer(what, memref, index)
     dtype = memref.dtype
     float_kind, signed_kind, unsigned_kind = kinds
-    kind = float_kind if lang.is_float(dtype) else \
-        unsigned_kind if dtype in lang.UNSIGNED or dtype == lang.index else signed_kind
+    kind = float_kind if lang.is_float(dtype) else unsigned_kind if dtype in lang.UNSIGNED else signed_kind
     if kind is None:
         raise CompileError(f"mg.atomic.{what} is not defined on {dtype.name} elements")
     value = lang.coerce(value, dtype, f"mg.atomic.{what}'s memref element type")
-    op = lang.emit("memref.atomic_rmw", [value, memref.value, *indices], [lang.ir_type(dtype)],
-                   attributes={"kind": ir.Attribute.integer(_KINDS[kind])})
-    return lang.Scalar(op.result, dtype)
+    return lang.target().atomic_rmw(kind, pointer, value, order, scope, space)
 
 
-def add(memref, index, value):
+def add(memref, index, value, *, order="relaxed", scope="gpu"):
     """memref[index] += value, atomically; returns the old value."""
-    return _rmw("add", memref, index, value, ("addf", "addi", "addi"))
+    return _rmw("add", memref, index, value, ("fadd", "add", "add"), order, scope)
 
 
-def max(memref, index, value):
+def max(memref, index, value, *, order="relaxed", scope="gpu"):
     """memref[index] = max(memref[index], value), atomically; returns the old value."""
-    return _rmw("max", memref, index, value, ("maxnumf", "maxs", "maxu"))
+    return _rmw("max", memref, index, value, ("fmax", "max", "umax"), order, scope)
 
 
-def min(memref, index, value):
+def min(memref, index, value, *, order="relaxed", scope="gpu"):
     """memref[index] = min(memref[index], value), atomically; returns the old value."""
-    return _rmw("min", memref, index, value, ("minnumf", "mins", "minu"))
+    return _rmw("min", memref, index, value, ("fmin", "min", "umin"), order, scope)
 
 
-def exchange(memref, index, value):
+def exchange(memref, index, value, *, order="relaxed", scope="gpu"):
     """memref[index] = value, atomically; returns the old value (CUDA's atomicExch)."""
-    return _rmw("exchange", memref, index, value, ("assign", "assign", "assign"))
+    return _rmw("exchange", memref, index, value, ("xchg", "xchg", "xchg"), order, scope)
 
 
-def and_(memref, index, value):
+def and_(memref, index, value, *, order="relaxed", scope="gpu"):
     """memref[index] &= value (integers), atomically; returns the old value."""
-    return _rmw("and_", memref, index, value, (None, "andi", "andi"))
+    return _rmw("and_", memref, index, value, (None, "and", "and"), order, scope)
 
 
-def or_(memref, index, value):
+def or_(memref, index, value, *, order="relaxed", scope="gpu"):
     """memref[index] |= value (integers), atomically; returns the old value."""
-    return _rmw("or_", memref, index, value, (None, "ori", "ori"))
+    return _rmw("or_", memref, index, value, (None, "or", "or"), order, scope)
 
 
-def xor(memref, index, value):
+def xor(memref, index, value, *, order="relaxed", scope="gpu"):
     """memref[index] ^= value (integers), atomically; returns the old value."""
-    return _rmw("xor", memref, index, value, (None, "xori", "xori"))
+    return _rmw("xor", memref, index, value, (None, "xor", "xor"), order, scope)
 
 
-def cas(memref, index, expected, desired):
+# A failed compare-and-swap only reads: its ordering drops the release half.
+_FAILURE_ORDERS = {"relaxed": "relaxed", "acquire": "acquire", "release": "relaxed", "acq_rel": "acquire"}
+
+
+def cas(memref, index, expected, desired, *, order="relaxed", scope="gpu"):
     """Compare and swap: if memref[index] equals `expected`, store `desired`;
     atomically; returns the old value (CUDA's atomicCAS; the swap happened
-    iff the result equals `expected`). Integer elements only, as atomicCAS:
-    MLIR 22 cannot lower memref.generic_atomic_rmw on floats (llvm.cmpxchg
-    takes integers or pointers)."""
-    indices = _target("cas", memref, index)
+    iff the result equals `expected`). Integer elements only, as atomicCAS."""
+    _check("cas", order, scope)
+    attributes = {"success_ordering": _ordering(order), "failure_ordering": _ordering(_FAILURE_ORDERS[order]),
+                  "syncscope": _scope(scope)}
+    pointer, _ = _pointer("cas", memref, index)
     dtype = memref.dtype
     if not lang.is_integer(dtype):
         raise CompileError(f"mg.atomic.cas takes a memref of integers (as CUDA's atomicCAS), not {dtype.name}")
     expected = lang.coerce(expected, dtype, "mg.atomic.cas's memref element type")
     desired = lang.coerce(desired, dtype, "mg.atomic.cas's memref element type")
     t = lang.ir_type(dtype)
-    op = lang.emit("memref.generic_atomic_rmw", [memref.value, *indices], [t], regions=1)
-    block = op.regions[0].append_block([t])
-    current = lang.Scalar(block.arguments[0], dtype)
-    with ir.InsertionPoint(block):
-        new = lang.select(current == expected, desired, current)
-        lang.emit("memref.atomic_yield", [new])
-    return lang.Scalar(op.result, dtype)
+    pair = ir.Type.parse(f"!llvm.struct<({t}, i1)>")
+    op = lang.emit("llvm.cmpxchg", [pointer, expected, desired], [pair], attributes=attributes)
+    old = lang.emit("llvm.extractvalue", [op.result], [t], attributes={"position": ir.Attribute.dense_i64_array([0])})
+    return lang.Scalar(old.result, dtype)
+
+
+def _alignment(memref):
+    # An atomic access is of a whole, naturally aligned element.
+    return ir.Attribute.integer(memref.dtype.itemsize, ir.Type.integer(64))
+
+
+def load(memref, index, *, order="acquire", scope="gpu"):
+    """memref[index], read atomically ("relaxed" or "acquire", the default)."""
+    _check("load", order, scope, ("relaxed", "acquire"))
+    pointer, _ = _pointer("load", memref, index)
+    attributes = {"ordering": _ordering(order), "syncscope": _scope(scope), "alignment": _alignment(memref)}
+    op = lang.emit("llvm.load", [pointer], [lang.ir_type(memref.dtype)], attributes=attributes)
+    return lang.Scalar(op.result, memref.dtype)
+
+
+def store(memref, index, value, *, order="release", scope="gpu"):
+    """memref[index] = value, written atomically ("relaxed" or "release", the default)."""
+    _check("store", order, scope, ("relaxed", "release"))
+    pointer, _ = _pointer("store", memref, index)
+    attributes = {"ordering": _ordering(order), "syncscope": _scope(scope), "alignment": _alignment(memref)}
+    value = lang.coerce(value, memref.dtype, "mg.atomic.store's memref element type")
+    lang.emit("llvm.store", [value, pointer], attributes=attributes)

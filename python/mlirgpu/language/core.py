@@ -26,7 +26,7 @@ from .. import ir
 from .._mlirgpu import CompileError, DType, bf16, bool_, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64
 
 __all__ = ["Scalar", "MemRef", "constant", "cast", "thread_idx", "block_idx", "block_dim", "grid_dim",
-           "range_", "static_range", "select"]
+           "range_", "static_range", "select", "element_pointer", "address_space"]
 
 # The kinds of memory access a Target may check (Target.check_access).
 LOAD, STORE, ATOMIC, VECTOR_LOAD, VECTOR_STORE = range(5)
@@ -114,6 +114,17 @@ def gpu_module_scope():
     """Insert into the module of the function being traced, before it."""
     with ir.InsertionPoint.before(_top_level()):
         yield
+
+
+def require(what, ptx=None, sm=None):
+    """Records that the module uses `what`, which needs PTX ISA `ptx` (x10)
+    or chip sm_`sm` at least: the compiler raises the PTX version it writes
+    to `ptx`, and refuses an older chip with a CompileError naming `what`."""
+    state = module_state()
+    if ptx is not None and ptx > state.get("min_ptx", (0, ""))[0]:
+        state["min_ptx"] = (ptx, what)
+    if sm is not None and sm > state.get("min_sm", (0, ""))[0]:
+        state["min_sm"] = (sm, what)
 
 
 def unique_symbol(name):
@@ -259,7 +270,7 @@ class Scalar:
 
     def __neg__(self):
         if is_float(self.dtype):
-            return Scalar(emit("arith.negf", [self], [self.value.type]).result, self.dtype)
+            return Scalar(emit("arith.negf", [self], [self.value.type], arith_attributes("negf")).result, self.dtype)
         return _arith(0, self, "subf", "subi", "-")
 
     def __pos__(self):
@@ -369,8 +380,16 @@ def unify(a, b, op):
 _CONTRACTED = ("addf", "subf", "mulf")
 
 
+def fastmath():
+    """Whether the kernel being traced has @mg.kernel(fastmath=True)."""
+    return bool(module_state().get("fastmath"))
+
+
 def arith_attributes(name):
-    """The attributes of arith.<name>: fastmath<contract> for float + - *."""
+    """The attributes of arith.<name>: fastmath<contract> for float + - *, and
+    fastmath<fast> for every float operation under @mg.kernel(fastmath=True)."""
+    if fastmath() and name in _CONTRACTED + ("divf", "negf"):
+        return {"fastmath": ir.Attribute.parse("#arith.fastmath<fast>")}
     return {"fastmath": ir.Attribute.parse("#arith.fastmath<contract>")} if name in _CONTRACTED else None
 
 
@@ -386,7 +405,7 @@ def _div(a, b):
     a, b = unify(a, b, "/")
     if not is_float(a.dtype):
         raise CompileError(f"/ on {a.dtype.name} values: use // for integer division, or mg.cast to a float type")
-    return Scalar(emit("arith.divf", [a, b], [a.value.type]).result, a.dtype)
+    return Scalar(emit("arith.divf", [a, b], [a.value.type], arith_attributes("divf")).result, a.dtype)
 
 
 def _intdiv(a, b, kind, op):
@@ -524,21 +543,38 @@ def coerce(value, dtype, what):
 
 class MemRef:
     """A traced array parameter (or shared-memory array): `A[i, j]` loads,
-    `A[i, j] = v` stores. `name` (the parameter's) is for the CPU backend's
-    bounds-check errors."""
+    `A[i, j] = v` stores, `A.shape` its sizes. `extents` holds the static
+    sizes, None for a dynamic one. `name` (the parameter's) is for the CPU
+    backend's bounds-check errors."""
 
-    __slots__ = ("value", "dtype", "shape", "name")
+    __slots__ = ("value", "dtype", "extents", "name", "readonly")
 
-    def __init__(self, value, dtype, shape, name=None):
-        self.value, self.dtype, self.shape, self.name = value, dtype, tuple(shape), name
+    def __init__(self, value, dtype, shape, name=None, readonly=False):
+        self.value, self.dtype, self.extents, self.name = value, dtype, tuple(shape), name
+        self.readonly = readonly
+
+    def check_writable(self, what):
+        if self.readonly:
+            raise CompileError(f"{what} to {self.name!r}, which is declared .readonly()")
 
     def __repr__(self):
-        return f"<traced memref {'x'.join(map(str, self.shape))}x{self.dtype.name}>"
+        return f"<traced memref {'x'.join('?' if d is None else str(d) for d in self.extents)}x{self.dtype.name}>"
+
+    @property
+    def shape(self):
+        """The sizes: a Python int where static, a traced index (memref.dim) where dynamic."""
+        return tuple(d if d is not None else
+                     Scalar(emit("memref.dim", [self.value, constant(k, index)], [ir.Type.index()]).result, index)
+                     for k, d in enumerate(self.extents))
+
+    @property
+    def ndim(self):
+        return len(self.extents)
 
     def _indices(self, key):
         key = key if isinstance(key, tuple) else (key,)
-        if len(key) != len(self.shape):
-            raise CompileError(f"a {len(self.shape)}-d memref takes {len(self.shape)} indices, got {len(key)}")
+        if len(key) != len(self.extents):
+            raise CompileError(f"a {len(self.extents)}-d memref takes {len(self.extents)} indices, got {len(key)}")
         if any(isinstance(k, slice) for k in key):
             raise CompileError("slices of a memref are only supported for 1-d shared memory (s[a:b])")
         return [as_index(k) for k in key]
@@ -549,13 +585,16 @@ class MemRef:
         return Scalar(emit("memref.load", [self.value, *indices], [ir_type(self.dtype)]).result, self.dtype)
 
     def __setitem__(self, key, value):
+        self.check_writable("a store")
         indices = self._indices(key)
         value = coerce(value, self.dtype, "the memref's element type")
         target().check_access(self, indices, STORE)
         emit("memref.store", [value, self.value, *indices])
 
     def __len__(self):
-        return self.shape[0]
+        if self.extents[0] is None:
+            raise CompileError("len() of a memref whose first size is dynamic: use A.shape[0], a traced value")
+        return self.extents[0]
 
     def __bool__(self):
         raise CompileError("a memref has no Python truth value")
@@ -631,3 +670,39 @@ def python_range_args(args):
         return args[0], args[1], 1
     return args
 
+
+
+# ---------------------------------------------------------------------------
+# Element pointers: for the operations MLIR's memref dialect has no form of
+# (atomics with an ordering and scope, loads and stores with cache hints)
+
+_ADDRESS_SPACES = {"#gpu.address_space<workgroup>": 3, "#gpu.address_space<global>": 1}
+
+
+def address_space(memref):
+    """The LLVM address space of a memref's type (3 for shared memory on the GPU, else 0)."""
+    text = str(memref.value.type)
+    return next((space for name, space in _ADDRESS_SPACES.items() if name in text), 0)
+
+
+def element_pointer(memref, indices):
+    """(pointer, address space): an !llvm.ptr to memref[indices] (`indices` as
+    index Scalars), the aligned base pointer plus the element's offset from
+    the memref's strided metadata. A memref of no memory space is global
+    memory on the GPU: the target says in which address space it points."""
+    rank = len(memref.extents)
+    space = address_space(memref)
+    memory_space = str(memref.value.type).rsplit(", ", 1)[-1][:-1] if space else None
+    base_type = ir.Type.parse(f"memref<{ir_type(memref.dtype)}{', ' + memory_space if memory_space else ''}>")
+    metadata = emit("memref.extract_strided_metadata", [memref.value],
+                    [base_type] + [ir.Type.index()] * (1 + 2 * rank))
+    offset = Scalar(metadata.results[1], index)
+    strides = [Scalar(metadata.results[2 + rank + d], index) for d in range(rank)]
+    for i, stride in zip(indices, strides):
+        offset = offset + i * stride
+    base = Scalar(emit("memref.extract_aligned_pointer_as_index", [memref.value], [ir.Type.index()]).result, index)
+    address = cast(base + offset * memref.dtype.itemsize, i64)
+    pointer = emit("llvm.inttoptr", [address], [ir.Type.parse(f"!llvm.ptr<{space}>" if space else "!llvm.ptr")])
+    if space:
+        return pointer.result, space
+    return target().global_pointer(pointer.result)

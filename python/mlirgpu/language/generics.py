@@ -75,8 +75,10 @@ def is_symbol(x):
 
 
 class MemRefType:
-    """The annotation `mg.memref[d0, d1, ..., dtype]`: each size an int or a
-    generic, the element type a dtype or a generic."""
+    """The annotation `mg.memref[d0, d1, ..., dtype]`: each size an int, a
+    generic or None (a dynamic extent: any size, read in the kernel as
+    `A.shape[d]`, and no new compile for a new size), the element type a
+    dtype or a generic."""
 
     def __init__(self, params):
         params = params if isinstance(params, tuple) else (params,)
@@ -85,18 +87,40 @@ class MemRefType:
         *shape, dtype = params
         dtype = as_element_type(dtype)
         for size in shape:
-            if not (is_symbol(size) or (isinstance(size, int) and not isinstance(size, bool) and size > 0)):
-                raise CompileError(f"memref sizes are positive ints or generics, not {size!r}")
+            if not (size is None or is_symbol(size) or (isinstance(size, int) and not isinstance(size, bool)
+                                                        and size > 0)):
+                raise CompileError(f"memref sizes are positive ints, generics or None (known at launch), "
+                                   f"not {size!r}")
         if not (is_symbol(dtype) or isinstance(dtype, DType)):
             raise CompileError(f"the last entry of mg.memref[...] is the element type (a dtype or a generic), "
                                f"not {dtype!r}")
         self.shape, self.dtype = tuple(shape), dtype
+        self.is_readonly = self.is_noalias = False
+
+    def readonly(self):
+        """This annotation for an array the kernel only reads and that no other
+        parameter aliases (CUDA's `const T* __restrict__`): loads through it
+        may use the read-only data cache (PTX ld.global.nc), and storing to
+        it is a CompileError."""
+        copy = self.noalias()
+        copy.is_readonly = True
+        return copy
+
+    def noalias(self):
+        """This annotation for an array no other parameter aliases (CUDA's
+        `T* __restrict__`): LLVM may reorder and combine its accesses."""
+        copy = MemRefType(self.shape + (self.dtype,))
+        copy.is_readonly, copy.is_noalias = self.is_readonly, True
+        return copy
 
     def __repr__(self):
-        return f"mg.memref[{', '.join(map(_name, self.shape + (self.dtype,)))}]"
+        text = f"mg.memref[{', '.join(map(_name, self.shape + (self.dtype,)))}]"
+        return text + (".readonly()" if self.is_readonly else ".noalias()" if self.is_noalias else "")
 
 
 def _name(x):
+    if x is None:
+        return "None"
     return x.__name__ if isinstance(x, typing.TypeVar) else x.name if isinstance(x, (Generic, DType)) else repr(x)
 
 

@@ -1,7 +1,8 @@
-"""Device-side building blocks of kernels: barriers, vector loads and
-stores, printf.
+"""Device-side building blocks of kernels: barriers, fences, vector loads
+and stores, printf.
 
     mg.syncthreads()                     # gpu.barrier
+    mg.threadfence()                     # membar.gl (block, system: membar.cta, membar.sys)
     v = mg.vload(A, (i, j), 4)           # vector.load: vector<4xf32>, v[0] .. v[3]
     mg.vstore(B, (i, j), v * 2.0)        # vector.store
     mg.printf("%d: %f\\n", i, x)          # gpu.printf (vprintf)
@@ -14,7 +15,8 @@ from .. import ir
 from .._mlirgpu import CompileError
 from . import core as lang
 
-__all__ = ["syncthreads", "vload", "vstore", "Vector", "printf"]
+__all__ = ["syncthreads", "threadfence", "threadfence_block", "threadfence_system", "vload", "vstore", "Vector",
+           "load", "store", "LOAD_HINTS", "STORE_HINTS", "printf"]
 
 
 # ---------------------------------------------------------------------------
@@ -32,6 +34,46 @@ def syncthreads():
         y[i] = tile[TILE - 1 - t]
     """
     lang.target().barrier()
+
+
+# ---------------------------------------------------------------------------
+# Fences (docs/language_more.md, "The memory model")
+
+def threadfence():
+    """Order this thread's memory accesses for every thread of the device:
+    all its writes before the fence are seen by any thread that sees a write
+    after it (CUDA's __threadfence; PTX membar.gl).
+
+    For example::
+
+        partial[mg.block_idx.x] = total       # publish this block's result
+        mg.threadfence()                       # before the counter says it is there
+        done = mg.atomic.add(counter, 0, 1)
+    """
+    lang.target().fence("gpu")
+
+
+def threadfence_block():
+    """As mg.threadfence, among the threads of the block (__threadfence_block; membar.cta).
+
+    For example::
+
+        flags[mg.thread_idx.x] = 1
+        mg.threadfence_block()
+    """
+    lang.target().fence("cta")
+
+
+def threadfence_system():
+    """As mg.threadfence, also for the host and peer devices (__threadfence_system; membar.sys).
+
+    For example::
+
+        mailbox[0] = value                     # pinned host memory the host polls
+        mg.threadfence_system()
+        ready[0] = 1
+    """
+    lang.target().fence("sys")
 
 
 # ---------------------------------------------------------------------------
@@ -122,7 +164,8 @@ class Vector:
 
     def __neg__(self):
         if lang.is_float(self.dtype):
-            return Vector(lang.emit("arith.negf", [self.value], [self.value.type]).result, self.dtype, self.length)
+            return Vector(lang.emit("arith.negf", [self.value], [self.value.type],
+                                    lang.arith_attributes("negf")).result, self.dtype, self.length)
         return self._arith(0, None, "subi", "-", True)
 
 
@@ -144,9 +187,9 @@ def _vector_access(what, memref, index, length):
                            f"is at most {_VECTOR_BYTES} bytes")
     key = index if isinstance(index, tuple) else (index,)
     indices = memref._indices(key)
-    inner = memref.shape[-1]
+    inner = memref.extents[-1]
     last = key[-1]
-    if inner is not None and len(memref.shape) > 1 and inner % length:
+    if inner is not None and len(memref.extents) > 1 and inner % length:
         raise CompileError(f"{what} of {length} needs rows whose length is a multiple of {length} "
                            f"(aligned to {nbytes} bytes); this memref's rows hold {inner}")
     if isinstance(last, (int, np.integer)) and not isinstance(last, bool):
@@ -161,13 +204,14 @@ def _vector_access(what, memref, index, length):
     return indices, vector_type, ir.Attribute.integer(target.vector_alignment(dtype, nbytes))
 
 
-def vload(memref, index, length):
+def vload(memref, index, length, cache=None):
     """`length` consecutive elements along the innermost dimension, from
     `index` (an index or a tuple of indices), as a Vector (vector.load).
 
     The access is aligned to its size (16 bytes for 4 x f32): the innermost
     index must be a multiple of `length`, as for CUDA's float4 loads; a
     misaligned index is undefined behaviour on the GPU ("misaligned address").
+    `cache` is a load hint, as for mg.load.
 
     For example::
 
@@ -175,13 +219,16 @@ def vload(memref, index, length):
         mg.vstore(B, (row, col), v * 2.0)
     """
     indices, vector_type, alignment = _vector_access("mg.vload", memref, index, length)
+    if cache is not None:
+        return lang.target().hinted_load(memref, indices, length, _hint("mg.vload", cache, LOAD_HINTS, memref))
     op = lang.emit("vector.load", [memref.value, *indices], [vector_type], attributes={"alignment": alignment})
     return Vector(op.result, memref.dtype, length)
 
 
-def vstore(memref, index, vector):
+def vstore(memref, index, vector, cache=None):
     """Store a Vector (or a tuple/list of values) at `index` along the
-    innermost dimension (vector.store); aligned as for mg.vload.
+    innermost dimension (vector.store); aligned as for mg.vload. `cache` is
+    a store hint, as for mg.store.
 
     For example::
 
@@ -199,11 +246,85 @@ def vstore(memref, index, vector):
     if not isinstance(vector, Vector):
         raise CompileError(f"mg.vstore stores a vector (from mg.vload, or a tuple of values), "
                            f"not {type(vector).__name__}")
+    memref.check_writable("mg.vstore")
     indices, vector_type, alignment = _vector_access("mg.vstore", memref, index, vector.length)
     if vector.dtype != memref.dtype:
         raise CompileError(f"mg.vstore of a {vector.dtype.name} vector into a {memref.dtype.name} memref: "
                            f"the element types must match")
+    if cache is not None:
+        lang.target().hinted_store(memref, indices, vector, _hint("mg.vstore", cache, STORE_HINTS, memref))
+        return
     lang.emit("vector.store", [vector.value, memref.value, *indices], attributes={"alignment": alignment})
+
+
+# ---------------------------------------------------------------------------
+# Loads and stores with cache hints
+
+#: Load hints and their PTX (CUDA's __ldg, __ldcs, __ldlu and the L1 eviction priorities).
+LOAD_HINTS = {"readonly": "ld.global.nc", "streaming": "ld.global.cs", "last_use": "ld.global.lu",
+              "evict_first": "ld.global.L1::evict_first", "evict_last": "ld.global.L1::evict_last",
+              "no_allocate": "ld.global.L1::no_allocate"}
+#: Store hints and their PTX (CUDA's __stcs, __stwt and the L1 eviction priorities).
+STORE_HINTS = {"streaming": "st.global.cs", "write_through": "st.global.wt",
+               "evict_first": "st.global.L1::evict_first", "evict_last": "st.global.L1::evict_last",
+               "no_allocate": "st.global.L1::no_allocate"}
+
+
+def _hint(what, cache, hints, memref):
+    if cache not in hints:
+        raise CompileError(f"{what}: cache must be one of {', '.join(map(repr, hints))}, not {cache!r}")
+    if not isinstance(memref, lang.MemRef) or lang.address_space(memref):
+        raise CompileError(f"{what}: cache hints are for arrays in global memory (kernel parameters)")
+    return cache
+
+
+def load(memref, index, cache=None):
+    """memref[index], with a cache hint (LOAD_HINTS): "readonly" reads through
+    the read-only data cache (PTX ld.global.nc, CUDA's __ldg: the array must
+    not change during the kernel), "streaming" marks the line as used once
+    (ld.global.cs, __ldcs), "last_use" (ld.global.lu), "evict_first",
+    "evict_last" and "no_allocate" set the L1 eviction priority. None is a
+    plain load. On the CPU backend a hint is a plain load (the host's caches
+    take none).
+
+    For example::
+
+        w = mg.load(weights, i, cache="readonly")      # ld.global.nc
+        x = mg.load(stream_in, i, cache="streaming")   # ld.global.cs: read once
+    """
+    if not isinstance(memref, lang.MemRef):
+        raise CompileError(f"mg.load takes a memref first, not {type(memref).__name__}")
+    if cache is None:
+        return memref[index]
+    if memref.dtype in (lang.bool_, lang.index) or memref.dtype.itemsize < 2:
+        raise CompileError(f"mg.load with a cache hint of {memref.dtype.name} elements is not supported")
+    indices = memref._indices(index)
+    lang.target().check_access(memref, indices, lang.LOAD)
+    return lang.target().hinted_load(memref, indices, None, _hint("mg.load", cache, LOAD_HINTS, memref))
+
+
+def store(memref, index, value, cache=None):
+    """memref[index] = value, with a cache hint (STORE_HINTS): "streaming"
+    (st.global.cs, CUDA's __stcs: data not read again soon), "write_through"
+    (st.global.wt), "evict_first", "evict_last", "no_allocate". None is a
+    plain store; on the CPU backend every store is.
+
+    For example::
+
+        mg.store(out, i, y, cache="streaming")         # st.global.cs: written once, not read back
+    """
+    if not isinstance(memref, lang.MemRef):
+        raise CompileError(f"mg.store takes a memref first, not {type(memref).__name__}")
+    if cache is None:
+        memref[index] = value
+        return
+    memref.check_writable("mg.store")
+    if memref.dtype in (lang.bool_, lang.index) or memref.dtype.itemsize < 2:
+        raise CompileError(f"mg.store with a cache hint of {memref.dtype.name} elements is not supported")
+    indices = memref._indices(index)
+    value = lang.coerce(value, memref.dtype, "the memref's element type")
+    lang.target().check_access(memref, indices, lang.STORE)
+    lang.target().hinted_store(memref, indices, value, _hint("mg.store", cache, STORE_HINTS, memref))
 
 
 # ---------------------------------------------------------------------------

@@ -45,7 +45,7 @@ class SharedMemRef(lang.MemRef):
     __slots__ = ()
 
     def __repr__(self):
-        dims = "x".join("?" if d is None else str(d) for d in self.shape)
+        dims = "x".join("?" if d is None else str(d) for d in self.extents)
         return f"<traced shared memref {dims}x{self.dtype.name}>"
 
     def __getitem__(self, key):
@@ -59,20 +59,20 @@ class SharedMemRef(lang.MemRef):
         super().__setitem__(key, value)
 
     def __len__(self):
-        if self.shape[0] is None:
+        if self.extents[0] is None:
             raise CompileError("the length of dynamic shared memory is only known at launch: use mg.shared.size(s)")
-        return self.shape[0]
+        return self.extents[0]
 
     def _slice(self, key):
-        if len(self.shape) != 1:
-            raise CompileError(f"only 1-d shared memory can be sliced; this one is {len(self.shape)}-d")
+        if len(self.extents) != 1:
+            raise CompileError(f"only 1-d shared memory can be sliced; this one is {len(self.extents)}-d")
         if key.step is not None and not (isinstance(key.step, int) and key.step == 1):
             raise CompileError("a slice of shared memory takes no step: s[a:b]")
         start, stop = key.start, key.stop
         for bound in (start, stop):
             if isinstance(bound, (int,)) and not isinstance(bound, bool) and bound < 0:
                 raise CompileError(f"a slice bound of shared memory cannot be negative, got {bound}")
-        length = self.shape[0]
+        length = self.extents[0]
         if start is None:
             start = 0
         if stop is None:
@@ -189,7 +189,7 @@ def size(memref):
     """The number of elements of a 1-d memref as a traced index (memref.dim)."""
     if not isinstance(memref, lang.MemRef):
         raise CompileError(f"mg.shared.size takes a memref, not {type(memref).__name__}")
-    if memref.shape[0] is not None:
-        return lang.constant(memref.shape[0], lang.index)
+    if memref.extents[0] is not None:
+        return lang.constant(memref.extents[0], lang.index)
     op = lang.emit("memref.dim", [memref.value, lang.constant(0, lang.index)], [ir.Type.index()])
     return lang.Scalar(op.result, lang.index)

@@ -2,16 +2,57 @@
 
 Most of the language (arithmetic, loads, stores, loops) is the same MLIR for
 every target. A few operations are not: thread indices, barriers, printf,
-shuffles, shared memory, and the checks a debugging target adds around
-memory accesses. The trace asks its `Target` for those. This class is the
+shuffles, votes and warp reductions, shared memory, memref parameters with
+dynamic extents, fences, ordered atomics, cache-hinted accesses, approximate
+reciprocals, and the checks a debugging target adds around memory accesses. The trace asks its `Target` for those. This class is the
 GPU's meaning, the gpu and nvvm dialects' own operations; a backend that runs
 kernels elsewhere (the CPU backend, mlirgpu.compiler.cpu) subclasses it, and
 the language never needs to know which one it is tracing for.
 """
 from .. import ir
 from . import core as lang
+from .intrinsics import LOAD_HINTS, STORE_HINTS, Vector
 
-__all__ = ["Target"]
+__all__ = ["Target", "ORDERINGS", "llvm_atomicrmw"]
+
+# C++ memory orders as LLVM's AtomicOrdering (monotonic is C++'s relaxed).
+ORDERINGS = {"relaxed": 2, "acquire": 4, "release": 5, "acq_rel": 6, "seq_cst": 7}
+# LLVM's AtomicBinOp
+_BIN_OPS = {"xchg": 0, "add": 1, "and": 3, "or": 5, "xor": 6, "max": 7, "min": 8, "umax": 9, "umin": 10,
+            "fadd": 11, "fmax": 13, "fmin": 14}
+# PTX's atom: the operation and type of each (LLVM operation, dtype), and register constraints.
+_PTX_ATOM = {"xchg": "exch.b", "add": "add.u", "and": "and.b", "or": "or.b", "xor": "xor.b", "max": "max.s",
+             "min": "min.s", "umax": "max.u", "umin": "min.u", "fadd": "add.f"}
+_PTX_REGISTERS = {"i32": "r", "u32": "r", "i64": "l", "u64": "l", "f32": "f", "f64": "d"}
+_PTX_SPACES = {1: ".global", 3: ".shared"}  # the pointers element_pointer gives on the GPU
+_SHUFFLE_KINDS = {"xor": "bfly", "down": "down", "up": "up", "idx": "idx"}
+_REGISTERS = {16: "h", 32: "r", 64: "l"}  # PTX register constraints by width
+
+
+def _require_hint(instruction):
+    # PTX's L1 eviction priorities came with PTX ISA 7.4.
+    if "::" in instruction:
+        lang.require(f"the cache hint {instruction}", ptx=74)
+
+
+def _words(dtype, count):
+    """(bits, number) of the words a hinted access of `count` elements moves:
+    the elements themselves from 32 bits up, else 32-bit words of them (one
+    16-bit word for a lone 16-bit element)."""
+    nbytes = count * dtype.itemsize
+    if dtype.itemsize >= 4:
+        return dtype.itemsize * 8, count
+    return (32, nbytes // 4) if nbytes % 4 == 0 else (16, nbytes // 2)
+
+
+def llvm_atomicrmw(operation, pointer, value, order, syncscope):
+    """llvm.atomicrmw `operation` (an AtomicBinOp name) of `value` at `pointer`."""
+    i64 = ir.Type.integer(64)
+    op = lang.emit("llvm.atomicrmw", [pointer, value], [value.value.type], attributes={
+        "bin_op": ir.Attribute.integer(_BIN_OPS[operation], i64),
+        "ordering": ir.Attribute.integer(ORDERINGS[order], i64),
+        "syncscope": ir.Attribute.string(syncscope)})
+    return lang.Scalar(op.result, value.dtype)
 
 
 class Target:
@@ -20,10 +61,15 @@ class Target:
     #: The operation that ends a kernel's body.
     return_op = "gpu.return"
 
-    def kernel_function(self, module, name, types, location, attributes):
-        """The kernel's function in `module`, taking `types`; returns its entry
-        block. On the GPU a gpu.func with the gpu.kernel attribute, in
-        gpu.module @kernels of a gpu.container_module."""
+    def kernel_function(self, module, name, types, location, attributes, argument_attributes=None):
+        """The kernel's function in `module`, taking `types` (with
+        `argument_attributes`, a dict of LLVM attribute names per argument:
+        llvm.noalias, llvm.readonly); returns its entry block. On the GPU a
+        gpu.func with the gpu.kernel attribute, in gpu.module @kernels of a
+        gpu.container_module."""
+        if argument_attributes and any(argument_attributes):
+            attributes = dict(attributes, arg_attrs=ir.Attribute.array(
+                [ir.Attribute.dictionary({k: ir.Attribute.unit() for k in names}) for names in argument_attributes]))
         module.operation.set_attribute("gpu.container_module", ir.Attribute.unit())
         with ir.InsertionPoint(module.body):
             gpu_module = ir.Operation.create("gpu.module", attributes={"sym_name": ir.Attribute.string("kernels")},
@@ -34,6 +80,41 @@ class Target:
                 "function_type": ir.Attribute.type_attr(ir.Type.function(types, [])),
                 "gpu.kernel": ir.Attribute.unit(), **attributes})
         return func.regions[0].append_block(types, [location] * len(types))
+
+    def memref_parameter_types(self, shape, dtype):
+        """The function's argument types for a memref parameter of `shape`
+        (None for a dynamic extent). Static: the memref, passed as a bare
+        pointer. Dynamic: a rank-0 memref (the bare pointer) and one index
+        per dynamic extent, the launch passing each after the pointer."""
+        element = lang.ir_type(dtype)
+        if None not in shape:
+            return [ir.Type.memref(shape, element)]
+        return [ir.Type.memref([], element)] + [ir.Type.index()] * shape.count(None)
+
+    def memref_parameter(self, arguments, shape, dtype, name, readonly=False):
+        """The MemRef of a parameter, from the iterator of its block arguments
+        (those memref_parameter_types gave): on the GPU, a dynamic one is its
+        pointer viewed with its sizes (memref.reinterpret_cast, row-major)."""
+        pointer = next(arguments)
+        if None not in shape:
+            return lang.MemRef(pointer, dtype, shape, name, readonly)
+        sizes = [lang.Scalar(next(arguments), lang.index) if d is None else d for d in shape]
+        strides = [1]  # row-major: each stride the product of the sizes after it
+        for size in reversed(sizes[1:]):
+            strides.insert(0, size if strides[0] == 1 else strides[0] * size)
+        result = ir.Type.memref([ir.DYNAMIC if d is None else d for d in shape], lang.ir_type(dtype))
+        view = lang.emit("memref.reinterpret_cast", [pointer, *[v for v in sizes if isinstance(v, lang.Scalar)],
+                                                     *[v for v in strides if isinstance(v, lang.Scalar)]],
+                         [result], attributes={
+                             "operandSegmentSizes": ir.Attribute.dense_i32_array(
+                                 [1, 0, sum(isinstance(v, lang.Scalar) for v in sizes),
+                                  sum(isinstance(v, lang.Scalar) for v in strides)]),
+                             "static_offsets": ir.Attribute.dense_i64_array([0]),
+                             "static_sizes": ir.Attribute.dense_i64_array(
+                                 [ir.DYNAMIC if isinstance(v, lang.Scalar) else v for v in sizes]),
+                             "static_strides": ir.Attribute.dense_i64_array(
+                                 [ir.DYNAMIC if isinstance(v, lang.Scalar) else v for v in strides])})
+        return lang.MemRef(view.result, dtype, shape, name, readonly)
 
     def extra_argument_types(self):
         """Types of the arguments every traced function takes after its own (none on the GPU)."""
@@ -59,10 +140,144 @@ class Target:
         lang.emit("gpu.printf", operands, attributes={"format": ir.Attribute.string(format)})
 
     def shuffle(self, mode, value, offset, width):
-        """gpu.shuffle `mode` ("xor", "down", "up", "idx") of a 32/64-bit scalar; `offset` and `width` i32."""
-        op = lang.emit("gpu.shuffle", [value, offset, width], [value.value.type, ir.Type.integer(1)],
-                       attributes={"mode": ir.Attribute.parse(f"#gpu<shuffle_mode {mode}>")})
-        return lang.Scalar(op.results[0], value.dtype)
+        """shfl.sync `mode` ("xor", "down", "up", "idx") of a 32/64-bit scalar;
+        `offset` i32, `width` a Python int: the lanes of a segment, written
+        into the clamp operand as CUDA does, ((32 - width) << 8) | (up ? 0 : 31)."""
+        clamp = lang.constant(((32 - width) << 8) | (0 if mode == "up" else 31), lang.i32)
+        kind = ir.Attribute.parse(f"#nvvm<shfl_kind {_SHUFFLE_KINDS[mode]}>")
+        full = lang.constant(-1, lang.i32)
+        if value.dtype.itemsize == 4:
+            t = ir.Type.f32() if value.dtype == lang.f32 else ir.Type.integer(32)
+            op = lang.emit("nvvm.shfl.sync", [full, value, offset, clamp], [t], attributes={"kind": kind})
+            return lang.Scalar(op.result, value.dtype)
+        # 64 bits: each half shuffled on its own.
+        i32, i64 = ir.Type.integer(32), ir.Type.integer(64)
+        bits = lang.emit("arith.bitcast", [value], [i64]).result if value.dtype == lang.f64 else value.value
+        low = lang.emit("arith.trunci", [bits], [i32]).result
+        shift = lang.constant(32, lang.i64)
+        high = lang.emit("arith.trunci", [lang.emit("arith.shrui", [bits, shift], [i64]).result], [i32]).result
+        low, high = (lang.emit("nvvm.shfl.sync", [full, half, offset, clamp], [i32], attributes={"kind": kind}).result
+                     for half in (low, high))
+        low = lang.emit("arith.extui", [low], [i64]).result
+        high = lang.emit("arith.shli", [lang.emit("arith.extui", [high], [i64]).result, shift], [i64]).result
+        bits = lang.emit("arith.ori", [low, high], [i64]).result
+        if value.dtype == lang.f64:
+            bits = lang.emit("arith.bitcast", [bits], [ir.Type.f64()]).result
+        return lang.Scalar(bits, value.dtype)
+
+    def vote(self, kind, pred):
+        """vote.sync `kind` ("ballot", "any", "all") over the full warp: a u32 of
+        the lanes' predicates for a ballot, else a bool."""
+        result = ir.Type.integer(32) if kind == "ballot" else ir.Type.integer(1)
+        op = lang.emit("nvvm.vote.sync", [lang.constant(-1, lang.i32), pred], [result],
+                       attributes={"kind": ir.Attribute.parse(f"#nvvm<vote_sync_kind {kind}>")})
+        return lang.Scalar(op.result, lang.u32 if kind == "ballot" else lang.bool_)
+
+    def warp_reduce(self, op, value):
+        """The warp's reduction as one instruction, where there is one: PTX
+        redux.sync on 32-bit integers (sm_80 and newer); None for the library's
+        butterfly of shuffles."""
+        if value.dtype not in (lang.i32, lang.u32):
+            return None
+        lang.require("mg.warp.reduce of 32-bit integers (redux.sync)", sm=80)
+        kind = {"max": "umax", "min": "umin"}.get(op, op) if value.dtype == lang.u32 else op
+        result = lang.emit("nvvm.redux.sync", [value, lang.constant(-1, lang.i32)], [ir.Type.integer(32)],
+                           attributes={"kind": ir.Attribute.parse(f"#nvvm<redux_kind {kind}>")})
+        return lang.Scalar(result.result, value.dtype)
+
+    def global_pointer(self, pointer):
+        """(pointer, address space) of a generic pointer into global memory: the
+        global window (PTX cvta.to.global), so that loads, stores and atomics
+        through it are ld.global, st.global and atom.global."""
+        cast = lang.emit("llvm.addrspacecast", [pointer], [ir.Type.parse("!llvm.ptr<1>")])
+        return cast.result, 1
+
+    def sync_scope(self, scope):
+        """The LLVM sync scope of an atomic's `scope` ("cta", "gpu", "sys"): the
+        NVPTX back end's names, written as PTX's .cta, .gpu and .sys."""
+        return {"cta": "block", "gpu": "device", "sys": ""}[scope]
+
+    def atomic_rmw(self, operation, pointer, value, order, scope, space):
+        """The atomic read-modify-write `operation` (an LLVM AtomicBinOp name)
+        of `value` at `pointer` (in LLVM address space `space`); its old value.
+
+        LLVM 22's NVPTX back end writes every atomicrmw as a relaxed `atom`,
+        whatever its ordering and scope, so an ordered or narrower one is
+        PTX's `atom.<order>.<scope>` itself; float max/min (no PTX atom) and
+        8/16-bit integers become a compare-and-swap loop, which LLVM orders."""
+        dtype = value.dtype
+        registers = _PTX_REGISTERS.get(dtype.name)
+        if (order, scope) == ("relaxed", "gpu") or registers is None or operation in ("fmax", "fmin"):
+            return llvm_atomicrmw(operation, pointer, value, order, self.sync_scope(scope))
+        bits = dtype.itemsize * 8
+        instruction = "add.s32" if operation == "add" and dtype == lang.i32 else _PTX_ATOM[operation] + str(bits)
+        asm = f"atom.{order}.{scope}{_PTX_SPACES[space]}.{instruction} $0, [$1], $2;"
+        op = lang.emit("llvm.inline_asm", [pointer, value], [value.value.type], attributes={
+            "asm_string": ir.Attribute.string(asm),
+            "constraints": ir.Attribute.string(f"={registers},l,{registers},~{{memory}}"),
+            "has_side_effects": ir.Attribute.unit()})
+        return lang.Scalar(op.result, dtype)
+
+    def fence(self, scope):
+        """A sequentially consistent fence among the threads of `scope` (CUDA's
+        __threadfence_block, __threadfence, __threadfence_system): PTX membar.cta,
+        membar.gl and membar.sys, as nvcc writes them."""
+        lang.emit("nvvm.memory.barrier", attributes={"scope": ir.Attribute.parse(f"#nvvm.mem_scope<{scope}>")})
+
+    def hinted_load(self, memref, indices, length, cache):
+        """memref[indices] (a Scalar; `length` elements as a Vector) read with
+        the PTX of the cache hint: an `ld.global.<hint>` of the element's (or
+        vector's) bits, as CUDA's __ldg and __ldcs are written."""
+        _require_hint(LOAD_HINTS[cache])
+        pointer, _ = lang.element_pointer(memref, indices)
+        dtype, count = memref.dtype, length or 1
+        word_bits, words = _words(dtype, count)
+        register = _REGISTERS[word_bits]
+        word = ir.Type.integer(word_bits)
+        shape = f".v{words}" if words > 1 else ""
+        outputs = "{" + ", ".join(f"${k}" for k in range(words)) + "}" if words > 1 else "$0"
+        result = ir.Type.parse(f"!llvm.struct<({', '.join([str(word)] * words)})>") if words > 1 else word
+        op = lang.emit("llvm.inline_asm", [pointer], [result], attributes={
+            "asm_string": ir.Attribute.string(f"{LOAD_HINTS[cache]}{shape}.b{word_bits} {outputs}, [${words}];"),
+            "constraints": ir.Attribute.string(",".join([f"={register}"] * words + ["l"])),
+            "has_side_effects": ir.Attribute.unit()})
+        if words == 1 and length is None:
+            bits = op.result
+            if lang.is_float(dtype):
+                bits = lang.emit("arith.bitcast", [bits], [lang.ir_type(dtype)]).result
+            return lang.Scalar(bits, dtype)
+        parts = [op.result] if words == 1 else [
+            lang.emit("llvm.extractvalue", [op.result], [word],
+                      attributes={"position": ir.Attribute.dense_i64_array([k])}).result for k in range(words)]
+        packed = lang.emit("vector.from_elements", parts, [ir.Type.vector([words], word)]).result
+        vector = lang.emit("vector.bitcast", [packed], [ir.Type.vector([count], lang.ir_type(dtype))]).result
+        return Vector(vector, dtype, count)
+
+    def hinted_store(self, memref, indices, value, cache):
+        """memref[indices] = value (a Scalar or Vector), written with the PTX
+        of the cache hint: `st.global.<hint>` of its bits (CUDA's __stcs)."""
+        _require_hint(STORE_HINTS[cache])
+        pointer, _ = lang.element_pointer(memref, indices)
+        dtype = memref.dtype
+        count = value.length if isinstance(value, Vector) else 1
+        word_bits, words = _words(dtype, count)
+        word = ir.Type.integer(word_bits)
+        if isinstance(value, Vector):
+            packed = lang.emit("vector.bitcast", [value.value], [ir.Type.vector([words], word)]).result
+            parts = [lang.emit("vector.extract", [packed], [word], attributes={
+                "static_position": ir.Attribute.dense_i64_array([k])}).result for k in range(words)]
+        else:
+            parts = [lang.emit("arith.bitcast", [value], [word]).result if lang.is_float(dtype) else value.value]
+        shape = f".v{words}" if words > 1 else ""
+        inputs = "{" + ", ".join(f"${k + 1}" for k in range(words)) + "}" if words > 1 else "$1"
+        lang.emit("llvm.inline_asm", [pointer, *parts], [], attributes={
+            "asm_string": ir.Attribute.string(f"{STORE_HINTS[cache]}{shape}.b{word_bits} [$0], {inputs};"),
+            "constraints": ir.Attribute.string(",".join(["l"] + [_REGISTERS[word_bits]] * words + ["~{memory}"])),
+            "has_side_effects": ir.Attribute.unit()})
+
+    def reciprocal_approx(self, x):
+        """1 / x of an f32, approximate: PTX rcp.approx.ftz.f32."""
+        return lang.Scalar(lang.emit("nvvm.rcp.approx.ftz.f", [x], [x.value.type]).result, x.dtype)
 
     def lane_id(self):
         return lang.Scalar(lang.emit("gpu.lane_id", results=[ir.Type.index()]).result, lang.index)
@@ -122,7 +337,14 @@ class Target:
         """Before an access of `memref` at `indices`: nothing on the GPU."""
 
     def finish(self, module, state):
-        """Called once the kernel's module is traced."""
+        """Called once the kernel's module is traced: what it requires of the
+        PTX version and chip (core.require) goes on the module, for the compiler."""
+        for key in ("min_ptx", "min_sm"):
+            if key in state:
+                value, what = state[key]
+                module.operation.set_attribute(f"mg.{key}", ir.Attribute.dictionary({
+                    "version": ir.Attribute.integer(value, ir.Type.integer(32)),
+                    "for": ir.Attribute.string(what)}))
 
     # -- the tensor-core operations of sm_80 (mg.mma) ----------------------
     def mma_sync(self, kind, a, b, c):

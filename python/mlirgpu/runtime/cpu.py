@@ -130,9 +130,10 @@ def run(spec, args, grid, block, shared_mem=0):
         if not isinstance(arg, np.ndarray):
             raise LaunchError(f"parameter {p.name!r}: the CPU backend takes numpy.ndarray, "
                               f"not {type(arg).__name__}")
-        if arg.dtype != np.dtype(dtype.numpy) or list(arg.shape) != list(shape):
-            raise LaunchError(f"parameter {p.name!r}: expected shape {tuple(shape)} of {dtype.name}, "
-                              f"got {arg.shape} of {arg.dtype}")
+        if arg.dtype != np.dtype(dtype.numpy) or arg.ndim != len(shape) or \
+                any(want is not None and want != got for want, got in zip(shape, arg.shape)):
+            raise LaunchError(f"parameter {p.name!r}: expected shape {tuple(shape)} of {dtype.name} (None: any "
+                              f"size), got {arg.shape} of {arg.dtype}")
         if not arg.flags.writeable and index in compiled_stores(spec):
             raise LaunchError(f"parameter {p.name!r}: the array is read-only, and {spec.name} stores to it")
         if not (arg.flags.c_contiguous and arg.flags.aligned):

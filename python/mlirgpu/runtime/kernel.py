@@ -69,7 +69,7 @@ class Kernel(_mlirgpu.Dispatcher):
         print(spec.ir(), spec.ptx(chip="sm_90a"))
     """
 
-    def __new__(cls, function, generics=None, max_threads=None, min_blocks=None):
+    def __new__(cls, function, generics=None, max_threads=None, min_blocks=None, fastmath=False):
         # The dispatcher's miss handler refers back to the kernel through a
         # cell: a reference cycle, which the GC collects.
         cell = []
@@ -79,7 +79,7 @@ class Kernel(_mlirgpu.Dispatcher):
         _backend_kernels.add(self)
         return self
 
-    def __init__(self, function, generics=None, max_threads=None, min_blocks=None):
+    def __init__(self, function, generics=None, max_threads=None, min_blocks=None, fastmath=False):
         if not inspect.isfunction(function):
             raise TypeError(f"@mg.kernel decorates a function, not {type(function).__name__}")
         for name, value in (("max_threads", max_threads), ("min_blocks", min_blocks)):
@@ -89,7 +89,9 @@ class Kernel(_mlirgpu.Dispatcher):
             raise ValueError(f"@mg.kernel(max_threads={max_threads}): a block holds at most 1024 threads")
         if min_blocks is not None and max_threads is None:
             raise ValueError("@mg.kernel(min_blocks=...) needs max_threads=... too, as __launch_bounds__ does")
-        self.max_threads, self.min_blocks = max_threads, min_blocks
+        if not isinstance(fastmath, bool):
+            raise ValueError(f"@mg.kernel(fastmath=...) takes True or False, not {fastmath!r}")
+        self.max_threads, self.min_blocks, self.fastmath = max_threads, min_blocks, fastmath
         self.function = function
         self.__name__ = function.__name__
         self.__qualname__ = function.__qualname__
@@ -120,6 +122,8 @@ class Kernel(_mlirgpu.Dispatcher):
         self.__doc__ = _launch_doc(self, function.__doc__)
         self._rewritten = None
         self._specializations = {}
+        # The C dispatcher's signatures leave out the dynamic extents: a new size is no miss.
+        self.set_dynamic(self.dynamic_extents())
 
     def __repr__(self):
         return f"<mlirgpu kernel {self.__qualname__}[{', '.join(self.generics)}]>"
@@ -141,6 +145,11 @@ class Kernel(_mlirgpu.Dispatcher):
         for name, value in zip(self.generics, values):
             bound[name] = check_generic_value(name, value, self.dtype_generics())
         return self.specialize(bound)
+
+    def dynamic_extents(self):
+        """Per parameter, the dimensions annotated None (sizes known only at launch)."""
+        return [[d for d, size in enumerate(p.memref.shape) if size is None] if p.memref else []
+                for p in self.parameters]
 
     def argument_generics(self):
         """The generics the parameters' annotations name: those a launch binds from its arguments."""
@@ -202,6 +211,8 @@ class Kernel(_mlirgpu.Dispatcher):
                     raise LaunchError(f"parameter {p.name!r} is a {len(m.shape)}-d memref, got a "
                                       f"{len(shape)}-d array")
                 for axis, (want, got) in enumerate(zip(m.shape, shape)):
+                    if want is None:
+                        continue  # a dynamic extent: any size
                     if is_symbol(want):
                         bind_one(want, got, f"{p.name}.shape[{axis}]")
                     elif want != got:
@@ -344,13 +355,19 @@ def _check_scalar(p, arg, bound, bind_one):
             raise LaunchError(f"parameter {p.name!r} is {want.name}: {int(arg)} is out of its range {lo}..{hi}")
 
 
-def kernel(function=None, *, generics=None, max_threads=None, min_blocks=None):
-    """`@mg.kernel` or `@mg.kernel(generics=(M, K, N, dtype), max_threads=256, min_blocks=2)`.
+def kernel(function=None, *, generics=None, max_threads=None, min_blocks=None, fastmath=False):
+    """`@mg.kernel` or `@mg.kernel(generics=(M, K, N, dtype), max_threads=256, min_blocks=2, fastmath=True)`.
 
     `max_threads` and `min_blocks` are CUDA's `__launch_bounds__`: the most
     threads a launch's block may have (PTX `.maxntid`; a larger block is a
     LaunchError) and the blocks that should fit on one multiprocessor at once
     (`.minnctapersm`), which caps the registers ptxas may give a thread.
+
+    `fastmath=True` gives the kernel's float arithmetic and mg.math calls
+    MLIR's `fast` flags (nvcc's --use_fast_math): `exp`, `log`, `sin`, `cos`,
+    `pow` and friends become the approximate hardware instructions
+    (ex2.approx, lg2.approx, sin.approx, ...) and `/` an approximate division;
+    on the CPU backend the same flags let LLVM reassociate.
 
     For example::
 
@@ -366,13 +383,19 @@ def kernel(function=None, *, generics=None, max_threads=None, min_blocks=None):
         scale(x, 2.0, grid=4, block=256)
     """
     if function is None:
-        return lambda f: Kernel(f, generics, max_threads, min_blocks)
-    return Kernel(function, generics, max_threads, min_blocks)
+        return lambda f: Kernel(f, generics, max_threads, min_blocks, fastmath)
+    return Kernel(function, generics, max_threads, min_blocks, fastmath)
 
 
-class Specialization(CompiledModule):
+class Specialization(CompiledModule, _mlirgpu.Dispatcher):
     """A kernel with every generic given a value: its IR, PTX, cubin, and
     launches with arguments that must match it.
+
+    Calling it launches through a C dispatcher of its own, as calling the
+    kernel does: the first call with a signature checks the arguments
+    against the specialization (`_miss`) and registers them; later calls
+    with that signature launch from C. Dynamic extents are no part of the
+    signature, as for the kernel.
 
     For example::
 
@@ -382,10 +405,20 @@ class Specialization(CompiledModule):
         spec(x, 2.0, grid=4, block=256)        # launch with arguments that match it
     """
 
+    def __new__(cls, kernel, values):
+        # The miss handler refers back through a cell: a cycle the GC collects (as Kernel's).
+        cell = []
+        self = _mlirgpu.Dispatcher.__new__(cls, lambda args, kwargs: cell[0]._miss(args, kwargs),
+                                           kernel.function.__name__)
+        cell.append(self)
+        _backend_kernels.add(self)
+        return self
+
     def __init__(self, kernel, values):
         super().__init__()
         self.kernel, self.values = kernel, values
         self._module = None
+        self.set_dynamic(kernel.dynamic_extents())
 
     def __repr__(self):
         return f"<{self.kernel.__qualname__}[{', '.join(f'{k}={show(v)}' for k, v in self.values.items())}]>"
@@ -411,7 +444,7 @@ class Specialization(CompiledModule):
         result = []
         for p in self.kernel.parameters:
             if p.memref is not None:
-                shape = [self.values[symbol_name(s)] if is_symbol(s) else s for s in p.memref.shape]
+                shape = [self.values[symbol_name(s)] if is_symbol(s) else s for s in p.memref.shape]  # None: dynamic
                 dtype = self.values[symbol_name(p.memref.dtype)] if is_symbol(p.memref.dtype) else p.memref.dtype
                 result.append((p, shape, dtype))
             else:
@@ -425,7 +458,9 @@ class Specialization(CompiledModule):
         kernel = self.kernel
         return trace_kernel(kernel.function, kernel.rewritten(), self.name,
                             [(p.name, shape, dtype) for p, shape, dtype in self._param_types()], self.values,
-                            target=target, attributes=self._launch_bounds())
+                            target=target, attributes=self._launch_bounds(), fastmath=kernel.fastmath,
+                            qualifiers=[(p.memref.is_readonly, p.memref.is_noalias) if p.memref else (False, False)
+                                        for p in kernel.parameters])
 
     def ir(self):
         """The gpu-dialect module, with the user's file:line locations."""
@@ -443,19 +478,34 @@ class Specialization(CompiledModule):
     def cache_fields(self):
         kernel = self.kernel
         return (",".join(f"{k}={show(v)}" for k, v in self.values.items()),
-                f"opt_level=3,bare_pointers=1,max_threads={kernel.max_threads},min_blocks={kernel.min_blocks}")
+                f"opt_level=3,bare_pointers=1,max_threads={kernel.max_threads},min_blocks={kernel.min_blocks},"
+                f"fastmath={int(kernel.fastmath)}")
 
     def function_params(self):
-        return ["ptr" if shape is not None else dtype for _, shape, dtype in self._param_types()]
+        # An array with dynamic extents: its pointer, then those extents (the launch reads them off the array).
+        return [dtype if shape is None else
+                ("ptr", tuple(d for d, size in enumerate(shape) if size is None)) if None in shape else "ptr"
+                for _, shape, dtype in self._param_types()]
 
-    def __call__(self, *args, grid, block, shared_mem=0, stream=None):
+    def _miss(self, args, kwargs):
+        """A call whose signature the dispatcher has not seen: check the
+        arguments against the specialization, register them (on the GPU,
+        device arrays only) and launch."""
         # Generics the arguments do not determine (tile sizes) take the specialization's values.
         bound = self.kernel.bind(args, unbound=self.values)
         diff = [f"{k}={show(v)} (specialized for {show(self.values[k])})" for k, v in bound.items()
                 if v != self.values[k]]
         if diff:
             raise LaunchError(f"the arguments do not match {self!r}: {', '.join(diff)}")
-        self.launch(args, grid, block, shared_mem, stream)
+        unknown = set(kwargs) - {"grid", "block", "shared_mem", "stream"}
+        if unknown:
+            raise TypeError(f"{self!r}: unknown launch keyword {sorted(unknown)[0]!r}")
+        if not on_cpu() and not any(isinstance(a, np.ndarray) for a in args):
+            try:
+                self.register(args, self.function())
+            except ValueError:
+                pass  # arguments the dispatcher cannot classify: this path serves them each time
+        self.launch(args, **kwargs)
 
     def launch(self, args, grid=None, block=None, shared_mem=0, stream=None):
         """Launches with arguments already checked against this specialization."""
