@@ -1449,10 +1449,10 @@ static int pack_numpy_scalar(mg_function *self, Py_ssize_t index, PyObject *valu
  * receives and the caller keeps alive until the launch returned). A
  * producer stream the launch must wait for is added to `waits`. */
 static int pack_foreign_array(mg_function *self, Py_ssize_t index, PyObject *value, uint64_t *slot, PyObject **view,
-                              CUstream *waits, int *nwaits)
+                              CUstream *waits, int *nwaits, mg_foreign_memo *memo)
 {
     mg_foreign info;
-    int found = mg_array_foreign_pointer(value, &info);
+    int found = mg_array_foreign_pointer(value, &info, memo);
     if (found < 0)
         return -1;
     if (found == 0) {
@@ -1526,6 +1526,7 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
     CUstream waits[MG_CU_MAX_ARGS];           /* producers of foreign arrays, for the launch's stream */
     uint64_t arrays;                          /* bit i: argument i is an array */
     int ran_python = 0;                       /* reading the keywords ran user code */
+    mg_foreign_memo memo = {0};               /* what the array readers learn once per call */
     PyObject *result = NULL;
 
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -1629,7 +1630,7 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
             continue;
         }
         PyObject *view = NULL;
-        if (pack_foreign_array(self, i, arg, &slots[i], &view, waits, &nwaits) < 0)
+        if (pack_foreign_array(self, i, arg, &slots[i], &view, waits, &nwaits, &memo) < 0)
             goto error;
         if (view != NULL)
             views[nviews++] = view;
