@@ -919,6 +919,73 @@ static PyObject *array_copy_from_host(mg_array *self, PyObject *args, PyObject *
 /* DeviceArray: copies between arrays                                      */
 /* ---------------------------------------------------------------------- */
 
+/* An mlirgpu.Stream given for work on `device` must belong to it (other
+ * stream objects, and None, name a stream of the current context). */
+static int check_stream_device(PyObject *stream_obj, int device, const char *call)
+{
+    if (stream_obj == NULL || !PyObject_TypeCheck(stream_obj, mg_cu_Stream_type) ||
+        mg_cu_stream_device(stream_obj) == device)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: the stream belongs to device %d, the copy runs on device %d", call,
+                 mg_cu_stream_device(stream_obj), device);
+    return -1;
+}
+
+/* dst <- src between devices, on `stream` (of dst's device). The copy waits
+ * for the source's last stream, and that stream for the copy, so that
+ * neither a later write to the source nor its release overtakes it. */
+static int copy_across(mg_array *dst, mg_array *src, size_t nbytes, CUstream stream)
+{
+    if (mg_cu_stream_order_across(src->stream, src->device, stream, dst->device) < 0 ||
+        mg_cu_copy_peer(dst->ptr, dst->device, src->ptr, src->device, nbytes, stream) < 0)
+        return -1;
+    return mg_cu_stream_order_across(stream, dst->device, src->stream, src->device);
+}
+
+/* to(device, stream=None): the array on `device`, itself where it is
+ * there already, else a C-contiguous copy made on `stream`. */
+static PyObject *array_to(mg_array *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"device", "stream", NULL};
+    int device;
+    PyObject *stream_arg = Py_None, *stream_obj;
+    CUstream stream;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|O:to", keywords, mg_cu_device_converter, &device,
+                                     &stream_arg))
+        return NULL;
+    if (self->host)
+        return mg_raise(PyExc_TypeError, "to: a host DeviceArray (the CPU backend's) is on no device: "
+                        "copy it with mlirgpu.to_device(array.get())");
+    if (device == self->device)
+        return Py_NewRef((PyObject *)self);
+    if (!is_c_contiguous(self))
+        return mg_raise(PyExc_ValueError, "to: the array must be C-contiguous");
+    if (parse_stream(stream_arg, &stream, &stream_obj) < 0 || check_stream_device(stream_obj, device, "to") < 0)
+        return NULL;
+    mg_array *copy = array_create(self->dtype, self->ndim, self->shape, NULL);
+    if (copy == NULL)
+        return NULL;
+    copy->device = device;
+    size_t nbytes = (size_t)self->size * (size_t)self->dtype->itemsize;
+    if (nbytes > 0) {
+        int pushed;
+        if (mg_cu_push(device, &pushed) < 0)
+            goto error;
+        CUresult r = mg_cu.cuMemAlloc(&copy->ptr, nbytes);
+        mg_cu_pop(pushed);
+        if (mg_cu_check(r, "cuMemAlloc") < 0)
+            goto error;
+        copy->owns = 1;
+        if (copy_across(copy, self, nbytes, stream) < 0)
+            goto error;
+    }
+    mg_array_set_stream((PyObject *)copy, stream, stream_obj);
+    return (PyObject *)copy;
+error:
+    Py_DECREF(copy);
+    return NULL;
+}
+
 /* dst.copy_from(src, stream=None): both C-contiguous, of one shape and
  * dtype, both in device memory (cuMemcpyDtoDAsync on `stream`, not waited
  * for) or both in host memory (memcpy). A snapshot taken this way can be
@@ -952,6 +1019,14 @@ static PyObject *array_copy_from(mg_array *self, PyObject *args, PyObject *kwarg
     PyObject *stream_obj;
     if (parse_stream(stream_arg, &stream, &stream_obj) < 0)
         return NULL;
+    if (check_stream_device(stream_obj, self->device, "copy_from") < 0)
+        return NULL;
+    if (src->device != self->device) {
+        if (nbytes > 0 && copy_across(self, src, nbytes, stream) < 0)
+            return NULL;
+        mg_array_set_stream((PyObject *)self, stream, stream_obj);
+        Py_RETURN_NONE;
+    }
     if (nbytes > 0) {
         int pushed;
         if (mg_cu_push(self->device, &pushed) < 0)
@@ -2388,6 +2463,9 @@ static PyMethodDef array_methods[] = {
     {"copy_from_host", (PyCFunction)(void (*)(void))array_copy_from_host, METH_VARARGS | METH_KEYWORDS,
      "copy_from_host(src, stream=None): copies the numpy.ndarray `src` (same shape and dtype, both "
      "C-contiguous) into this array on `stream` (default: the array's last-used stream), not waited for."},
+    {"to", (PyCFunction)(void (*)(void))array_to, METH_VARARGS | METH_KEYWORDS,
+     "to(device, stream=None): the array on `device` (an ordinal or mlirgpu.cuda.Device): itself if it is "
+     "there, else a copy made on `stream` (a stream of that device), peer to peer where the devices allow."},
     {"copy_from", (PyCFunction)(void (*)(void))array_copy_from, METH_VARARGS | METH_KEYWORDS,
      "copy_from(src, stream=None): copies the DeviceArray `src` (same shape and dtype, both C-contiguous, "
      "both in device or both in host memory) into this one; device to device on `stream`, not waited for."},
