@@ -210,7 +210,7 @@ class Kernel(_mlirgpu.Dispatcher):
             return
         if not any(isinstance(a, np.ndarray) for a in args):
             try:
-                self.register(args, spec.function())
+                self.register(args, spec.function_for(args))
             except ValueError:
                 pass  # arguments the dispatcher cannot classify: this path serves them each time
         spec.launch(args, **kwargs)
@@ -258,6 +258,13 @@ def _array_shape_dtype(name, arg):
     if not array.is_c_contiguous:
         raise LaunchError(f"parameter {name!r} needs a C-contiguous array, got strides {array.strides}")
     return tuple(array.shape), array.dtype
+
+
+def _on_device(device):
+    """A scope where `device` (None: the thread's own) is the thread's device."""
+    if device is None or device == cuda.current_device():
+        return contextlib.nullcontext()
+    return cuda.device(device)
 
 
 def _array_device(name, arg):
@@ -411,9 +418,8 @@ class Specialization(CompiledModule):
                            for (p, shape, _), a in zip(self._param_types(), args)], grid, block, shared_mem)
             return
         device = self._launch_device(args)
-        # Loaded and launched on the arrays' device, which the launch makes current meanwhile.
-        on_device = device is not None and device != cuda.current_device()
-        with cuda.device(device) if on_device else contextlib.nullcontext():
+        # Loaded and launched on the arrays' device, which is current meanwhile (NumPy arrays go there).
+        with _on_device(device):
             function = self.function()
             host = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
             if host:
@@ -424,6 +430,11 @@ class Specialization(CompiledModule):
             for i, a in host:
                 # NumPy arrays are copied in, and back after the launch.
                 np.copyto(a, args[i].get(stream=stream))
+
+    def function_for(self, args):
+        """The kernel loaded on the device of the array arguments `args`."""
+        with _on_device(self._launch_device(args)):
+            return self.function()
 
     def _launch_device(self, args):
         """The device the arrays among `args` live on (None: no device
