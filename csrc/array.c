@@ -1741,7 +1741,8 @@ static PyObject *array_asarray_function(PyObject *module, PyObject *args, PyObje
 static PyObject *str_is_cuda, *str_is_cpu, *str_data_ptr, *str_dtype_attr, *str_shape, *str_stride,
                 *str_get_device, *str_module, *str_is_contiguous, *str_data, *str_ptr, *str_device_id,
                 *str_c_contiguous, *str_strides, *str_get_current_stream, *str_export_version,
-                *str_cupy_cuda, *str_cupy_util;
+                *str_cupy_cuda, *str_cupy_util, *str_is_ready, *str_block_until_ready,
+                *str_unsafe_buffer_pointer;
 /* torch.Tensor once an instance was seen (strong): torch is never imported here. */
 static PyTypeObject *torch_tensor_type;
 /* {torch.dtype: DType, or None where mlirgpu has no such dtype}; filled on first sight. */
@@ -1831,17 +1832,38 @@ static int is_cupy_ndarray(PyTypeObject *type)
     return 0;
 }
 
+/* jax.Array's implementation: a type of the MRO named "ArrayImpl" in jax or
+ * jaxlib (a Python class in older releases, a C++ one in newer). */
+static int is_jax_array(PyTypeObject *type)
+{
+    PyObject *mro = type->tp_mro;
+    for (Py_ssize_t i = 0; mro != NULL && i < PyTuple_GET_SIZE(mro); i++) {
+        PyTypeObject *base = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+        const char *module;
+        char buffer[64];
+        if (strcmp(type_short_name(base), "ArrayImpl") != 0)
+            continue;
+        if ((module = type_module(base, buffer, sizeof buffer)) == NULL) {
+            PyErr_Clear();
+            continue;
+        }
+        if (strncmp(module, "jax", 3) == 0)
+            return 1;
+    }
+    return 0;
+}
+
 /* ---- How each type's arrays are read, found once per type ----
  *
  * A launch reads its array arguments through what their library exposes
- * (READER_TORCH, READER_CUPY) or through the protocols (READER_GENERIC:
+ * (READER_TORCH, READER_CUPY, READER_JAX) or through the protocols (READER_GENERIC:
  * __cuda_array_interface__, then __dlpack__). Which reader a type gets, and
  * for CuPy the functions that tell its current stream, are kept per type
  * along with the type's version tag: CPython gives a type a new tag (or 0)
  * whenever the type or one of its bases is changed, and a type whose tag
  * moved is classified again. Nothing about an object is kept: every call
  * reads pointer, dtype, shape, strides and device anew. */
-enum { READER_GENERIC, READER_TORCH, READER_CUPY };
+enum { READER_GENERIC, READER_TORCH, READER_CUPY, READER_JAX };
 
 typedef struct {
     PyTypeObject *type;        /* strong; NULL: a free slot */
@@ -1849,6 +1871,7 @@ typedef struct {
     int reader;
     PyObject *current_stream;  /* CuPy: cupy.cuda.get_current_stream (strong) */
     PyObject *settings;        /* CuPy: cupy._util, which holds CUDA_ARRAY_INTERFACE_EXPORT_VERSION (strong) */
+    int readonly;              /* JAX: whether its CAI exports arrays read-only; -1 until one was read */
 } type_reader;
 
 #define TYPE_READERS 16
@@ -1859,7 +1882,8 @@ static int type_readers_next;
  * the caller releases them, as reading an array may run code that evicts
  * the slot. */
 typedef struct {
-    int reader;
+    PyTypeObject *type;        /* borrowed from the object being read */
+    int reader, readonly;
     PyObject *current_stream, *settings;
 } reader_info;
 
@@ -1903,6 +1927,8 @@ static int cupy_functions(PyObject **current_stream, PyObject **settings)
 static int reader_of(PyTypeObject *type, reader_info *info)
 {
     info->current_stream = info->settings = NULL;
+    info->type = type;
+    info->readonly = -1;
     unsigned int version = type->tp_version_tag;
     int slot = -1;
     for (int i = 0; i < TYPE_READERS; i++) {
@@ -1911,6 +1937,7 @@ static int reader_of(PyTypeObject *type, reader_info *info)
             continue;
         if (version != 0 && r->version == version) {
             info->reader = r->reader;
+            info->readonly = r->readonly;
             info->current_stream = Py_XNewRef(r->current_stream);
             info->settings = Py_XNewRef(r->settings);
             return 0;
@@ -1922,6 +1949,9 @@ static int reader_of(PyTypeObject *type, reader_info *info)
     PyObject *current_stream = NULL, *settings = NULL;
     if (is_torch_tensor(type)) {
         reader = READER_TORCH;
+    }
+    else if (is_jax_array(type)) {
+        reader = READER_JAX;
     }
     else if (is_cupy_ndarray(type)) {
         if (cupy_functions(&current_stream, &settings) < 0)
@@ -1948,7 +1978,7 @@ static int reader_of(PyTypeObject *type, reader_info *info)
     }
     type_reader old = type_readers[slot];
     type_readers[slot] = (type_reader){(PyTypeObject *)Py_NewRef((PyObject *)type), version, reader,
-                                       current_stream, settings};
+                                       current_stream, settings, -1};
     /* Released last: a type's deallocation may run code. */
     Py_XDECREF(old.type);
     Py_XDECREF(old.current_stream);
@@ -2196,7 +2226,67 @@ fallback:
     return reader_fallback(out);
 }
 
-/* Any __cuda_array_interface__ (JAX's among them), read from its dict
+/* Whether JAX exports its arrays read-only, which does not change within a
+ * JAX version: read from the first array's __cuda_array_interface__ and
+ * kept with the type (when the type is still in the table after that code
+ * ran). 0 or 1; -1 to take the slow path. */
+static int jax_readonly(PyObject *obj, reader_info *info)
+{
+    if (info->readonly >= 0)
+        return info->readonly;
+    PyObject *cai = PyObject_GetAttr(obj, str_cai);
+    cai_fields f;
+    int status = cai == NULL ? -1 : cai_parse(cai, &f);
+    Py_XDECREF(cai);
+    if (status < 0)
+        return -1;
+    info->readonly = f.readonly;
+    for (int i = 0; i < TYPE_READERS; i++)
+        if (type_readers[i].type == info->type && type_readers[i].version == info->type->tp_version_tag)
+            type_readers[i].readonly = f.readonly;
+    return f.readonly;
+}
+
+/* A JAX array on one GPU: unsafe_buffer_pointer(), and for a signature
+ * dtype and shape (JAX arrays are C-contiguous); read-only where JAX's
+ * protocol says so. JAX's __cuda_array_interface__ (version 2, no stream)
+ * returns once the buffer is ready; so does this reader: is_ready(), and
+ * block_until_ready() only when it is not. An array on several devices, or
+ * deleted, takes the protocol, which says why it cannot be passed. */
+static int jax_read(PyObject *obj, reader_info *info, mg_foreign *out, int full)
+{
+    PyObject *value = call_method(obj, str_is_ready);
+    long long number;
+    if (value == Py_False)
+        Py_SETREF(value, call_method(obj, str_block_until_ready));
+    else if (value != Py_True)
+        goto fallback;
+    if (value == NULL || read_int(obj, str_unsafe_buffer_pointer, 1, &number) < 0)
+        goto fallback;
+    out->ptr = (CUdeviceptr)(unsigned long long)number;
+    if ((out->readonly = jax_readonly(obj, info)) < 0)
+        goto fallback;
+    if (full) {
+        Py_ssize_t size;
+        Py_SETREF(value, PyObject_GetAttr(obj, str_dtype_attr));
+        if (value == NULL || !PyArray_DescrCheck(value) || dtype_from_descr((PyArray_Descr *)value, &out->dtype) < 0)
+            goto fallback;
+        Py_SETREF(value, PyObject_GetAttr(obj, str_shape));
+        if (value == NULL || read_ints(value, out->shape, &out->ndim) < 0 ||
+            c_strides(out->ndim, out->shape, out->dtype->itemsize, out->strides, &size) < 0)
+            goto fallback;
+        out->contiguous = 1;
+        out->device = size > 0 && out->ptr != 0 ? mg_cu_pointer_device(out->ptr) : mg_cu_current_device();
+    }
+    Py_XDECREF(value);
+    return 1;
+fallback:
+    Py_XDECREF(value);
+    out->readonly = 0;
+    return reader_fallback(out);
+}
+
+/* Any other __cuda_array_interface__, read from its dict
  * without building a view: the caller holds the object, which keeps the
  * memory alive, for as long as the pointer is used. 1, or -1. */
 static int cai_read(PyObject *cai, mg_foreign *out, int full)
@@ -2278,6 +2368,8 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_mem
         status = torch_read(obj, out, full);
     else if (info.reader == READER_CUPY)
         status = cupy_read(obj, &info, out, full, memo);
+    else if (info.reader == READER_JAX)
+        status = jax_read(obj, &info, out, full);
     reader_info_release(&info);
     if (status != 0)
         return status;
@@ -2562,7 +2654,9 @@ int mg_array_init(PyObject *module)
         intern(&str_c_contiguous, "_c_contiguous") < 0 || intern(&str_strides, "strides") < 0 ||
         intern(&str_get_current_stream, "get_current_stream") < 0 ||
         intern(&str_export_version, "CUDA_ARRAY_INTERFACE_EXPORT_VERSION") < 0 ||
-        intern(&str_cupy_cuda, "cupy.cuda") < 0 || intern(&str_cupy_util, "cupy._util") < 0)
+        intern(&str_cupy_cuda, "cupy.cuda") < 0 || intern(&str_cupy_util, "cupy._util") < 0 ||
+        intern(&str_is_ready, "is_ready") < 0 || intern(&str_block_until_ready, "block_until_ready") < 0 ||
+        intern(&str_unsafe_buffer_pointer, "unsafe_buffer_pointer") < 0)
         return -1;
     if ((torch_dtypes = PyDict_New()) == NULL)
         return -1;

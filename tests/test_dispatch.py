@@ -808,3 +808,80 @@ print(json.dumps(out))
         assert out[path + "_producer"] == ["cuEventRecord", "cuStreamWaitEvent"]
         assert out[path + "_pointers"]
     assert out["cai_reads"] == 0
+
+
+# ---------------------------------------------------------------------------
+# JAX-like arrays (the reader is chosen by type name and module; real JAX:
+# test_dispatch_gpu.py)
+
+FAKE_JAX = '''
+import numpy as np
+
+counts = {"cai": 0, "waits": 0}   # not on the class: changing a type makes it be classified again
+
+class ArrayImpl:
+    """jax.Array's reading surface; its CAI claims a different shape, so a
+    signature tells which way the array was read."""
+    exported_readonly = True
+    def __init__(self, ptr, shape, dtype=np.float32, ready=True):
+        self.ptr, self.shape, self.dtype, self.ready = ptr, tuple(shape), np.dtype(dtype), ready
+    def is_ready(self):
+        return self.ready
+    def block_until_ready(self):
+        counts["waits"] += 1
+        self.ready = True
+        return self
+    def unsafe_buffer_pointer(self):
+        return self.ptr
+    @property
+    def __cuda_array_interface__(self):
+        counts["cai"] += 1
+        return {"shape": (99,), "typestr": self.dtype.str, "data": (self.ptr, self.exported_readonly),
+                "version": 2}
+
+ArrayImpl.__module__ = "jaxlib.xla_extension"
+'''
+
+
+def test_jax_like_arrays_are_read_by_attribute_once_ready():
+    out = run_json(FAKE_JAX + '''
+import json
+import mlirgpu._mlirgpu as C
+d = C.Dispatcher(lambda a, k: None, "k")
+sig = lambda *a: [list(map(str, s)) for s in d.signature(a)]
+out = {"ready": sig(ArrayImpl(4096, (2, 3)))}
+out["waits_when_ready"] = counts["waits"]
+out["cai_reads_first"] = counts["cai"]      # once per type: whether JAX exports read-only
+out["pending"] = sig(ArrayImpl(4096, (5,), np.int32, ready=False))
+out["waits_when_pending"] = counts["waits"]
+out["complex"] = sig(ArrayImpl(4096, (4,), np.complex64))
+out["cai_reads"] = counts["cai"]
+print(json.dumps(out))
+''')
+    assert out["ready"] == [["array", "mlirgpu.f32", "(2, 3)", "None", "0"]] and out["waits_when_ready"] == 0
+    assert out["cai_reads_first"] == 1
+    assert out["pending"] == [["array", "mlirgpu.i32", "(5,)", "None", "0"]] and out["waits_when_pending"] == 1
+    # a dtype mlirgpu lacks: the protocol, the second CAI read
+    assert out["complex"] == [["other", "<class 'jaxlib.xla_extension.ArrayImpl'>"]] and out["cai_reads"] == 2
+
+
+@pytest.mark.usefixtures("fake_driver")
+def test_jax_like_arrays_are_read_only_to_kernels():
+    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_JAX + '''
+buf, a = C.zeros(8, C.u64), C.empty(4)
+x = ArrayImpl(int(a.ptr), (4,))
+reads_only = module.get_function("record_params", params=["ptr", C.u32, "ptr"], stores=[0])
+reads_only(buf, np.uint32(1), x, grid=1, block=1)
+out["pointer"] = int(buf.get()[0]) == a.ptr
+try:
+    record(buf, np.uint32(1), x, grid=1, block=1)     # no stores=: it may store to any array
+except C.LaunchError as e:
+    out["stored"] = str(e)
+ArrayImpl.exported_readonly = False     # a JAX that exports writable arrays (the type changed: learnt again)
+buf = C.zeros(8, C.u64)
+record(buf, np.uint32(1), x, grid=1, block=1)
+out["writable"] = int(buf.get()[0]) == a.ptr
+print(json.dumps(out))
+''')
+    assert out["pointer"] and out["writable"]
+    assert "read-only" in out["stored"]

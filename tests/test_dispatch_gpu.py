@@ -282,11 +282,13 @@ def test_cupy_launch_waits_for_cupys_current_stream(add3):
     assert len(misses) == 1
 
 
-def test_jax_arrays_launch_and_hit(add3):
+def test_jax_arrays_launch_and_hit():
     jax = pytest.importorskip("jax")
     jnp = pytest.importorskip("jax.numpy")
     if not any(device.platform == "gpu" for device in jax.devices()):
         pytest.skip("JAX has no GPU here")
+    # JAX arrays are read-only to kernels: this add3 says it stores to its third array only
+    add3 = cuda.load_module(PTX).get_function("add3", params=["ptr", "ptr", "ptr", C.u32], stores=[2])
     d, misses = counting_dispatcher(add3)
     c = C.empty(N)
     for step in range(3):
@@ -296,3 +298,5 @@ def test_jax_arrays_launch_and_hit(add3):
         np.testing.assert_array_equal(c.get(), np.arange(N, dtype=np.float32) + step)
     assert len(misses) == 1
     assert d.signature((a,)) == d.signature((Protocol(a),))
+    with pytest.raises(C.LaunchError, match="read-only"):
+        d(a, a, b, N, **launch_config())
