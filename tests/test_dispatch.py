@@ -885,3 +885,35 @@ print(json.dumps(out))
 ''')
     assert out["pointer"] and out["writable"]
     assert "read-only" in out["stored"]
+
+
+@pytest.mark.usefixtures("fake_driver")
+def test_cupy_and_jax_like_hits_do_not_leak():
+    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_CUPY + FAKE_JAX + '''
+buf, a = C.zeros(8, C.u64), C.empty(16)
+c, j = ndarray(int(a.ptr), (16,)), ArrayImpl(int(a.ptr), (16,))
+current[0] = Stream(C.Stream().handle)      # every call waits for CuPy's stream
+reads_only = module.get_function("record_params", params=["ptr", C.u32, "ptr", "ptr", "ptr"], stores=[0])
+def miss(args, kwargs):
+    d.register(args, reads_only)
+    return reads_only(*args, **kwargs)
+d = C.Dispatcher(miss, "record_params")
+args = (buf, np.uint32(3), c, j, c)
+def loop(n):
+    for _ in range(n):
+        d(*args, grid=(1,), block=(1,))
+        reads_only(*args, grid=(1,), block=(1,))
+loop(1000); gc.collect()
+watched = (reads_only, buf, a, c, j, current[0], get_current_stream)
+refs = [sys.getrefcount(x) for x in watched]
+tracemalloc.start(); before = tracemalloc.get_traced_memory()[0]
+loop(10000); gc.collect()
+out["grown"] = tracemalloc.get_traced_memory()[0] - before
+tracemalloc.stop()
+out["refs_stable"] = refs == [sys.getrefcount(x) for x in watched]
+out["launched"] = [int(x) for x in buf.get()[:3]] == [a.ptr] * 3
+out["len"] = len(d)
+print(json.dumps(out))
+''')
+    assert out["refs_stable"] and out["launched"] and out["len"] == 1
+    assert out["grown"] < 10000, out["grown"]
