@@ -16,7 +16,11 @@ call it (after its first call every launch is a hit of its C dispatcher:
 argument signature, table lookup, launch), a specialization of it called as
 `kernel[L, BLOCK](...)` (a tile size the arguments do not give: its own C
 dispatcher), and the same kernel's Function from mlirgpu.cuda called
-directly; each with DeviceArrays and torch tensors.
+directly; each with DeviceArrays, and with each
+array library's own arrays where it is importable: torch tensors, CuPy
+arrays, JAX arrays (the two inputs: JAX arrays are immutable, the output is
+a DeviceArray). The last column is each row's cost over the same path
+with DeviceArrays: what passing that library's arrays costs per launch.
 
 Peers, each where importable: CuPy RawKernel, a torch in-place add, Triton,
 and cuLaunchKernel called from C (benchmarks/launch_floor.c, built with gcc
@@ -173,16 +177,17 @@ def specialization_runner(arrays, check):
     return launch
 
 
-def torch_tensors_runner(kernel, torch):
-    a = torch.arange(N_ELEMENTS, dtype=torch.float32, device="cuda")
-    b, c = a.clone(), torch.empty_like(a)
-
-    def launch():
-        kernel(a, b, c, grid=(N_ELEMENTS // 256,), block=(256,))
-
-    launch()
-    assert torch.equal(c, 2 * a)
-    return launch
+def jax_arrays(host):
+    """Two JAX arrays on the GPU, and a DeviceArray for the output: JAX
+    arrays are immutable, and a kernel may not store to them."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # leave memory to the others
+    import jax
+    import jax.numpy as jnp
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus:
+        raise ImportError("JAX sees no GPU")
+    a = jax.device_put(jnp.asarray(host), gpus[0])
+    return a, jnp.array(a, copy=True), mg.empty((N_ELEMENTS,), mg.f32)
 
 
 def cupy_runner():
@@ -251,18 +256,40 @@ def main():
         specialization_runner((mg.to_device(host), mg.to_device(host), mg.empty((N_ELEMENTS,), mg.f32)),
                               lambda c: np.testing.assert_array_equal(c.get(), 2 * host)), sync)
     paths["mlirgpu Function (DeviceArray args)"] = (launch, sync)
+    libraries = {}
     try:
         import torch
         t = torch.arange(N_ELEMENTS, dtype=torch.float32, device="cuda")
-        paths["mlirgpu @mg.kernel (torch tensor args)"] = (
-            kernel_runner((t, t.clone(), torch.empty_like(t)),
-                          lambda c: np.testing.assert_array_equal(c.cpu().numpy(), 2 * host)), sync)
-        paths["mlirgpu kernel[L, BLOCK] (torch tensor args)"] = (
-            specialization_runner((t, t.clone(), torch.empty_like(t)),
-                                  lambda c: np.testing.assert_array_equal(c.cpu().numpy(), 2 * host)), sync)
-        paths["mlirgpu Function (torch tensor args)"] = (torch_tensors_runner(kernel, torch), sync)
-    except ImportError:
-        pass
+        libraries["torch tensor"] = ((t, t.clone(), torch.empty_like(t)),
+                                     lambda c: np.testing.assert_array_equal(c.cpu().numpy(), 2 * host))
+    except ImportError as missing:
+        print(f"torch: not importable ({missing})")
+    try:
+        import cupy
+        x = cupy.asarray(host)
+        libraries["CuPy array"] = ((x, x.copy(), cupy.empty_like(x)),
+                                   lambda c: np.testing.assert_array_equal(cupy.asnumpy(c), 2 * host))
+    except ImportError as missing:
+        print(f"CuPy: not importable ({missing})")
+    try:
+        libraries["JAX arrays, DeviceArray out"] = (
+            jax_arrays(host), lambda c: np.testing.assert_array_equal(c.get(), 2 * host))
+    except ImportError as missing:
+        print(f"JAX: not importable ({missing})")
+    # JAX arrays are read-only to kernels: a Function that says it stores to its third array only
+    stores_c = mg.cuda.load_module(cubin).get_function("add", params=["ptr", "ptr", "ptr"], stores=[2])
+    for library, (arrays, check) in libraries.items():
+        add.clear()   # one signature at a time: the row measures this library's hits
+        try:
+            paths[f"mlirgpu @mg.kernel ({library} args)"] = (kernel_runner(arrays, check), sync)
+            add_tiled[N_ELEMENTS, 256].clear()
+            paths[f"mlirgpu kernel[L, BLOCK] ({library} args)"] = (specialization_runner(arrays, check), sync)
+        except mg.LaunchError as refused:   # arrays the library exports read-only
+            print(f"mlirgpu @mg.kernel ({library} args): {refused}")
+
+        def function_launch(arrays=arrays, function=stores_c if library.startswith("JAX") else kernel):
+            function(*arrays, grid=(N_ELEMENTS // 256,), block=(256,))
+        paths[f"mlirgpu Function ({library} args)"] = (function_launch, sync)
     for name, runner in (("CuPy RawKernel", cupy_runner), ("torch in-place add", torch_runner),
                          ("Triton", triton_runner)):
         try:
@@ -272,14 +299,19 @@ def main():
     rows = list(measure_all(paths, *measure).items())
     for stream, figures in c_floor(cubin, *measure).items():
         rows.append((f"C cuLaunchKernel, {stream} stream", figures))
-    cupy = dict(rows).get("CuPy RawKernel")
+    figures = dict(rows)
+    cupy = figures.get("CuPy RawKernel")
     print(f"\nus per launch, {mg.cuda.Device(0).name}, medians of {args.repeats} runs; host: batches of "
           f"{args.batch}, +sync: {args.launches} launches then one synchronise")
-    print(f"| {'launch path':<44} | {'host':>6} | {'vs CuPy':>7} | {'+sync':>6} | {'vs CuPy':>7} |")
-    print(f"|{'-' * 46}|{'-' * 8}|{'-' * 9}|{'-' * 8}|{'-' * 9}|")
+    print(f"| {'launch path':<44} | {'host':>6} | {'vs CuPy':>7} | {'+sync':>6} | {'vs CuPy':>7} | "
+          f"{'over DeviceArray':>16} |")
+    print(f"|{'-' * 46}|{'-' * 8}|{'-' * 9}|{'-' * 8}|{'-' * 9}|{'-' * 18}|")
     for name, (host, synced) in rows:
         vs = (f"{host / cupy[0]:.2f}x", f"{synced / cupy[1]:.2f}x") if cupy else ("n/a", "n/a")
-        print(f"| {name:<44} | {host:6.2f} | {vs[0]:>7} | {synced:6.2f} | {vs[1]:>7} |")
+        # the same path with DeviceArrays, measured in the same run
+        base = figures.get(name.split(" (")[0] + " (DeviceArray args)") if " args)" in name else None
+        over = f"{host - base[0]:+.2f} us" if base and "DeviceArray" not in name else ""
+        print(f"| {name:<44} | {host:6.2f} | {vs[0]:>7} | {synced:6.2f} | {vs[1]:>7} | {over:>16} |")
 
 
 if __name__ == "__main__":

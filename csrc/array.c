@@ -923,6 +923,73 @@ static PyObject *array_copy_from_host(mg_array *self, PyObject *args, PyObject *
 /* DeviceArray: copies between arrays                                      */
 /* ---------------------------------------------------------------------- */
 
+/* An mlirgpu.Stream given for work on `device` must belong to it (other
+ * stream objects, and None, name a stream of the current context). */
+static int check_stream_device(PyObject *stream_obj, int device, const char *call)
+{
+    if (stream_obj == NULL || !PyObject_TypeCheck(stream_obj, mg_cu_Stream_type) ||
+        mg_cu_stream_device(stream_obj) == device)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: the stream belongs to device %d, the copy runs on device %d", call,
+                 mg_cu_stream_device(stream_obj), device);
+    return -1;
+}
+
+/* dst <- src between devices, on `stream` (of dst's device). The copy waits
+ * for the source's last stream, and that stream for the copy, so that
+ * neither a later write to the source nor its release overtakes it. */
+static int copy_across(mg_array *dst, mg_array *src, size_t nbytes, CUstream stream)
+{
+    if (mg_cu_stream_order_across(src->stream, src->device, stream, dst->device) < 0 ||
+        mg_cu_copy_peer(dst->ptr, dst->device, src->ptr, src->device, nbytes, stream) < 0)
+        return -1;
+    return mg_cu_stream_order_across(stream, dst->device, src->stream, src->device);
+}
+
+/* to(device, stream=None): the array on `device`, itself where it is
+ * there already, else a C-contiguous copy made on `stream`. */
+static PyObject *array_to(mg_array *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"device", "stream", NULL};
+    int device;
+    PyObject *stream_arg = Py_None, *stream_obj;
+    CUstream stream;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|O:to", keywords, mg_cu_device_converter, &device,
+                                     &stream_arg))
+        return NULL;
+    if (self->host)
+        return mg_raise(PyExc_TypeError, "to: a host DeviceArray (the CPU backend's) is on no device: "
+                        "copy it with mlirgpu.to_device(array.get())");
+    if (device == self->device)
+        return Py_NewRef((PyObject *)self);
+    if (!is_c_contiguous(self))
+        return mg_raise(PyExc_ValueError, "to: the array must be C-contiguous");
+    if (parse_stream(stream_arg, &stream, &stream_obj) < 0 || check_stream_device(stream_obj, device, "to") < 0)
+        return NULL;
+    mg_array *copy = array_create(self->dtype, self->ndim, self->shape, NULL);
+    if (copy == NULL)
+        return NULL;
+    copy->device = device;
+    size_t nbytes = (size_t)self->size * (size_t)self->dtype->itemsize;
+    if (nbytes > 0) {
+        int pushed;
+        if (mg_cu_push(device, &pushed) < 0)
+            goto error;
+        CUresult r = mg_cu.cuMemAlloc(&copy->ptr, nbytes);
+        mg_cu_pop(pushed);
+        if (mg_cu_check(r, "cuMemAlloc") < 0)
+            goto error;
+        copy->owns = 1;
+        if (copy_across(copy, self, nbytes, stream) < 0)
+            goto error;
+    }
+    mg_array_set_stream((PyObject *)copy, stream, stream_obj);
+    return (PyObject *)copy;
+error:
+    Py_DECREF(copy);
+    return NULL;
+}
+
 /* dst.copy_from(src, stream=None): both C-contiguous, of one shape and
  * dtype, both in device memory (cuMemcpyDtoDAsync on `stream`, not waited
  * for) or both in host memory (memcpy). A snapshot taken this way can be
@@ -956,6 +1023,14 @@ static PyObject *array_copy_from(mg_array *self, PyObject *args, PyObject *kwarg
     PyObject *stream_obj;
     if (parse_stream(stream_arg, &stream, &stream_obj) < 0)
         return NULL;
+    if (check_stream_device(stream_obj, self->device, "copy_from") < 0)
+        return NULL;
+    if (src->device != self->device) {
+        if (nbytes > 0 && copy_across(self, src, nbytes, stream) < 0)
+            return NULL;
+        mg_array_set_stream((PyObject *)self, stream, stream_obj);
+        Py_RETURN_NONE;
+    }
     if (nbytes > 0) {
         int pushed;
         if (mg_cu_push(self->device, &pushed) < 0)
@@ -1308,70 +1383,95 @@ static int int_tuple(PyObject *obj, const char *what, Py_ssize_t *out, int max, 
     return 0;
 }
 
-/* A view of a CAI object. v3: the consumer orders its work after the
- * producer's `stream`. With `wait` NULL (asarray) the legacy default stream,
- * the view's stream, waits for it now; otherwise the stream is handed back
- * in *wait / *producer for a launch to wait on from its own stream. */
-static PyObject *view_from_cai(PyObject *obj, PyObject *cai, int *wait, CUstream *producer)
+/* What a __cuda_array_interface__ dict says, checked. */
+typedef struct {
+    mg_dtype *dtype;          /* borrowed singleton */
+    int ndim, has_strides, readonly, has_stream;
+    Py_ssize_t shape[MG_MAX_NDIM], strides[MG_MAX_NDIM];
+    unsigned long long pointer;
+    CUstream stream;          /* the producer's stream, where has_stream */
+} cai_fields;
+
+/* Reads and checks a CAI dict (v0 to v3): 0, or -1 with TypeError or
+ * ValueError. Nothing here runs Python code, so the dict's borrowed items
+ * stay valid throughout. */
+static int cai_parse(PyObject *cai, cai_fields *f)
 {
-    if (!PyDict_Check(cai))
-        return PyErr_Format(PyExc_TypeError, "__cuda_array_interface__ must be a dict, not %.100s",
-                            Py_TYPE(cai)->tp_name);
+    if (!PyDict_Check(cai)) {
+        PyErr_Format(PyExc_TypeError, "__cuda_array_interface__ must be a dict, not %.100s", Py_TYPE(cai)->tp_name);
+        return -1;
+    }
     PyObject *shape_obj, *typestr, *data, *version, *strides_obj, *mask, *stream_obj;
     if ((shape_obj = cai_item(cai, "shape", 1)) == NULL || (typestr = cai_item(cai, "typestr", 1)) == NULL ||
         (data = cai_item(cai, "data", 1)) == NULL || (version = cai_item(cai, "version", 1)) == NULL)
-        return NULL;
+        return -1;
     strides_obj = cai_item(cai, "strides", 0);
     mask = cai_item(cai, "mask", 0);
     stream_obj = cai_item(cai, "stream", 0);
-    if (!PyLong_Check(version))
-        return mg_raise(PyExc_TypeError, "__cuda_array_interface__ 'version' must be an int");
-    if (mask != NULL && mask != Py_None)
-        return mg_raise(PyExc_ValueError, "masked __cuda_array_interface__ arrays are not supported");
-
-    int ndim, nstrides;
-    Py_ssize_t shape[MG_MAX_NDIM], strides[MG_MAX_NDIM];
-    mg_dtype *dtype;
-    if (int_tuple(shape_obj, "shape", shape, MG_MAX_NDIM, &ndim, 1) < 0 || dtype_from_typestr(typestr, &dtype) < 0)
-        return NULL;
+    if (!PyLong_Check(version)) {
+        PyErr_SetString(PyExc_TypeError, "__cuda_array_interface__ 'version' must be an int");
+        return -1;
+    }
+    if (mask != NULL && mask != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "masked __cuda_array_interface__ arrays are not supported");
+        return -1;
+    }
+    int nstrides;
+    if (int_tuple(shape_obj, "shape", f->shape, MG_MAX_NDIM, &f->ndim, 1) < 0 ||
+        dtype_from_typestr(typestr, &f->dtype) < 0)
+        return -1;
     /* The read-only flag is a bool (an int is taken too); anything else could run Python code while
      * the dict's items are borrowed. */
     if (!PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2 || !PyLong_Check(PyTuple_GET_ITEM(data, 0)) ||
-        !PyLong_Check(PyTuple_GET_ITEM(data, 1)))
-        return mg_raise(PyExc_TypeError, "__cuda_array_interface__ 'data' must be a (pointer, read_only) tuple");
-    int readonly = PyObject_IsTrue(PyTuple_GET_ITEM(data, 1));
-    if (readonly < 0)
-        return NULL;
-    unsigned long long pointer = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
-    if (pointer == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    int has_strides = strides_obj != NULL && strides_obj != Py_None;
-    if (has_strides) {
-        if (int_tuple(strides_obj, "strides", strides, MG_MAX_NDIM, &nstrides, 0) < 0)
-            return NULL;
-        if (nstrides != ndim)
-            return mg_raise(PyExc_ValueError, "__cuda_array_interface__ has %d strides for %d dimensions",
-                            nstrides, ndim);
+        !PyLong_Check(PyTuple_GET_ITEM(data, 1))) {
+        PyErr_SetString(PyExc_TypeError, "__cuda_array_interface__ 'data' must be a (pointer, read_only) tuple");
+        return -1;
+    }
+    if ((f->readonly = PyObject_IsTrue(PyTuple_GET_ITEM(data, 1))) < 0)
+        return -1;
+    f->pointer = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
+    if (f->pointer == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    f->has_strides = strides_obj != NULL && strides_obj != Py_None;
+    if (f->has_strides) {
+        if (int_tuple(strides_obj, "strides", f->strides, MG_MAX_NDIM, &nstrides, 0) < 0)
+            return -1;
+        if (nstrides != f->ndim) {
+            PyErr_Format(PyExc_ValueError, "__cuda_array_interface__ has %d strides for %d dimensions",
+                         nstrides, f->ndim);
+            return -1;
+        }
     }
     /* None or absent: nothing to wait for. */
+    f->has_stream = 0;
     if (stream_obj != NULL && stream_obj != Py_None) {
-        if (!PyLong_Check(stream_obj))
-            return mg_raise(PyExc_TypeError, "__cuda_array_interface__ 'stream' must be an int or None");
-        if (PyLong_AsLongLong(stream_obj) == 0 && !PyErr_Occurred())
-            return mg_raise(PyExc_ValueError, "__cuda_array_interface__ 'stream' 0 is disallowed by version 3");
+        if (!PyLong_Check(stream_obj)) {
+            PyErr_SetString(PyExc_TypeError, "__cuda_array_interface__ 'stream' must be an int or None");
+            return -1;
+        }
+        if (PyLong_AsLongLong(stream_obj) == 0 && !PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__ 'stream' 0 is disallowed by version 3");
+            return -1;
+        }
         PyErr_Clear();
-        CUstream stream;
-        if (!mg_cu_stream_converter(stream_obj, &stream))
-            return NULL;
-        if (wait != NULL) {
-            *wait = 1;
-            *producer = stream;
-        }
-        else if (mg_cu_stream_order(stream, NULL) < 0) {
-            return NULL;
-        }
+        if (!mg_cu_stream_converter(stream_obj, &f->stream))
+            return -1;
+        f->has_stream = 1;
     }
-    mg_array *view = array_create(dtype, ndim, shape, has_strides ? strides : NULL);
+    return 0;
+}
+
+/* A view of a CAI object. v3: the consumer orders its work after the
+ * producer's `stream`: the legacy default stream, the view's stream, waits
+ * for it now. */
+static PyObject *view_from_cai(PyObject *obj, PyObject *cai)
+{
+    cai_fields f;
+    if (cai_parse(cai, &f) < 0)
+        return NULL;
+    if (f.has_stream && mg_cu_stream_order(f.stream, NULL) < 0)
+        return NULL;
+    mg_array *view = array_create(f.dtype, f.ndim, f.shape, f.has_strides ? f.strides : NULL);
     if (view == NULL)
         return NULL;
     Py_ssize_t lo, hi;
@@ -1379,9 +1479,9 @@ static PyObject *view_from_cai(PyObject *obj, PyObject *cai, int *wait, CUstream
         Py_DECREF(view);
         return NULL;
     }
-    view->ptr = (CUdeviceptr)pointer;
-    view->readonly = readonly;
-    view->device = view->size > 0 && pointer != 0 ? mg_cu_pointer_device(view->ptr) : mg_cu_current_device();
+    view->ptr = (CUdeviceptr)f.pointer;
+    view->readonly = f.readonly;
+    view->device = view->size > 0 && f.pointer != 0 ? mg_cu_pointer_device(view->ptr) : mg_cu_current_device();
     view->owner = Py_NewRef(obj);
     return (PyObject *)view;
 }
@@ -1572,7 +1672,7 @@ PyObject *mg_array_asarray(PyObject *obj)
         return view_from_capsule(obj);
     PyObject *cai = PyObject_GetAttr(obj, str_cai);
     if (cai != NULL) {
-        PyObject *view = view_from_cai(obj, cai, NULL, NULL);
+        PyObject *view = view_from_cai(obj, cai);
         Py_DECREF(cai);
         return view;
     }
@@ -1643,7 +1743,10 @@ static PyObject *array_asarray_function(PyObject *module, PyObject *args, PyObje
 /* ---------------------------------------------------------------------- */
 
 static PyObject *str_is_cuda, *str_is_cpu, *str_data_ptr, *str_dtype_attr, *str_shape, *str_stride,
-                *str_get_device, *str_module;
+                *str_get_device, *str_module, *str_is_contiguous, *str_data, *str_ptr, *str_device_id,
+                *str_c_contiguous, *str_strides, *str_get_current_stream, *str_export_version,
+                *str_cupy_cuda, *str_cupy_util, *str_is_ready, *str_block_until_ready,
+                *str_unsafe_buffer_pointer;
 /* torch.Tensor once an instance was seen (strong): torch is never imported here. */
 static PyTypeObject *torch_tensor_type;
 /* {torch.dtype: DType, or None where mlirgpu has no such dtype}; filled on first sight. */
@@ -1659,6 +1762,32 @@ static const struct {
     {"float32", MG_DT_F32}, {"float64", MG_DT_F64},
 };
 
+/* The __module__ of a type of its MRO: borrowed, from the type's dict (heap
+ * types) or the dotted prefix of tp_name (extension types), in `buffer`. */
+static const char *type_module(PyTypeObject *type, char *buffer, size_t size)
+{
+    if (type->tp_dict != NULL && (type->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        PyObject *module = PyDict_GetItemWithError(type->tp_dict, str_module);   /* borrowed */
+        if (module == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+        return PyUnicode_Check(module) ? PyUnicode_AsUTF8(module) : NULL;
+    }
+    const char *dot = strrchr(type->tp_name, '.');
+    if (dot == NULL || (size_t)(dot - type->tp_name) >= size)
+        return NULL;
+    memcpy(buffer, type->tp_name, (size_t)(dot - type->tp_name));
+    buffer[dot - type->tp_name] = '\0';
+    return buffer;
+}
+
+static const char *type_short_name(PyTypeObject *type)
+{
+    const char *dot = strrchr(type->tp_name, '.');
+    return dot != NULL ? dot + 1 : type->tp_name;
+}
+
 /* torch.Tensor or a subclass: some heap type of the MRO is named "Tensor"
  * and has __module__ "torch" (torch.Tensor is a Python class over the C
  * torch._C.TensorBase). Later calls compare against the type found. */
@@ -1671,19 +1800,193 @@ static int is_torch_tensor(PyTypeObject *type)
         return 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
         PyTypeObject *base = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+        char buffer[64];
+        const char *module;
         if (!(base->tp_flags & Py_TPFLAGS_HEAPTYPE) || strcmp(base->tp_name, "Tensor") != 0 ||
-            base->tp_dict == NULL)
-            continue;
-        PyObject *module = PyDict_GetItemWithError(base->tp_dict, str_module);   /* borrowed */
-        if (module == NULL) {
+            (module = type_module(base, buffer, sizeof buffer)) == NULL) {
             PyErr_Clear();
             continue;
         }
-        if (PyUnicode_Check(module) && PyUnicode_CompareWithASCIIString(module, "torch") == 0) {
+        if (strcmp(module, "torch") == 0) {
             torch_tensor_type = (PyTypeObject *)Py_NewRef((PyObject *)base);
             return 1;
         }
     }
+    return 0;
+}
+
+/* cupy.ndarray or a subclass: a type of the MRO named "ndarray" or
+ * "_ndarray_base" whose module is cupy or one of its submodules. */
+static int is_cupy_ndarray(PyTypeObject *type)
+{
+    PyObject *mro = type->tp_mro;
+    for (Py_ssize_t i = 0; mro != NULL && i < PyTuple_GET_SIZE(mro); i++) {
+        PyTypeObject *base = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+        const char *name = type_short_name(base), *module;
+        char buffer[64];
+        if (strcmp(name, "ndarray") != 0 && strcmp(name, "_ndarray_base") != 0)
+            continue;
+        if ((module = type_module(base, buffer, sizeof buffer)) == NULL) {
+            PyErr_Clear();
+            continue;
+        }
+        if (strcmp(module, "cupy") == 0 || strncmp(module, "cupy.", 5) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* jax.Array's implementation: a type of the MRO named "ArrayImpl" in jax or
+ * jaxlib (a Python class in older releases, a C++ one in newer). */
+static int is_jax_array(PyTypeObject *type)
+{
+    PyObject *mro = type->tp_mro;
+    for (Py_ssize_t i = 0; mro != NULL && i < PyTuple_GET_SIZE(mro); i++) {
+        PyTypeObject *base = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+        const char *module;
+        char buffer[64];
+        if (strcmp(type_short_name(base), "ArrayImpl") != 0)
+            continue;
+        if ((module = type_module(base, buffer, sizeof buffer)) == NULL) {
+            PyErr_Clear();
+            continue;
+        }
+        if (strncmp(module, "jax", 3) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* ---- How each type's arrays are read, found once per type ----
+ *
+ * A launch reads its array arguments through what their library exposes
+ * (READER_TORCH, READER_CUPY, READER_JAX) or through the protocols (READER_GENERIC:
+ * __cuda_array_interface__, then __dlpack__). Which reader a type gets, and
+ * for CuPy the functions that tell its current stream, are kept per type
+ * along with the type's version tag: CPython gives a type a new tag (or 0)
+ * whenever the type or one of its bases is changed, and a type whose tag
+ * moved is classified again. Nothing about an object is kept: every call
+ * reads pointer, dtype, shape, strides and device anew. */
+enum { READER_GENERIC, READER_TORCH, READER_CUPY, READER_JAX };
+
+typedef struct {
+    PyTypeObject *type;        /* strong; NULL: a free slot */
+    unsigned int version;      /* type->tp_version_tag when classified */
+    int reader;
+    PyObject *current_stream;  /* CuPy: cupy.cuda.get_current_stream (strong) */
+    PyObject *settings;        /* CuPy: cupy._util, which holds CUDA_ARRAY_INTERFACE_EXPORT_VERSION (strong) */
+    int readonly;              /* JAX: whether its CAI exports arrays read-only; -1 until one was read */
+} type_reader;
+
+#define TYPE_READERS 16
+static type_reader type_readers[TYPE_READERS];
+static int type_readers_next;
+
+/* One type's reader, with new references to its CuPy functions (or NULL):
+ * the caller releases them, as reading an array may run code that evicts
+ * the slot. */
+typedef struct {
+    PyTypeObject *type;        /* borrowed from the object being read */
+    int reader, readonly;
+    PyObject *current_stream, *settings;
+} reader_info;
+
+static void reader_info_release(reader_info *info)
+{
+    Py_CLEAR(info->current_stream);
+    Py_CLEAR(info->settings);
+}
+
+static unsigned int type_version(PyTypeObject *type)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyUnstable_Type_AssignVersionTag(type);
+#else
+    _PyType_Lookup(type, str_module);   /* assigns a tag where the type has none; runs no Python code */
+#endif
+    return type->tp_version_tag;
+}
+
+/* CuPy's get_current_stream and settings module, looked up without importing anything. */
+static int cupy_functions(PyObject **current_stream, PyObject **settings)
+{
+    *current_stream = *settings = NULL;
+    PyObject *cuda = PyImport_GetModule(str_cupy_cuda);
+    if (cuda == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    *current_stream = PyObject_GetAttr(cuda, str_get_current_stream);
+    Py_DECREF(cuda);
+    *settings = PyImport_GetModule(str_cupy_util);
+    if (*current_stream == NULL || *settings == NULL || !PyCallable_Check(*current_stream)) {
+        Py_CLEAR(*current_stream);
+        Py_CLEAR(*settings);
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;
+        PyErr_Clear();
+    }
+    return 0;
+}
+
+/* 0, or -1 only for an exception that is not an Exception. */
+static int reader_of(PyTypeObject *type, reader_info *info)
+{
+    info->current_stream = info->settings = NULL;
+    info->type = type;
+    info->readonly = -1;
+    unsigned int version = type->tp_version_tag;
+    int slot = -1;
+    for (int i = 0; i < TYPE_READERS; i++) {
+        type_reader *r = &type_readers[i];
+        if (r->type != type)
+            continue;
+        if (version != 0 && r->version == version) {
+            info->reader = r->reader;
+            info->readonly = r->readonly;
+            info->current_stream = Py_XNewRef(r->current_stream);
+            info->settings = Py_XNewRef(r->settings);
+            return 0;
+        }
+        slot = i;   /* the type changed since: classify it again, in its slot */
+        break;
+    }
+    int reader = READER_GENERIC;
+    PyObject *current_stream = NULL, *settings = NULL;
+    if (is_torch_tensor(type)) {
+        reader = READER_TORCH;
+    }
+    else if (is_jax_array(type)) {
+        reader = READER_JAX;
+    }
+    else if (is_cupy_ndarray(type)) {
+        if (cupy_functions(&current_stream, &settings) < 0)
+            return -1;
+        if (current_stream != NULL)
+            reader = READER_CUPY;   /* else a CuPy without get_current_stream: its protocol is read */
+    }
+    version = type_version(type);
+    info->reader = reader;
+    info->current_stream = Py_XNewRef(current_stream);
+    info->settings = Py_XNewRef(settings);
+    if (version == 0) {   /* CPython ran out of tags: classified on every call */
+        Py_XDECREF(current_stream);
+        Py_XDECREF(settings);
+        return 0;
+    }
+    /* Looking up CuPy's functions may have run code that filled slots: look again. */
+    for (int i = 0; slot < 0 && i < TYPE_READERS; i++)
+        if (type_readers[i].type == type)
+            slot = i;
+    if (slot < 0) {
+        slot = type_readers_next;
+        type_readers_next = (type_readers_next + 1) % TYPE_READERS;
+    }
+    type_reader old = type_readers[slot];
+    type_readers[slot] = (type_reader){(PyTypeObject *)Py_NewRef((PyObject *)type), version, reader,
+                                       current_stream, settings, -1};
+    /* Released last: a type's deallocation may run code. */
+    Py_XDECREF(old.type);
+    Py_XDECREF(old.current_stream);
+    Py_XDECREF(old.settings);
     return 0;
 }
 
@@ -1753,13 +2056,50 @@ static PyObject *call_method(PyObject *obj, PyObject *name)
     return PyObject_VectorcallMethod(name, &obj, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
+/* An int attribute (or, with `call`, method result) of `obj`: 0, or -1 on
+ * anything else with the error (if any) left for the caller's fallback. */
+static int read_int(PyObject *obj, PyObject *name, int call, long long *out)
+{
+    PyObject *value = call ? call_method(obj, name) : PyObject_GetAttr(obj, name);
+    if (value == NULL)
+        return -1;
+    int ok = PyLong_Check(value);
+    if (ok)
+        *out = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    return ok && !PyErr_Occurred() ? 0 : -1;
+}
+
+/* A reader's "take the slow path": 0 with the error cleared, or -1 for a
+ * BaseException that must propagate; `out` is reset for the slow path. */
+static int reader_fallback(mg_foreign *out)
+{
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;
+        PyErr_Clear();
+    }
+    out->host = 0;
+    out->dtype = NULL;
+    out->ndim = 0;
+    out->device = -1;
+    out->wait = 0;
+    out->producer = NULL;
+    return 0;
+}
+
 /* A torch tensor, read through its attributes: 1 filled; 0 take the slow
  * path (not CUDA or CPU, a dtype mlirgpu lacks, or anything unexpected,
- * with the error cleared); -1 a BaseException that must propagate. */
+ * with the error cleared); -1 a BaseException that must propagate. Torch's
+ * __cuda_array_interface__ is version 2, without a stream: there is nothing
+ * to wait for, as there is nothing when torch's own protocol is read.
+ * Reads is_cuda, data_ptr(), and for a signature dtype, shape,
+ * is_contiguous() (stride() only when it is not) and get_device(). */
 static int torch_read(PyObject *obj, mg_foreign *out, int full)
 {
     PyObject *value = NULL;
     mg_dtype *dtype = NULL;
+    long long number;
     int count;
     if ((value = PyObject_GetAttr(obj, str_is_cuda)) == NULL)
         goto fallback;
@@ -1772,12 +2112,9 @@ static int torch_read(PyObject *obj, mg_foreign *out, int full)
         if (!full)
             goto done;
     }
-    Py_SETREF(value, call_method(obj, str_data_ptr));
-    if (value == NULL || !PyLong_Check(value))
+    if (read_int(obj, str_data_ptr, 1, &number) < 0)
         goto fallback;
-    out->ptr = (CUdeviceptr)PyLong_AsUnsignedLongLong(value);
-    if (PyErr_Occurred())
-        goto fallback;
+    out->ptr = (CUdeviceptr)(unsigned long long)number;
     if (!full)
         goto done;
     Py_SETREF(value, PyObject_GetAttr(obj, str_dtype_attr));
@@ -1787,20 +2124,24 @@ static int torch_read(PyObject *obj, mg_foreign *out, int full)
     Py_SETREF(value, PyObject_GetAttr(obj, str_shape));
     if (value == NULL || read_ints(value, out->shape, &out->ndim) < 0)
         goto fallback;
-    Py_SETREF(value, call_method(obj, str_stride));
-    if (value == NULL || read_ints(value, out->strides, &count) < 0 || count != out->ndim)
-        goto fallback;
-    for (int i = 0; i < count; i++)
-        if (checked_mul(out->strides[i], dtype->itemsize, &out->strides[i]) < 0)
+    Py_SETREF(value, call_method(obj, str_is_contiguous));
+    if (value == Py_True) {
+        Py_ssize_t size;
+        if (c_strides(out->ndim, out->shape, dtype->itemsize, out->strides, &size) < 0)
             goto fallback;
+    }
+    else {
+        Py_SETREF(value, call_method(obj, str_stride));
+        if (value == NULL || read_ints(value, out->strides, &count) < 0 || count != out->ndim)
+            goto fallback;
+        for (int i = 0; i < count; i++)
+            if (checked_mul(out->strides[i], dtype->itemsize, &out->strides[i]) < 0)
+                goto fallback;
+    }
     if (!out->host) {
-        Py_SETREF(value, call_method(obj, str_get_device));
-        if (value == NULL || !PyLong_Check(value))
+        if (read_int(obj, str_get_device, 1, &number) < 0 || number < 0 || number > INT32_MAX)
             goto fallback;
-        long device = PyLong_AsLong(value);
-        if (PyErr_Occurred() || device < 0 || device > INT32_MAX)
-            goto fallback;
-        out->device = (int)device;
+        out->device = (int)number;
     }
     out->contiguous = foreign_contiguous(out);
 done:
@@ -1808,16 +2149,171 @@ done:
     return 1;
 fallback:
     Py_XDECREF(value);
-    if (PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception))
+    return reader_fallback(out);
+}
+
+/* The stream CuPy's __cuda_array_interface__ names: CuPy's current stream
+ * (its CAI writes the legacy default stream where that is the null stream),
+ * or none when CUDA_ARRAY_INTERFACE_EXPORT_VERSION is 2. Read once per call
+ * (memo): every CuPy array of a call names the same stream. 0, or -1 to
+ * take the slow path. */
+static int cupy_stream(const reader_info *info, mg_foreign_memo *memo)
+{
+    if (memo->cupy_stream_read)
+        return 0;
+    long long version, handle;
+    if (read_int(info->settings, str_export_version, 0, &version) < 0)
+        return -1;
+    memo->cupy_wait = version == 3;
+    memo->cupy_stream = NULL;
+    if (version == 3) {
+        PyObject *stream = PyObject_CallNoArgs(info->current_stream);
+        if (stream == NULL)
             return -1;
-        PyErr_Clear();
+        int status = read_int(stream, str_ptr, 0, &handle);
+        Py_DECREF(stream);
+        if (status < 0)
+            return -1;
+        memo->cupy_stream = (CUstream)(uintptr_t)handle;   /* 0 and 1: the legacy stream; 2: per-thread */
     }
-    out->host = 0;
-    out->dtype = NULL;
-    out->ndim = 0;
-    out->device = -1;
+    else if (version != 2) {
+        return -1;   /* CuPy's CAI raises: the slow path says why */
+    }
+    memo->cupy_stream_read = 1;
     return 0;
+}
+
+/* A CuPy array: data.ptr and the stream, and for a signature data.device_id,
+ * dtype, shape, _c_contiguous (strides only when not) as the slow path
+ * would read them from its __cuda_array_interface__. */
+static int cupy_read(PyObject *obj, const reader_info *info, mg_foreign *out, int full, mg_foreign_memo *memo)
+{
+    PyObject *data = NULL, *value = NULL;
+    long long number;
+    int count;
+    if ((data = PyObject_GetAttr(obj, str_data)) == NULL || read_int(data, str_ptr, 0, &number) < 0)
+        goto fallback;
+    out->ptr = (CUdeviceptr)(unsigned long long)number;
+    if (full) {
+        if (read_int(data, str_device_id, 0, &number) < 0 || number < 0 || number > INT32_MAX)
+            goto fallback;
+        out->device = (int)number;
+        if ((value = PyObject_GetAttr(obj, str_dtype_attr)) == NULL || !PyArray_DescrCheck(value) ||
+            dtype_from_descr((PyArray_Descr *)value, &out->dtype) < 0)
+            goto fallback;
+        Py_SETREF(value, PyObject_GetAttr(obj, str_shape));
+        if (value == NULL || read_ints(value, out->shape, &out->ndim) < 0)
+            goto fallback;
+        Py_SETREF(value, PyObject_GetAttr(obj, str_c_contiguous));
+        if (value == Py_True) {
+            Py_ssize_t size;
+            if (c_strides(out->ndim, out->shape, out->dtype->itemsize, out->strides, &size) < 0)
+                goto fallback;
+        }
+        else {
+            Py_SETREF(value, PyObject_GetAttr(obj, str_strides));
+            if (value == NULL || read_ints(value, out->strides, &count) < 0 || count != out->ndim)
+                goto fallback;
+        }
+        out->contiguous = foreign_contiguous(out);
+    }
+    if (cupy_stream(info, memo) < 0)
+        goto fallback;
+    out->wait = memo->cupy_wait;
+    out->producer = memo->cupy_stream;
+    Py_XDECREF(data);
+    Py_XDECREF(value);
+    return 1;
+fallback:
+    Py_XDECREF(data);
+    Py_XDECREF(value);
+    return reader_fallback(out);
+}
+
+/* Whether JAX exports its arrays read-only, which does not change within a
+ * JAX version: read from the first array's __cuda_array_interface__ and
+ * kept with the type (when the type is still in the table after that code
+ * ran). 0 or 1; -1 to take the slow path. */
+static int jax_readonly(PyObject *obj, reader_info *info)
+{
+    if (info->readonly >= 0)
+        return info->readonly;
+    PyObject *cai = PyObject_GetAttr(obj, str_cai);
+    cai_fields f;
+    int status = cai == NULL ? -1 : cai_parse(cai, &f);
+    Py_XDECREF(cai);
+    if (status < 0)
+        return -1;
+    info->readonly = f.readonly;
+    for (int i = 0; i < TYPE_READERS; i++)
+        if (type_readers[i].type == info->type && type_readers[i].version == info->type->tp_version_tag)
+            type_readers[i].readonly = f.readonly;
+    return f.readonly;
+}
+
+/* A JAX array on one GPU: unsafe_buffer_pointer(), and for a signature
+ * dtype and shape (JAX arrays are C-contiguous); read-only where JAX's
+ * protocol says so. JAX's __cuda_array_interface__ (version 2, no stream)
+ * returns once the buffer is ready; so does this reader: is_ready(), and
+ * block_until_ready() only when it is not. An array on several devices, or
+ * deleted, takes the protocol, which says why it cannot be passed. */
+static int jax_read(PyObject *obj, reader_info *info, mg_foreign *out, int full)
+{
+    PyObject *value = call_method(obj, str_is_ready);
+    long long number;
+    if (value == Py_False)
+        Py_SETREF(value, call_method(obj, str_block_until_ready));
+    else if (value != Py_True)
+        goto fallback;
+    if (value == NULL || read_int(obj, str_unsafe_buffer_pointer, 1, &number) < 0)
+        goto fallback;
+    out->ptr = (CUdeviceptr)(unsigned long long)number;
+    if ((out->readonly = jax_readonly(obj, info)) < 0)
+        goto fallback;
+    if (full) {
+        Py_ssize_t size;
+        Py_SETREF(value, PyObject_GetAttr(obj, str_dtype_attr));
+        if (value == NULL || !PyArray_DescrCheck(value) || dtype_from_descr((PyArray_Descr *)value, &out->dtype) < 0)
+            goto fallback;
+        Py_SETREF(value, PyObject_GetAttr(obj, str_shape));
+        if (value == NULL || read_ints(value, out->shape, &out->ndim) < 0 ||
+            c_strides(out->ndim, out->shape, out->dtype->itemsize, out->strides, &size) < 0)
+            goto fallback;
+        out->contiguous = 1;
+        out->device = size > 0 && out->ptr != 0 ? mg_cu_pointer_device(out->ptr) : mg_cu_current_device();
+    }
+    Py_XDECREF(value);
+    return 1;
+fallback:
+    Py_XDECREF(value);
+    out->readonly = 0;
+    return reader_fallback(out);
+}
+
+/* Any other __cuda_array_interface__, read from its dict
+ * without building a view: the caller holds the object, which keeps the
+ * memory alive, for as long as the pointer is used. 1, or -1. */
+static int cai_read(PyObject *cai, mg_foreign *out, int full)
+{
+    cai_fields f;
+    if (cai_parse(cai, &f) < 0)
+        return -1;
+    Py_ssize_t size;
+    out->ptr = (CUdeviceptr)f.pointer;
+    out->dtype = f.dtype;
+    out->ndim = f.ndim;
+    out->readonly = f.readonly;
+    memcpy(out->shape, f.shape, (size_t)f.ndim * sizeof f.shape[0]);
+    if (c_strides(f.ndim, f.shape, f.dtype->itemsize, out->strides, &size) < 0)
+        return -1;
+    if (f.has_strides)
+        memcpy(out->strides, f.strides, (size_t)f.ndim * sizeof f.strides[0]);
+    out->contiguous = foreign_contiguous(out);
+    if (full)
+        out->device = size > 0 && f.pointer != 0 ? mg_cu_pointer_device(out->ptr) : mg_cu_current_device();
+    out->wait = f.has_stream;
+    out->producer = f.has_stream ? f.stream : NULL;
+    return 1;
 }
 
 static void fill_from_array(const mg_array *a, mg_foreign *out)
@@ -1849,7 +2345,7 @@ static void fill_from_numpy(PyArrayObject *a, mg_foreign *out)
     memcpy(out->strides, PyArray_STRIDES(a), (size_t)out->ndim * sizeof out->strides[0]);
 }
 
-static int foreign_read(PyObject *obj, mg_foreign *out, int full)
+static int foreign_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_memo *memo)
 {
     out->view = NULL;
     out->dtype = NULL;
@@ -1868,46 +2364,50 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full)
         fill_from_numpy((PyArrayObject *)obj, out);
         return 1;
     }
-    if (is_torch_tensor(Py_TYPE(obj))) {
-        int status = torch_read(obj, out, full);
-        if (status != 0)
-            return status;
-    }
-    /* The slow path, without asking for __cuda_array_interface__ twice:
+    reader_info info;
+    if (reader_of(Py_TYPE(obj), &info) < 0)
+        return -1;
+    int status = 0;
+    if (info.reader == READER_TORCH)
+        status = torch_read(obj, out, full);
+    else if (info.reader == READER_CUPY)
+        status = cupy_read(obj, &info, out, full, memo);
+    else if (info.reader == READER_JAX)
+        status = jax_read(obj, &info, out, full);
+    reader_info_release(&info);
+    if (status != 0)
+        return status;
+    /* The protocols, without asking for __cuda_array_interface__ twice:
      * producers such as torch build the dict anew on every access. */
-    PyObject *view, *cai = PyObject_GetAttr(obj, str_cai);
-    int wait = 0;
-    CUstream producer = NULL;
+    PyObject *cai = PyObject_GetAttr(obj, str_cai);
     if (cai != NULL) {
-        view = view_from_cai(obj, cai, &wait, &producer);
+        status = cai_read(cai, out, full);
         Py_DECREF(cai);
+        return status;
     }
-    else {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return -1;
-        PyErr_Clear();
-        if (!PyObject_HasAttr(obj, str_dlpack))
-            return 0;
-        view = view_from_dlpack(obj);
-        wait = 1;   /* the producer ordered its work before the legacy default stream (stream=1) */
-    }
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+        return -1;
+    PyErr_Clear();
+    if (!PyObject_HasAttr(obj, str_dlpack))
+        return 0;
+    PyObject *view = view_from_dlpack(obj);
     if (view == NULL)
         return -1;
     fill_from_array((mg_array *)view, out);
     out->view = view;
-    out->wait = wait;
-    out->producer = producer;
+    out->wait = 1;   /* the producer ordered its work before the legacy default stream (stream=1) */
+    out->producer = NULL;
     return 1;
 }
 
-int mg_array_foreign_info(PyObject *obj, mg_foreign *out)
+int mg_array_foreign_info(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo)
 {
-    return foreign_read(obj, out, 1);
+    return foreign_read(obj, out, 1, memo);
 }
 
-int mg_array_foreign_pointer(PyObject *obj, mg_foreign *out)
+int mg_array_foreign_pointer(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo)
 {
-    return foreign_read(obj, out, 0);
+    return foreign_read(obj, out, 0, memo);
 }
 
 int mg_dtype_of_scalar(PyObject *obj, mg_dtype **out)
@@ -2278,6 +2778,9 @@ static PyMethodDef array_methods[] = {
     {"copy_from_host", (PyCFunction)(void (*)(void))array_copy_from_host, METH_VARARGS | METH_KEYWORDS,
      "copy_from_host(src, stream=None): copies the numpy.ndarray `src` (same shape and dtype, both "
      "C-contiguous) into this array on `stream` (default: the array's last-used stream), not waited for."},
+    {"to", (PyCFunction)(void (*)(void))array_to, METH_VARARGS | METH_KEYWORDS,
+     "to(device, stream=None): the array on `device` (an ordinal or mlirgpu.cuda.Device): itself if it is "
+     "there, else a copy made on `stream` (a stream of that device), peer to peer where the devices allow."},
     {"copy_from", (PyCFunction)(void (*)(void))array_copy_from, METH_VARARGS | METH_KEYWORDS,
      "copy_from(src, stream=None): copies the DeviceArray `src` (same shape and dtype, both C-contiguous, "
      "both in device or both in host memory) into this one; device to device on `stream`, not waited for."},
@@ -2388,7 +2891,15 @@ int mg_array_init(PyObject *module)
         intern(&str_is_cuda, "is_cuda") < 0 || intern(&str_is_cpu, "is_cpu") < 0 ||
         intern(&str_data_ptr, "data_ptr") < 0 || intern(&str_dtype_attr, "dtype") < 0 ||
         intern(&str_shape, "shape") < 0 || intern(&str_stride, "stride") < 0 ||
-        intern(&str_get_device, "get_device") < 0 || intern(&str_module, "__module__") < 0)
+        intern(&str_get_device, "get_device") < 0 || intern(&str_module, "__module__") < 0 ||
+        intern(&str_is_contiguous, "is_contiguous") < 0 || intern(&str_data, "data") < 0 ||
+        intern(&str_ptr, "ptr") < 0 || intern(&str_device_id, "device_id") < 0 ||
+        intern(&str_c_contiguous, "_c_contiguous") < 0 || intern(&str_strides, "strides") < 0 ||
+        intern(&str_get_current_stream, "get_current_stream") < 0 ||
+        intern(&str_export_version, "CUDA_ARRAY_INTERFACE_EXPORT_VERSION") < 0 ||
+        intern(&str_cupy_cuda, "cupy.cuda") < 0 || intern(&str_cupy_util, "cupy._util") < 0 ||
+        intern(&str_is_ready, "is_ready") < 0 || intern(&str_block_until_ready, "block_until_ready") < 0 ||
+        intern(&str_unsafe_buffer_pointer, "unsafe_buffer_pointer") < 0)
         return -1;
     if ((torch_dtypes = PyDict_New()) == NULL)
         return -1;

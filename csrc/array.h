@@ -93,39 +93,52 @@ int mg_array_is_c_contiguous(PyObject *obj);
 void mg_array_set_stream(PyObject *obj, CUstream stream, PyObject *stream_obj);
 
 /* What a launch needs to know of one array argument, read without building
- * a view where the producer is known: DeviceArray (from its struct), PyTorch
- * tensors (from data_ptr(), dtype, shape, stride(), get_device(): torch's
- * __cuda_array_interface__ builds a dict in Python and costs ~8 us),
- * NumPy arrays (host). Anything else goes through mg_array_asarray. */
+ * a view where the producer is known: DeviceArray (from its struct), NumPy
+ * arrays (host), PyTorch tensors (is_cuda, data_ptr(), dtype, shape,
+ * is_contiguous(), get_device(): torch's __cuda_array_interface__ builds a
+ * dict in Python), CuPy arrays (data.ptr, data.device_id, dtype, shape,
+ * _c_contiguous, and CuPy's current stream, which its CAI names), any other
+ * __cuda_array_interface__ (read from the dict, no view), and DLPack
+ * objects (a view of the consumed capsule). */
 typedef struct {
     CUdeviceptr ptr;          /* first element; a host address when `host` */
     mg_dtype *dtype;          /* borrowed singleton; NULL: a host array of a dtype mlirgpu lacks */
     int ndim;
-    int device;               /* CUDA ordinal; -1 for host arrays */
+    int device;               /* CUDA ordinal; -1 for host arrays, and where a pointer-only read did not need it */
     int contiguous;           /* C-contiguous (size-1 extents and empty arrays included) */
     int host;                 /* a NumPy array or CPU tensor: never passed as a pointer */
     int readonly;             /* the memory must not be written (a kernel storing to it is refused) */
     Py_ssize_t shape[MG_MAX_NDIM];
     Py_ssize_t strides[MG_MAX_NDIM];   /* bytes */
-    PyObject *view;           /* strong: the DeviceArray view of the slow path, or NULL */
+    PyObject *view;           /* strong: the DeviceArray view of a DLPack object, or NULL */
     int wait;                 /* 1: a launch's stream must first wait for `producer` */
     CUstream producer;        /* a CAI v3 `stream`; the legacy default stream for DLPack views */
 } mg_foreign;
 
+/* What the readers of one call learn once for all its arguments: CuPy's
+ * current stream is the `stream` of every CuPy array's CAI in the call.
+ * Zero it before the call's first argument. */
+typedef struct {
+    int cupy_stream_read;
+    int cupy_wait;
+    CUstream cupy_stream;
+} mg_foreign_memo;
+
 /* Fills `out` for a device or host array: 1; 0 when `obj` is no array
  * (it has neither __cuda_array_interface__ nor __dlpack__, and is not a
- * NumPy array or tensor), nothing set; -1 with the slow path's error
- * (a malformed CAI dict, a non-CUDA DLPack device...). A recognised reader
- * that meets something unexpected falls back to the slow path, so the
+ * NumPy array or tensor), nothing set; -1 with the protocol's error
+ * (a malformed CAI dict, a non-CUDA DLPack device...). A library reader
+ * that meets something unexpected falls back to the protocols, so the
  * answer never depends on the fast path. On 1, release `out` with
- * mg_foreign_release once the pointer is no longer needed. */
-int mg_array_foreign_info(PyObject *obj, mg_foreign *out);
+ * mg_foreign_release once the pointer is no longer needed; the caller
+ * holds `obj` (which keeps the memory alive) until then. */
+int mg_array_foreign_info(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo);
 
 /* The same, but only ptr, host, view and wait/producer are filled (and
  * device, dtype and shape only where they come free): what a Function
  * launch needs. Neither orders any stream: the launch, which knows its
  * stream, waits for `producer` where `wait` is set. */
-int mg_array_foreign_pointer(PyObject *obj, mg_foreign *out);
+int mg_array_foreign_pointer(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo);
 
 static inline void mg_foreign_release(mg_foreign *info) { Py_CLEAR(info->view); }
 

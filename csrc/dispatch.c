@@ -38,6 +38,7 @@ typedef struct {
     int nwaits;
     Py_ssize_t unlaunchable;             /* first argument only `miss` can handle, or -1 */
     int unlaunchable_kind;               /* its SIG_HOST or SIG_OTHER */
+    mg_foreign_memo memo;                /* what the readers learn once per call */
     PyObject *views[MG_CU_MAX_ARGS];     /* strong: views the slow path made */
     const uint8_t *dynamic;              /* per argument, bit d: extent d is not part of the signature */
     CUdeviceptr pointers[MG_CU_MAX_ARGS];
@@ -97,7 +98,7 @@ static int read_other(sig_builder *b, Py_ssize_t i, PyObject *arg)
         return 0;
     }
     mg_foreign info;
-    int found = mg_array_foreign_info(arg, &info);
+    int found = mg_array_foreign_info(arg, &info, &b->memo);
     if (found <= 0) {
         if (found < 0) {
             if (!PyErr_ExceptionMatches(PyExc_Exception))
@@ -139,6 +140,7 @@ static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs, co
     b->nviews = 0;
     b->nwaits = 0;
     b->unlaunchable = -1;
+    memset(&b->memo, 0, sizeof b->memo);
     /* A Function is loaded into one device's context: the thread's device is part of the key. */
     b->words[b->n++] = (uint64_t)nargs | (uint64_t)(uint32_t)(mg_cu_current_device() + 1) << 32;
     for (Py_ssize_t i = 0; i < nargs; i++) {

@@ -377,6 +377,95 @@ static int stream_from_int(PyObject *value, CUstream *out)
     return 1;
 }
 
+int mg_cu_stream_order_across(CUstream producer, int producer_device, CUstream consumer, int consumer_device)
+{
+    if (producer_device == consumer_device) {
+        int pushed;
+        if (mg_cu_push(producer_device, &pushed) < 0)
+            return -1;
+        int status = mg_cu_stream_order(producer, consumer);
+        mg_cu_pop(pushed);
+        return status;
+    }
+    CUevent event = NULL;
+    int pushed, status = -1;
+    if (mg_cu_push(producer_device, &pushed) < 0)
+        return -1;
+    /* An event, like a stream, belongs to the context that made it. */
+    if (mg_cu_check(mg_cu.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate") < 0 ||
+        mg_cu_check(mg_cu.cuEventRecord(event, producer), "cuEventRecord") < 0) {
+        mg_cu_pop(pushed);
+        goto error;
+    }
+    mg_cu_pop(pushed);
+    if (mg_cu_push(consumer_device, &pushed) < 0)
+        goto error;
+    status = mg_cu_check(mg_cu.cuStreamWaitEvent(consumer, event, 0), "cuStreamWaitEvent");
+    mg_cu_pop(pushed);
+error:
+    if (event != NULL)
+        mg_cu.cuEventDestroy(event);
+    return status;
+}
+
+/* Pairs (device, peer) whose peer access was enabled, or found impossible. */
+static signed char peer_state[MG_CU_MAX_DEVICES][MG_CU_MAX_DEVICES];   /* 0 untried, 1 on, -1 impossible */
+
+/* With `device`'s context current: lets it reach `peer`'s memory where the hardware allows. */
+static int enable_peer_access(int device, int peer)
+{
+    if (peer_state[device][peer] != 0)
+        return 0;
+    CUdevice a, b;
+    CUcontext peer_context;
+    int can = 0;
+    if (mg_cu_check(mg_cu.cuDeviceGet(&a, device), "cuDeviceGet") < 0 ||
+        mg_cu_check(mg_cu.cuDeviceGet(&b, peer), "cuDeviceGet") < 0 ||
+        mg_cu_check(mg_cu.cuDeviceCanAccessPeer(&can, a, b), "cuDeviceCanAccessPeer") < 0)
+        return -1;
+    if (can) {
+        if (retain_primary(peer, &peer_context) < 0)
+            return -1;
+        /* Refused (too many peers, say): the copies are staged by the driver instead. */
+        CUresult r = mg_cu.cuCtxEnablePeerAccess(peer_context, 0);
+        can = r == CUDA_SUCCESS || r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    }
+    peer_state[device][peer] = can ? 1 : -1;
+    return 0;
+}
+
+int mg_cu_copy_peer(CUdeviceptr dst, int dst_device, CUdeviceptr src, int src_device, size_t nbytes,
+                    CUstream stream)
+{
+    CUcontext dst_context, src_context;
+    int pushed;
+    if (retain_primary(dst_device, &dst_context) < 0 || retain_primary(src_device, &src_context) < 0 ||
+        mg_cu_push(dst_device, &pushed) < 0)
+        return -1;
+    int status = -1;
+    if (enable_peer_access(dst_device, src_device) == 0) {
+        CUresult r;
+        Py_BEGIN_ALLOW_THREADS
+        r = mg_cu.cuMemcpyPeerAsync(dst, dst_context, src, src_context, nbytes, stream);
+        Py_END_ALLOW_THREADS
+        status = mg_cu_check(r, "cuMemcpyPeerAsync");
+    }
+    mg_cu_pop(pushed);
+    return status;
+}
+
+int mg_cu_check_device(int device)
+{
+    if (mg_cu_load() < 0)
+        return -1;
+    if (device < 0 || device >= driver.device_count) {
+        PyErr_Format(PyExc_ValueError, "device %d does not exist: there %s %d", device,
+                     driver.device_count == 1 ? "is" : "are", driver.device_count);
+        return -1;
+    }
+    return 0;
+}
+
 int mg_cu_stream_converter(PyObject *obj, CUstream *out)
 {
     if (obj == Py_None) {
@@ -757,18 +846,6 @@ typedef struct {
 
 static PyTypeObject *device_type;
 
-static int check_ordinal(int ordinal)
-{
-    if (mg_cu_load() < 0)
-        return -1;
-    if (ordinal < 0 || ordinal >= driver.device_count) {
-        PyErr_Format(PyExc_ValueError, "device %d does not exist: there %s %d", ordinal,
-                     driver.device_count == 1 ? "is" : "are", driver.device_count);
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"ordinal", NULL};
@@ -776,7 +853,7 @@ static PyObject *device_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|i:Device", keywords, &ordinal))
         return NULL;
     CUdevice handle;
-    if (check_ordinal(ordinal) < 0 || mg_cu_check(mg_cu.cuDeviceGet(&handle, ordinal), "cuDeviceGet") < 0)
+    if (mg_cu_check_device(ordinal) < 0 || mg_cu_check(mg_cu.cuDeviceGet(&handle, ordinal), "cuDeviceGet") < 0)
         return NULL;
     mg_device *self = (mg_device *)type->tp_alloc(type, 0);
     if (self == NULL)
@@ -953,6 +1030,32 @@ static PyType_Spec device_spec = {
     .flags = Py_TPFLAGS_DEFAULT,
     .slots = device_slots,
 };
+
+int mg_cu_device_converter(PyObject *obj, int *out)
+{
+    long ordinal;
+    if (device_type != NULL && PyObject_TypeCheck(obj, device_type)) {
+        ordinal = ((mg_device *)obj)->ordinal;
+    }
+    else if (PyLong_Check(obj) && !PyBool_Check(obj)) {
+        ordinal = PyLong_AsLong(obj);
+        if (ordinal == -1 && PyErr_Occurred())
+            return 0;
+    }
+    else {
+        PyErr_Format(PyExc_TypeError, "a device is an int ordinal or an mlirgpu.cuda.Device, not %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    if (ordinal < 0 || ordinal > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "device %ld does not exist", ordinal);
+        return 0;
+    }
+    if (mg_cu_check_device((int)ordinal) < 0)
+        return 0;
+    *out = (int)ordinal;
+    return 1;
+}
 
 /* ---------------------------------------------------------------------- */
 /* Module                                                                  */
@@ -1490,12 +1593,12 @@ static int pack_numpy_scalar(mg_function *self, Py_ssize_t index, PyObject *valu
  * receives and the caller keeps alive until the launch returned). A
  * producer stream the launch must wait for is added to `waits`. */
 static int pack_foreign_array(mg_function *self, Py_ssize_t index, PyObject *value, uint64_t *slot, PyObject **view,
-                              CUstream *waits, int *nwaits, int *ndim, Py_ssize_t *shape)
+                              CUstream *waits, int *nwaits, int *ndim, Py_ssize_t *shape, mg_foreign_memo *memo)
 {
     mg_foreign info;
     /* The shape too where the kernel takes extents of this array. */
-    int found = self->nparams >= 0 && self->extents[index] ? mg_array_foreign_info(value, &info)
-                                                           : mg_array_foreign_pointer(value, &info);
+    int found = self->nparams >= 0 && self->extents[index] ? mg_array_foreign_info(value, &info, memo)
+                                                           : mg_array_foreign_pointer(value, &info, memo);
     if (found < 0)
         return -1;
     if (found == 0) {
@@ -1594,6 +1697,8 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
     CUstream waits[MG_CU_MAX_ARGS];           /* producers of foreign arrays, for the launch's stream */
     uint64_t arrays;                          /* bit i: argument i is an array */
     int ran_python = 0;                       /* reading the keywords ran user code */
+    mg_foreign_memo memo = {0};               /* what the array readers learn once per call */
+    int device = ((mg_module *)self->module)->device;
     PyObject *result = NULL;
 
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -1643,6 +1748,12 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
         launch_error(self, "the signature has %d parameters, %zd arguments given", self->nparams, nargs);
         goto error;
     }
+    if (stream_obj != NULL && mg_cu_stream_device(stream_obj) != device &&
+        PyObject_TypeCheck(stream_obj, mg_cu_Stream_type)) {
+        launch_error(self, "the stream belongs to device %d, the kernel is loaded on device %d",
+                     mg_cu_stream_device(stream_obj), device);
+        goto error;
+    }
     if (ran_python) {
         /* The caller's pointers were read before that code ran, which may have
          * freed or moved what they point to: read every argument again. */
@@ -1684,6 +1795,11 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
                 stored_readonly(self, i);
                 goto error;
             }
+            if (((mg_array *)arg)->device != device) {
+                launch_error(self, "argument %zd is an array on device %d, the kernel is loaded on device %d",
+                             i, ((mg_array *)arg)->device, device);
+                goto error;
+            }
             *slot = (uint64_t)mg_array_ptr(arg);
             arrays |= (uint64_t)1 << i;
             const mg_array *a = (const mg_array *)arg;
@@ -1708,7 +1824,7 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
             continue;
         }
         PyObject *view = NULL;
-        if (pack_foreign_array(self, i, arg, slot, &view, waits, &nwaits, &ndim, shape) < 0)
+        if (pack_foreign_array(self, i, arg, slot, &view, waits, &nwaits, &ndim, shape, &memo) < 0)
             goto error;
         if (view != NULL)
             views[nviews++] = view;
@@ -1719,13 +1835,20 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
     for (int i = 0; i < nknown_waits; i++)
         waits[nwaits++] = known_waits[i];
 
-    if (mg_cu_ensure_context() < 0 || order_after_producers(stream, waits, nwaits) < 0)
+    /* The kernel runs in the context its module was loaded into: its device's. */
+    int pushed;
+    if (mg_cu_push(device, &pushed) < 0)
         goto error;
+    if (order_after_producers(stream, waits, nwaits) < 0) {
+        mg_cu_pop(pushed);
+        goto error;
+    }
     CUresult r;
     Py_BEGIN_ALLOW_THREADS
     r = mg_cu.cuLaunchKernel(self->handle, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                              (unsigned int)shared_mem, stream, params, NULL);
     Py_END_ALLOW_THREADS
+    mg_cu_pop(pushed);
     if (r != CUDA_SUCCESS) {
         char detail[200];
         PyOS_snprintf(detail, sizeof detail, "grid=(%u, %u, %u) block=(%u, %u, %u) shared_mem=%llu",
@@ -1811,6 +1934,11 @@ static PyType_Spec function_spec = {
     .slots = function_slots,
 };
 
+int mg_cu_function_device(PyObject *function)
+{
+    return ((mg_module *)((mg_function *)function)->module)->device;
+}
+
 /* ---------------------------------------------------------------------- */
 /* Module-level functions                                                  */
 /* ---------------------------------------------------------------------- */
@@ -1848,12 +1976,8 @@ static PyObject *cu_device_count(PyObject *module, PyObject *unused)
 
 static PyObject *cu_set_device(PyObject *module, PyObject *arg)
 {
-    long ordinal = PyLong_AsLong(arg);
-    if (ordinal == -1 && PyErr_Occurred())
-        return NULL;
-    if (ordinal < INT32_MIN || ordinal > INT32_MAX)
-        return PyErr_Format(PyExc_ValueError, "device %ld does not exist", ordinal);
-    if (check_ordinal((int)ordinal) < 0 || set_device((int)ordinal) < 0)
+    int ordinal;
+    if (!mg_cu_device_converter(arg, &ordinal) || set_device(ordinal) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -1886,7 +2010,8 @@ static PyMethodDef cu_functions[] = {
      "True when a CUDA driver loads, initializes, and sees at least one device. Never raises."},
     {"driver_version", cu_driver_version, METH_NOARGS, "The driver's CUDA version, e.g. 12080."},
     {"device_count", cu_device_count, METH_NOARGS, "Number of CUDA devices."},
-    {"set_device", cu_set_device, METH_O, "set_device(ordinal): the calling thread's device from now on."},
+    {"set_device", cu_set_device, METH_O,
+     "set_device(device): the calling thread's device (an ordinal or a Device) from now on."},
     {"current_device", cu_current_device, METH_NOARGS, "The calling thread's device ordinal (0 by default)."},
     {"synchronize", cu_synchronize, METH_NOARGS, "Blocks until all work on the current device is done."},
     {"load_module", cu_load_module, METH_O,

@@ -30,6 +30,8 @@
     X(cuCtxPushCurrent, (CUcontext context)) \
     X(cuCtxPopCurrent, (CUcontext *context)) \
     X(cuCtxSynchronize, (void)) \
+    X(cuDeviceCanAccessPeer, (int *can_access, CUdevice device, CUdevice peer)) \
+    X(cuCtxEnablePeerAccess, (CUcontext peer, unsigned int flags)) \
     X(cuMemGetInfo, (size_t *free_bytes, size_t *total_bytes)) \
     X(cuMemAlloc, (CUdeviceptr *pointer, size_t bytes)) \
     X(cuMemFree, (CUdeviceptr pointer)) \
@@ -38,6 +40,8 @@
     X(cuMemcpyHtoDAsync, (CUdeviceptr dst, const void *src, size_t bytes, CUstream stream)) \
     X(cuMemcpyDtoHAsync, (void *dst, CUdeviceptr src, size_t bytes, CUstream stream)) \
     X(cuMemcpyDtoDAsync, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream)) \
+    X(cuMemcpyPeerAsync, (CUdeviceptr dst, CUcontext dst_context, CUdeviceptr src, CUcontext src_context, \
+                          size_t bytes, CUstream stream)) \
     X(cuMemsetD8Async, (CUdeviceptr dst, unsigned char value, size_t count, CUstream stream)) \
     X(cuMemsetD16Async, (CUdeviceptr dst, unsigned short value, size_t count, CUstream stream)) \
     X(cuMemsetD32Async, (CUdeviceptr dst, unsigned int value, size_t count, CUstream stream)) \
@@ -146,6 +150,28 @@ int mg_cu_pointer_device(CUdeviceptr pointer);
  * replay runs long after, ordered by its caller. 0, or -1 with CudaError. */
 int mg_cu_stream_order(CUstream producer, CUstream consumer);
 
+/* The same across devices: `producer` is a stream of `producer_device`
+ * and `consumer` one of `consumer_device` (NULL: that device's legacy
+ * default stream). The event is recorded in the producer's context and
+ * waited for from the consumer's. 0, or -1 with CudaError. */
+int mg_cu_stream_order_across(CUstream producer, int producer_device, CUstream consumer, int consumer_device);
+
+/* `nbytes` from `src` (memory of `src_device`) to `dst` (of `dst_device`)
+ * on `stream`, a stream of `dst_device` (cuMemcpyPeerAsync). Where
+ * cuDeviceCanAccessPeer allows, peer access is enabled first (once per
+ * pair), so the copy goes directly between the devices; otherwise the
+ * driver stages it through host memory. 0, or -1 with CudaError. */
+int mg_cu_copy_peer(CUdeviceptr dst, int dst_device, CUdeviceptr src, int src_device, size_t nbytes,
+                    CUstream stream);
+
+/* 0 when `device` is an ordinal of this machine, else -1 with ValueError
+ * (CudaError where the driver is missing). */
+int mg_cu_check_device(int device);
+
+/* "O&" converter for device arguments: an int ordinal or an
+ * mlirgpu.cuda.Device, checked to exist. */
+int mg_cu_device_converter(PyObject *obj, int *out);
+
 /* "O&" converter for stream= arguments: None (legacy default stream, 0),
  * mlirgpu.Stream, an int handle (0 and 1 both mean the legacy default
  * stream, 2 the per-thread one), an object with __cuda_stream__()
@@ -156,6 +182,9 @@ int mg_cu_stream_converter(PyObject *obj, CUstream *out);
 /* The device of an mlirgpu.Stream, else (any other stream object, or the
  * legacy default stream) the calling thread's device. */
 int mg_cu_stream_device(PyObject *obj);
+
+/* The device an mlirgpu.Function's module was loaded on. */
+int mg_cu_function_device(PyObject *function);
 
 /* The Python type objects (strong refs held for the life of the process). */
 extern PyTypeObject *mg_cu_Stream_type;

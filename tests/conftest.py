@@ -1,5 +1,6 @@
 """Tests marked `gpu` (declared in pyproject.toml) need a CUDA driver and a
-device; where there is none they are skipped, with the reason. A test that
+device; where there is none they are skipped, with the reason. Tests marked
+`multigpu` need two devices or more, and are skipped with fewer. A test that
 takes the `backend` fixture runs once per backend: "cpu" everywhere, "cuda"
 (gpu-marked) where there is a GPU, with the same assertions; `size` picks its
 problem size per backend where the GPU's would be too slow on the CPU.
@@ -33,12 +34,14 @@ def pytest_unconfigure(config):
 def pytest_collection_modifyitems(config, items):
     import mlirgpu.cuda
 
-    if mlirgpu.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU: mlirgpu.cuda.is_available() is False")
+    count = mlirgpu.cuda.device_count() if mlirgpu.cuda.is_available() else 0
+    no_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU: mlirgpu.cuda.is_available() is False")
+    one_gpu = pytest.mark.skip(reason=f"needs two GPUs: mlirgpu.cuda.device_count() is {count}")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and count == 0:
+            item.add_marker(no_gpu)
+        elif "multigpu" in item.keywords and count < 2:
+            item.add_marker(one_gpu)
 
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

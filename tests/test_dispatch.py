@@ -670,3 +670,250 @@ print(json.dumps(out))
     assert out["ref_added"] == 1 and out["ref_released"]
     assert out["refs_stable"] and out["launched"]
     assert out["grown"] < 10000, out["grown"]
+
+
+# ---------------------------------------------------------------------------
+# CuPy-like arrays (the reader is chosen by type name and module; real CuPy:
+# test_dispatch_gpu.py). The fake modules hold what the reader looks up:
+# cupy.cuda.get_current_stream() and cupy._util.CUDA_ARRAY_INTERFACE_EXPORT_VERSION.
+
+FAKE_CUPY = '''
+import sys, types
+import numpy as np
+
+cupy = types.ModuleType("cupy")
+cupy.cuda = types.ModuleType("cupy.cuda")
+cupy._util = types.ModuleType("cupy._util")
+cupy._util.CUDA_ARRAY_INTERFACE_EXPORT_VERSION = 3
+sys.modules.update({"cupy": cupy, "cupy.cuda": cupy.cuda, "cupy._util": cupy._util})
+
+class Stream:
+    def __init__(self, ptr):
+        self.ptr = ptr
+current = [Stream(0)]
+stream_reads = [0]
+def get_current_stream():
+    stream_reads[0] += 1
+    return current[0]
+cupy.cuda.get_current_stream = get_current_stream
+
+class MemoryPointer:
+    def __init__(self, ptr, device_id):
+        self.ptr, self.device_id = ptr, device_id
+
+class ndarray:
+    """cupy.ndarray's reading surface; its CAI claims a different shape, so
+    a signature tells which way the array was read."""
+    cai_reads = 0
+    def __init__(self, ptr, shape, dtype=np.float32, strides=None, device=0):
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(shape)
+        contiguous = [self.dtype.itemsize]
+        for n in reversed(self.shape[1:]):
+            contiguous.insert(0, contiguous[0] * n)
+        self.strides = tuple(strides or contiguous[:len(self.shape)])
+        self._c_contiguous = strides is None
+        self.data = MemoryPointer(ptr, device)
+    @property
+    def __cuda_array_interface__(self):
+        ndarray.cai_reads += 1
+        return {"shape": (99,), "typestr": self.dtype.str, "data": (self.data.ptr, False), "version": 3,
+                "stream": current[0].ptr or 1}
+
+ndarray.__module__ = "cupy._core.core"
+'''
+
+
+def test_cupy_like_arrays_are_read_by_attribute_until_their_type_changes():
+    out = run_json(FAKE_CUPY + '''
+import json
+import mlirgpu._mlirgpu as C
+d = C.Dispatcher(lambda a, k: None, "k")
+sig = lambda *a: [list(map(str, s)) for s in d.signature(a)]
+out = {
+    "contiguous": sig(ndarray(4096, (2, 3))),
+    "strided": sig(ndarray(4096, (3, 2), np.float16, strides=(2, 6), device=1)),
+    "complex": sig(ndarray(4096, (4,), np.complex64)),
+}
+out["cai_reads"] = ndarray.cai_reads
+three = [ndarray(4096, (4,)) for _ in range(3)]
+before = stream_reads[0]
+sig(*three)
+out["stream_reads_for_three"] = stream_reads[0] - before
+# Changing the type (here its module) invalidates what was learnt about it.
+ndarray.__module__ = "elsewhere"
+out["moved"] = sig(ndarray(4096, (2, 3)))
+out["cai_reads_after"] = ndarray.cai_reads
+ndarray.__module__ = "cupy"
+out["back"] = sig(ndarray(4096, (2, 3)))
+print(json.dumps(out))
+''')
+    assert out["contiguous"] == [["array", "mlirgpu.f32", "(2, 3)", "None", "0"]]
+    assert out["strided"] == [["array", "mlirgpu.f16", "(3, 2)", "(2, 6)", "1"]]
+    # a dtype mlirgpu lacks: the protocol, whose error the miss reports (the fake's CAI says c8)
+    assert out["complex"] == [["other", "<class 'cupy._core.core.ndarray'>"]]
+    assert out["cai_reads"] == 1
+    assert out["stream_reads_for_three"] == 1
+    assert out["moved"][0][:3] == ["array", "mlirgpu.f32", "(99,)"] and out["cai_reads_after"] == 2
+    assert out["back"] == [["array", "mlirgpu.f32", "(2, 3)", "None", "0"]]
+
+
+def test_a_type_that_gains_or_loses_the_protocol_is_read_again():
+    class Plain:
+        pass
+
+    d = C.Dispatcher(lambda a, k: None, "k")
+    assert d.signature([Plain()])[0][0] == "other"
+    Plain.__cuda_array_interface__ = property(lambda self: HostCAI((3,)).__cuda_array_interface__)
+    assert d.signature([Plain()])[0][:3] == ("array", C.f32, (3,))
+    del Plain.__cuda_array_interface__
+    assert d.signature([Plain()])[0][0] == "other"
+
+
+@pytest.mark.usefixtures("fake_driver")
+def test_cupy_like_arrays_order_the_launch_after_cupys_current_stream(fake_libcuda):
+    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_CUPY + f'''
+import ctypes
+fake = ctypes.CDLL({fake_libcuda!r})
+fake.fake_log.restype = ctypes.c_char_p
+def waits():
+    lines = fake.fake_log().decode().splitlines()
+    fake.fake_log_clear()
+    return [line.split()[0] for line in lines if line.split()[0] in ("cuEventRecord", "cuStreamWaitEvent")]
+buf, a, b, c = C.zeros(8, C.u64), C.empty(4), C.empty(4), C.empty(4)
+arrays = [ndarray(int(x.ptr), (4,)) for x in (a, b, c)]
+def miss(args, kwargs):
+    d.register(args, record)
+    return record(*args, **kwargs)
+d = C.Dispatcher(miss, "record_params")
+producer = C.Stream()
+for path, launch in (("function", record), ("dispatcher", d)):
+    current[0] = Stream(0)       # CuPy's null stream is the legacy default stream: the launch's own
+    waits(); launch(buf, np.uint32(3), *arrays, grid=1, block=1)
+    out[path + "_null"] = waits()
+    current[0] = Stream(producer.handle)
+    launch(buf, np.uint32(3), *arrays, grid=1, block=1)
+    out[path + "_producer"] = waits()
+    out[path + "_pointers"] = [int(x) for x in buf.get()[:3]] == [a.ptr, b.ptr, c.ptr]
+    cupy._util.CUDA_ARRAY_INTERFACE_EXPORT_VERSION = 2   # CuPy exports no stream then
+    waits(); launch(buf, np.uint32(3), *arrays, grid=1, block=1)
+    out[path + "_version2"] = waits()
+    cupy._util.CUDA_ARRAY_INTERFACE_EXPORT_VERSION = 3
+out["cai_reads"] = ndarray.cai_reads
+print(json.dumps(out))
+''')
+    for path in ("function", "dispatcher"):
+        assert out[path + "_null"] == [] and out[path + "_version2"] == []
+        # one wait for three arrays: they all name CuPy's current stream
+        assert out[path + "_producer"] == ["cuEventRecord", "cuStreamWaitEvent"]
+        assert out[path + "_pointers"]
+    assert out["cai_reads"] == 0
+
+
+# ---------------------------------------------------------------------------
+# JAX-like arrays (the reader is chosen by type name and module; real JAX:
+# test_dispatch_gpu.py)
+
+FAKE_JAX = '''
+import numpy as np
+
+counts = {"cai": 0, "waits": 0}   # not on the class: changing a type makes it be classified again
+
+class ArrayImpl:
+    """jax.Array's reading surface; its CAI claims a different shape, so a
+    signature tells which way the array was read."""
+    exported_readonly = True
+    def __init__(self, ptr, shape, dtype=np.float32, ready=True):
+        self.ptr, self.shape, self.dtype, self.ready = ptr, tuple(shape), np.dtype(dtype), ready
+    def is_ready(self):
+        return self.ready
+    def block_until_ready(self):
+        counts["waits"] += 1
+        self.ready = True
+        return self
+    def unsafe_buffer_pointer(self):
+        return self.ptr
+    @property
+    def __cuda_array_interface__(self):
+        counts["cai"] += 1
+        return {"shape": (99,), "typestr": self.dtype.str, "data": (self.ptr, self.exported_readonly),
+                "version": 2}
+
+ArrayImpl.__module__ = "jaxlib.xla_extension"
+'''
+
+
+def test_jax_like_arrays_are_read_by_attribute_once_ready():
+    out = run_json(FAKE_JAX + '''
+import json
+import mlirgpu._mlirgpu as C
+d = C.Dispatcher(lambda a, k: None, "k")
+sig = lambda *a: [list(map(str, s)) for s in d.signature(a)]
+out = {"ready": sig(ArrayImpl(4096, (2, 3)))}
+out["waits_when_ready"] = counts["waits"]
+out["cai_reads_first"] = counts["cai"]      # once per type: whether JAX exports read-only
+out["pending"] = sig(ArrayImpl(4096, (5,), np.int32, ready=False))
+out["waits_when_pending"] = counts["waits"]
+out["complex"] = sig(ArrayImpl(4096, (4,), np.complex64))
+out["cai_reads"] = counts["cai"]
+print(json.dumps(out))
+''')
+    assert out["ready"] == [["array", "mlirgpu.f32", "(2, 3)", "None", "0"]] and out["waits_when_ready"] == 0
+    assert out["cai_reads_first"] == 1
+    assert out["pending"] == [["array", "mlirgpu.i32", "(5,)", "None", "0"]] and out["waits_when_pending"] == 1
+    # a dtype mlirgpu lacks: the protocol, the second CAI read
+    assert out["complex"] == [["other", "<class 'jaxlib.xla_extension.ArrayImpl'>"]] and out["cai_reads"] == 2
+
+
+@pytest.mark.usefixtures("fake_driver")
+def test_jax_like_arrays_are_read_only_to_kernels():
+    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_JAX + '''
+buf, a = C.zeros(8, C.u64), C.empty(4)
+x = ArrayImpl(int(a.ptr), (4,))
+reads_only = module.get_function("record_params", params=["ptr", C.u32, "ptr"], stores=[0])
+reads_only(buf, np.uint32(1), x, grid=1, block=1)
+out["pointer"] = int(buf.get()[0]) == a.ptr
+try:
+    record(buf, np.uint32(1), x, grid=1, block=1)     # no stores=: it may store to any array
+except C.LaunchError as e:
+    out["stored"] = str(e)
+ArrayImpl.exported_readonly = False     # a JAX that exports writable arrays (the type changed: learnt again)
+buf = C.zeros(8, C.u64)
+record(buf, np.uint32(1), x, grid=1, block=1)
+out["writable"] = int(buf.get()[0]) == a.ptr
+print(json.dumps(out))
+''')
+    assert out["pointer"] and out["writable"]
+    assert "read-only" in out["stored"]
+
+
+@pytest.mark.usefixtures("fake_driver")
+def test_cupy_and_jax_like_hits_do_not_leak():
+    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_CUPY + FAKE_JAX + '''
+buf, a = C.zeros(8, C.u64), C.empty(16)
+c, j = ndarray(int(a.ptr), (16,)), ArrayImpl(int(a.ptr), (16,))
+current[0] = Stream(C.Stream().handle)      # every call waits for CuPy's stream
+reads_only = module.get_function("record_params", params=["ptr", C.u32, "ptr", "ptr", "ptr"], stores=[0])
+def miss(args, kwargs):
+    d.register(args, reads_only)
+    return reads_only(*args, **kwargs)
+d = C.Dispatcher(miss, "record_params")
+args = (buf, np.uint32(3), c, j, c)
+def loop(n):
+    for _ in range(n):
+        d(*args, grid=(1,), block=(1,))
+        reads_only(*args, grid=(1,), block=(1,))
+loop(1000); gc.collect()
+watched = (reads_only, buf, a, c, j, current[0], get_current_stream)
+refs = [sys.getrefcount(x) for x in watched]
+tracemalloc.start(); before = tracemalloc.get_traced_memory()[0]
+loop(10000); gc.collect()
+out["grown"] = tracemalloc.get_traced_memory()[0] - before
+tracemalloc.stop()
+out["refs_stable"] = refs == [sys.getrefcount(x) for x in watched]
+out["launched"] = [int(x) for x in buf.get()[:3]] == [a.ptr] * 3
+out["len"] = len(d)
+print(json.dumps(out))
+''')
+    assert out["refs_stable"] and out["launched"] and out["len"] == 1
+    assert out["grown"] < 10000, out["grown"]

@@ -179,9 +179,8 @@ def test_torch_dtypes(torch, name, dtype):
     assert d.signature((t,))[0][:3] == ("array", dtype, (3,))
 
 
+@pytest.mark.multigpu
 def test_torch_on_a_second_device(torch):
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs two GPUs")
     d = C.Dispatcher(lambda args, kwargs: None, "k")
     assert d.signature((torch.empty(3, device="cuda:1"),))[0][4] == 1
 
@@ -211,7 +210,8 @@ def test_torch_hits_do_not_leak(torch, add3):
 
 
 # ---------------------------------------------------------------------------
-# CuPy: through __cuda_array_interface__ (its v3 stream is honoured)
+# CuPy: read by attribute, ordered after CuPy's current stream as its
+# __cuda_array_interface__ (v3) asks
 
 def test_cupy_arrays_launch_and_hit(add3):
     cupy = pytest.importorskip("cupy")
@@ -235,3 +235,68 @@ def test_device_array_hits_on_the_gpu(add3):
         d(a, b, c, N, **launch_config())
     np.testing.assert_array_equal(c.get(), host * 4)
     assert len(misses) == 1
+
+
+class Protocol:
+    """An array seen only through the __cuda_array_interface__ of `array`."""
+
+    def __init__(self, array):
+        self.__cuda_array_interface__ = array.__cuda_array_interface__
+
+
+def test_cupy_signatures_match_its_protocol():
+    cupy = pytest.importorskip("cupy")
+    d = C.Dispatcher(lambda args, kwargs: None, "k")
+    x = cupy.empty((4, 6), dtype=cupy.float32)
+    for array in (x, x.T, x[:, ::2], x[1:3], cupy.empty((2, 0, 3), dtype=cupy.float16),
+                  cupy.empty(5, dtype=cupy.int64), cupy.empty((3, 1), dtype=cupy.uint8)):
+        assert d.signature((array,)) == d.signature((Protocol(array),)), (array.shape, array.strides)
+
+
+def test_torch_signatures_match_its_protocol(torch):
+    d = C.Dispatcher(lambda args, kwargs: None, "k")
+    t = torch.empty((4, 6), device="cuda")
+    for tensor in (t, t.T, t[:, ::2], t[1:3], torch.empty((2, 0, 3), device="cuda", dtype=torch.float16),
+                   torch.empty(3, device="cuda").expand(4, 3), torch.empty(5, device="cuda", dtype=torch.int64)):
+        assert d.signature((tensor,)) == d.signature((Protocol(tensor),)), (tensor.shape, tensor.stride())
+
+
+def test_cupy_launch_waits_for_cupys_current_stream(add3):
+    cupy = pytest.importorskip("cupy")
+    n = 1 << 24
+    config = launch_config(n)
+    d, misses = counting_dispatcher(add3)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    for step in range(3):
+        with stream:
+            # long work on CuPy's stream: the launch (on the legacy stream) must come after it
+            a = cupy.arange(n, dtype=cupy.float32)
+            for _ in range(20):
+                a = a * 1.0 + 0.0
+            b = cupy.full(n, float(step), dtype=cupy.float32)
+            c = cupy.zeros(n, dtype=cupy.float32)
+            d(a, b, c, n, **config)
+        cuda.synchronize()
+        stream.synchronize()
+        assert bool((c == cupy.arange(n, dtype=cupy.float32) + step).all()), step
+    assert len(misses) == 1
+
+
+def test_jax_arrays_launch_and_hit():
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    if not any(device.platform == "gpu" for device in jax.devices()):
+        pytest.skip("JAX has no GPU here")
+    # JAX arrays are read-only to kernels: this add3 says it stores to its third array only
+    add3 = cuda.load_module(PTX).get_function("add3", params=["ptr", "ptr", "ptr", C.u32], stores=[2])
+    d, misses = counting_dispatcher(add3)
+    c = C.empty(N)
+    for step in range(3):
+        a = jnp.arange(N, dtype=jnp.float32)
+        b = jnp.full(N, float(step), dtype=jnp.float32)
+        d(a, b, c, N, **launch_config())
+        np.testing.assert_array_equal(c.get(), np.arange(N, dtype=np.float32) + step)
+    assert len(misses) == 1
+    assert d.signature((a,)) == d.signature((Protocol(a),))
+    with pytest.raises(C.LaunchError, match="read-only"):
+        d(a, a, b, N, **launch_config())

@@ -3,6 +3,11 @@
 // the tests load are emulated by name (record_params copies the packed
 // parameters out). Built by the fake_libcuda fixture in tests/conftest.py.
 //
+// Devices: one, or FAKE_CUDA_DEVICES of them, each with its own primary
+// context; FAKE_CUDA_PEER=0 says they cannot access each other's memory.
+// Allocations remember their device (cuPointerGetAttribute answers it), a
+// launch or copy made from another device than 0 says device=N in the log.
+//
 // Streams can capture into graphs as the driver's do: work submitted to a
 // capturing stream is queued (not run) and runs on each cuGraphLaunch; an
 // unsafe call (allocating, freeing, synchronising the capturing stream) from
@@ -85,8 +90,13 @@ API CUresult cuGetErrorName(CUresult e, const char **s) {
     case 908: *s = "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"; break; case 401: *s = "CUDA_ERROR_ILLEGAL_STATE"; break;
     default: *s = NULL; return 1; } return 0; }
 API CUresult cuGetErrorString(CUresult e, const char **s) { *s = "mock error text"; return 0; }
-API CUresult cuDeviceGet(CUdevice *d, int o) { if (o != 0) return 101; *d = 0; return 0; }
-API CUresult cuDeviceGetCount(int *c) { *c = 1; return 0; }
+static int device_count(void) { const char *n = getenv("FAKE_CUDA_DEVICES"); int c = n ? atoi(n) : 1; return c > 0 && c <= 8 ? c : 1; }
+#define CONTEXT0 0x1234
+static int context_device(CUcontext c) { return c ? (int)((uintptr_t)c - CONTEXT0) : -1; }
+API CUresult cuDeviceGet(CUdevice *d, int o) { if (o < 0 || o >= device_count()) return 101; *d = o; return 0; }
+API CUresult cuDeviceGetCount(int *c) { *c = device_count(); return 0; }
+API CUresult cuDeviceCanAccessPeer(int *can, CUdevice d, CUdevice peer) {
+    const char *p = getenv("FAKE_CUDA_PEER"); *can = d != peer && !(p && !strcmp(p, "0")); return 0; }
 API CUresult cuDeviceGetName(char *n, int l, CUdevice d) { snprintf(n, l, "Mock H100 80GB HBM3"); return 0; }
 API CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
     switch (a) { case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break; case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
@@ -94,7 +104,9 @@ API CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *v = 49152; break; case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *v = 232448; break;
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: *v = 233472; break; default: *v = 32; } return 0; }
 API CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) { *b = TOTAL; return 0; }
-API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) { *c = (CUcontext)0x1234; return 0; }
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) { *c = (CUcontext)(uintptr_t)(CONTEXT0 + d); return 0; }
+API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+    note("cuCtxEnablePeerAccess device=%d peer=%d", context_device(current), context_device(peer)); return 0; }
 API CUresult cuCtxSetCurrent(CUcontext c) { current = c; return 0; }
 API CUresult cuCtxGetCurrent(CUcontext *c) { *c = current; return 0; }
 static CUcontext stack[16]; static __thread int depth;
@@ -102,11 +114,18 @@ API CUresult cuCtxPushCurrent_v2(CUcontext c) { stack[depth++] = current; curren
 API CUresult cuCtxPopCurrent_v2(CUcontext *c) { *c = current; current = stack[--depth]; return 0; }
 API CUresult cuCtxSynchronize(void) { CUresult r = unsafe(); if (r) return r; return current ? 0 : 201; }
 API CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = TOTAL - allocated; *t = TOTAL; return 0; }
+// Live allocations and their devices, for cuPointerGetAttribute.
+typedef struct { CUdeviceptr p; size_t n; int device; } alloc_t;
+static alloc_t allocs[4096]; static int nallocs;
 API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     if (!current) return 201; if (n == 0) return 1; CUresult r = unsafe(); if (r) return r;
     size_t *b = n < ((size_t)1 << 40) ? malloc(n + 16) : NULL; if (!b) return 2;
-    b[0] = n; allocated += n; *p = (CUdeviceptr)(b + 2); return 0; }
-API CUresult cuMemFree_v2(CUdeviceptr p) { if (!current) return 201; CUresult r = unsafe(); if (r) return r; note("cuMemFree ptr=%lu", H(p)); size_t *b = (size_t *)p - 2; allocated -= b[0]; memset(b + 2, 0xAB, b[0]); free(b); return 0; }
+    b[0] = n; allocated += n; *p = (CUdeviceptr)(b + 2);
+    if (nallocs < 4096) allocs[nallocs++] = (alloc_t){*p, n, context_device(current)};
+    return 0; }
+API CUresult cuMemFree_v2(CUdeviceptr p) { if (!current) return 201; CUresult r = unsafe(); if (r) return r; note("cuMemFree ptr=%lu", H(p));
+    for (int i = 0; i < nallocs; i++) if (allocs[i].p == p) { allocs[i] = allocs[--nallocs]; break; }
+    size_t *b = (size_t *)p - 2; allocated -= b[0]; memset(b + 2, 0xAB, b[0]); free(b); return 0; }
 API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st) {
     note("cuMemcpyHtoDAsync dst=%lu src=%lu bytes=%zu stream=%lu", H(d), H(s), n, H(st));
     return submit(st, (op_t){OP_COPY, .dst = (void *)d, .src = s, .n = n}); }
@@ -129,7 +148,14 @@ API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned f) { return cu
 API CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { memcpy((void *)d, (void *)s, n); return 0; }
 API CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream st) { for (size_t i = 0; i < n; i++) ((unsigned short *)d)[i] = v; return 0; }
 API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, CUstream st) { for (size_t i = 0; i < n; i++) ((unsigned *)d)[i] = v; return 0; }
-API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p) { *(int *)data = 0; return 0; }
+API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p) {
+    *(int *)data = 0;
+    for (int i = 0; i < nallocs; i++) if (p >= allocs[i].p && p < allocs[i].p + allocs[i].n) *(int *)data = allocs[i].device;
+    return 0; }
+API CUresult cuMemcpyPeerAsync(CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n, CUstream st) {
+    note("cuMemcpyPeerAsync dst=%lu dst_device=%d src=%lu src_device=%d bytes=%zu stream=%lu", H(d), context_device(dc),
+         H(s), context_device(sc), n, H(st));
+    return submit(st, (op_t){OP_COPY, .dst = (void *)d, .src = (void *)s, .n = n}); }
 API CUresult cuStreamCreate(CUstream *s, unsigned f) {
     st_t *st = calloc(1, sizeof *st); st->blocking = !(f & CU_STREAM_NON_BLOCKING); streams[nstreams++] = st;
     *s = (CUstream)st; note("cuStreamCreate stream=%lu flags=%u", H(st), f); return 0; }
@@ -208,7 +234,8 @@ static int param_count(const char *name, void **p) {
 API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                             unsigned sh, CUstream s, void **p, void **extra) {
     if ((unsigned long long)bx * by * bz > 1024) return 1;
-    note("cuLaunchKernel function=%s stream=%lu", ((fn_t *)f)->name, H(s));
+    if (context_device(current) > 0) note("cuLaunchKernel function=%s stream=%lu device=%d", ((fn_t *)f)->name, H(s), context_device(current));
+    else note("cuLaunchKernel function=%s stream=%lu", ((fn_t *)f)->name, H(s));
     op_t op = {OP_LAUNCH, .fn = f, .threads = (unsigned long long)gx * gy * gz * bx * by * bz};
     op.nparams = param_count(((fn_t *)f)->name, p);
     for (int i = 0; i < op.nparams && i < 72; i++) memcpy(&op.params[i], p[i], 8);

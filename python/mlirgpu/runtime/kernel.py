@@ -13,11 +13,12 @@ static shapes of the gpu.func's memrefs, a dtype generic their element type,
 and inside the body the generic's name evaluates to its value (so
 `range(K)` has a constant bound and `mg.constant(1.0, dtype)` a concrete type).
 """
+import contextlib
 import inspect
 
 import numpy as np
 
-from .. import _mlirgpu, ir
+from .. import _mlirgpu, cuda, ir
 from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError
 from ..frontend import rewrite as tracer
 from ..frontend.kernel import trace_kernel
@@ -237,7 +238,7 @@ class Kernel(_mlirgpu.Dispatcher):
             return
         if not any(isinstance(a, np.ndarray) for a in args):
             try:
-                self.register(args, spec.function())
+                self.register(args, spec.function_for(args))
             except ValueError:
                 pass  # arguments the dispatcher cannot classify: this path serves them each time
         spec.launch(args, **kwargs)
@@ -313,6 +314,23 @@ def _array_shape_dtype(name, arg):
     if not array.is_c_contiguous:
         raise LaunchError(f"parameter {name!r} needs a C-contiguous array, got strides {array.strides}")
     return tuple(array.shape), array.dtype
+
+
+def _on_device(device):
+    """A scope where `device` (None: the thread's own) is the thread's device."""
+    if device is None or device == cuda.current_device():
+        return contextlib.nullcontext()
+    return cuda.device(device)
+
+
+def _array_device(name, arg):
+    """The CUDA ordinal of a device array argument."""
+    if isinstance(arg, DeviceArray):
+        return arg.device
+    try:
+        return _mlirgpu.asarray(arg).device
+    except (TypeError, ValueError) as error:
+        raise LaunchError(f"parameter {name!r}: {error}") from None
 
 
 def _host_view(name, arg):
@@ -516,14 +534,36 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
             cpu.run(self, [_host_view(p.name, a) if shape is not None else a
                            for (p, shape, _), a in zip(self._param_types(), args)], grid, block, shared_mem)
             return
-        function = self.function()
-        host = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
-        if host:
-            args = list(args)
+        device = self._launch_device(args)
+        # Loaded and launched on the arrays' device, which is current meanwhile (NumPy arrays go there).
+        with _on_device(device):
+            function = self.function()
+            host = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
+            if host:
+                args = list(args)
+                for i, a in host:
+                    args[i] = _mlirgpu.to_device(a, stream=stream)
+            function(*args, grid=grid, block=block, shared_mem=shared_mem, stream=stream)
             for i, a in host:
-                args[i] = _mlirgpu.to_device(a, stream=stream)
-        function(*args, grid=grid, block=block, shared_mem=shared_mem, stream=stream)
-        for i, a in host:
-            # NumPy arrays are copied in, and back after the launch.
-            np.copyto(a, args[i].get(stream=stream))
+                # NumPy arrays are copied in, and back after the launch.
+                np.copyto(a, args[i].get(stream=stream))
+
+    def function_for(self, args):
+        """The kernel loaded on the device of the array arguments `args`."""
+        with _on_device(self._launch_device(args)):
+            return self.function()
+
+    def _launch_device(self, args):
+        """The device the arrays among `args` live on (None: no device
+        array, the thread's device), or LaunchError naming the parameters
+        when they live on several."""
+        devices = {}
+        for (p, shape, _), arg in zip(self._param_types(), args):
+            if shape is not None and not isinstance(arg, np.ndarray):
+                devices.setdefault(_array_device(p.name, arg), []).append(p.name)
+        if len(devices) > 1:
+            where = "; ".join(f"{', '.join(map(repr, names))} on device {d}" for d, names in sorted(devices.items()))
+            raise LaunchError(f"the array arguments of {self.name} live on different devices ({where}): "
+                              f"copy them to one device first, e.g. with array.to(device)")
+        return next(iter(devices), None)
 
