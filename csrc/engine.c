@@ -49,6 +49,7 @@ typedef struct {
     engine_function *functions;
     Py_ssize_t nfunctions;
     int runtime;
+    int launches; /* the module launches kernels: NumPy arguments are lent to the GPU */
 } mg_engine;
 
 static PyTypeObject *EngineType;
@@ -303,6 +304,11 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PyObject *registered = NULL;
     if (read_functions(self, op->op) < 0 || (registered = check_externals(op, runtime)) == NULL)
         goto error;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(registered); i++) {
+        PyObject *symbol = PyList_GET_ITEM(registered, i);
+        self->launches |= PyUnicode_CompareWithASCIIString(symbol, "mgpuLaunchKernel") == 0 ||
+                          PyUnicode_CompareWithASCIIString(symbol, "mgpuLaunchClusterKernel") == 0;
+    }
 
     mg_ir_diag_clear(ctx);
     creation c = {mlirModuleFromOperation(op->op), opt_level, {NULL}};
@@ -473,7 +479,8 @@ static Py_ssize_t parameter_bytes(MlirType t)
  * memory the function allocated. */
 typedef struct {
     uintptr_t allocated;
-    int device; /* a DeviceArray in device memory */
+    int device;          /* a DeviceArray in device memory */
+    int64_t *descriptor; /* a NumPy array's, else NULL */
 } borrowed;
 
 /* Fills `d` with a memref descriptor over `data`; -1 with ValueError when
@@ -493,6 +500,26 @@ static int fill_descriptor(int64_t *d, void *data, int rank, const npy_intp *sha
         d[3 + rank + k] = strides[k] / itemsize;
     }
     return 0;
+}
+
+/* Kernels cannot read pageable host memory: the memory of NumPy array `a`
+ * (the span its descriptor covers) is lent to the call, and the descriptor
+ * points into the copy. */
+static void lend(mg_rt_state *state, PyArrayObject *a, borrowed *b)
+{
+    int64_t *d = b->descriptor;
+    int rank = PyArray_NDIM(a);
+    int64_t itemsize = PyArray_ITEMSIZE(a), low = 0, high = 0;
+    for (int k = 0; k < rank; k++) {
+        int64_t size = d[3 + k], stride = d[3 + rank + k];
+        if (size == 0)
+            return;
+        *(stride < 0 ? &low : &high) += (size - 1) * stride;
+    }
+    char *first = (char *)(intptr_t)d[1] + low * itemsize;
+    char *copy = mg_rt_lend(state, first, (size_t)((high - low + 1) * itemsize), PyArray_ISWRITEABLE(a));
+    d[0] = d[1] = (int64_t)(intptr_t)(copy - low * itemsize);
+    b->allocated = (uintptr_t)d[0];
 }
 
 /* ------------------------------------------------------------------------ */
@@ -753,7 +780,7 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
             if (fill_descriptor(d, PyArray_DATA(a), PyArray_NDIM(a), PyArray_DIMS(a), PyArray_STRIDES(a),
                                 PyDataType_ELSIZE(descr), i) < 0)
                 goto done;
-            lent[i] = (borrowed){(uintptr_t)PyArray_DATA(a), 0};
+            lent[i] = (borrowed){(uintptr_t)PyArray_DATA(a), 0, d};
             d += 3 + 2 * PyArray_NDIM(a);
         } else {
             mg_array *a = (mg_array *)arg;
@@ -764,7 +791,7 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
             }
             if (fill_descriptor(d, (void *)(uintptr_t)a->ptr, a->ndim, shape, strides, a->dtype->itemsize, i) < 0)
                 goto done;
-            lent[i] = (borrowed){(uintptr_t)a->ptr, !a->host};
+            lent[i] = (borrowed){(uintptr_t)a->ptr, !a->host, NULL};
             d += 3 + 2 * a->ndim;
         }
         /* The C interface takes a pointer to the descriptor; packed, a pointer to that. */
@@ -775,8 +802,11 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
         packed[k++] = returned;
 
     mg_rt_state *state = NULL;
-    if (self->runtime && (state = mg_rt_begin(timeline != Py_None)) == NULL)
+    if (self->runtime && (state = mg_rt_begin(f->name, timeline != Py_None)) == NULL)
         goto done;
+    for (Py_ssize_t i = 0; state != NULL && self->launches && i < nargs; i++)
+        if (lent[i].descriptor != NULL)
+            lend(state, (PyArrayObject *)PySequence_Fast_GET_ITEM(argseq, i), &lent[i]);
     packed_fn call = f->call;
     Py_BEGIN_ALLOW_THREADS
     call(packed);

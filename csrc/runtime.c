@@ -38,6 +38,23 @@ typedef struct {
     CUevent start, end;
 } launch;
 
+/* Host memory made device-accessible for the call: a range the program
+ * registered (gpu.host_register), or a NumPy array lent to the call in a
+ * managed copy. */
+typedef struct {
+    void *pointer;      /* what the program sees */
+    size_t bytes;
+    void *original;     /* a lent array's own memory, else NULL */
+    int writable;       /* a lent array is copied back */
+    int registered;     /* cuMemHostRegister'ed by the runtime: unregister it */
+} host_range;
+
+/* The last kernel queued on a stream, to name the kernel a fault comes from. */
+typedef struct {
+    CUstream stream;
+    const char *name;
+} last_launch;
+
 struct mg_rt_state {
     int device;
     int context_ready;
@@ -59,6 +76,12 @@ struct mg_rt_state {
     size_t nkernels, ckernels;
     launch *launches;
     size_t nlaunches, claunches;
+    host_range *ranges;
+    size_t nranges, cranges;
+    last_launch *lasts;
+    size_t nlasts, clasts;
+    const char *function;    /* the host function called (the caller's string) */
+    char fault[256];         /* where a fault of a kernel was noticed */
 };
 
 /* The invocation running on this thread. */
@@ -67,7 +90,36 @@ static _Thread_local mg_rt_state *current;
 /* ------------------------------------------------------------------------ */
 /* Failures and bookkeeping                                                  */
 
-static void fail(mg_rt_state *s, CUresult code, const char *what, const char *format, ...)
+/* Errors a kernel leaves behind: the context is lost, and every later
+ * driver call (whatever it is) reports the same code. */
+static int is_fault(CUresult code)
+{
+    switch (code) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_TENSOR_MEMORY_LEAK:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static const char *last_on(const mg_rt_state *s, CUstream stream)
+{
+    for (size_t i = 0; i < s->nlasts; i++)
+        if (s->lasts[i].stream == stream)
+            return s->lasts[i].name;
+    return NULL;
+}
+
+static void fail_on(mg_rt_state *s, CUstream stream, CUresult code, const char *what, const char *format, ...)
 {
     if (s->failed)
         return;
@@ -78,7 +130,19 @@ static void fail(mg_rt_state *s, CUresult code, const char *what, const char *fo
     va_start(args, format);
     vsnprintf(s->detail, sizeof s->detail, format, args);
     va_end(args);
+    if (!is_fault(code) || s->nlasts == 0)
+        return;
+    /* The driver reports a fault at whatever call comes next: the kernel
+     * named is the last one queued on the stream being waited for, else the
+     * last one the call launched. */
+    const char *kernel = stream != NULL ? last_on(s, stream) : NULL;
+    if (kernel == NULL)
+        snprintf(s->fault, sizeof s->fault, "kernel '%s' (the last one launched)", s->lasts[s->nlasts - 1].name);
+    else
+        snprintf(s->fault, sizeof s->fault, "kernel '%s' (the last one launched on stream %p)", kernel, stream);
 }
+
+#define fail(s, code, what, ...) fail_on(s, NULL, code, what, __VA_ARGS__)
 
 /* 1 when the call may use the driver: inside an invocation, nothing failed
  * yet, and the context is current (else that failure is recorded). */
@@ -322,42 +386,85 @@ static CUevent timing_event(mg_rt_state *s, CUstream stream, const char *name)
     return event;
 }
 
-static void mgpuLaunchKernel(void *function, int64_t gx, int64_t gy, int64_t gz, int64_t bx, int64_t by,
-                             int64_t bz, int32_t shared_bytes, void *stream, void **params, void **extra,
-                             int64_t nparams)
+/* Records `name` as the last kernel queued on `stream`. */
+static void note_launch(mg_rt_state *s, CUstream stream, const char *name)
 {
-    mg_rt_state *s = current;
-    if (!ready(s, "mgpuLaunchKernel"))
-        return;
-    const char *name = kernel_name(s, function);
-    char config[256];
-    snprintf(config, sizeof config, "kernel '%s' grid=(%lld, %lld, %lld) block=(%lld, %lld, %lld) shared_mem=%d",
-             name, (long long)gx, (long long)gy, (long long)gz, (long long)bx, (long long)by, (long long)bz,
-             (int)shared_bytes);
-    int64_t dims[6] = {gx, gy, gz, bx, by, bz};
-    for (int i = 0; i < 6; i++)
-        if (dims[i] < 1 || dims[i] > UINT32_MAX) {
-            fail(s, CUDA_ERROR_INVALID_VALUE, "mgpuLaunchKernel", "%s: a dimension is out of range", config);
+    for (size_t i = 0; i < s->nlasts; i++)
+        if (s->lasts[i].stream == stream) {
+            /* Kept in launch order: the last entry is the latest launch. */
+            memmove(&s->lasts[i], &s->lasts[i + 1], (s->nlasts - i - 1) * sizeof *s->lasts);
+            s->lasts[s->nlasts - 1] = (last_launch){stream, name};
             return;
         }
+    if (RESERVE(s, lasts) == 0)
+        s->lasts[s->nlasts++] = (last_launch){stream, name};
+}
+
+/* One launch, plain (cluster == NULL) or of thread-block clusters. */
+static void launch_kernel(mg_rt_state *s, const char *entry, void *function, const int64_t *cluster,
+                          const int64_t grid[3], const int64_t block[3], int32_t shared_bytes, void *stream,
+                          void **params, void **extra)
+{
+    const char *name = kernel_name(s, function);
+    char config[320], clusters[96] = "";
+    if (cluster != NULL)
+        snprintf(clusters, sizeof clusters, " cluster=(%lld, %lld, %lld)", (long long)cluster[0],
+                 (long long)cluster[1], (long long)cluster[2]);
+    snprintf(config, sizeof config, "kernel '%s'%s grid=(%lld, %lld, %lld) block=(%lld, %lld, %lld) shared_mem=%d",
+             name, clusters, (long long)grid[0], (long long)grid[1], (long long)grid[2], (long long)block[0],
+             (long long)block[1], (long long)block[2], (int)shared_bytes);
+    for (int i = 0; i < 9; i++) {
+        int64_t d = i < 3 ? grid[i] : i < 6 ? block[i - 3] : cluster != NULL ? cluster[i - 6] : 1;
+        if (d < 1 || d > UINT32_MAX) {
+            fail(s, CUDA_ERROR_INVALID_VALUE, entry, "%s: a dimension is out of range", config);
+            return;
+        }
+    }
     if (shared_bytes < 0 || function == NULL) {
-        fail(s, CUDA_ERROR_INVALID_VALUE, "mgpuLaunchKernel", "%s: %s", config,
+        fail(s, CUDA_ERROR_INVALID_VALUE, entry, "%s: %s", config,
              function == NULL ? "no function" : "negative shared memory");
+        return;
+    }
+    CUresult r;
+    /* Above 48 KB, dynamic shared memory must be asked for (as MLIR's own
+     * runtime does before each such launch). */
+    if (shared_bytes > 48 * 1024 &&
+        (r = mg_cu.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)) !=
+            CUDA_SUCCESS) {
+        fail(s, r, "cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)", "%s", config);
         return;
     }
     launch timed = {name, stream, NULL, NULL};
     if (s->timeline && (RESERVE(s, launches) < 0 || (timed.start = timing_event(s, stream, name)) == NULL)) {
-        fail(s, CUDA_ERROR_OUT_OF_MEMORY, "mgpuLaunchKernel", "%s: no host memory left for its timeline", config);
+        fail(s, CUDA_ERROR_OUT_OF_MEMORY, entry, "%s: no host memory left for its timeline", config);
         return;
     }
-    CUresult r = mg_cu.cuLaunchKernel(function, (unsigned)gx, (unsigned)gy, (unsigned)gz, (unsigned)bx,
-                                      (unsigned)by, (unsigned)bz, (unsigned)shared_bytes, stream, params, extra);
+    if (cluster == NULL) {
+        r = mg_cu.cuLaunchKernel(function, (unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2],
+                                 (unsigned)block[0], (unsigned)block[1], (unsigned)block[2], (unsigned)shared_bytes,
+                                 stream, params, extra);
+    } else {
+        /* Clusters of more than 8 blocks are allowed where the chip has them. */
+        r = mg_cu.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
+        CUlaunchAttribute attribute = {.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION};
+        attribute.value.clusterDim.x = (unsigned)cluster[0];
+        attribute.value.clusterDim.y = (unsigned)cluster[1];
+        attribute.value.clusterDim.z = (unsigned)cluster[2];
+        CUlaunchConfig launch_config = {
+            .gridDimX = (unsigned)grid[0], .gridDimY = (unsigned)grid[1], .gridDimZ = (unsigned)grid[2],
+            .blockDimX = (unsigned)block[0], .blockDimY = (unsigned)block[1], .blockDimZ = (unsigned)block[2],
+            .sharedMemBytes = (unsigned)shared_bytes, .hStream = stream, .attrs = &attribute, .numAttrs = 1};
+        if (r == CUDA_SUCCESS)
+            r = mg_cu.cuLaunchKernelEx(&launch_config, function, params, extra);
+    }
     if (r != CUDA_SUCCESS) {
-        fail(s, r, "mgpuLaunchKernel: cuLaunchKernel", "%s", config);
+        fail_on(s, stream, r, cluster == NULL ? "mgpuLaunchKernel: cuLaunchKernel"
+                                              : "mgpuLaunchClusterKernel: cuLaunchKernelEx", "%s", config);
         if (timed.start != NULL)
             mg_cu.cuEventDestroy(timed.start);
         return;
     }
+    note_launch(s, stream, name);
     if (s->timeline) {
         if ((timed.end = timing_event(s, stream, name)) == NULL) {
             mg_cu.cuEventDestroy(timed.start);
@@ -365,6 +472,29 @@ static void mgpuLaunchKernel(void *function, int64_t gx, int64_t gy, int64_t gz,
         }
         s->launches[s->nlaunches++] = timed;
     }
+}
+
+static void mgpuLaunchKernel(void *function, int64_t gx, int64_t gy, int64_t gz, int64_t bx, int64_t by,
+                             int64_t bz, int32_t shared_bytes, void *stream, void **params, void **extra,
+                             int64_t nparams)
+{
+    mg_rt_state *s = current;
+    if (!ready(s, "mgpuLaunchKernel"))
+        return;
+    const int64_t grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    launch_kernel(s, "mgpuLaunchKernel", function, NULL, grid, block, shared_bytes, stream, params, extra);
+}
+
+static void mgpuLaunchClusterKernel(void *function, int64_t cx, int64_t cy, int64_t cz, int64_t gx, int64_t gy,
+                                    int64_t gz, int64_t bx, int64_t by, int64_t bz, int32_t shared_bytes,
+                                    void *stream, void **params, void **extra, int64_t nparams)
+{
+    mg_rt_state *s = current;
+    if (!ready(s, "mgpuLaunchClusterKernel"))
+        return;
+    const int64_t cluster[3] = {cx, cy, cz}, grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    launch_kernel(s, "mgpuLaunchClusterKernel", function, cluster, grid, block, shared_bytes, stream, params,
+                  extra);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -411,7 +541,7 @@ static void mgpuStreamSynchronize(void *stream)
         return;
     CUresult r = mg_cu.cuStreamSynchronize(stream);
     if (r != CUDA_SUCCESS)
-        fail(s, r, "mgpuStreamSynchronize: cuStreamSynchronize", "");
+        fail_on(s, stream, r, "mgpuStreamSynchronize: cuStreamSynchronize", "");
 }
 
 static void mgpuStreamWaitEvent(void *stream, void *event)
@@ -599,6 +729,216 @@ static void mgpuMemset16(void *dst, uint16_t value, uint64_t count, void *stream
 }
 
 /* ------------------------------------------------------------------------ */
+/* Host memory for kernels: registration, lent arrays                        */
+
+/* The bytes a memref descriptor {allocated, aligned, offset, sizes[rank],
+ * strides[rank]} covers: its first element at *first, *bytes from there
+ * (0 when it is empty); -1 when its strides are negative. */
+static int memref_span(const int64_t *d, int64_t rank, int64_t element_bytes, char **first, size_t *bytes)
+{
+    int64_t last = 0;
+    *first = (char *)(intptr_t)d[1] + d[2] * element_bytes;
+    *bytes = 0;
+    for (int64_t k = 0; k < rank; k++) {
+        int64_t size = d[3 + k], stride = d[3 + rank + k];
+        if (size == 0)
+            return 0;
+        if (stride < 0)
+            return -1;
+        last += (size - 1) * stride;
+    }
+    *bytes = (size_t)((last + 1) * element_bytes);
+    return 0;
+}
+
+static host_range *find_range(mg_rt_state *s, const void *pointer, int lent)
+{
+    for (size_t i = 0; i < s->nranges; i++) {
+        host_range *r = &s->ranges[i];
+        const char *start = r->pointer;
+        if ((r->original != NULL) == lent && (const char *)pointer >= start && (const char *)pointer < start + r->bytes)
+            return r;
+    }
+    return NULL;
+}
+
+static int track_range(mg_rt_state *s, host_range range)
+{
+    if (RESERVE(s, ranges) < 0)
+        return -1;
+    s->ranges[s->nranges++] = range;
+    return 0;
+}
+
+static void register_range(mg_rt_state *s, const char *what, void *pointer, size_t bytes)
+{
+    if (bytes == 0 || find_range(s, pointer, 1) != NULL)
+        return; /* an array lent to the call: device-accessible already */
+    CUresult r = mg_cu.cuMemHostRegister(pointer, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    int registered = r == CUDA_SUCCESS;
+    if (r == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
+        r = CUDA_SUCCESS; /* page-locked already (by the program, or pinned host memory) */
+    } else if (r != CUDA_SUCCESS) {
+        /* Memory of the driver's own (device, managed) is device-accessible as it is. */
+        CUmemorytype type;
+        if (mg_cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)pointer) ==
+            CUDA_SUCCESS)
+            r = CUDA_SUCCESS;
+    }
+    if (r != CUDA_SUCCESS) {
+        fail(s, r, what, "%zu bytes at %p", bytes, pointer);
+        return;
+    }
+    if (track_range(s, (host_range){pointer, bytes, NULL, 0, registered}) < 0) {
+        if (registered)
+            mg_cu.cuMemHostUnregister(pointer);
+        fail(s, CUDA_ERROR_OUT_OF_MEMORY, "mlirgpu runtime", "no host memory left to track a registration");
+    }
+}
+
+static void unregister_range(mg_rt_state *s, const char *what, void *pointer)
+{
+    if (find_range(s, pointer, 1) != NULL)
+        return;
+    for (size_t i = 0; i < s->nranges; i++) {
+        host_range r = s->ranges[i];
+        if (r.original != NULL || r.pointer != pointer)
+            continue;
+        s->ranges[i] = s->ranges[--s->nranges];
+        CUresult result = r.registered ? mg_cu.cuMemHostUnregister(pointer) : CUDA_SUCCESS;
+        if (result != CUDA_SUCCESS)
+            fail(s, result, what, "%p", pointer);
+        return;
+    }
+    fail(s, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, what, "%p was not registered by this call", pointer);
+}
+
+static void mgpuMemHostRegister(void *pointer, uint64_t bytes)
+{
+    mg_rt_state *s = current;
+    if (ready(s, "mgpuMemHostRegister"))
+        register_range(s, "mgpuMemHostRegister: cuMemHostRegister", pointer, (size_t)bytes);
+}
+
+static void mgpuMemHostUnregister(void *pointer)
+{
+    mg_rt_state *s = current;
+    if (ready(s, "mgpuMemHostUnregister"))
+        unregister_range(s, "mgpuMemHostUnregister: cuMemHostUnregister", pointer);
+}
+
+/* gpu.host_register of a memref (ranked, or unranked: the lowering passes
+ * the rank and the ranked descriptor either way). */
+static void mgpuMemHostRegisterMemRef(int64_t rank, int64_t *descriptor, int64_t element_bytes)
+{
+    mg_rt_state *s = current;
+    if (!ready(s, "mgpuMemHostRegisterMemRef"))
+        return;
+    char *first;
+    size_t bytes;
+    if (memref_span(descriptor, rank, element_bytes, &first, &bytes) < 0) {
+        fail(s, CUDA_ERROR_INVALID_VALUE, "mgpuMemHostRegisterMemRef", "a memref with negative strides");
+        return;
+    }
+    register_range(s, "mgpuMemHostRegisterMemRef: cuMemHostRegister", first, bytes);
+}
+
+static void mgpuMemHostUnregisterMemRef(int64_t rank, int64_t *descriptor, int64_t element_bytes)
+{
+    mg_rt_state *s = current;
+    if (!ready(s, "mgpuMemHostUnregisterMemRef"))
+        return;
+    char *first;
+    size_t bytes;
+    if (memref_span(descriptor, rank, element_bytes, &first, &bytes) == 0 && bytes > 0)
+        unregister_range(s, "mgpuMemHostUnregisterMemRef: cuMemHostUnregister", first);
+}
+
+void *mg_rt_lend(mg_rt_state *s, void *data, size_t bytes, int writable)
+{
+    if (!s->context_ready || s->failed || bytes == 0)
+        return data;
+    CUdeviceptr copy;
+    CUresult r = mg_cu.cuMemAllocManaged(&copy, bytes, CU_MEM_ATTACH_GLOBAL);
+    if (r != CUDA_SUCCESS) {
+        fail(s, r, "lending an array argument to the GPU: cuMemAllocManaged", "%zu bytes", bytes);
+        return data;
+    }
+    if (track_range(s, (host_range){(void *)(uintptr_t)copy, bytes, data, writable, 0}) < 0) {
+        mg_cu.cuMemFree(copy);
+        fail(s, CUDA_ERROR_OUT_OF_MEMORY, "mlirgpu runtime", "no host memory left to lend an array");
+        return data;
+    }
+    memcpy((void *)(uintptr_t)copy, data, bytes);
+    s->used = 1;
+    return (void *)(uintptr_t)copy;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tensor maps (nvgpu.tma.create.descriptor)                                 */
+
+/* Bytes of an element of each CUtensorMapDataType up to TFLOAT32_FTZ. */
+static const int tensor_map_element_bytes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4};
+
+/* The tensor map of a memref (its rank and ranked descriptor), tiled in
+ * boxes of box[rank] elements (outermost first), in device memory freed at
+ * the end of the call. */
+static void *mgpuTensorMapEncodeTiledMemref(int64_t rank, int64_t *descriptor, int32_t data_type, int32_t interleave,
+                                            int32_t swizzle, int32_t l2_promotion, int32_t oob_fill, int64_t *box)
+{
+    mg_rt_state *s = current;
+    if (!ready(s, "mgpuTensorMapEncodeTiledMemref"))
+        return NULL;
+    const char *what = "mgpuTensorMapEncodeTiledMemref: cuTensorMapEncodeTiled";
+    if (rank < 1 || rank > 5 || data_type < 0 ||
+        data_type >= (int32_t)(sizeof tensor_map_element_bytes / sizeof *tensor_map_element_bytes)) {
+        fail(s, CUDA_ERROR_INVALID_VALUE, what, "rank %lld, data type %d: ranks 1 to 5 and the data types up to "
+             "TFLOAT32_FTZ are supported", (long long)rank, (int)data_type);
+        return NULL;
+    }
+    int64_t element = tensor_map_element_bytes[data_type];
+    /* The driver counts dimensions from the innermost. */
+    cuuint64_t dims[5], strides[5];
+    cuuint32_t boxes[5], element_strides[5];
+    for (int64_t i = 0; i < rank; i++) {
+        dims[i] = (cuuint64_t)descriptor[3 + rank - 1 - i];
+        boxes[i] = (cuuint32_t)box[rank - 1 - i];
+        element_strides[i] = 1;
+        if (i + 1 < rank)
+            strides[i] = (cuuint64_t)(descriptor[3 + rank + rank - 2 - i] * element);
+    }
+    void *address = (char *)(intptr_t)descriptor[1] + descriptor[2] * element;
+    CUtensorMap map;
+    CUresult r = mg_cu.cuTensorMapEncodeTiled(&map, (CUtensorMapDataType)data_type, (cuuint32_t)rank, address, dims,
+                                              strides, boxes, element_strides, (CUtensorMapInterleave)interleave,
+                                              (CUtensorMapSwizzle)swizzle, (CUtensorMapL2promotion)l2_promotion,
+                                              (CUtensorMapFloatOOBfill)oob_fill);
+    if (r != CUDA_SUCCESS) {
+        fail(s, r, what, "a rank-%lld memref at %p, data type %d, swizzle %d", (long long)rank, address,
+             (int)data_type, (int)swizzle);
+        return NULL;
+    }
+    /* Kernels take the map by its address in device memory. */
+    CUdeviceptr copy;
+    r = mg_cu.cuMemAlloc(&copy, sizeof map);
+    if (r != CUDA_SUCCESS) {
+        fail(s, r, "mgpuTensorMapEncodeTiledMemref: cuMemAlloc", "%zu bytes", sizeof map);
+        return NULL;
+    }
+    if (track_allocation(s, (void *)(uintptr_t)copy, sizeof map, 0) < 0) {
+        mg_cu.cuMemFree(copy);
+        fail(s, CUDA_ERROR_OUT_OF_MEMORY, "mlirgpu runtime", "no host memory left to track an allocation");
+        return NULL;
+    }
+    r = mg_cu.cuMemcpyHtoDAsync(copy, &map, sizeof map, NULL);
+    if (r == CUDA_SUCCESS)
+        r = mg_cu.cuStreamSynchronize(NULL);
+    if (r != CUDA_SUCCESS)
+        fail(s, r, "mgpuTensorMapEncodeTiledMemref: cuMemcpyHtoDAsync", "%zu bytes", sizeof map);
+    return (void *)(uintptr_t)copy;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The symbol table                                                          */
 
 static const struct {
@@ -623,6 +963,12 @@ static const struct {
     {"mgpuMemcpy", (void *)mgpuMemcpy},
     {"mgpuMemset32", (void *)mgpuMemset32},
     {"mgpuMemset16", (void *)mgpuMemset16},
+    {"mgpuMemHostRegister", (void *)mgpuMemHostRegister},
+    {"mgpuMemHostUnregister", (void *)mgpuMemHostUnregister},
+    {"mgpuMemHostRegisterMemRef", (void *)mgpuMemHostRegisterMemRef},
+    {"mgpuMemHostUnregisterMemRef", (void *)mgpuMemHostUnregisterMemRef},
+    {"mgpuLaunchClusterKernel", (void *)mgpuLaunchClusterKernel},
+    {"mgpuTensorMapEncodeTiledMemref", (void *)mgpuTensorMapEncodeTiledMemref},
 };
 
 void *mg_rt_symbol(const char *name)
@@ -636,13 +982,14 @@ void *mg_rt_symbol(const char *name)
 /* ------------------------------------------------------------------------ */
 /* Invocations                                                               */
 
-mg_rt_state *mg_rt_begin(int timeline)
+mg_rt_state *mg_rt_begin(const char *function, int timeline)
 {
     mg_rt_state *s = calloc(1, sizeof *s);
     if (s == NULL) {
         PyErr_NoMemory();
         return NULL;
     }
+    s->function = function;
     s->timeline = timeline;
     if (mg_cu_ensure_context() == 0) {
         s->context_ready = 1;
@@ -726,6 +1073,16 @@ int mg_rt_end(mg_rt_state *s, PyObject *timeline)
         mg_cu.cuEventDestroy(s->launches[i].start);
         mg_cu.cuEventDestroy(s->launches[i].end);
     }
+    for (size_t i = 0; i < s->nranges; i++) {
+        host_range *r = &s->ranges[i];
+        if (r->original != NULL) {
+            if (!s->failed && r->writable)
+                memcpy(r->original, r->pointer, r->bytes);
+            mg_cu.cuMemFree((CUdeviceptr)(uintptr_t)r->pointer);
+        } else if (r->registered) {
+            mg_cu.cuMemHostUnregister(r->pointer);
+        }
+    }
     for (size_t i = 0; i < s->nallocations; i++)
         release(&s->allocations[i]);
     for (size_t i = 0; i < s->nevents; i++)
@@ -737,6 +1094,12 @@ int mg_rt_end(mg_rt_state *s, PyObject *timeline)
         PyErr_Restore(s->no_context[0], s->no_context[1], s->no_context[2]);
         s->no_context[0] = s->no_context[1] = s->no_context[2] = NULL;
         status = -1;
+    } else if (status == 0 && s->failed == FAILED_DRIVER && s->fault[0] != '\0') {
+        char detail[sizeof s->detail + sizeof s->fault + 320];
+        snprintf(detail, sizeof detail, "%s%s%s faulted in @%s; the GPU context is lost: this process cannot use "
+                 "the GPU again (every later call raises this error), restart it", s->detail, s->detail[0] ? "; " : "",
+                 s->fault, s->function);
+        status = mg_cu_raise(s->code, s->what, detail);
     } else if (status == 0 && s->failed == FAILED_DRIVER) {
         status = mg_cu_raise(s->code, s->what, s->detail);
     }
@@ -748,6 +1111,8 @@ int mg_rt_end(mg_rt_state *s, PyObject *timeline)
     free(s->events);
     free(s->kernels);
     free(s->launches);
+    free(s->ranges);
+    free(s->lasts);
     free(s);
     return status;
 }

@@ -28,11 +28,18 @@ void mg_rt_release_modules(const void *owner);
 
 typedef struct mg_rt_state mg_rt_state;
 
-/* Starts an invocation on the calling thread (GIL held): makes the thread's
- * primary context current, or remembers why it cannot be (the first runtime
- * call then fails with that). With `timeline`, every launch is timed with a
- * pair of events. NULL with MemoryError set. */
-mg_rt_state *mg_rt_begin(int timeline);
+/* Starts an invocation of the host function `function` (a string that
+ * outlives the call, for messages) on the calling thread (GIL held): makes
+ * the thread's primary context current, or remembers why it cannot be (the
+ * first runtime call then fails with that). With `timeline`, every launch is
+ * timed with a pair of events. NULL with MemoryError set. */
+mg_rt_state *mg_rt_begin(const char *function, int timeline);
+
+/* Lends `bytes` of host memory at `data` (a NumPy argument) to the call:
+ * the pointer kernels and host code should use instead, a managed copy
+ * copied back to `data` at the end of a call that did not fail when
+ * `writable`. Without a context, or after a failure, `data` itself. */
+void *mg_rt_lend(mg_rt_state *state, void *data, size_t bytes, int writable);
 
 /* After the JIT'd function returned, without the GIL: waits for the device
  * work the invocation queued (a failure there is recorded). */
