@@ -12,6 +12,7 @@
 #include "array.h"
 #include "driver.h"
 #include "ir.h"
+#include "runner_utils.h"
 #include "runtime.h"
 
 #include <mlir-c/BuiltinAttributes.h>
@@ -24,6 +25,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +52,7 @@ typedef struct {
     Py_ssize_t nfunctions;
     int runtime;
     int launches; /* the module launches kernels: NumPy arguments are lent to the GPU */
+    int prints;   /* it calls runner utilities or launches kernels (printf): output is ordered */
 } mg_engine;
 
 static PyTypeObject *EngineType;
@@ -168,9 +171,12 @@ static LLVMModuleRef translate(mg_ir_Operation *op, LLVMContextRef *llvm_context
     return t.llvm_module;
 }
 
+/* What the engine registers for `name`: a runner utility, or with the
+ * runtime one of its mgpu* functions; else NULL. */
 static void *runtime_symbol(int runtime, const char *name)
 {
-    return runtime ? mg_rt_symbol(name) : NULL;
+    void *address = mg_runner_symbol(name);
+    return address != NULL || !runtime ? address : mg_rt_symbol(name);
 }
 
 /* Appends `value`'s name to `missing` unless the runtime or the process
@@ -308,7 +314,12 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         PyObject *symbol = PyList_GET_ITEM(registered, i);
         self->launches |= PyUnicode_CompareWithASCIIString(symbol, "mgpuLaunchKernel") == 0 ||
                           PyUnicode_CompareWithASCIIString(symbol, "mgpuLaunchClusterKernel") == 0;
+        const char *text = PyUnicode_AsUTF8(symbol);
+        if (text == NULL)
+            goto error;
+        self->prints |= mg_runner_symbol(text) != NULL;
     }
+    self->prints |= self->launches;
 
     mg_ir_diag_clear(ctx);
     creation c = {mlirModuleFromOperation(op->op), opt_level, {NULL}};
@@ -612,6 +623,20 @@ static PyObject *copy_memref(const int64_t *d, int rank, PyArray_Descr *descr, i
 /* ------------------------------------------------------------------------ */
 /* invoke                                                                    */
 
+/* What Python printed before the call comes before what the program prints
+ * (C stdio on file descriptor 1). Printing is not worth failing a call for:
+ * a sys.stdout that cannot flush is left as it is. */
+static void flush_python_stdout(void)
+{
+    PyObject *out = PySys_GetObject("stdout"); /* borrowed */
+    if (out == NULL || out == Py_None)
+        return;
+    PyObject *done = PyObject_CallMethod(out, "flush", NULL);
+    if (done == NULL)
+        PyErr_Clear();
+    Py_XDECREF(done);
+}
+
 static engine_function *find_function(mg_engine *self, const char *name)
 {
     for (Py_ssize_t i = 0; i < self->nfunctions; i++)
@@ -801,6 +826,8 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
     if (nresults == 1 && !by_pointer)
         packed[k++] = returned;
 
+    if (self->prints)
+        flush_python_stdout();
     mg_rt_state *state = NULL;
     if (self->runtime && (state = mg_rt_begin(f->name, timeline != Py_None)) == NULL)
         goto done;
@@ -812,6 +839,8 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
     call(packed);
     if (state != NULL)
         mg_rt_synchronize(state);
+    if (self->prints)
+        fflush(stdout);
     Py_END_ALLOW_THREADS
     /* After a runtime failure the results are garbage: only what the
      * function allocated on the host is freed, then mg_rt_end raises. */

@@ -96,6 +96,8 @@ class _Memref:
 
     def fits(self, shape, strides, itemsize):
         """Whether an array of `shape` and byte `strides` is this memref as it is."""
+        if 0 in shape:
+            return True   # no element: any strides describe it (NumPy may give an empty array zeros)
         if any(s % itemsize for s in strides):
             return False
         if self.strides is None:
