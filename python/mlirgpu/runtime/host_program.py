@@ -30,14 +30,26 @@ from .scalars import scalar_bytes
 
 __all__ = ["HostProgram"]
 
-# gpu-module-to-binary's format per `format=`: a cubin by the toolkit's ptxas
-# (mgpuModuleLoad), or PTX the driver compiles when it loads it (mgpuModuleLoadJIT).
-FORMATS = ("cubin", "ptx")
+# gpu-module-to-binary's format per `format=`: a cubin by the toolkit's ptxas,
+# a fatbin (the cubin and its PTX) by ptxas and fatbinary (both loaded with
+# mgpuModuleLoad), or PTX the driver compiles when it loads it (mgpuModuleLoadJIT).
+FORMATS = {"cubin": "bin", "fatbin": "fatbin", "ptx": "isa"}
 
-# The host half of MLIR's gpu-lower-to-nvvm-pipeline, after Compilation's nvvm
-# stage: math the host uses (intrinsics, else libm), then every gpu op to calls
-# of the mgpu* runtime.
-HOST_PIPELINE = "builtin.module(convert-math-to-llvm, convert-math-to-libm, gpu-to-llvm, reconcile-unrealized-casts)"
+# MLIR's gpu-lower-to-nvvm-pipeline converts nvgpu ops (TMA descriptors
+# captured by a gpu.launch among them) before it outlines kernels: in the
+# other order they reach a gpu.func signature, which cannot be lowered.
+PREPARE_PIPELINE = "builtin.module(convert-nvgpu-to-nvvm)"
+
+
+def host_pipeline(host_bare_pointers, kernel_bare_pointers):
+    """The host half of MLIR's gpu-lower-to-nvvm-pipeline, after Compilation's
+    nvvm stage: math the host uses (intrinsics, else libm), then every gpu op
+    to calls of the mgpu* runtime."""
+    options = (f"use-bare-pointers-for-host={str(host_bare_pointers).lower()} "
+               f"use-bare-pointers-for-kernels={str(kernel_bare_pointers).lower()}")
+    return (f"builtin.module(convert-math-to-llvm, convert-math-to-libm, gpu-to-llvm{{{options}}}, "
+            "reconcile-unrealized-casts)")
+
 
 ASYNC_HINT = ("\n(gpu-to-llvm lowers gpu.alloc, gpu.memcpy, gpu.memset and gpu.dealloc only when they are `async` "
               "with exactly one dependency, e.g. `%t1 = gpu.memcpy async [%t0] ...`; host_shared allocations "
@@ -148,11 +160,18 @@ class _Function:
 class HostProgram:
     """A module of host functions in the gpu dialect, lowered and JIT-compiled.
 
-    HostProgram(program, chip=None, *, format="cubin", opt_level=2): `program`
-    is MLIR text or an mlirgpu.ir.Module (cloned, never changed). `chip`
-    defaults to the current GPU's, else sm_90a. `format` is "cubin" (ptxas
-    from CUDA_HOME) or "ptx" (the driver compiles the PTX when the program
-    first launches a kernel). `opt_level` is the host JIT's (0..3).
+    HostProgram(program, chip=None, *, format="cubin", opt_level=2,
+    pipeline=None, ptxas_options=None, kernel_bare_pointers=False,
+    host_bare_pointers=False): `program` is MLIR text or an
+    mlirgpu.ir.Module (cloned, never changed). `chip` defaults to the current
+    GPU's, else sm_90a. `format` is "cubin" (ptxas from CUDA_HOME), "fatbin"
+    (the cubin with its PTX) or "ptx" (the driver compiles the PTX when the
+    program first launches a kernel). `opt_level` is the host JIT's (0..3).
+    `pipeline` is a pass pipeline (text) run first, for programs written above
+    the gpu dialect (linalg to parallel loops to gpu.launch, transform
+    schedules). `ptxas_options` (a string) go to ptxas. The bare-pointer
+    options are mlir-opt's host-bare-ptr-calling-convention and
+    kernel-bare-ptr-calling-convention (kernels then take static shapes only).
 
     Everything is compiled here and needs no GPU: bad text or a module that
     does not verify raise MLIRError; a failing lowering stage raises
@@ -161,9 +180,17 @@ class HostProgram:
     timeline=False)`.
     """
 
-    def __init__(self, program, chip=None, *, format="cubin", opt_level=2):
+    def __init__(self, program, chip=None, *, format="cubin", opt_level=2, pipeline=None, ptxas_options=None,
+                 kernel_bare_pointers=False, host_bare_pointers=False):
         if format not in FORMATS:
-            raise ValueError(f"format must be one of {FORMATS}, not {format!r}")
+            raise ValueError(f"format must be one of {tuple(FORMATS)}, not {format!r}")
+        if pipeline is not None and not isinstance(pipeline, str):
+            raise TypeError(f"pipeline must be a pass pipeline (str), not {type(pipeline).__name__}")
+        if ptxas_options is not None and (not isinstance(ptxas_options, str) or any(c in ptxas_options for c in '"{}')):
+            raise ValueError(f"ptxas_options must be a string of options without quotes or braces, "
+                             f"not {ptxas_options!r}")
+        if ptxas_options and format == "ptx":
+            raise ValueError("ptxas_options need format='cubin' or 'fatbin' (with 'ptx' the driver compiles)")
         if isinstance(program, str):
             module = ir.Module.parse(program)
         elif isinstance(program, ir.Module):
@@ -174,6 +201,9 @@ class HostProgram:
         self.gpu = str(module)
         self.format = format
         self.timeline = None
+        if pipeline:
+            run_stage(module, "pipeline", pipeline)
+        run_stage(module, "prepare", PREPARE_PIPELINE)
         self._functions = {}
         for op in module.body.operations:
             if op.name != "func.func" or not op.regions[0].blocks:
@@ -184,14 +214,17 @@ class HostProgram:
             name = op.get_attribute("sym_name").value
             self._functions[name] = _Function(name, op.get_attribute("function_type").value)
             op.set_attribute("llvm.emit_c_interface", ir.Attribute.unit(context=module.context))
-        # Kernels take memref descriptors, not bare pointers: dynamic shapes and
-        # strided layouts reach them as the host code has them.
-        self.compilation = Compilation(module, chip or default_chip(), bare_pointers=False)
+        # Kernels take memref descriptors unless asked otherwise: dynamic shapes
+        # and strided layouts reach them as the host code has them.
+        self.compilation = Compilation(module, chip or default_chip(), bare_pointers=kernel_bare_pointers)
         lowered = ir.Module.parse(self.compilation.nvvm, context=module.context)
-        run_stage(lowered, "host", HOST_PIPELINE, ASYNC_HINT)
-        toolkit = f" toolkit={CUDA_HOME}" if format == "cubin" else ""
-        run_stage(lowered, "binary", "builtin.module(gpu-module-to-binary{format=%s%s})"
-             % ("bin" if format == "cubin" else "isa", toolkit))
+        run_stage(lowered, "host", host_pipeline(host_bare_pointers, kernel_bare_pointers), ASYNC_HINT)
+        options = f"format={FORMATS[format]}"
+        if format != "ptx":
+            options += f" toolkit={CUDA_HOME}"
+        if ptxas_options:
+            options += f' opts="{ptxas_options}"'
+        run_stage(lowered, "binary", f"builtin.module(gpu-module-to-binary{{{options}}})")
         _check_lowered(lowered)
         self._lowered = lowered
         self.engine = _engine(lowered, opt_level)

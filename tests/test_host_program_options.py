@@ -1,0 +1,85 @@
+"""mg.HostProgram's options, on the CPU: the kernel format (cubin, fatbin,
+PTX), ptxas options, the bare-pointer calling conventions, and a pass
+pipeline run first so that programs written above the gpu dialect (linalg
+to parallel loops to gpu.launch) compile."""
+import re
+
+import pytest
+
+import mlirgpu as mg
+from test_host_program import PROGRAM, seed_program
+
+LINALG = """
+#map = affine_map<(d0) -> (d0)>
+module attributes {gpu.container_module} {
+  // B = 2 A, written with linalg: no gpu op until the pipeline maps the loop to the GPU.
+  func.func @scale(%a: memref<1024xf32>, %b: memref<1024xf32>) {
+    %two = arith.constant 2.0 : f32
+    linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel"]}
+        ins(%a : memref<1024xf32>) outs(%b : memref<1024xf32>) {
+    ^bb0(%x: f32, %y: f32):
+      %z = arith.mulf %x, %two : f32
+      linalg.yield %z : f32
+    }
+    return
+  }
+}
+"""
+LINALG_TO_GPU = ("func.func(convert-linalg-to-parallel-loops, scf-parallel-loop-tiling{parallel-loop-tile-sizes=128}, "
+                 "gpu-map-parallel-loops, convert-parallel-loops-to-gpu)")
+
+
+def declared(prog):
+    return {line.split("@")[1].split("(")[0] for line in prog.llvm_ir.splitlines() if line.startswith("declare")}
+
+
+@pytest.mark.parametrize("format, loader", [("cubin", "mgpuModuleLoad"), ("fatbin", "mgpuModuleLoad"),
+                                            ("ptx", "mgpuModuleLoadJIT")])
+def test_formats(format, loader):
+    prog = mg.HostProgram(PROGRAM, format=format)
+    assert prog.format == format and loader in declared(prog)
+    assert re.search(r"gpu\.binary @kernels .*#gpu\.object<#nvvm\.target", prog.lowered)
+
+
+def test_ptxas_options_reach_ptxas():
+    mg.HostProgram(PROGRAM, ptxas_options="--maxrregcount=16 -O1")
+    with pytest.raises(mg.CompileError, match=r"binary stage failed(.|\n)*Unknown option '-no-such-option'"):
+        mg.HostProgram(PROGRAM, ptxas_options="--no-such-option")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"ptxas_options": 'a "quoted" option'}, "without quotes or braces"),
+    ({"ptxas_options": "-v", "format": "ptx"}, "need format='cubin' or 'fatbin'"),
+    ({"format": "sass"}, "format must be one of"),
+])
+def test_bad_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mg.HostProgram(PROGRAM, **kwargs)
+
+
+def test_kernel_bare_pointers():
+    described = mg.HostProgram(seed_program(32, 64, 32), format="ptx")
+    bare = mg.HostProgram(seed_program(32, 64, 32), format="ptx", kernel_bare_pointers=True)
+    parameters = lambda ptx: ptx.split(".entry matmul(")[1].split(")")[0].count(".param")
+    assert parameters(described.ptx) == 3 * 7        # a descriptor per memref: 3 + 2 * rank values
+    assert parameters(bare.ptx) == 3                 # a pointer per memref
+    # Dynamic shapes cannot pass as bare pointers.
+    with pytest.raises(mg.CompileError, match="stage failed"):
+        mg.HostProgram(PROGRAM, format="ptx", kernel_bare_pointers=True)
+
+
+def test_host_bare_pointers_lower():
+    prog = mg.HostProgram(seed_program(32, 64, 32), format="ptx", host_bare_pointers=True)
+    assert "mgpuLaunchKernel" in declared(prog)
+
+
+def test_a_pipeline_maps_linalg_to_the_gpu():
+    with pytest.raises(mg.CompileError, match="'linalg.generic' was not lowered"):
+        mg.HostProgram(LINALG, format="ptx")             # nothing maps it to the GPU
+    prog = mg.HostProgram(LINALG, format="ptx", pipeline=LINALG_TO_GPU)
+    assert "gpu.launch_func" in prog.outlined and "mgpuLaunchKernel" in declared(prog)
+    assert prog.functions == ("scale",)
+    with pytest.raises(mg.CompileError, match="pipeline stage failed"):
+        mg.HostProgram(LINALG, pipeline="func.func(no-such-pass)")
+    with pytest.raises(TypeError, match="pipeline must be"):
+        mg.HostProgram(LINALG, pipeline=["canonicalize"])
