@@ -487,7 +487,7 @@ static void mgpuLaunchKernel(void *function, int64_t gx, int64_t gy, int64_t gz,
 
 static void mgpuLaunchClusterKernel(void *function, int64_t cx, int64_t cy, int64_t cz, int64_t gx, int64_t gy,
                                     int64_t gz, int64_t bx, int64_t by, int64_t bz, int32_t shared_bytes,
-                                    void *stream, void **params, void **extra, int64_t nparams)
+                                    void *stream, void **params, void **extra)
 {
     mg_rt_state *s = current;
     if (!ready(s, "mgpuLaunchClusterKernel"))
@@ -883,15 +883,15 @@ static const int tensor_map_element_bytes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 
 /* The tensor map of a memref (its rank and ranked descriptor), tiled in
  * boxes of box[rank] elements (outermost first), in device memory freed at
  * the end of the call. */
-static void *mgpuTensorMapEncodeTiledMemref(int64_t rank, int64_t *descriptor, int32_t data_type, int32_t interleave,
-                                            int32_t swizzle, int32_t l2_promotion, int32_t oob_fill, int64_t *box)
+static void *mgpuTensorMapEncodeTiledMemref(int64_t rank, int64_t *descriptor, int64_t data_type, int64_t interleave,
+                                            int64_t swizzle, int64_t l2_promotion, int64_t oob_fill, int64_t *box)
 {
     mg_rt_state *s = current;
     if (!ready(s, "mgpuTensorMapEncodeTiledMemref"))
         return NULL;
     const char *what = "mgpuTensorMapEncodeTiledMemref: cuTensorMapEncodeTiled";
     if (rank < 1 || rank > 5 || data_type < 0 ||
-        data_type >= (int32_t)(sizeof tensor_map_element_bytes / sizeof *tensor_map_element_bytes)) {
+        data_type >= (int64_t)(sizeof tensor_map_element_bytes / sizeof *tensor_map_element_bytes)) {
         fail(s, CUDA_ERROR_INVALID_VALUE, what, "rank %lld, data type %d: ranks 1 to 5 and the data types up to "
              "TFLOAT32_FTZ are supported", (long long)rank, (int)data_type);
         return NULL;
