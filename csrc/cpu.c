@@ -30,8 +30,6 @@
 
 #include "numpy_api.h"
 
-extern _Thread_local jmp_buf *mg_fatal_target; /* ir.c: LLVM fatal errors longjmp there */
-
 #define MG_CPU_STACK (64 * 1024)
 #define MG_CPU_MAX_THREADS 1024 /* threads per block, as on the GPU */
 #define MG_CPU_NINDEX 12        /* thread, block, block_dim, grid_dim: x, y, z each */
