@@ -176,7 +176,13 @@ static LLVMModuleRef translate(mg_ir_Operation *op, LLVMContextRef *llvm_context
 static void *runtime_symbol(int runtime, const char *name)
 {
     void *address = mg_runner_symbol(name);
-    return address != NULL || !runtime ? address : mg_rt_symbol(name);
+    if (address != NULL || !runtime)
+        return address;
+    if (strncmp(name, "mlirAsyncRuntim", 15) == 0) {
+        const char *missing;
+        return mg_rt_async_symbol(name, &missing);
+    }
+    return mg_rt_symbol(name);
 }
 
 /* Appends `value`'s name to `missing` unless the runtime or the process
@@ -224,8 +230,17 @@ static PyObject *check_externals(mg_ir_Operation *op, int runtime)
         Py_DECREF(sep);
         if (text == NULL)
             goto error;
+        const char *why = NULL;
+        for (Py_ssize_t i = 0; runtime && why == NULL && i < PyList_GET_SIZE(missing); i++) {
+            const char *name = PyUnicode_AsUTF8(PyList_GET_ITEM(missing, i));
+            if (name != NULL && strncmp(name, "mlirAsyncRuntim", 15) == 0)
+                mg_rt_async_symbol(name, &why);
+        }
+        PyErr_Clear();
         mg_raise(mg_st->CompileError, "the module calls or uses symbols that neither the process nor the "
-                 "runtime provides: %U%s", text, runtime ? "" : " (mgpu* functions need runtime=True)");
+                 "runtime provides: %U%s%s%s%s", text, runtime ? "" : " (mgpu* functions need runtime=True)",
+                 why != NULL ? " (MLIR's async runtime library could not be loaded: " : "", why != NULL ? why : "",
+                 why != NULL ? ")" : "");
         goto error;
     }
     Py_DECREF(missing);

@@ -11,6 +11,7 @@
 #include "runtime.h"
 #include "driver.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -544,11 +545,35 @@ static void mgpuStreamSynchronize(void *stream)
         fail_on(s, stream, r, "mgpuStreamSynchronize: cuStreamSynchronize", "");
 }
 
+/* MLIR 22's gpu-to-llvm passes a gpu token that leaves an async.execute
+ * region as the region's stream, not as an event recorded on it: the event
+ * functions take such a stream for the work queued on it so far. */
+static int is_stream(const mg_rt_state *s, void *handle)
+{
+    for (size_t i = 0; i < s->nstreams; i++)
+        if (s->streams[i] == handle)
+            return 1;
+    return 0;
+}
+
 static void mgpuStreamWaitEvent(void *stream, void *event)
 {
     mg_rt_state *s = current;
     if (!ready(s, "mgpuStreamWaitEvent"))
         return;
+    if (is_stream(s, event)) {
+        CUevent recorded;
+        CUresult r = mg_cu.cuEventCreate(&recorded, CU_EVENT_DISABLE_TIMING);
+        if (r == CUDA_SUCCESS) {
+            if ((r = mg_cu.cuEventRecord(recorded, event)) == CUDA_SUCCESS)
+                r = mg_cu.cuStreamWaitEvent(stream, recorded, 0);
+            mg_cu.cuEventDestroy(recorded);
+        }
+        if (r != CUDA_SUCCESS)
+            fail_on(s, event, r, "mgpuStreamWaitEvent: cuEventRecord/cuStreamWaitEvent", "waiting for stream %p",
+                    event);
+        return;
+    }
     CUresult r = mg_cu.cuStreamWaitEvent(stream, event, 0);
     if (r != CUDA_SUCCESS)
         fail(s, r, "mgpuStreamWaitEvent: cuStreamWaitEvent", "");
@@ -577,6 +602,8 @@ static void mgpuEventDestroy(void *event)
     mg_rt_state *s = current;
     if (!ready(s, "mgpuEventDestroy"))
         return;
+    if (is_stream(s, event))
+        return; /* a region's stream (see mgpuStreamWaitEvent): destroyed at the end of the call */
     if (!untrack_handle((void **)s->events, &s->nevents, event)) {
         fail(s, CUDA_ERROR_INVALID_HANDLE, "mgpuEventDestroy", "event %p was not made by this call", event);
         return;
@@ -601,6 +628,12 @@ static void mgpuEventSynchronize(void *event)
     mg_rt_state *s = current;
     if (!ready(s, "mgpuEventSynchronize"))
         return;
+    if (is_stream(s, event)) {
+        CUresult r = mg_cu.cuStreamSynchronize(event);
+        if (r != CUDA_SUCCESS)
+            fail_on(s, event, r, "mgpuEventSynchronize: cuStreamSynchronize", "");
+        return;
+    }
     CUresult r = mg_cu.cuEventSynchronize(event);
     if (r != CUDA_SUCCESS)
         fail(s, r, "mgpuEventSynchronize: cuEventSynchronize", "");
@@ -970,6 +1003,41 @@ static const struct {
     {"mgpuLaunchClusterKernel", (void *)mgpuLaunchClusterKernel},
     {"mgpuTensorMapEncodeTiledMemref", (void *)mgpuTensorMapEncodeTiledMemref},
 };
+
+/* ------------------------------------------------------------------------ */
+/* The async runtime (async.execute)                                         */
+
+/* MLIR's own library, opened on first use; NULL with the reason in
+ * async_missing when it cannot be. */
+static void *async_library;
+static char async_missing[512];
+
+/* mlirAsyncRuntimeExecute runs a region on the calling thread instead of a
+ * worker thread: the mgpu* calls of a region then run inside the invocation
+ * (its state, its context current), and regions run in program order as soon
+ * as what they wait for is ready. Their GPU work still overlaps: each region
+ * queues it on a stream of its own. */
+static void mlirAsyncRuntimeExecute(void *handle, void (*resume)(void *))
+{
+    resume(handle);
+}
+
+void *mg_rt_async_symbol(const char *name, const char **missing)
+{
+    if (strcmp(name, "mlirAsyncRuntimeExecute") == 0)
+        return (void *)mlirAsyncRuntimeExecute;
+    pthread_mutex_lock(&module_lock);
+    if (async_library == NULL && async_missing[0] == '\0') {
+        async_library = dlopen(MG_MLIR_ASYNC_RUNTIME, RTLD_NOW | RTLD_LOCAL);
+        if (async_library == NULL) {
+            const char *why = dlerror();
+            snprintf(async_missing, sizeof async_missing, "%s", why ? why : "dlopen failed");
+        }
+    }
+    pthread_mutex_unlock(&module_lock);
+    *missing = async_library == NULL ? async_missing : NULL;
+    return async_library != NULL ? dlsym(async_library, name) : NULL;
+}
 
 void *mg_rt_symbol(const char *name)
 {

@@ -17,6 +17,12 @@
 /* The runtime function called `name`, or NULL. */
 void *mg_rt_symbol(const char *name);
 
+/* A function of MLIR's async runtime (mlirAsyncRuntime*), from MLIR's
+ * library (libmlir_async_runtime), except that regions run on the calling
+ * thread; NULL if the library lacks it, or cannot be opened (then *missing
+ * says why). */
+void *mg_rt_async_symbol(const char *name, const char **missing);
+
 /* Kernel modules belong to the engine whose global constructors load them
  * (mgpuModuleLoad): between mg_rt_adopt_begin(engine) and mg_rt_adopt_end(),
  * around its initialization on this thread, each new module is recorded as

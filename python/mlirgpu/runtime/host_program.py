@@ -41,6 +41,23 @@ FORMATS = {"cubin": "bin", "fatbin": "fatbin", "ptx": "isa"}
 PREPARE_PIPELINE = "builtin.module(convert-nvgpu-to-nvvm)"
 
 
+def async_pipeline(host_bare_pointers, kernel_bare_pointers):
+    """For programs that use the async dialect, the lowering after kernels are
+    outlined, in the order of MLIR's own async GPU tests: gpu ops inside
+    async.execute become async on streams of their own (gpu-async-region) and
+    are lowered to the mgpu* runtime (gpu-to-llvm) before async.execute is
+    lowered to coroutines over MLIR's async runtime."""
+    options = (f"use-bare-pointers-for-host={str(host_bare_pointers).lower()} "
+               f"use-bare-pointers-for-kernels={str(kernel_bare_pointers).lower()}")
+    return ("builtin.module(convert-vector-to-scf, convert-scf-to-cf, convert-nvvm-to-llvm, expand-strided-metadata, "
+            "lower-affine, gpu.module(convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv="
+            f"{str(kernel_bare_pointers).lower()}}}, canonicalize, cse, reconcile-unrealized-casts), "
+            f"func.func(gpu-async-region), gpu-to-llvm{{{options}}}, reconcile-unrealized-casts, "
+            "async-to-async-runtime, async-runtime-ref-counting, convert-async-to-llvm, convert-func-to-llvm, "
+            "convert-arith-to-llvm, convert-index-to-llvm, convert-math-to-llvm, convert-math-to-libm, "
+            "convert-cf-to-llvm, finalize-memref-to-llvm, reconcile-unrealized-casts)")
+
+
 def host_pipeline(host_bare_pointers, kernel_bare_pointers):
     """The host half of MLIR's gpu-lower-to-nvvm-pipeline, after Compilation's
     nvvm stage: math the host uses (intrinsics, else libm), then every gpu op
@@ -217,8 +234,12 @@ class HostProgram:
         # Kernels take memref descriptors unless asked otherwise: dynamic shapes
         # and strided layouts reach them as the host code has them.
         self.compilation = Compilation(module, chip or default_chip(), bare_pointers=kernel_bare_pointers)
-        lowered = ir.Module.parse(self.compilation.nvvm, context=module.context)
-        run_stage(lowered, "host", host_pipeline(host_bare_pointers, kernel_bare_pointers), ASYNC_HINT)
+        if any(op.name.startswith("async.") for op in module.walk()):
+            lowered = ir.Module.parse(self.compilation.outlined, context=module.context)
+            run_stage(lowered, "host", async_pipeline(host_bare_pointers, kernel_bare_pointers))
+        else:
+            lowered = ir.Module.parse(self.compilation.nvvm, context=module.context)
+            run_stage(lowered, "host", host_pipeline(host_bare_pointers, kernel_bare_pointers), ASYNC_HINT)
         options = f"format={FORMATS[format]}"
         if format != "ptx":
             options += f" toolkit={CUDA_HOME}"
