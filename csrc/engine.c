@@ -994,7 +994,14 @@ static PyObject *translate_to_llvm_ir(PyObject *unused, PyObject *module)
     return result;
 }
 
+static PyObject *runtime_functions(PyObject *unused, PyObject *noargs)
+{
+    return mg_rt_names();
+}
+
 static PyMethodDef engine_functions[] = {
+    {"runtime_functions", runtime_functions, METH_NOARGS,
+     "runtime_functions() -> the names of the mgpu* functions an ExecutionEngine made with runtime=True provides."},
     {"translate_to_llvm_ir", translate_to_llvm_ir, METH_O,
      "translate_to_llvm_ir(module): the LLVM IR text of a module lowered to the llvm dialect (what the "
      "ExecutionEngine compiles). CompileError if it does not translate."},

@@ -1047,6 +1047,20 @@ void *mg_rt_symbol(const char *name)
     return NULL;
 }
 
+PyObject *mg_rt_names(void)
+{
+    size_t n = sizeof symbols / sizeof *symbols;
+    PyObject *names = PyTuple_New((Py_ssize_t)n);
+    for (size_t i = 0; names != NULL && i < n; i++) {
+        PyObject *name = PyUnicode_FromString(symbols[i].name);
+        if (name == NULL)
+            Py_CLEAR(names);
+        else
+            PyTuple_SET_ITEM(names, (Py_ssize_t)i, name);
+    }
+    return names;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Invocations                                                               */
 

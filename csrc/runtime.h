@@ -17,6 +17,9 @@
 /* The runtime function called `name`, or NULL. */
 void *mg_rt_symbol(const char *name);
 
+/* The names of the runtime's functions: a new tuple of str, or NULL. */
+PyObject *mg_rt_names(void);
+
 /* A function of MLIR's async runtime (mlirAsyncRuntime*), from MLIR's
  * library (libmlir_async_runtime), except that regions run on the calling
  * thread; NULL if the library lacks it, or cannot be opened (then *missing

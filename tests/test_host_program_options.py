@@ -83,3 +83,46 @@ def test_a_pipeline_maps_linalg_to_the_gpu():
         mg.HostProgram(LINALG, pipeline="func.func(no-such-pass)")
     with pytest.raises(TypeError, match="pipeline must be"):
         mg.HostProgram(LINALG, pipeline=["canonicalize"])
+
+
+SPARSE = """
+module attributes {gpu.container_module} {
+  func.func @main(%n: index) {
+    %t0 = gpu.wait async
+    %x, %t1 = gpu.alloc async [%t0] (%n) : memref<?xf64>
+    %v, %t2 = gpu.create_dn_tensor async [%t1] %x, %n : index into memref<?xf64>
+    %t3 = gpu.destroy_dn_tensor async [%t2] %v
+    gpu.wait [%t3]
+    return
+  }
+}
+"""
+
+DEFAULT_DEVICE = """
+module attributes {gpu.container_module} {
+  func.func @main() {
+    %d = arith.constant 1 : i32
+    gpu.set_default_device %d
+    return
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("text, op, function", [(SPARSE, "gpu.create_dn_tensor", "mgpuCreateDnVec"),
+                                                (DEFAULT_DEVICE, "gpu.set_default_device", "mgpuSetDefaultDevice")])
+def test_operations_without_a_runtime_function_are_refused(text, op, function):
+    with pytest.raises(mg.CompileError, match=rf"loc\(.*\): '{op}' needs the GPU runtime function {function}, "
+                                              "which mlirgpu does not provide"):
+        mg.HostProgram(text, format="ptx")
+
+
+def test_every_runtime_function_is_provided_or_refused():
+    from mlirgpu.runtime.host_program import UNSUPPORTED
+    provided = set(mg._mlirgpu.runtime_functions())
+    assert not provided & set(UNSUPPORTED)
+    # What the lowering of the gpu dialect declares for everything this guide's programs use.
+    assert {"mgpuStreamCreate", "mgpuMemAlloc", "mgpuMemcpy", "mgpuMemset16", "mgpuMemset32", "mgpuMemFree",
+            "mgpuEventCreate", "mgpuEventRecord", "mgpuStreamWaitEvent", "mgpuLaunchKernel",
+            "mgpuLaunchClusterKernel", "mgpuModuleLoad", "mgpuModuleLoadJIT", "mgpuMemHostRegisterMemRef",
+            "mgpuMemHostUnregisterMemRef", "mgpuTensorMapEncodeTiledMemref"} <= provided

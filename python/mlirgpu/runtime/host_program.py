@@ -72,6 +72,29 @@ ASYNC_HINT = ("\n(gpu-to-llvm lowers gpu.alloc, gpu.memcpy, gpu.memset and gpu.d
               "with exactly one dependency, e.g. `%t1 = gpu.memcpy async [%t0] ...`; host_shared allocations "
               "are the exception: they take no dependency; gpu.memset takes 16- and 32-bit elements only)")
 
+# The runtime functions MLIR 22's GPU lowering can call that mlirgpu does not
+# provide, by the operation that calls them: the sparse linear algebra of
+# cuSPARSE and cuSPARSELt, and a default device set from inside a program.
+UNSUPPORTED = {
+    "mgpuSetDefaultDevice": "gpu.set_default_device",
+    "mgpuCreateDnVec": "gpu.create_dn_tensor", "mgpuCreateDnMat": "gpu.create_dn_tensor",
+    "mgpuCreateCuSparseLtDnMat": "gpu.create_dn_tensor",
+    "mgpuDestroyDnVec": "gpu.destroy_dn_tensor", "mgpuDestroyDnMat": "gpu.destroy_dn_tensor",
+    "mgpuCreateCoo": "gpu.create_coo", "mgpuCreateCooAoS": "gpu.create_coo_aos", "mgpuCreateCsr": "gpu.create_csr",
+    "mgpuCreateCsc": "gpu.create_csc", "mgpuCreateBsr": "gpu.create_bsr",
+    "mgpuCusparseLtCreate2To4SpMat": "gpu.create_2to4_spmat",
+    "mgpuDestroySpMat": "gpu.destroy_sp_mat", "mgpuDestroyCuSparseLtSpMat": "gpu.destroy_sp_mat",
+    "mgpuSpMVBufferSize": "gpu.spmv_buffer_size", "mgpuSpMV": "gpu.spmv",
+    "mgpuSpMMBufferSize": "gpu.spmm_buffer_size", "mgpuCuSparseLtSpMMBufferSize": "gpu.spmm_buffer_size",
+    "mgpuSpMM": "gpu.spmm", "mgpuCuSparseLtSpMM": "gpu.spmm",
+    "mgpuSDDMMBufferSize": "gpu.sddmm_buffer_size", "mgpuSDDMM": "gpu.sddmm",
+    "mgpuSpGEMMCreateDescr": "gpu.spgemm_create_descr", "mgpuSpGEMMDestroyDescr": "gpu.spgemm_destroy_descr",
+    "mgpuSpGEMMWorkEstimation": "gpu.spgemm_work_estimation_or_compute",
+    "mgpuSpGEMMCompute": "gpu.spgemm_work_estimation_or_compute",
+    "mgpuSpGEMMCopy": "gpu.spgemm_copy", "mgpuSpMatGetSize": "gpu.spmat_get_size",
+    "mgpuSetCsrPointers": "gpu.set_csr_pointers",
+}
+
 _STRIDED = re.compile(r"strided<\[([^\]]*)\](?:, offset: (\?|-?\d+))?>")
 
 
@@ -87,6 +110,22 @@ def _check_lowered(module):
         op = left[0]
         raise CompileError(f"host stage failed: {op.location}: '{op.name}' was not lowered to the llvm "
                            f"dialect{ASYNC_HINT if op.name.startswith('gpu.') else ''}")
+
+
+def _check_runtime(lowered, module):
+    """Every mgpu* function the lowered host code calls must be one the
+    runtime provides: else a CompileError naming the operation that needs it."""
+    provided = set(_mlirgpu.runtime_functions())
+    for op in lowered.body.operations:
+        if op.name != "llvm.func" or op.regions[0].blocks:
+            continue
+        symbol = op.get_attribute("sym_name").value
+        if not symbol.startswith("mgpu") or symbol in provided:
+            continue
+        needs = UNSUPPORTED.get(symbol)
+        where = next((f"{user.location}: " for user in module.walk() if user.name == needs), "")
+        raise CompileError(f"{where}'{needs or 'an operation'}' needs the GPU runtime function {symbol}, which "
+                           "mlirgpu does not provide")
 
 
 def _dtype(element_type):
@@ -247,6 +286,7 @@ class HostProgram:
             options += f' opts="{ptxas_options}"'
         run_stage(lowered, "binary", f"builtin.module(gpu-module-to-binary{{{options}}})")
         _check_lowered(lowered)
+        _check_runtime(lowered, module)
         self._lowered = lowered
         self.engine = _engine(lowered, opt_level)
 
