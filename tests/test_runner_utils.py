@@ -182,3 +182,19 @@ module {
     target = np.zeros((6, 8), np.float32).T[:4, :6]
     prog("copy", source, target)
     np.testing.assert_array_equal(target, source)
+
+
+def test_vector_print_before_gpu_work_compiles():
+    # Lowered, vector.print leaves a bare newline print that MLIR 22 prints so that it would take the
+    # next line's value as its own: the lowering never goes through the text of its stages.
+    prog = mg.HostProgram("""
+module attributes {gpu.container_module} {
+  func.func @main() {
+    %v = arith.constant dense<[1.5, 2.0]> : vector<2xf32>
+    vector.print %v : vector<2xf32>
+    %t = gpu.wait async
+    gpu.wait [%t]
+    return
+  }
+}""", format="ptx")
+    assert "printNewline" in prog.llvm_ir

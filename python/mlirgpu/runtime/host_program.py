@@ -273,11 +273,13 @@ class HostProgram:
         # Kernels take memref descriptors unless asked otherwise: dynamic shapes
         # and strided layouts reach them as the host code has them.
         self.compilation = Compilation(module, chip or default_chip(), bare_pointers=kernel_bare_pointers)
+        # The stages' modules themselves, cloned: their text does not always parse back (MLIR 22 prints a
+        # vector.print of a newline as a bare `vector.print`, which takes the next line's value as its own).
         if any(op.name.startswith("async.") for op in module.walk()):
-            lowered = ir.Module.parse(self.compilation.outlined, context=module.context)
+            lowered = self.compilation._outlined.clone()
             run_stage(lowered, "host", async_pipeline(host_bare_pointers, kernel_bare_pointers))
         else:
-            lowered = ir.Module.parse(self.compilation.nvvm, context=module.context)
+            lowered = self.compilation._nvvm.clone()
             run_stage(lowered, "host", host_pipeline(host_bare_pointers, kernel_bare_pointers), ASYNC_HINT)
         options = f"format={FORMATS[format]}"
         if format != "ptx":
