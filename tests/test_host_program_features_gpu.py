@@ -1,6 +1,6 @@
 """Host programs on the GPU, one per feature, with their results and printed
 output checked: host-registered memory, NumPy inputs read by kernels as
-they are (the seed program in its original form), the runner utilities and
+they are (the example's matmul program in its first form), the runner utilities and
 kernel printf in program order, TMA loads, cluster launches, the async
 dialect, the options (a linalg pipeline, fatbin, bare pointers), a kernel
 fault named where it happened, and python -m mlirgpu.run."""
@@ -14,10 +14,10 @@ import pytest
 
 import mlirgpu as mg
 from checks import PYTHON_DIR
-from test_host_program import seed_program
+from test_host_program import example
 from test_host_program_async import ASYNC
 from test_host_program_hopper import CLUSTER
-from test_host_program_memory import REGISTERED, original_seed_program
+from test_host_program_memory import REGISTERED, direct_matmul_program
 from test_host_program_options import LINALG, LINALG_TO_GPU
 from test_run_command import REGISTERED as REGISTERED_PRINTING
 
@@ -31,8 +31,8 @@ def test_host_register():
 
 
 @pytest.mark.parametrize("M, K, N", [(256, 1024, 256), (64, 128, 32)])
-def test_the_original_seed_program_reads_numpy_inputs(M, K, N):
-    prog = mg.HostProgram(original_seed_program(M, K, N))
+def test_the_direct_matmul_program_reads_numpy_inputs(M, K, N):
+    prog = mg.HostProgram(direct_matmul_program(M, K, N))
     rng = np.random.default_rng(0)
     A = rng.standard_normal((M, K), dtype=np.float32)
     B = rng.standard_normal((K, N), dtype=np.float32)
@@ -224,7 +224,7 @@ def test_options():
     Bm = rng.standard_normal((128, 32), dtype=np.float32)
     reference = 2 * (A.astype(np.float64) @ Bm.astype(np.float64))
     for options in [{"format": "fatbin"}, {"kernel_bare_pointers": True}, {"ptxas_options": "--maxrregcount=32"}]:
-        C = mg.HostProgram(seed_program(64, 128, 32), **options)("test_parallel", A, Bm)
+        C = mg.HostProgram(example.seed_program(64, 128, 32), **options)("test_parallel", A, Bm)
         assert np.abs(C - reference).max() / np.abs(reference).max() < 1e-5, options
 
 

@@ -8,7 +8,7 @@ import pytest
 from test_host_program import run_script
 
 # A kernel that doubles X into Y; host memory registered for it, and the
-# original form of the seed program: its inputs straight to the kernels.
+# example's matmul program in its first form: its inputs straight to the kernels.
 REGISTERED = """
 module attributes {gpu.container_module} {
   gpu.module @kernels {
@@ -79,8 +79,8 @@ module attributes {gpu.container_module} {
 """
 
 
-def original_seed_program(M, K, N, block=16):
-    """The seed program as first written: A and B go straight to the matmul
+def direct_matmul_program(M, K, N, block=16):
+    """The example's program (examples/host_program.py) as first written: A and B go straight to the matmul
     kernels, no gpu.alloc or gpu.memcpy of them."""
     return f"""
 module attributes {{gpu.container_module}} {{
@@ -163,7 +163,7 @@ def log_lines(prefix):
 
 PRELUDE = '''
 import ctypes
-from test_host_program_memory import REGISTERED, original_seed_program
+from test_host_program_memory import REGISTERED, direct_matmul_program
 fake = ctypes.CDLL(FAKE)
 fake.fake_log.restype = ctypes.c_char_p
 '''
@@ -233,9 +233,9 @@ out["strided"] = strided.tolist()
     assert out["strided"] == [2, 2, 2, 2, 2]
 
 
-def test_the_original_seed_program_returns_twice_a_b(fake_libcuda):
+def test_the_direct_matmul_program_returns_twice_a_b(fake_libcuda):
     out = run('''
-prog = mg.HostProgram(original_seed_program(32, 64, 32), format="ptx")
+prog = mg.HostProgram(direct_matmul_program(32, 64, 32), format="ptx")
 rng = np.random.default_rng(2)
 A = rng.standard_normal((32, 64), dtype=np.float32)
 B = rng.standard_normal((64, 32), dtype=np.float32)
