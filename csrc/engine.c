@@ -958,6 +958,11 @@ static PyObject *Engine_get_functions(mg_engine *self, void *unused)
     return names;
 }
 
+static PyObject *Engine_get_compiler_log(mg_engine *self, void *unused)
+{
+    return mg_rt_compiler_log(self);
+}
+
 static PyObject *Engine_get_runtime(mg_engine *self, void *unused)
 {
     return PyBool_FromLong(self->runtime);
@@ -1031,6 +1036,8 @@ static PyMethodDef Engine_methods[] = {
 static PyGetSetDef Engine_getset[] = {
     {"functions", (getter)Engine_get_functions, NULL, "Names of the functions invoke can call.", NULL},
     {"runtime", (getter)Engine_get_runtime, NULL, "Whether mlirgpu's mgpu* runtime is registered.", NULL},
+    {"compiler_log", (getter)Engine_get_compiler_log, NULL, "What the driver's JIT reported (verbose) compiling "
+     "the PTX of the kernels loaded so far (with runtime=True): '' before that, and for cubins.", NULL},
     {NULL},
 };
 

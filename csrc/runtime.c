@@ -215,6 +215,7 @@ typedef struct module {
     int ptx;           /* mgpuModuleLoadJIT: PTX text for the driver's JIT */
     int opt_level;
     CUmodule handles[MG_CU_MAX_DEVICES]; /* loaded lazily, per device */
+    char *log;         /* what the driver's JIT reported compiling the PTX (malloc), or NULL */
     const void *owner; /* the engine whose constructors made it */
     struct module *next;
 } module;
@@ -269,6 +270,7 @@ static void release_module(module *m)
         PyErr_Clear();
         PyErr_Restore(type, value, traceback);
     }
+    free(m->log);
     free(m);
 }
 
@@ -318,6 +320,29 @@ void mg_rt_release_modules(const void *owner)
     }
 }
 
+PyObject *mg_rt_compiler_log(const void *owner)
+{
+    PyObject *parts = PyList_New(0);
+    pthread_mutex_lock(&module_lock);
+    for (module *m = modules; parts != NULL && m != NULL; m = m->next) {
+        if (m->owner != owner || m->log == NULL)
+            continue;
+        PyObject *text = PyUnicode_DecodeUTF8(m->log, (Py_ssize_t)strlen(m->log), "replace");
+        if (text == NULL || PyList_Append(parts, text) < 0)
+            Py_CLEAR(parts);
+        Py_XDECREF(text);
+    }
+    pthread_mutex_unlock(&module_lock);
+    if (parts == NULL)
+        return NULL;
+    PyObject *separator = PyUnicode_FromString("\n"), *joined = NULL;
+    if (separator != NULL)
+        joined = PyUnicode_Join(separator, parts);
+    Py_XDECREF(separator);
+    Py_DECREF(parts);
+    return joined;
+}
+
 static CUmodule load_module(mg_rt_state *s, module *m)
 {
     pthread_mutex_lock(&module_lock);
@@ -325,12 +350,17 @@ static CUmodule load_module(mg_rt_state *s, module *m)
     if (handle == NULL) {
         CUresult r;
         if (m->ptx) {
-            char log[768] = "";
+            /* The info log, verbose: registers, spills and shared memory per kernel. */
+            char log[768] = "", info[8192] = "";
             CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-                                      CU_JIT_OPTIMIZATION_LEVEL};
+                                      CU_JIT_OPTIMIZATION_LEVEL, CU_JIT_INFO_LOG_BUFFER,
+                                      CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_LOG_VERBOSE};
             void *values[] = {log, (void *)(uintptr_t)sizeof log,
-                              (void *)(uintptr_t)(m->opt_level < 0 ? 0 : m->opt_level > 4 ? 4 : m->opt_level)};
-            r = mg_cu.cuModuleLoadDataEx(&handle, m->image, 3, options, values);
+                              (void *)(uintptr_t)(m->opt_level < 0 ? 0 : m->opt_level > 4 ? 4 : m->opt_level),
+                              info, (void *)(uintptr_t)sizeof info, (void *)(uintptr_t)1};
+            r = mg_cu.cuModuleLoadDataEx(&handle, m->image, 6, options, values);
+            if (r == CUDA_SUCCESS && m->log == NULL)
+                m->log = strdup(info);
             if (r != CUDA_SUCCESS)
                 fail(s, r, "mgpuModuleLoadJIT: cuModuleLoadDataEx", "loading the kernels' PTX: %s", log);
         } else {

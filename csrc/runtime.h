@@ -35,6 +35,11 @@ void mg_rt_adopt_begin(const void *owner);
 void mg_rt_adopt_end(void);
 void mg_rt_release_modules(const void *owner);
 
+/* What the driver's JIT reported (verbose info log) compiling the PTX of the
+ * modules of `owner` loaded so far, joined by newlines: a new str ('' when
+ * none was compiled from PTX), or NULL with an exception set. */
+PyObject *mg_rt_compiler_log(const void *owner);
+
 typedef struct mg_rt_state mg_rt_state;
 
 /* Starts an invocation of the host function `function` (a string that

@@ -281,3 +281,10 @@ def test_the_run_command(tmp_path):
                           env=dict(os.environ, PYTHONPATH=PYTHON_DIR), timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1] == "[3.5,  3.5,  3.5,  3.5]"
+
+
+def test_compiler_log():
+    prog = mg.HostProgram(REGISTERED, format="ptx")
+    assert prog.compiler_log == ""
+    prog("registered", 4)
+    assert "registers" in prog.compiler_log and "twice" in prog.compiler_log

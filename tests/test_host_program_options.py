@@ -126,3 +126,16 @@ def test_every_runtime_function_is_provided_or_refused():
             "mgpuEventCreate", "mgpuEventRecord", "mgpuStreamWaitEvent", "mgpuLaunchKernel",
             "mgpuLaunchClusterKernel", "mgpuModuleLoad", "mgpuModuleLoadJIT", "mgpuMemHostRegisterMemRef",
             "mgpuMemHostUnregisterMemRef", "mgpuTensorMapEncodeTiledMemref"} <= provided
+
+
+def test_compiler_log_of_the_drivers_jit(fake_libcuda):
+    from test_host_program_memory import run
+    out = run('''
+prog = mg.HostProgram(PROGRAM, format="ptx")
+out["before"] = prog.compiler_log
+prog("filled", 4, 1.0, 4)
+out["after"] = prog.compiler_log
+out["cubin"] = mg.HostProgram(PROGRAM).compiler_log
+''', fake_libcuda)
+    assert out["before"] == "" and out["cubin"] == ""
+    assert "ptxas info" in out["after"] and "Used 12 registers" in out["after"]

