@@ -82,7 +82,7 @@ struct mg_rt_state {
     last_launch *lasts;
     size_t nlasts, clasts;
     const char *function;    /* the host function called (the caller's string) */
-    char fault[256];         /* where a fault of a kernel was noticed */
+    char fault[512];         /* which kernel faulted, where it was noticed */
 };
 
 /* The invocation running on this thread. */
@@ -131,16 +131,20 @@ static void fail_on(mg_rt_state *s, CUstream stream, CUresult code, const char *
     va_start(args, format);
     vsnprintf(s->detail, sizeof s->detail, format, args);
     va_end(args);
-    if (!is_fault(code) || s->nlasts == 0)
+    if (!is_fault(code))
         return;
     /* The driver reports a fault at whatever call comes next: the kernel
      * named is the last one queued on the stream being waited for, else the
-     * last one the call launched. */
+     * last one the call launched; without one, a kernel of an earlier call. */
     const char *kernel = stream != NULL ? last_on(s, stream) : NULL;
-    if (kernel == NULL)
-        snprintf(s->fault, sizeof s->fault, "kernel '%s' (the last one launched)", s->lasts[s->nlasts - 1].name);
+    if (s->nlasts == 0)
+        snprintf(s->fault, sizeof s->fault, "a kernel faulted before this call of @%s", s->function);
+    else if (kernel == NULL)
+        snprintf(s->fault, sizeof s->fault, "kernel '%s' (the last one launched) faulted in @%s",
+                 s->lasts[s->nlasts - 1].name, s->function);
     else
-        snprintf(s->fault, sizeof s->fault, "kernel '%s' (the last one launched on stream %p)", kernel, stream);
+        snprintf(s->fault, sizeof s->fault, "kernel '%s' (the last one launched on stream %p) faulted in @%s",
+                 kernel, stream, s->function);
 }
 
 #define fail(s, code, what, ...) fail_on(s, NULL, code, what, __VA_ARGS__)
@@ -1208,9 +1212,8 @@ int mg_rt_end(mg_rt_state *s, PyObject *timeline)
         status = -1;
     } else if (status == 0 && s->failed == FAILED_DRIVER && s->fault[0] != '\0') {
         char detail[sizeof s->detail + sizeof s->fault + 320];
-        snprintf(detail, sizeof detail, "%s%s%s faulted in @%s; the GPU context is lost: this process cannot use "
-                 "the GPU again (every later call raises this error), restart it", s->detail, s->detail[0] ? "; " : "",
-                 s->fault, s->function);
+        snprintf(detail, sizeof detail, "%s%s%s; the GPU context is lost: this process cannot use the GPU again "
+                 "(every later call raises this error), restart it", s->detail, s->detail[0] ? "; " : "", s->fault);
         status = mg_cu_raise(s->code, s->what, detail);
     } else if (status == 0 && s->failed == FAILED_DRIVER) {
         status = mg_cu_raise(s->code, s->what, s->detail);

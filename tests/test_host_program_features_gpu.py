@@ -248,10 +248,10 @@ module attributes {gpu.container_module} {
     %c1 = arith.constant 1 : index
     %t0 = gpu.wait async
     %a, %t1 = gpu.alloc async [%t0] (%c1) : memref<?xf32>
-    %t2 = gpu.launch_func async [%t1] @kernels::@wild blocks in (%c1, %c1, %c1) threads in (%c1, %c1, %c1)
-        args(%a : memref<?xf32>)
     %s = gpu.wait async
     %b, %t3 = gpu.alloc async [%s] (%c1) : memref<?xf32>
+    %t2 = gpu.launch_func async [%t1] @kernels::@wild blocks in (%c1, %c1, %c1) threads in (%c1, %c1, %c1)
+        args(%a : memref<?xf32>)
     %t4 = gpu.launch_func async [%t3] @kernels::@fine blocks in (%c1, %c1, %c1) threads in (%c1, %c1, %c1)
         args(%b : memref<?xf32>)
     gpu.wait [%t2]
@@ -271,7 +271,7 @@ def test_a_kernel_fault_is_named():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     name, message = json.loads(done.stdout.strip().splitlines()[-1])
     assert name == "CUDA_ERROR_ILLEGAL_ADDRESS"
-    assert "kernel 'wild'" in message and "in @main" in message and "restart" in message
+    assert "kernel 'wild'" in message and "faulted in @main" in message and "restart" in message
 
 
 def test_the_run_command(tmp_path):

@@ -269,10 +269,10 @@ module attributes {gpu.container_module} {
     %v = arith.constant 2.0 : f32
     %t0 = gpu.wait async
     %d, %t1 = gpu.alloc async [%t0] (%n) : memref<?xf32>
-    %t2 = gpu.launch_func async [%t1] @kernels::@fault blocks in (%c1, %c1, %c1) threads in (%c1, %c1, %c1)
-        args(%d : memref<?xf32>)
     %s = gpu.wait async
     %e, %t3 = gpu.alloc async [%s] (%n) : memref<?xf32>
+    %t2 = gpu.launch_func async [%t1] @kernels::@fault blocks in (%c1, %c1, %c1) threads in (%c1, %c1, %c1)
+        args(%d : memref<?xf32>)
     %t4 = gpu.launch_func async [%t3] @kernels::@fill blocks in (%c1, %c1, %c1) threads in (%c1, %c1, %c1)
         args(%e : memref<?xf32>, %v : f32)
     gpu.wait [%t2]
@@ -287,14 +287,18 @@ def test_a_kernel_fault_names_the_kernel_and_the_function(fake_libcuda):
     out = run(f'''
 from test_host_program_memory import FAULTING
 prog = mg.HostProgram(FAULTING, format="ptx")
-try:
-    prog("main", 4)
-except mg.CudaError as e:
-    out["error"] = [e.name, str(e)]
+for key in ("error", "next"):
+    try:
+        prog("main", 4)
+    except mg.CudaError as e:
+        out[key] = [e.name, str(e)]
 ''', fake_libcuda)
     name, message = out["error"]
     assert name == "CUDA_ERROR_ILLEGAL_ADDRESS"
     assert "mgpuStreamSynchronize" in message
     # The wait for the faulting kernel's stream reports it: that stream's last kernel, not the later one.
-    assert "kernel 'fault' (the last one launched on stream" in message and "in @main" in message
+    assert "kernel 'fault' (the last one launched on stream" in message and "faulted in @main" in message
     assert "restart" in message
+    # The next call fails at its first wait, before any kernel of its own faulted.
+    name, message = out["next"]
+    assert name == "CUDA_ERROR_ILLEGAL_ADDRESS" and "a kernel faulted before this call of @main" in message

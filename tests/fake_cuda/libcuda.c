@@ -18,7 +18,7 @@
 #include <time.h>
 
 static size_t allocated;
-// Set by the emulated kernel `fault`: like a kernel's illegal address, every later wait reports it.
+// Set by the emulated kernel `fault`: like a kernel's illegal address, every later wait and allocation reports it.
 static CUresult sticky;
 static const size_t TOTAL = (size_t)80 << 30;
 static __thread CUcontext current;
@@ -106,7 +106,7 @@ API CUresult cuCtxPopCurrent_v2(CUcontext *c) { *c = current; current = stack[--
 API CUresult cuCtxSynchronize(void) { CUresult r = unsafe(); if (r) return r; if (sticky) return sticky; return current ? 0 : 201; }
 API CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = TOTAL - allocated; *t = TOTAL; return 0; }
 API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
-    if (!current) return 201; if (n == 0) return 1; CUresult r = unsafe(); if (r) return r;
+    if (!current) return 201; if (sticky) return sticky; if (n == 0) return 1; CUresult r = unsafe(); if (r) return r;
     size_t *b = n < ((size_t)1 << 40) ? malloc(n + 16) : NULL; if (!b) return 2;
     b[0] = n; allocated += n; *p = (CUdeviceptr)(b + 2); return 0; }
 API CUresult cuMemFree_v2(CUdeviceptr p) { if (!current) return 201; CUresult r = unsafe(); if (r) return r; note("cuMemFree ptr=%lu", H(p)); size_t *b = (size_t *)p - 2; allocated -= b[0]; memset(b + 2, 0xAB, b[0]); free(b); return 0; }
