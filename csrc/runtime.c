@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 enum { FAILED_NOT, FAILED_DRIVER, FAILED_NO_CONTEXT };
 
@@ -47,8 +48,12 @@ typedef struct {
     size_t bytes;
     void *original;     /* a lent array's own memory, else NULL */
     int writable;       /* a lent array is copied back */
-    int registered;     /* cuMemHostRegister'ed by the runtime: unregister it */
 } host_range;
+
+/* Pages the runtime registered with the driver for the program's host_ranges. */
+typedef struct {
+    uintptr_t start, end;
+} pinned_range;
 
 /* The last kernel queued on a stream, to name the kernel a fault comes from. */
 typedef struct {
@@ -79,6 +84,8 @@ struct mg_rt_state {
     size_t nlaunches, claunches;
     host_range *ranges;
     size_t nranges, cranges;
+    pinned_range *pinned;
+    size_t npinned, cpinned;
     last_launch *lasts;
     size_t nlasts, clasts;
     const char *function;    /* the host function called (the caller's string) */
@@ -837,29 +844,101 @@ static int track_range(mg_rt_state *s, host_range range)
     return 0;
 }
 
+/* Registration is by pages, and the driver refuses a range that overlaps one
+ * registered already: memory the program registers is rounded out to pages,
+ * the pages no earlier registration of the call covers are registered
+ * (`pinned`), and a pinned range is unregistered once no registered memory
+ * of the program lies on its pages. Two small allocations sharing a page are
+ * then registered and unregistered independently. */
+static uintptr_t page_size(void)
+{
+    static uintptr_t size;
+    if (size == 0) {
+        long got = sysconf(_SC_PAGESIZE);
+        size = got > 0 ? (uintptr_t)got : 4096;
+    }
+    return size;
+}
+
+static void page_span(const void *pointer, size_t bytes, uintptr_t *start, uintptr_t *end)
+{
+    uintptr_t page = page_size();
+    *start = (uintptr_t)pointer / page * page;
+    *end = ((uintptr_t)pointer + bytes + page - 1) / page * page;
+}
+
+/* The pinned range holding `at`, or NULL; else *next is where the next one starts (or `limit`). */
+static pinned_range *pinned_at(mg_rt_state *s, uintptr_t at, uintptr_t limit, uintptr_t *next)
+{
+    *next = limit;
+    for (size_t i = 0; i < s->npinned; i++) {
+        pinned_range *p = &s->pinned[i];
+        if (p->start <= at && at < p->end)
+            return p;
+        if (p->start > at && p->start < *next)
+            *next = p->start;
+    }
+    return NULL;
+}
+
 static void register_range(mg_rt_state *s, const char *what, void *pointer, size_t bytes)
 {
     if (bytes == 0 || find_range(s, pointer, 1) != NULL)
         return; /* an array lent to the call: device-accessible already */
-    CUresult r = mg_cu.cuMemHostRegister(pointer, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-    int registered = r == CUDA_SUCCESS;
-    if (r == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
-        r = CUDA_SUCCESS; /* page-locked already (by the program, or pinned host memory) */
-    } else if (r != CUDA_SUCCESS) {
-        /* Memory of the driver's own (device, managed) is device-accessible as it is. */
-        CUmemorytype type;
-        if (mg_cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)pointer) ==
-            CUDA_SUCCESS)
-            r = CUDA_SUCCESS;
-    }
-    if (r != CUDA_SUCCESS) {
-        fail(s, r, what, "%zu bytes at %p", bytes, pointer);
+    if (track_range(s, (host_range){pointer, bytes, NULL, 0}) < 0) {
+        fail(s, CUDA_ERROR_OUT_OF_MEMORY, "mlirgpu runtime", "no host memory left to track a registration");
         return;
     }
-    if (track_range(s, (host_range){pointer, bytes, NULL, 0, registered}) < 0) {
-        if (registered)
-            mg_cu.cuMemHostUnregister(pointer);
-        fail(s, CUDA_ERROR_OUT_OF_MEMORY, "mlirgpu runtime", "no host memory left to track a registration");
+    uintptr_t at, end;
+    page_span(pointer, bytes, &at, &end);
+    while (at < end) {
+        uintptr_t next;
+        pinned_range *covered = pinned_at(s, at, end, &next);
+        if (covered != NULL) {
+            at = covered->end;
+            continue;
+        }
+        CUresult r = mg_cu.cuMemHostRegister((void *)at, next - at,
+                                             CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+        if (r == CUDA_SUCCESS) {
+            if (RESERVE(s, pinned) < 0) {
+                mg_cu.cuMemHostUnregister((void *)at);
+                fail(s, CUDA_ERROR_OUT_OF_MEMORY, "mlirgpu runtime", "no host memory left to track a registration");
+                return;
+            }
+            s->pinned[s->npinned++] = (pinned_range){at, next};
+        } else if (r != CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
+            /* Page-locked outside the call (pinned host memory) is left as it
+             * is; so is the driver's own memory (device, managed). */
+            CUmemorytype type;
+            if (mg_cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)at) != CUDA_SUCCESS) {
+                fail(s, r, what, "%zu bytes at %p", bytes, pointer);
+                return;
+            }
+        }
+        at = next;
+    }
+}
+
+/* Unregisters the pinned ranges no registered memory of the program lies on. */
+static void release_pins(mg_rt_state *s, const char *what)
+{
+    for (size_t i = 0; i < s->npinned;) {
+        pinned_range p = s->pinned[i];
+        int used = 0;
+        for (size_t j = 0; j < s->nranges && !used; j++) {
+            uintptr_t start, end;
+            page_span(s->ranges[j].pointer, s->ranges[j].bytes, &start, &end);
+            used = s->ranges[j].original == NULL && start < p.end && p.start < end;
+        }
+        if (used) {
+            i++;
+            continue;
+        }
+        s->pinned[i] = s->pinned[--s->npinned];
+        CUresult r = mg_cu.cuMemHostUnregister((void *)p.start);
+        if (r != CUDA_SUCCESS)
+            fail(s, r, what, "%p", (void *)p.start);
     }
 }
 
@@ -868,13 +947,10 @@ static void unregister_range(mg_rt_state *s, const char *what, void *pointer)
     if (find_range(s, pointer, 1) != NULL)
         return;
     for (size_t i = 0; i < s->nranges; i++) {
-        host_range r = s->ranges[i];
-        if (r.original != NULL || r.pointer != pointer)
+        if (s->ranges[i].original != NULL || s->ranges[i].pointer != pointer)
             continue;
         s->ranges[i] = s->ranges[--s->nranges];
-        CUresult result = r.registered ? mg_cu.cuMemHostUnregister(pointer) : CUDA_SUCCESS;
-        if (result != CUDA_SUCCESS)
-            fail(s, result, what, "%p", pointer);
+        release_pins(s, what);
         return;
     }
     fail(s, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, what, "%p was not registered by this call", pointer);
@@ -931,7 +1007,7 @@ void *mg_rt_lend(mg_rt_state *s, void *data, size_t bytes, int writable)
         fail(s, r, "lending an array argument to the GPU: cuMemAllocManaged", "%zu bytes", bytes);
         return data;
     }
-    if (track_range(s, (host_range){(void *)(uintptr_t)copy, bytes, data, writable, 0}) < 0) {
+    if (track_range(s, (host_range){(void *)(uintptr_t)copy, bytes, data, writable}) < 0) {
         mg_cu.cuMemFree(copy);
         fail(s, CUDA_ERROR_OUT_OF_MEMORY, "mlirgpu runtime", "no host memory left to lend an array");
         return data;
@@ -1191,14 +1267,14 @@ int mg_rt_end(mg_rt_state *s, PyObject *timeline)
     }
     for (size_t i = 0; i < s->nranges; i++) {
         host_range *r = &s->ranges[i];
-        if (r->original != NULL) {
-            if (!s->failed && r->writable)
-                memcpy(r->original, r->pointer, r->bytes);
-            mg_cu.cuMemFree((CUdeviceptr)(uintptr_t)r->pointer);
-        } else if (r->registered) {
-            mg_cu.cuMemHostUnregister(r->pointer);
-        }
+        if (r->original == NULL)
+            continue;
+        if (!s->failed && r->writable)
+            memcpy(r->original, r->pointer, r->bytes);
+        mg_cu.cuMemFree((CUdeviceptr)(uintptr_t)r->pointer);
     }
+    for (size_t i = 0; i < s->npinned; i++)
+        mg_cu.cuMemHostUnregister((void *)s->pinned[i].start);
     for (size_t i = 0; i < s->nallocations; i++)
         release(&s->allocations[i]);
     for (size_t i = 0; i < s->nevents; i++)
@@ -1227,6 +1303,7 @@ int mg_rt_end(mg_rt_state *s, PyObject *timeline)
     free(s->kernels);
     free(s->launches);
     free(s->ranges);
+    free(s->pinned);
     free(s->lasts);
     free(s);
     return status;

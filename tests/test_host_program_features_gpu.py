@@ -28,6 +28,7 @@ def test_host_register():
     prog = mg.HostProgram(REGISTERED)
     assert prog("registered", 6).tolist() == [0, 2, 4, 6, 8, 10]
     assert prog("registered", 1000).tolist() == [2.0 * i for i in range(1000)]
+    assert prog("shared_page").tolist() == [2.0 * i for i in range(8)]
 
 
 @pytest.mark.parametrize("M, K, N", [(256, 1024, 256), (64, 128, 32)])

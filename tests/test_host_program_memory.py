@@ -67,6 +67,35 @@ module attributes {gpu.container_module} {
     return
   }
 
+  // Two registrations on one page (halves of one allocation): unregistering one keeps the page
+  // registered for the other, and the kernel reads it after that.
+  func.func @shared_page() -> memref<?xf32> {
+    %c0 = arith.constant 0 : index
+    %c1 = arith.constant 1 : index
+    %c8 = arith.constant 8 : index
+    %a = memref.alloc(%c8) : memref<?xf32>
+    %b = memref.alloc(%c8) : memref<?xf32>
+    scf.for %i = %c0 to %c8 step %c1 {
+      %ii = arith.index_cast %i : index to i32
+      %v = arith.sitofp %ii : i32 to f32
+      memref.store %v, %a[%i] : memref<?xf32>
+    }
+    %lo = memref.subview %a[0] [4] [1] : memref<?xf32> to memref<4xf32, strided<[1]>>
+    %hi = memref.subview %a[4] [4] [1] : memref<?xf32> to memref<4xf32, strided<[1], offset: 4>>
+    %ulo = memref.cast %lo : memref<4xf32, strided<[1]>> to memref<*xf32>
+    %uhi = memref.cast %hi : memref<4xf32, strided<[1], offset: 4>> to memref<*xf32>
+    %ub = memref.cast %b : memref<?xf32> to memref<*xf32>
+    gpu.host_register %ulo : memref<*xf32>
+    gpu.host_register %uhi : memref<*xf32>
+    gpu.host_register %ub : memref<*xf32>
+    gpu.host_unregister %ulo : memref<*xf32>
+    gpu.launch_func @kernels::@twice blocks in (%c1, %c1, %c1) threads in (%c8, %c1, %c1)
+        args(%a : memref<?xf32>, %b : memref<?xf32>)
+    gpu.host_unregister %uhi : memref<*xf32>
+    memref.dealloc %a : memref<?xf32>
+    return %b : memref<?xf32>
+  }
+
   // Host memory unregistered that was never registered.
   func.func @unregistered() {
     %m = memref.alloc() : memref<4xf32>
@@ -189,6 +218,10 @@ out["y"] = prog("registered", 6).tolist()
 out["registered"] = {log_lines("cuMemHostRegister")}
 out["unregistered"] = {log_lines("cuMemHostUnregister")}
 fake.fake_log_clear()
+out["shared"] = prog("shared_page").tolist()
+out["shared_log"] = [line for line in fake.fake_log().decode().splitlines()
+                     if line.startswith(("cuMemHost", "cuLaunchKernel"))]
+fake.fake_log_clear()
 m = np.zeros((2, 3), np.float32)
 prog("registered_2d", m)          # a NumPy argument: lent to the call, nothing to register
 out["lent"] = {log_lines("cuMemHostRegister")}
@@ -198,11 +231,18 @@ except mg.CudaError as e:
     out["error"] = [e.name, str(e)]
 ''', fake_libcuda)
     assert out["y"] == [0, 2, 4, 6, 8, 10]
-    # Both memrefs registered (24 bytes each, portable and mapped), both released: one by
-    # gpu.host_unregister, the other at the end of the call.
-    assert [line.split()[2:] for line in out["registered"]] == [["bytes=24", "flags=3"]] * 2
+    # Whole pages registered, portable and mapped (flags 3), and all released: by gpu.host_unregister
+    # or at the end of the call.
+    pages = [dict(field.split("=") for field in line.split()[1:]) for line in out["registered"]]
+    assert pages and all(int(p["ptr"]) % 4096 == 0 and int(p["bytes"]) % 4096 == 0 and p["flags"] == "3"
+                         for p in pages)
     assert sorted(line.split()[1] for line in out["unregistered"]) == \
         sorted(line.split()[1] for line in out["registered"])
+    assert out["shared"] == [2.0 * i for i in range(8)]
+    calls = [line.split()[0] for line in out["shared_log"]]
+    # The page stays registered until its last registered memory is unregistered, after the launch.
+    assert calls.index("cuMemHostUnregister") > calls.index("cuLaunchKernel")
+    assert calls.count("cuMemHostRegister") == calls.count("cuMemHostUnregister")
     assert out["lent"] == []
     name, message = out["error"]
     assert name == "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED" and "was not registered by this call" in message
