@@ -715,6 +715,9 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
     engine_function *f = find_function(self, name);
     if (f == NULL)
         return PyErr_Format(PyExc_ValueError, "the module has no function '%s' with llvm.emit_c_interface", name);
+    /* Before the arguments are read: flushing may run Python code (any sys.stdout). */
+    if (self->prints)
+        flush_python_stdout();
 
     PyObject *argseq = PySequence_Fast(arglist, "args must be a sequence");
     if (argseq == NULL)
@@ -841,8 +844,6 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
     if (nresults == 1 && !by_pointer)
         packed[k++] = returned;
 
-    if (self->prints)
-        flush_python_stdout();
     mg_rt_state *state = NULL;
     if (self->runtime && (state = mg_rt_begin(f->name, timeline != Py_None)) == NULL)
         goto done;
