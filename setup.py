@@ -26,9 +26,7 @@ extension = Extension(
     depends=sorted(glob.glob("csrc/*.h")),
     include_dirs=[os.path.join(MLIR_PREFIX, "include"), os.path.join(CUDA_HOME, "include"), numpy.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
-                   ("MG_CUDA_HOME", '"%s"' % CUDA_HOME),
-                   # MLIR's async runtime library, loaded when a host program uses async.execute.
-                   ("MG_MLIR_ASYNC_RUNTIME", '"%s"' % os.path.join(MLIR_PREFIX, "lib", "libmlir_async_runtime.so"))],
+                   ("MG_CUDA_HOME", '"%s"' % CUDA_HOME)],
     extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
                         "-Wno-missing-field-initializers", "-fvisibility=hidden"],
     # The C API lives only in static archives; a group lets them refer to each other.

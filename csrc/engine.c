@@ -12,6 +12,7 @@
 #include "array.h"
 #include "driver.h"
 #include "ir.h"
+#include "async_runtime.h"
 #include "runner_utils.h"
 #include "runtime.h"
 
@@ -178,11 +179,8 @@ static void *runtime_symbol(int runtime, const char *name)
     void *address = mg_runner_symbol(name);
     if (address != NULL || !runtime)
         return address;
-    if (strncmp(name, "mlirAsyncRuntim", 15) == 0) {
-        const char *missing;
-        return mg_rt_async_symbol(name, &missing);
-    }
-    return mg_rt_symbol(name);
+    address = mg_async_symbol(name);
+    return address != NULL ? address : mg_rt_symbol(name);
 }
 
 /* Appends `value`'s name to `missing` unless the runtime or the process
@@ -230,17 +228,8 @@ static PyObject *check_externals(mg_ir_Operation *op, int runtime)
         Py_DECREF(sep);
         if (text == NULL)
             goto error;
-        const char *why = NULL;
-        for (Py_ssize_t i = 0; runtime && why == NULL && i < PyList_GET_SIZE(missing); i++) {
-            const char *name = PyUnicode_AsUTF8(PyList_GET_ITEM(missing, i));
-            if (name != NULL && strncmp(name, "mlirAsyncRuntim", 15) == 0)
-                mg_rt_async_symbol(name, &why);
-        }
-        PyErr_Clear();
         mg_raise(mg_st->CompileError, "the module calls or uses symbols that neither the process nor the "
-                 "runtime provides: %U%s%s%s%s", text, runtime ? "" : " (mgpu* functions need runtime=True)",
-                 why != NULL ? " (MLIR's async runtime library could not be loaded: " : "", why != NULL ? why : "",
-                 why != NULL ? ")" : "");
+                 "runtime provides: %U%s", text, runtime ? "" : " (mgpu* functions need runtime=True)");
         goto error;
     }
     Py_DECREF(missing);

@@ -9,9 +9,9 @@
  * mgpuModuleGetFunction, so that global constructors need no driver: an
  * engine can be built, and pure host functions run, without a GPU. */
 #include "runtime.h"
+#include "async_runtime.h"
 #include "driver.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -155,6 +155,12 @@ static void fail_on(mg_rt_state *s, CUstream stream, CUresult code, const char *
 }
 
 #define fail(s, code, what, ...) fail_on(s, NULL, code, what, __VA_ARGS__)
+
+void mg_rt_fail_current(CUresult code, const char *what, const char *detail)
+{
+    if (current != NULL)
+        fail(current, code, what, "%s", detail);
+}
 
 /* 1 when the call may use the driver: inside an invocation, nothing failed
  * yet, and the context is current (else that failure is recorded). */
@@ -1114,41 +1120,6 @@ static const struct {
     {"mgpuTensorMapEncodeTiledMemref", (void *)mgpuTensorMapEncodeTiledMemref},
 };
 
-/* ------------------------------------------------------------------------ */
-/* The async runtime (async.execute)                                         */
-
-/* MLIR's own library, opened on first use; NULL with the reason in
- * async_missing when it cannot be. */
-static void *async_library;
-static char async_missing[512];
-
-/* mlirAsyncRuntimeExecute runs a region on the calling thread instead of a
- * worker thread: the mgpu* calls of a region then run inside the invocation
- * (its state, its context current), and regions run in program order as soon
- * as what they wait for is ready. Their GPU work still overlaps: each region
- * queues it on a stream of its own. */
-static void mlirAsyncRuntimeExecute(void *handle, void (*resume)(void *))
-{
-    resume(handle);
-}
-
-void *mg_rt_async_symbol(const char *name, const char **missing)
-{
-    if (strcmp(name, "mlirAsyncRuntimeExecute") == 0)
-        return (void *)mlirAsyncRuntimeExecute;
-    pthread_mutex_lock(&module_lock);
-    if (async_library == NULL && async_missing[0] == '\0') {
-        async_library = dlopen(MG_MLIR_ASYNC_RUNTIME, RTLD_NOW | RTLD_LOCAL);
-        if (async_library == NULL) {
-            const char *why = dlerror();
-            snprintf(async_missing, sizeof async_missing, "%s", why ? why : "dlopen failed");
-        }
-    }
-    pthread_mutex_unlock(&module_lock);
-    *missing = async_library == NULL ? async_missing : NULL;
-    return async_library != NULL ? dlsym(async_library, name) : NULL;
-}
-
 void *mg_rt_symbol(const char *name)
 {
     for (size_t i = 0; i < sizeof symbols / sizeof *symbols; i++)
@@ -1275,6 +1246,7 @@ int mg_rt_end(mg_rt_state *s, PyObject *timeline)
     }
     for (size_t i = 0; i < s->npinned; i++)
         mg_cu.cuMemHostUnregister((void *)s->pinned[i].start);
+    mg_async_release_all();
     for (size_t i = 0; i < s->nallocations; i++)
         release(&s->allocations[i]);
     for (size_t i = 0; i < s->nevents; i++)

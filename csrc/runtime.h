@@ -12,6 +12,7 @@
 #define MG_RUNTIME_H
 
 #include "module.h"
+#include <cuda.h>
 #include <stddef.h>
 
 /* The runtime function called `name`, or NULL. */
@@ -20,11 +21,9 @@ void *mg_rt_symbol(const char *name);
 /* The names of the runtime's functions: a new tuple of str, or NULL. */
 PyObject *mg_rt_names(void);
 
-/* A function of MLIR's async runtime (mlirAsyncRuntime*), from MLIR's
- * library (libmlir_async_runtime), except that regions run on the calling
- * thread; NULL if the library lacks it, or cannot be opened (then *missing
- * says why). */
-void *mg_rt_async_symbol(const char *name, const char **missing);
+/* Fails the invocation running on this thread (if any) with `code`, naming
+ * `what`: for the other runtimes JIT'd code calls (async_runtime.h). */
+void mg_rt_fail_current(CUresult code, const char *what, const char *detail);
 
 /* Kernel modules belong to the engine whose global constructors load them
  * (mgpuModuleLoad): between mg_rt_adopt_begin(engine) and mg_rt_adopt_end(),

@@ -49,7 +49,7 @@ def async_pipeline(host_bare_pointers, kernel_bare_pointers):
     outlined, in the order of MLIR's own async GPU tests: gpu ops inside
     async.execute become async on streams of their own (gpu-async-region) and
     are lowered to the mgpu* runtime (gpu-to-llvm) before async.execute is
-    lowered to coroutines over MLIR's async runtime."""
+    lowered to coroutines over the async runtime (mlirgpu provides it)."""
     options = (f"use-bare-pointers-for-host={str(host_bare_pointers).lower()} "
                f"use-bare-pointers-for-kernels={str(kernel_bare_pointers).lower()}")
     return ("builtin.module(convert-vector-to-scf, convert-scf-to-cf, convert-nvvm-to-llvm, expand-strided-metadata, "
