@@ -18,7 +18,7 @@ from test_host_program import example
 from test_host_program_async import ASYNC
 from test_host_program_hopper import CLUSTER
 from test_host_program_memory import REGISTERED, direct_matmul_program
-from test_host_program_options import LINALG, LINALG_TO_GPU
+from test_host_program_options import LINALG, LINALG_TO_GPU, TRANSFORM, TRANSFORM_TO_GPU
 from test_run_command import REGISTERED as REGISTERED_PRINTING
 
 pytestmark = pytest.mark.gpu
@@ -219,6 +219,9 @@ def test_options():
     A = np.arange(1024, dtype=np.float32)
     B = np.zeros(1024, np.float32)
     mg.HostProgram(LINALG, pipeline=LINALG_TO_GPU)("scale", A, B)
+    assert B.tolist() == [2.0 * i for i in range(1024)]
+    B = np.zeros(1024, np.float32)
+    mg.HostProgram(TRANSFORM, pipeline=TRANSFORM_TO_GPU)("scale", A, B)
     assert B.tolist() == [2.0 * i for i in range(1024)]
     rng = np.random.default_rng(1)
     A = rng.standard_normal((64, 128), dtype=np.float32)

@@ -25,6 +25,20 @@ module attributes {gpu.container_module} {
   }
 }
 """
+# The same with a transform script that maps the generic to parallel loops.
+TRANSFORM = LINALG.replace("module attributes {gpu.container_module} {",
+                           "module attributes {gpu.container_module, transform.with_named_sequence} {").replace(
+    "    return\n  }\n}", """    return
+  }
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %f = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
+    %g = transform.apply_registered_pass "convert-linalg-to-parallel-loops" to %f
+        : (!transform.any_op) -> !transform.any_op
+    transform.yield
+  }
+}""")
+TRANSFORM_TO_GPU = "transform-interpreter, func.func(gpu-map-parallel-loops, convert-parallel-loops-to-gpu)"
+
 LINALG_TO_GPU = ("func.func(convert-linalg-to-parallel-loops, scf-parallel-loop-tiling{parallel-loop-tile-sizes=128}, "
                  "gpu-map-parallel-loops, convert-parallel-loops-to-gpu)")
 
@@ -139,3 +153,9 @@ out["cubin"] = mg.HostProgram(PROGRAM).compiler_log
 ''', fake_libcuda)
     assert out["before"] == "" and out["cubin"] == ""
     assert "ptxas info" in out["after"] and "Used 12 registers" in out["after"]
+
+
+def test_a_transform_schedule_runs_first():
+    prog = mg.HostProgram(TRANSFORM, format="ptx", pipeline=TRANSFORM_TO_GPU)
+    assert "transform." not in prog.outlined.replace("transform.with_named_sequence", "")   # the script is gone
+    assert "gpu.launch_func" in prog.outlined and "mgpuLaunchKernel" in declared(prog)

@@ -262,6 +262,10 @@ class HostProgram:
         self.timeline = None
         if pipeline:
             run_stage(module, "pipeline", pipeline)
+        # A transform script (run by the pipeline's transform-interpreter) is not part of the program.
+        for op in module.body.operations:
+            if op.name.startswith("transform."):
+                op.erase()
         run_stage(module, "prepare", PREPARE_PIPELINE)
         self._functions = {}
         for op in module.body.operations:
