@@ -297,7 +297,8 @@ class HostProgram:
         _check_lowered(lowered)
         _check_runtime(lowered, module)
         self._lowered = lowered
-        self.engine = _engine(lowered, opt_level)
+        self.engine = _engine((self.gpu, self.chip, format, opt_level, pipeline, ptxas_options,
+                               kernel_bare_pointers, host_bare_pointers), lowered, opt_level)
 
     @property
     def chip(self):
@@ -383,14 +384,18 @@ class HostProgram:
         return f"<mlirgpu.HostProgram functions={self.functions} chip={self.chip!r}>"
 
 
-# Engines of host programs, by what they compile. An engine made with the
-# runtime is never torn down (csrc/engine.c says why): programs built again
-# from the same text share one instead of each keeping its own.
+# Engines of host programs, by what they are built from. An engine made with
+# the runtime is never torn down (csrc/engine.c says why): programs built
+# again from the same text share one instead of each keeping its own. The key
+# is the verified input and the build options, not the lowered module, whose
+# gpu.object carries the compile's own timings and so differs every build.
 _engines = {}
 
 
-def _engine(lowered, opt_level):
-    key = (hashlib.sha256(str(lowered).encode()).hexdigest(), opt_level)
+def _engine(source, lowered, opt_level):
+    """The engine for `lowered`, shared by every build of `source` (the input
+    text, chip and build options, which determine `lowered`)."""
+    key = hashlib.sha256(repr(source).encode()).hexdigest()
     engine = _engines.get(key)
     if engine is None:
         engine = _engines[key] = _mlirgpu.ExecutionEngine(lowered, opt_level=opt_level, runtime=True)
