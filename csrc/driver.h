@@ -77,7 +77,11 @@
     X(cuLaunchKernel, (CUfunction function, unsigned int grid_x, unsigned int grid_y, \
                        unsigned int grid_z, unsigned int block_x, unsigned int block_y, \
                        unsigned int block_z, unsigned int shared_bytes, CUstream stream, \
-                       void **params, void **extra))
+                       void **params, void **extra)) \
+    X(cuLaunchKernelEx, (const CUlaunchConfig *config, CUfunction function, void **params, void **extra)) \
+    X(cuMemHostRegister, (void *pointer, size_t bytes, unsigned int flags)) \
+    X(cuMemHostUnregister, (void *pointer)) \
+    X(cuTensorMapEncodeTiled, (CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank, void *globalAddress, const cuuint64_t *globalDim, const cuuint64_t *globalStrides, const cuuint32_t *boxDim, const cuuint32_t *elementStrides, CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill))
 
 #define MG_CU_FIELD(name, params) CUresult (CUDAAPI *name) params;
 typedef struct {

@@ -12,6 +12,8 @@
 #include "array.h"
 #include "driver.h"
 #include "ir.h"
+#include "async_runtime.h"
+#include "runner_utils.h"
 #include "runtime.h"
 
 #include <mlir-c/BuiltinAttributes.h>
@@ -24,6 +26,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +52,8 @@ typedef struct {
     engine_function *functions;
     Py_ssize_t nfunctions;
     int runtime;
+    int launches; /* the module launches kernels: NumPy arguments are lent to the GPU */
+    int prints;   /* it calls runner utilities or launches kernels (printf): output is ordered */
 } mg_engine;
 
 static PyTypeObject *EngineType;
@@ -167,9 +172,15 @@ static LLVMModuleRef translate(mg_ir_Operation *op, LLVMContextRef *llvm_context
     return t.llvm_module;
 }
 
+/* What the engine registers for `name`: a runner utility, or with the
+ * runtime one of its mgpu* functions; else NULL. */
 static void *runtime_symbol(int runtime, const char *name)
 {
-    return runtime ? mg_rt_symbol(name) : NULL;
+    void *address = mg_runner_symbol(name);
+    if (address != NULL || !runtime)
+        return address;
+    address = mg_async_symbol(name);
+    return address != NULL ? address : mg_rt_symbol(name);
 }
 
 /* Appends `value`'s name to `missing` unless the runtime or the process
@@ -303,6 +314,16 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PyObject *registered = NULL;
     if (read_functions(self, op->op) < 0 || (registered = check_externals(op, runtime)) == NULL)
         goto error;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(registered); i++) {
+        PyObject *symbol = PyList_GET_ITEM(registered, i);
+        self->launches |= PyUnicode_CompareWithASCIIString(symbol, "mgpuLaunchKernel") == 0 ||
+                          PyUnicode_CompareWithASCIIString(symbol, "mgpuLaunchClusterKernel") == 0;
+        const char *text = PyUnicode_AsUTF8(symbol);
+        if (text == NULL)
+            goto error;
+        self->prints |= mg_runner_symbol(text) != NULL;
+    }
+    self->prints |= self->launches;
 
     mg_ir_diag_clear(ctx);
     creation c = {mlirModuleFromOperation(op->op), opt_level, {NULL}};
@@ -473,7 +494,8 @@ static Py_ssize_t parameter_bytes(MlirType t)
  * memory the function allocated. */
 typedef struct {
     uintptr_t allocated;
-    int device; /* a DeviceArray in device memory */
+    int device;          /* a DeviceArray in device memory */
+    int64_t *descriptor; /* a NumPy array's, else NULL */
 } borrowed;
 
 /* Fills `d` with a memref descriptor over `data`; -1 with ValueError when
@@ -493,6 +515,26 @@ static int fill_descriptor(int64_t *d, void *data, int rank, const npy_intp *sha
         d[3 + rank + k] = strides[k] / itemsize;
     }
     return 0;
+}
+
+/* Kernels cannot read pageable host memory: the memory of NumPy array `a`
+ * (the span its descriptor covers) is lent to the call, and the descriptor
+ * points into the copy. */
+static void lend(mg_rt_state *state, PyArrayObject *a, borrowed *b)
+{
+    int64_t *d = b->descriptor;
+    int rank = PyArray_NDIM(a);
+    int64_t itemsize = PyArray_ITEMSIZE(a), low = 0, high = 0;
+    for (int k = 0; k < rank; k++) {
+        int64_t size = d[3 + k], stride = d[3 + rank + k];
+        if (size == 0)
+            return;
+        *(stride < 0 ? &low : &high) += (size - 1) * stride;
+    }
+    char *first = (char *)(intptr_t)d[1] + low * itemsize;
+    char *copy = mg_rt_lend(state, first, (size_t)((high - low + 1) * itemsize), PyArray_ISWRITEABLE(a));
+    d[0] = d[1] = (int64_t)(intptr_t)(copy - low * itemsize);
+    b->allocated = (uintptr_t)d[0];
 }
 
 /* ------------------------------------------------------------------------ */
@@ -585,6 +627,20 @@ static PyObject *copy_memref(const int64_t *d, int rank, PyArray_Descr *descr, i
 /* ------------------------------------------------------------------------ */
 /* invoke                                                                    */
 
+/* What Python printed before the call comes before what the program prints
+ * (C stdio on file descriptor 1). Printing is not worth failing a call for:
+ * a sys.stdout that cannot flush is left as it is. */
+static void flush_python_stdout(void)
+{
+    PyObject *out = PySys_GetObject("stdout"); /* borrowed */
+    if (out == NULL || out == Py_None)
+        return;
+    PyObject *done = PyObject_CallMethod(out, "flush", NULL);
+    if (done == NULL)
+        PyErr_Clear();
+    Py_XDECREF(done);
+}
+
 static engine_function *find_function(mg_engine *self, const char *name)
 {
     for (Py_ssize_t i = 0; i < self->nfunctions; i++)
@@ -659,6 +715,9 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
     engine_function *f = find_function(self, name);
     if (f == NULL)
         return PyErr_Format(PyExc_ValueError, "the module has no function '%s' with llvm.emit_c_interface", name);
+    /* Before the arguments are read: flushing may run Python code (any sys.stdout). */
+    if (self->prints)
+        flush_python_stdout();
 
     /* Tuples of our own: reading an item (__index__, a buffer) may run Python code that changes a list. */
     PyObject *argseq = tuple_of(arglist, "args must be a sequence");
@@ -764,7 +823,7 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
             if (fill_descriptor(d, PyArray_DATA(a), PyArray_NDIM(a), PyArray_DIMS(a), PyArray_STRIDES(a),
                                 PyDataType_ELSIZE(descr), i) < 0)
                 goto done;
-            lent[i] = (borrowed){(uintptr_t)PyArray_DATA(a), 0};
+            lent[i] = (borrowed){(uintptr_t)PyArray_DATA(a), 0, d};
             d += 3 + 2 * PyArray_NDIM(a);
         } else {
             mg_array *a = (mg_array *)arg;
@@ -775,7 +834,7 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
             }
             if (fill_descriptor(d, (void *)(uintptr_t)a->ptr, a->ndim, shape, strides, a->dtype->itemsize, i) < 0)
                 goto done;
-            lent[i] = (borrowed){(uintptr_t)a->ptr, !a->host};
+            lent[i] = (borrowed){(uintptr_t)a->ptr, !a->host, NULL};
             d += 3 + 2 * a->ndim;
         }
         /* The C interface takes a pointer to the descriptor; packed, a pointer to that. */
@@ -786,13 +845,18 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
         packed[k++] = returned;
 
     mg_rt_state *state = NULL;
-    if (self->runtime && (state = mg_rt_begin(timeline != Py_None)) == NULL)
+    if (self->runtime && (state = mg_rt_begin(f->name, timeline != Py_None)) == NULL)
         goto done;
+    for (Py_ssize_t i = 0; state != NULL && self->launches && i < nargs; i++)
+        if (lent[i].descriptor != NULL)
+            lend(state, (PyArrayObject *)PySequence_Fast_GET_ITEM(argseq, i), &lent[i]);
     packed_fn call = f->call;
     Py_BEGIN_ALLOW_THREADS
     call(packed);
     if (state != NULL)
         mg_rt_synchronize(state);
+    if (self->prints)
+        fflush(stdout);
     Py_END_ALLOW_THREADS
     /* After a runtime failure the results are garbage: only what the
      * function allocated on the host is freed, then mg_rt_end raises. */
@@ -895,6 +959,11 @@ static PyObject *Engine_get_functions(mg_engine *self, void *unused)
     return names;
 }
 
+static PyObject *Engine_get_compiler_log(mg_engine *self, void *unused)
+{
+    return mg_rt_compiler_log(self);
+}
+
 static PyObject *Engine_get_runtime(mg_engine *self, void *unused)
 {
     return PyBool_FromLong(self->runtime);
@@ -931,7 +1000,14 @@ static PyObject *translate_to_llvm_ir(PyObject *unused, PyObject *module)
     return result;
 }
 
+static PyObject *runtime_functions(PyObject *unused, PyObject *noargs)
+{
+    return mg_rt_names();
+}
+
 static PyMethodDef engine_functions[] = {
+    {"runtime_functions", runtime_functions, METH_NOARGS,
+     "runtime_functions() -> the names of the mgpu* functions an ExecutionEngine made with runtime=True provides."},
     {"translate_to_llvm_ir", translate_to_llvm_ir, METH_O,
      "translate_to_llvm_ir(module): the LLVM IR text of a module lowered to the llvm dialect (what the "
      "ExecutionEngine compiles). CompileError if it does not translate."},
@@ -961,6 +1037,8 @@ static PyMethodDef Engine_methods[] = {
 static PyGetSetDef Engine_getset[] = {
     {"functions", (getter)Engine_get_functions, NULL, "Names of the functions invoke can call.", NULL},
     {"runtime", (getter)Engine_get_runtime, NULL, "Whether mlirgpu's mgpu* runtime is registered.", NULL},
+    {"compiler_log", (getter)Engine_get_compiler_log, NULL, "What the driver's JIT reported (verbose) compiling "
+     "the PTX of the kernels loaded so far (with runtime=True): '' before that, and for cubins.", NULL},
     {NULL},
 };
 

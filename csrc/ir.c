@@ -11,6 +11,7 @@
 #include <mlir-c/Support.h>
 #include <llvm-c/ErrorHandling.h>
 
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,20 +23,80 @@ PyTypeObject *mg_ir_ModuleType;
 static PyObject *str_context_stack, *str_location_stack, *str_ip_stack;
 static mg_ir_Context *default_context; /* made on first use, kept for the process */
 
-_Thread_local jmp_buf *mg_fatal_target;
+_Thread_local sigjmp_buf *mg_fatal_target;
 _Thread_local char mg_fatal_reason[1024];
+_Thread_local int mg_fatal_signal;
+
+/* Signals by which code inside MLIR or LLVM crashes: a bad access, a trap
+ * (llvm_unreachable, __builtin_trap), an illegal instruction, abort(). */
+static const int crash_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGABRT};
+#define NCRASH (sizeof crash_signals / sizeof *crash_signals)
+static struct sigaction previous[NCRASH];
+static int guards; /* guarded bodies running (the GIL is held around each) */
+
+static void crash_handler(int signal, siginfo_t *info, void *context)
+{
+    if (mg_fatal_target != NULL) {
+        mg_fatal_signal = signal;
+        siglongjmp(*mg_fatal_target, 1);
+    }
+    /* Not a guarded thread: whoever handled the signal before us does. */
+    for (size_t i = 0; i < NCRASH; i++)
+        if (crash_signals[i] == signal)
+            sigaction(signal, &previous[i], NULL);
+    /* A fault comes again when the instruction runs again; a raised one must be raised again. */
+    if (signal == SIGABRT || signal == SIGTRAP)
+        raise(signal);
+}
+
+/* A stack for the handler, so that a stack overflow inside MLIR is caught too. */
+static int ensure_signal_stack(void)
+{
+    static _Thread_local void *stack;
+    if (stack != NULL)
+        return 0;
+    size_t size = 1 << 16;
+    stack = malloc(size);
+    if (stack == NULL)
+        return -1;
+    stack_t alternate = {.ss_sp = stack, .ss_size = size, .ss_flags = 0};
+    return sigaltstack(&alternate, NULL);
+}
 
 int mg_fatal_guarded(void (*body)(void *), void *arg)
 {
-    jmp_buf target;
-    mg_fatal_target = &target;
-    if (setjmp(target) != 0) {
-        mg_fatal_target = NULL;
-        return 1;
+    if (guards++ == 0) {
+        struct sigaction action;
+        memset(&action, 0, sizeof action);
+        action.sa_sigaction = crash_handler;
+        action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+        sigemptyset(&action.sa_mask);
+        for (size_t i = 0; i < NCRASH; i++)
+            sigaction(crash_signals[i], &action, &previous[i]);
     }
-    body(arg);
+    ensure_signal_stack(); /* without one, a stack overflow still ends the process */
+    sigjmp_buf target;
+    mg_fatal_signal = 0;
+    mg_fatal_target = &target;
+    /* The mask is saved: a crash leaves through the handler, its signal blocked. */
+    volatile int crashed = 1;
+    if (sigsetjmp(target, 1) == 0) {
+        body(arg);
+        crashed = 0;
+    }
     mg_fatal_target = NULL;
-    return 0;
+    if (--guards == 0)
+        for (size_t i = 0; i < NCRASH; i++)
+            sigaction(crash_signals[i], &previous[i], NULL);
+    if (crashed && mg_fatal_signal != 0)
+        PyOS_snprintf(mg_fatal_reason, sizeof mg_fatal_reason, "a crash (%s)",
+                      mg_fatal_signal == SIGSEGV ? "SIGSEGV, a bad memory access"
+                      : mg_fatal_signal == SIGBUS ? "SIGBUS, a bad memory access"
+                      : mg_fatal_signal == SIGILL ? "SIGILL, a trap or an illegal instruction"
+                      : mg_fatal_signal == SIGFPE ? "SIGFPE, an arithmetic fault"
+                      : mg_fatal_signal == SIGTRAP ? "SIGTRAP, a trap"
+                                                    : "SIGABRT, an abort");
+    return crashed;
 }
 
 /* ===================================================================== */
@@ -316,7 +377,7 @@ static void fatal_error_handler(const char *reason)
 {
     if (mg_fatal_target != NULL) {
         PyOS_snprintf(mg_fatal_reason, sizeof mg_fatal_reason, "%s", reason);
-        longjmp(*mg_fatal_target, 1);
+        siglongjmp(*mg_fatal_target, 1);
     }
     /* Outside a guard LLVM goes on to exit, as it would without us. */
 }

@@ -73,14 +73,20 @@ typedef struct { char *data; size_t len, cap; int failed; } mg_buf;
 void mg_buf_callback(MlirStringRef chunk, void *userdata);
 PyObject *mg_buf_finish(mg_buf *buf);
 
-/* LLVM's fatal errors abort the process; inside MG_FATAL_GUARD one becomes a
- * return to the guard instead. Only for code that validated its input and
- * guards against what validation cannot see. */
+/* LLVM's fatal errors, and crashes inside MLIR or LLVM (a trap, a bad
+ * access, an abort), end the process; inside mg_fatal_guarded one becomes a
+ * return to the guard instead (as clang's crash recovery does: signal
+ * handlers installed around the body jump back out). Only for code that
+ * validated its input and guards against what validation cannot see; what
+ * the body was working on is left as the crash left it, never to be touched
+ * again. */
 #include <setjmp.h>
-extern _Thread_local jmp_buf *mg_fatal_target;
+extern _Thread_local sigjmp_buf *mg_fatal_target;
 extern _Thread_local char mg_fatal_reason[1024];
-/* Runs body(arg) under the guard: 1 if LLVM hit a fatal error inside (the
- * reason is in mg_fatal_reason), else 0. */
+/* The signal of the last crash caught on this thread, 0 for a fatal error. */
+extern _Thread_local int mg_fatal_signal;
+/* Runs body(arg) under the guard (GIL held): 1 if LLVM hit a fatal error or
+ * crashed inside (the reason is in mg_fatal_reason), else 0. */
 int mg_fatal_guarded(void (*body)(void *), void *arg);
 
 #endif

@@ -9,6 +9,7 @@
 #include <llvm-c/BitReader.h>
 #include <llvm-c/Core.h>
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +65,10 @@ static PyObject *capture_end(capture *c)
 }
 
 /* ---- PassManager ---- */
+
+/* What the pass manager prints before each pass: "// -----// IR Dump Before
+ * <Pass> (<argument>) //----- //" (made at module init). */
+static PyObject *before_marker;
 
 typedef struct {
     PyObject_HEAD
@@ -139,7 +144,56 @@ static int run_guarded(MlirPassManager pm, MlirOperation op, MlirLogicalResult *
     return fatal;
 }
 
-static PyObject *PassManager_run(mg_PassManager *self, PyObject *target)
+/* `printed` without the blocks the pass manager printed before each pass
+ * (a header line, the operation, a blank line): the names that were only
+ * there in case of a crash. */
+static PyObject *strip_pass_names(PyObject *printed)
+{
+    PyObject *lines = PyUnicode_Splitlines(printed, 1), *kept = PyList_New(0), *result = NULL;
+    if (lines == NULL || kept == NULL)
+        goto done;
+    int skipping = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lines); i++) {
+        PyObject *line = PyList_GET_ITEM(lines, i);
+        if (PyUnicode_Tailmatch(line, before_marker, 0, PY_SSIZE_T_MAX, -1) == 1)
+            skipping = 1;
+        else if (skipping && PyUnicode_GET_LENGTH(line) <= 1)
+            skipping = 0; /* the blank line that ends the block */
+        else if (!skipping && PyList_Append(kept, line) < 0)
+            goto done;
+    }
+    PyObject *empty = PyUnicode_FromString("");
+    if (empty != NULL) {
+        result = PyUnicode_Join(empty, kept);
+        Py_DECREF(empty);
+    }
+done:
+    Py_XDECREF(lines);
+    Py_XDECREF(kept);
+    return result;
+}
+
+/* The pass a crash happened in: the last "IR Dump Before <Pass> (<argument>)"
+ * header in what the pass manager printed, or NULL. */
+static PyObject *crashed_pass(PyObject *printed)
+{
+    Py_ssize_t at = PyUnicode_Find(printed, before_marker, 0, PyUnicode_GET_LENGTH(printed), -1);
+    Py_ssize_t start = at + PyUnicode_GET_LENGTH(before_marker);
+    if (at < 0)
+        return NULL;
+    Py_ssize_t end = PyUnicode_FindChar(printed, '/', start, PyUnicode_GET_LENGTH(printed), 1);
+    if (end < 0)
+        return NULL;
+    PyObject *header = PyUnicode_Substring(printed, start, end);
+    if (header == NULL)
+        return NULL;
+    PyObject *stripped = PyObject_CallMethod(header, "strip", NULL);
+    Py_DECREF(header);
+    return stripped;
+}
+
+/* Runs the pipeline on `target`, with `extra` (owned, may be NULL) added last. */
+static PyObject *run_pipeline(mg_PassManager *self, PyObject *target, MlirPass (*extra)(void))
 {
     mg_ir_Operation *op = mg_ir_module_operation(target);
     if (op == NULL)
@@ -193,18 +247,25 @@ static PyObject *PassManager_run(mg_PassManager *self, PyObject *target)
     }
     Py_DECREF(parse_output);
     free(err.data);
+    if (extra != NULL)
+        mlirPassManagerAddOwnedPass(pm, extra());
     mlirPassManagerEnableVerifier(pm, self->verify_each);
-    int capturing = self->print_ir_before_all || self->print_ir_after_all || self->timing;
-    if (self->print_ir_before_all || self->print_ir_after_all) {
-        MlirOpPrintingFlags flags = mlirOpPrintingFlagsCreate(); /* copied by the pass manager */
-        mlirPassManagerEnableIRPrinting(pm, self->print_ir_before_all, self->print_ir_after_all, false, false,
-                                        false, flags, mlirStringRefCreate(NULL, 0));
-        mlirOpPrintingFlagsDestroy(flags);
-    }
+    int asked = self->print_ir_before_all || self->print_ir_after_all || self->timing;
+    /* Each pass prints its name before it runs (without the IR unless that
+     * was asked for): after a crash the last name printed is the pass's. */
+    MlirOpPrintingFlags flags = mlirOpPrintingFlagsCreate(); /* copied by the pass manager */
+    if (!self->print_ir_before_all && !self->print_ir_after_all)
+        mlirOpPrintingFlagsSkipRegions(flags);
+    mlirPassManagerEnableIRPrinting(pm, true, self->print_ir_after_all, false, false, false, flags,
+                                    mlirStringRefCreate(NULL, 0));
+    mlirOpPrintingFlagsDestroy(flags);
     if (self->timing)
         mlirPassManagerEnableTiming(pm);
+    /* A crash on one of the context's worker threads could not be caught:
+     * the passes run on this thread. */
+    mlirContextEnableMultithreading(mctx, false);
     capture cap;
-    if (capturing && capture_begin(&cap) < 0) {
+    if (capture_begin(&cap) < 0) {
         mlirPassManagerDestroy(pm);
         goto done;
     }
@@ -215,15 +276,36 @@ static PyObject *PassManager_run(mg_PassManager *self, PyObject *target)
      * leak it rather than run its destructors. */
     if (!fatal)
         mlirPassManagerDestroy(pm);
-    PyObject *captured = capturing ? capture_end(&cap) : PyUnicode_FromString("");
+    PyObject *captured = capture_end(&cap);
     mg_ir_invalidate_nested(op);
     if (captured == NULL)
         goto done;
     if (fatal) {
         mg_ir_diag_clear(ctx);
-        mg_raise(mg_st->CompileError, "LLVM fatal error while running '%U': %s", text, mg_fatal_reason);
+        PyObject *pass = crashed_pass(captured);
+        PyErr_Clear();
+        if (mg_fatal_signal != 0)
+            mg_raise(mg_st->CompileError, "MLIR crashed in pass '%U' of '%U': %s. The module is left as the crash "
+                     "left it and its context must not be used again; other contexts work as before",
+                     pass != NULL ? pass : Py_None, text, mg_fatal_reason);
+        else
+            mg_raise(mg_st->CompileError, "LLVM fatal error in pass '%U' of '%U': %s",
+                     pass != NULL ? pass : Py_None, text, mg_fatal_reason);
+        Py_XDECREF(pass);
         Py_DECREF(captured);
         goto done;
+    }
+    if (!asked) {
+        Py_SETREF(captured, PyUnicode_FromString(""));
+        if (captured == NULL)
+            goto done;
+    } else if (!self->print_ir_before_all) {
+        /* The names printed for a crash that did not come are not what was asked for. */
+        PyObject *kept = strip_pass_names(captured);
+        Py_DECREF(captured);
+        if (kept == NULL)
+            goto done;
+        captured = kept;
     }
     if (mlirLogicalResultIsFailure(ran) || mg_ir_diag_has_error(ctx)) {
         PyObject *what = PyUnicode_FromFormat("pass pipeline '%U' failed", text);
@@ -245,13 +327,43 @@ done:
     return result;
 }
 
+static PyObject *PassManager_run(mg_PassManager *self, PyObject *target)
+{
+    return run_pipeline(self, target, NULL);
+}
+
+/* For the tests of the crash guard: a pass that raises SIGTRAP, as a trap
+ * inside a pass of MLIR would. */
+static void crash_construct(void *data) {}
+static void crash_destruct(void *data) {}
+static void *crash_clone(void *data) { return data; }
+static void crash_run(MlirOperation op, MlirExternalPass pass, void *data) { raise(SIGTRAP); }
+
+static MlirPass crash_pass(void)
+{
+    static _Alignas(8) char id;
+    MlirExternalPassCallbacks callbacks = {crash_construct, crash_destruct, NULL, crash_clone, crash_run};
+    return mlirCreateExternalPass(mlirTypeIDCreate(&id), mlirStringRefCreateFromCString("MlirgpuCrashTest"),
+                                  mlirStringRefCreateFromCString("mlirgpu-crash-test"),
+                                  mlirStringRefCreateFromCString("raises SIGTRAP"), mlirStringRefCreate(NULL, 0), 0,
+                                  NULL, callbacks, NULL);
+}
+
+static PyObject *PassManager_run_then_crash(mg_PassManager *self, PyObject *target)
+{
+    return run_pipeline(self, target, crash_pass);
+}
+
 static PyObject *PassManager_get_pipeline(mg_PassManager *self, void *c) { return Py_NewRef(self->pipeline); }
 
 static PyMethodDef PassManager_methods[] = {
     {"run", (PyCFunction)PassManager_run, METH_O,
      "run(module) -> str: runs the pipeline in place. Returns the IR dumps and timing report "
-     "that were asked for (else ''). MLIRError with the diagnostics if a pass fails. Wrappers "
+     "that were asked for (else ''). MLIRError with the diagnostics if a pass fails; CompileError "
+     "naming the pass if LLVM hits a fatal error or MLIR crashes inside one. Wrappers "
      "of operations inside the module become invalid."},
+    {"_run_then_crash", (PyCFunction)PassManager_run_then_crash, METH_O,
+     "For the tests of the crash guard: run(module) with a last pass that raises SIGTRAP."},
     {NULL},
 };
 
@@ -357,6 +469,8 @@ static PyMethodDef pipeline_functions[] = {
 
 int mg_pipeline_init(PyObject *module)
 {
+    if (before_marker == NULL && (before_marker = PyUnicode_InternFromString("// -----// IR Dump Before ")) == NULL)
+        return -1;
     if ((PassManagerType = mg_add_type(module, &PassManager_spec, NULL)) == NULL)
         return -1;
     return PyModule_AddFunctions(module, pipeline_functions);

@@ -9,6 +9,7 @@
  * mgpuModuleGetFunction, so that global constructors need no driver: an
  * engine can be built, and pure host functions run, without a GPU. */
 #include "runtime.h"
+#include "async_runtime.h"
 #include "driver.h"
 
 #include <pthread.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 enum { FAILED_NOT, FAILED_DRIVER, FAILED_NO_CONTEXT };
 
@@ -37,6 +39,27 @@ typedef struct {
     CUstream stream;
     CUevent start, end;
 } launch;
+
+/* Host memory made device-accessible for the call: a range the program
+ * registered (gpu.host_register), or a NumPy array lent to the call in a
+ * managed copy. */
+typedef struct {
+    void *pointer;      /* what the program sees */
+    size_t bytes;
+    void *original;     /* a lent array's own memory, else NULL */
+    int writable;       /* a lent array is copied back */
+} host_range;
+
+/* Pages the runtime registered with the driver for the program's host_ranges. */
+typedef struct {
+    uintptr_t start, end;
+} pinned_range;
+
+/* The last kernel queued on a stream, to name the kernel a fault comes from. */
+typedef struct {
+    CUstream stream;
+    const char *name;
+} last_launch;
 
 struct mg_rt_state {
     int device;
@@ -59,6 +82,14 @@ struct mg_rt_state {
     size_t nkernels, ckernels;
     launch *launches;
     size_t nlaunches, claunches;
+    host_range *ranges;
+    size_t nranges, cranges;
+    pinned_range *pinned;
+    size_t npinned, cpinned;
+    last_launch *lasts;
+    size_t nlasts, clasts;
+    const char *function;    /* the host function called (the caller's string) */
+    char fault[512];         /* which kernel faulted, where it was noticed */
 };
 
 /* The invocation running on this thread. */
@@ -67,7 +98,36 @@ static _Thread_local mg_rt_state *current;
 /* ------------------------------------------------------------------------ */
 /* Failures and bookkeeping                                                  */
 
-static void fail(mg_rt_state *s, CUresult code, const char *what, const char *format, ...)
+/* Errors a kernel leaves behind: the context is lost, and every later
+ * driver call (whatever it is) reports the same code. */
+static int is_fault(CUresult code)
+{
+    switch (code) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_TENSOR_MEMORY_LEAK:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static const char *last_on(const mg_rt_state *s, CUstream stream)
+{
+    for (size_t i = 0; i < s->nlasts; i++)
+        if (s->lasts[i].stream == stream)
+            return s->lasts[i].name;
+    return NULL;
+}
+
+static void fail_on(mg_rt_state *s, CUstream stream, CUresult code, const char *what, const char *format, ...)
 {
     if (s->failed)
         return;
@@ -78,6 +138,28 @@ static void fail(mg_rt_state *s, CUresult code, const char *what, const char *fo
     va_start(args, format);
     vsnprintf(s->detail, sizeof s->detail, format, args);
     va_end(args);
+    if (!is_fault(code))
+        return;
+    /* The driver reports a fault at whatever call comes next: the kernel
+     * named is the last one queued on the stream being waited for, else the
+     * last one the call launched; without one, a kernel of an earlier call. */
+    const char *kernel = stream != NULL ? last_on(s, stream) : NULL;
+    if (s->nlasts == 0)
+        snprintf(s->fault, sizeof s->fault, "a kernel faulted before this call of @%s", s->function);
+    else if (kernel == NULL)
+        snprintf(s->fault, sizeof s->fault, "kernel '%s' (the last one launched) faulted in @%s",
+                 s->lasts[s->nlasts - 1].name, s->function);
+    else
+        snprintf(s->fault, sizeof s->fault, "kernel '%s' (the last one launched on stream %p) faulted in @%s",
+                 kernel, stream, s->function);
+}
+
+#define fail(s, code, what, ...) fail_on(s, NULL, code, what, __VA_ARGS__)
+
+void mg_rt_fail_current(CUresult code, const char *what, const char *detail)
+{
+    if (current != NULL)
+        fail(current, code, what, "%s", detail);
 }
 
 /* 1 when the call may use the driver: inside an invocation, nothing failed
@@ -150,6 +232,7 @@ typedef struct module {
     int ptx;           /* mgpuModuleLoadJIT: PTX text for the driver's JIT */
     int opt_level;
     CUmodule handles[MG_CU_MAX_DEVICES]; /* loaded lazily, per device */
+    char *log;         /* what the driver's JIT reported compiling the PTX (malloc), or NULL */
     const void *owner; /* the engine whose constructors made it */
     struct module *next;
 } module;
@@ -204,6 +287,7 @@ static void release_module(module *m)
         PyErr_Clear();
         PyErr_Restore(type, value, traceback);
     }
+    free(m->log);
     free(m);
 }
 
@@ -253,6 +337,29 @@ void mg_rt_release_modules(const void *owner)
     }
 }
 
+PyObject *mg_rt_compiler_log(const void *owner)
+{
+    PyObject *parts = PyList_New(0);
+    pthread_mutex_lock(&module_lock);
+    for (module *m = modules; parts != NULL && m != NULL; m = m->next) {
+        if (m->owner != owner || m->log == NULL)
+            continue;
+        PyObject *text = PyUnicode_DecodeUTF8(m->log, (Py_ssize_t)strlen(m->log), "replace");
+        if (text == NULL || PyList_Append(parts, text) < 0)
+            Py_CLEAR(parts);
+        Py_XDECREF(text);
+    }
+    pthread_mutex_unlock(&module_lock);
+    if (parts == NULL)
+        return NULL;
+    PyObject *separator = PyUnicode_FromString("\n"), *joined = NULL;
+    if (separator != NULL)
+        joined = PyUnicode_Join(separator, parts);
+    Py_XDECREF(separator);
+    Py_DECREF(parts);
+    return joined;
+}
+
 static CUmodule load_module(mg_rt_state *s, module *m)
 {
     pthread_mutex_lock(&module_lock);
@@ -260,12 +367,17 @@ static CUmodule load_module(mg_rt_state *s, module *m)
     if (handle == NULL) {
         CUresult r;
         if (m->ptx) {
-            char log[768] = "";
+            /* The info log, verbose: registers, spills and shared memory per kernel. */
+            char log[768] = "", info[8192] = "";
             CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-                                      CU_JIT_OPTIMIZATION_LEVEL};
+                                      CU_JIT_OPTIMIZATION_LEVEL, CU_JIT_INFO_LOG_BUFFER,
+                                      CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_LOG_VERBOSE};
             void *values[] = {log, (void *)(uintptr_t)sizeof log,
-                              (void *)(uintptr_t)(m->opt_level < 0 ? 0 : m->opt_level > 4 ? 4 : m->opt_level)};
-            r = mg_cu.cuModuleLoadDataEx(&handle, m->image, 3, options, values);
+                              (void *)(uintptr_t)(m->opt_level < 0 ? 0 : m->opt_level > 4 ? 4 : m->opt_level),
+                              info, (void *)(uintptr_t)sizeof info, (void *)(uintptr_t)1};
+            r = mg_cu.cuModuleLoadDataEx(&handle, m->image, 6, options, values);
+            if (r == CUDA_SUCCESS && m->log == NULL)
+                m->log = strdup(info);
             if (r != CUDA_SUCCESS)
                 fail(s, r, "mgpuModuleLoadJIT: cuModuleLoadDataEx", "loading the kernels' PTX: %s", log);
         } else {
@@ -322,42 +434,85 @@ static CUevent timing_event(mg_rt_state *s, CUstream stream, const char *name)
     return event;
 }
 
-static void mgpuLaunchKernel(void *function, int64_t gx, int64_t gy, int64_t gz, int64_t bx, int64_t by,
-                             int64_t bz, int32_t shared_bytes, void *stream, void **params, void **extra,
-                             int64_t nparams)
+/* Records `name` as the last kernel queued on `stream`. */
+static void note_launch(mg_rt_state *s, CUstream stream, const char *name)
 {
-    mg_rt_state *s = current;
-    if (!ready(s, "mgpuLaunchKernel"))
-        return;
-    const char *name = kernel_name(s, function);
-    char config[256];
-    snprintf(config, sizeof config, "kernel '%s' grid=(%lld, %lld, %lld) block=(%lld, %lld, %lld) shared_mem=%d",
-             name, (long long)gx, (long long)gy, (long long)gz, (long long)bx, (long long)by, (long long)bz,
-             (int)shared_bytes);
-    int64_t dims[6] = {gx, gy, gz, bx, by, bz};
-    for (int i = 0; i < 6; i++)
-        if (dims[i] < 1 || dims[i] > UINT32_MAX) {
-            fail(s, CUDA_ERROR_INVALID_VALUE, "mgpuLaunchKernel", "%s: a dimension is out of range", config);
+    for (size_t i = 0; i < s->nlasts; i++)
+        if (s->lasts[i].stream == stream) {
+            /* Kept in launch order: the last entry is the latest launch. */
+            memmove(&s->lasts[i], &s->lasts[i + 1], (s->nlasts - i - 1) * sizeof *s->lasts);
+            s->lasts[s->nlasts - 1] = (last_launch){stream, name};
             return;
         }
+    if (RESERVE(s, lasts) == 0)
+        s->lasts[s->nlasts++] = (last_launch){stream, name};
+}
+
+/* One launch, plain (cluster == NULL) or of thread-block clusters. */
+static void launch_kernel(mg_rt_state *s, const char *entry, void *function, const int64_t *cluster,
+                          const int64_t grid[3], const int64_t block[3], int32_t shared_bytes, void *stream,
+                          void **params, void **extra)
+{
+    const char *name = kernel_name(s, function);
+    char config[320], clusters[96] = "";
+    if (cluster != NULL)
+        snprintf(clusters, sizeof clusters, " cluster=(%lld, %lld, %lld)", (long long)cluster[0],
+                 (long long)cluster[1], (long long)cluster[2]);
+    snprintf(config, sizeof config, "kernel '%s'%s grid=(%lld, %lld, %lld) block=(%lld, %lld, %lld) shared_mem=%d",
+             name, clusters, (long long)grid[0], (long long)grid[1], (long long)grid[2], (long long)block[0],
+             (long long)block[1], (long long)block[2], (int)shared_bytes);
+    for (int i = 0; i < 9; i++) {
+        int64_t d = i < 3 ? grid[i] : i < 6 ? block[i - 3] : cluster != NULL ? cluster[i - 6] : 1;
+        if (d < 1 || d > UINT32_MAX) {
+            fail(s, CUDA_ERROR_INVALID_VALUE, entry, "%s: a dimension is out of range", config);
+            return;
+        }
+    }
     if (shared_bytes < 0 || function == NULL) {
-        fail(s, CUDA_ERROR_INVALID_VALUE, "mgpuLaunchKernel", "%s: %s", config,
+        fail(s, CUDA_ERROR_INVALID_VALUE, entry, "%s: %s", config,
              function == NULL ? "no function" : "negative shared memory");
+        return;
+    }
+    CUresult r;
+    /* Above 48 KB, dynamic shared memory must be asked for (as MLIR's own
+     * runtime does before each such launch). */
+    if (shared_bytes > 48 * 1024 &&
+        (r = mg_cu.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)) !=
+            CUDA_SUCCESS) {
+        fail(s, r, "cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)", "%s", config);
         return;
     }
     launch timed = {name, stream, NULL, NULL};
     if (s->timeline && (RESERVE(s, launches) < 0 || (timed.start = timing_event(s, stream, name)) == NULL)) {
-        fail(s, CUDA_ERROR_OUT_OF_MEMORY, "mgpuLaunchKernel", "%s: no host memory left for its timeline", config);
+        fail(s, CUDA_ERROR_OUT_OF_MEMORY, entry, "%s: no host memory left for its timeline", config);
         return;
     }
-    CUresult r = mg_cu.cuLaunchKernel(function, (unsigned)gx, (unsigned)gy, (unsigned)gz, (unsigned)bx,
-                                      (unsigned)by, (unsigned)bz, (unsigned)shared_bytes, stream, params, extra);
+    if (cluster == NULL) {
+        r = mg_cu.cuLaunchKernel(function, (unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2],
+                                 (unsigned)block[0], (unsigned)block[1], (unsigned)block[2], (unsigned)shared_bytes,
+                                 stream, params, extra);
+    } else {
+        /* Clusters of more than 8 blocks are allowed where the chip has them. */
+        r = mg_cu.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
+        CUlaunchAttribute attribute = {.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION};
+        attribute.value.clusterDim.x = (unsigned)cluster[0];
+        attribute.value.clusterDim.y = (unsigned)cluster[1];
+        attribute.value.clusterDim.z = (unsigned)cluster[2];
+        CUlaunchConfig launch_config = {
+            .gridDimX = (unsigned)grid[0], .gridDimY = (unsigned)grid[1], .gridDimZ = (unsigned)grid[2],
+            .blockDimX = (unsigned)block[0], .blockDimY = (unsigned)block[1], .blockDimZ = (unsigned)block[2],
+            .sharedMemBytes = (unsigned)shared_bytes, .hStream = stream, .attrs = &attribute, .numAttrs = 1};
+        if (r == CUDA_SUCCESS)
+            r = mg_cu.cuLaunchKernelEx(&launch_config, function, params, extra);
+    }
     if (r != CUDA_SUCCESS) {
-        fail(s, r, "mgpuLaunchKernel: cuLaunchKernel", "%s", config);
+        fail_on(s, stream, r, cluster == NULL ? "mgpuLaunchKernel: cuLaunchKernel"
+                                              : "mgpuLaunchClusterKernel: cuLaunchKernelEx", "%s", config);
         if (timed.start != NULL)
             mg_cu.cuEventDestroy(timed.start);
         return;
     }
+    note_launch(s, stream, name);
     if (s->timeline) {
         if ((timed.end = timing_event(s, stream, name)) == NULL) {
             mg_cu.cuEventDestroy(timed.start);
@@ -365,6 +520,29 @@ static void mgpuLaunchKernel(void *function, int64_t gx, int64_t gy, int64_t gz,
         }
         s->launches[s->nlaunches++] = timed;
     }
+}
+
+static void mgpuLaunchKernel(void *function, int64_t gx, int64_t gy, int64_t gz, int64_t bx, int64_t by,
+                             int64_t bz, int32_t shared_bytes, void *stream, void **params, void **extra,
+                             int64_t nparams)
+{
+    mg_rt_state *s = current;
+    if (!ready(s, "mgpuLaunchKernel"))
+        return;
+    const int64_t grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    launch_kernel(s, "mgpuLaunchKernel", function, NULL, grid, block, shared_bytes, stream, params, extra);
+}
+
+static void mgpuLaunchClusterKernel(void *function, int64_t cx, int64_t cy, int64_t cz, int64_t gx, int64_t gy,
+                                    int64_t gz, int64_t bx, int64_t by, int64_t bz, int32_t shared_bytes,
+                                    void *stream, void **params, void **extra)
+{
+    mg_rt_state *s = current;
+    if (!ready(s, "mgpuLaunchClusterKernel"))
+        return;
+    const int64_t cluster[3] = {cx, cy, cz}, grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    launch_kernel(s, "mgpuLaunchClusterKernel", function, cluster, grid, block, shared_bytes, stream, params,
+                  extra);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -411,7 +589,18 @@ static void mgpuStreamSynchronize(void *stream)
         return;
     CUresult r = mg_cu.cuStreamSynchronize(stream);
     if (r != CUDA_SUCCESS)
-        fail(s, r, "mgpuStreamSynchronize: cuStreamSynchronize", "");
+        fail_on(s, stream, r, "mgpuStreamSynchronize: cuStreamSynchronize", "");
+}
+
+/* MLIR 22's gpu-to-llvm passes a gpu token that leaves an async.execute
+ * region as the region's stream, not as an event recorded on it: the event
+ * functions take such a stream for the work queued on it so far. */
+static int is_stream(const mg_rt_state *s, void *handle)
+{
+    for (size_t i = 0; i < s->nstreams; i++)
+        if (s->streams[i] == handle)
+            return 1;
+    return 0;
 }
 
 static void mgpuStreamWaitEvent(void *stream, void *event)
@@ -419,6 +608,19 @@ static void mgpuStreamWaitEvent(void *stream, void *event)
     mg_rt_state *s = current;
     if (!ready(s, "mgpuStreamWaitEvent"))
         return;
+    if (is_stream(s, event)) {
+        CUevent recorded;
+        CUresult r = mg_cu.cuEventCreate(&recorded, CU_EVENT_DISABLE_TIMING);
+        if (r == CUDA_SUCCESS) {
+            if ((r = mg_cu.cuEventRecord(recorded, event)) == CUDA_SUCCESS)
+                r = mg_cu.cuStreamWaitEvent(stream, recorded, 0);
+            mg_cu.cuEventDestroy(recorded);
+        }
+        if (r != CUDA_SUCCESS)
+            fail_on(s, event, r, "mgpuStreamWaitEvent: cuEventRecord/cuStreamWaitEvent", "waiting for stream %p",
+                    event);
+        return;
+    }
     CUresult r = mg_cu.cuStreamWaitEvent(stream, event, 0);
     if (r != CUDA_SUCCESS)
         fail(s, r, "mgpuStreamWaitEvent: cuStreamWaitEvent", "");
@@ -447,6 +649,8 @@ static void mgpuEventDestroy(void *event)
     mg_rt_state *s = current;
     if (!ready(s, "mgpuEventDestroy"))
         return;
+    if (is_stream(s, event))
+        return; /* a region's stream (see mgpuStreamWaitEvent): destroyed at the end of the call */
     if (!untrack_handle((void **)s->events, &s->nevents, event)) {
         fail(s, CUDA_ERROR_INVALID_HANDLE, "mgpuEventDestroy", "event %p was not made by this call", event);
         return;
@@ -471,6 +675,12 @@ static void mgpuEventSynchronize(void *event)
     mg_rt_state *s = current;
     if (!ready(s, "mgpuEventSynchronize"))
         return;
+    if (is_stream(s, event)) {
+        CUresult r = mg_cu.cuStreamSynchronize(event);
+        if (r != CUDA_SUCCESS)
+            fail_on(s, event, r, "mgpuEventSynchronize: cuStreamSynchronize", "");
+        return;
+    }
     CUresult r = mg_cu.cuEventSynchronize(event);
     if (r != CUDA_SUCCESS)
         fail(s, r, "mgpuEventSynchronize: cuEventSynchronize", "");
@@ -599,6 +809,285 @@ static void mgpuMemset16(void *dst, uint16_t value, uint64_t count, void *stream
 }
 
 /* ------------------------------------------------------------------------ */
+/* Host memory for kernels: registration, lent arrays                        */
+
+/* The bytes a memref descriptor {allocated, aligned, offset, sizes[rank],
+ * strides[rank]} covers: its first element at *first, *bytes from there
+ * (0 when it is empty); -1 when its strides are negative. */
+static int memref_span(const int64_t *d, int64_t rank, int64_t element_bytes, char **first, size_t *bytes)
+{
+    int64_t last = 0;
+    *first = (char *)(intptr_t)d[1] + d[2] * element_bytes;
+    *bytes = 0;
+    for (int64_t k = 0; k < rank; k++) {
+        int64_t size = d[3 + k], stride = d[3 + rank + k];
+        if (size == 0)
+            return 0;
+        if (stride < 0)
+            return -1;
+        last += (size - 1) * stride;
+    }
+    *bytes = (size_t)((last + 1) * element_bytes);
+    return 0;
+}
+
+static host_range *find_range(mg_rt_state *s, const void *pointer, int lent)
+{
+    for (size_t i = 0; i < s->nranges; i++) {
+        host_range *r = &s->ranges[i];
+        const char *start = r->pointer;
+        if ((r->original != NULL) == lent && (const char *)pointer >= start && (const char *)pointer < start + r->bytes)
+            return r;
+    }
+    return NULL;
+}
+
+static int track_range(mg_rt_state *s, host_range range)
+{
+    if (RESERVE(s, ranges) < 0)
+        return -1;
+    s->ranges[s->nranges++] = range;
+    return 0;
+}
+
+/* Registration is by pages, and the driver refuses a range that overlaps one
+ * registered already: memory the program registers is rounded out to pages,
+ * the pages no earlier registration of the call covers are registered
+ * (`pinned`), and a pinned range is unregistered once no registered memory
+ * of the program lies on its pages. Two small allocations sharing a page are
+ * then registered and unregistered independently. */
+static uintptr_t page_size(void)
+{
+    static uintptr_t size;
+    if (size == 0) {
+        long got = sysconf(_SC_PAGESIZE);
+        size = got > 0 ? (uintptr_t)got : 4096;
+    }
+    return size;
+}
+
+static void page_span(const void *pointer, size_t bytes, uintptr_t *start, uintptr_t *end)
+{
+    uintptr_t page = page_size();
+    *start = (uintptr_t)pointer / page * page;
+    *end = ((uintptr_t)pointer + bytes + page - 1) / page * page;
+}
+
+/* The pinned range holding `at`, or NULL; else *next is where the next one starts (or `limit`). */
+static pinned_range *pinned_at(mg_rt_state *s, uintptr_t at, uintptr_t limit, uintptr_t *next)
+{
+    *next = limit;
+    for (size_t i = 0; i < s->npinned; i++) {
+        pinned_range *p = &s->pinned[i];
+        if (p->start <= at && at < p->end)
+            return p;
+        if (p->start > at && p->start < *next)
+            *next = p->start;
+    }
+    return NULL;
+}
+
+static void register_range(mg_rt_state *s, const char *what, void *pointer, size_t bytes)
+{
+    if (bytes == 0 || find_range(s, pointer, 1) != NULL)
+        return; /* an array lent to the call: device-accessible already */
+    if (track_range(s, (host_range){pointer, bytes, NULL, 0}) < 0) {
+        fail(s, CUDA_ERROR_OUT_OF_MEMORY, "mlirgpu runtime", "no host memory left to track a registration");
+        return;
+    }
+    uintptr_t at, end;
+    page_span(pointer, bytes, &at, &end);
+    while (at < end) {
+        uintptr_t next;
+        pinned_range *covered = pinned_at(s, at, end, &next);
+        if (covered != NULL) {
+            at = covered->end;
+            continue;
+        }
+        CUresult r = mg_cu.cuMemHostRegister((void *)at, next - at,
+                                             CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+        if (r == CUDA_SUCCESS) {
+            if (RESERVE(s, pinned) < 0) {
+                mg_cu.cuMemHostUnregister((void *)at);
+                fail(s, CUDA_ERROR_OUT_OF_MEMORY, "mlirgpu runtime", "no host memory left to track a registration");
+                return;
+            }
+            s->pinned[s->npinned++] = (pinned_range){at, next};
+        } else if (r != CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
+            /* Page-locked outside the call (pinned host memory) is left as it
+             * is; so is the driver's own memory (device, managed). */
+            CUmemorytype type;
+            if (mg_cu.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)at) != CUDA_SUCCESS) {
+                fail(s, r, what, "%zu bytes at %p", bytes, pointer);
+                return;
+            }
+        }
+        at = next;
+    }
+}
+
+/* Unregisters the pinned ranges no registered memory of the program lies on. */
+static void release_pins(mg_rt_state *s, const char *what)
+{
+    for (size_t i = 0; i < s->npinned;) {
+        pinned_range p = s->pinned[i];
+        int used = 0;
+        for (size_t j = 0; j < s->nranges && !used; j++) {
+            uintptr_t start, end;
+            page_span(s->ranges[j].pointer, s->ranges[j].bytes, &start, &end);
+            used = s->ranges[j].original == NULL && start < p.end && p.start < end;
+        }
+        if (used) {
+            i++;
+            continue;
+        }
+        s->pinned[i] = s->pinned[--s->npinned];
+        CUresult r = mg_cu.cuMemHostUnregister((void *)p.start);
+        if (r != CUDA_SUCCESS)
+            fail(s, r, what, "%p", (void *)p.start);
+    }
+}
+
+static void unregister_range(mg_rt_state *s, const char *what, void *pointer)
+{
+    if (find_range(s, pointer, 1) != NULL)
+        return;
+    for (size_t i = 0; i < s->nranges; i++) {
+        if (s->ranges[i].original != NULL || s->ranges[i].pointer != pointer)
+            continue;
+        s->ranges[i] = s->ranges[--s->nranges];
+        release_pins(s, what);
+        return;
+    }
+    fail(s, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, what, "%p was not registered by this call", pointer);
+}
+
+static void mgpuMemHostRegister(void *pointer, uint64_t bytes)
+{
+    mg_rt_state *s = current;
+    if (ready(s, "mgpuMemHostRegister"))
+        register_range(s, "mgpuMemHostRegister: cuMemHostRegister", pointer, (size_t)bytes);
+}
+
+static void mgpuMemHostUnregister(void *pointer)
+{
+    mg_rt_state *s = current;
+    if (ready(s, "mgpuMemHostUnregister"))
+        unregister_range(s, "mgpuMemHostUnregister: cuMemHostUnregister", pointer);
+}
+
+/* gpu.host_register of a memref (ranked, or unranked: the lowering passes
+ * the rank and the ranked descriptor either way). */
+static void mgpuMemHostRegisterMemRef(int64_t rank, int64_t *descriptor, int64_t element_bytes)
+{
+    mg_rt_state *s = current;
+    if (!ready(s, "mgpuMemHostRegisterMemRef"))
+        return;
+    char *first;
+    size_t bytes;
+    if (memref_span(descriptor, rank, element_bytes, &first, &bytes) < 0) {
+        fail(s, CUDA_ERROR_INVALID_VALUE, "mgpuMemHostRegisterMemRef", "a memref with negative strides");
+        return;
+    }
+    register_range(s, "mgpuMemHostRegisterMemRef: cuMemHostRegister", first, bytes);
+}
+
+static void mgpuMemHostUnregisterMemRef(int64_t rank, int64_t *descriptor, int64_t element_bytes)
+{
+    mg_rt_state *s = current;
+    if (!ready(s, "mgpuMemHostUnregisterMemRef"))
+        return;
+    char *first;
+    size_t bytes;
+    if (memref_span(descriptor, rank, element_bytes, &first, &bytes) == 0 && bytes > 0)
+        unregister_range(s, "mgpuMemHostUnregisterMemRef: cuMemHostUnregister", first);
+}
+
+void *mg_rt_lend(mg_rt_state *s, void *data, size_t bytes, int writable)
+{
+    if (!s->context_ready || s->failed || bytes == 0)
+        return data;
+    CUdeviceptr copy;
+    CUresult r = mg_cu.cuMemAllocManaged(&copy, bytes, CU_MEM_ATTACH_GLOBAL);
+    if (r != CUDA_SUCCESS) {
+        fail(s, r, "lending an array argument to the GPU: cuMemAllocManaged", "%zu bytes", bytes);
+        return data;
+    }
+    if (track_range(s, (host_range){(void *)(uintptr_t)copy, bytes, data, writable}) < 0) {
+        mg_cu.cuMemFree(copy);
+        fail(s, CUDA_ERROR_OUT_OF_MEMORY, "mlirgpu runtime", "no host memory left to lend an array");
+        return data;
+    }
+    memcpy((void *)(uintptr_t)copy, data, bytes);
+    s->used = 1;
+    return (void *)(uintptr_t)copy;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tensor maps (nvgpu.tma.create.descriptor)                                 */
+
+/* Bytes of an element of each CUtensorMapDataType up to TFLOAT32_FTZ. */
+static const int tensor_map_element_bytes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4};
+
+/* The tensor map of a memref (its rank and ranked descriptor), tiled in
+ * boxes of box[rank] elements (outermost first), in device memory freed at
+ * the end of the call. */
+static void *mgpuTensorMapEncodeTiledMemref(int64_t rank, int64_t *descriptor, int64_t data_type, int64_t interleave,
+                                            int64_t swizzle, int64_t l2_promotion, int64_t oob_fill, int64_t *box)
+{
+    mg_rt_state *s = current;
+    if (!ready(s, "mgpuTensorMapEncodeTiledMemref"))
+        return NULL;
+    const char *what = "mgpuTensorMapEncodeTiledMemref: cuTensorMapEncodeTiled";
+    if (rank < 1 || rank > 5 || data_type < 0 ||
+        data_type >= (int64_t)(sizeof tensor_map_element_bytes / sizeof *tensor_map_element_bytes)) {
+        fail(s, CUDA_ERROR_INVALID_VALUE, what, "rank %lld, data type %d: ranks 1 to 5 and the data types up to "
+             "TFLOAT32_FTZ are supported", (long long)rank, (int)data_type);
+        return NULL;
+    }
+    int64_t element = tensor_map_element_bytes[data_type];
+    /* The driver counts dimensions from the innermost. */
+    cuuint64_t dims[5], strides[5];
+    cuuint32_t boxes[5], element_strides[5];
+    for (int64_t i = 0; i < rank; i++) {
+        dims[i] = (cuuint64_t)descriptor[3 + rank - 1 - i];
+        boxes[i] = (cuuint32_t)box[rank - 1 - i];
+        element_strides[i] = 1;
+        if (i + 1 < rank)
+            strides[i] = (cuuint64_t)(descriptor[3 + rank + rank - 2 - i] * element);
+    }
+    void *address = (char *)(intptr_t)descriptor[1] + descriptor[2] * element;
+    CUtensorMap map;
+    CUresult r = mg_cu.cuTensorMapEncodeTiled(&map, (CUtensorMapDataType)data_type, (cuuint32_t)rank, address, dims,
+                                              strides, boxes, element_strides, (CUtensorMapInterleave)interleave,
+                                              (CUtensorMapSwizzle)swizzle, (CUtensorMapL2promotion)l2_promotion,
+                                              (CUtensorMapFloatOOBfill)oob_fill);
+    if (r != CUDA_SUCCESS) {
+        fail(s, r, what, "a rank-%lld memref at %p, data type %d, swizzle %d", (long long)rank, address,
+             (int)data_type, (int)swizzle);
+        return NULL;
+    }
+    /* Kernels take the map by its address in device memory. */
+    CUdeviceptr copy;
+    r = mg_cu.cuMemAlloc(&copy, sizeof map);
+    if (r != CUDA_SUCCESS) {
+        fail(s, r, "mgpuTensorMapEncodeTiledMemref: cuMemAlloc", "%zu bytes", sizeof map);
+        return NULL;
+    }
+    if (track_allocation(s, (void *)(uintptr_t)copy, sizeof map, 0) < 0) {
+        mg_cu.cuMemFree(copy);
+        fail(s, CUDA_ERROR_OUT_OF_MEMORY, "mlirgpu runtime", "no host memory left to track an allocation");
+        return NULL;
+    }
+    r = mg_cu.cuMemcpyHtoDAsync(copy, &map, sizeof map, NULL);
+    if (r == CUDA_SUCCESS)
+        r = mg_cu.cuStreamSynchronize(NULL);
+    if (r != CUDA_SUCCESS)
+        fail(s, r, "mgpuTensorMapEncodeTiledMemref: cuMemcpyHtoDAsync", "%zu bytes", sizeof map);
+    return (void *)(uintptr_t)copy;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The symbol table                                                          */
 
 static const struct {
@@ -623,6 +1112,12 @@ static const struct {
     {"mgpuMemcpy", (void *)mgpuMemcpy},
     {"mgpuMemset32", (void *)mgpuMemset32},
     {"mgpuMemset16", (void *)mgpuMemset16},
+    {"mgpuMemHostRegister", (void *)mgpuMemHostRegister},
+    {"mgpuMemHostUnregister", (void *)mgpuMemHostUnregister},
+    {"mgpuMemHostRegisterMemRef", (void *)mgpuMemHostRegisterMemRef},
+    {"mgpuMemHostUnregisterMemRef", (void *)mgpuMemHostUnregisterMemRef},
+    {"mgpuLaunchClusterKernel", (void *)mgpuLaunchClusterKernel},
+    {"mgpuTensorMapEncodeTiledMemref", (void *)mgpuTensorMapEncodeTiledMemref},
 };
 
 void *mg_rt_symbol(const char *name)
@@ -633,16 +1128,31 @@ void *mg_rt_symbol(const char *name)
     return NULL;
 }
 
+PyObject *mg_rt_names(void)
+{
+    size_t n = sizeof symbols / sizeof *symbols;
+    PyObject *names = PyTuple_New((Py_ssize_t)n);
+    for (size_t i = 0; names != NULL && i < n; i++) {
+        PyObject *name = PyUnicode_FromString(symbols[i].name);
+        if (name == NULL)
+            Py_CLEAR(names);
+        else
+            PyTuple_SET_ITEM(names, (Py_ssize_t)i, name);
+    }
+    return names;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Invocations                                                               */
 
-mg_rt_state *mg_rt_begin(int timeline)
+mg_rt_state *mg_rt_begin(const char *function, int timeline)
 {
     mg_rt_state *s = calloc(1, sizeof *s);
     if (s == NULL) {
         PyErr_NoMemory();
         return NULL;
     }
+    s->function = function;
     s->timeline = timeline;
     if (mg_cu_ensure_context() == 0) {
         s->context_ready = 1;
@@ -726,6 +1236,17 @@ int mg_rt_end(mg_rt_state *s, PyObject *timeline)
         mg_cu.cuEventDestroy(s->launches[i].start);
         mg_cu.cuEventDestroy(s->launches[i].end);
     }
+    for (size_t i = 0; i < s->nranges; i++) {
+        host_range *r = &s->ranges[i];
+        if (r->original == NULL)
+            continue;
+        if (!s->failed && r->writable)
+            memcpy(r->original, r->pointer, r->bytes);
+        mg_cu.cuMemFree((CUdeviceptr)(uintptr_t)r->pointer);
+    }
+    for (size_t i = 0; i < s->npinned; i++)
+        mg_cu.cuMemHostUnregister((void *)s->pinned[i].start);
+    mg_async_release_all();
     for (size_t i = 0; i < s->nallocations; i++)
         release(&s->allocations[i]);
     for (size_t i = 0; i < s->nevents; i++)
@@ -737,6 +1258,11 @@ int mg_rt_end(mg_rt_state *s, PyObject *timeline)
         PyErr_Restore(s->no_context[0], s->no_context[1], s->no_context[2]);
         s->no_context[0] = s->no_context[1] = s->no_context[2] = NULL;
         status = -1;
+    } else if (status == 0 && s->failed == FAILED_DRIVER && s->fault[0] != '\0') {
+        char detail[sizeof s->detail + sizeof s->fault + 320];
+        snprintf(detail, sizeof detail, "%s%s%s; the GPU context is lost: this process cannot use the GPU again "
+                 "(every later call raises this error), restart it", s->detail, s->detail[0] ? "; " : "", s->fault);
+        status = mg_cu_raise(s->code, s->what, detail);
     } else if (status == 0 && s->failed == FAILED_DRIVER) {
         status = mg_cu_raise(s->code, s->what, s->detail);
     }
@@ -748,6 +1274,9 @@ int mg_rt_end(mg_rt_state *s, PyObject *timeline)
     free(s->events);
     free(s->kernels);
     free(s->launches);
+    free(s->ranges);
+    free(s->pinned);
+    free(s->lasts);
     free(s);
     return status;
 }

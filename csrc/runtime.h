@@ -12,10 +12,18 @@
 #define MG_RUNTIME_H
 
 #include "module.h"
+#include <cuda.h>
 #include <stddef.h>
 
 /* The runtime function called `name`, or NULL. */
 void *mg_rt_symbol(const char *name);
+
+/* The names of the runtime's functions: a new tuple of str, or NULL. */
+PyObject *mg_rt_names(void);
+
+/* Fails the invocation running on this thread (if any) with `code`, naming
+ * `what`: for the other runtimes JIT'd code calls (async_runtime.h). */
+void mg_rt_fail_current(CUresult code, const char *what, const char *detail);
 
 /* Kernel modules belong to the engine whose global constructors load them
  * (mgpuModuleLoad): between mg_rt_adopt_begin(engine) and mg_rt_adopt_end(),
@@ -26,13 +34,25 @@ void mg_rt_adopt_begin(const void *owner);
 void mg_rt_adopt_end(void);
 void mg_rt_release_modules(const void *owner);
 
+/* What the driver's JIT reported (verbose info log) compiling the PTX of the
+ * modules of `owner` loaded so far, joined by newlines: a new str ('' when
+ * none was compiled from PTX), or NULL with an exception set. */
+PyObject *mg_rt_compiler_log(const void *owner);
+
 typedef struct mg_rt_state mg_rt_state;
 
-/* Starts an invocation on the calling thread (GIL held): makes the thread's
- * primary context current, or remembers why it cannot be (the first runtime
- * call then fails with that). With `timeline`, every launch is timed with a
- * pair of events. NULL with MemoryError set. */
-mg_rt_state *mg_rt_begin(int timeline);
+/* Starts an invocation of the host function `function` (a string that
+ * outlives the call, for messages) on the calling thread (GIL held): makes
+ * the thread's primary context current, or remembers why it cannot be (the
+ * first runtime call then fails with that). With `timeline`, every launch is
+ * timed with a pair of events. NULL with MemoryError set. */
+mg_rt_state *mg_rt_begin(const char *function, int timeline);
+
+/* Lends `bytes` of host memory at `data` (a NumPy argument) to the call:
+ * the pointer kernels and host code should use instead, a managed copy
+ * copied back to `data` at the end of a call that did not fail when
+ * `writable`. Without a context, or after a failure, `data` itself. */
+void *mg_rt_lend(mg_rt_state *state, void *data, size_t bytes, int writable);
 
 /* After the JIT'd function returned, without the GIL: waits for the device
  * work the invocation queued (a failure there is recorded). */

@@ -23,6 +23,8 @@
 #include <time.h>
 
 static size_t allocated;
+// Set by the emulated kernel `fault`: like a kernel's illegal address, every later wait and allocation reports it.
+static CUresult sticky;
 static const size_t TOTAL = (size_t)80 << 30;
 static __thread CUcontext current;
 typedef struct { double t; int recorded; } ev_t;
@@ -87,7 +89,8 @@ API CUresult cuGetErrorName(CUresult e, const char **s) {
     case 600: *s = "CUDA_ERROR_NOT_READY"; break; case 201: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
     case 900: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; break;
     case 901: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; break; case 906: *s = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"; break;
-    case 908: *s = "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"; break; case 401: *s = "CUDA_ERROR_ILLEGAL_STATE"; break;
+    case 908: *s = "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"; break; case 713: *s = "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"; break;
+    case 700: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; break; case 401: *s = "CUDA_ERROR_ILLEGAL_STATE"; break;
     default: *s = NULL; return 1; } return 0; }
 API CUresult cuGetErrorString(CUresult e, const char **s) { *s = "mock error text"; return 0; }
 static int device_count(void) { const char *n = getenv("FAKE_CUDA_DEVICES"); int c = n ? atoi(n) : 1; return c > 0 && c <= 8 ? c : 1; }
@@ -112,13 +115,13 @@ API CUresult cuCtxGetCurrent(CUcontext *c) { *c = current; return 0; }
 static CUcontext stack[16]; static __thread int depth;
 API CUresult cuCtxPushCurrent_v2(CUcontext c) { stack[depth++] = current; current = c; return 0; }
 API CUresult cuCtxPopCurrent_v2(CUcontext *c) { *c = current; current = stack[--depth]; return 0; }
-API CUresult cuCtxSynchronize(void) { CUresult r = unsafe(); if (r) return r; return current ? 0 : 201; }
+API CUresult cuCtxSynchronize(void) { CUresult r = unsafe(); if (r) return r; if (sticky) return sticky; return current ? 0 : 201; }
 API CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = TOTAL - allocated; *t = TOTAL; return 0; }
 // Live allocations and their devices, for cuPointerGetAttribute.
 typedef struct { CUdeviceptr p; size_t n; int device; } alloc_t;
 static alloc_t allocs[4096]; static int nallocs;
 API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
-    if (!current) return 201; if (n == 0) return 1; CUresult r = unsafe(); if (r) return r;
+    if (!current) return 201; if (sticky) return sticky; if (n == 0) return 1; CUresult r = unsafe(); if (r) return r;
     size_t *b = n < ((size_t)1 << 40) ? malloc(n + 16) : NULL; if (!b) return 2;
     b[0] = n; allocated += n; *p = (CUdeviceptr)(b + 2);
     if (nallocs < 4096) allocs[nallocs++] = (alloc_t){*p, n, context_device(current)};
@@ -144,7 +147,7 @@ API CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) {
 API CUresult cuMemFreeHost(void *p) {
     if (!current) return 201; CUresult r = unsafe(); if (r) return r;
     note("cuMemFreeHost ptr=%lu", H(p)); free(p); pinned_live--; return 0; }
-API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned f) { return cuMemAlloc_v2(p, n); }
+API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned f) { CUresult r = cuMemAlloc_v2(p, n); if (!r) note("cuMemAllocManaged ptr=%lu bytes=%zu", H(*p), n); return r; }
 API CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { memcpy((void *)d, (void *)s, n); return 0; }
 API CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream st) { for (size_t i = 0; i < n; i++) ((unsigned short *)d)[i] = v; return 0; }
 API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, CUstream st) { for (size_t i = 0; i < n; i++) ((unsigned *)d)[i] = v; return 0; }
@@ -163,7 +166,7 @@ API CUresult cuStreamDestroy_v2(CUstream s) {
     for (int i = 0; i < nstreams; i++) if (streams[i] == (st_t *)s) streams[i] = streams[--nstreams];
     note("cuStreamDestroy stream=%lu", H(s)); free(s); return 0; }
 API CUresult cuStreamSynchronize(CUstream s) {
-    note("cuStreamSynchronize stream=%lu", H(s)); CUresult r = legacy_use(s); if (r) return r;
+    note("cuStreamSynchronize stream=%lu", H(s)); if (sticky) return sticky; CUresult r = legacy_use(s); if (r) return r;
     st_t *st = lookup(s); if (st && st->capturing) { st->invalid = 1; return 900; } return 0; }
 API CUresult cuStreamQuery(CUstream s) { CUresult r = legacy_use(s); if (r) return r; st_t *st = lookup(s); if (st && st->capturing) { st->invalid = 1; return 900; } return 0; }
 API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned f) { note("cuStreamWaitEvent stream=%lu event=%lu flags=%u", H(s), H(e), f); return legacy_use(s); }
@@ -210,9 +213,13 @@ static CUresult load(CUmodule *m, const void *image, char *err, size_t errn) {
     note("cuModuleLoad module=%lu", H(md)); return 0; }
 API CUresult cuModuleLoadData(CUmodule *m, const void *image) { return load(m, image, NULL, 0); }
 API CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, CUjit_option *o, void **v) {
-    char *err = NULL; size_t errn = 0;
-    for (unsigned i = 0; i < n; i++) { if (o[i] == CU_JIT_ERROR_LOG_BUFFER) err = v[i]; if (o[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) errn = (size_t)(uintptr_t)v[i]; }
-    return load(m, image, err, errn); }
+    char *err = NULL, *info = NULL; size_t errn = 0, infon = 0;
+    for (unsigned i = 0; i < n; i++) { if (o[i] == CU_JIT_ERROR_LOG_BUFFER) err = v[i]; if (o[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) errn = (size_t)(uintptr_t)v[i];
+        if (o[i] == CU_JIT_INFO_LOG_BUFFER) info = v[i]; if (o[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES) infon = (size_t)(uintptr_t)v[i]; }
+    CUresult r = load(m, image, err, errn);
+    // The driver's info log, as its JIT words it.
+    if (!r && info && infon) snprintf(info, infon, "ptxas info    : Compiling entry function for 'sm_90'\nptxas info    : Used 12 registers");
+    return r; }
 API CUresult cuModuleUnload(CUmodule m) { note("cuModuleUnload module=%lu", H(m)); free(((mod_t *)m)->text); free(m); return 0; }
 API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     char pattern[80]; snprintf(pattern, sizeof pattern, ".entry %s(", name);
@@ -240,6 +247,28 @@ API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     op.nparams = param_count(((fn_t *)f)->name, p);
     for (int i = 0; i < op.nparams && i < 72; i++) memcpy(&op.params[i], p[i], 8);
     return submit(s, op); }
+// Cluster launches run as plain ones; the cluster shape goes to the log.
+API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **extra) {
+    for (unsigned i = 0; i < c->numAttrs; i++)
+        if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+            note("cuLaunchKernelEx cluster=%u,%u,%u", c->attrs[i].value.clusterDim.x, c->attrs[i].value.clusterDim.y, c->attrs[i].value.clusterDim.z);
+    return cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ, c->sharedMemBytes, c->hStream, p, extra); }
+// Host memory is device memory here: registration is only logged.
+API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) { note("cuMemHostRegister ptr=%lu bytes=%zu flags=%u", H(p), n, flags); return 0; }
+API CUresult cuMemHostUnregister(void *p) { note("cuMemHostUnregister ptr=%lu", H(p)); return 0; }
+// The map records what it was made from, for tests to read back through the kernel that gets it.
+API CUresult cuTensorMapEncodeTiled(CUtensorMap *m, CUtensorMapDataType type, cuuint32_t rank, void *address, const cuuint64_t *dims,
+                                    const cuuint64_t *strides, const cuuint32_t *box, const cuuint32_t *elementStrides, CUtensorMapInterleave interleave,
+                                    CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+    if (rank < 1 || rank > 5 || (uintptr_t)address % 16) return 1;
+    char line[512]; int n = snprintf(line, sizeof line, "cuTensorMapEncodeTiled type=%d rank=%u address=%lu dims=", (int)type, rank, H(address));
+    for (unsigned i = 0; i < rank; i++) n += snprintf(line + n, sizeof line - n, "%s%llu", i ? "," : "", (unsigned long long)dims[i]);
+    n += snprintf(line + n, sizeof line - n, " strides=");
+    for (unsigned i = 0; i + 1 < rank; i++) n += snprintf(line + n, sizeof line - n, "%s%llu", i ? "," : "", (unsigned long long)strides[i]);
+    n += snprintf(line + n, sizeof line - n, " box=");
+    for (unsigned i = 0; i < rank; i++) n += snprintf(line + n, sizeof line - n, "%s%u", i ? "," : "", box[i]);
+    note("%s swizzle=%d", line, (int)swizzle);
+    memset(m, 0, sizeof *m); memcpy(m, &address, sizeof address); return 0; }
 static void run_kernel(op_t *op) {
     void *p[72]; for (int i = 0; i < op->nparams; i++) p[i] = &op->params[i];
     const char *name = ((fn_t *)op->fn)->name; unsigned long long threads = op->threads;
@@ -268,5 +297,6 @@ static void run_kernel(op_t *op) {
         for (int64_t i = 0; i < n && i < (int64_t)threads; i++) a[i] = v; }
     else if (!strcmp(name, "twice")) { float *x = *(float **)p[1], *y = *(float **)p[6]; int64_t n = *(int64_t *)p[3];
         for (int64_t i = 0; i < n && i < (int64_t)threads; i++) y[i] = 2 * x[i]; }
+    else if (!strcmp(name, "fault")) sticky = 700;
     else if (!strcmp(name, "record_params")) { uint64_t *d = *(uint64_t **)p[0]; unsigned n = *(unsigned *)p[1]; for (unsigned i = 0; i < n; i++) memcpy(&d[i], p[i + 2], 8); }
 }

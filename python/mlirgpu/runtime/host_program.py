@@ -2,9 +2,11 @@
 
 A module whose host functions (`func.func`) use `gpu.alloc` (`host_shared`
 too), `gpu.memcpy`, `gpu.memset`, `gpu.dealloc`, `gpu.launch_func` (sync or
-`async` on tokens) and `gpu.wait`, next to the `gpu.module`s they launch, is
-lowered here and run by MLIR's ExecutionEngine (csrc/engine.c) with
-mlirgpu's mgpu* runtime (csrc/runtime.c) underneath:
+`async` on tokens, with clusters or not), `gpu.wait`, `gpu.host_register`,
+`nvgpu.tma.create.descriptor`, `async.execute` and the runner utilities'
+printing, next to the `gpu.module`s they launch, is lowered here and run by
+MLIR's ExecutionEngine (csrc/engine.c) with mlirgpu's mgpu* runtime
+(csrc/runtime.c) and runner utilities (csrc/runner_utils.c) underneath:
 
     prog = mg.HostProgram(text)                  # parsed, lowered, JIT-compiled: no GPU needed
     C = prog("test_parallel", A, B)              # NumPy arrays in, NumPy array(s) out
@@ -14,7 +16,8 @@ mlirgpu's mgpu* runtime (csrc/runtime.c) underneath:
 Stages, each kept for inspection: `gpu` (the module as given), `outlined` and
 `nvvm` (compiler.Compilation's), `lowered` (host code in the llvm dialect,
 kernels as a gpu.binary), `llvm_ir` (what the JIT compiles), `ptx` (the
-kernels). docs/design/host_runtime.md has the design.
+    kernels). Programs written above the gpu dialect get there through
+    `pipeline=`. docs/host_programs.md is the guide.
 """
 import hashlib
 import re
@@ -31,18 +34,70 @@ from .scalars import scalar_bytes
 
 __all__ = ["HostProgram"]
 
-# gpu-module-to-binary's format per `format=`: a cubin by the toolkit's ptxas
-# (mgpuModuleLoad), or PTX the driver compiles when it loads it (mgpuModuleLoadJIT).
-FORMATS = ("cubin", "ptx")
+# gpu-module-to-binary's format per `format=`: a cubin by the toolkit's ptxas,
+# a fatbin (the cubin and its PTX) by ptxas and fatbinary (both loaded with
+# mgpuModuleLoad), or PTX the driver compiles when it loads it (mgpuModuleLoadJIT).
+FORMATS = {"cubin": "bin", "fatbin": "fatbin", "ptx": "isa"}
 
-# The host half of MLIR's gpu-lower-to-nvvm-pipeline, after Compilation's nvvm
-# stage: math the host uses (intrinsics, else libm), then every gpu op to calls
-# of the mgpu* runtime.
-HOST_PIPELINE = "builtin.module(convert-math-to-llvm, convert-math-to-libm, gpu-to-llvm, reconcile-unrealized-casts)"
+# MLIR's gpu-lower-to-nvvm-pipeline converts nvgpu ops (TMA descriptors
+# captured by a gpu.launch among them) before it outlines kernels: in the
+# other order they reach a gpu.func signature, which cannot be lowered.
+PREPARE_PIPELINE = "builtin.module(convert-nvgpu-to-nvvm)"
+
+
+def async_pipeline(host_bare_pointers, kernel_bare_pointers):
+    """For programs that use the async dialect, the lowering after kernels are
+    outlined, in the order of MLIR's own async GPU tests: gpu ops inside
+    async.execute become async on streams of their own (gpu-async-region) and
+    are lowered to the mgpu* runtime (gpu-to-llvm) before async.execute is
+    lowered to coroutines over the async runtime (mlirgpu provides it)."""
+    options = (f"use-bare-pointers-for-host={str(host_bare_pointers).lower()} "
+               f"use-bare-pointers-for-kernels={str(kernel_bare_pointers).lower()}")
+    return ("builtin.module(convert-vector-to-scf, convert-scf-to-cf, convert-nvvm-to-llvm, expand-strided-metadata, "
+            "lower-affine, gpu.module(convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv="
+            f"{str(kernel_bare_pointers).lower()}}}, canonicalize, cse, reconcile-unrealized-casts), "
+            f"func.func(gpu-async-region), gpu-to-llvm{{{options}}}, reconcile-unrealized-casts, "
+            "async-to-async-runtime, async-runtime-ref-counting, convert-async-to-llvm, convert-func-to-llvm, "
+            "convert-arith-to-llvm, convert-index-to-llvm, convert-math-to-llvm, convert-math-to-libm, "
+            "convert-cf-to-llvm, finalize-memref-to-llvm, reconcile-unrealized-casts)")
+
+
+def host_pipeline(host_bare_pointers, kernel_bare_pointers):
+    """The host half of MLIR's gpu-lower-to-nvvm-pipeline, after Compilation's
+    nvvm stage: math the host uses (intrinsics, else libm), then every gpu op
+    to calls of the mgpu* runtime."""
+    options = (f"use-bare-pointers-for-host={str(host_bare_pointers).lower()} "
+               f"use-bare-pointers-for-kernels={str(kernel_bare_pointers).lower()}")
+    return (f"builtin.module(convert-math-to-llvm, convert-math-to-libm, gpu-to-llvm{{{options}}}, "
+            "reconcile-unrealized-casts)")
+
 
 ASYNC_HINT = ("\n(gpu-to-llvm lowers gpu.alloc, gpu.memcpy, gpu.memset and gpu.dealloc only when they are `async` "
               "with exactly one dependency, e.g. `%t1 = gpu.memcpy async [%t0] ...`; host_shared allocations "
               "are the exception: they take no dependency; gpu.memset takes 16- and 32-bit elements only)")
+
+# The runtime functions MLIR 22's GPU lowering can call that mlirgpu does not
+# provide, by the operation that calls them: the sparse linear algebra of
+# cuSPARSE and cuSPARSELt, and a default device set from inside a program.
+UNSUPPORTED = {
+    "mgpuSetDefaultDevice": "gpu.set_default_device",
+    "mgpuCreateDnVec": "gpu.create_dn_tensor", "mgpuCreateDnMat": "gpu.create_dn_tensor",
+    "mgpuCreateCuSparseLtDnMat": "gpu.create_dn_tensor",
+    "mgpuDestroyDnVec": "gpu.destroy_dn_tensor", "mgpuDestroyDnMat": "gpu.destroy_dn_tensor",
+    "mgpuCreateCoo": "gpu.create_coo", "mgpuCreateCooAoS": "gpu.create_coo_aos", "mgpuCreateCsr": "gpu.create_csr",
+    "mgpuCreateCsc": "gpu.create_csc", "mgpuCreateBsr": "gpu.create_bsr",
+    "mgpuCusparseLtCreate2To4SpMat": "gpu.create_2to4_spmat",
+    "mgpuDestroySpMat": "gpu.destroy_sp_mat", "mgpuDestroyCuSparseLtSpMat": "gpu.destroy_sp_mat",
+    "mgpuSpMVBufferSize": "gpu.spmv_buffer_size", "mgpuSpMV": "gpu.spmv",
+    "mgpuSpMMBufferSize": "gpu.spmm_buffer_size", "mgpuCuSparseLtSpMMBufferSize": "gpu.spmm_buffer_size",
+    "mgpuSpMM": "gpu.spmm", "mgpuCuSparseLtSpMM": "gpu.spmm",
+    "mgpuSDDMMBufferSize": "gpu.sddmm_buffer_size", "mgpuSDDMM": "gpu.sddmm",
+    "mgpuSpGEMMCreateDescr": "gpu.spgemm_create_descr", "mgpuSpGEMMDestroyDescr": "gpu.spgemm_destroy_descr",
+    "mgpuSpGEMMWorkEstimation": "gpu.spgemm_work_estimation_or_compute",
+    "mgpuSpGEMMCompute": "gpu.spgemm_work_estimation_or_compute",
+    "mgpuSpGEMMCopy": "gpu.spgemm_copy", "mgpuSpMatGetSize": "gpu.spmat_get_size",
+    "mgpuSetCsrPointers": "gpu.set_csr_pointers",
+}
 
 _STRIDED = re.compile(r"strided<\[([^\]]*)\](?:, offset: (\?|-?\d+))?>")
 
@@ -59,6 +114,22 @@ def _check_lowered(module):
         op = left[0]
         raise CompileError(f"host stage failed: {op.location}: '{op.name}' was not lowered to the llvm "
                            f"dialect{ASYNC_HINT if op.name.startswith('gpu.') else ''}")
+
+
+def _check_runtime(lowered, module):
+    """Every mgpu* function the lowered host code calls must be one the
+    runtime provides: else a CompileError naming the operation that needs it."""
+    provided = set(_mlirgpu.runtime_functions())
+    for op in lowered.body.operations:
+        if op.name != "llvm.func" or op.regions[0].blocks:
+            continue
+        symbol = op.get_attribute("sym_name").value
+        if not symbol.startswith("mgpu") or symbol in provided:
+            continue
+        needs = UNSUPPORTED.get(symbol)
+        where = next((f"{user.location}: " for user in module.walk() if user.name == needs), "")
+        raise CompileError(f"{where}'{needs or 'an operation'}' needs the GPU runtime function {symbol}, which "
+                           "mlirgpu does not provide")
 
 
 def _dtype(element_type):
@@ -97,6 +168,8 @@ class _MemRefSignature:
 
     def fits(self, shape, strides, itemsize):
         """Whether an array of `shape` and byte `strides` is this memref as it is."""
+        if 0 in shape:
+            return True   # no element: any strides describe it (NumPy may give an empty array zeros)
         if any(s % itemsize for s in strides):
             return False
         if self.strides is None:
@@ -147,12 +220,20 @@ class _Function:
 class HostProgram:
     """A module of host functions in the gpu dialect, lowered and JIT-compiled.
 
-    HostProgram(program, chip=None, *, format=None, opt_level=2): `program`
-    is MLIR text or an mlirgpu.ir.Module (cloned, never changed). `chip`
-    defaults to the current GPU's, else sm_90a. `format` is "cubin" (by
-    ptxas: see mlirgpu.compiler.toolkit) or "ptx" (the driver compiles the
-    PTX when the program first launches a kernel); the default is "cubin"
-    where ptxas is found, else "ptx". `opt_level` is the host JIT's (0..3).
+    HostProgram(program, chip=None, *, format=None, opt_level=2,
+    pipeline=None, ptxas_options=None, kernel_bare_pointers=False,
+    host_bare_pointers=False): `program` is MLIR text or an
+    mlirgpu.ir.Module (cloned, never changed). `chip` defaults to the current
+    GPU's, else sm_90a. `format` is "cubin" (by ptxas: see
+    mlirgpu.compiler.toolkit), "fatbin" (the cubin with its PTX) or "ptx"
+    (the driver compiles the PTX when the program first launches a kernel);
+    the default is "cubin" where ptxas is found, else "ptx". `opt_level` is
+    the host JIT's (0..3). `pipeline` is a pass pipeline (text) run first,
+    for programs written above the gpu dialect (linalg to parallel loops to
+    gpu.launch, transform schedules). `ptxas_options` (a string) go to
+    ptxas. The bare-pointer options are mlir-opt's
+    host-bare-ptr-calling-convention and kernel-bare-ptr-calling-convention
+    (kernels then take static shapes only).
 
     Everything is compiled here and needs no GPU: bad text or a module that
     does not verify raise MLIRError; a failing lowering stage raises
@@ -168,12 +249,20 @@ class HostProgram:
         print(prog.timeline)                        # [(kernel, stream, start_ms, end_ms), ...]
     """
 
-    def __init__(self, program, chip=None, *, format=None, opt_level=2):
+    def __init__(self, program, chip=None, *, format=None, opt_level=2, pipeline=None, ptxas_options=None,
+                 kernel_bare_pointers=False, host_bare_pointers=False):
         if format is None:
             format = "cubin" if toolkit.PTXAS else "ptx"
         if format not in FORMATS:
-            raise ValueError(f"format must be one of {FORMATS}, not {format!r}")
-        if format == "cubin" and toolkit.PTXAS is None:
+            raise ValueError(f"format must be one of {tuple(FORMATS)}, not {format!r}")
+        if pipeline is not None and not isinstance(pipeline, str):
+            raise TypeError(f"pipeline must be a pass pipeline (str), not {type(pipeline).__name__}")
+        if ptxas_options is not None and (not isinstance(ptxas_options, str) or any(c in ptxas_options for c in '"{}')):
+            raise ValueError(f"ptxas_options must be a string of options without quotes or braces, "
+                             f"not {ptxas_options!r}")
+        if ptxas_options and format == "ptx":
+            raise ValueError("ptxas_options need format='cubin' or 'fatbin' (with 'ptx' the driver compiles)")
+        if format != "ptx" and toolkit.PTXAS is None:
             raise CompileError(NO_PTXAS)
         if isinstance(program, str):
             module = ir.Module.parse(program)
@@ -185,6 +274,13 @@ class HostProgram:
         self.gpu = str(module)
         self.format = format
         self.timeline = None
+        if pipeline:
+            run_stage(module, "pipeline", pipeline)
+        # A transform script (run by the pipeline's transform-interpreter) is not part of the program.
+        for op in module.body.operations:
+            if op.name.startswith("transform."):
+                op.erase()
+        run_stage(module, "prepare", PREPARE_PIPELINE)
         self._functions = {}
         for op in module.body.operations:
             if op.name != "func.func" or not op.regions[0].blocks:
@@ -195,21 +291,41 @@ class HostProgram:
             name = op.get_attribute("sym_name").value
             self._functions[name] = _Function(name, op.get_attribute("function_type").value)
             op.set_attribute("llvm.emit_c_interface", ir.Attribute.unit(context=module.context))
-        # Kernels take memref descriptors, not bare pointers: dynamic shapes and
-        # strided layouts reach them as the host code has them.
-        self.compilation = Compilation(module, chip or default_chip(), bare_pointers=False)
-        lowered = ir.Module.parse(self.compilation.nvvm, context=module.context)
-        run_stage(lowered, "host", HOST_PIPELINE, ASYNC_HINT)
-        home = f" toolkit={toolkit.PTXAS.home}" if toolkit.PTXAS else ""
-        run_stage(lowered, "binary", "builtin.module(gpu-module-to-binary{format=%s%s})"
-             % ("bin" if format == "cubin" else "isa", home))
+        # Kernels take memref descriptors unless asked otherwise: dynamic shapes
+        # and strided layouts reach them as the host code has them.
+        self.compilation = Compilation(module, chip or default_chip(), bare_pointers=kernel_bare_pointers)
+        # The stages' modules themselves, cloned: their text does not always parse back (MLIR 22 prints a
+        # vector.print of a newline as a bare `vector.print`, which takes the next line's value as its own).
+        if any(op.name.startswith("async.") for op in module.walk()):
+            lowered = self.compilation._outlined.clone()
+            run_stage(lowered, "host", async_pipeline(host_bare_pointers, kernel_bare_pointers))
+        else:
+            lowered = self.compilation._nvvm.clone()
+            run_stage(lowered, "host", host_pipeline(host_bare_pointers, kernel_bare_pointers), ASYNC_HINT)
+        options = f"format={FORMATS[format]}"
+        if toolkit.PTXAS:
+            # ptxas, and libdevice (nvvm/libdevice) for the math functions, which every format links.
+            options += f" toolkit={toolkit.PTXAS.home}"
+        if ptxas_options:
+            options += f' opts="{ptxas_options}"'
+        run_stage(lowered, "binary", f"builtin.module(gpu-module-to-binary{{{options}}})")
         _check_lowered(lowered)
+        _check_runtime(lowered, module)
         self._lowered = lowered
-        self.engine = _engine((self.gpu, self.chip, format, opt_level), lowered, opt_level)
+        self.engine = _engine((self.gpu, self.chip, format, opt_level, pipeline, ptxas_options,
+                               kernel_bare_pointers, host_bare_pointers), lowered, opt_level)
 
     @property
     def chip(self):
         return self.compilation.target.chip
+
+    @property
+    def compiler_log(self):
+        """With format="ptx": what the driver's JIT reported compiling the
+        kernels (registers, spills, shared memory per kernel), once a call
+        loaded them; '' before. A cubin's ptxas log is not kept (ptxas_options
+        with "-v" has no log to show): use format="ptx" to read one."""
+        return self.engine.compiler_log
 
     @property
     def functions(self):
@@ -293,7 +409,7 @@ _engines = {}
 
 def _engine(source, lowered, opt_level):
     """The engine for `lowered`, shared by every build of `source` (the input
-    text, chip, format and opt_level, which determine `lowered`)."""
+    text, chip and build options, which determine `lowered`)."""
     key = hashlib.sha256(repr(source).encode()).hexdigest()
     engine = _engines.get(key)
     if engine is None:

@@ -1,0 +1,65 @@
+"""A crash inside MLIR or LLVM (a trap, a bad access) while passes run
+becomes a CompileError naming the pass, and the process goes on: other
+contexts compile and run as before, and a crash outside a pass still ends
+the process as it would without mlirgpu. The crash comes from a pass made
+for these tests, which raises SIGTRAP as a trap inside an MLIR pass does."""
+import subprocess
+import sys
+
+import pytest
+
+from checks import PYTHON_DIR
+
+SCRIPT = r'''
+import json, numpy as np, mlirgpu as mg
+from mlirgpu import ir
+from mlirgpu.ir.passes import PassManager
+out = {}
+program = "module { func.func @f(%x: memref<4xf32>) { return } }"
+for attempt in range(2):
+    try:
+        PassManager("canonicalize,cse")._run_then_crash(ir.Module.parse(program, context=ir.Context()))
+    except mg.CompileError as e:
+        out.setdefault("errors", []).append(str(e))
+# The process goes on: a host program in a fresh context compiles and runs.
+prog = mg.HostProgram("""
+module {
+  func.func @total(%x: memref<4xf32>) -> f32 {
+    %c0 = arith.constant 0 : index
+    %c1 = arith.constant 1 : index
+    %c4 = arith.constant 4 : index
+    %zero = arith.constant 0.0 : f32
+    %s = scf.for %i = %c0 to %c4 step %c1 iter_args(%acc = %zero) -> (f32) {
+      %v = memref.load %x[%i] : memref<4xf32>
+      %a = arith.addf %acc, %v : f32
+      scf.yield %a : f32
+    }
+    return %s : f32
+  }
+}""")
+out["total"] = float(prog("total", np.arange(4, dtype=np.float32)))
+print(json.dumps(out))
+'''
+
+
+def run(code, **kwargs):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": PYTHON_DIR, "PATH": "/usr/bin:/bin"}, **kwargs)
+
+
+def test_a_trap_inside_a_pass_is_a_compile_error_naming_it():
+    import json
+    done = run(SCRIPT)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(out["errors"]) == 2                     # caught each time, not only the first
+    for message in out["errors"]:
+        assert "MLIR crashed in pass 'MlirgpuCrashTest (mlirgpu-crash-test)'" in message
+        assert "of 'builtin.module(canonicalize,cse)'" in message and "SIGTRAP" in message
+    assert out["total"] == 6.0
+
+
+def test_a_crash_outside_a_pass_still_ends_the_process():
+    import signal
+    done = run("import os, signal, mlirgpu\nos.kill(os.getpid(), signal.SIGSEGV)")
+    assert done.returncode == -signal.SIGSEGV
