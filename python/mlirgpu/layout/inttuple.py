@@ -1,0 +1,196 @@
+"""Integer tuples: an integer, or a tuple of integer tuples.
+
+Shapes, strides and coordinates of a layout are integer tuples. These are
+the few functions on them that the layout algebra is written with; they are
+public because coordinates are integer tuples too.
+
+>>> product((2, (3, 4)))
+24
+>>> flatten(((2, 3), (4, (5, 6))))
+(2, 3, 4, 5, 6)
+"""
+import operator
+
+__all__ = [
+    "is_int",
+    "is_tuple",
+    "as_int_tuple",
+    "product",
+    "flatten",
+    "rank",
+    "depth",
+    "congruent",
+    "prefix_product",
+    "shape_div",
+    "idx2crd",
+    "crd2idx",
+]
+
+
+def is_int(x):
+    """True for an integer (bool excluded): `is_int(3)` is True, `is_int((3,))` False."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_tuple(x):
+    """True for a tuple: `is_tuple((2, 3))` is True, `is_tuple(2)` False."""
+    return isinstance(x, tuple)
+
+
+def as_int_tuple(x, what="value"):
+    """`x` as an integer tuple: lists become tuples, integer-like objects
+    (NumPy integers) become ints; anything else raises TypeError.
+
+    >>> as_int_tuple([2, [3, 4]])
+    (2, (3, 4))
+    """
+    if isinstance(x, (tuple, list)):
+        return tuple(as_int_tuple(e, what) for e in x)
+    if isinstance(x, bool):
+        raise TypeError(f"{what} must be an integer or a tuple of them, not bool")
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise TypeError(
+            f"{what} must be an integer or a (nested) tuple of integers, not {type(x).__name__}"
+        ) from None
+
+
+def product(t):
+    """The product of all integers in `t`: `product((2, (3, 4)))` is 24."""
+    if is_tuple(t):
+        result = 1
+        for e in t:
+            result *= product(e)
+        return result
+    return t
+
+
+def flatten(t):
+    """The integers of `t` in order, as one flat tuple: `flatten((2, (3, 4)))` is (2, 3, 4).
+    An integer flattens to a 1-tuple."""
+    if is_tuple(t):
+        return tuple(x for e in t for x in flatten(e))
+    return (t,)
+
+
+def rank(t):
+    """The number of top-level modes: `rank((2, (3, 4)))` is 2, `rank(5)` is 1."""
+    return len(t) if is_tuple(t) else 1
+
+
+def depth(t):
+    """The nesting depth: `depth(5)` is 0, `depth((2, 3))` is 1, `depth((2, (3, 4)))` is 2."""
+    if is_tuple(t):
+        return 1 + max((depth(e) for e in t), default=0)
+    return 0
+
+
+def congruent(a, b):
+    """True when `a` and `b` have the same tree structure:
+    `congruent((2, (3, 4)), (1, (2, 6)))` is True, `congruent((2, 3), 6)` False."""
+    if is_tuple(a) and is_tuple(b):
+        return len(a) == len(b) and all(congruent(x, y) for x, y in zip(a, b))
+    return not is_tuple(a) and not is_tuple(b)
+
+
+def prefix_product(shape, init=1):
+    """Column-major (compact, first mode fastest) strides for `shape`,
+    congruent with it: `prefix_product((2, (3, 4)))` is (1, (2, 6))."""
+    if is_tuple(shape):
+        result = []
+        for mode in shape:
+            result.append(prefix_product(mode, init))
+            init *= product(mode)
+        return tuple(result)
+    return init
+
+
+def shape_div(a, b):
+    """Divide shape `a` by `b` from the left, mode by mode: the shape that is
+    left of `a` after its first `b` elements (column-major).
+
+    >>> shape_div((4, 6), 8)
+    (1, 3)
+
+    Raises ValueError where a mode neither divides nor is divided by what is
+    left of `b`, since the result would not be a shape.
+    """
+    if is_tuple(a):
+        if is_tuple(b):
+            if len(a) != len(b):
+                raise ValueError(f"shape_div: {a} and {b} have different ranks")
+            return tuple(shape_div(x, y) for x, y in zip(a, b))
+        result = []
+        for mode in a:
+            result.append(shape_div(mode, b))
+            b = shape_div(b, product(mode))
+        return tuple(result)
+    if is_tuple(b):
+        return shape_div(a, product(b))
+    if a % b != 0 and b % a != 0:
+        raise ValueError(f"shape_div: {a} and {b} do not divide one another")
+    return (a + b - 1) // b
+
+
+def idx2crd(index, shape):
+    """The natural coordinate (congruent with `shape`) of a linear index, with
+    the first mode running fastest (column-major, as CuTe counts).
+
+    >>> idx2crd(7, (2, (3, 4)))
+    (1, (0, 1))
+
+    An index past the end carries on in the last mode, as `crd2idx` does.
+    """
+    if is_tuple(shape):
+        result = []
+        for i, mode in enumerate(shape):
+            if i == len(shape) - 1:
+                result.append(idx2crd(index, mode))
+            else:
+                n = product(mode)
+                result.append(idx2crd(index % n, mode))
+                index //= n
+        return tuple(result)
+    return index
+
+
+def crd2idx(coord, shape, stride=None):
+    """The index of a coordinate: the inner product of the natural coordinate
+    with `stride` (column-major strides of `shape` when omitted).
+
+    `coord` may be an integer (a linear index into `shape`), a natural
+    coordinate congruent with `shape`, or anything in between (an integer
+    for a whole sub-mode).
+
+    >>> crd2idx((1, 2), (4, 8), (8, 1))
+    10
+    >>> crd2idx(5, (2, 4))           # linear index 5 is coordinate (1, 2)
+    5
+    >>> crd2idx((1, 1), ((2, 2), 4), ((1, 4), 2))
+    3
+    """
+    if stride is None:
+        stride = prefix_product(shape)
+    if is_tuple(coord):
+        if not is_tuple(shape) or len(coord) != len(shape):
+            raise ValueError(f"coordinate {_fmt(coord)} does not match shape {_fmt(shape)}")
+        return sum(crd2idx(c, s, d) for c, s, d in zip(coord, shape, stride))
+    if is_tuple(shape):
+        result = 0
+        for i, (s, d) in enumerate(zip(shape, stride)):
+            if i == len(shape) - 1:
+                result += crd2idx(coord, s, d)
+            else:
+                n = product(s)
+                result += crd2idx(coord % n, s, d)
+                coord //= n
+        return result
+    return coord * stride
+
+
+def _fmt(t):
+    """CuTe's spelling of an integer tuple: (2,(3,4))."""
+    if is_tuple(t):
+        return "(" + ",".join(_fmt(e) for e in t) + ")"
+    return str(t)
