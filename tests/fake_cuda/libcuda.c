@@ -210,9 +210,40 @@ API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     if ((unsigned long long)bx * by * bz > 1024) return 1;
     note("cuLaunchKernel function=%s stream=%lu", ((fn_t *)f)->name, H(s));
     op_t op = {OP_LAUNCH, .fn = f, .threads = (unsigned long long)gx * gy * gz * bx * by * bz};
+    if (!strcmp(((fn_t *)f)->name, "tensor_map_first")) {  // a tensor map by value: its first 9 bytes
+        uint64_t where; memcpy(&where, p[0], 8);
+        note("tensor_map_first address=%lu swizzle=%d", (unsigned long)where, ((unsigned char *)p[0])[8]); }
     op.nparams = param_count(((fn_t *)f)->name, p);
     for (int i = 0; i < op.nparams && i < 72; i++) memcpy(&op.params[i], p[i], 8);
     return submit(s, op); }
+// The extended launch: the cluster shape is logged, the launch is cuLaunchKernel's.
+API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **extra) {
+    for (unsigned i = 0; i < c->numAttrs; i++)
+        if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+            note("cuLaunchKernelEx cluster=%u,%u,%u", c->attrs[i].value.clusterDim.x, c->attrs[i].value.clusterDim.y,
+                 c->attrs[i].value.clusterDim.z);
+    return cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                          c->sharedMemBytes, c->hStream, p, extra); }
+// A tensor map's arguments are logged; the map's bytes hold the address and
+// the swizzle, so that a test can see which map a launch passed.
+API CUresult cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType type, cuuint32_t rank, void *address,
+                                    const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box,
+                                    const cuuint32_t *element_strides, CUtensorMapInterleave interleave,
+                                    CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+    if ((uintptr_t)map % 64 || (uintptr_t)address % 16 || rank < 1 || rank > 5) return CUDA_ERROR_INVALID_VALUE;
+    char text[512]; int n = snprintf(text, sizeof text, "cuTensorMapEncodeTiled type=%d rank=%u address=%lu dims=",
+                                     (int)type, rank, H(address));
+    for (cuuint32_t i = 0; i < rank; i++) n += snprintf(text + n, sizeof text - n, "%s%llu", i ? "," : "", (unsigned long long)dims[i]);
+    n += snprintf(text + n, sizeof text - n, " strides=");
+    for (cuuint32_t i = 0; i + 1 < rank; i++) n += snprintf(text + n, sizeof text - n, "%s%llu", i ? "," : "", (unsigned long long)strides[i]);
+    n += snprintf(text + n, sizeof text - n, " box=");
+    for (cuuint32_t i = 0; i < rank; i++) n += snprintf(text + n, sizeof text - n, "%s%u", i ? "," : "", box[i]);
+    n += snprintf(text + n, sizeof text - n, " element_strides=");
+    for (cuuint32_t i = 0; i < rank; i++) n += snprintf(text + n, sizeof text - n, "%s%u", i ? "," : "", element_strides[i]);
+    note("%s interleave=%d swizzle=%d l2=%d oob=%d", text, (int)interleave, (int)swizzle, (int)l2, (int)oob);
+    memset(map, 0, sizeof *map);
+    uint64_t where = (uint64_t)(uintptr_t)address; memcpy(map, &where, 8); ((unsigned char *)map)[8] = (unsigned char)swizzle;
+    return 0; }
 static void run_kernel(op_t *op) {
     void *p[72]; for (int i = 0; i < op->nparams; i++) p[i] = &op->params[i];
     const char *name = ((fn_t *)op->fn)->name; unsigned long long threads = op->threads;

@@ -3,7 +3,8 @@
 The lowering is an ordered list of named stages, each kept for inspection:
 
     gpu       the module as given
-    outlined  gpu.launch bodies outlined into gpu.func kernels, the NVVM target attached
+    outlined  nvgpu converted to nvvm, gpu.launch bodies outlined into gpu.func kernels,
+              the NVVM target attached
     nvvm      device code in the NVVM and LLVM dialects
     llvm_ir   the LLVM IR that the NVPTX back end compiles
     ptx       PTX text
@@ -109,11 +110,15 @@ class Compilation:
         self.bare_pointers = bool(bare_pointers)
         self.gpu = str(module)
         t = self.target
-        self._outlined = run_stage(module.clone(), "outlined", "builtin.module(gpu-kernel-outlining, "
+        # nvgpu is converted before outlining, as MLIR's gpu-lower-to-nvvm-pipeline
+        # does: a TMA descriptor that a gpu.launch captures must already be an
+        # !llvm.ptr when it becomes a kernel parameter, or gpu.func cannot be legalized.
+        self._outlined = run_stage(module.clone(), "outlined", "builtin.module(convert-nvgpu-to-nvvm, "
+                              "gpu-kernel-outlining, "
                               f"nvvm-attach-target{{chip={t.chip} features={t.features} O={t.opt_level}}})")
         bare = "true" if self.bare_pointers else "false"
         self._nvvm = run_stage(self._outlined.clone(), "nvvm", ",".join([
-            "builtin.module(convert-nvgpu-to-nvvm", "convert-vector-to-scf", "convert-scf-to-cf",
+            "builtin.module(convert-vector-to-scf", "convert-scf-to-cf",
             "convert-nvvm-to-llvm", "convert-func-to-llvm", "expand-strided-metadata", "lower-affine",
             "convert-arith-to-llvm", "convert-index-to-llvm", "canonicalize", "cse",
             f"gpu.module(convert-gpu-to-nvvm{{use-bare-ptr-memref-call-conv={bare}}}, "
