@@ -21,6 +21,7 @@ the llvm dialect for the ExecutionEngine. docs/cpu.md has the design.
 import os
 
 from .. import ir
+from .._mlirgpu import CompileError
 from ..language import core as lang
 from ..language.target import Target
 
@@ -92,6 +93,10 @@ class HostTarget(Target):
 
     def index(self, op, axis):
         return lang.current_trace().host_indices[op, axis]
+
+    def require_gpu(self, what):
+        raise CompileError(f"{what} runs only on the GPU (the CPU backend has no TMA, mbarriers or wgmma): "
+                           f"use mg.set_backend('cuda')")
 
     def finish(self, module, state):
         # What the runtime needs besides the code: its string table and static shared bytes.

@@ -13,6 +13,7 @@ The lowering is an ordered list of named stages, each kept for inspection:
 Chip and PTX features are checked here, before LLVM runs: LLVM aborts the
 whole process on a PTX version that does not support the chip.
 """
+import linecache
 import os
 import re
 from functools import cached_property
@@ -20,6 +21,7 @@ from functools import cached_property
 from .. import ir
 from .. import _mlirgpu
 from .._mlirgpu import CompileError, MLIRError, PassManager, gpu_objects, llvm_bitcode_to_text
+from ..language.tma import GRID_CONSTANTS
 
 __all__ = ["CHIPS", "Compilation", "Target", "compile_cubin", "compile_ptx"]
 
@@ -84,6 +86,61 @@ def _check_module_targets(module):
             Target(chip.group(1) if chip else "sm_50", features.group(1) if features else None)
 
 
+# Operations a chip must have, checked before LLVM runs (its NVPTX back end
+# aborts the process on an instruction the chip lacks): name prefix -> (what
+# it is, the chips that have it).
+_ARCH_SPECIFIC = ("sm_90a",)
+_HOPPER_AND_LATER = ("sm_90", "sm_90a", "sm_100", "sm_100a", "sm_120", "sm_120a")
+CHIP_FEATURES = (
+    ("nvvm.wgmma.", "wgmma (warpgroup MMA)", _ARCH_SPECIFIC),
+    ("nvgpu.warpgroup.", "wgmma (warpgroup MMA)", _ARCH_SPECIFIC),
+    ("nvvm.setmaxregister", "setmaxnreg", ("sm_90a", "sm_100a", "sm_120a")),
+    ("nvvm.cp.async.bulk.", "TMA (cp.async.bulk)", _HOPPER_AND_LATER),
+    ("nvgpu.tma.", "TMA (cp.async.bulk)", _HOPPER_AND_LATER),
+    ("nvvm.mbarrier.arrive.expect_tx", "mbarrier expect-tx", _HOPPER_AND_LATER),
+    ("nvvm.mbarrier.try_wait", "mbarrier try-wait", _HOPPER_AND_LATER),
+    ("nvvm.fence.proxy", "fence.proxy", _HOPPER_AND_LATER),
+    ("nvvm.fence.mbarrier.init", "fence.mbarrier_init", _HOPPER_AND_LATER),
+    ("nvvm.cluster.", "thread-block clusters", _HOPPER_AND_LATER),
+    ("nvvm.read.ptx.sreg.cluster", "thread-block clusters", _HOPPER_AND_LATER),
+)
+
+
+def check_chip_features(module, chip):
+    """CompileError, at the line that wrote it, for the first operation
+    `chip` does not have (wgmma on sm_80, TMA on sm_89, ...)."""
+    for op in module.walk():
+        for prefix, what, chips in CHIP_FEATURES:
+            if op.name.startswith(prefix) and chip not in chips:
+                location = op.location
+                where = f"{location.filename}:{location.line}: " if location.filename else ""
+                source = linecache.getline(location.filename, location.line).strip() if location.filename else ""
+                error = CompileError(f"{where}{what} ({op.name}) needs {' or '.join(chips)}, not {chip}"
+                                     + (f"\n    {source}" if source else ""))
+                if location.filename:
+                    error.filename, error.lineno = location.filename, location.line
+                raise error
+
+
+_GRID_CONSTANT_ATTRS = "{llvm.align = 64 : i64, llvm.byval = !llvm.array<128 x i8>, nvvm.grid_constant}"
+
+
+def _grid_constant_parameters(module):
+    """Each llvm.func parameter listed in its GRID_CONSTANTS (the tensor maps
+    a kernel takes by value, CUDA's __grid_constant__ const CUtensorMap) becomes a
+    64-byte aligned, 128-byte byval grid constant: PTX `.param .align 64
+    .b8 p[128]`, its address taken with cvta.param for TMA."""
+    for op in module.walk():
+        if op.name != "llvm.func" or GRID_CONSTANTS not in op.attributes:
+            continue
+        listed = set(op.get_attribute(GRID_CONSTANTS).value)
+        count = len(op.regions[0].blocks[0].arguments)
+        attrs = ", ".join(_GRID_CONSTANT_ATTRS if i in listed else "{}" for i in range(count))
+        op.set_attribute("arg_attrs", ir.Attribute.parse(f"[{attrs}]"))
+        op.remove_attribute(GRID_CONSTANTS)
+    return module
+
+
 def run_stage(module, stage, pipeline, hint=""):
     """Runs `pipeline` on `module` in place and returns it; a failure is a
     CompileError naming the stage (and `hint`, what usually causes it)."""
@@ -107,6 +164,7 @@ class Compilation:
             raise TypeError(f"expected an mlirgpu.ir.Module, not {type(module).__name__}")
         self.target = Target(chip, features, opt_level)
         _check_module_targets(module)
+        check_chip_features(module, self.target.chip)
         self.bare_pointers = bool(bare_pointers)
         self.gpu = str(module)
         t = self.target
@@ -123,6 +181,7 @@ class Compilation:
             "convert-arith-to-llvm", "convert-index-to-llvm", "canonicalize", "cse",
             f"gpu.module(convert-gpu-to-nvvm{{use-bare-ptr-memref-call-conv={bare}}}, "
             "canonicalize, cse, reconcile-unrealized-casts))"]))
+        _grid_constant_parameters(self._nvvm)
 
     @cached_property
     def outlined(self):

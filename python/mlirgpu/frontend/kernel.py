@@ -3,7 +3,7 @@
     module = trace_kernel(function, rewritten, "sgemm", params, {"M": 256, ...})
 
 `params` gives each parameter's (name, shape, dtype), shape None for a
-scalar: sizes become the static shapes of the function's memrefs, and inside
+scalar (dtype mlirgpu.TensorMap for a tensor map taken by value): sizes become the static shapes of the function's memrefs, and inside
 the body each generic's name evaluates to its value (so `range(K)` has a
 constant bound and `mg.constant(1.0, dtype)` a concrete type).
 """
@@ -11,8 +11,9 @@ import linecache
 import re
 
 from .. import ir
-from .._mlirgpu import CompileError, MLIRError
+from .._mlirgpu import CompileError, MLIRError, TensorMap
 from ..language import core as lang
+from ..language import tma
 from ..language.target import Target
 from .trace import tracing
 
@@ -26,10 +27,16 @@ def trace_kernel(function, rewritten, name, params, generic_values, *, target=No
     location = ir.Location.file(rewritten[3], function.__code__.co_firstlineno, 0)
     with ir.Context.current():
         module = ir.Module.create(location=location)
-        types = [ir.Type.memref(shape, lang.ir_type(dtype)) if shape is not None else lang.ir_type(dtype)
+        types = [ir.Type.memref(shape, lang.ir_type(dtype)) if shape is not None else
+                 ir.Type.parse(tma.PARAMETER_TYPE) if dtype is TensorMap else lang.ir_type(dtype)
                  for _, shape, dtype in params]
-        body = target.kernel_function(module, name, types, location, attributes or {})
-        arguments = [lang.MemRef(a, dtype, shape, p) if shape is not None else lang.Scalar(a, dtype)
+        attributes = dict(attributes or {})
+        maps = [i for i, (_, _, dtype) in enumerate(params) if dtype is TensorMap]
+        if maps:
+            attributes[tma.GRID_CONSTANTS] = ir.Attribute.dense_i32_array(maps)
+        body = target.kernel_function(module, name, types, location, attributes)
+        arguments = [lang.MemRef(a, dtype, shape, p) if shape is not None else
+                     tma.TensorMapValue(a, p) if dtype is TensorMap else lang.Scalar(a, dtype)
                      for a, (p, shape, dtype) in zip(body.arguments, params)]
         with tracing(function, rewritten, generic_values, target=target) as trace, ir.InsertionPoint(body):
             target.bind_extra_arguments(trace, body.arguments[len(types):])

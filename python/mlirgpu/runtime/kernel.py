@@ -18,7 +18,7 @@ import inspect
 import numpy as np
 
 from .. import _mlirgpu, ir
-from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError
+from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError, TensorMap
 from ..frontend import rewrite as tracer
 from ..frontend.kernel import trace_kernel
 from ..language import core as lang
@@ -31,22 +31,28 @@ __all__ = ["kernel", "Kernel", "Specialization"]
 
 
 _SCALAR_ANNOTATIONS = {int: lang.i32, float: lang.f32, bool: lang.bool_}
+_DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use without asking
 
 
 class Parameter:
     def __init__(self, name, annotation):
         self.name = name
         if isinstance(annotation, MemRefType):
-            self.memref = annotation
+            self.memref, self.dtype = annotation, None
+        elif annotation is TensorMap:
+            self.memref, self.dtype = None, TensorMap
         elif annotation in _SCALAR_ANNOTATIONS:
             self.memref, self.dtype = None, _SCALAR_ANNOTATIONS[annotation]
         elif isinstance(annotation, DType) or is_symbol(annotation):
             self.memref, self.dtype = None, annotation
         else:
             raise CompileError(f"parameter {name!r} needs an annotation: mg.memref[...] for an array, a dtype "
-                               f"(or a dtype generic, int, float, bool) for a scalar; got {annotation!r}")
+                               f"(or a dtype generic, int, float, bool) for a scalar, mg.TensorMap for a "
+                               f"tensor map; got {annotation!r}")
 
     def symbols(self):
+        if self.memref is None and self.dtype is TensorMap:
+            return []
         entries = (self.memref.shape + (self.memref.dtype,)) if self.memref else (self.dtype,)
         return [e for e in entries if is_symbol(e)]
 
@@ -176,7 +182,11 @@ class Kernel(_mlirgpu.Dispatcher):
 
         scalars = []
         for p, arg in zip(self.parameters, args):
-            if p.memref is None:
+            if p.dtype is TensorMap:
+                if not isinstance(arg, TensorMap):
+                    raise LaunchError(f"parameter {p.name!r} is a tensor map: pass one made by mg.tensor_map, "
+                                      f"not {type(arg).__name__}")
+            elif p.memref is None:
                 scalars.append((p, arg))
             else:
                 shape, dtype = _array_shape_dtype(p.name, arg)
@@ -319,6 +329,7 @@ class Specialization(CompiledModule):
         super().__init__()
         self.kernel, self.values = kernel, values
         self._module = None
+        self._shared_limits = {}
 
     def __repr__(self):
         return f"<{self.kernel.__qualname__}[{', '.join(f'{k}={show(v)}' for k, v in self.values.items())}]>"
@@ -379,22 +390,27 @@ class Specialization(CompiledModule):
                 f"opt_level=3,bare_pointers=1,max_threads={kernel.max_threads},min_blocks={kernel.min_blocks}")
 
     def function_params(self):
-        return ["ptr" if shape is not None else dtype for _, shape, dtype in self._param_types()]
+        return ["ptr" if shape is not None else "tensormap" if dtype is TensorMap else dtype
+                for _, shape, dtype in self._param_types()]
 
-    def __call__(self, *args, grid, block, shared_mem=0, stream=None):
+    def __call__(self, *args, grid, block, shared_mem=0, stream=None, cluster=None):
         # Generics the arguments do not determine (tile sizes) take the specialization's values.
         bound = self.kernel.bind(args, unbound=self.values)
         diff = [f"{k}={show(v)} (specialized for {show(self.values[k])})" for k, v in bound.items()
                 if v != self.values[k]]
         if diff:
             raise LaunchError(f"the arguments do not match {self!r}: {', '.join(diff)}")
-        self.launch(args, grid, block, shared_mem, stream)
+        self.launch(args, grid, block, shared_mem, stream, cluster)
 
-    def launch(self, args, grid=None, block=None, shared_mem=0, stream=None):
-        """Launches with arguments already checked against this specialization."""
+    def launch(self, args, grid=None, block=None, shared_mem=0, stream=None, cluster=None):
+        """Launches with arguments already checked against this specialization;
+        `cluster=(x, y, z)` launches thread-block clusters of that shape."""
         if grid is None or block is None:
             raise LaunchError(f"launching {self.name} needs grid= and block=")
         if on_cpu():
+            if any(isinstance(a, TensorMap) for a in args) or cluster is not None:
+                raise LaunchError(f"{self.name} takes tensor maps or clusters, which only the GPU has: "
+                                  f"use mg.set_backend('cuda')")
             # The CPU backend runs the launch to completion: `stream` has nothing to order.
             cpu.run(self, [_host_view(p.name, a) if shape is not None else a
                            for (p, shape, _), a in zip(self._param_types(), args)], grid, block, shared_mem)
@@ -405,7 +421,14 @@ class Specialization(CompiledModule):
             args = list(args)
             for i, a in host:
                 args[i] = _mlirgpu.to_device(a, stream=stream)
-        function(*args, grid=grid, block=block, shared_mem=shared_mem, stream=stream)
+        if shared_mem > _DEFAULT_SHARED_LIMIT and self._shared_limits.get(id(function), 0) < shared_mem:
+            # Beyond 48 KB a kernel must be allowed its dynamic shared memory first.
+            function.set_max_dynamic_shared_memory(shared_mem)
+            self._shared_limits[id(function)] = shared_mem
+        if cluster is None:
+            function(*args, grid=grid, block=block, shared_mem=shared_mem, stream=stream)
+        else:
+            function(*args, grid=grid, block=block, shared_mem=shared_mem, stream=stream, cluster=cluster)
         for i, a in host:
             # NumPy arrays are copied in, and back after the launch.
             np.copyto(a, args[i].get(stream=stream))
