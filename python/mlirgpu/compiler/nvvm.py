@@ -92,11 +92,11 @@ def _check_module_targets(module):
 _ARCH_SPECIFIC = ("sm_90a",)
 _HOPPER_AND_LATER = ("sm_90", "sm_90a", "sm_100", "sm_100a", "sm_120", "sm_120a")
 CHIP_FEATURES = (
-    ("nvvm.wgmma.", "wgmma (warpgroup MMA)", _ARCH_SPECIFIC),
-    ("nvgpu.warpgroup.", "wgmma (warpgroup MMA)", _ARCH_SPECIFIC),
+    ("nvvm.wgmma.", "warpgroup MMA", _ARCH_SPECIFIC),
+    ("nvgpu.warpgroup.", "warpgroup MMA", _ARCH_SPECIFIC),
     ("nvvm.setmaxregister", "setmaxnreg", ("sm_90a", "sm_100a", "sm_120a")),
-    ("nvvm.cp.async.bulk.", "TMA (cp.async.bulk)", _HOPPER_AND_LATER),
-    ("nvgpu.tma.", "TMA (cp.async.bulk)", _HOPPER_AND_LATER),
+    ("nvvm.cp.async.bulk.", "TMA", _HOPPER_AND_LATER),
+    ("nvgpu.tma.", "TMA", _HOPPER_AND_LATER),
     ("nvvm.mbarrier.arrive.expect_tx", "mbarrier expect-tx", _HOPPER_AND_LATER),
     ("nvvm.mbarrier.try_wait", "mbarrier try-wait", _HOPPER_AND_LATER),
     ("nvvm.fence.proxy", "fence.proxy", _HOPPER_AND_LATER),
