@@ -209,12 +209,15 @@ def test_hopper_gemm_example_compiles(tmp_path):
         import hopper_gemm
     finally:
         sys.path.remove(EXAMPLES)
-    for config in (hopper_gemm.Config(256, 64, 4, "MN"), hopper_gemm.Config(128, 64, 6, "K")):
-        ptx = hopper_gemm.kernel_for(config, mg.bf16)[1000, 520, mg.f16].ptx("sm_90a")
-        assert f"wgmma.mma_async.sync.aligned.m64n{config.bn}k16.f32.bf16.bf16" in ptx
+    for config, dtype, out in ((hopper_gemm.Config(256, 64, 4, "MN"), mg.bf16, mg.f16),
+                               (hopper_gemm.Config(128, 64, 6, "K"), mg.bf16, mg.f32),
+                               (hopper_gemm.Config(256, 64, 3, "K"), mg.f16, mg.bf16)):
+        ptx = hopper_gemm.kernel_for(config, dtype)[1000, 520, out].ptx("sm_90a")
+        assert f"wgmma.mma_async.sync.aligned.m64n{config.bn}k16.f32.{dtype.name}.{dtype.name}" in ptx
         assert "setmaxnreg.dec.sync.aligned.u32" in ptx
         report = assemble(ptx, tmp_path)
-        assert "0 bytes spill stores" in report and "C7508" not in report
+        # No spills, setmaxnreg honoured (C7508), wgmmas not serialized (C7514).
+        assert "0 bytes spill stores" in report and "C7508" not in report and "C7514" not in report
 
 
 # --------------------------------------------------------------------------

@@ -93,15 +93,8 @@ def build(config, dtype):
         empty = mg.mbarrier.array(STAGES)
         wg = mg.warpgroup.index()
         t = mg.warpgroup.thread_index()
-        # Tiles in groups of GROUP_M rows, column after column inside a group:
-        # blocks running together share A's and B's panels in L2.
         rows, columns = C.shape
         tiles_m, tiles_n = -(-rows // BM), -(-columns // BN)
-        pid = mg.cast(mg.block_idx.x, mg.i32)
-        group_first = pid // (GROUP_M * tiles_n) * GROUP_M
-        group_rows = mg.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
-        m0 = (group_first + pid % group_rows) * BM
-        n0 = pid % (GROUP_M * tiles_n) // group_rows * BN
         k_tiles = (K + (BK - 1)) // BK
         if mg.thread_idx.x == 0:
             for s in mg.static_range(STAGES):
@@ -109,54 +102,83 @@ def build(config, dtype):
                 empty.init(s, 4 * CONSUMERS)  # one arrival per consumer warp
             mg.mbarrier.fence_init()
         mg.syncthreads()
+        # Persistent: each block takes tiles block_idx.x, + grid_dim.x, ...; the
+        # stages and their phases run on across tiles (`it` counts K slices).
         if wg == 0:
             mg.warpgroup.set_max_registers(PRODUCER_REGISTERS, increase=False)
             if t == 0:
-                for kt in range(k_tiles):
-                    s = kt % STAGES
-                    if kt >= STAGES:
-                        empty.wait(s, ((kt // STAGES) + 1) % 2)  # the consumers freed its last use
-                    full.arrive_expect_tx(s, STAGE_BYTES)
-                    a_at = first + s * STAGE
-                    b_at = a_at + BM * BK
-                    mg.tma.load(a_map, smem, (m0, kt * BK), full, s, offset=a_at)
-                    if B_MAJOR == "K":
-                        mg.tma.load(b_map, smem, (n0, kt * BK), full, s, offset=b_at)
-                    else:
-                        for j in mg.static_range(BN // 64):
-                            mg.tma.load(b_map, smem, (kt * BK, n0 + 64 * j), full, s, offset=b_at + j * 64 * BK)
+                it = mg.constant(0, mg.i32)
+                for tile in range(mg.block_idx.x, tiles_m * tiles_n, mg.grid_dim.x):
+                    # Tiles in groups of GROUP_M rows, column after column inside a
+                    # group: blocks running together share A's and B's panels in L2.
+                    pid = mg.cast(tile, mg.i32)
+                    group_first = pid // (GROUP_M * tiles_n) * GROUP_M
+                    group_rows = mg.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
+                    m0 = (group_first + pid % group_rows) * BM
+                    n0 = pid % (GROUP_M * tiles_n) // group_rows * BN
+                    for kt in range(k_tiles):
+                        s = it % STAGES
+                        if it >= STAGES:
+                            empty.wait(s, (it // STAGES + 1) % 2)  # the consumers freed its last use
+                        full.arrive_expect_tx(s, STAGE_BYTES)
+                        a_at = first + mg.cast(s, mg.index) * STAGE
+                        b_at = a_at + BM * BK
+                        mg.tma.load(a_map, smem, (m0, kt * BK), full, s, offset=a_at)
+                        if B_MAJOR == "K":
+                            mg.tma.load(b_map, smem, (n0, kt * BK), full, s, offset=b_at)
+                        else:
+                            for j in mg.static_range(BN // 64):
+                                mg.tma.load(b_map, smem, (kt * BK, n0 + 64 * j), full, s,
+                                            offset=b_at + j * 64 * BK)
+                        it = it + 1
         else:
             mg.warpgroup.set_max_registers(CONSUMER_REGISTERS, increase=True)
             half = (wg - 1) * 64  # this warpgroup's rows of the tile
             half_at = mg.cast(half, mg.index) * BK
-            acc = mg.wgmma.zeros(BN)
-            for kt in range(k_tiles):
-                s = kt % STAGES
-                full.wait(s, (kt // STAGES) % 2)
-                a_at = first + s * STAGE + half_at
-                b_at = first + s * STAGE + BM * BK
-                mg.wgmma.fence()
-                for kk in mg.static_range(BK // 16):
-                    a = mg.wgmma.descriptor(smem, A_TILE, offset=a_at, k_block=kk)
-                    b = mg.wgmma.descriptor(smem, B_TILE, offset=b_at, k_block=kk, major=B_MAJOR)
-                    acc = mg.wgmma.mma(acc, a, b, n=BN)
-                mg.wgmma.commit_group()
-                # The previous slice's wgmmas are done: free its stage.
-                mg.wgmma.wait_group(1)
-                if (kt > 0) & (t % 32 == 0):
-                    empty.arrive((kt + (STAGES - 1)) % STAGES)
-            mg.wgmma.wait_group(0)
-            row0 = m0 + half
-            inside = (m0 + BM <= rows) & (n0 + BN <= columns)
-            if inside:
-                for r in mg.static_range(BN // 2):
-                    row, col = mg.wgmma.accumulator_coordinates(r, t)
-                    C[row0 + row, n0 + col] = mg.cast(acc[r], C.dtype)
-            else:
-                for r in mg.static_range(BN // 2):
-                    row, col = mg.wgmma.accumulator_coordinates(r, t)
-                    if (row0 + row < rows) & (n0 + col < columns):
-                        C[row0 + row, n0 + col] = mg.cast(acc[r], C.dtype)
+            it = mg.constant(0, mg.i32)
+            for tile in range(mg.block_idx.x, tiles_m * tiles_n, mg.grid_dim.x):
+                pid = mg.cast(tile, mg.i32)
+                group_first = pid // (GROUP_M * tiles_n) * GROUP_M
+                group_rows = mg.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
+                m0 = (group_first + pid % group_rows) * BM
+                n0 = pid % (GROUP_M * tiles_n) // group_rows * BN
+                acc = mg.wgmma.zeros(BN)
+                for kt in range(k_tiles):
+                    s = it % STAGES
+                    full.wait(s, it // STAGES % 2)
+                    a_at = first + mg.cast(s, mg.index) * STAGE + half_at
+                    b_at = first + mg.cast(s, mg.index) * STAGE + BM * BK
+                    mg.wgmma.fence()
+                    for kk in mg.static_range(BK // 16):
+                        a = mg.wgmma.descriptor(smem, A_TILE, offset=a_at, k_block=kk)
+                        b = mg.wgmma.descriptor(smem, B_TILE, offset=b_at, k_block=kk, major=B_MAJOR)
+                        acc = mg.wgmma.mma(acc, a, b, n=BN)
+                    mg.wgmma.commit_group()
+                    # The previous slice's wgmmas are done: free its stage.
+                    acc = mg.wgmma.wait_group(1, acc)
+                    if (kt > 0) & (t % 32 == 0):
+                        empty.arrive((it + (STAGES - 1)) % STAGES)
+                    it = it + 1
+                acc = mg.wgmma.wait_group(0, acc)
+                if t % 32 == 0:
+                    empty.arrive((it + (STAGES - 1)) % STAGES)  # the tile's last slice
+                row0 = m0 + half
+                inside = (m0 + BM <= rows) & (n0 + BN <= columns)
+                if inside:
+                    for r in mg.static_range(0, BN // 2, 2):
+                        row, col = mg.wgmma.accumulator_coordinates(r, t)
+                        if columns % 2 == 0:
+                            # Values r and r + 1 are adjacent columns of one row: one paired store.
+                            mg.vstore(C, (row0 + row, n0 + col),
+                                      (mg.cast(acc[r], C.dtype), mg.cast(acc[r + 1], C.dtype)))
+                        else:
+                            C[row0 + row, n0 + col] = mg.cast(acc[r], C.dtype)
+                            C[row0 + row, n0 + col + 1] = mg.cast(acc[r + 1], C.dtype)
+                else:
+                    for r in mg.static_range(BN // 2):
+                        row, col = mg.wgmma.accumulator_coordinates(r, t)
+                        if (row0 + row < rows) & (n0 + col < columns):
+                            C[row0 + row, n0 + col] = mg.cast(acc[r], C.dtype)
 
     return hopper_gemm
 
@@ -205,7 +227,8 @@ def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None):
         C = mg.empty((M, N), out_dtype)
     a_map, b_map = maps or prepare(A, B, config)
     gemm = kernel_for(config, A.dtype)
-    grid = -(-N // config.bn) * -(-M // config.bm)
+    tiles = -(-N // config.bn) * -(-M // config.bm)
+    grid = min(tiles, mg.cuda.Device(mg.cuda.current_device()).multiprocessor_count)
     gemm[M, N, C.dtype](a_map, b_map, C, K, grid=grid, block=THREADS,
                         shared_mem=config.shared_bytes(A.dtype.itemsize), stream=stream)
     return C

@@ -12,7 +12,7 @@ shared memory, into an accumulator held in registers across its threads:
         b = mg.wgmma.descriptor(sB, B_TILE, k_block=k)
         acc = mg.wgmma.mma(acc, a, b, n=128)
     mg.wgmma.commit_group()
-    mg.wgmma.wait_group(0)
+    acc = mg.wgmma.wait_group(0, acc)                                # the accumulator, once written
 
 Descriptors are computed from layouts (mlirgpu.layout.wgmma.descriptor: the
 leading and stride byte offsets and the swizzle mode); a layout wgmma cannot
@@ -132,13 +132,32 @@ def commit_group():
     lang.emit("nvvm.wgmma.commit.group.sync.aligned")
 
 
-def wait_group(pending=0):
-    """Until at most `pending` (a Python int) committed groups are in flight."""
+def wait_group(pending=0, accumulator=None):
+    """Until at most `pending` (a Python int) committed groups are in flight.
+
+    Given the accumulator that those groups write, returns it as the wait's
+    result: code that reads the accumulator then depends on the wait, so the
+    compiler cannot move those reads (a conversion, a store, a register
+    copy) above it, where they would race with the tensor cores or make
+    ptxas serialize the wgmmas (its warning C7514)."""
     if not isinstance(pending, int) or isinstance(pending, bool) or not 0 <= pending <= 7:
         raise CompileError(f"mg.wgmma.wait_group takes a Python int from 0 to 7, not {pending!r}")
     lang.target().require_gpu("mg.wgmma")
-    lang.emit("nvvm.wgmma.wait.group.sync.aligned",
-              attributes={"group": ir.Attribute.integer(pending, ir.Type.integer(64))})
+    if accumulator is None:
+        lang.emit("nvvm.wgmma.wait.group.sync.aligned",
+                  attributes={"group": ir.Attribute.integer(pending, ir.Type.integer(64))})
+        return None
+    values = [lang.coerce(v, lang.f32, "a wgmma accumulator value") for v in accumulator]
+    struct = ir.Type.parse(f"!llvm.struct<({', '.join(['f32'] * len(values))})>")
+    # Each value in and out of the same register ("=f" tied to its input "N").
+    constraints = ",".join(["=f"] * len(values) + [str(i) for i in range(len(values))])
+    op = lang.emit("llvm.inline_asm", values, [struct], attributes={
+        "asm_string": ir.Attribute.string(f"wgmma.wait_group.sync.aligned {pending};"),
+        "constraints": ir.Attribute.string(constraints),
+        "has_side_effects": ir.Attribute.unit()})
+    return [lang.Scalar(lang.emit("llvm.extractvalue", [op.result], [ir.Type.f32()],
+                                  attributes={"position": ir.Attribute.dense_i64_array([i])}).result, lang.f32)
+            for i in range(len(values))]
 
 
 def accumulator_coordinates(register, lane_in_warpgroup):
