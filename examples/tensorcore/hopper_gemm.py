@@ -219,8 +219,11 @@ def prepare(A, B, config):
 
 
 def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None):
-    """C = A @ B on the GPU (A: M x K, B: K x N, or N x K with config.b_major == "K")."""
+    """C = A @ B on the GPU (A: M x K, B: K x N, or N x K with config.b_major == "K"); the
+    arrays are DeviceArrays or any CUDA array object (torch tensors too)."""
     config = config or CONFIGS[0]
+    A, B = mg.asarray(A), mg.asarray(B)
+    C = None if C is None else mg.asarray(C)
     M, K = A.shape
     N = B.shape[0] if config.b_major == "K" else B.shape[1]
     if C is None:
