@@ -12,7 +12,9 @@
  *
  * The other runtime calls of the host trace: mg_cpu_shared (the block's
  * shared memory), mg_cpu_shuffle (a warp-level barrier that exchanges one
- * value per lane), mg_cpu_printf_arg / mg_cpu_printf (formatted into a buffer
+ * value per lane), mg_cpu_warp_put / mg_cpu_warp_collective / mg_cpu_warp_get
+ * (the tensor-core collectives mma.sync and ldmatrix, at the same warp-level
+ * barrier), mg_cpu_printf_arg / mg_cpu_printf (formatted into a buffer
  * that goes to sys.stdout between blocks), mg_cpu_bounds_index /
  * mg_cpu_out_of_bounds (a failed bounds check: recorded, and the fiber never
  * resumes). */
@@ -38,6 +40,7 @@ extern _Thread_local jmp_buf *mg_fatal_target; /* ir.c: LLVM fatal errors longjm
 #define MG_CPU_WARP 32
 #define MG_CPU_MAX_ARGS 32      /* printf values, bounds-check indices */
 #define MG_CPU_ALIGN 64         /* of each shared memory region */
+#define MG_CPU_WARP_DATA 16     /* 64-bit words a lane gives a warp collective */
 
 /* ------------------------------------------------------------------------ */
 /* Fibers and the scheduler                                                  */
@@ -53,9 +56,14 @@ typedef struct {
     int32_t mode;     /* shuffle: MG_SHFL_* */
     int32_t offset;   /* shuffle: lane mask, delta or source lane */
     int64_t value;    /* shuffle: its value going in, then the one it reads */
+    int ndata;        /* collective: words given so far */
+    int64_t data[MG_CPU_WARP_DATA]; /* collective: its operands, then its results */
 } mg_fiber;
 
 enum { MG_SHFL_XOR, MG_SHFL_DOWN, MG_SHFL_UP, MG_SHFL_IDX };
+/* Warp collectives (mode >= MG_WARP_MMA_F16): mma.sync m16n8k16 f16/bf16 and
+ * m16n8k8 tf32; ldmatrix is MG_WARP_LDMATRIX | count (1, 2, 4) | 8 if .trans. */
+enum { MG_WARP_MMA_F16 = 16, MG_WARP_MMA_BF16 = 17, MG_WARP_MMA_TF32 = 18, MG_WARP_LDMATRIX = 32 };
 
 /* What mg_cpu_out_of_bounds records for the scheduler to raise. */
 typedef struct {
@@ -89,6 +97,7 @@ static struct {
 } sched;
 
 static size_t stack_stride(void) { return sched.page + MG_CPU_STACK; }
+static void thread_xyz(int t, const int64_t *bdim, long long xyz[3]);
 
 /* Grows the fiber pool to `n` (kept across launches: stacks are reused). */
 static int reserve_fibers(size_t n)
@@ -195,6 +204,164 @@ static void exchange(int first, int end)
             f->value = in[source];
         f->state = FIBER_READY;
     }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tensor-core collectives                                                   */
+
+/* The lane's operands go in one 64-bit word at a time, then it waits at the
+ * collective `mode` (a warp-level barrier like a shuffle's), then reads its
+ * results back word by word. */
+void mg_cpu_warp_put(int64_t bits)
+{
+    mg_fiber *f = &sched.fibers[sched.current];
+    if (f->ndata < MG_CPU_WARP_DATA)
+        f->data[f->ndata++] = bits;
+}
+
+void mg_cpu_warp_collective(int32_t mode, int32_t line)
+{
+    mg_fiber *f = &sched.fibers[sched.current];
+    f->state = FIBER_AT_SHUFFLE;
+    f->mode = mode;
+    f->line = line;
+    swapcontext(&f->context, &sched.scheduler);
+    f->ndata = 0;
+}
+
+int64_t mg_cpu_warp_get(int32_t k)
+{
+    return k >= 0 && k < MG_CPU_WARP_DATA ? sched.fibers[sched.current].data[k] : 0;
+}
+
+static float half_to_float(uint32_t h)
+{
+    uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, bits;
+    if (exponent == 0x1f) {
+        bits = sign | 0x7f800000u | (mantissa << 13); /* inf, nan */
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else {
+        float value = (float)mantissa * (1.0f / 16777216.0f); /* subnormal: mantissa * 2^-24 */
+        return sign ? -value : value;
+    }
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+static float bits_to_float(uint32_t bits)
+{
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* Element `i` (0 low, 1 high) of a register of the collective's input type. */
+static float element(int mode, uint32_t reg, int i)
+{
+    switch (mode) {
+    case MG_WARP_MMA_F16: return half_to_float(i ? reg >> 16 : reg & 0xffff);
+    case MG_WARP_MMA_BF16: return bits_to_float((i ? reg >> 16 : reg & 0xffff) << 16);
+    default: return bits_to_float(reg & 0xffffe000u); /* tf32: the top 19 bits */
+    }
+}
+
+/* mma.sync over the 32 lanes at `lanes`, with the PTX ISA's fragment layouts
+ * (groupID g = lane / 4, threadID_in_group t = lane % 4):
+ *   m16n8k16: a_i (row g + 8 * (i/2 % 2), col 2t + i%2 + 8 * (i/4)), two per register;
+ *             b_i (k 2t + i%2 + 8 * (i/2), col g), two per register;
+ *   m16n8k8 tf32: a_i (row g + 8 * (i%2), col t + 4 * (i/2)); b_i (k t + 4i, col g);
+ *   c_i and d_i (row g + 8 * (i/2), col 2t + i%2).
+ * Products are summed in double and rounded to f32 once. */
+static void mma(mg_fiber *lanes, int mode)
+{
+    int K = mode == MG_WARP_MMA_TF32 ? 8 : 16;
+    float A[16][16], B[16][8], C[16][8];
+    for (int lane = 0; lane < MG_CPU_WARP; lane++) {
+        const int64_t *d = lanes[lane].data;
+        int g = lane / 4, t = lane % 4;
+        for (int i = 0; i < (K == 16 ? 8 : 4); i++) {
+            uint32_t reg = (uint32_t)d[K == 16 ? i / 2 : i];
+            float value = element(mode, reg, K == 16 ? i % 2 : 0);
+            if (K == 16)
+                A[g + 8 * (i / 2 % 2)][2 * t + i % 2 + 8 * (i / 4)] = value;
+            else
+                A[g + 8 * (i % 2)][t + 4 * (i / 2)] = value;
+        }
+        for (int i = 0; i < (K == 16 ? 4 : 2); i++) {
+            uint32_t reg = (uint32_t)d[4 + (K == 16 ? i / 2 : i)];
+            float value = element(mode, reg, K == 16 ? i % 2 : 0);
+            if (K == 16)
+                B[2 * t + i % 2 + 8 * (i / 2)][g] = value;
+            else
+                B[t + 4 * i][g] = value;
+        }
+        for (int i = 0; i < 4; i++)
+            C[g + 8 * (i / 2)][2 * t + i % 2] = bits_to_float((uint32_t)d[6 + i]);
+    }
+    for (int lane = 0; lane < MG_CPU_WARP; lane++) {
+        int g = lane / 4, t = lane % 4;
+        for (int i = 0; i < 4; i++) {
+            int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+            double sum = C[row][col];
+            for (int k = 0; k < K; k++)
+                sum += (double)A[row][k] * (double)B[k][col];
+            float out = (float)sum;
+            uint32_t bits;
+            memcpy(&bits, &out, sizeof bits);
+            lanes[lane].data[i] = bits;
+        }
+    }
+}
+
+/* ldmatrix .x{count}: lanes 8j .. 8j+7 gave the addresses of matrix j's rows
+ * (8 contiguous 16-bit elements each). Lane l receives, per matrix, row l/4,
+ * columns 2 (l%4) and +1; with .trans, column l/4, rows 2 (l%4) and +1. */
+static void ldmatrix(mg_fiber *lanes, int count, int transpose)
+{
+    uint16_t m[4][8][8];
+    for (int j = 0; j < count; j++)
+        for (int r = 0; r < 8; r++)
+            memcpy(m[j][r], (const void *)(intptr_t)lanes[8 * j + r].data[0], sizeof m[j][r]);
+    for (int lane = 0; lane < MG_CPU_WARP; lane++)
+        for (int j = 0; j < count; j++) {
+            int row = lane / 4, col = 2 * (lane % 4);
+            uint32_t low = transpose ? m[j][col][row] : m[j][row][col];
+            uint32_t high = transpose ? m[j][col + 1][row] : m[j][row][col + 1];
+            lanes[lane].data[j] = low | high << 16;
+        }
+}
+
+/* Completes the collective of the warp starting at thread `first`; -1 with
+ * KernelError when not all 32 lanes are at the same collective. */
+static int collective(int first, int end, const int64_t *block, const int64_t *bdim, const char *source)
+{
+    mg_fiber *lanes = &sched.fibers[first];
+    int mode = lanes[0].mode;
+    for (int lane = 0; lane < MG_CPU_WARP; lane++) {
+        if (first + lane >= end || lanes[lane].state != FIBER_AT_SHUFFLE || lanes[lane].mode != mode) {
+            long long w[3];
+            thread_xyz(first, bdim, w);
+            mg_raise(mg_st->KernelError,
+                     "warp divergence at %s:%d: thread (%lld, %lld, %lld) of block (%lld, %lld, %lld) runs a "
+                     "warp-wide tensor-core operation (mma.sync, ldmatrix) on line %d, which needs all 32 lanes "
+                     "of its warp, but lane %d %s",
+                     source, (int)lanes[0].line, w[0], w[1], w[2], (long long)block[0], (long long)block[1],
+                     (long long)block[2], (int)lanes[0].line, lane,
+                     first + lane >= end ? "does not exist (the block is not a whole number of warps)"
+                     : lanes[lane].state == FIBER_AT_SHUFFLE ? "is at another warp operation"
+                                                             : "has returned");
+            return -1;
+        }
+    }
+    if (mode >= MG_WARP_LDMATRIX)
+        ldmatrix(lanes, mode & 7, (mode & 8) != 0);
+    else
+        mma(lanes, mode);
+    for (int lane = 0; lane < MG_CPU_WARP; lane++)
+        lanes[lane].state = FIBER_READY;
+    return 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -426,7 +593,15 @@ static int run_block(int n, const int64_t *block, const int64_t *bdim, const cha
                 other += sched.fibers[t].state == FIBER_AT_BARRIER;
             }
             if (shuffling && !other) {
-                exchange(first, end);
+                int lead = first;
+                while (sched.fibers[lead].state != FIBER_AT_SHUFFLE)
+                    lead++;
+                if (sched.fibers[lead].mode >= MG_WARP_MMA_F16) {
+                    if (collective(first, end, block, bdim, source) < 0)
+                        return -1;
+                } else {
+                    exchange(first, end);
+                }
                 progress = 1;
             }
         }
@@ -638,6 +813,9 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
         {"mg_cpu_barrier", (void *)mg_cpu_barrier},
         {"_mlir_ciface_mg_cpu_shared", (void *)_mlir_ciface_mg_cpu_shared},
         {"mg_cpu_shuffle", (void *)mg_cpu_shuffle},
+        {"mg_cpu_warp_put", (void *)mg_cpu_warp_put},
+        {"mg_cpu_warp_collective", (void *)mg_cpu_warp_collective},
+        {"mg_cpu_warp_get", (void *)mg_cpu_warp_get},
         {"mg_cpu_printf_arg", (void *)mg_cpu_printf_arg},
         {"mg_cpu_printf", (void *)mg_cpu_printf},
         {"mg_cpu_bounds_index", (void *)mg_cpu_bounds_index},

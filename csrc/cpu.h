@@ -17,10 +17,13 @@ void mg_cpu_barrier(int32_t line);
 
 /* The other calls of the host trace (docs/cpu.md): the block's shared memory
  * (0 static, 1 dynamic) as a memref<?xi8> through its C interface; a warp
- * shuffle; printf; a failed bounds check. */
+ * shuffle; the tensor-core collectives (mma.sync, ldmatrix); printf; a failed bounds check. */
 typedef struct mg_memref_1d mg_memref_1d;
 void _mlir_ciface_mg_cpu_shared(mg_memref_1d *result, int32_t which);
 int64_t mg_cpu_shuffle(int32_t mode, int64_t value, int32_t offset, int32_t line);
+void mg_cpu_warp_put(int64_t bits);
+void mg_cpu_warp_collective(int32_t mode, int32_t line);
+int64_t mg_cpu_warp_get(int32_t k);
 void mg_cpu_printf_arg(int64_t bits);
 void mg_cpu_printf(int32_t format);
 void mg_cpu_bounds_index(int64_t index, int64_t size);

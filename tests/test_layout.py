@@ -105,7 +105,7 @@ def test_mode_access_and_slicing():
         lay[2]
     assert L((4, 8), (8, 1))(None, 3) == L(4, 8)
     assert L((4, 8), (8, 1))(2, None) == L(8, 1)
-    assert lay(None, (1, None)) == L((4, 3), (1, 4))
+    assert lay(None, (1, None)) == lay([None, [1, None]]) == L((4, 3), (1, 4))
 
 
 def test_equality_and_hash():
@@ -199,6 +199,11 @@ def test_composition_that_is_not_a_layout():
         composition(L((3, 4), (1, 3 * 5)), L(2, 2))
     with pytest.raises(ValueError, match="do not split"):
         composition(L((4, 4), (1, 10)), L(6, 1))
+    # (2,2):(1,1) reaches 1 + 1 = 2 in a's first mode, whose extent is 2:
+    # a(2) is 10, not a(1) + a(1).
+    with pytest.raises(ValueError, match="reach past"):
+        composition(L((2, 2), (1, 10)), L((2, 2), (1, 1)))
+    assert composition(L(4, 1), L((2, 2), (1, 1))) == L((2, 2), (1, 1))
     with pytest.raises(TypeError):
         composition(L(4, 1), "4:1")
 
@@ -313,6 +318,12 @@ def test_swizzled_layout():
     assert sub(3, 1) == tile(3, 1)
     assert str(tile[1]) == "Sw<3,3,3> o 0 o 64:1"
     assert ComposedLayout(Swizzle(1, 0, 1), 2, L(2, 1)).indices() == [3, 2]
+    # Dividing a swizzled tile divides its layout; the swizzle still applies last.
+    for divide in (logical_divide, zipped_divide, tiled_divide, flat_divide):
+        tiles = divide(tile, (4, 16))
+        assert tiles == ComposedLayout(tile.outer, 0, divide(tile.inner, (4, 16)))
+    tiles = zipped_divide(tile, (4, 16))
+    assert tiles(0, (1, 2)) == tile(4, 32) and tiles((3, 5), (1, 3)) == tile(7, 53)
     with pytest.raises(TypeError):
         tile(None, 1)
 

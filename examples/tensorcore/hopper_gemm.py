@@ -237,6 +237,28 @@ def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None):
     return C
 
 
+_MAPS = {}
+
+
+def available():
+    """Whether the GPU backend's current device runs these kernels (sm_90a)."""
+    return mg.backend() == "cuda" and mg.cuda.Device(mg.cuda.current_device()).chip == "sm_90a"
+
+
+def launch(A, B, C, config=None, stream=None):
+    """C = A @ B (A: M x K, B: K x N, C: M x N, DeviceArrays or CUDA arrays of
+    C's type) with `config`; the tensor maps of A and B are made on the first
+    launch with these arrays and kept, as a library caches them."""
+    config = config or CONFIGS[0]
+    A, B = mg.asarray(A), mg.asarray(B)
+    key = (repr(config), A.ptr, A.shape, A.dtype, B.ptr, B.shape)
+    maps = _MAPS.get(key)
+    if maps is None:
+        # The arrays are kept with the maps: their memory cannot be reused under a key.
+        maps = _MAPS[key] = prepare(A, B, config) + (A, B)
+    return matmul(A, B, config=config, C=C, maps=maps[:2], stream=stream)
+
+
 def _inputs(M, N, K, dtype, b_major, seed=0):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((M, K), dtype=np.float32).astype(dtype.numpy)

@@ -14,13 +14,13 @@ Everything a user needs is exported here (see __all__).
 """
 from ._version import __version__
 from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event, InvalidObjectError,
-                       KernelError, LaunchError, MLIRError, Stream, TensorMap, bf16, bool_, dtype, f16, f32, f64, i8,
-                       i16, i32, i64, index, u8, u16, u32, u64)
+                       KernelError, LaunchError, MLIRError, Stream, TensorMap, bf16, bool_, dtype, f16, f32, f64,
+                       i8, i16, i32, i64, index, u8, u16, u32, u64)
 from . import cuda, ir, layout
 from .ir import passes
-from .language import (atomic, block_dim, block_idx, cast, constant, generics, grid_dim, math, memref,
-                       mbarrier, printf, range_, select, shared, static_range, syncthreads, thread_idx, tma,
-                       vload, vstore, warp, warpgroup, wgmma)
+from .language import (atomic, block_dim, block_idx, cast, constant, generics, grid_dim, math, mbarrier, memref,
+                       mma, printf, range_, select, shared, static_range, syncthreads, thread_idx, tma, vload,
+                       vstore, warp, warpgroup, wgmma)
 from .frontend import func
 from .compiler import Compilation, Target, compile_cubin, compile_ptx
 from .compiler.cache import cache_clear, cache_info
@@ -43,7 +43,7 @@ __all__ = [
     "kernel", "Kernel", "Specialization", "generics", "memref", "func", "vectorize", "autotune", "Autotuner",
     # inside kernels
     "thread_idx", "block_idx", "block_dim", "grid_dim", "constant", "cast", "select", "range_",
-    "static_range", "syncthreads", "printf", "vload", "vstore", "math", "atomic", "warp", "shared",
+    "static_range", "syncthreads", "printf", "vload", "vstore", "math", "atomic", "warp", "shared", "mma",
     # Hopper: tensor maps, TMA, mbarriers, warpgroup MMA, warpgroups and clusters; layouts
     "TensorMap", "tensor_map", "tma", "mbarrier", "wgmma", "warpgroup", "layout",
     # arrays, streams, graphs

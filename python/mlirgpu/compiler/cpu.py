@@ -9,6 +9,10 @@ module on first use:
     mg_cpu_barrier(line)                         mg.syncthreads()
     mg_cpu_shared(which) -> memref<?xi8>         the block's static (0) or dynamic (1) shared memory
     mg_cpu_shuffle(mode, bits, offset, line)     mg.warp.shfl_*: a warp-level barrier
+    mg_cpu_warp_put(bits), mg_cpu_warp_collective(mode, line), mg_cpu_warp_get(k)
+                                                 mg.mma.sync and mg.mma.ldmatrix: a lane's
+                                                 operands, the warp-level barrier that computes
+                                                 the collective, its results
     mg_cpu_printf_arg(bits), mg_cpu_printf(fmt)  mg.printf
     mg_cpu_bounds_index(i, size), mg_cpu_out_of_bounds(name, kind, line)
                                                  a failed bounds check
@@ -48,6 +52,9 @@ _RUNTIME = {
     "mg_cpu_barrier": (lambda: [_i32()], lambda: [], False),
     "mg_cpu_shared": (lambda: [_i32()], lambda: [ir.Type.parse("memref<?xi8>")], True),
     "mg_cpu_shuffle": (lambda: [_i32(), _i64(), _i32(), _i32()], lambda: [_i64()], False),
+    "mg_cpu_warp_put": (lambda: [_i64()], lambda: [], False),
+    "mg_cpu_warp_collective": (lambda: [_i32(), _i32()], lambda: [], False),
+    "mg_cpu_warp_get": (lambda: [_i32()], lambda: [_i64()], False),
     "mg_cpu_printf_arg": (lambda: [_i64()], lambda: [], False),
     "mg_cpu_printf": (lambda: [_i32()], lambda: [], False),
     "mg_cpu_bounds_index": (lambda: [_i64(), _i64()], lambda: [], False),
@@ -55,6 +62,8 @@ _RUNTIME = {
 }
 
 _SHUFFLE_MODES = {"xor": 0, "down": 1, "up": 2, "idx": 3}  # cpu.c's MG_SHFL_*
+_MMA_MODES = {"f16": 16, "bf16": 17, "tf32": 18}  # cpu.c's MG_WARP_MMA_*
+_LDMATRIX_MODE = 32  # cpu.c's MG_WARP_LDMATRIX
 
 
 def checks_from_environment():
@@ -123,6 +132,61 @@ class HostTarget(Target):
 
     def lane_id(self):
         return _linear_thread() % 32
+
+    # -- tensor cores: warp collectives of the runtime ----------------------
+    def mma_sync(self, kind, a, b, c):
+        # Each lane's registers go in as words; the runtime computes the
+        # warp's 16x8 product at the warp barrier (cpu.c: mma).
+        from ..language.mma import registers
+        dtype = lang.f32 if kind == "tf32" else (lang.f16 if kind == "f16" else lang.bf16)
+        for register in registers(a, dtype) + registers(b, dtype) + registers(c, lang.f32):
+            _call("mg_cpu_warp_put", [lang.cast(lang.cast(register, lang.u32), lang.u64)])
+        _call("mg_cpu_warp_collective", [_i32_constant(_MMA_MODES[kind]), _line()])
+        return [_from_bits(lang.Scalar(_call("mg_cpu_warp_get", [_i32_constant(i)])[0], lang.i64), lang.f32)
+                for i in range(4)]
+
+    def ldmatrix(self, memref, indices, count, transpose):
+        # The lane's row address goes in; the runtime reads the rows of all
+        # lanes at the warp barrier and hands each its registers.
+        from ..language.mma import unpack_pair
+        _call("mg_cpu_warp_put", [_address(memref, indices)])
+        _call("mg_cpu_warp_collective", [_i32_constant(_LDMATRIX_MODE | count | (8 if transpose else 0)), _line()])
+        values = []
+        for j in range(count):
+            bits = lang.Scalar(_call("mg_cpu_warp_get", [_i32_constant(j)])[0], lang.i64)
+            values.extend(unpack_pair(lang.cast(bits, lang.i32), memref.dtype))
+        return values
+
+    def async_copy(self, dst, dst_indices, src, src_indices, elements, valid):
+        # At once, element by element: by the time a wait_group could wait for
+        # it the copy is done, so commit_group and wait_group do nothing here.
+        def copy(zero):
+            self.check_access(dst, dst_indices, lang.STORE, elements)
+            if not zero:
+                self.check_access(src, src_indices, lang.LOAD, elements)
+            for e in range(elements):
+                d = [*dst_indices[:-1], dst_indices[-1] + e]
+                if zero:
+                    value = lang.constant(0, dst.dtype)
+                else:
+                    s = [*src_indices[:-1], src_indices[-1] + e]
+                    value = lang.Scalar(lang.emit("memref.load", [src.value, *s], [lang.ir_type(src.dtype)]).result,
+                                        src.dtype)
+                lang.emit("memref.store", [value, dst.value, *d])
+        if valid is None:
+            copy(False)
+            return
+        op = lang.emit("scf.if", [valid], [], regions=2)
+        for region, zero in zip(op.regions, (False, True)):
+            with ir.InsertionPoint(region.append_block()):
+                copy(zero)
+                lang.emit("scf.yield")
+
+    def async_commit(self):
+        pass
+
+    def async_wait(self, n):
+        pass
 
     def shared_memory_space(self):
         # Shared memory is ordinary memory: the runtime's per-block buffer.
@@ -225,6 +289,21 @@ def _linear_thread():
     x, y, z = (indices["gpu.thread_id", a] for a in "xyz")
     bx, by = indices["gpu.block_dim", "x"], indices["gpu.block_dim", "y"]
     return (z * by + y) * bx + x
+
+
+def _address(memref, indices):
+    """The address of memref[indices] as i64 (for the runtime to read)."""
+    rank = len(indices)
+    index = ir.Type.index()
+    base_type = ir.Type.parse(f"memref<{lang.ir_type(memref.dtype)}>")
+    metadata = lang.emit("memref.extract_strided_metadata", [memref.value],
+                         [base_type, index, *[index] * rank, *[index] * rank])
+    offset = lang.Scalar(metadata.results[1], lang.index)
+    for i, k in enumerate(indices):
+        offset = offset + k * lang.Scalar(metadata.results[2 + rank + i], lang.index)
+    pointer = lang.Scalar(lang.emit("memref.extract_aligned_pointer_as_index", [memref.value], [index]).result,
+                          lang.index)
+    return lang.cast(pointer + offset * memref.dtype.itemsize, lang.i64)
 
 
 def _shared_buffer(which):

@@ -21,6 +21,7 @@ from functools import cached_property
 from .. import ir
 from .. import _mlirgpu
 from .._mlirgpu import CompileError, MLIRError, PassManager, gpu_objects, llvm_bitcode_to_text
+from ..language import mma
 from ..language.tma import GRID_CONSTANTS
 
 __all__ = ["CHIPS", "Compilation", "Target", "compile_cubin", "compile_ptx"]
@@ -86,39 +87,50 @@ def _check_module_targets(module):
             Target(chip.group(1) if chip else "sm_50", features.group(1) if features else None)
 
 
+def _chip_number(chip):
+    return int(re.match(r"sm_(\d+)", chip).group(1))
+
+
+def _from(minimum):
+    """(allows(chip), what it needs) for an operation of `minimum` and every later chip."""
+    return (lambda chip: _chip_number(chip) >= _chip_number(minimum)), f"{minimum} or later"
+
+
+def _only(*chips):
+    """The same for operations of these chips only (the arch-specific sm_90a ones)."""
+    return (lambda chip: chip in chips), " or ".join(chips)
+
+
 # Operations a chip must have, checked before LLVM runs (its NVPTX back end
-# aborts the process on an instruction the chip lacks): name prefix -> (what
-# it is, the chips that have it).
-_ARCH_SPECIFIC = ("sm_90a",)
-_HOPPER_AND_LATER = ("sm_90", "sm_90a", "sm_100", "sm_100a", "sm_120", "sm_120a")
-CHIP_FEATURES = (
-    ("nvvm.wgmma.", "warpgroup MMA", _ARCH_SPECIFIC),
-    ("nvgpu.warpgroup.", "warpgroup MMA", _ARCH_SPECIFIC),
-    ("nvvm.setmaxregister", "setmaxnreg", ("sm_90a", "sm_100a", "sm_120a")),
-    ("nvvm.cp.async.bulk.", "TMA", _HOPPER_AND_LATER),
-    ("nvgpu.tma.", "TMA", _HOPPER_AND_LATER),
-    ("nvvm.mbarrier.arrive.expect_tx", "mbarrier expect-tx", _HOPPER_AND_LATER),
-    ("nvvm.mbarrier.try_wait", "mbarrier try-wait", _HOPPER_AND_LATER),
-    ("nvvm.fence.proxy", "fence.proxy", _HOPPER_AND_LATER),
-    ("nvvm.fence.mbarrier.init", "fence.mbarrier_init", _HOPPER_AND_LATER),
-    ("nvvm.cluster.", "thread-block clusters", _HOPPER_AND_LATER),
-    ("nvvm.read.ptx.sreg.cluster", "thread-block clusters", _HOPPER_AND_LATER),
+# aborts the process on an instruction the chip lacks): (operation name or
+# prefix, the namespace that emits it, (allows(chip), what it needs)).
+CHIP_OPERATIONS = tuple((name, "mg.mma", _from(chip)) for name, chip in mma.MIN_CHIP.items()) + (
+    ("nvvm.wgmma.", "mg.wgmma", _only("sm_90a")),
+    ("nvgpu.warpgroup.", "nvgpu warpgroup MMA", _only("sm_90a")),
+    ("nvvm.setmaxregister", "mg.warpgroup.set_max_registers", _only("sm_90a", "sm_100a", "sm_120a")),
+    ("nvvm.cp.async.bulk.", "mg.tma", _from("sm_90")),
+    ("nvgpu.tma.", "nvgpu TMA", _from("sm_90")),
+    ("nvvm.mbarrier.arrive.expect_tx", "mg.mbarrier", _from("sm_90")),
+    ("nvvm.mbarrier.try_wait", "mg.mbarrier", _from("sm_90")),
+    ("nvvm.fence.mbarrier.init", "mg.mbarrier", _from("sm_90")),
+    ("nvvm.fence.proxy", "mg.tma", _from("sm_90")),
+    ("nvvm.cluster.", "mg.warpgroup", _from("sm_90")),
+    ("nvvm.read.ptx.sreg.cluster", "mg.warpgroup", _from("sm_90")),
 )
 
 
-def check_chip_features(module, chip):
-    """CompileError, at the line that wrote it, for the first operation
-    `chip` does not have (wgmma on sm_80, TMA on sm_89, ...)."""
+def _check_chip_operations(module, chip):
+    """Operations the chip lacks would reach LLVM, which aborts the process
+    on them: a CompileError at the user's line of the first one instead."""
     for op in module.walk():
-        for prefix, what, chips in CHIP_FEATURES:
-            if op.name.startswith(prefix) and chip not in chips:
+        for prefix, what, (allows, needs) in CHIP_OPERATIONS:
+            if op.name.startswith(prefix) and not allows(chip):
                 location = op.location
                 where = f"{location.filename}:{location.line}: " if location.filename else ""
                 source = linecache.getline(location.filename, location.line).strip() if location.filename else ""
-                error = CompileError(f"{where}{what} ({op.name}) needs {' or '.join(chips)}, not {chip}"
+                error = CompileError(f"{where}{op.name} ({what}) needs {needs}; this kernel is compiled for {chip}"
                                      + (f"\n    {source}" if source else ""))
-                if location.filename:
-                    error.filename, error.lineno = location.filename, location.line
+                error.filename, error.lineno = location.filename, location.line
                 raise error
 
 
@@ -164,7 +176,7 @@ class Compilation:
             raise TypeError(f"expected an mlirgpu.ir.Module, not {type(module).__name__}")
         self.target = Target(chip, features, opt_level)
         _check_module_targets(module)
-        check_chip_features(module, self.target.chip)
+        _check_chip_operations(module, self.target.chip)
         self.bare_pointers = bool(bare_pointers)
         self.gpu = str(module)
         t = self.target

@@ -126,3 +126,66 @@ class Target:
 
     def finish(self, module, state):
         """Called once the kernel's module is traced."""
+
+    # -- the tensor-core operations of sm_80 (mg.mma) ----------------------
+    def mma_sync(self, kind, a, b, c):
+        """nvvm.mma.sync of the atom `kind` ("f16", "bf16", "tf32") on this
+        lane's fragments (Scalars in register order); D's 4 f32 values.
+        nvvm.mma.sync rather than nvgpu.mma.sync: MLIR 22's nvgpu op cannot
+        deduce the PTX types of bf16 operands. Inputs go as the op wants
+        them: f16 pairs as vector<2xf16>, bf16 pairs and tf32 values as i32."""
+        from .mma import registers
+        if kind == "f16":
+            pair = ir.Type.vector([2], ir.Type.f16())
+            a_regs, b_regs = ([lang.emit("vector.from_elements", [x[i], x[i + 1]], [pair]).result
+                               for i in range(0, len(x), 2)] for x in (a, b))
+        else:
+            dtype = lang.f32 if kind == "tf32" else lang.bf16
+            a_regs, b_regs = registers(a, dtype), registers(b, dtype)
+        k = 8 if kind == "tf32" else 16
+        attributes = {
+            "shape": ir.Attribute.parse(f"#nvvm.shape<m = 16, n = 8, k = {k}>"),
+            "layoutA": ir.Attribute.parse("#nvvm.mma_layout<row>"),
+            "layoutB": ir.Attribute.parse("#nvvm.mma_layout<col>"),
+            "multiplicandAPtxType": ir.Attribute.parse(f"#nvvm.mma_type<{kind}>"),
+            "multiplicandBPtxType": ir.Attribute.parse(f"#nvvm.mma_type<{kind}>"),
+            "operandSegmentSizes": ir.Attribute.dense_i32_array([len(a_regs), len(b_regs), len(c)]),
+        }
+        result = ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>")
+        d = lang.emit("nvvm.mma.sync", [*a_regs, *b_regs, *c], [result], attributes).result
+        return [lang.Scalar(lang.emit("llvm.extractvalue", [d], [ir.Type.f32()], {
+            "position": ir.Attribute.dense_i64_array([i])}).result, lang.f32) for i in range(4)]
+
+    def ldmatrix(self, memref, indices, count, transpose):
+        """nvgpu.ldmatrix: this lane's 2 * count elements, register by register."""
+        element = lang.ir_type(memref.dtype)
+        vector = ir.Type.vector([count, 2], element)
+        loaded = lang.emit("nvgpu.ldmatrix", [memref.value, *indices], [vector], {
+            "numTiles": ir.Attribute.integer(count, ir.Type.integer(32)),
+            "transpose": ir.Attribute.bool(transpose)}).result
+        return [lang.Scalar(lang.emit("vector.extract", [loaded], [element], {
+            "static_position": ir.Attribute.dense_i64_array([j, p])}).result, memref.dtype)
+            for j in range(count) for p in range(2)]
+
+    def async_copy(self, dst, dst_indices, src, src_indices, elements, valid):
+        """nvgpu.device_async_copy (cp.async; .cg, bypassing L1, for 16 bytes);
+        `valid` false: a source size of 0, which zero-fills."""
+        operands = [dst.value, *dst_indices, src.value, *src_indices]
+        attributes = {"dstElements": ir.Attribute.integer(elements, ir.Type.index())}
+        if valid is not None:
+            operands.append(lang.select(valid, lang.constant(elements, lang.index),
+                                        lang.constant(0, lang.index)))
+        if elements * dst.dtype.itemsize == 16:
+            attributes["bypassL1"] = ir.Attribute.unit()
+        attributes["operandSegmentSizes"] = ir.Attribute.dense_i32_array(
+            [1, len(dst_indices), 1, len(src_indices), 1 if valid is not None else 0])
+        lang.emit("nvgpu.device_async_copy", operands, [ir.Type.parse("!nvgpu.device.async.token")],
+                  attributes)
+
+    def async_commit(self):
+        # nvvm's op, not nvgpu's: nvgpu's groups are tokens, which a traced
+        # loop's iterations could not pass to one another.
+        lang.emit("nvvm.cp.async.commit.group")
+
+    def async_wait(self, n):
+        lang.emit("nvvm.cp.async.wait.group", attributes={"n": ir.Attribute.integer(n, ir.Type.integer(32))})

@@ -120,7 +120,8 @@ class Layout:
 
     @property
     def depth(self):
-        """How deeply the shape nests: 0 for an integer shape, 1 for a flat tuple."""
+        """How deeply the shape nests: `Layout(8).depth` is 0, `Layout((4, 8)).depth` 1,
+        `Layout(((2, 2), 4)).depth` 2."""
         return inttuple.depth(self._shape)
 
     # -- modes --------------------------------------------------------------
@@ -244,8 +245,14 @@ def _zero_none(coord):
     return coord
 
 
+def _tuples(coord):
+    if isinstance(coord, (tuple, list)):
+        return tuple(_tuples(c) for c in coord)
+    return coord
+
+
 def _slice(layout, coord):
-    coord = tuple(coord) if isinstance(coord, list) else coord
+    coord = _tuples(coord)
     if is_tuple(coord) and not is_tuple(layout.shape):
         raise ValueError(f"slice {coord!r} does not match shape {_fmt(layout.shape)}")
     as_int_tuple(_zero_none(coord), "coordinate")
@@ -417,7 +424,7 @@ def coalesce(layout, profile=None):
 
 def composition(a, b):
     """The layout R = a o b with R(c) = a(b(c)) for every coordinate c of b
-    (R has b's shape).
+    whose index b(c) lies in a's domain [0, a.size) (R has b's shape).
 
     >>> print(composition(Layout((6, 2), (8, 2)), Layout((4, 3), (3, 1))))
     ((2,2),3):((24,2),8)
@@ -431,8 +438,10 @@ def composition(a, b):
     `a` may be a `Swizzle` or a swizzled layout: the result is then a
     `ComposedLayout` that applies the swizzle last.
 
-    Raises ValueError when a o b is not a layout (b's strides or shape do not
-    divide a's modes).
+    Raises ValueError when a o b is not a layout: b's strides or extents do
+    not divide a's modes, or b's modes together reach past the end of one of
+    a's modes (their offsets would carry into the next mode, where a is not
+    linear).
     """
     from .swizzle import ComposedLayout, Swizzle
 
@@ -446,9 +455,27 @@ def composition(a, b):
     if is_tuple(b):
         return _by_mode(composition, a, b, "composition")
     b = _as_layout(b, "composition's second argument")
-    if is_tuple(b.shape):
-        return make_layout(*(composition(a, mode) for mode in b))
-    return _compose_mode(a, b.shape, b.stride)
+    flat = coalesce(a)
+    shapes = inttuple.flatten(flat.shape)
+    strides = inttuple.flatten(flat.stride)
+    # a o (b0, b1, ...) = (a o b0, a o b1, ...) only while a is additive over
+    # the sums of b's modes: the largest digit each mode of b puts in each of
+    # a's modes (all but the last, which runs on without bound) must add up
+    # below that mode's extent, or the sum carries into the next mode.
+    digits = [0] * len(shapes)
+    parts = [
+        _compose_mode(a, b, shapes, strides, s, d, digits)
+        for s, d in zip(inttuple.flatten(b.shape), inttuple.flatten(b.stride))
+    ]
+    for k in range(len(shapes) - 1):
+        if digits[k] >= shapes[k]:
+            raise ValueError(
+                f"composition {a} o {b}: the modes of {b} together reach past mode "
+                f"{shapes[k]}:{strides[k]} of {a}, so the result is not a layout"
+            )
+    if not is_tuple(b.shape):
+        return parts[0]
+    return Layout(_unflatten([p.shape for p in parts], b.shape), _unflatten([p.stride for p in parts], b.shape))
 
 
 def _by_mode(op, a, tiler, name):
@@ -459,23 +486,21 @@ def _by_mode(op, a, tiler, name):
     return make_layout(*modes)
 
 
-def _compose_mode(a, rest_shape, rest_stride):
-    """a o (rest_shape:rest_stride), both integers."""
-    if rest_stride == 0:
+def _compose_mode(a, b, shapes, strides, rest_shape, rest_stride, digits):
+    """a o (rest_shape:rest_stride), one integral mode of b, where a coalesces
+    to shapes:strides; adds to digits[k] the largest digit it puts in a's mode k."""
+    if rest_stride == 0 or rest_shape == 1:
         return Layout(rest_shape, 0)
-    flat = coalesce(a)
-    shapes = inttuple.flatten(flat.shape)
-    strides = inttuple.flatten(flat.stride)
     out_shape, out_stride = [], []
-    requested = f"{a} o {rest_shape}:{rest_stride}"
+    requested = f"{a} o {b}"
     # Walk a's modes from the fastest: the first rest_stride elements are
     # skipped, then rest_shape elements are taken, mode by mode; a's last
     # mode runs on without bound.
-    for s, d in zip(shapes[:-1], strides[:-1]):
+    for k, (s, d) in enumerate(zip(shapes[:-1], strides[:-1])):
         if rest_shape == 1:
             break
         if s % rest_stride != 0 and rest_stride % s != 0:
-            raise ValueError(f"composition {requested}: stride {rest_stride} does not divide mode {s}:{d}")
+            raise ValueError(f"composition {requested}: stride {rest_stride} does not divide mode {s}:{d} of {a}")
         next_shape = -(-s // rest_stride)
         next_stride = -(-rest_stride // s)
         if next_shape == 1:
@@ -483,14 +508,15 @@ def _compose_mode(a, rest_shape, rest_stride):
             continue
         taken = min(next_shape, rest_shape)
         if rest_shape % taken != 0:
-            raise ValueError(f"composition {requested}: {rest_shape} elements do not split at mode {s}:{d}")
+            raise ValueError(f"composition {requested}: {rest_shape} elements do not split at mode {s}:{d} of {a}")
         out_shape.append(taken)
         out_stride.append(rest_stride * d)
+        digits[k] += (taken - 1) * rest_stride
         rest_shape //= taken
         rest_stride = next_stride
-    if rest_shape != 1 or not out_shape:
+    if rest_shape != 1:
         out_shape.append(rest_shape)
-        out_stride.append(rest_stride * strides[-1] if rest_shape != 1 else 0)
+        out_stride.append(rest_stride * strides[-1])
     if len(out_shape) == 1:
         return Layout(out_shape[0], out_stride[0])
     return Layout(tuple(out_shape), tuple(out_stride))
@@ -587,12 +613,15 @@ def logical_divide(layout, tiler):
     ((2,2),(2,3)):((4,1),(2,8))
 
     With a tuple tiler the division is mode by mode (each mode i becomes
-    (tile, rest)), as for dividing a matrix into 2-D tiles:
+    (tile, rest)), as for dividing a matrix into 2-D tiles. A swizzled
+    layout divides its inner layout and keeps the swizzle outermost.
 
     >>> print(logical_divide(Layout((9, (4, 8)), (59, (13, 1))), (Layout(3, 3), Layout((2, 4), (1, 8)))))
     ((3,3),((2,4),(2,2))):((177,59),((13,2),(26,1)))
     """
     layout = _divisible(layout, "logical_divide")
+    if not isinstance(layout, Layout):
+        return _swizzled(layout, logical_divide(layout.inner, tiler))
     if is_tuple(tiler):
         return _by_mode(logical_divide, layout, tiler, "logical_divide")
     tiler = _as_layout(tiler, "tiler")
@@ -600,11 +629,18 @@ def logical_divide(layout, tiler):
 
 
 def _divisible(layout, name):
+    """A layout, or a swizzled layout: dividing S o L is S o (L divided)."""
     from .swizzle import ComposedLayout
 
     if isinstance(layout, ComposedLayout):
         return layout
     return _as_layout(layout, f"{name}'s layout")
+
+
+def _swizzled(composed, inner):
+    from .swizzle import ComposedLayout
+
+    return ComposedLayout(composed.outer, composed.offset, inner)
 
 
 def _zip_tiles(divided, tiler):
@@ -627,6 +663,9 @@ def zipped_divide(layout, tiler):
     """
     if is_tuple(tiler) and not all(is_int(t) or isinstance(t, Layout) for t in tiler):
         raise TypeError("zipped, tiled and flat divides take a tiler of layouts or integers, one per mode")
+    layout = _divisible(layout, "zipped_divide")
+    if not isinstance(layout, Layout):
+        return _swizzled(layout, zipped_divide(layout.inner, tiler))
     return _zip_tiles(logical_divide(layout, tiler), tiler)
 
 
@@ -636,6 +675,9 @@ def tiled_divide(layout, tiler):
     >>> print(tiled_divide(Layout((9, (4, 8)), (59, (13, 1))), (Layout(3, 3), Layout((2, 4), (1, 8)))))
     ((3,(2,4)),3,(2,2)):((177,(13,2)),59,(26,1))
     """
+    layout = _divisible(layout, "tiled_divide")
+    if not isinstance(layout, Layout):
+        return _swizzled(layout, tiled_divide(layout.inner, tiler))
     z = zipped_divide(layout, tiler)
     return make_layout(z[0], *z[1])
 
@@ -646,6 +688,9 @@ def flat_divide(layout, tiler):
     >>> print(flat_divide(Layout((9, (4, 8)), (59, (13, 1))), (Layout(3, 3), Layout((2, 4), (1, 8)))))
     (3,(2,4),3,(2,2)):(177,(13,2),59,(26,1))
     """
+    layout = _divisible(layout, "flat_divide")
+    if not isinstance(layout, Layout):
+        return _swizzled(layout, flat_divide(layout.inner, tiler))
     z = zipped_divide(layout, tiler)
     return make_layout(*z[0], *z[1])
 

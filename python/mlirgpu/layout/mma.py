@@ -29,8 +29,15 @@ def _coordinate(layout, rows, lane, value):
 
 
 class MMAAtom:
-    """One mma.sync instruction: its shape (M, N, K), types and the
-    thread-value layouts of its A (M x K), B (N x K) and C/D (M x N) fragments.
+    """One mma.sync instruction: `name` (the PTX mnemonic), `shape` (M, N, K),
+    the element types `a_type`, `b_type`, `c_type`, and the thread-value
+    layouts `a` (M x K tile), `b` (N x K) and `c` (M x N, also D's).
+
+    >>> atom = M16N8K8_TF32
+    >>> atom.shape, atom.a_tile, atom.b_tile, atom.c_tile
+    ((16, 8, 8), (16, 8), (8, 8), (16, 8))
+    >>> print(atom.b)
+    ((4,8),2):((8,1),32)
     """
 
     __slots__ = ("name", "shape", "a_type", "b_type", "c_type", "a", "b", "c")
@@ -43,30 +50,33 @@ class MMAAtom:
 
     @property
     def a_tile(self):
-        """(rows, columns) of A's tile: (M, K)."""
+        """(rows, columns) of A's tile: (M, K), (16, 16) for m16n8k16."""
         return (self.shape[0], self.shape[2])
 
     @property
     def b_tile(self):
-        """(rows, columns) of B's tile: (N, K)."""
+        """(rows, columns) of B's tile: (N, K), (8, 16) for m16n8k16."""
         return (self.shape[1], self.shape[2])
 
     @property
     def c_tile(self):
-        """(rows, columns) of C's and D's tile: (M, N)."""
+        """(rows, columns) of C's and D's tile: (M, N), (16, 8) for m16n8k16."""
         return (self.shape[0], self.shape[1])
 
     def a_coordinate(self, lane, value):
-        """(row, k) of A that register value `value` of `lane` holds."""
+        """(row, k) of A that register value `value` of `lane` holds:
+        `M16N8K16_F16.a_coordinate(5, 2)` is (9, 2)."""
         return _coordinate(self.a, self.shape[0], lane, value)
 
     def b_coordinate(self, lane, value):
         """(n, k) of B (row n of the N x K tile, i.e. column n of the
-        K x N matrix) that register value `value` of `lane` holds."""
+        K x N matrix) that register value `value` of `lane` holds:
+        `M16N8K16_F16.b_coordinate(5, 3)` is (1, 11)."""
         return _coordinate(self.b, self.shape[1], lane, value)
 
     def c_coordinate(self, lane, value):
-        """(row, column) of C/D that accumulator `value` of `lane` holds."""
+        """(row, column) of C/D that accumulator `value` of `lane` holds:
+        `M16N8K16_F16.c_coordinate(31, 3)` is (15, 7)."""
         return _coordinate(self.c, self.shape[0], lane, value)
 
     def __repr__(self):
@@ -89,7 +99,8 @@ M16N8K16_F16 = MMAAtom(
     b=Layout(((4, 8), (2, 2)), ((16, 1), (8, 64))),
     c=_C_16x8,
 )
-"""mma.sync m16n8k16 with f16 inputs and f32 (or f16) accumulators."""
+"""mma.sync m16n8k16 with f16 inputs and f32 (or f16) accumulators:
+`M16N8K16_F16.a(lane, i)` is the index of a_i of `lane` in the 16x16 A tile."""
 
 M16N8K16_BF16 = MMAAtom(
     "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
@@ -101,7 +112,8 @@ M16N8K16_BF16 = MMAAtom(
     b=M16N8K16_F16.b,
     c=_C_16x8,
 )
-"""mma.sync m16n8k16 with bf16 inputs and f32 accumulators (the f16 layouts)."""
+"""mma.sync m16n8k16 with bf16 inputs and f32 accumulators (the f16 layouts):
+`M16N8K16_BF16.a == M16N8K16_F16.a`."""
 
 M16N8K8_TF32 = MMAAtom(
     "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
@@ -115,11 +127,13 @@ M16N8K8_TF32 = MMAAtom(
     b=Layout(((4, 8), 2), ((8, 1), 32)),
     c=_C_16x8,
 )
-"""mma.sync m16n8k8 with tf32 inputs and f32 accumulators."""
+"""mma.sync m16n8k8 with tf32 inputs and f32 accumulators:
+`M16N8K8_TF32.a_coordinate(0, 1)` is (8, 0)."""
 
 
 class LdmatrixAtom:
-    """One ldmatrix.sync.aligned.m8n8.x{count}{.trans}.b16 instruction.
+    """One ldmatrix.sync.aligned.m8n8.x{count}{.trans}.b16 instruction
+    (attributes `count`, `transpose`, `tile`, `source`, `destination`).
 
     The 8x8 matrices it loads are laid out in a tile, matrix j at block
     (j % 2, j // 2) of 8x8 blocks: 8x8 for x1, 16x8 for x2, 16x16 for x4

@@ -11,7 +11,7 @@ asking for a figure raises ImportError saying what to install.
  0 |  0  1  2  3
  1 |  4  5  6  7
 """
-from .core import Layout
+from .core import Layout  # the docstrings' examples draw Layouts
 from .inttuple import as_int_tuple, product
 
 __all__ = ["grid", "tv_grid", "show", "show_tv", "layout_figure", "tv_figure"]
@@ -142,7 +142,8 @@ _PALETTE = ["#ffffff", "#e0e0e0", "#ffd8d8", "#d8ffd8", "#d8d8ff", "#ffffd0", "#
 
 
 def layout_figure(layout):
-    """A matplotlib Figure of the grid of indices of a rank-1 or rank-2 layout."""
+    """A matplotlib Figure of the grid of indices of a rank-1 or rank-2
+    layout, cells shaded by index modulo 8: `layout_figure(Layout((4, 8))).savefig("layout.png")`."""
     cells = _cells(layout)
     fig, ax = _pyplot_free_figure(len(cells), len(cells[0]))
     for r, row in enumerate(cells):
@@ -153,7 +154,8 @@ def layout_figure(layout):
 
 
 def tv_figure(tv_layout, tile_shape):
-    """A matplotlib Figure of a thread-value layout: cells labelled T#V#, coloured by thread."""
+    """A matplotlib Figure of a thread-value layout: cells labelled T#V#,
+    coloured by thread: `tv_figure(mma.M16N8K16_F16.c, (16, 8))`."""
     rows, cols = _tile_shape(tile_shape)
     cells = _tv_cells(tv_layout, (rows, cols))
     fig, ax = _pyplot_free_figure(rows, cols)

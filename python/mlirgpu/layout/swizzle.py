@@ -27,7 +27,8 @@ class Swizzle:
     15
 
     `bits`, `base` >= 0 and |shift| >= bits (so the bits read and the bits
-    changed do not overlap and the swizzle is its own inverse).
+    changed do not overlap and the swizzle is its own inverse). The three
+    are kept as the attributes `bits`, `base` and `shift`.
     """
 
     __slots__ = ("bits", "base", "shift")
@@ -84,6 +85,7 @@ class ComposedLayout:
     by `offset`, then passed through `outer` (a Swizzle or a Layout). Its
     shape, size and coordinates are inner's.
 
+    The three parts are the attributes `outer`, `offset` and `inner`.
     `composition(Swizzle(...), layout)` builds one with offset 0:
 
     >>> from mlirgpu.layout import composition, row_major
@@ -107,17 +109,17 @@ class ComposedLayout:
 
     @property
     def shape(self):
-        """The inner layout's shape."""
+        """The inner layout's shape: `ComposedLayout(Swizzle(1, 0, 1), 0, Layout((2, 4))).shape` is (2, 4)."""
         return self.inner.shape
 
     @property
     def size(self):
-        """The inner layout's size."""
+        """The inner layout's size: 8 for `ComposedLayout(Swizzle(1, 0, 1), 0, Layout((2, 4)))`."""
         return self.inner.size
 
     @property
     def rank(self):
-        """The inner layout's rank."""
+        """The inner layout's rank: 2 for `ComposedLayout(Swizzle(1, 0, 1), 0, Layout((2, 4)))`."""
         return self.inner.rank
 
     def __len__(self):
@@ -137,7 +139,11 @@ class ComposedLayout:
         return self.outer(self.offset + index)
 
     def indices(self):
-        """All indices, in column-major order of coordinates."""
+        """All indices, in column-major order of coordinates.
+
+        >>> ComposedLayout(Swizzle(1, 0, 1), 0, Layout(4, 1)).indices()
+        [0, 1, 3, 2]
+        """
         return [self(i) for i in range(self.size)]
 
     def __eq__(self, other):

@@ -35,8 +35,9 @@ SWIZZLES = {
     "64B": (2, 2, 64),
     "128B": (3, 1, 128),
 }
-"""The swizzle modes: the layout-type field (bits 62-63) and the width of a
-swizzled row in bytes (16 for interleave, the core matrix's row)."""
+"""The swizzle modes: the swizzle's bits, the layout-type field (bits 62-63)
+and the width of a swizzled row in bytes (16 for interleave, the core
+matrix's row): `SWIZZLES["128B"]` is (3, 1, 128)."""
 
 _FIELD_LIMIT = 1 << 14  # addresses and offsets are stored >> 4 in 14-bit fields
 
@@ -103,6 +104,10 @@ class Descriptor:
     2-bit field of bits 62-63; `k_offsets` are the byte offsets, from the
     tile's start, of each K-block one wgmma reads (32 bytes of K each): add
     one to the tile's address for the k-th instruction.
+
+    >>> d = descriptor(tile_layout((64, 32), 2, "64B"), 2)
+    >>> d.swizzle, d.layout_type, d.leading_byte_offset, d.stride_byte_offset, d.k_offsets
+    ('64B', 2, 16, 512, (0, 32))
     """
 
     __slots__ = ("swizzle", "major", "leading_byte_offset", "stride_byte_offset", "k_offsets")
@@ -116,11 +121,12 @@ class Descriptor:
 
     @property
     def layout_type(self):
-        """Bits 62-63: 0 interleave, 1 128B, 2 64B, 3 32B swizzle."""
+        """Bits 62-63: 0 interleave, 1 128B, 2 64B, 3 32B swizzle (`SWIZZLES[name][1]`)."""
         return SWIZZLES[self.swizzle][1]
 
     def encode(self, start_address, base_offset=0):
-        """The 64-bit descriptor for a tile at shared-memory byte address `start_address`."""
+        """The 64-bit descriptor for a tile at shared-memory byte address
+        `start_address` (a multiple of 16): see `encode`."""
         return encode(start_address, self.leading_byte_offset, self.stride_byte_offset, self.layout_type, base_offset)
 
     def __repr__(self):

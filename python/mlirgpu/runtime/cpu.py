@@ -24,7 +24,7 @@ __all__ = ["PIPELINE", "host_module", "lowered_module", "engine", "run"]
 
 
 # Runtime calls that switch fibers (or, for a failed bounds check, never return).
-_FIBER_CALLS = ("mg_cpu_barrier", "mg_cpu_shuffle", "mg_cpu_out_of_bounds")
+_FIBER_CALLS = ("mg_cpu_barrier", "mg_cpu_shuffle", "mg_cpu_warp_collective", "mg_cpu_out_of_bounds")
 
 
 def _cached(spec, attribute, checks, make):

@@ -1,0 +1,473 @@
+"""mg.mma: the warp-level tensor-core operations of sm_80 and later.
+
+    atom = mg.mma.M16N8K16_F16                  # mma.sync m16n8k16, f16 inputs, f32 accumulators
+    acc = mg.mma.zeros(atom)                    # this lane's 4 accumulators (f32)
+    a = mg.mma.ldmatrix(As, (row, col), 4)      # ldmatrix .x4: an A fragment (8 f16 values)
+    b = mg.mma.ldmatrix(Bs, (k, n), 4, transpose=True).select(0, 1, 4, 5)
+    acc = mg.mma.sync(atom, a, b, acc)          # acc += A (16x16) @ B (16x8)
+    mg.mma.cp_async(As, (r, c), A, (i, j), 16)  # 16 bytes global -> shared, asynchronously
+    mg.mma.commit_group(); mg.mma.wait_group(0)
+
+The instructions are warp collectives: all 32 lanes of a warp execute each
+one together, every lane holding a *fragment*, its share of the operand
+tile. Which element of the tile each value of each lane holds is the
+instruction's thread-value layout (mlirgpu.layout.mma: `atom.a`, `atom.b`,
+`atom.c` map (lane, value) to the element's index in the tile). A
+`Fragment` is a list of traced values that knows that layout; it is carried
+through traced loops and branches like any list of traced values, and
+`mg.mma.sync` checks that each operand's layout is the atom's.
+
+Atoms (mlirgpu.layout.mma's, whose `name` is the PTX instruction):
+
+    M16N8K16_F16   A 16x16 and B 16x8 of f16, C and D 16x8 of f32
+    M16N8K16_BF16  the same with bf16 inputs
+    M16N8K8_TF32   A 16x8 and B 8x8 of tf32 (f32 values; the tensor core reads
+                   their top 19 bits), C and D 16x8 of f32
+
+Tiles follow the PTX ISA's row.col form: A is M x K, B is given by its
+columns (an N x K tile, K fastest in each of its rows), C is M x N.
+
+ldmatrix loads 1, 2 or 4 8x8 matrices of 16-bit elements from shared
+memory. Lanes 8j .. 8j+7 give the addresses of the 8 rows of matrix j (each
+row 16 contiguous bytes, 16-byte aligned); with `transpose` the registers
+receive the matrices transposed. The fragment's layout treats the matrices
+as blocks of one tile, matrix j at block (j % 2, j // 2): .x4 gives exactly
+an A fragment of m16n8k16, and `.select` picks B fragments out of it.
+
+cp.async copies 4, 8 or 16 bytes from global to shared memory without
+passing through registers; `commit_group` closes the group of copies issued
+since the last one and `wait_group(n)` waits until at most n groups are
+still in flight. A copy with `valid` false reads nothing and fills its
+destination with zeros (the predication of a tile's edges).
+
+`tile(memref, layout)` indexes a 1-d shared array through a layout
+(mlirgpu.layout: a Layout, or a swizzled ComposedLayout): `t[r, c]` is
+memref[layout(r, c)], computed at trace time for Python ints and emitted as
+index arithmetic (multiplications, divisions, xors) for traced coordinates.
+
+They need sm_80 or later: compiling a kernel that uses one for an older
+chip raises CompileError at its line. On the CPU
+backend they run with the hardware's fragment semantics (the warp's lanes
+meet at a warp barrier, as for shuffles); cp.async copies there at once, so
+commit_group and wait_group have nothing left to wait for.
+"""
+from .. import ir
+from .._mlirgpu import CompileError
+from ..layout import ComposedLayout, Layout, Swizzle
+from ..layout.mma import M16N8K16_BF16, M16N8K16_F16, M16N8K8_TF32, MMAAtom
+from . import core as lang
+from .shared import SharedMemRef
+
+__all__ = ["M16N8K16_F16", "M16N8K16_BF16", "M16N8K8_TF32", "Fragment", "zeros", "fragment", "coordinate",
+           "sync", "ldmatrix", "cp_async", "commit_group", "wait_group", "tile", "Tile", "layout_index",
+           "MIN_CHIP"]
+
+#: The oldest chip each operation mg.mma emits compiles for; compiler.nvvm
+#: checks it. (PTX has ldmatrix from sm_75, but only from PTX 6.5, newer than
+#: the PTX 6.3 that mlirgpu targets on sm_75.)
+MIN_CHIP = {"nvvm.mma.sync": "sm_80", "nvgpu.ldmatrix": "sm_80", "nvgpu.device_async_copy": "sm_80",
+            "nvvm.cp.async.commit.group": "sm_80", "nvvm.cp.async.wait.group": "sm_80"}
+
+_WARP = 32
+_DTYPES = {"f16": lang.f16, "bf16": lang.bf16, "tf32": lang.f32, "f32": lang.f32}
+_OPERANDS = ("a", "b", "c")
+
+
+# ---------------------------------------------------------------------------
+# Fragments
+
+def _table(layout, rows):
+    """(lane, value) -> (row, col) of a thread-value layout over a column-major tile of `rows` rows."""
+    values = layout.size // _WARP
+    return tuple(tuple((layout(lane, v) % rows, layout(lane, v) // rows) for v in range(values))
+                 for lane in range(_WARP))
+
+
+def _normalized(table):
+    """The table moved to start at (0, 0): a fragment's layout does not depend on where its tile sits."""
+    row0 = min(r for lane in table for r, _ in lane)
+    col0 = min(c for lane in table for _, c in lane)
+    return tuple(tuple((r - row0, c - col0) for r, c in lane) for lane in table)
+
+
+class Fragment(list):
+    """A lane's share of a tile: a list of traced values whose thread-value
+    layout (`coordinates[lane][value]` is the (row, col) of the tile that
+    value of that lane holds) is a property of its class. Indexing,
+    assignment and iteration are a list's; `select` picks values."""
+
+    coordinates = None  # per lane, per value: (row, col)
+    dtype = None
+    description = "a fragment"
+
+    def select(self, *values):
+        """The fragment of the values at positions `values`, in that order,
+        with their layout (moved so its tile starts at (0, 0))."""
+        if any(not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < len(self) for v in values):
+            raise CompileError(f"Fragment.select takes positions 0..{len(self) - 1} (Python ints), got {values}")
+        table = tuple(tuple(lane[v] for v in values) for lane in self.coordinates)
+        kind = fragment_type(_normalized(table), self.dtype, f"values {list(values)} of {self.description}")
+        return kind(self[v] for v in values)
+
+    def __repr__(self):
+        return f"<{self.description}: {len(self)} traced {self.dtype.name} values>"
+
+
+_TYPES = {}
+
+
+def fragment_type(table, dtype, description):
+    """The Fragment class of a layout table and dtype (one class per layout,
+    so a fragment carried through a traced loop keeps it)."""
+    key = (table, dtype)
+    kind = _TYPES.get(key)
+    if kind is None:
+        kind = _TYPES[key] = type("Fragment", (Fragment,), {
+            "coordinates": table, "dtype": dtype, "description": description, "__slots__": ()})
+    return kind
+
+
+def _atom_table(atom, operand):
+    rows = {"a": atom.a_tile, "b": atom.b_tile, "c": atom.c_tile}[operand][0]
+    return _normalized(_table(getattr(atom, operand), rows))
+
+
+def _atom_fragment_type(atom, operand):
+    dtype = _DTYPES[{"a": atom.a_type, "b": atom.b_type, "c": atom.c_type}[operand]]
+    return fragment_type(_atom_table(atom, operand), dtype, f"the {operand.upper()} fragment of {atom.name}")
+
+
+def _check_atom(atom):
+    if not isinstance(atom, MMAAtom) or atom.name not in _KINDS:
+        raise CompileError(f"not an mma.sync atom: {atom!r}; use mg.mma.M16N8K16_F16, M16N8K16_BF16 or "
+                           f"M16N8K8_TF32")
+    return atom
+
+
+def zeros(atom):
+    """This lane's accumulators of `atom`, all 0.0 (a C fragment)."""
+    kind = _atom_fragment_type(_check_atom(atom), "c")
+    return kind(lang.constant(0.0, kind.dtype) for _ in range(len(kind.coordinates[0])))
+
+
+def fragment(atom, operand, values):
+    """The `operand` ("a", "b" or "c") fragment of `atom` made of `values`
+    (traced values or Python numbers, in the atom's register order)."""
+    _check_atom(atom)
+    if operand not in _OPERANDS:
+        raise CompileError(f"an mma operand is 'a', 'b' or 'c', not {operand!r}")
+    kind = _atom_fragment_type(atom, operand)
+    values = list(values)
+    count = len(kind.coordinates[0])
+    if len(values) != count:
+        raise CompileError(f"the {operand.upper()} fragment of {atom.name} holds {count} values a lane, "
+                           f"got {len(values)}")
+    return kind(lang.coerce(v, kind.dtype, f"the {operand.upper()} fragment of {atom.name}") for v in values)
+
+
+def coordinate(atom, operand, value):
+    """(row, col) of the element of `operand`'s tile ("a": M x K, "b": N x K,
+    "c": M x N) that `value` of this lane holds, as traced indices."""
+    _check_atom(atom)
+    if operand not in _OPERANDS:
+        raise CompileError(f"an mma operand is 'a', 'b' or 'c', not {operand!r}")
+    layout = getattr(atom, operand)
+    rows = {"a": atom.a_tile, "b": atom.b_tile, "c": atom.c_tile}[operand][0]
+    if not isinstance(value, int) or not 0 <= value < layout.size // _WARP:
+        raise CompileError(f"value must be a Python int in 0..{layout.size // _WARP - 1}, got {value!r}")
+    lane = lang.target().lane_id()
+    index = layout_index(layout, lane, value)
+    return index % rows, index // rows
+
+
+# ---------------------------------------------------------------------------
+# mma.sync
+
+# name -> the kind the Target's hook takes
+_KINDS = {M16N8K16_F16.name: "f16", M16N8K16_BF16.name: "bf16", M16N8K8_TF32.name: "tf32"}
+
+
+def _operand(atom, operand, value):
+    """`value` as a list of the atom's `operand` scalars, its layout checked."""
+    kind = _atom_fragment_type(atom, operand)
+    name = f"mma.sync's {operand.upper()} operand"
+    if not isinstance(value, (list, tuple)):
+        raise CompileError(f"{name} is a fragment (a list of traced values), not {type(value).__name__}")
+    if isinstance(value, Fragment) and type(value).coordinates != kind.coordinates:
+        raise CompileError(f"{name} has the layout of {value.description}, which does not match "
+                           f"{kind.description}: lane 0 holds {_show(type(value).coordinates)} where the "
+                           f"atom wants {_show(kind.coordinates)} (row, col)")
+    count = len(kind.coordinates[0])
+    if len(value) != count:
+        raise CompileError(f"{name} of {atom.name} holds {count} values a lane, got {len(value)}")
+    out = []
+    for v in value:
+        if isinstance(v, lang.Scalar) and v.dtype != kind.dtype:
+            raise CompileError(f"{name} of {atom.name} takes {kind.dtype.name} values, not {v.dtype.name}")
+        out.append(lang.coerce(v, kind.dtype, name))
+    return out
+
+
+def _show(table):
+    return " ".join(f"({r},{c})" for r, c in table[0])
+
+
+def sync(atom, a, b, c):
+    """D = A @ B + C over the warp's fragments (PTX mma.sync.aligned): returns
+    this lane's D, a C fragment of `atom`. Every lane of the warp must call it."""
+    _check_atom(atom)
+    a, b, c = _operand(atom, "a", a), _operand(atom, "b", b), _operand(atom, "c", c)
+    kind = _atom_fragment_type(atom, "c")
+    return kind(lang.target().mma_sync(_KINDS[atom.name], a, b, c))
+
+
+# ---------------------------------------------------------------------------
+# Indexing through layouts
+
+def _flat(shape, stride):
+    if isinstance(shape, tuple):
+        out = []
+        for s, d in zip(shape, stride):
+            out.extend(_flat(s, d))
+        return out
+    return [(shape, stride)]
+
+
+def _mode_index(shape, stride, coord):
+    """A (possibly traced) integer coordinate into one mode, times its strides."""
+    if isinstance(coord, int) and not isinstance(coord, bool):
+        return Layout(shape, stride)(coord)
+    flat = _flat(shape, stride)
+    index, rest = 0, coord
+    for k, (s, d) in enumerate(flat):
+        part = rest if k == len(flat) - 1 else rest % s
+        if k < len(flat) - 1:
+            rest = rest // s
+        if s != 1 and d != 0:
+            index = index + part * d
+    return index
+
+
+def layout_index(layout, *coord):
+    """`layout` (a Layout, a Swizzle-composed layout, or a Swizzle) applied
+    to `coord`, one integer per mode (or one for the whole layout): a Python
+    int where every coordinate is, else a traced index."""
+    coord = [lang.as_index(c, "a layout coordinate") if isinstance(c, lang.Scalar) else c for c in coord]
+    for c in coord:
+        if not isinstance(c, lang.Scalar) and (not isinstance(c, int) or isinstance(c, bool)):
+            raise CompileError(f"a layout coordinate is an int or a traced integer, not {type(c).__name__}")
+    if isinstance(layout, Swizzle):
+        if len(coord) != 1:
+            raise CompileError("a swizzle maps one index")
+        return _swizzle(layout, coord[0])
+    if isinstance(layout, ComposedLayout):
+        inner = layout_index(layout.inner, *coord)
+        return layout_index(layout.outer, inner + layout.offset if layout.offset else inner)
+    if not isinstance(layout, Layout):
+        raise CompileError(f"not a layout: {layout!r}")
+    if all(isinstance(c, int) for c in coord):
+        try:
+            return layout(*coord)
+        except (TypeError, ValueError, IndexError) as error:
+            raise CompileError(f"cannot index {layout} at {tuple(coord)}: {error}") from error
+    if len(coord) == 1:
+        return _mode_index(layout.shape, layout.stride, coord[0])
+    if len(coord) != layout.rank:
+        raise CompileError(f"the layout {layout} has {layout.rank} modes, got {len(coord)} coordinates")
+    shapes = layout.shape if isinstance(layout.shape, tuple) else (layout.shape,)
+    strides = layout.stride if isinstance(layout.stride, tuple) else (layout.stride,)
+    index = 0
+    for s, d, c in zip(shapes, strides, coord):
+        index = index + _mode_index(s, d, c)
+    return index
+
+
+def _swizzle(swizzle, index):
+    if isinstance(index, int):
+        return swizzle(index)
+    moved = index & swizzle.source_mask
+    moved = moved >> swizzle.shift if swizzle.shift >= 0 else moved << -swizzle.shift
+    return index ^ moved
+
+
+class Tile:
+    """A 1-d memref seen through a layout: `t[coord]` loads and stores
+    memref[layout(coord)]; `t.index(*coord)` is the index itself."""
+
+    __slots__ = ("memref", "layout", "offset")
+
+    def __init__(self, memref, layout, offset=0):
+        self.memref, self.layout, self.offset = memref, layout, offset
+
+    def index(self, *coord):
+        index = layout_index(self.layout, *coord)
+        return index + self.offset if not (isinstance(self.offset, int) and self.offset == 0) else index
+
+    def at(self, offset):
+        """The same layout starting `offset` elements further (another stage of a buffer)."""
+        return Tile(self.memref, self.layout, self.offset + offset)
+
+    def __getitem__(self, coord):
+        coord = coord if isinstance(coord, tuple) else (coord,)
+        return self.memref[self.index(*coord)]
+
+    def __setitem__(self, coord, value):
+        coord = coord if isinstance(coord, tuple) else (coord,)
+        self.memref[self.index(*coord)] = value
+
+    def __repr__(self):
+        return f"<tile {self.layout} of {self.memref!r}>"
+
+
+def tile(memref, layout):
+    """`memref` (1-d, usually shared memory) indexed through `layout`."""
+    if not isinstance(memref, lang.MemRef) or len(memref.shape) != 1:
+        raise CompileError(f"mg.mma.tile views a 1-d memref, not {memref!r}")
+    if not isinstance(layout, (Layout, ComposedLayout)):
+        raise CompileError(f"mg.mma.tile takes a Layout or a swizzled ComposedLayout, not {layout!r}")
+    cosize = _cosize(layout)
+    if memref.shape[0] is not None and cosize > memref.shape[0]:
+        raise CompileError(f"the layout {layout} reaches index {cosize - 1}, past the memref's "
+                           f"{memref.shape[0]} elements")
+    return Tile(memref, layout)
+
+
+def _cosize(layout):
+    if isinstance(layout, ComposedLayout):
+        top = layout.offset + _cosize(layout.inner) - 1
+        if isinstance(layout.outer, Swizzle):
+            # A swizzle changes the bits below its source bits' top: the index stays under that power of two.
+            bits = layout.outer.source_mask | layout.outer.target_mask
+            return (top | bits) + 1
+        return layout.outer.cosize
+    return layout.cosize
+
+
+def _place(where, index, what):
+    """(memref, indices) of `where` (a memref or a Tile) at `index`."""
+    if isinstance(where, Tile):
+        index = index if isinstance(index, tuple) else (index,)
+        return where.memref, [lang.as_index(where.index(*index))]
+    if isinstance(where, lang.MemRef):
+        index = index if isinstance(index, tuple) else (index,)
+        if len(index) != len(where.shape):
+            raise CompileError(f"{what}: a {len(where.shape)}-d memref takes {len(where.shape)} indices, "
+                               f"got {len(index)}")
+        return where, [lang.as_index(i) for i in index]
+    raise CompileError(f"{what} is a memref or an mg.mma.tile, not {type(where).__name__}")
+
+
+def _is_shared(memref):
+    return isinstance(memref, SharedMemRef)
+
+
+# ---------------------------------------------------------------------------
+# ldmatrix
+
+def ldmatrix(source, index, count=4, transpose=False, blocks=None):
+    """ldmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16: lanes 8j .. 8j+7
+    give, at `index` of `source` (a shared memref or tile of 16-bit
+    elements), the rows of matrix j. Returns this lane's 2 * count values
+    as a Fragment whose tile holds the matrices as `blocks` (rows, columns)
+    of 8x8 blocks, matrix j at block (j % rows, j // rows): (1, 1) for .x1,
+    (2, 1) (default) or (1, 2) for .x2, (2, 2) for .x4. Lane l holds row
+    l // 4, columns 2 * (l % 4) and +1 of each matrix (of the transposed
+    matrix with `transpose`)."""
+    if count not in (1, 2, 4):
+        raise CompileError(f"ldmatrix loads 1, 2 or 4 matrices, not {count!r}")
+    if not isinstance(transpose, bool):
+        raise CompileError(f"ldmatrix's transpose is True or False, not {transpose!r}")
+    if blocks is None:
+        blocks = {1: (1, 1), 2: (2, 1), 4: (2, 2)}[count]
+    if blocks not in {1: [(1, 1)], 2: [(2, 1), (1, 2)], 4: [(2, 2)]}[count]:
+        raise CompileError(f"ldmatrix .x{count} arranges its matrices as blocks "
+                           f"{' or '.join(map(str, {1: [(1, 1)], 2: [(2, 1), (1, 2)], 4: [(2, 2)]}[count]))}, "
+                           f"not {blocks!r}")
+    memref, indices = _place(source, index, "ldmatrix's source")
+    if not _is_shared(memref):
+        raise CompileError("ldmatrix reads shared memory (mg.shared.array / mg.shared.dynamic)")
+    if memref.dtype not in (lang.f16, lang.bf16):
+        raise CompileError(f"ldmatrix loads 16-bit elements (f16, bf16), not {memref.dtype.name}")
+    lang.target().check_access(memref, indices, lang.VECTOR_LOAD, 8)
+    rows = blocks[0]
+    table = tuple(tuple((8 * (j % rows) + lane // 4, 8 * (j // rows) + 2 * (lane % 4) + p)
+                        for j in range(count) for p in range(2)) for lane in range(_WARP))
+    kind = fragment_type(table, memref.dtype, f"ldmatrix .x{count}{'.trans' if transpose else ''} "
+                                              f"as {blocks[0]}x{blocks[1]} blocks")
+    return kind(lang.target().ldmatrix(memref, indices, count, transpose))
+
+
+# ---------------------------------------------------------------------------
+# cp.async
+
+def cp_async(destination, destination_index, source, source_index, nbytes=16, valid=None):
+    """Copies `nbytes` (4, 8 or 16) from global `source` at `source_index`
+    to shared `destination` at `destination_index` (each a memref or a
+    tile; both addresses aligned to nbytes), asynchronously: it lands by the
+    wait_group that retires its group. With `valid` (a traced bool) false,
+    nothing is read and the destination is zero-filled. 16-byte copies
+    bypass L1 (cp.async.cg), smaller ones go through it (cp.async.ca)."""
+    if nbytes not in (4, 8, 16):
+        raise CompileError(f"cp.async copies 4, 8 or 16 bytes, not {nbytes!r}")
+    dst, dst_indices = _place(destination, destination_index, "cp.async's destination")
+    src, src_indices = _place(source, source_index, "cp.async's source")
+    if not _is_shared(dst):
+        raise CompileError("cp.async's destination is shared memory (mg.shared.array / mg.shared.dynamic)")
+    if _is_shared(src):
+        raise CompileError("cp.async's source is global memory (a kernel's array), not shared memory")
+    if dst.dtype != src.dtype:
+        raise CompileError(f"cp.async copies between arrays of one dtype, not {src.dtype.name} to "
+                           f"{dst.dtype.name}")
+    if nbytes % dst.dtype.itemsize:
+        raise CompileError(f"{nbytes} bytes are not a whole number of {dst.dtype.name} elements")
+    if valid is not None and (not isinstance(valid, lang.Scalar) or valid.dtype != lang.bool_):
+        if isinstance(valid, bool):
+            valid = lang.constant(valid, lang.bool_)
+        else:
+            raise CompileError("cp.async's valid is a traced bool (a comparison) or a Python bool")
+    elements = nbytes // dst.dtype.itemsize
+    lang.target().async_copy(dst, dst_indices, src, src_indices, elements, valid)
+
+
+def commit_group():
+    """Closes the group of the cp.async copies this thread issued since the last commit_group."""
+    lang.target().async_commit()
+
+
+def wait_group(n=0):
+    """Waits until at most `n` (a Python int) of this thread's committed groups are still in flight."""
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < 256:
+        raise CompileError(f"wait_group takes a Python int 0..255, not {n!r}")
+    lang.target().async_wait(n)
+
+
+# ---------------------------------------------------------------------------
+# What the Targets share: packing 16-bit pairs into 32-bit registers
+
+def pack_pair(low, high):
+    """Two 16-bit (or one 32-bit, high None) floats as the bits of one i32 register."""
+    if high is None:
+        return lang.Scalar(lang.emit("arith.bitcast", [low], [ir.Type.integer(32)]).result, lang.i32)
+    halves = []
+    for v in (low, high):
+        bits = lang.emit("arith.bitcast", [v], [ir.Type.integer(16)]).result
+        halves.append(lang.cast(lang.Scalar(bits, lang.u16), lang.u32))
+    return lang.cast(halves[0] | (halves[1] << 16), lang.i32)
+
+
+def unpack_pair(register, dtype):
+    """The inverse of pack_pair for a 16-bit dtype: (low, high)."""
+    bits = lang.cast(register, lang.u32)
+    out = []
+    for half in (bits & 0xFFFF, bits >> 16):
+        raw = lang.emit("arith.trunci", [half], [ir.Type.integer(16)]).result
+        out.append(lang.Scalar(lang.emit("arith.bitcast", [raw], [lang.ir_type(dtype)]).result, dtype))
+    return out
+
+
+def registers(values, dtype):
+    """A fragment's values as i32 registers (pairs for 16-bit dtypes)."""
+    if dtype.itemsize == 2:
+        return [pack_pair(values[i], values[i + 1]) for i in range(0, len(values), 2)]
+    return [pack_pair(v, None) for v in values]
+
