@@ -95,6 +95,74 @@ def test_tma_program_with_a_captured_descriptor_compiles(ctx, tmp_path):
     assemble(ptx, tmp_path)
 
 
+# The same load as a whole host program: the argument copied to the device
+# first, the tile in dynamic shared memory (a host-level memref.global of
+# workgroup memory has no host lowering); the host half of the descriptor is
+# a call of the runtime's mgpuTensorMapEncodeTiledMemref.
+HOST_TMA_PROGRAM = """
+!barrier = !nvgpu.mbarrier.group<memorySpace = #gpu.address_space<workgroup>>
+!tile = memref<64x64xf16, #gpu.address_space<workgroup>>
+!map = !nvgpu.tensormap.descriptor<tensor = !tile, swizzle = swizzle_128b, l2promo = none, oob = zero,
+                                   interleave = none>
+module attributes {gpu.container_module} {
+  func.func @load_tile(%d: memref<64x64xf16>) {
+    %c1 = arith.constant 1 : index
+    %c64 = arith.constant 64 : index
+    %c128 = arith.constant 128 : index
+    %bytes = arith.constant 8192 : i32
+    %t0 = gpu.wait async
+    %dd, %t1 = gpu.alloc async [%t0] () : memref<64x64xf16>
+    %t2 = gpu.memcpy async [%t1] %dd, %d : memref<64x64xf16>, memref<64x64xf16>
+    gpu.wait [%t2]
+    %cast = memref.cast %dd : memref<64x64xf16> to memref<*xf16>
+    %desc = nvgpu.tma.create.descriptor %cast box[%c64, %c64] : memref<*xf16> -> !map
+    gpu.launch blocks(%bx, %by, %bz) in (%x = %c1, %y = %c1, %z = %c1)
+               threads(%tx, %ty, %tz) in (%a = %c128, %b = %c1, %c = %c1) dynamic_shared_memory_size %bytes {
+      %c0 = arith.constant 0 : index
+      %expect = arith.constant 8192 : index
+      %bar = nvgpu.mbarrier.create -> !barrier
+      nvgpu.mbarrier.init %bar[%c0], %c1 : !barrier
+      %raw = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>
+      %smem = memref.view %raw[%c0][] : memref<?xi8, #gpu.address_space<workgroup>> to !tile
+      nvgpu.tma.async.load %desc[%c0, %c0], %bar[%c0] to %smem : !map, !barrier -> !tile
+      nvgpu.mbarrier.arrive.expect_tx %bar[%c0], %expect : !barrier
+      %phase = arith.constant false
+      %ticks = arith.constant 10000000 : index
+      nvgpu.mbarrier.try_wait.parity %bar[%c0], %phase, %ticks : !barrier
+      gpu.terminator
+    }
+    %t3 = gpu.wait async
+    %t4 = gpu.dealloc async [%t3] %dd : memref<64x64xf16>
+    gpu.wait [%t4]
+    return
+  }
+}
+"""
+
+
+def test_host_programs_encode_tensor_maps(fake_libcuda):
+    assert "mgpuTensorMapEncodeTiledMemref" in mg.HostProgram(HOST_TMA_PROGRAM, "sm_90a").llvm_ir
+    assert_isolated(f"""
+        import ctypes, os
+        os.environ["MLIRGPU_LIBCUDA"] = {fake_libcuda!r}
+        import numpy as np
+        import mlirgpu as mg
+        from test_hopper import HOST_TMA_PROGRAM
+        fake = ctypes.CDLL({fake_libcuda!r})
+        fake.fake_log.restype = ctypes.c_char_p
+        prog = mg.HostProgram(HOST_TMA_PROGRAM, "sm_90a", format="ptx")
+        prog("load_tile", np.zeros((64, 64), np.float16))
+        log = fake.fake_log().decode()
+        line = [l for l in log.splitlines() if l.startswith("cuTensorMapEncodeTiled")][0]
+        # f16 (6), 64 x 64 with rows of 128 bytes, the box 64 x 64, 128-byte swizzle (3), no L2 promotion.
+        assert " ".join(w for w in line.split() if not w.startswith("address=")) == (
+            "cuTensorMapEncodeTiled type=6 rank=2 dims=64,64 strides=128 box=64,64 element_strides=1,1 "
+            "interleave=0 swizzle=3 l2=0 oob=0"), line
+        assert "cuLaunchKernel function=load_tile_kernel" in log, log
+        print("ok")
+    """, "ok")
+
+
 # --------------------------------------------------------------------------
 # Each operation's PTX
 # --------------------------------------------------------------------------
