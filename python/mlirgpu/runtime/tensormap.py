@@ -83,9 +83,9 @@ def encode_arguments(shape, strides, dtype, address, box, swizzle="128B", elemen
     ready for `TensorMap(owner, **arguments)`. ValueError for what the
     driver would refuse.
 
-    >>> args = encode_arguments((1000, 300), (600, 2), bf16, 0x10000, box=(128, 64))
+    >>> args = encode_arguments((1000, 304), (608, 2), bf16, 0x10000, box=(128, 64))
     >>> args["dims"], args["strides"], args["box"], args["swizzle"]
-    ((300, 1000), (600,), (64, 128), 3)
+    ((304, 1000), (608,), (64, 128), 3)
     """
     dtype = _mlirgpu.dtype(dtype)
     if dtype not in DATA_TYPES:
@@ -125,8 +125,6 @@ def encode_arguments(shape, strides, dtype, address, box, swizzle="128B", elemen
         if swizzle_bytes is not None and inner > swizzle_bytes:
             raise ValueError(f"the box's rows are {inner} bytes, wider than the {swizzle} swizzle's "
                              f"{swizzle_bytes}: make box[-1] at most {swizzle_bytes // item}")
-    elif interleave_code == 2 and swizzle_code != 0 and swizzle_code != 1 and swizzle_bytes != 128:
-        raise ValueError("with 32B interleave the swizzle must be 'none', '32B' or '128B'")
     if oob_code == 1 and dtype not in (f16, bf16, f32, f64):
         raise ValueError("oob_fill='nan' is for float elements")
     info = TensorMapInfo(shape=tuple(shape), dtype=dtype, box=box, swizzle=swizzle or "none",
