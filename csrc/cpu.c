@@ -338,17 +338,23 @@ static void ldmatrix(mg_fiber *lanes, int count, int transpose)
 static int collective(int first, int end, const int64_t *block, const int64_t *bdim, const char *source)
 {
     mg_fiber *lanes = &sched.fibers[first];
-    int mode = lanes[0].mode;
+    int mode = -1, at = 0;
+    for (int t = first; t < end && mode < 0; t++)
+        if (lanes[t - first].state == FIBER_AT_SHUFFLE && lanes[t - first].mode >= MG_WARP_MMA_F16) {
+            mode = lanes[t - first].mode;
+            at = t;
+        }
     for (int lane = 0; lane < MG_CPU_WARP; lane++) {
         if (first + lane >= end || lanes[lane].state != FIBER_AT_SHUFFLE || lanes[lane].mode != mode) {
             long long w[3];
-            thread_xyz(first, bdim, w);
+            int32_t line = sched.fibers[at].line;
+            thread_xyz(at, bdim, w);
             mg_raise(mg_st->KernelError,
                      "warp divergence at %s:%d: thread (%lld, %lld, %lld) of block (%lld, %lld, %lld) runs a "
                      "warp-wide tensor-core operation (mma.sync, ldmatrix) on line %d, which needs all 32 lanes "
                      "of its warp, but lane %d %s",
-                     source, (int)lanes[0].line, w[0], w[1], w[2], (long long)block[0], (long long)block[1],
-                     (long long)block[2], (int)lanes[0].line, lane,
+                     source, (int)line, w[0], w[1], w[2], (long long)block[0], (long long)block[1],
+                     (long long)block[2], (int)line, lane,
                      first + lane >= end ? "does not exist (the block is not a whole number of warps)"
                      : lanes[lane].state == FIBER_AT_SHUFFLE ? "is at another warp operation"
                                                              : "has returned");
@@ -571,6 +577,7 @@ static int run_block(int n, const int64_t *block, const int64_t *bdim, const cha
         f->context.uc_link = &sched.scheduler;
         makecontext(&f->context, fiber_main, 0);
         f->state = FIBER_READY;
+        f->ndata = 0; /* a fiber abandoned mid-collective may have left words behind */
     }
     for (;;) {
         for (int t = 0; t < n; t++) {
@@ -593,10 +600,12 @@ static int run_block(int n, const int64_t *block, const int64_t *bdim, const cha
                 other += sched.fibers[t].state == FIBER_AT_BARRIER;
             }
             if (shuffling && !other) {
-                int lead = first;
-                while (sched.fibers[lead].state != FIBER_AT_SHUFFLE)
-                    lead++;
-                if (sched.fibers[lead].mode >= MG_WARP_MMA_F16) {
+                /* A lane at a tensor-core collective makes it one (which fails
+                 * unless all 32 lanes are at the same). */
+                int tensor_core = 0;
+                for (int t = first; t < end; t++)
+                    tensor_core |= sched.fibers[t].state == FIBER_AT_SHUFFLE && sched.fibers[t].mode >= MG_WARP_MMA_F16;
+                if (tensor_core) {
                     if (collective(first, end, block, bdim, source) < 0)
                         return -1;
                 } else {

@@ -71,6 +71,8 @@ MIN_CHIP = {"nvvm.mma.sync": "sm_80", "nvgpu.ldmatrix": "sm_80", "nvgpu.device_a
 _WARP = 32
 _DTYPES = {"f16": lang.f16, "bf16": lang.bf16, "tf32": lang.f32, "f32": lang.f32}
 _OPERANDS = ("a", "b", "c")
+# name -> the kind the Target's hook takes
+_KINDS = {M16N8K16_F16.name: "f16", M16N8K16_BF16.name: "bf16", M16N8K8_TF32.name: "tf32"}
 
 
 # ---------------------------------------------------------------------------
@@ -182,10 +184,6 @@ def coordinate(atom, operand, value):
 
 # ---------------------------------------------------------------------------
 # mma.sync
-
-# name -> the kind the Target's hook takes
-_KINDS = {M16N8K16_F16.name: "f16", M16N8K16_BF16.name: "bf16", M16N8K8_TF32.name: "tf32"}
-
 
 def _operand(atom, operand, value):
     """`value` as a list of the atom's `operand` scalars, its layout checked."""
@@ -301,7 +299,7 @@ class Tile:
 
     def index(self, *coord):
         index = layout_index(self.layout, *coord)
-        return index + self.offset if not (isinstance(self.offset, int) and self.offset == 0) else index
+        return index if isinstance(self.offset, int) and self.offset == 0 else index + self.offset
 
     def at(self, offset):
         """The same layout starting `offset` elements further (another stage of a buffer)."""
