@@ -439,10 +439,18 @@ def test_a_padded_layout_is_not_a_wgmma_tile():
     ("mg.mbarrier.array(2).init(2, 1)", "index 2 is out of range"),
     ("mg.wgmma.zeros(100)", "multiple of 8 from 8 to 256"),
     ("mg.tma.load(X, X, (0,), mg.mbarrier.array(1))", "tensor-map parameter"),
+    ("mg.wgmma.descriptor(X, None)", "a wgmma operand is a shared-memory array"),
+    ("mg.wgmma.descriptor(mg.shared.array((64 * 64,), mg.f32), None)", "f16 or bf16 operands, not f32"),
+    ("mg.wgmma.descriptor(mg.shared.array((64 * 64,), mg.f16), TILE, k_block=4)", "k_block must be a Python int below 4"),
+    ("mg.wgmma.mma(mg.wgmma.zeros(64), 1, 2, n=64)", "takes descriptors from mg.wgmma.descriptor"),
+    ("d = mg.wgmma.descriptor(mg.shared.array((64 * 64,), mg.f16), TILE); mg.wgmma.mma([0.0] * 8, d, d, n=64)",
+     "an m64n64 accumulator is a list of 32 f32 values, got 8"),
+    ("mg.warpgroup.set_max_registers(100, increase=True)", "multiple of 8 from 24 to 256"),
 ])
 def test_misuse_is_a_compile_error(body, message, tmp_path):
     source = tmp_path / "misuse.py"
-    source.write_text(f"import mlirgpu as mg\n\n@mg.kernel\ndef misuse(X: mg.memref[8, mg.f32]):\n    {body}\n")
+    source.write_text(f"import mlirgpu as mg\nTILE = mg.layout.wgmma.tile_layout((64, 64), 2, '128B')\n"
+                      f"@mg.kernel\ndef misuse(X: mg.memref[8, mg.f32]):\n    {body}\n")
     sys.path.insert(0, str(tmp_path))
     try:
         import misuse
