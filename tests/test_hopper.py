@@ -507,6 +507,10 @@ def test_tensor_maps_and_clusters_reach_the_driver(fake_libcuda, tmp_path):
         log = fake.fake_log().decode()
         assert "cuLaunchKernelEx cluster=2,1,1" in log, log
         assert "tensor_map_first address=%d swizzle=3" % A.ptr in log, log
+        # Over 48 KB of dynamic shared memory: the kernel's limit is raised first, once.
+        assert log.count("cuFuncSetAttribute max_dynamic_shared=102400") == 1, log
+        tensor_map_first(a_map, X, grid=1, block=128, shared_mem=100 * 1024)
+        assert fake.fake_log().decode().count("cuFuncSetAttribute max_dynamic_shared=102400") == 1
         try:
             tensor_map_first(X, X, grid=1, block=1)
         except mg.LaunchError as error:

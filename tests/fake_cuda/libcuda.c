@@ -193,7 +193,9 @@ API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     if (!strstr(((mod_t *)m)->text, pattern)) return 500;
     fn_t *fn = malloc(sizeof *fn); snprintf(fn->name, sizeof fn->name, "%s", name); *f = (CUfunction)fn; return 0; }
 API CUresult cuFuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) { *v = a == CU_FUNC_ATTRIBUTE_NUM_REGS ? 12 : a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0; return 0; }
-API CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) { return 0; }
+API CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
+    if (a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) note("cuFuncSetAttribute max_dynamic_shared=%d", v);
+    return 0; }
 // How many parameters the emulated kernel `name` takes (record_params: 2 + its count).
 static int param_count(const char *name, void **p) {
     if (!strcmp(name, "add_scalar") || !strcmp(name, "spin_then_set")) return 3;
