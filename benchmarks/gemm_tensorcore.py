@@ -5,7 +5,9 @@ and Triton's tutorial matmul, measured in the same run.
                                          [--repeat R] [--out DIR] [--no-write] [--check]
 
 - Rows: every entry of KERNELS (a name and a function launching C = A @ B on
-  mlirgpu DeviceArrays; a kernel of another example adds its own entry),
+  mlirgpu DeviceArrays; a kernel of another example adds its own entry: on
+  an sm_90a GPU, one per tile configuration of examples/tensorcore/
+  hopper_gemm.py, whose tensor maps are made at its first launch and kept),
   then the peers, where importable: cuBLAS through torch.matmul, and
   Triton's tutorial matmul (written below: its GROUP_M-swizzled program
   order, its autotune configs for CUDA, tl.dot accumulating in float32).
@@ -48,6 +50,7 @@ sys.path.insert(2, os.path.join(ROOT, "examples", "sgemm"))
 
 import mlirgpu as mg  # noqa: E402
 import ampere_gemm  # noqa: E402
+import hopper_gemm  # noqa: E402
 import common  # noqa: E402  (examples/sgemm: time_ms)
 
 TOLERANCE = 1e-2
@@ -60,6 +63,9 @@ CUBLAS, TRITON = "cuBLAS", "Triton"
 KERNELS = [
     ("mma.sync (examples/tensorcore/ampere_gemm.py)", ampere_gemm.launch),
 ]
+if hopper_gemm.available():  # sm_90a: one row per tile configuration of the warp-specialized wgmma GEMM
+    KERNELS += [(f"wgmma {c.bm}x{c.bn}x{c.bk}, {c.stages} stages (examples/tensorcore/hopper_gemm.py)",
+                 lambda A, B, C, c=c: hopper_gemm.launch(A, B, C, c)) for c in hopper_gemm.CONFIGS]
 
 try:
     import torch

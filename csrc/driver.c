@@ -326,7 +326,7 @@ error:
 /* Interned strings (made once at init)                                    */
 /* ---------------------------------------------------------------------- */
 
-static PyObject *str_grid, *str_block, *str_shared_mem, *str_stream;
+static PyObject *str_grid, *str_block, *str_shared_mem, *str_stream, *str_cluster;
 static PyObject *str_cuda_stream_protocol, *str_cuda_stream, *str_ptr;
 static PyObject *str_cai, *str_dlpack;
 
@@ -1198,11 +1198,166 @@ static PyType_Spec module_spec = {
 };
 
 /* ---------------------------------------------------------------------- */
+/* TensorMap: a CUtensorMap made by cuTensorMapEncodeTiled                 */
+/* ---------------------------------------------------------------------- */
+
+/* The 128 bytes a kernel takes by value (a grid-constant parameter) and the
+ * array they address, kept alive as long as the map. The bytes are not
+ * 64-byte aligned inside a Python object: the map is encoded into an aligned
+ * local and copied, and a launch passes a pointer that the driver copies from. */
+typedef struct {
+    PyObject_HEAD
+    unsigned char map[sizeof(CUtensorMap)];
+    PyObject *owner;      /* strong: what owns the memory at the map's address */
+    PyObject *info;       /* strong: what the map was computed from (mlirgpu.tma) */
+} mg_tensor_map;
+
+PyTypeObject *mg_cu_TensorMap_type;
+
+/* A tuple of `n` ints into `out`, each in [lo, hi]. */
+static int uint64_tuple(PyObject *value, const char *what, Py_ssize_t n, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != n) {
+        PyErr_Format(PyExc_ValueError, "%s must be a tuple of %zd ints, got %R", what, n, value);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long v = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(value, i));
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            v = hi + 1;
+        }
+        if (v < lo || v > hi) {
+            PyErr_Format(PyExc_ValueError, "%s[%zd] must be an int in [%llu, %llu], got %R", what, i,
+                         (unsigned long long)lo, (unsigned long long)hi, PyTuple_GET_ITEM(value, i));
+            return -1;
+        }
+        out[i] = v;
+    }
+    return 0;
+}
+
+/* TensorMap(owner, info, data_type, address, dims, strides, box, element_strides,
+ *           interleave, swizzle, l2_promotion, oob_fill): the arguments of
+ * cuTensorMapEncodeTiled as mlirgpu.tma computes them (strides in bytes, of
+ * dimensions 1.. only, as the driver takes them). */
+static PyObject *tensor_map_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"owner", "info", "data_type", "address", "dims", "strides", "box",
+                               "element_strides", "interleave", "swizzle", "l2_promotion", "oob_fill", NULL};
+    PyObject *owner, *info, *dims_obj, *strides_obj, *box_obj, *element_strides_obj;
+    int data_type, interleave, swizzle, l2_promotion, oob_fill;
+    unsigned long long address;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiKO!O!O!O!iiii:TensorMap", keywords, &owner, &info,
+                                     &data_type, &address, &PyTuple_Type, &dims_obj, &PyTuple_Type, &strides_obj,
+                                     &PyTuple_Type, &box_obj, &PyTuple_Type, &element_strides_obj,
+                                     &interleave, &swizzle, &l2_promotion, &oob_fill))
+        return NULL;
+    Py_ssize_t rank = PyTuple_GET_SIZE(dims_obj);
+    if (rank < 1 || rank > 5) {
+        PyErr_Format(PyExc_ValueError, "a tensor map has 1 to 5 dimensions, got %zd", rank);
+        return NULL;
+    }
+    uint64_t dims[5], strides[5], box64[5], element64[5];
+    cuuint32_t box[5], element_strides[5];
+    if (uint64_tuple(dims_obj, "dims", rank, 1, (uint64_t)1 << 32, dims) < 0 ||
+        uint64_tuple(strides_obj, "strides", rank - 1, 16, ((uint64_t)1 << 40) - 16, strides) < 0 ||
+        uint64_tuple(box_obj, "box", rank, 1, 256, box64) < 0 ||
+        uint64_tuple(element_strides_obj, "element_strides", rank, 1, 8, element64) < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < rank; i++) {
+        box[i] = (cuuint32_t)box64[i];
+        element_strides[i] = (cuuint32_t)element64[i];
+    }
+    if (mg_cu_ensure_context() < 0)
+        return NULL;
+    CUtensorMap map;   /* aligned as the driver wants it */
+    CUresult r = mg_cu.cuTensorMapEncodeTiled(&map, (CUtensorMapDataType)data_type, (cuuint32_t)rank,
+                                              (void *)(uintptr_t)address, (const cuuint64_t *)dims,
+                                              (const cuuint64_t *)strides, box, element_strides,
+                                              (CUtensorMapInterleave)interleave, (CUtensorMapSwizzle)swizzle,
+                                              (CUtensorMapL2promotion)l2_promotion,
+                                              (CUtensorMapFloatOOBfill)oob_fill);
+    if (mg_cu_check(r, "cuTensorMapEncodeTiled") < 0)
+        return NULL;
+    mg_tensor_map *self = (mg_tensor_map *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    memcpy(self->map, &map, sizeof map);
+    self->owner = Py_NewRef(owner);
+    self->info = Py_NewRef(info);
+    return (PyObject *)self;
+}
+
+static int tensor_map_traverse(mg_tensor_map *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->owner);
+    Py_VISIT(self->info);
+    return 0;
+}
+
+static int tensor_map_clear(mg_tensor_map *self)
+{
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->info);
+    return 0;
+}
+
+static void tensor_map_dealloc(mg_tensor_map *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    tensor_map_clear(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyObject *tensor_map_get_data(mg_tensor_map *self, void *closure)
+{
+    return PyBytes_FromStringAndSize((const char *)self->map, sizeof self->map);
+}
+
+static PyGetSetDef tensor_map_getset[] = {
+    {"data", (getter)tensor_map_get_data, NULL, "The 128 bytes of the CUtensorMap.", NULL},
+    {NULL},
+};
+
+static PyMemberDef tensor_map_members[] = {
+    {"owner", T_OBJECT, offsetof(mg_tensor_map, owner), READONLY, "The array the map addresses."},
+    {"info", T_OBJECT, offsetof(mg_tensor_map, info), READONLY, "What the map was computed from."},
+    {NULL},
+};
+
+static PyType_Slot tensor_map_slots[] = {
+    {Py_tp_new, tensor_map_new},
+    {Py_tp_dealloc, tensor_map_dealloc},
+    {Py_tp_traverse, tensor_map_traverse},
+    {Py_tp_clear, tensor_map_clear},
+    {Py_tp_getset, tensor_map_getset},
+    {Py_tp_members, tensor_map_members},
+    {Py_tp_doc, "A CUDA tensor map (CUtensorMap) for TMA copies: make one with mlirgpu.tensor_map; "
+                "a kernel takes it by value as a parameter annotated mlirgpu.TensorMap.\n\n"
+                "For example::\n\n"
+                "    a_map = mg.tensor_map(A, box=(128, 64), swizzle=\"128B\")\n\n"
+                "    @mg.kernel\n"
+                "    def copy_tile(m: mg.TensorMap, C: mg.memref[128, 64, mg.f16]): ...\n"},
+    {0, NULL},
+};
+
+static PyType_Spec tensor_map_spec = {
+    .name = "mlirgpu.TensorMap",
+    .basicsize = sizeof(mg_tensor_map),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = tensor_map_slots,
+};
+
+/* ---------------------------------------------------------------------- */
 /* Function and the launch                                                 */
 /* ---------------------------------------------------------------------- */
 
 /* A parameter kind: a dtype id (a scalar), or one of these. */
-enum { KIND_PTR = -1, KIND_ANY = -2 };
+enum { KIND_PTR = -1, KIND_ANY = -2, KIND_TENSOR_MAP = -3 };
 
 typedef struct {
     PyObject_HEAD
@@ -1210,7 +1365,7 @@ typedef struct {
     CUfunction handle;
     PyObject *module;     /* strong: the CUmodule outlives its functions */
     PyObject *name;       /* str */
-    PyObject *params;     /* tuple of "ptr", ("ptr", dims) and DTypes, or None */
+    PyObject *params;     /* tuple of "ptr", ("ptr", dims), "tensormap" and DTypes, or None */
     int nparams;          /* -1 without a signature */
     uint64_t stores;      /* bit i: the kernel may store through parameter i */
     signed char kinds[MG_CU_MAX_ARGS];
@@ -1252,7 +1407,7 @@ static int parse_signature(mg_function *self, PyObject *params)
         return 0;
     }
     if (PyUnicode_Check(params) || !PySequence_Check(params)) {
-        PyErr_Format(PyExc_TypeError, "params must be a sequence of \"ptr\" and dtypes, not %.100s",
+        PyErr_Format(PyExc_TypeError, "params must be a sequence of \"ptr\", \"tensormap\" and dtypes, not %.100s",
                      Py_TYPE(params)->tp_name);
         return -1;
     }
@@ -1286,6 +1441,10 @@ static int parse_signature(mg_function *self, PyObject *params)
             if (parse_extents(PyTuple_GET_ITEM(item, 1), &self->extents[i]) < 0)
                 goto error;
             self->kinds[i] = KIND_PTR;
+            continue;
+        }
+        if (PyUnicode_Check(item) && PyUnicode_CompareWithASCIIString(item, "tensormap") == 0) {
+            self->kinds[i] = KIND_TENSOR_MAP;
             continue;
         }
         mg_dtype *dtype;
@@ -1683,7 +1842,8 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
                                       const CUstream *known_waits, int nknown_waits)
 {
     mg_function *self = (mg_function *)function;
-    unsigned int grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
+    unsigned int grid[3] = {1, 1, 1}, block[3] = {1, 1, 1}, cluster[3] = {1, 1, 1};
+    int have_cluster = 0;
     unsigned long long shared_mem = 0;
     CUstream stream = NULL;
     PyObject *stream_obj = NULL;              /* borrowed from the call */
@@ -1724,6 +1884,13 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
             }
             shared_mem = (unsigned long long)n;
         }
+        else if (key == str_cluster || PyUnicode_Compare(key, str_cluster) == 0) {
+            if (value != Py_None) {
+                if (parse_dims(self, value, "cluster", cluster, &ran_python) < 0)
+                    goto error;
+                have_cluster = 1;
+            }
+        }
         else if (key == str_stream || PyUnicode_Compare(key, str_stream) == 0) {
             ran_python |= value != Py_None && !PyObject_TypeCheck(value, mg_cu_Stream_type) && !PyLong_Check(value);
             if (!mg_cu_stream_converter(value, &stream))
@@ -1739,6 +1906,13 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
     if (!have_grid || !have_block) {
         launch_error(self, "grid= and block= are required");
         goto error;
+    }
+    for (int axis = 0; axis < 3 && have_cluster; axis++) {
+        if (grid[axis] % cluster[axis] != 0) {
+            launch_error(self, "the grid (%u, %u, %u) is not a whole number of clusters (%u, %u, %u)",
+                         grid[0], grid[1], grid[2], cluster[0], cluster[1], cluster[2]);
+            goto error;
+        }
     }
     if (nargs > MG_CU_MAX_ARGS) {
         launch_error(self, "at most %d arguments can be passed, got %zd", MG_CU_MAX_ARGS, nargs);
@@ -1771,6 +1945,22 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
         nslots++;
         int ndim = 0;
         Py_ssize_t shape[MG_MAX_NDIM];
+        if (kind == KIND_TENSOR_MAP || (kind == KIND_ANY && PyObject_TypeCheck(arg, mg_cu_TensorMap_type))) {
+            if (!PyObject_TypeCheck(arg, mg_cu_TensorMap_type)) {
+                launch_error(self, "argument %zd is a tensor map: expected an mlirgpu.TensorMap, got %.100s",
+                             i, Py_TYPE(arg)->tp_name);
+                goto error;
+            }
+            /* The driver copies the 128 bytes before cuLaunchKernel returns; a
+             * captured graph keeps the map (and so its array) alive. */
+            params[nslots - 1] = ((mg_tensor_map *)arg)->map;
+            arrays |= (uint64_t)1 << i;
+            continue;
+        }
+        if (kind == KIND_TENSOR_MAP || PyObject_TypeCheck(arg, mg_cu_TensorMap_type)) {
+            launch_error(self, "argument %zd is not a tensor map parameter, got an mlirgpu.TensorMap", i);
+            goto error;
+        }
         if (known >> i & 1) {
             if (kind >= 0) {
                 launch_error(self, "argument %zd is a %s scalar, got an array", i, mg_dtype_get(kind)->name);
@@ -1845,8 +2035,24 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
     }
     CUresult r;
     Py_BEGIN_ALLOW_THREADS
-    r = mg_cu.cuLaunchKernel(self->handle, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                             (unsigned int)shared_mem, stream, params, NULL);
+    if (have_cluster) {
+        /* Thread-block clusters need the extended launch and its attribute. */
+        CUlaunchAttribute attribute;
+        memset(&attribute, 0, sizeof attribute);
+        attribute.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attribute.value.clusterDim.x = cluster[0];
+        attribute.value.clusterDim.y = cluster[1];
+        attribute.value.clusterDim.z = cluster[2];
+        CUlaunchConfig config = {
+            .gridDimX = grid[0], .gridDimY = grid[1], .gridDimZ = grid[2],
+            .blockDimX = block[0], .blockDimY = block[1], .blockDimZ = block[2],
+            .sharedMemBytes = (unsigned int)shared_mem, .hStream = stream, .attrs = &attribute, .numAttrs = 1,
+        };
+        r = mg_cu.cuLaunchKernelEx(&config, self->handle, params, NULL);
+    }
+    else
+        r = mg_cu.cuLaunchKernel(self->handle, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                                 (unsigned int)shared_mem, stream, params, NULL);
     Py_END_ALLOW_THREADS
     mg_cu_pop(pushed);
     if (r != CUDA_SUCCESS) {
@@ -1855,7 +2061,8 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
                       grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem);
         char what[160];
         const char *name = PyUnicode_AsUTF8(self->name);
-        PyOS_snprintf(what, sizeof what, "cuLaunchKernel of '%.100s'", name ? name : "?");
+        PyOS_snprintf(what, sizeof what, "%s of '%.100s'", have_cluster ? "cuLaunchKernelEx" : "cuLaunchKernel",
+                      name ? name : "?");
         PyErr_Clear();   /* only if the name could not be encoded */
         mg_cu_raise(r, what, detail);
         goto error;
@@ -2029,6 +2236,7 @@ int mg_cu_init(PyObject *module)
 {
     if (intern(&str_grid, "grid") < 0 || intern(&str_block, "block") < 0 ||
         intern(&str_shared_mem, "shared_mem") < 0 || intern(&str_stream, "stream") < 0 ||
+        intern(&str_cluster, "cluster") < 0 ||
         intern(&str_cuda_stream_protocol, "__cuda_stream__") < 0 ||
         intern(&str_cuda_stream, "cuda_stream") < 0 || intern(&str_ptr, "ptr") < 0 ||
         intern(&str_cai, "__cuda_array_interface__") < 0 || intern(&str_dlpack, "__dlpack__") < 0)
@@ -2038,7 +2246,8 @@ int mg_cu_init(PyObject *module)
         (event_type = mg_add_type(module, &event_spec, NULL)) == NULL ||
         (device_type = mg_add_type(module, &device_spec, NULL)) == NULL ||
         (mg_cu_Module_type = mg_add_type_as(module, &module_spec, NULL, "CudaModule")) == NULL ||
-        (mg_cu_Function_type = mg_add_type(module, &function_spec, NULL)) == NULL)
+        (mg_cu_Function_type = mg_add_type(module, &function_spec, NULL)) == NULL ||
+        (mg_cu_TensorMap_type = mg_add_type(module, &tensor_map_spec, NULL)) == NULL)
         return -1;
     if (PyModule_AddFunctions(module, cu_functions) < 0)
         return -1;

@@ -81,7 +81,11 @@
     X(cuLaunchKernelEx, (const CUlaunchConfig *config, CUfunction function, void **params, void **extra)) \
     X(cuMemHostRegister, (void *pointer, size_t bytes, unsigned int flags)) \
     X(cuMemHostUnregister, (void *pointer)) \
-    X(cuTensorMapEncodeTiled, (CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank, void *globalAddress, const cuuint64_t *globalDim, const cuuint64_t *globalStrides, const cuuint32_t *boxDim, const cuuint32_t *elementStrides, CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill))
+    X(cuTensorMapEncodeTiled, (CUtensorMap *map, CUtensorMapDataType data_type, cuuint32_t rank, \
+                               void *address, const cuuint64_t *dims, const cuuint64_t *strides, \
+                               const cuuint32_t *box, const cuuint32_t *element_strides, \
+                               CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle, \
+                               CUtensorMapL2promotion l2_promotion, CUtensorMapFloatOOBfill oob_fill))
 
 #define MG_CU_FIELD(name, params) CUresult (CUDAAPI *name) params;
 typedef struct {
@@ -194,6 +198,7 @@ int mg_cu_function_device(PyObject *function);
 extern PyTypeObject *mg_cu_Stream_type;
 extern PyTypeObject *mg_cu_Module_type;
 extern PyTypeObject *mg_cu_Function_type;
+extern PyTypeObject *mg_cu_TensorMap_type;
 
 /* Loads a PTX (str, or bytes without the ELF magic) or cubin (ELF bytes)
  * image into the current context: a new mlirgpu.Module, or NULL with
@@ -201,7 +206,7 @@ extern PyTypeObject *mg_cu_Function_type;
 PyObject *mg_cu_module_load(PyObject *image);
 
 /* module.get_function(name, params): a new mlirgpu.Function. `params` is
- * NULL/None or a sequence of "ptr" and dtypes. */
+ * NULL/None or a sequence of "ptr", "tensormap" and dtypes. */
 PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *params, PyObject *stores);
 
 /* The raw handle of an mlirgpu.Function (borrowed; lives as long as it). */

@@ -788,6 +788,58 @@ static void mgpuMemcpy(void *dst, void *src, uint64_t bytes, void *stream)
         fail(s, r, "mgpuMemcpy: cuMemcpyAsync", "%llu bytes from %p to %p", (unsigned long long)bytes, src, dst);
 }
 
+/* What nvgpu.tma.create.descriptor lowers to (MLIR's nvgpu-to-nvvm): a tensor
+ * map of the ranked memref `descriptor` ({allocated, aligned, offset,
+ * sizes[rank], strides[rank]}) with `box` (sizes in the memref's order),
+ * encoded on the host and copied to device memory, whose address the
+ * kernels take. `data_type` etc. are the CUtensorMap* enumerations. */
+static void *mgpuTensorMapEncodeTiledMemref(int64_t rank, void *descriptor, int64_t data_type, int64_t interleave,
+                                            int64_t swizzle, int64_t l2_promotion, int64_t oob_fill,
+                                            const int64_t *box)
+{
+    /* Bytes of each CUtensorMapDataType, in the enumeration's order. */
+    static const int element_bytes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4};
+    mg_rt_state *s = current;
+    if (s == NULL || !ready(s, "mgpuTensorMapEncodeTiledMemref"))
+        return NULL;
+    if (rank < 1 || rank > 5 || data_type < 0 || data_type >= (int64_t)(sizeof element_bytes / sizeof *element_bytes)) {
+        fail(s, CUDA_ERROR_INVALID_VALUE, "mgpuTensorMapEncodeTiledMemref", "a rank-%lld memref of data type %lld",
+             (long long)rank, (long long)data_type);
+        return NULL;
+    }
+    char *aligned = ((char **)descriptor)[1];
+    const int64_t *fields = (const int64_t *)((char **)descriptor + 2);   /* offset, sizes, strides */
+    const int64_t offset = fields[0], *sizes = fields + 1, *strides = fields + 1 + rank;
+    const int size = element_bytes[data_type];
+    cuuint64_t dims[5], byte_strides[5] = {0};
+    cuuint32_t box_dims[5], element_strides[5];
+    for (int64_t r = 0; r < rank; r++) {   /* innermost first, as the driver takes them */
+        dims[r] = (cuuint64_t)sizes[rank - 1 - r];
+        box_dims[r] = (cuuint32_t)box[rank - 1 - r];
+        element_strides[r] = 1;
+    }
+    for (int64_t r = 0; r + 1 < rank; r++)
+        byte_strides[r] = (cuuint64_t)(strides[rank - 2 - r] * size);
+    CUtensorMap map;
+    CUresult r = mg_cu.cuTensorMapEncodeTiled(&map, (CUtensorMapDataType)data_type, (cuuint32_t)rank,
+                                              aligned + offset * size, dims, byte_strides, box_dims, element_strides,
+                                              (CUtensorMapInterleave)interleave, (CUtensorMapSwizzle)swizzle,
+                                              (CUtensorMapL2promotion)l2_promotion, (CUtensorMapFloatOOBfill)oob_fill);
+    if (r != CUDA_SUCCESS) {
+        fail(s, r, "mgpuTensorMapEncodeTiledMemref: cuTensorMapEncodeTiled", "a rank-%lld memref at %p",
+             (long long)rank, (void *)aligned);
+        return NULL;
+    }
+    void *device = mgpuMemAlloc(sizeof map, NULL, 0);
+    if (device == NULL)
+        return NULL;
+    /* From pageable memory: the map is read before this returns. */
+    r = mg_cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)device, &map, sizeof map, NULL);
+    if (r != CUDA_SUCCESS)
+        fail(s, r, "mgpuTensorMapEncodeTiledMemref: cuMemcpyHtoDAsync", "%zu bytes", sizeof map);
+    return device;
+}
+
 static void mgpuMemset32(void *dst, uint32_t value, uint64_t count, void *stream)
 {
     mg_rt_state *s = current;
@@ -1020,70 +1072,6 @@ void *mg_rt_lend(mg_rt_state *s, void *data, size_t bytes, int writable)
     }
     memcpy((void *)(uintptr_t)copy, data, bytes);
     s->used = 1;
-    return (void *)(uintptr_t)copy;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Tensor maps (nvgpu.tma.create.descriptor)                                 */
-
-/* Bytes of an element of each CUtensorMapDataType up to TFLOAT32_FTZ. */
-static const int tensor_map_element_bytes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4};
-
-/* The tensor map of a memref (its rank and ranked descriptor), tiled in
- * boxes of box[rank] elements (outermost first), in device memory freed at
- * the end of the call. */
-static void *mgpuTensorMapEncodeTiledMemref(int64_t rank, int64_t *descriptor, int64_t data_type, int64_t interleave,
-                                            int64_t swizzle, int64_t l2_promotion, int64_t oob_fill, int64_t *box)
-{
-    mg_rt_state *s = current;
-    if (!ready(s, "mgpuTensorMapEncodeTiledMemref"))
-        return NULL;
-    const char *what = "mgpuTensorMapEncodeTiledMemref: cuTensorMapEncodeTiled";
-    if (rank < 1 || rank > 5 || data_type < 0 ||
-        data_type >= (int64_t)(sizeof tensor_map_element_bytes / sizeof *tensor_map_element_bytes)) {
-        fail(s, CUDA_ERROR_INVALID_VALUE, what, "rank %lld, data type %d: ranks 1 to 5 and the data types up to "
-             "TFLOAT32_FTZ are supported", (long long)rank, (int)data_type);
-        return NULL;
-    }
-    int64_t element = tensor_map_element_bytes[data_type];
-    /* The driver counts dimensions from the innermost. */
-    cuuint64_t dims[5], strides[5];
-    cuuint32_t boxes[5], element_strides[5];
-    for (int64_t i = 0; i < rank; i++) {
-        dims[i] = (cuuint64_t)descriptor[3 + rank - 1 - i];
-        boxes[i] = (cuuint32_t)box[rank - 1 - i];
-        element_strides[i] = 1;
-        if (i + 1 < rank)
-            strides[i] = (cuuint64_t)(descriptor[3 + rank + rank - 2 - i] * element);
-    }
-    void *address = (char *)(intptr_t)descriptor[1] + descriptor[2] * element;
-    CUtensorMap map;
-    CUresult r = mg_cu.cuTensorMapEncodeTiled(&map, (CUtensorMapDataType)data_type, (cuuint32_t)rank, address, dims,
-                                              strides, boxes, element_strides, (CUtensorMapInterleave)interleave,
-                                              (CUtensorMapSwizzle)swizzle, (CUtensorMapL2promotion)l2_promotion,
-                                              (CUtensorMapFloatOOBfill)oob_fill);
-    if (r != CUDA_SUCCESS) {
-        fail(s, r, what, "a rank-%lld memref at %p, data type %d, swizzle %d", (long long)rank, address,
-             (int)data_type, (int)swizzle);
-        return NULL;
-    }
-    /* Kernels take the map by its address in device memory. */
-    CUdeviceptr copy;
-    r = mg_cu.cuMemAlloc(&copy, sizeof map);
-    if (r != CUDA_SUCCESS) {
-        fail(s, r, "mgpuTensorMapEncodeTiledMemref: cuMemAlloc", "%zu bytes", sizeof map);
-        return NULL;
-    }
-    if (track_allocation(s, (void *)(uintptr_t)copy, sizeof map, 0) < 0) {
-        mg_cu.cuMemFree(copy);
-        fail(s, CUDA_ERROR_OUT_OF_MEMORY, "mlirgpu runtime", "no host memory left to track an allocation");
-        return NULL;
-    }
-    r = mg_cu.cuMemcpyHtoDAsync(copy, &map, sizeof map, NULL);
-    if (r == CUDA_SUCCESS)
-        r = mg_cu.cuStreamSynchronize(NULL);
-    if (r != CUDA_SUCCESS)
-        fail(s, r, "mgpuTensorMapEncodeTiledMemref: cuMemcpyHtoDAsync", "%zu bytes", sizeof map);
     return (void *)(uintptr_t)copy;
 }
 

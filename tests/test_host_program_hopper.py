@@ -93,7 +93,7 @@ out["leaked"] = free - mg.cuda.Device(0).mem_info()[0]
 ''', fake_libcuda)
     (line,) = out["maps"]
     # f16 (type 6), the driver's order: innermost dimension first, byte strides of the outer ones.
-    assert "type=6 rank=2" in line and "dims=256,128 strides=512 box=64,64 swizzle=3" in line
+    assert "type=6 rank=2" in line and "dims=256,128 strides=512 box=64,64 " in line and "swizzle=3" in line
     assert out["leaked"] == 0                       # the map's device copy is freed with the call
 
 

@@ -15,13 +15,14 @@ Everything a user needs is exported here (see __all__).
 """
 from ._version import __version__
 from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event, InvalidObjectError,
-                       KernelError, LaunchError, MLIRError, Stream, bf16, bool_, dtype, f16, f32, f64, i8,
-                       i16, i32, i64, index, u8, u16, u32, u64)
-from . import cuda, ir
+                       KernelError, LaunchError, MLIRError, Stream, TensorMap, bf16, bool_, dtype, f16, f32, f64,
+                       i8, i16, i32, i64, index, u8, u16, u32, u64)
+from . import cuda, ir, layout
 from .ir import passes
-from .language import (atomic, block, block_dim, block_idx, cast, constant, generics, grid_dim, load, math, memref,
-                       mma, printf, range_, select, shared, static_range, store, syncthreads, thread_idx,
-                       threadfence, threadfence_block, threadfence_system, vload, vstore, warp)
+from .language import (atomic, block, block_dim, block_idx, cast, constant, generics, grid_dim, load, math,
+                       mbarrier, memref, mma, printf, range_, select, shared, static_range, store, syncthreads,
+                       thread_idx, threadfence, threadfence_block, threadfence_system, tma, vload, vstore, warp,
+                       warpgroup, wgmma)
 from .frontend import func
 from .compiler import Compilation, Target, compile_cubin, compile_ptx
 from .compiler.cache import cache_clear, cache_info
@@ -32,6 +33,7 @@ from .runtime.kernel import Kernel, Specialization, kernel
 from .runtime.vectorize import vectorize
 from .runtime.autotune import Autotuner, autotune
 from .runtime.host_program import HostProgram
+from .runtime.tensormap import tensor_map
 
 __all__ = [
     # errors
@@ -45,6 +47,8 @@ __all__ = [
     "thread_idx", "block_idx", "block_dim", "grid_dim", "constant", "cast", "select", "range_",
     "static_range", "syncthreads", "threadfence", "threadfence_block", "threadfence_system", "printf", "vload",
     "vstore", "load", "store", "math", "atomic", "warp", "block", "shared", "mma",
+    # Hopper: tensor maps, TMA, mbarriers, warpgroup MMA, warpgroups and clusters
+    "TensorMap", "tensor_map", "tma", "mbarrier", "wgmma", "warpgroup",
     # arrays, streams, graphs
     "DeviceArray", "to_device", "empty", "zeros", "asarray", "pinned_empty", "pinned_zeros", "Stream",
     "Event", "Graph", "graph",
@@ -55,15 +59,6 @@ __all__ = [
     "ir", "passes", "layout",
     "__version__",
 ]
-
-
-def __getattr__(name):
-    # mg.layout, pure Python and only needed by layout work, loads on first use.
-    if name == "layout":
-        import importlib
-
-        return importlib.import_module(".layout", __name__)
-    raise AttributeError(f"module 'mlirgpu' has no attribute {name!r}")
 
 
 def __dir__():

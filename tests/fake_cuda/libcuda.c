@@ -226,7 +226,9 @@ API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     if (!strstr(((mod_t *)m)->text, pattern)) return 500;
     fn_t *fn = malloc(sizeof *fn); snprintf(fn->name, sizeof fn->name, "%s", name); *f = (CUfunction)fn; return 0; }
 API CUresult cuFuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) { *v = a == CU_FUNC_ATTRIBUTE_NUM_REGS ? 12 : a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0; return 0; }
-API CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) { return 0; }
+API CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
+    if (a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) note("cuFuncSetAttribute max_dynamic_shared=%d", v);
+    return 0; }
 // How many parameters the emulated kernel `name` takes (record_params: 2 + its count).
 static int param_count(const char *name, void **p) {
     if (!strcmp(name, "add_scalar") || !strcmp(name, "spin_then_set")) return 3;
@@ -244,31 +246,43 @@ API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     if (context_device(current) > 0) note("cuLaunchKernel function=%s stream=%lu device=%d", ((fn_t *)f)->name, H(s), context_device(current));
     else note("cuLaunchKernel function=%s stream=%lu", ((fn_t *)f)->name, H(s));
     op_t op = {OP_LAUNCH, .fn = f, .threads = (unsigned long long)gx * gy * gz * bx * by * bz};
+    if (!strcmp(((fn_t *)f)->name, "tensor_map_first")) {  // a tensor map by value: its first 9 bytes
+        uint64_t where; memcpy(&where, p[0], 8);
+        note("tensor_map_first address=%lu swizzle=%d", (unsigned long)where, ((unsigned char *)p[0])[8]); }
     op.nparams = param_count(((fn_t *)f)->name, p);
     for (int i = 0; i < op.nparams && i < 72; i++) memcpy(&op.params[i], p[i], 8);
     return submit(s, op); }
-// Cluster launches run as plain ones; the cluster shape goes to the log.
+// The extended launch: the cluster shape is logged, the launch is cuLaunchKernel's.
 API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **extra) {
     for (unsigned i = 0; i < c->numAttrs; i++)
         if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
-            note("cuLaunchKernelEx cluster=%u,%u,%u", c->attrs[i].value.clusterDim.x, c->attrs[i].value.clusterDim.y, c->attrs[i].value.clusterDim.z);
-    return cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ, c->sharedMemBytes, c->hStream, p, extra); }
+            note("cuLaunchKernelEx cluster=%u,%u,%u", c->attrs[i].value.clusterDim.x, c->attrs[i].value.clusterDim.y,
+                 c->attrs[i].value.clusterDim.z);
+    return cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                          c->sharedMemBytes, c->hStream, p, extra); }
+// A tensor map's arguments are logged; the map's bytes hold the address and
+// the swizzle, so that a test can see which map a launch passed.
+API CUresult cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType type, cuuint32_t rank, void *address,
+                                    const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box,
+                                    const cuuint32_t *element_strides, CUtensorMapInterleave interleave,
+                                    CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+    if ((uintptr_t)map % 64 || (uintptr_t)address % 16 || rank < 1 || rank > 5) return CUDA_ERROR_INVALID_VALUE;
+    char text[512]; int n = snprintf(text, sizeof text, "cuTensorMapEncodeTiled type=%d rank=%u address=%lu dims=",
+                                     (int)type, rank, H(address));
+    for (cuuint32_t i = 0; i < rank; i++) n += snprintf(text + n, sizeof text - n, "%s%llu", i ? "," : "", (unsigned long long)dims[i]);
+    n += snprintf(text + n, sizeof text - n, " strides=");
+    for (cuuint32_t i = 0; i + 1 < rank; i++) n += snprintf(text + n, sizeof text - n, "%s%llu", i ? "," : "", (unsigned long long)strides[i]);
+    n += snprintf(text + n, sizeof text - n, " box=");
+    for (cuuint32_t i = 0; i < rank; i++) n += snprintf(text + n, sizeof text - n, "%s%u", i ? "," : "", box[i]);
+    n += snprintf(text + n, sizeof text - n, " element_strides=");
+    for (cuuint32_t i = 0; i < rank; i++) n += snprintf(text + n, sizeof text - n, "%s%u", i ? "," : "", element_strides[i]);
+    note("%s interleave=%d swizzle=%d l2=%d oob=%d", text, (int)interleave, (int)swizzle, (int)l2, (int)oob);
+    memset(map, 0, sizeof *map);
+    uint64_t where = (uint64_t)(uintptr_t)address; memcpy(map, &where, 8); ((unsigned char *)map)[8] = (unsigned char)swizzle;
+    return 0; }
 // Host memory is device memory here: registration is only logged.
 API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) { note("cuMemHostRegister ptr=%lu bytes=%zu flags=%u", H(p), n, flags); return 0; }
 API CUresult cuMemHostUnregister(void *p) { note("cuMemHostUnregister ptr=%lu", H(p)); return 0; }
-// The map records what it was made from, for tests to read back through the kernel that gets it.
-API CUresult cuTensorMapEncodeTiled(CUtensorMap *m, CUtensorMapDataType type, cuuint32_t rank, void *address, const cuuint64_t *dims,
-                                    const cuuint64_t *strides, const cuuint32_t *box, const cuuint32_t *elementStrides, CUtensorMapInterleave interleave,
-                                    CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
-    if (rank < 1 || rank > 5 || (uintptr_t)address % 16) return 1;
-    char line[512]; int n = snprintf(line, sizeof line, "cuTensorMapEncodeTiled type=%d rank=%u address=%lu dims=", (int)type, rank, H(address));
-    for (unsigned i = 0; i < rank; i++) n += snprintf(line + n, sizeof line - n, "%s%llu", i ? "," : "", (unsigned long long)dims[i]);
-    n += snprintf(line + n, sizeof line - n, " strides=");
-    for (unsigned i = 0; i + 1 < rank; i++) n += snprintf(line + n, sizeof line - n, "%s%llu", i ? "," : "", (unsigned long long)strides[i]);
-    n += snprintf(line + n, sizeof line - n, " box=");
-    for (unsigned i = 0; i < rank; i++) n += snprintf(line + n, sizeof line - n, "%s%u", i ? "," : "", box[i]);
-    note("%s swizzle=%d", line, (int)swizzle);
-    memset(m, 0, sizeof *m); memcpy(m, &address, sizeof address); return 0; }
 static void run_kernel(op_t *op) {
     void *p[72]; for (int i = 0; i < op->nparams; i++) p[i] = &op->params[i];
     const char *name = ((fn_t *)op->fn)->name; unsigned long long threads = op->threads;

@@ -26,6 +26,7 @@ the llvm dialect for the ExecutionEngine. docs/design/cpu_backend.md has the des
 import os
 
 from .. import ir
+from .._mlirgpu import CompileError
 from ..language import core as lang
 from ..language.intrinsics import Vector
 from ..language.target import Target, llvm_atomicrmw
@@ -123,6 +124,10 @@ class HostTarget(Target):
 
     def index(self, op, axis):
         return lang.current_trace().host_indices[op, axis]
+
+    def require_gpu(self, what):
+        raise CompileError(f"{what} runs only on the GPU (the CPU backend has no TMA, mbarriers or wgmma): "
+                           f"use mg.set_backend('cuda')")
 
     def finish(self, module, state):
         # What the runtime needs besides the code: its string table and static shared bytes.

@@ -3,7 +3,8 @@
 The lowering is an ordered list of named stages, each kept for inspection:
 
     gpu       the module as given
-    outlined  gpu.launch bodies outlined into gpu.func kernels, the NVVM target attached
+    outlined  nvgpu converted to nvvm, gpu.launch bodies outlined into gpu.func kernels,
+              the NVVM target attached
     nvvm      device code in the NVVM and LLVM dialects
     llvm_ir   the LLVM IR that the NVPTX back end compiles
     ptx       PTX text
@@ -25,6 +26,7 @@ from . import toolkit
 from .._mlirgpu import CompileError, MLIRError, PassManager, gpu_objects, llvm_bitcode_to_text
 from ..language import mma
 from ..frontend.kernel import located_compile_error
+from ..language.tma import GRID_CONSTANTS
 
 __all__ = ["CHIPS", "Compilation", "Target", "compile_cubin", "compile_ptx"]
 
@@ -107,21 +109,66 @@ def _chip_number(chip):
     return int(re.match(r"sm_(\d+)", chip).group(1))
 
 
+def _from(minimum):
+    """(allows(chip), what it needs) for an operation of `minimum` and every later chip."""
+    return (lambda chip: _chip_number(chip) >= _chip_number(minimum)), f"{minimum} or later"
+
+
+def _only(*chips):
+    """The same for operations of these chips only (the arch-specific sm_90a ones)."""
+    return (lambda chip: chip in chips), " or ".join(chips)
+
+
+# Operations a chip must have, checked before LLVM runs (its NVPTX back end
+# aborts the process on an instruction the chip lacks): (operation name or
+# prefix, the namespace that emits it, (allows(chip), what it needs)).
+CHIP_OPERATIONS = tuple((name, "mg.mma", _from(chip)) for name, chip in mma.MIN_CHIP.items()) + (
+    ("nvvm.wgmma.", "mg.wgmma", _only("sm_90a")),
+    ("nvgpu.warpgroup.", "nvgpu warpgroup MMA", _only("sm_90a")),
+    ("nvvm.setmaxregister", "mg.warpgroup.set_max_registers", _only("sm_90a", "sm_100a", "sm_120a")),
+    ("nvvm.cp.async.bulk.", "mg.tma", _from("sm_90")),
+    ("nvgpu.tma.", "nvgpu TMA", _from("sm_90")),
+    ("nvvm.mbarrier.arrive.expect_tx", "mg.mbarrier", _from("sm_90")),
+    ("nvvm.mbarrier.try_wait", "mg.mbarrier", _from("sm_90")),
+    ("nvvm.fence.mbarrier.init", "mg.mbarrier", _from("sm_90")),
+    ("nvvm.fence.proxy", "mg.tma", _from("sm_90")),
+    ("nvvm.cluster.", "mg.warpgroup", _from("sm_90")),
+    ("nvvm.read.ptx.sreg.cluster", "mg.warpgroup", _from("sm_90")),
+)
+
+
 def _check_chip_operations(module, chip):
     """Operations the chip lacks would reach LLVM, which aborts the process
     on them: a CompileError at the user's line of the first one instead."""
-    number = _chip_number(chip)
-    if number >= max(_chip_number(c) for c in mma.MIN_CHIP.values()):
-        return
     for op in module.walk():
-        if op.name in mma.MIN_CHIP and number < _chip_number(mma.MIN_CHIP[op.name]):
-            location = op.location
-            where = f"{location.filename}:{location.line}: " if location.filename else ""
-            source = linecache.getline(location.filename, location.line).strip() if location.filename else ""
-            error = CompileError(f"{where}{op.name} (mg.mma) needs {mma.MIN_CHIP[op.name]} or later; this kernel is "
-                                 f"compiled for {chip}" + (f"\n    {source}" if source else ""))
-            error.filename, error.lineno = location.filename, location.line
-            raise error
+        for prefix, what, (allows, needs) in CHIP_OPERATIONS:
+            if op.name.startswith(prefix) and not allows(chip):
+                location = op.location
+                where = f"{location.filename}:{location.line}: " if location.filename else ""
+                source = linecache.getline(location.filename, location.line).strip() if location.filename else ""
+                error = CompileError(f"{where}{op.name} ({what}) needs {needs}; this kernel is compiled for {chip}"
+                                     + (f"\n    {source}" if source else ""))
+                error.filename, error.lineno = location.filename, location.line
+                raise error
+
+
+_GRID_CONSTANT_ATTRS = "{llvm.align = 64 : i64, llvm.byval = !llvm.array<128 x i8>, nvvm.grid_constant}"
+
+
+def _grid_constant_parameters(module):
+    """Each llvm.func parameter listed in its GRID_CONSTANTS (the tensor maps
+    a kernel takes by value, CUDA's __grid_constant__ const CUtensorMap) becomes a
+    64-byte aligned, 128-byte byval grid constant: PTX `.param .align 64
+    .b8 p[128]`, its address taken with cvta.param for TMA."""
+    for op in module.walk():
+        if op.name != "llvm.func" or GRID_CONSTANTS not in op.attributes:
+            continue
+        listed = set(op.get_attribute(GRID_CONSTANTS).value)
+        count = len(op.regions[0].blocks[0].arguments)
+        attrs = ", ".join(_GRID_CONSTANT_ATTRS if i in listed else "{}" for i in range(count))
+        op.set_attribute("arg_attrs", ir.Attribute.parse(f"[{attrs}]"))
+        op.remove_attribute(GRID_CONSTANTS)
+    return module
 
 
 def _check_requirements(module, target, may_raise_ptx):
@@ -195,16 +242,21 @@ class Compilation:
         self.lineinfo = bool(lineinfo)
         self.gpu = str(module)
         t = self.target
-        self._outlined = run_stage(module.clone(), "outlined", "builtin.module(gpu-kernel-outlining, "
+        # nvgpu is converted before outlining, as MLIR's gpu-lower-to-nvvm-pipeline
+        # does: a TMA descriptor that a gpu.launch captures must already be an
+        # !llvm.ptr when it becomes a kernel parameter, or gpu.func cannot be legalized.
+        self._outlined = run_stage(module.clone(), "outlined", "builtin.module(convert-nvgpu-to-nvvm, "
+                              "gpu-kernel-outlining, "
                               f"nvvm-attach-target{{chip={t.chip} features={t.features} O={t.opt_level}}})")
         bare = "true" if self.bare_pointers else "false"
         self._nvvm = run_stage(self._outlined.clone(), "nvvm", ",".join([
-            "builtin.module(convert-nvgpu-to-nvvm", "convert-vector-to-scf", "convert-scf-to-cf",
+            "builtin.module(convert-vector-to-scf", "convert-scf-to-cf",
             "convert-nvvm-to-llvm", "expand-strided-metadata", "lower-affine",
             "convert-arith-to-llvm", "convert-index-to-llvm", "canonicalize", "cse",
             f"gpu.module(convert-gpu-to-nvvm{{use-bare-ptr-memref-call-conv={bare}}}, "
             "canonicalize, cse, reconcile-unrealized-casts)", "convert-func-to-llvm", "reconcile-unrealized-casts"]
             + ([LINEINFO_PASS] if self.lineinfo else [])) + ")")
+        _grid_constant_parameters(self._nvvm)
 
     @cached_property
     def outlined(self):

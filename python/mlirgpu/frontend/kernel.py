@@ -3,7 +3,7 @@
     module = trace_kernel(function, rewritten, "sgemm", params, {"M": 256, ...})
 
 `params` gives each parameter's (name, shape, dtype), shape None for a
-scalar: sizes become the static shapes of the function's memrefs, and inside
+scalar (dtype mlirgpu.TensorMap for a tensor map taken by value): sizes become the static shapes of the function's memrefs, and inside
 the body each generic's name evaluates to its value (so `range(K)` has a
 constant bound and `mg.constant(1.0, dtype)` a concrete type).
 """
@@ -11,8 +11,9 @@ import linecache
 import re
 
 from .. import ir
-from .._mlirgpu import CompileError, MLIRError
+from .._mlirgpu import CompileError, MLIRError, TensorMap
 from ..language import core as lang
+from ..language import tma
 from ..language.target import Target
 from .trace import tracing
 
@@ -31,19 +32,26 @@ def trace_kernel(function, rewritten, name, params, generic_values, *, target=No
     location = ir.Location.file(rewritten[3], function.__code__.co_firstlineno, 0)
     with ir.Context.current():
         module = ir.Module.create(location=location)
-        types, argument_attributes = [], []
+        types, argument_attributes, maps = [], [], []
         for (_, shape, dtype), (readonly, noalias) in zip(params, qualifiers):
+            if dtype is TensorMap:
+                maps.append(len(types))
             parameter_types = (target.memref_parameter_types(list(shape), dtype) if shape is not None
+                               else [ir.Type.parse(tma.PARAMETER_TYPE)] if dtype is TensorMap
                                else [lang.ir_type(dtype)])
             types += parameter_types
             names = (["llvm.noalias"] if noalias else []) + (["llvm.readonly"] if readonly else [])
             argument_attributes += [names] + [[]] * (len(parameter_types) - 1)
-        body = target.kernel_function(module, name, types, location, attributes or {}, argument_attributes)
+        attributes = dict(attributes or {})
+        if maps:
+            attributes[tma.GRID_CONSTANTS] = ir.Attribute.dense_i32_array(maps)
+        body = target.kernel_function(module, name, types, location, attributes, argument_attributes)
         with tracing(function, rewritten, generic_values, target=target,
                      module_state={"fastmath": fastmath}) as trace, ir.InsertionPoint(body):
             target.bind_extra_arguments(trace, body.arguments[len(types):])
             given = iter(body.arguments)
             arguments = [target.memref_parameter(given, list(shape), dtype, p, readonly) if shape is not None
+                         else tma.TensorMapValue(next(given), p) if dtype is TensorMap
                          else lang.Scalar(next(given), dtype)
                          for (p, shape, dtype), (readonly, _) in zip(params, qualifiers)]
             trace.instance(*arguments)

@@ -3,6 +3,7 @@
     tile = mg.shared.array((16, 16), mg.f32)   # static: a memref.global in the gpu.module
     buf = mg.shared.dynamic(mg.f32)            # the launch's shared_mem bytes, as f32
     a, b = buf[0:256], buf[256:512]            # 1-d slices are views (memref.subview)
+    where = mg.shared.address(b, 16)           # u32 shared-memory address of b[16] (TMA, wgmma, mbarrier)
 
 Static arrays are `memref.global`s in address space 3
 (`#gpu.address_space<workgroup>`) of the kernel's gpu.module, read with
@@ -26,7 +27,7 @@ from .. import ir
 from .._mlirgpu import CompileError
 from . import core as lang
 
-__all__ = ["array", "dynamic", "size", "SharedMemRef", "STATIC_LIMIT"]
+__all__ = ["array", "dynamic", "size", "address", "SharedMemRef", "STATIC_LIMIT"]
 
 STATIC_LIMIT = 48 * 1024  # bytes of static shared memory a kernel may declare
 _KDYNAMIC = ir.DYNAMIC  # ShapedType::kDynamic in static_offsets/static_sizes
@@ -193,3 +194,20 @@ def size(memref):
         return lang.constant(memref.extents[0], lang.index)
     op = lang.emit("memref.dim", [memref.value, lang.constant(0, lang.index)], [ir.Type.index()])
     return lang.Scalar(op.result, lang.index)
+
+
+def address(memref, offset=0):
+    """The shared-memory address (u32, in the shared window, as PTX's
+    `.shared` instructions and wgmma descriptors take it) of element
+    `offset` (an int or traced integer, in the memref's elements, counted
+    from its first element) of a shared memref."""
+    if not isinstance(memref, SharedMemRef):
+        raise CompileError(f"mg.shared.address takes a shared-memory array, not {type(memref).__name__}")
+    rank = len(memref.shape)
+    base_type = ir.Type.parse(f"memref<{lang.ir_type(memref.dtype)}{lang.target().shared_memory_space()}>")
+    pointer = lang.emit("memref.extract_aligned_pointer_as_index", [memref.value], [ir.Type.index()]).result
+    metadata = lang.emit("memref.extract_strided_metadata", [memref.value],
+                         [base_type] + [ir.Type.index()] * (1 + 2 * rank))
+    elements = lang.Scalar(metadata.results[1], lang.index) + lang.as_index(offset, "the address's offset")
+    byte_address = lang.Scalar(pointer, lang.index) + elements * memref.dtype.itemsize
+    return lang.cast(byte_address, lang.u32)

@@ -4,7 +4,9 @@ Most of the language (arithmetic, loads, stores, loops) is the same MLIR for
 every target. A few operations are not: thread indices, barriers, printf,
 shuffles, votes and warp reductions, shared memory, memref parameters with
 dynamic extents, fences, ordered atomics, cache-hinted accesses, approximate
-reciprocals, and the checks a debugging target adds around memory accesses. The trace asks its `Target` for those. This class is the
+reciprocals, the Hopper operations only a GPU has, and the checks a
+debugging target adds around memory accesses. The trace asks its `Target`
+for those. This class is the
 GPU's meaning, the gpu and nvvm dialects' own operations; a backend that runs
 kernels elsewhere (the CPU backend, mlirgpu.compiler.cpu) subclasses it, and
 the language never needs to know which one it is tracing for.
@@ -332,6 +334,9 @@ class Target:
     def vector_alignment(self, dtype, nbytes):
         """The alignment a vector access of `nbytes` may assume (the GPU faults on less)."""
         return nbytes
+
+    def require_gpu(self, what):
+        """Before an operation only the GPU has (TMA, mbarriers, wgmma): nothing here."""
 
     def check_access(self, memref, indices, kind, length=1):
         """Before an access of `memref` at `indices`: nothing on the GPU."""

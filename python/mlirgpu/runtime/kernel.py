@@ -19,7 +19,7 @@ import inspect
 import numpy as np
 
 from .. import _mlirgpu, cuda, ir
-from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError
+from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError, TensorMap
 from ..frontend import rewrite as tracer
 from ..frontend.kernel import trace_kernel
 from ..language import core as lang
@@ -32,6 +32,7 @@ __all__ = ["kernel", "Kernel", "Specialization"]
 
 
 _SCALAR_ANNOTATIONS = {int: lang.i32, float: lang.f32, bool: lang.bool_}
+_DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use without asking
 
 
 class Parameter:
@@ -39,16 +40,21 @@ class Parameter:
         self.name = name
         annotation = as_element_type(annotation)
         if isinstance(annotation, MemRefType):
-            self.memref = annotation
+            self.memref, self.dtype = annotation, None
+        elif annotation is TensorMap:
+            self.memref, self.dtype = None, TensorMap
         elif annotation in _SCALAR_ANNOTATIONS:
             self.memref, self.dtype = None, _SCALAR_ANNOTATIONS[annotation]
         elif isinstance(annotation, DType) or is_symbol(annotation):
             self.memref, self.dtype = None, annotation
         else:
             raise CompileError(f"parameter {name!r} needs an annotation: mg.memref[...] for an array, a dtype "
-                               f"(or a dtype generic, int, float, bool) for a scalar; got {annotation!r}")
+                               f"(or a dtype generic, int, float, bool) for a scalar, mg.TensorMap for a "
+                               f"tensor map; got {annotation!r}")
 
     def symbols(self):
+        if self.memref is None and self.dtype is TensorMap:
+            return []
         entries = (self.memref.shape + (self.memref.dtype,)) if self.memref else (self.dtype,)
         return [e for e in entries if is_symbol(e)]
 
@@ -203,7 +209,11 @@ class Kernel(_mlirgpu.Dispatcher):
 
         scalars = []
         for p, arg in zip(self.parameters, args):
-            if p.memref is None:
+            if p.dtype is TensorMap:
+                if not isinstance(arg, TensorMap):
+                    raise LaunchError(f"parameter {p.name!r} is a tensor map: pass one made by mg.tensor_map, "
+                                      f"not {type(arg).__name__}")
+            elif p.memref is None:
                 scalars.append((p, arg))
             else:
                 shape, dtype = _array_shape_dtype(p.name, arg)
@@ -500,10 +510,24 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                 f"fastmath={int(kernel.fastmath)}")
 
     def function_params(self):
-        # An array with dynamic extents: its pointer, then those extents (the launch reads them off the array).
-        return [dtype if shape is None else
+        # An array with dynamic extents: its pointer, then those extents (the launch reads them off the
+        # array); a tensor map: its 128 bytes, by value.
+        return [("tensormap" if dtype is TensorMap else dtype) if shape is None else
                 ("ptr", tuple(d for d, size in enumerate(shape) if size is None)) if None in shape else "ptr"
                 for _, shape, dtype in self._param_types()]
+
+    def function(self):
+        """The kernel loaded on the current device, allowed all the dynamic
+        shared memory the device gives a block: past 48 KB a kernel must opt
+        in, and every launch, the C dispatcher's too, may ask for more."""
+        device = cuda.current_device()
+        fresh = device not in self._functions
+        function = super().function()
+        if fresh:
+            optin = cuda.Device(device).shared_memory_per_block_optin
+            if optin > _DEFAULT_SHARED_LIMIT:
+                function.set_max_dynamic_shared_memory(optin - function.shared_size_bytes)
+        return function
 
     def _miss(self, args, kwargs):
         """A call whose signature the dispatcher has not seen: check the
@@ -515,21 +539,25 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                 if v != self.values[k]]
         if diff:
             raise LaunchError(f"the arguments do not match {self!r}: {', '.join(diff)}")
-        unknown = set(kwargs) - {"grid", "block", "shared_mem", "stream"}
+        unknown = set(kwargs) - {"grid", "block", "shared_mem", "stream", "cluster"}
         if unknown:
             raise TypeError(f"{self!r}: unknown launch keyword {sorted(unknown)[0]!r}")
         if not on_cpu() and not any(isinstance(a, np.ndarray) for a in args):
             try:
-                self.register(args, self.function())
+                self.register(args, self.function_for(args))
             except ValueError:
                 pass  # arguments the dispatcher cannot classify: this path serves them each time
         self.launch(args, **kwargs)
 
-    def launch(self, args, grid=None, block=None, shared_mem=0, stream=None):
-        """Launches with arguments already checked against this specialization."""
+    def launch(self, args, grid=None, block=None, shared_mem=0, stream=None, cluster=None):
+        """Launches with arguments already checked against this specialization;
+        `cluster=(x, y, z)` launches thread-block clusters of that shape."""
         if grid is None or block is None:
             raise LaunchError(f"launching {self.name} needs grid= and block=")
         if on_cpu():
+            if any(isinstance(a, TensorMap) for a in args) or cluster is not None:
+                raise LaunchError(f"{self.name} takes tensor maps or clusters, which only the GPU has: "
+                                  f"use mg.set_backend('cuda')")
             # The CPU backend runs the launch to completion: `stream` has nothing to order.
             cpu.run(self, [_host_view(p.name, a) if shape is not None else a
                            for (p, shape, _), a in zip(self._param_types(), args)], grid, block, shared_mem)
@@ -543,7 +571,10 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                 args = list(args)
                 for i, a in host:
                     args[i] = _mlirgpu.to_device(a, stream=stream)
-            function(*args, grid=grid, block=block, shared_mem=shared_mem, stream=stream)
+            if cluster is None:
+                function(*args, grid=grid, block=block, shared_mem=shared_mem, stream=stream)
+            else:
+                function(*args, grid=grid, block=block, shared_mem=shared_mem, stream=stream, cluster=cluster)
             for i, a in host:
                 # NumPy arrays are copied in, and back after the launch.
                 np.copyto(a, args[i].get(stream=stream))

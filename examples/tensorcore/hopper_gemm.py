@@ -1,0 +1,315 @@
+"""A Hopper (sm_90a) GEMM: TMA copies into a ring of shared-memory stages
+guarded by mbarriers, and warp-specialized wgmma.
+
+    python examples/tensorcore/hopper_gemm.py [M N K] [--dtype bf16|f16] [--out f32|bf16|f16]
+
+C = A @ B with A (M x K) and B (K x N) in bf16 or fp16, accumulated in f32,
+written as f32, bf16 or fp16. One block computes a BM x BN tile of C with
+three warpgroups (384 threads):
+
+- warpgroup 0, the producer, gives most of its registers away (setmaxnreg)
+  and has one thread issue the TMA copies: for each BK-wide slice of K, the
+  A tile (BM x BK) and the B tile (BK x BN) into the next free stage, whose
+  "full" mbarrier counts the bytes as they land;
+- warpgroups 1 and 2, the consumers, claim the registers, wait on a stage's
+  "full" barrier, run 4 wgmma m64nBNk16 each (one 64-row half of the tile)
+  reading A and B straight from shared memory through descriptors computed
+  from the stage's layouts, and free the stage on its "empty" barrier once
+  those wgmmas are done, while the next stage's are already running;
+- the consumers then store their accumulators to C, predicated at the
+  edges of C.
+
+Any M, N, K: the tensor maps' out-of-bounds fill reads zeros past the edges
+of A and B. TMA needs each row's byte stride to be a multiple of 16, so K
+(and N, for B) are padded to multiples of 8 when they are not.
+
+B may also be given transposed (N x K, `b_major="K"`), the layout
+cuBLAS and CUTLASS favour: both operands are then K-major.
+"""
+import argparse
+import sys
+import time
+
+import numpy as np
+
+import mlirgpu as mg
+from mlirgpu.layout import wgmma as wgmma_layout
+
+CONSUMERS = 2                       # consumer warpgroups, 64 rows of the tile each
+THREADS = 128 * (1 + CONSUMERS)
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
+GROUP_M = 8                         # row tiles per group of the block order
+
+
+class Config:
+    """Tile shape and pipeline depth of one GEMM kernel."""
+
+    def __init__(self, bn=256, bk=64, stages=4, b_major="MN"):
+        if b_major not in ("MN", "K"):
+            raise ValueError("b_major is 'MN' (B is K x N) or 'K' (B is given as N x K)")
+        if bk != 64:
+            raise ValueError("BK is 64: one 128-byte swizzled row of 2-byte elements")
+        self.bm, self.bn, self.bk, self.stages, self.b_major = 64 * CONSUMERS, bn, bk, stages, b_major
+
+    def __repr__(self):
+        return f"Config(BM={self.bm}, BN={self.bn}, BK={self.bk}, stages={self.stages}, b_major={self.b_major!r})"
+
+    @property
+    def stage_elements(self):
+        return (self.bm + self.bn) * self.bk
+
+    def shared_bytes(self, itemsize=2):
+        # + 1 KB: the stages start at the first 1024-byte boundary (the 128-byte swizzle's period).
+        return self.stages * self.stage_elements * itemsize + 1024
+
+
+CONFIGS = [Config(256, 64, 4), Config(128, 64, 6), Config(256, 64, 3)]
+
+
+def build(config, dtype):
+    """The kernel of `config` for inputs of `dtype` (mg.bf16 or mg.f16)."""
+    BM, BN, BK, STAGES = config.bm, config.bn, config.bk, config.stages
+    STAGE = config.stage_elements
+    STAGE_BYTES = STAGE * dtype.itemsize
+    B_MAJOR = config.b_major
+    # How each stage's tiles sit in shared memory, as TMA writes them: A is
+    # BM rows of BK (K-major, 128-byte swizzle); B is BN rows of BK when given
+    # as N x K, else BN/64 boxes of BK rows of 64 columns (MN-major).
+    A_TILE = wgmma_layout.tile_layout((64, BK), dtype.itemsize, "128B")
+    if B_MAJOR == "K":
+        B_TILE = wgmma_layout.tile_layout((BN, BK), dtype.itemsize, "128B")
+    else:
+        B_TILE = mg.layout.ComposedLayout(
+            wgmma_layout.swizzle_for("128B", dtype.itemsize), 0,
+            mg.layout.Layout(((64, BN // 64), (8, BK // 8)), ((1, 64 * BK), (64, 8 * 64))))
+    M, N, out_dtype = mg.generics("M N out_dtype")
+
+    @mg.kernel(generics=(M, N, out_dtype), max_threads=THREADS, min_blocks=1)
+    def hopper_gemm(a_map: mg.TensorMap, b_map: mg.TensorMap, C: mg.memref[M, N, out_dtype], K: mg.i32):
+        smem = mg.shared.dynamic(dtype)
+        base = mg.shared.address(smem)
+        first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index) // dtype.itemsize
+        full = mg.mbarrier.array(STAGES)
+        empty = mg.mbarrier.array(STAGES)
+        wg = mg.warpgroup.index()
+        t = mg.warpgroup.thread_index()
+        rows, columns = C.shape
+        tiles_m, tiles_n = -(-rows // BM), -(-columns // BN)
+        k_tiles = (K + (BK - 1)) // BK
+        if mg.thread_idx.x == 0:
+            for s in mg.static_range(STAGES):
+                full.init(s, 1)
+                empty.init(s, 4 * CONSUMERS)  # one arrival per consumer warp
+            mg.mbarrier.fence_init()
+        mg.syncthreads()
+        # Persistent: each block takes tiles block_idx.x, + grid_dim.x, ...; the
+        # stages and their phases run on across tiles (`it` counts K slices).
+        if wg == 0:
+            mg.warpgroup.set_max_registers(PRODUCER_REGISTERS, increase=False)
+            if t == 0:
+                it = mg.constant(0, mg.i32)
+                for tile in range(mg.block_idx.x, tiles_m * tiles_n, mg.grid_dim.x):
+                    # Tiles in groups of GROUP_M rows, column after column inside a
+                    # group: blocks running together share A's and B's panels in L2.
+                    pid = mg.cast(tile, mg.i32)
+                    group_first = pid // (GROUP_M * tiles_n) * GROUP_M
+                    group_rows = mg.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
+                    m0 = (group_first + pid % group_rows) * BM
+                    n0 = pid % (GROUP_M * tiles_n) // group_rows * BN
+                    for kt in range(k_tiles):
+                        s = it % STAGES
+                        if it >= STAGES:
+                            empty.wait(s, (it // STAGES + 1) % 2)  # the consumers freed its last use
+                        full.arrive_expect_tx(s, STAGE_BYTES)
+                        a_at = first + mg.cast(s, mg.index) * STAGE
+                        b_at = a_at + BM * BK
+                        mg.tma.load(a_map, smem, (m0, kt * BK), full, s, offset=a_at)
+                        if B_MAJOR == "K":
+                            mg.tma.load(b_map, smem, (n0, kt * BK), full, s, offset=b_at)
+                        else:
+                            for j in mg.static_range(BN // 64):
+                                mg.tma.load(b_map, smem, (kt * BK, n0 + 64 * j), full, s,
+                                            offset=b_at + j * 64 * BK)
+                        it = it + 1
+        else:
+            mg.warpgroup.set_max_registers(CONSUMER_REGISTERS, increase=True)
+            half = (wg - 1) * 64  # this warpgroup's rows of the tile
+            half_at = mg.cast(half, mg.index) * BK
+            it = mg.constant(0, mg.i32)
+            for tile in range(mg.block_idx.x, tiles_m * tiles_n, mg.grid_dim.x):
+                pid = mg.cast(tile, mg.i32)
+                group_first = pid // (GROUP_M * tiles_n) * GROUP_M
+                group_rows = mg.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
+                m0 = (group_first + pid % group_rows) * BM
+                n0 = pid % (GROUP_M * tiles_n) // group_rows * BN
+                acc = mg.wgmma.zeros(BN)
+                for kt in range(k_tiles):
+                    s = it % STAGES
+                    full.wait(s, it // STAGES % 2)
+                    a_at = first + mg.cast(s, mg.index) * STAGE + half_at
+                    b_at = first + mg.cast(s, mg.index) * STAGE + BM * BK
+                    mg.wgmma.fence()
+                    for kk in mg.static_range(BK // 16):
+                        a = mg.wgmma.descriptor(smem, A_TILE, offset=a_at, k_block=kk)
+                        b = mg.wgmma.descriptor(smem, B_TILE, offset=b_at, k_block=kk, major=B_MAJOR)
+                        acc = mg.wgmma.mma(acc, a, b, n=BN)
+                    mg.wgmma.commit_group()
+                    # The previous slice's wgmmas are done: free its stage.
+                    acc = mg.wgmma.wait_group(1, acc)
+                    if (kt > 0) & (t % 32 == 0):
+                        empty.arrive((it + (STAGES - 1)) % STAGES)
+                    it = it + 1
+                acc = mg.wgmma.wait_group(0, acc)
+                if t % 32 == 0:
+                    empty.arrive((it + (STAGES - 1)) % STAGES)  # the tile's last slice
+                row0 = m0 + half
+                inside = (m0 + BM <= rows) & (n0 + BN <= columns)
+                if inside:
+                    for r in mg.static_range(0, BN // 2, 2):
+                        row, col = mg.wgmma.accumulator_coordinates(r, t)
+                        if columns % 2 == 0:
+                            # Values r and r + 1 are adjacent columns of one row: one paired store.
+                            mg.vstore(C, (row0 + row, n0 + col),
+                                      (mg.cast(acc[r], C.dtype), mg.cast(acc[r + 1], C.dtype)))
+                        else:
+                            C[row0 + row, n0 + col] = mg.cast(acc[r], C.dtype)
+                            C[row0 + row, n0 + col + 1] = mg.cast(acc[r + 1], C.dtype)
+                else:
+                    for r in mg.static_range(BN // 2):
+                        row, col = mg.wgmma.accumulator_coordinates(r, t)
+                        if (row0 + row < rows) & (n0 + col < columns):
+                            C[row0 + row, n0 + col] = mg.cast(acc[r], C.dtype)
+
+    return hopper_gemm
+
+
+_KERNELS = {}
+
+
+def kernel_for(config, dtype):
+    key = (repr(config), dtype)
+    if key not in _KERNELS:
+        _KERNELS[key] = build(config, dtype)
+    return _KERNELS[key]
+
+
+def _padded(array, axis, multiple):
+    """`array` (a DeviceArray) with `axis` zero-padded to a multiple of `multiple`."""
+    size = array.shape[axis]
+    if size % multiple == 0:
+        return array
+    host = array.get()
+    shape = list(host.shape)
+    shape[axis] = -(-size // multiple) * multiple
+    padded = np.zeros(shape, host.dtype)
+    padded[tuple(slice(0, n) for n in host.shape)] = host
+    return mg.to_device(padded)
+
+
+def prepare(A, B, config):
+    """The tensor maps of A (M x K) and B (K x N, or N x K for b_major="K")."""
+    # Rows of K (A, and B given as N x K) or of N (B given as K x N) become multiples of 16 bytes.
+    A, B = _padded(A, 1, 8), _padded(B, 1, 8)
+    a_map = mg.tensor_map(A, box=(config.bm, config.bk), swizzle="128B")
+    if config.b_major == "K":
+        b_map = mg.tensor_map(B, box=(config.bn, config.bk), swizzle="128B")
+    else:
+        b_map = mg.tensor_map(B, box=(config.bk, 64), swizzle="128B")
+    return a_map, b_map
+
+
+def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None):
+    """C = A @ B on the GPU (A: M x K, B: K x N, or N x K with config.b_major == "K"); the
+    arrays are DeviceArrays or any CUDA array object (torch tensors too)."""
+    config = config or CONFIGS[0]
+    A, B = mg.asarray(A), mg.asarray(B)
+    C = None if C is None else mg.asarray(C)
+    M, K = A.shape
+    N = B.shape[0] if config.b_major == "K" else B.shape[1]
+    if C is None:
+        C = mg.empty((M, N), out_dtype)
+    a_map, b_map = maps or prepare(A, B, config)
+    gemm = kernel_for(config, A.dtype)
+    tiles = -(-N // config.bn) * -(-M // config.bm)
+    grid = min(tiles, mg.cuda.Device(mg.cuda.current_device()).multiprocessor_count)
+    gemm[M, N, C.dtype](a_map, b_map, C, K, grid=grid, block=THREADS,
+                        shared_mem=config.shared_bytes(A.dtype.itemsize), stream=stream)
+    return C
+
+
+_MAPS = {}
+
+
+def available():
+    """Whether the GPU backend's current device runs these kernels (sm_90a)."""
+    return mg.backend() == "cuda" and mg.cuda.Device(mg.cuda.current_device()).chip == "sm_90a"
+
+
+def launch(A, B, C, config=None, stream=None):
+    """C = A @ B (A: M x K, B: K x N, C: M x N, DeviceArrays or CUDA arrays of
+    C's type) with `config`; the tensor maps of A and B are made on the first
+    launch with these arrays and kept, as a library caches them."""
+    config = config or CONFIGS[0]
+    A, B = mg.asarray(A), mg.asarray(B)
+    key = (repr(config), A.ptr, A.shape, A.dtype, B.ptr, B.shape)
+    maps = _MAPS.get(key)
+    if maps is None:
+        # The arrays are kept with the maps: their memory cannot be reused under a key.
+        maps = _MAPS[key] = prepare(A, B, config) + (A, B)
+    return matmul(A, B, config=config, C=C, maps=maps[:2], stream=stream)
+
+
+def _inputs(M, N, K, dtype, b_major, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((M, K), dtype=np.float32).astype(dtype.numpy)
+    b = rng.standard_normal((K, N), dtype=np.float32).astype(dtype.numpy)
+    b_given = np.ascontiguousarray(b.T) if b_major == "K" else b
+    return a, b, mg.to_device(a), mg.to_device(b_given)
+
+
+def check(M, N, K, dtype=mg.bf16, out_dtype=mg.f32, config=None):
+    """Largest error of C against a float64 product of the same (rounded) inputs, relative to its scale."""
+    config = config or CONFIGS[0]
+    a, b, dA, dB = _inputs(M, N, K, dtype, config.b_major)
+    C = matmul(dA, dB, out_dtype, config).get().astype(np.float64)
+    reference = a.astype(np.float64) @ b.astype(np.float64)
+    return float(np.max(np.abs(C - reference)) / (np.sqrt(K) + 1e-9))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sizes", nargs="*", type=int, default=[8192, 8192, 8192])
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
+    parser.add_argument("--out", default="bf16", choices=["f32", "bf16", "f16"])
+    parser.add_argument("--b-major", default="MN", choices=["MN", "K"])
+    args = parser.parse_args()
+    M, N, K = (args.sizes * 3)[:3] if len(args.sizes) == 1 else args.sizes
+    dtype, out_dtype = mg.dtype(args.dtype), mg.dtype(args.out)
+    if not mg.cuda.is_available():
+        spec = kernel_for(CONFIGS[0], dtype)[M, N, out_dtype]
+        ptx = spec.ptx("sm_90a")
+        print(f"no GPU: PTX for sm_90a has {ptx.count('wgmma.mma_async')} wgmma.mma_async and "
+              f"{ptx.count('cp.async.bulk.tensor')} cp.async.bulk.tensor")
+        return
+    for listed in CONFIGS:
+        config = Config(listed.bn, listed.bk, listed.stages, args.b_major)
+        a, b, dA, dB = _inputs(M, N, K, dtype, config.b_major)
+        maps = prepare(dA, dB, config)
+        C = matmul(dA, dB, out_dtype, config, maps=maps)
+        # Checked on 64 rows spread over C (a float64 product of all of it takes minutes on the host).
+        rows = np.linspace(0, M - 1, min(M, 64)).astype(int)
+        exact = a[rows].astype(np.float64) @ b.astype(np.float64)
+        error = np.max(np.abs(C.get()[rows].astype(np.float64) - exact)) / np.max(np.abs(exact))
+        repeats = 20
+        start = time.perf_counter()
+        for _ in range(repeats):
+            matmul(dA, dB, out_dtype, config, C=C, maps=maps)
+        mg.cuda.synchronize()
+        seconds = (time.perf_counter() - start) / repeats
+        print(f"{config}: {M}x{N}x{K} {dtype.name}->{out_dtype.name}: {seconds * 1e3:.3f} ms, "
+              f"{2 * M * N * K / seconds / 1e12:.1f} TFLOP/s, relative error {error:.1e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""mg.mbarrier: Hopper's shared-memory barriers that count arrivals and bytes.
+
+    bars = mg.mbarrier.array(4)            # 4 barriers in static shared memory
+    if mg.thread_idx.x == 0:
+        bars.init(0, 1)                    # expects 1 arrival per phase
+        mg.mbarrier.fence_init()           # make the initialisation visible to the copy engine
+    mg.syncthreads()
+    bars.arrive_expect_tx(0, 8192)         # one arrival, and 8192 bytes of TMA copies to come
+    bars.wait(0, phase)                    # until phase `phase` (0 or 1) of barrier 0 completes
+
+An mbarrier completes a phase when its expected arrivals have arrived and
+the transaction bytes it was told to expect (by `arrive_expect_tx`) have
+been written by the copies that name it (mg.tma.load); `wait` spins on
+`mbarrier.try_wait.parity` with the phase's parity. Needs sm_90 or later.
+"""
+from .. import ir
+from .._mlirgpu import CompileError
+from . import core as lang
+from . import shared
+
+__all__ = ["Barriers", "array", "fence_init"]
+
+
+def _i32(value, what):
+    if isinstance(value, lang.Scalar):
+        if not lang.is_integer(value.dtype) and value.dtype != lang.bool_:
+            raise CompileError(f"{what} must be an integer, not a {value.dtype.name} value")
+        return lang.cast(value, lang.i32)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2 ** 31:
+        return lang.constant(value, lang.i32)
+    raise CompileError(f"{what} must be a non-negative int or a traced integer, not {value!r}")
+
+
+def shared_pointer(address):
+    """A u32 shared-memory address as an LLVM pointer in address space 3."""
+    return lang.emit("llvm.inttoptr", [lang.cast(address, lang.i32)], [ir.Type.parse("!llvm.ptr<3>")]).result
+
+
+class Barriers:
+    """`count` mbarriers (8 bytes each) in shared memory; every method takes
+    the barrier's index (an int or a traced integer)."""
+
+    def __init__(self, memref, count):
+        self.memref, self.count = memref, count
+
+    def __repr__(self):
+        return f"<{self.count} traced mbarriers>"
+
+    def __len__(self):
+        return self.count
+
+    def _check(self, index):
+        if isinstance(index, int) and not isinstance(index, bool) and not 0 <= index < self.count:
+            raise CompileError(f"mbarrier index {index} is out of range: there are {self.count}")
+
+    def address(self, index):
+        """The u32 shared-memory address of barrier `index`."""
+        self._check(index)
+        return shared.address(self.memref, index)
+
+    def pointer(self, index):
+        return shared_pointer(self.address(index))
+
+    def init(self, index, arrivals):
+        """Barrier `index` expects `arrivals` arrivals per phase (one thread initialises it)."""
+        lang.target().require_gpu("mg.mbarrier")
+        lang.emit("nvvm.mbarrier.init", [self.pointer(index), _i32(arrivals, "the arrival count")])
+
+    def arrive(self, index):
+        """One arrival of the calling thread."""
+        lang.emit("nvvm.mbarrier.arrive", [self.pointer(index)], [ir.Type.integer(64)])
+
+    def arrive_expect_tx(self, index, nbytes):
+        """One arrival, and `nbytes` more transaction bytes the phase waits for."""
+        lang.emit("nvvm.mbarrier.arrive.expect_tx", [self.pointer(index), _i32(nbytes, "the byte count")],
+                  [ir.Type.integer(64)], attributes={"relaxed": ir.Attribute.parse("false"),
+                                                     "scope": ir.Attribute.parse("#nvvm.mem_scope<cta>")})
+
+    def wait(self, index, phase):
+        """Until the phase of parity `phase` (0 or 1, an int or traced integer) completes."""
+        lang.emit("nvvm.mbarrier.try_wait.parity", [self.pointer(index), _i32(phase, "the phase parity"),
+                                                    lang.constant(10_000_000, lang.i32)])
+
+
+def array(count):
+    """`count` mbarriers in static shared memory, one set per call site."""
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 1024:
+        raise CompileError(f"mg.mbarrier.array takes a count from 1 to 1024, not {count!r}")
+    lang.target().require_gpu("mg.mbarrier")
+    return Barriers(shared.array((count,), lang.u64), count)
+
+
+def fence_init():
+    """Makes the barriers this thread initialised visible to the other
+    threads of the cluster and to the copy engine (fence.mbarrier_init)."""
+    lang.target().require_gpu("mg.mbarrier")
+    lang.emit("nvvm.fence.mbarrier.init")

@@ -1,0 +1,131 @@
+"""mg.tma: Hopper's tensor memory accelerator (bulk tensor copies) in kernels.
+
+A kernel takes a tensor map (made on the host by mg.tensor_map) as a
+parameter annotated `mg.TensorMap`; it is passed by value, as CUDA's
+`__grid_constant__ const CUtensorMap`. One thread starts a copy of one box:
+
+    @mg.kernel
+    def k(a_map: mg.TensorMap, ...):
+        tiles = mg.shared.dynamic(mg.bf16)
+        bars = mg.mbarrier.array(1)
+        ...
+        if mg.thread_idx.x == 0:
+            bars.arrive_expect_tx(0, 128 * 64 * 2)
+            mg.tma.load(a_map, tiles, (row, col), bars, 0)   # box at (row, col) -> tiles[0:]
+        bars.wait(0, 0)
+
+Coordinates are in the array's order (row, column), in elements; a box
+that reaches past the array's edge reads the map's out-of-bounds fill
+(zeros by default), and a store writes only the part inside the array.
+Needs sm_90 or later; the destination must be aligned to 128 bytes (1024
+for the 128-byte swizzle).
+"""
+from .. import ir
+from .._mlirgpu import CompileError
+from . import core as lang
+from . import shared
+from .mbarrier import Barriers, shared_pointer
+
+# The gpu.func attribute listing its tensor-map parameters: MLIR's gpu-to-nvvm
+# conversion keeps function attributes but drops `llvm.byval` on arguments, so
+# the compiler makes the listed parameters byval grid constants after it.
+GRID_CONSTANTS = "mlirgpu.grid_constants"
+PARAMETER_TYPE = "!llvm.ptr"
+
+__all__ = ["GRID_CONSTANTS", "TensorMapValue", "load", "store", "commit_group", "wait_group", "fence_proxy_async"]
+
+
+class TensorMapValue:
+    """A traced tensor-map parameter: the address of the kernel's 128-byte
+    parameter (PTX param space, read by the copy engine)."""
+
+    __slots__ = ("value", "name")
+
+    def __init__(self, value, name=None):
+        self.value, self.name = value, name
+
+    def __repr__(self):
+        return f"<traced tensor map {self.name or ''}>"
+
+
+def _coordinates(coords):
+    coords = coords if isinstance(coords, (tuple, list)) else (coords,)
+    if not 1 <= len(coords) <= 5:
+        raise CompileError(f"a TMA copy takes 1 to 5 coordinates, got {len(coords)}")
+    values = []
+    for c in reversed(coords):  # the instruction takes the innermost dimension first
+        if isinstance(c, lang.Scalar):
+            if not lang.is_integer(c.dtype):
+                raise CompileError(f"TMA coordinates are integers, not {c.dtype.name}")
+            values.append(lang.cast(c, lang.i32))
+        elif isinstance(c, int) and not isinstance(c, bool):
+            values.append(lang.constant(c, lang.i32))
+        else:
+            raise CompileError(f"TMA coordinates are ints or traced integers, not {type(c).__name__}")
+    return values
+
+
+def _map(tensor_map):
+    if not isinstance(tensor_map, TensorMapValue):
+        raise CompileError(f"expected a tensor-map parameter (annotated mg.TensorMap), not "
+                           f"{type(tensor_map).__name__}")
+    lang.target().require_gpu("mg.tma")
+    return tensor_map.value
+
+
+def load(tensor_map, destination, coords, barriers, barrier=0, offset=0):
+    """Starts copying the box at `coords` of the tensor map's array into the
+    shared memref `destination` (from element `offset`); barrier `barrier`
+    of `barriers` counts its bytes as they land."""
+    descriptor = _map(tensor_map)
+    if not isinstance(barriers, Barriers):
+        raise CompileError(f"mg.tma.load completes on an mg.mbarrier array, not {type(barriers).__name__}")
+    values = _coordinates(coords)
+    cluster = lang.emit("llvm.addrspacecast", [shared_pointer(shared.address(destination, offset))],
+                        [ir.Type.parse("!llvm.ptr<7>")]).result
+    lang.emit("nvvm.cp.async.bulk.tensor.shared.cluster.global",
+              [cluster, descriptor, *values, barriers.pointer(barrier)], attributes={
+                  "isCTAOnly": ir.Attribute.parse("false"),
+                  "mode": ir.Attribute.parse("#nvvm.tma_load_mode<tile>"),
+                  "operandSegmentSizes": ir.Attribute.dense_i32_array([1, 1, len(values), 1, 0, 0, 0, 0])})
+
+
+def store(tensor_map, source, coords, offset=0):
+    """Starts copying the shared memref `source` (from element `offset`) to
+    the box at `coords` of the tensor map's array. Shared memory written by
+    ordinary stores needs `fence_proxy_async()` and a barrier first; the
+    copy is complete after `commit_group()` and `wait_group(0)`."""
+    descriptor = _map(tensor_map)
+    values = _coordinates(coords)
+    lang.emit("nvvm.cp.async.bulk.tensor.global.shared.cta",
+              [descriptor, shared_pointer(shared.address(source, offset)), *values], attributes={
+                  "mode": ir.Attribute.parse("#nvvm.tma_store_mode<tile>"),
+                  "operandSegmentSizes": ir.Attribute.dense_i32_array([1, 1, len(values), 0, 0])})
+
+
+def commit_group():
+    """Closes the group of TMA stores this thread started (cp.async.bulk.commit_group)."""
+    lang.target().require_gpu("mg.tma")
+    lang.emit("nvvm.cp.async.bulk.commit.group")
+
+
+def wait_group(pending=0, *, read=False):
+    """Until at most `pending` groups of this thread's stores are in flight;
+    `read=True` waits only until their shared memory has been read (so it
+    may be reused), not until the global writes are done."""
+    if not isinstance(pending, int) or isinstance(pending, bool) or not 0 <= pending <= 63:
+        raise CompileError(f"mg.tma.wait_group takes a Python int from 0 to 63, not {pending!r}")
+    lang.target().require_gpu("mg.tma")
+    attributes = {"group": ir.Attribute.integer(pending, ir.Type.integer(32))}
+    if read:
+        attributes["read"] = ir.Attribute.unit()
+    lang.emit("nvvm.cp.async.bulk.wait_group", attributes=attributes)
+
+
+def fence_proxy_async():
+    """Orders this thread's ordinary shared-memory writes before later reads
+    by the copy engine and the tensor cores (fence.proxy.async.shared::cta);
+    a barrier after it extends that to the other threads' writes."""
+    lang.target().require_gpu("mg.tma")
+    lang.emit("nvvm.fence.proxy", attributes={"kind": ir.Attribute.parse("#nvvm.proxy_kind<async.shared>"),
+                                              "space": ir.Attribute.parse("#nvvm.shared_space<cta>")})

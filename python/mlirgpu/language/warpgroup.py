@@ -1,0 +1,63 @@
+"""mg.warpgroup: warpgroups, their registers, and thread-block clusters (sm_90).
+
+A warpgroup is 4 consecutive warps (128 threads); Hopper's wgmma runs on
+one. Warp-specialized kernels give warpgroups different roles, one branch
+of an `if` each, and move registers from the producer to the consumers:
+
+    @mg.kernel(max_threads=384, min_blocks=1)     # setmaxnreg needs the register cap
+    def k(...):
+        if mg.warpgroup.index() == 0:
+            mg.warpgroup.set_max_registers(40, increase=False)    # producer: TMA copies
+            ...
+        else:
+            mg.warpgroup.set_max_registers(232, increase=True)    # consumers: wgmma
+            ...
+
+Clusters (a launch's `cluster=(x, y, z)`): `cluster_rank()` is the block's
+rank in its cluster, `cluster_sync()` a barrier over the cluster's blocks.
+"""
+from .. import ir
+from .._mlirgpu import CompileError
+from . import core as lang
+
+__all__ = ["SIZE", "index", "thread_index", "set_max_registers", "cluster_rank", "cluster_sync"]
+
+SIZE = 128
+
+
+def index():
+    """The calling thread's warpgroup in its block (thread_idx.x // 128, as i32)."""
+    return lang.cast(lang.thread_idx.x, lang.i32) // SIZE
+
+
+def thread_index():
+    """The calling thread's index in its warpgroup (0-127, as i32)."""
+    return lang.cast(lang.thread_idx.x, lang.i32) % SIZE
+
+
+def set_max_registers(count, *, increase):
+    """setmaxnreg (sm_90a): this warpgroup's threads release registers down
+    to `count` (increase=False) or claim them up to `count` (increase=True),
+    a multiple of 8 from 24 to 256. All warps of the warpgroup must run it;
+    it takes effect only in a kernel with a register cap (@mg.kernel's
+    max_threads with min_blocks=1)."""
+    if not isinstance(count, int) or isinstance(count, bool) or not (24 <= count <= 256 and count % 8 == 0):
+        raise CompileError(f"setmaxnreg takes a multiple of 8 from 24 to 256, not {count!r}")
+    lang.target().require_gpu("mg.warpgroup.set_max_registers")
+    action = "increase" if increase else "decrease"
+    lang.emit("nvvm.setmaxregister", attributes={"action": ir.Attribute.parse(f"#nvvm<action {action}>"),
+                                                 "regCount": ir.Attribute.integer(count, ir.Type.integer(32))})
+
+
+def cluster_rank():
+    """The block's rank in its thread-block cluster (%cluster_ctarank, as i32)."""
+    lang.target().require_gpu("mg.warpgroup.cluster_rank")
+    return lang.Scalar(lang.emit("nvvm.read.ptx.sreg.cluster.ctarank", results=[ir.Type.integer(32)]).result,
+                       lang.i32)
+
+
+def cluster_sync():
+    """A barrier over every thread of every block of the cluster (barrier.cluster.arrive + wait)."""
+    lang.target().require_gpu("mg.warpgroup.cluster_sync")
+    lang.emit("nvvm.cluster.arrive", attributes={"aligned": ir.Attribute.unit()})
+    lang.emit("nvvm.cluster.wait", attributes={"aligned": ir.Attribute.unit()})

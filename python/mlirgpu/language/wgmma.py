@@ -1,0 +1,172 @@
+"""mg.wgmma: Hopper's warpgroup matrix multiply-accumulate (sm_90a).
+
+A warpgroup (4 consecutive warps, 128 threads, starting at a warp index
+divisible by 4) multiplies a 64 x K tile of A by a K x N tile of B, both in
+shared memory, into an accumulator held in registers across its threads:
+
+    A_TILE = mg.layout.wgmma.tile_layout((64, 64), 2, "128B")      # how A sits in shared memory
+    acc = mg.wgmma.zeros(128)                                        # m64n128, f32: 64 values a thread
+    mg.wgmma.fence()
+    for k in mg.static_range(4):                                     # 4 x k16 = one 64-wide K tile
+        a = mg.wgmma.descriptor(sA, A_TILE, k_block=k)
+        b = mg.wgmma.descriptor(sB, B_TILE, k_block=k)
+        acc = mg.wgmma.mma(acc, a, b, n=128)
+    mg.wgmma.commit_group()
+    acc = mg.wgmma.wait_group(0, acc)                                # the accumulator, once written
+
+Descriptors are computed from layouts (mlirgpu.layout.wgmma.descriptor: the
+leading and stride byte offsets and the swizzle mode); a layout wgmma cannot
+read is a CompileError at the line that asks for its descriptor. The
+accumulator is a list of traced f32 values (N/2 per thread) that loops
+carry like any list of scalars; `accumulator_coordinates` says which (row,
+column) of the 64 x N tile each one is.
+"""
+from .. import ir
+from .._mlirgpu import CompileError
+from ..layout import wgmma as wgmma_layout
+from . import core as lang
+from . import shared
+
+__all__ = ["Descriptor", "descriptor", "mma", "zeros", "fence", "commit_group", "wait_group",
+           "accumulator_coordinates"]
+
+_INPUTS = {lang.f16: "f16", lang.bf16: "bf16"}
+
+
+class Descriptor:
+    """A traced 64-bit shared-memory matrix descriptor and what it reads."""
+
+    __slots__ = ("value", "dtype", "major", "fields")
+
+    def __init__(self, value, dtype, major, fields):
+        self.value, self.dtype, self.major, self.fields = value, dtype, major, fields
+
+    def __repr__(self):
+        return f"<traced wgmma descriptor {self.fields!r}>"
+
+
+def descriptor(tile, layout, *, offset=0, k_block=0, major="K"):
+    """The descriptor of the operand tile at element `offset` of the shared
+    memref `tile`, laid out as `layout` (over the tile's (MN, K)
+    coordinates, a swizzle composed on top for the swizzled modes), for the
+    `k_block`-th 16-deep slice of K that one mma reads."""
+    lang.target().require_gpu("mg.wgmma")
+    if not isinstance(tile, shared.SharedMemRef):
+        raise CompileError(f"a wgmma operand is a shared-memory array, not {type(tile).__name__}")
+    if tile.dtype not in _INPUTS:
+        raise CompileError(f"wgmma here multiplies f16 or bf16 operands, not {tile.dtype.name}")
+    try:
+        fields = wgmma_layout.descriptor(layout, tile.dtype.itemsize, major)
+    except (TypeError, ValueError) as error:
+        raise CompileError(f"no wgmma descriptor for this shared layout: {error}") from None
+    if not isinstance(k_block, int) or isinstance(k_block, bool) or not 0 <= k_block < len(fields.k_offsets):
+        raise CompileError(f"k_block must be a Python int below {len(fields.k_offsets)} "
+                           f"(the tile's K / 16), not {k_block!r}")
+    # The fixed fields, then the start address (>> 4, 14 bits) at run time.
+    constant_part = fields.encode(0)
+    address = shared.address(tile, offset) + fields.k_offsets[k_block]
+    start = lang.cast((address >> 4) & 0x3FFF, lang.u64)
+    return Descriptor(start | lang.constant(constant_part, lang.u64), tile.dtype, major, fields)
+
+
+def zeros(n):
+    """A zero accumulator of an m64nNk16 f32 wgmma: N/2 traced f32 values."""
+    _check_n(n)
+    zero = lang.constant(0.0, lang.f32)
+    return [zero] * (n // 2)
+
+
+def _check_n(n):
+    if not isinstance(n, int) or isinstance(n, bool) or not (8 <= n <= 256 and n % 8 == 0):
+        raise CompileError(f"a wgmma's N is a multiple of 8 from 8 to 256, not {n!r}")
+
+
+def mma(acc, a, b, *, n):
+    """acc + A @ B for one m64nNk16 wgmma (f32 accumulate) of the
+    descriptors `a` (64 x 16, K-major) and `b` (N x 16, K-major or MN-major);
+    returns the new accumulator. Asynchronous: its result may be read only
+    after `commit_group()` and `wait_group(...)`."""
+    lang.target().require_gpu("mg.wgmma")
+    _check_n(n)
+    if not isinstance(a, Descriptor) or not isinstance(b, Descriptor):
+        raise CompileError("mg.wgmma.mma takes descriptors from mg.wgmma.descriptor for a and b")
+    if a.dtype != b.dtype:
+        raise CompileError(f"wgmma operands have one element type, got {a.dtype.name} and {b.dtype.name}")
+    if a.major != "K":
+        raise CompileError("A is read K-major from shared memory (its rows contiguous along K)")
+    if not isinstance(acc, (list, tuple)) or len(acc) != n // 2:
+        raise CompileError(f"an m64n{n} accumulator is a list of {n // 2} f32 values, got "
+                           f"{len(acc) if isinstance(acc, (list, tuple)) else type(acc).__name__}")
+    values = [lang.coerce(v, lang.f32, "a wgmma accumulator value") for v in acc]
+    struct = ir.Type.parse(f"!llvm.struct<({', '.join(['f32'] * len(values))})>")
+    packed = lang.emit("llvm.mlir.undef", results=[struct]).result
+    for i, v in enumerate(values):
+        packed = lang.emit("llvm.insertvalue", [packed, v], [struct],
+                           attributes={"position": ir.Attribute.dense_i64_array([i])}).result
+    kind = _INPUTS[a.dtype]
+    op = lang.emit("nvvm.wgmma.mma_async", [packed, a.value, b.value], [struct], attributes={
+        "shape": ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = 16>"),
+        "typeA": ir.Attribute.parse(f"#nvvm.wgmma_type<{kind}>"),
+        "typeB": ir.Attribute.parse(f"#nvvm.wgmma_type<{kind}>"),
+        "typeD": ir.Attribute.parse("#nvvm.wgmma_type<f32>"),
+        "scaleA": ir.Attribute.parse("#nvvm.wgmma_scale_in<one>"),
+        "scaleB": ir.Attribute.parse("#nvvm.wgmma_scale_in<one>"),
+        "scaleD": ir.Attribute.parse("#nvvm.wgmma_scale_out<one>"),
+        "layoutA": ir.Attribute.parse("#nvvm.mma_layout<row>"),
+        # K-major B is the "col" (untransposed) operand of the PTX instruction.
+        "layoutB": ir.Attribute.parse(f"#nvvm.mma_layout<{'col' if b.major == 'K' else 'row'}>")})
+    return [lang.Scalar(lang.emit("llvm.extractvalue", [op.result], [ir.Type.f32()],
+                                  attributes={"position": ir.Attribute.dense_i64_array([i])}).result, lang.f32)
+            for i in range(len(values))]
+
+
+def fence():
+    """Orders register and shared-memory accesses before the wgmmas that follow (wgmma.fence)."""
+    lang.target().require_gpu("mg.wgmma")
+    lang.emit("nvvm.wgmma.fence.aligned")
+
+
+def commit_group():
+    """Closes the group of wgmmas issued since the last commit."""
+    lang.target().require_gpu("mg.wgmma")
+    lang.emit("nvvm.wgmma.commit.group.sync.aligned")
+
+
+def wait_group(pending=0, accumulator=None):
+    """Until at most `pending` (a Python int) committed groups are in flight.
+
+    Given the accumulator that those groups write, returns it as the wait's
+    result: code that reads the accumulator then depends on the wait, so the
+    compiler cannot move those reads (a conversion, a store, a register
+    copy) above it, where they would race with the tensor cores or make
+    ptxas serialize the wgmmas (its warning C7514)."""
+    if not isinstance(pending, int) or isinstance(pending, bool) or not 0 <= pending <= 7:
+        raise CompileError(f"mg.wgmma.wait_group takes a Python int from 0 to 7, not {pending!r}")
+    lang.target().require_gpu("mg.wgmma")
+    if accumulator is None:
+        lang.emit("nvvm.wgmma.wait.group.sync.aligned",
+                  attributes={"group": ir.Attribute.integer(pending, ir.Type.integer(64))})
+        return None
+    values = [lang.coerce(v, lang.f32, "a wgmma accumulator value") for v in accumulator]
+    struct = ir.Type.parse(f"!llvm.struct<({', '.join(['f32'] * len(values))})>")
+    # Each value in and out of the same register ("=f" tied to its input "N").
+    constraints = ",".join(["=f"] * len(values) + [str(i) for i in range(len(values))])
+    op = lang.emit("llvm.inline_asm", values, [struct], attributes={
+        "asm_string": ir.Attribute.string(f"wgmma.wait_group.sync.aligned {pending};"),
+        "constraints": ir.Attribute.string(constraints),
+        "has_side_effects": ir.Attribute.unit()})
+    return [lang.Scalar(lang.emit("llvm.extractvalue", [op.result], [ir.Type.f32()],
+                                  attributes={"position": ir.Attribute.dense_i64_array([i])}).result, lang.f32)
+            for i in range(len(values))]
+
+
+def accumulator_coordinates(register, lane_in_warpgroup):
+    """(row, column) in the 64 x N tile of accumulator value `register`
+    (a Python int) held by thread `lane_in_warpgroup` (0-127, traced or int):
+    warp w holds rows 16w..16w+15; each group of four values covers 8
+    columns, rows r and r + 8, two adjacent columns each."""
+    t = lane_in_warpgroup
+    warp, lane = t // 32, t % 32
+    row = warp * 16 + lane // 4 + 8 * ((register >> 1) & 1)
+    column = (register >> 2) * 8 + (lane % 4) * 2 + (register & 1)
+    return row, column

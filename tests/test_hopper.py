@@ -1,0 +1,538 @@
+"""Hopper (sm_90a) from the kernel language, without a GPU: TMA, mbarriers,
+wgmma, setmaxnreg and clusters lower to their PTX instructions and ptxas
+accepts them; tensor-map arguments and wgmma descriptors are computed from
+layouts (checked against values worked out by hand); each misuse is a
+CompileError at the user's line; tensor maps and cluster launches reach the
+driver (the fake one of tests/fake_cuda)."""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import mlirgpu as mg
+import mlirgpu.compiler
+from checks import assert_isolated, toolkit_without_ptxas
+from mlirgpu import ir
+from mlirgpu.layout import Layout, Swizzle, wgmma as wgmma_layout
+from mlirgpu.layout.swizzle import ComposedLayout
+from mlirgpu.runtime.tensormap import box_layout, encode_arguments
+
+PTXAS = os.path.join(mlirgpu.compiler.CUDA_HOME, "bin", "ptxas")
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "tensorcore")
+
+A_TILE = wgmma_layout.tile_layout((64, 64), 2, "128B")
+B_TILE = wgmma_layout.tile_layout((128, 64), 2, "128B")
+
+
+def assemble(ptx, tmp_path):
+    """ptxas -arch=sm_90a must accept the PTX."""
+    if not os.path.exists(PTXAS):
+        pytest.skip(f"no ptxas at {PTXAS}")
+    source = tmp_path / "kernel.ptx"
+    source.write_text(ptx)
+    result = subprocess.run([PTXAS, "-arch=sm_90a", "-v", str(source), "-o", str(tmp_path / "kernel.cubin")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stderr
+
+
+def line_of(function, text):
+    """The line number of the first source line of `function` containing `text`."""
+    import inspect
+    lines, first = inspect.getsourcelines(function)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+# --------------------------------------------------------------------------
+# The pipeline's order: nvgpu is converted before kernels are outlined
+# --------------------------------------------------------------------------
+
+TMA_PROGRAM = """
+!barrier = !nvgpu.mbarrier.group<memorySpace = #gpu.address_space<workgroup>>
+!tile = memref<64x64xf16, #gpu.address_space<workgroup>>
+!map = !nvgpu.tensormap.descriptor<tensor = !tile, swizzle = swizzle_128b, l2promo = none, oob = zero,
+                                   interleave = none>
+module attributes {gpu.container_module} {
+  memref.global "private" @tile : !tile
+  func.func @load_tile(%d: memref<64x64xf16>) {
+    %c1 = arith.constant 1 : index
+    %c64 = arith.constant 64 : index
+    %c128 = arith.constant 128 : index
+    %cast = memref.cast %d : memref<64x64xf16> to memref<*xf16>
+    %desc = nvgpu.tma.create.descriptor %cast box[%c64, %c64] : memref<*xf16> -> !map
+    gpu.launch blocks(%bx, %by, %bz) in (%x = %c1, %y = %c1, %z = %c1)
+               threads(%tx, %ty, %tz) in (%a = %c128, %b = %c1, %c = %c1) {
+      %c0 = arith.constant 0 : index
+      %bytes = arith.constant 8192 : index
+      %bar = nvgpu.mbarrier.create -> !barrier
+      nvgpu.mbarrier.init %bar[%c0], %c1 : !barrier
+      %smem = memref.get_global @tile : !tile
+      nvgpu.tma.async.load %desc[%c0, %c0], %bar[%c0] to %smem : !map, !barrier -> !tile
+      nvgpu.mbarrier.arrive.expect_tx %bar[%c0], %bytes : !barrier
+      %phase = arith.constant false
+      %ticks = arith.constant 10000000 : index
+      nvgpu.mbarrier.try_wait.parity %bar[%c0], %phase, %ticks : !barrier
+      gpu.terminator
+    }
+    return
+  }
+}
+"""
+
+
+def test_tma_program_with_a_captured_descriptor_compiles(ctx, tmp_path):
+    # Outlining first would make the descriptor a gpu.func parameter of nvgpu
+    # type, which nothing legalizes ("failed to legalize operation 'gpu.func'").
+    compilation = mg.Compilation(ir.Module.parse(TMA_PROGRAM), "sm_90a")
+    ptx = compilation.ptx
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in ptx
+    assert "mbarrier.try_wait.parity.shared.b64" in ptx
+    assert "!nvgpu" not in compilation.outlined
+    assemble(ptx, tmp_path)
+
+
+# The same load as a whole host program: the argument copied to the device
+# first, the tile in dynamic shared memory (a host-level memref.global of
+# workgroup memory has no host lowering); the host half of the descriptor is
+# a call of the runtime's mgpuTensorMapEncodeTiledMemref.
+HOST_TMA_PROGRAM = """
+!barrier = !nvgpu.mbarrier.group<memorySpace = #gpu.address_space<workgroup>>
+!tile = memref<64x64xf16, #gpu.address_space<workgroup>>
+!map = !nvgpu.tensormap.descriptor<tensor = !tile, swizzle = swizzle_128b, l2promo = none, oob = zero,
+                                   interleave = none>
+module attributes {gpu.container_module} {
+  func.func @load_tile(%d: memref<64x64xf16>) {
+    %c1 = arith.constant 1 : index
+    %c64 = arith.constant 64 : index
+    %c128 = arith.constant 128 : index
+    %bytes = arith.constant 8192 : i32
+    %t0 = gpu.wait async
+    %dd, %t1 = gpu.alloc async [%t0] () : memref<64x64xf16>
+    %t2 = gpu.memcpy async [%t1] %dd, %d : memref<64x64xf16>, memref<64x64xf16>
+    gpu.wait [%t2]
+    %cast = memref.cast %dd : memref<64x64xf16> to memref<*xf16>
+    %desc = nvgpu.tma.create.descriptor %cast box[%c64, %c64] : memref<*xf16> -> !map
+    gpu.launch blocks(%bx, %by, %bz) in (%x = %c1, %y = %c1, %z = %c1)
+               threads(%tx, %ty, %tz) in (%a = %c128, %b = %c1, %c = %c1) dynamic_shared_memory_size %bytes {
+      %c0 = arith.constant 0 : index
+      %expect = arith.constant 8192 : index
+      %bar = nvgpu.mbarrier.create -> !barrier
+      nvgpu.mbarrier.init %bar[%c0], %c1 : !barrier
+      %raw = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>
+      %smem = memref.view %raw[%c0][] : memref<?xi8, #gpu.address_space<workgroup>> to !tile
+      nvgpu.tma.async.load %desc[%c0, %c0], %bar[%c0] to %smem : !map, !barrier -> !tile
+      nvgpu.mbarrier.arrive.expect_tx %bar[%c0], %expect : !barrier
+      %phase = arith.constant false
+      %ticks = arith.constant 10000000 : index
+      nvgpu.mbarrier.try_wait.parity %bar[%c0], %phase, %ticks : !barrier
+      gpu.terminator
+    }
+    %t3 = gpu.wait async
+    %t4 = gpu.dealloc async [%t3] %dd : memref<64x64xf16>
+    gpu.wait [%t4]
+    return
+  }
+}
+"""
+
+
+def test_host_programs_encode_tensor_maps(fake_libcuda):
+    assert "mgpuTensorMapEncodeTiledMemref" in mg.HostProgram(HOST_TMA_PROGRAM, "sm_90a").llvm_ir
+    assert_isolated(f"""
+        import ctypes, os
+        os.environ["MLIRGPU_LIBCUDA"] = {fake_libcuda!r}
+        import numpy as np
+        import mlirgpu as mg
+        from test_hopper import HOST_TMA_PROGRAM
+        fake = ctypes.CDLL({fake_libcuda!r})
+        fake.fake_log.restype = ctypes.c_char_p
+        prog = mg.HostProgram(HOST_TMA_PROGRAM, "sm_90a", format="ptx")
+        prog("load_tile", np.zeros((64, 64), np.float16))
+        log = fake.fake_log().decode()
+        line = [l for l in log.splitlines() if l.startswith("cuTensorMapEncodeTiled")][0]
+        # f16 (6), 64 x 64 with rows of 128 bytes, the box 64 x 64, 128-byte swizzle (3), no L2 promotion.
+        assert " ".join(w for w in line.split() if not w.startswith("address=")) == (
+            "cuTensorMapEncodeTiled type=6 rank=2 dims=64,64 strides=128 box=64,64 element_strides=1,1 "
+            "interleave=0 swizzle=3 l2=0 oob=0"), line
+        assert "cuLaunchKernel function=load_tile_kernel" in log, log
+        print("ok")
+    """, "ok")
+
+
+# --------------------------------------------------------------------------
+# Each operation's PTX
+# --------------------------------------------------------------------------
+
+@mg.kernel(max_threads=128, min_blocks=1)
+def tile_mma(a_map: mg.TensorMap, b_map: mg.TensorMap, C: mg.memref[64, 128, mg.f32]):
+    smem = mg.shared.dynamic(mg.bf16)
+    bars = mg.mbarrier.array(1)
+    t = mg.warpgroup.thread_index()
+    if t == 0:
+        bars.init(0, 1)
+        mg.mbarrier.fence_init()
+    mg.syncthreads()
+    if t == 0:
+        bars.arrive_expect_tx(0, (64 + 128) * 64 * 2)
+        mg.tma.load(a_map, smem, (0, 0), bars, 0)
+        mg.tma.load(b_map, smem, (0, 0), bars, 0, offset=64 * 64)
+    bars.wait(0, 0)
+    acc = mg.wgmma.zeros(128)
+    mg.wgmma.fence()
+    for k in mg.static_range(4):
+        a = mg.wgmma.descriptor(smem, A_TILE, k_block=k)
+        b = mg.wgmma.descriptor(smem, B_TILE, offset=64 * 64, k_block=k)
+        acc = mg.wgmma.mma(acc, a, b, n=128)
+    mg.wgmma.commit_group()
+    mg.wgmma.wait_group(0)
+    for r in mg.static_range(64):
+        row, col = mg.wgmma.accumulator_coordinates(r, t)
+        C[row, col] = acc[r]
+
+
+@pytest.fixture(scope="module")
+def tile_mma_ptx():
+    return tile_mma.specialize({}).ptx("sm_90a")
+
+
+def test_wgmma_tma_and_mbarrier_ptx(tile_mma_ptx, tmp_path):
+    ptx = tile_mma_ptx
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 4
+    assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes") == 2
+    for instruction in ("mbarrier.init.shared.b64", "fence.mbarrier_init.release.cluster",
+                        "mbarrier.arrive.expect_tx.shared.b64", "mbarrier.try_wait.parity.shared.b64",
+                        "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned"):
+        assert instruction in ptx, instruction
+    report = assemble(ptx, tmp_path)
+    assert "0 bytes spill stores" in report
+
+
+def test_tensor_maps_are_grid_constant_parameters(tile_mma_ptx):
+    # As nvcc passes a __grid_constant__ const CUtensorMap: 128 bytes by value,
+    # its address taken in the param space and made generic for the copy.
+    ptx = tile_mma_ptx
+    assert ".param .align 64 .b8 tile_mma_param_0[128]" in ptx
+    assert ".param .align 64 .b8 tile_mma_param_1[128]" in ptx
+    assert "cvta.param.u64" in ptx
+
+
+def test_wgmma_descriptor_fields_from_the_layout(tile_mma_ptx):
+    # K-major, 128-byte swizzle: layout type 1 in bits 62-63, stride byte offset
+    # 1024 (8 rows of 128 bytes) >> 4 = 64 in bits 32-45, leading byte offset
+    # 16 >> 4 = 1 (unused) in bits 16-29; the start address is or-ed in at run time.
+    fields = (1 << 62) | (64 << 32) | (1 << 16)
+    assert fields == 0x4000004000010000
+    assert str(fields) in tile_mma_ptx
+
+
+@mg.kernel
+def store_tile(c_map: mg.TensorMap, X: mg.memref[128, mg.f32]):
+    tile = mg.shared.array((64, 32), mg.f32)
+    tile[mg.thread_idx.x % 64, mg.thread_idx.x % 32] = X[mg.thread_idx.x]
+    mg.tma.fence_proxy_async()
+    mg.syncthreads()
+    if mg.thread_idx.x == 0:
+        mg.tma.store(c_map, tile, (64, 32))
+        mg.tma.commit_group()
+        mg.tma.wait_group(0, read=True)
+
+
+def test_tma_store_ptx(tmp_path):
+    ptx = store_tile.specialize({}).ptx("sm_90a")
+    assert "fence.proxy.async.shared::cta" in ptx
+    assert "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group" in ptx
+    assert "cp.async.bulk.commit_group" in ptx
+    assert "cp.async.bulk.wait_group.read 0" in re.sub(r"\s+", " ", ptx)
+    assemble(ptx, tmp_path)
+
+
+@mg.kernel(max_threads=384, min_blocks=1)
+def specialized(X: mg.memref[384, mg.i32]):
+    if mg.warpgroup.index() == 0:
+        mg.warpgroup.set_max_registers(40, increase=False)
+        X[mg.thread_idx.x] = mg.warpgroup.cluster_rank()
+    else:
+        mg.warpgroup.set_max_registers(232, increase=True)
+        X[mg.thread_idx.x] = mg.warpgroup.thread_index()
+    mg.warpgroup.cluster_sync()
+
+
+def test_setmaxnreg_and_cluster_ptx(tmp_path):
+    ptx = specialized.specialize({}).ptx("sm_90a")
+    assert "setmaxnreg.dec.sync.aligned.u32 40" in re.sub(r"\s+", " ", ptx)
+    assert "setmaxnreg.inc.sync.aligned.u32 232" in re.sub(r"\s+", " ", ptx)
+    assert "%cluster_ctarank" in ptx
+    assert "barrier.cluster.arrive.aligned" in ptx and "barrier.cluster.wait.aligned" in ptx
+    report = assemble(ptx, tmp_path)
+    assert "C7508" not in report  # ptxas did not ignore setmaxnreg
+
+
+def test_hopper_gemm_example_compiles(tmp_path):
+    sys.path.insert(0, EXAMPLES)
+    try:
+        import hopper_gemm
+    finally:
+        sys.path.remove(EXAMPLES)
+    for config, dtype, out in ((hopper_gemm.Config(256, 64, 4, "MN"), mg.bf16, mg.f16),
+                               (hopper_gemm.Config(128, 64, 6, "K"), mg.bf16, mg.f32),
+                               (hopper_gemm.Config(256, 64, 3, "K"), mg.f16, mg.bf16)):
+        ptx = hopper_gemm.kernel_for(config, dtype)[1000, 520, out].ptx("sm_90a")
+        assert f"wgmma.mma_async.sync.aligned.m64n{config.bn}k16.f32.{dtype.name}.{dtype.name}" in ptx
+        assert "setmaxnreg.dec.sync.aligned.u32" in ptx
+        report = assemble(ptx, tmp_path)
+        # No spills, setmaxnreg honoured (C7508), wgmmas not serialized (C7514).
+        assert "0 bytes spill stores" in report and "C7508" not in report and "C7514" not in report
+
+
+# --------------------------------------------------------------------------
+# Tensor-map arguments, worked out by hand
+# --------------------------------------------------------------------------
+
+def test_encode_arguments_of_a_bf16_matrix():
+    # A 1000 x 300 bf16 array with rows padded to 304 elements (608 bytes), a
+    # 128 x 64 box: the driver takes sizes innermost first, strides of the
+    # outer dimensions only, in bytes.
+    args = encode_arguments((1000, 300), (608, 2), mg.bf16, 0x7f0000000100, box=(128, 64))
+    assert args["data_type"] == 9                   # CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    assert args["dims"] == (300, 1000)
+    assert args["strides"] == (608,)
+    assert args["box"] == (64, 128)
+    assert args["element_strides"] == (1, 1)
+    assert args["swizzle"] == 3                     # CU_TENSOR_MAP_SWIZZLE_128B
+    assert args["interleave"] == 0 and args["oob_fill"] == 0 and args["l2_promotion"] == 2
+    assert args["info"].box_bytes == 128 * 64 * 2
+
+
+def test_encode_arguments_of_a_3d_f32_array():
+    args = encode_arguments((4, 50, 16), (50 * 16 * 4, 16 * 4, 4), mg.f32, 4096, box=(1, 8, 8),
+                            swizzle="32B", element_strides=(1, 2, 1), oob_fill="nan", l2_promotion=None)
+    assert args["data_type"] == 7
+    assert args["dims"] == (16, 50, 4)
+    assert args["strides"] == (64, 3200)
+    assert args["box"] == (8, 8, 1)
+    assert args["element_strides"] == (1, 2, 1)
+    assert (args["swizzle"], args["oob_fill"], args["l2_promotion"]) == (1, 1, 0)
+    assert args["info"].box_bytes == 1 * 4 * 8 * 4  # 8 rows taken every second one
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(box=(128, 128)), "wider than the 128B swizzle's 128"),
+    (dict(box=(128, 4)), "multiple of 16"),
+    (dict(box=(300, 64)), "1 to 256"),
+    (dict(box=(64,)), "box must be 2 ints"),
+    (dict(box=(64, 64), swizzle="256B"), "swizzle must be one of"),
+    (dict(box=(64, 64), element_strides=(1, 9)), "each is 1 to 8"),
+    (dict(box=(64, 64), oob_fill="ones"), "oob_fill must be one of"),
+])
+def test_encode_arguments_refuses(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        encode_arguments((1000, 304), (608, 2), mg.bf16, 0x1000, **kwargs)
+
+
+def test_encode_arguments_refuses_unaligned_rows_and_types():
+    with pytest.raises(ValueError, match="multiple of 16"):
+        encode_arguments((10, 7), (14, 2), mg.f16, 0x1000, box=(8, 8))
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        encode_arguments((10, 8), (16, 2), mg.f16, 0x1008, box=(8, 8))
+    with pytest.raises(ValueError, match="cannot hold"):
+        encode_arguments((10, 16), (16, 1), mg.i8, 0x1000, box=(8, 16))
+    with pytest.raises(ValueError, match="for float elements"):
+        encode_arguments((10, 8), (32, 4), mg.i32, 0x1000, box=(8, 8), oob_fill="nan")
+
+
+def test_box_layout_is_the_wgmma_tile():
+    # The 128-byte swizzled box that TMA writes is the K-major wgmma tile:
+    # the same function, so the descriptor computed from either is the same.
+    box = box_layout((64, 64), mg.bf16, "128B")
+    assert str(box) == "Sw<3,3,3> o 0 o (64,64):(64,1)"
+    for i in range(64):
+        for j in range(64):
+            assert box(i, j) == A_TILE(i, j)
+    d = wgmma_layout.descriptor(box, 2)
+    assert (d.swizzle, d.leading_byte_offset, d.stride_byte_offset) == ("128B", 16, 1024)
+    assert str(box_layout((8, 32), mg.f32, "none")) == "(8,32):(32,1)"
+    assert str(box_layout((8, 16), mg.f32, "64B")) == "Sw<2,2,3> o 0 o (8,16):(16,1)"
+
+
+# --------------------------------------------------------------------------
+# Misuse: CompileErrors at the user's line, before LLVM could abort
+# --------------------------------------------------------------------------
+
+@mg.kernel
+def only_wgmma(X: mg.memref[64, mg.f32]):
+    smem = mg.shared.array((128 * 64,), mg.bf16)
+    acc = mg.wgmma.zeros(64)
+    a = mg.wgmma.descriptor(smem, A_TILE)
+    acc = mg.wgmma.mma(acc, a, a, n=64)
+    X[0] = acc[0]
+
+
+def test_wgmma_for_sm80_is_a_compile_error_at_its_line():
+    with pytest.raises(mg.CompileError, match=r"nvvm.wgmma.mma_async \(mg.wgmma\) needs sm_90a; this kernel is compiled for sm_80") as info:
+        only_wgmma.specialize({}).ptx("sm_80")
+    assert (info.value.filename, info.value.lineno) == (__file__, line_of(only_wgmma.function, "acc = mg.wgmma.mma"))
+    assert "acc = mg.wgmma.mma(acc, a, a, n=64)" in str(info.value)
+
+
+@pytest.mark.parametrize("chip, line_text, what", [
+    ("sm_80", "mg.mbarrier.fence_init()", "nvvm.fence.mbarrier.init (mg.mbarrier) needs sm_90 or later"),
+    ("sm_89", "mg.mbarrier.fence_init()", "nvvm.fence.mbarrier.init (mg.mbarrier) needs sm_90 or later"),
+    ("sm_90", "mg.wgmma.fence()", "nvvm.wgmma.fence.aligned (mg.wgmma) needs sm_90a"),
+    ("sm_100a", "mg.wgmma.fence()", "nvvm.wgmma.fence.aligned (mg.wgmma) needs sm_90a"),
+])
+def test_operation_chip_errors_name_the_line(chip, line_text, what):
+    # The first operation the chip lacks, in program order, checked before LLVM runs.
+    with pytest.raises(mg.CompileError) as info:
+        tile_mma.specialize({}).ptx(chip)
+    message = str(info.value)
+    assert (info.value.filename, info.value.lineno) == (__file__, line_of(tile_mma.function, line_text))
+    assert what in message and f"this kernel is compiled for {chip}" in message and line_text in message
+
+
+def test_setmaxnreg_needs_an_arch_specific_chip():
+    with pytest.raises(mg.CompileError, match=r"nvvm.setmaxregister \(mg.warpgroup.set_max_registers\) needs sm_90a or sm_100a or "
+                       r"sm_120a; this kernel is compiled for sm_90\b") as info:
+        specialized.specialize({}).ptx("sm_90")
+    assert info.value.lineno == line_of(specialized.function, "set_max_registers(40")
+
+
+def test_a_swizzle_wgmma_cannot_read_is_a_compile_error():
+    # 128-byte rows swizzled in 32-byte units (base 4 for 2-byte elements):
+    # not one of wgmma's three swizzles.
+    odd = ComposedLayout(Swizzle(3, 4, 3), 0, Layout((64, 64), (64, 1)))
+
+    @mg.kernel
+    def bad_swizzle(X: mg.memref[64, mg.u64]):
+        smem = mg.shared.array((64 * 64,), mg.bf16)
+        d = mg.wgmma.descriptor(smem, odd)
+        X[0] = d.value
+
+    with pytest.raises(mg.CompileError, match="not a swizzle wgmma reads") as info:
+        bad_swizzle.specialize({}).ir()
+    assert info.value.lineno == line_of(bad_swizzle.function, "mg.wgmma.descriptor(smem, odd)")
+
+
+def test_a_padded_layout_is_not_a_wgmma_tile():
+    # Rows padded to 72 elements (a bank-conflict habit of mma.sync kernels):
+    # wgmma's canonical tiles have no padding.
+    padded = Layout((64, 64), (72, 1))
+
+    @mg.kernel
+    def bad_padding(X: mg.memref[64, mg.u64]):
+        smem = mg.shared.array((64 * 72,), mg.bf16)
+        X[0] = mg.wgmma.descriptor(smem, padded).value
+
+    with pytest.raises(mg.CompileError, match="no wgmma descriptor") as info:
+        bad_padding.specialize({}).ir()
+    assert info.value.lineno == line_of(bad_padding.function, "mg.wgmma.descriptor(smem, padded)")
+
+
+@pytest.mark.parametrize("body, message", [
+    ("mg.warpgroup.set_max_registers(300, increase=True)", "multiple of 8 from 24 to 256"),
+    ("mg.wgmma.wait_group(9)", "from 0 to 7"),
+    ("mg.tma.wait_group(-1)", "from 0 to 63"),
+    ("mg.mbarrier.array(0)", "from 1 to 1024"),
+    ("mg.mbarrier.array(2).init(2, 1)", "index 2 is out of range"),
+    ("mg.wgmma.zeros(100)", "multiple of 8 from 8 to 256"),
+    ("mg.tma.load(X, X, (0,), mg.mbarrier.array(1))", "tensor-map parameter"),
+    ("mg.wgmma.descriptor(X, None)", "a wgmma operand is a shared-memory array"),
+    ("mg.wgmma.descriptor(mg.shared.array((64 * 64,), mg.f32), None)", "f16 or bf16 operands, not f32"),
+    ("mg.wgmma.descriptor(mg.shared.array((64 * 64,), mg.f16), TILE, k_block=4)", "k_block must be a Python int below 4"),
+    ("mg.wgmma.mma(mg.wgmma.zeros(64), 1, 2, n=64)", "takes descriptors from mg.wgmma.descriptor"),
+    ("d = mg.wgmma.descriptor(mg.shared.array((64 * 64,), mg.f16), TILE); mg.wgmma.mma([0.0] * 8, d, d, n=64)",
+     "an m64n64 accumulator is a list of 32 f32 values, got 8"),
+    ("mg.warpgroup.set_max_registers(100, increase=True)", "multiple of 8 from 24 to 256"),
+])
+def test_misuse_is_a_compile_error(body, message, tmp_path):
+    source = tmp_path / "misuse.py"
+    source.write_text(f"import mlirgpu as mg\nTILE = mg.layout.wgmma.tile_layout((64, 64), 2, '128B')\n"
+                      f"@mg.kernel\ndef misuse(X: mg.memref[8, mg.f32]):\n    {body}\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import misuse
+        with pytest.raises(mg.CompileError, match=re.escape(message)) as info:
+            misuse.misuse.specialize({}).ir()
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("misuse", None)
+    assert info.value.lineno == 5
+
+
+def test_the_cpu_backend_refuses_hopper_operations():
+    from mlirgpu.compiler.cpu import HostTarget
+    with pytest.raises(mg.CompileError, match="only on the GPU"):
+        store_tile.specialize({}).trace(target=HostTarget())
+
+
+def test_a_tensor_map_parameter_needs_a_tensor_map():
+    with pytest.raises(mg.LaunchError, match="parameter 'c_map' is a tensor map"):
+        store_tile.bind([object(), np.zeros(128, np.float32)])
+
+
+# --------------------------------------------------------------------------
+# Through the (fake) driver: the encode call, the map by value, clusters
+# --------------------------------------------------------------------------
+
+def test_tensor_maps_and_clusters_reach_the_driver(fake_libcuda, tmp_path):
+    # A script file: kernels need their source, which `python -c` code has not.
+    script = tmp_path / "fake_maps.py"
+    no_ptxas = toolkit_without_ptxas(str(tmp_path))   # kernels load as PTX, which the fake reads
+    script.write_text(textwrap.dedent(f"""
+        import ctypes, os
+        os.environ["MLIRGPU_LIBCUDA"] = {fake_libcuda!r}
+        os.environ["CUDA_HOME"] = {no_ptxas!r}
+        import numpy as np
+        import mlirgpu as mg
+        fake = ctypes.CDLL({fake_libcuda!r})
+        fake.fake_log.restype = ctypes.c_char_p
+
+        A = mg.to_device(np.zeros((100, 72), np.float16))
+        a_map = mg.tensor_map(A, box=(64, 64), swizzle="128B")
+        log = fake.fake_log().decode()
+        line = [l for l in log.splitlines() if l.startswith("cuTensorMapEncodeTiled")][-1]
+        assert line == ("cuTensorMapEncodeTiled type=6 rank=2 address=%d dims=72,100 strides=144 box=64,64 "
+                        "element_strides=1,1 interleave=0 swizzle=3 l2=2 oob=0" % A.ptr), line
+        assert a_map.owner is A and a_map.data[:8] == A.ptr.to_bytes(8, "little")
+
+        @mg.kernel
+        def tensor_map_first(m: mg.TensorMap, X: mg.memref[4, mg.f32]):
+            X[0] = 1.0
+
+        X = mg.zeros((4,), mg.f32)
+        fake.fake_log_clear()
+        tensor_map_first(a_map, X, grid=(4, 1), block=128, cluster=(2, 1, 1), shared_mem=100 * 1024)
+        log = fake.fake_log().decode()
+        assert "cuLaunchKernelEx cluster=2,1,1" in log, log
+        assert "tensor_map_first address=%d swizzle=3" % A.ptr in log, log
+        # Past 48 KB of dynamic shared memory a kernel must opt in: it does once, when it is
+        # loaded, to the device's limit (less its static shared memory), before its first launch.
+        raised = [int(l.split("=")[1]) for l in log.splitlines() if l.startswith("cuFuncSetAttribute max_dynamic_shared=")]
+        assert len(raised) == 1 and raised[0] >= 100 * 1024, log
+        assert log.index("cuFuncSetAttribute") < log.index("cuLaunchKernelEx"), log
+        fake.fake_log_clear()
+        tensor_map_first(a_map, X, grid=1, block=128, shared_mem=100 * 1024)
+        second = fake.fake_log().decode()
+        assert "cuFuncSetAttribute" not in second, second
+        try:
+            tensor_map_first(X, X, grid=1, block=1)
+        except mg.LaunchError as error:
+            assert "is a tensor map" in str(error)
+        else:
+            raise AssertionError("an array passed for a tensor map")
+        try:
+            tensor_map_first(a_map, X, grid=3, block=1, cluster=2)
+        except mg.LaunchError as error:
+            assert "whole number of clusters" in str(error)
+        else:
+            raise AssertionError("a grid of partial clusters")
+        try:
+            mg.tensor_map(A, box=(64, 128))
+        except ValueError as error:
+            assert "wider than the 128B swizzle" in str(error)
+        print("ok")
+    """))
+    assert_isolated(f"import runpy; runpy.run_path({str(script)!r})", "ok")

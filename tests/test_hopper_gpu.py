@@ -1,0 +1,139 @@
+"""Hopper on the GPU (sm_90a: H100, H200): TMA copies land where the
+layouts say, clusters launch, and the warp-specialized wgmma GEMM of
+examples/tensorcore matches float64 products at tile multiples and odd
+sizes, for every input and output type."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import mlirgpu as mg
+from mlirgpu.runtime.tensormap import box_layout
+
+pytestmark = pytest.mark.gpu
+
+ml_dtypes = pytest.importorskip("ml_dtypes")  # NumPy's bf16
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "tensorcore")
+sys.path.insert(0, EXAMPLES)
+import hopper_gemm  # noqa: E402
+sys.path.remove(EXAMPLES)
+
+
+@pytest.fixture(autouse=True)
+def hopper():
+    if mg.cuda.Device(mg.cuda.current_device()).chip != "sm_90a":
+        pytest.skip("needs a Hopper GPU (sm_90a)")
+
+
+# --------------------------------------------------------------------------
+# TMA: a box read into shared memory, with its swizzle and out-of-bounds fill
+# --------------------------------------------------------------------------
+
+@mg.kernel
+def tma_box(a_map: mg.TensorMap, out: mg.memref[64 * 64, mg.f16], row: mg.i32, col: mg.i32):
+    smem = mg.shared.dynamic(mg.f16)
+    bars = mg.mbarrier.array(1)
+    base = mg.shared.address(smem)
+    first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index) // 2
+    if mg.thread_idx.x == 0:
+        bars.init(0, 1)
+        mg.mbarrier.fence_init()
+    mg.syncthreads()
+    if mg.thread_idx.x == 0:
+        bars.arrive_expect_tx(0, 64 * 64 * 2)
+        mg.tma.load(a_map, smem, (row, col), bars, 0, offset=first)
+    bars.wait(0, 0)
+    for i in range(mg.thread_idx.x, 64 * 64, 128):
+        out[i] = smem[first + i]
+
+
+@pytest.mark.parametrize("swizzle", ["none", "128B"])
+@pytest.mark.parametrize("row, col", [(0, 0), (64, 0), (100, 40)])
+def test_a_tma_box_lands_as_its_layout_says(swizzle, row, col):
+    A = np.arange(130 * 72, dtype=np.float32).reshape(130, 72).astype(np.float16)
+    a_map = mg.tensor_map(mg.to_device(A), box=(64, 64), swizzle=swizzle)
+    out = mg.to_device(np.full(64 * 64, np.nan, np.float16))
+    tma_box(a_map, out, row, col, grid=1, block=128, shared_mem=64 * 64 * 2 + 1024)
+    got = out.get()
+    layout = box_layout((64, 64), mg.f16, swizzle)
+    inside = A[row:row + 64, col:col + 64]
+    box = np.zeros((64, 64), np.float16)  # zeros past the edges: the map's fill
+    box[:inside.shape[0], :inside.shape[1]] = inside
+    expected = np.empty(64 * 64, np.float16)
+    for r in range(64):
+        for c in range(64):
+            expected[layout(r, c)] = box[r, c]
+    np.testing.assert_array_equal(got, expected)
+
+
+@mg.kernel
+def cluster_ranks(X: mg.memref[8, mg.i32]):
+    if mg.thread_idx.x == 0:
+        X[mg.block_idx.x] = mg.warpgroup.cluster_rank()
+    mg.warpgroup.cluster_sync()
+
+
+def test_cluster_launch_gives_each_block_its_rank():
+    X = mg.to_device(np.full(8, -1, np.int32))
+    cluster_ranks(X, grid=8, block=32, cluster=(2, 1, 1))
+    assert X.get().tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
+
+
+# --------------------------------------------------------------------------
+# The GEMM
+# --------------------------------------------------------------------------
+
+TOLERANCE = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 2e-3}
+
+
+def run_gemm(M, N, K, dtype, out_dtype, config, seed=0):
+    a, b, dA, dB = hopper_gemm._inputs(M, N, K, dtype, config.b_major, seed)
+    C = mg.to_device(np.full((M, N), np.nan, out_dtype.numpy))  # poisoned: every element must be written
+    hopper_gemm.matmul(dA, dB, out_dtype, config, C=C)
+    got = C.get().astype(np.float64)
+    expected = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.isfinite(got).all(), "elements of C were not written"
+    error = np.max(np.abs(got - expected)) / np.max(np.abs(expected))
+    assert error < TOLERANCE[out_dtype.numpy.name], (M, N, K, error)
+
+
+@pytest.mark.parametrize("b_major", ["MN", "K"])
+@pytest.mark.parametrize("M, N, K", [(128, 256, 64), (512, 768, 1024), (1024, 1024, 4096)])
+def test_gemm_at_tile_multiples(M, N, K, b_major):
+    run_gemm(M, N, K, mg.bf16, mg.f32, hopper_gemm.Config(256, 64, 4, b_major))
+
+
+@pytest.mark.parametrize("b_major", ["MN", "K"])
+@pytest.mark.parametrize("M, N, K", [(1000, 520, 77), (129, 257, 65), (1, 8, 8), (77, 1000, 1000), (300, 7, 9)])
+def test_gemm_at_odd_sizes(M, N, K, b_major):
+    run_gemm(M, N, K, mg.bf16, mg.f32, hopper_gemm.Config(256, 64, 4, b_major))
+
+
+@pytest.mark.parametrize("dtype", [mg.bf16, mg.f16])
+@pytest.mark.parametrize("out_dtype", [mg.f32, mg.bf16, mg.f16])
+def test_gemm_every_type(dtype, out_dtype):
+    run_gemm(640, 384, 320, dtype, out_dtype, hopper_gemm.Config(256, 64, 4, "MN"))
+
+
+@pytest.mark.parametrize("config", hopper_gemm.CONFIGS, ids=repr)
+def test_gemm_every_config(config):
+    run_gemm(1000, 1000, 1000, mg.bf16, mg.bf16, config)
+
+
+def test_gemm_sass_runs_on_hgmma():
+    # The instruction the H100 runs: HGMMA (not HMMA or FFMA), fed by UTMALDG.
+    import shutil
+    import subprocess
+    import tempfile
+    cuobjdump = shutil.which("cuobjdump") or os.path.join(mg.compiler.CUDA_HOME, "bin", "cuobjdump")
+    if not os.path.exists(cuobjdump):
+        pytest.skip("no cuobjdump")
+    cubin = hopper_gemm.kernel_for(hopper_gemm.CONFIGS[0], mg.bf16)[8192, 8192, mg.bf16].cubin("sm_90a")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    assert "HGMMA.64x256x16.F32.BF16" in sass
+    assert "UTMALDG" in sass
+    assert "HMMA" not in sass.replace("HGMMA", "")
