@@ -3,6 +3,7 @@ becomes a CompileError naming the pass, and the process goes on: other
 contexts compile and run as before, and a crash outside a pass still ends
 the process as it would without mlirgpu. The crash comes from a pass made
 for these tests, which raises SIGTRAP as a trap inside an MLIR pass does."""
+import os
 import subprocess
 import sys
 
@@ -42,9 +43,17 @@ print(json.dumps(out))
 '''
 
 
+def _environment():
+    """A plain environment, with the library path the extension may need (a build against shared MLIR)."""
+    env = {"PYTHONPATH": PYTHON_DIR, "PATH": "/usr/bin:/bin"}
+    if "LD_LIBRARY_PATH" in os.environ:
+        env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
+    return env
+
+
 def run(code, **kwargs):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={"PYTHONPATH": PYTHON_DIR, "PATH": "/usr/bin:/bin"}, **kwargs)
+                          env=_environment(), **kwargs)
 
 
 def test_a_trap_inside_a_pass_is_a_compile_error_naming_it():

@@ -96,6 +96,9 @@ def _fingerprint(value, active):
         return f"class {value.__module__}.{value.__qualname__}"
     if kind is types.ModuleType:
         return f"module {value.__name__}"
+    # Layouts, swizzles and MMA atoms are immutable compile-time integers, shown whole by their repr.
+    if kind.__module__.startswith("mlirgpu.layout."):
+        return f"{kind.__module__}.{kind.__qualname__} {value!r}"
     raise TypeError(f"cannot fingerprint a value of type {kind.__module__}.{kind.__qualname__}")
 
 
