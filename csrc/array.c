@@ -693,9 +693,11 @@ static int copy_to_host(mg_array *self, void *dst, CUdeviceptr src, size_t nbyte
         synced = mg_cu.cuStreamSynchronize(stream);
     Py_END_ALLOW_THREADS
     mg_cu_pop(pushed);
-    if (mg_cu_check(r, "cuMemcpyDtoHAsync") < 0)
-        return -1;
-    return mg_cu_check(synced, "cuStreamSynchronize (after cuMemcpyDtoHAsync)");
+    if (r != CUDA_SUCCESS)
+        return mg_cu_raise_on(r, "cuMemcpyDtoHAsync", NULL, &stream);
+    if (synced != CUDA_SUCCESS)
+        return mg_cu_raise_on(synced, "cuStreamSynchronize (after cuMemcpyDtoHAsync)", NULL, &stream);
+    return 0;
 }
 
 /* After an asynchronous copy on `stream`: the array orders later work after

@@ -5,6 +5,7 @@
 #include "graph.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -118,7 +119,104 @@ static int raise_no_driver(void)
                             PyUnicode_FromFormat("no CUDA driver: %s", driver.missing));
 }
 
+/* ---- Faults ----
+ * A kernel that faults (an illegal address, say) is reported by whatever
+ * driver call comes next, and from then on by every call: the CUDA context
+ * is dead. So the launch path notes, per stream, the last kernel launched,
+ * and an error of that kind names it. Host programs note their launches
+ * without the GIL: a mutex guards the table. */
+
+#define MG_CU_LAST_LAUNCHES 64
+
+static struct {
+    CUstream stream;
+    char kernel[128];
+} last_launches[MG_CU_LAST_LAUNCHES];
+static int last_launch_next, last_launch_any = -1;
+static pthread_mutex_t last_launch_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void mg_cu_note_launch(CUstream stream, const char *kernel)
+{
+    pthread_mutex_lock(&last_launch_lock);
+    int slot = -1;
+    for (int i = 0; i < MG_CU_LAST_LAUNCHES && slot < 0; i++)
+        if (last_launches[i].kernel[0] != '\0' && last_launches[i].stream == stream)
+            slot = i;
+    if (slot < 0) {
+        slot = last_launch_next;
+        last_launch_next = (last_launch_next + 1) % MG_CU_LAST_LAUNCHES;
+    }
+    last_launches[slot].stream = stream;
+    snprintf(last_launches[slot].kernel, sizeof last_launches[slot].kernel, "%s", kernel);
+    last_launch_any = slot;
+    pthread_mutex_unlock(&last_launch_lock);
+}
+
+/* Errors after which the context is unusable: a kernel faulted. */
+static int is_fault(CUresult r)
+{
+    switch ((int)r) {
+    case 700: /* CUDA_ERROR_ILLEGAL_ADDRESS */
+    case 702: /* CUDA_ERROR_LAUNCH_TIMEOUT */
+    case 710: /* CUDA_ERROR_ASSERT */
+    case 714: /* CUDA_ERROR_HARDWARE_STACK_ERROR */
+    case 715: /* CUDA_ERROR_ILLEGAL_INSTRUCTION */
+    case 716: /* CUDA_ERROR_MISALIGNED_ADDRESS */
+    case 717: /* CUDA_ERROR_INVALID_ADDRESS_SPACE */
+    case 718: /* CUDA_ERROR_INVALID_PC */
+    case 719: /* CUDA_ERROR_LAUNCH_FAILED */
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static const char FAULT_ADVICE[] =
+    "The CUDA context of this device is now unusable: every later call on it fails with this "
+    "error. Recover by starting a new process. (The driver's primary-context reset, "
+    "cuDevicePrimaryCtxReset, would free every DeviceArray, Stream, Event, Graph, loaded "
+    "module and kernel made on the device; mlirgpu does not offer it.)";
+
+static PyObject *fault_message_locked(const CUstream *stream);
+
+/* Names the kernel that faulted: the driver reports a fault on whichever
+ * call comes next, on any stream, so this names the last kernel launched on
+ * the call's stream, and the last launched anywhere where that differs. */
+static PyObject *fault_message(const CUstream *stream)
+{
+    pthread_mutex_lock(&last_launch_lock);
+    PyObject *message = fault_message_locked(stream);
+    pthread_mutex_unlock(&last_launch_lock);
+    return message;
+}
+
+static PyObject *fault_message_locked(const CUstream *stream)
+{
+    int slot = -1;
+    if (stream != NULL) {
+        for (int i = 0; i < MG_CU_LAST_LAUNCHES && slot < 0; i++)
+            if (last_launches[i].kernel[0] != '\0' && last_launches[i].stream == *stream)
+                slot = i;
+    }
+    if (slot >= 0 && slot == last_launch_any)
+        return PyUnicode_FromFormat("kernel '%s' (the last launched on this stream) faulted. %s",
+                                    last_launches[slot].kernel, FAULT_ADVICE);
+    if (slot >= 0)
+        return PyUnicode_FromFormat("a kernel faulted: '%s' was the last launched on this stream, '%s' the "
+                                    "last launched in this process. %s", last_launches[slot].kernel,
+                                    last_launches[last_launch_any].kernel, FAULT_ADVICE);
+    if (last_launch_any >= 0)
+        return PyUnicode_FromFormat("kernel '%s' (the last launched in this process) faulted. %s",
+                                    last_launches[last_launch_any].kernel, FAULT_ADVICE);
+    return PyUnicode_FromFormat("a kernel faulted. %s", FAULT_ADVICE);
+}
+
 int mg_cu_raise(CUresult r, const char *what, const char *detail)
+{
+    return mg_cu_raise_on(r, what, detail, NULL);
+}
+
+int mg_cu_raise_on(CUresult r, const char *what, const char *detail, const CUstream *stream)
 {
     const char *name = NULL, *text = NULL;
     if (mg_cu.cuGetErrorName != NULL) {
@@ -134,6 +232,12 @@ int mg_cu_raise(CUresult r, const char *what, const char *detail)
         message = PyUnicode_FromFormat("%s failed: %s: %s\n%s", what, name, text, detail);
     else
         message = PyUnicode_FromFormat("%s failed: %s: %s", what, name, text);
+    if (message != NULL && is_fault(r)) {
+        PyObject *fault = fault_message(stream);
+        PyObject *whole = fault != NULL ? PyUnicode_FromFormat("%U\n%U", message, fault) : NULL;
+        Py_XDECREF(fault);
+        Py_SETREF(message, whole);
+    }
     return raise_cuda_error((long)r, name, message);
 }
 
@@ -582,8 +686,10 @@ static PyObject *stream_synchronize(mg_stream *self, PyObject *unused)
     r = mg_cu.cuStreamSynchronize(self->handle);
     Py_END_ALLOW_THREADS
     mg_cu_pop(pushed);
-    if (mg_cu_check(r, "cuStreamSynchronize") < 0)
+    if (r != CUDA_SUCCESS) {
+        mg_cu_raise_on(r, "cuStreamSynchronize", NULL, &self->handle);
         return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -2067,6 +2173,10 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
         mg_cu_raise(r, what, detail);
         goto error;
     }
+    const char *kernel = PyUnicode_AsUTF8(self->name);
+    if (kernel == NULL)
+        PyErr_Clear(); /* a name that cannot be encoded is not worth failing a launch over */
+    mg_cu_note_launch(stream, kernel != NULL ? kernel : "?");
     /* Later host copies and exports order themselves after this launch. */
     for (Py_ssize_t i = 0; i < nargs; i++)
         if (mg_array_check_device(args[i]))

@@ -109,6 +109,11 @@ int mg_cu_check(CUresult r, const char *what);
 
 /* Like mg_cu_check for a failure, with `detail` (may be NULL) appended. */
 int mg_cu_raise(CUresult r, const char *what, const char *detail);
+/* The same for a call on `stream`: a fault (the context is dead) names the
+ * kernel last launched on it; mg_cu_raise names the last launched anywhere. */
+int mg_cu_raise_on(CUresult r, const char *what, const char *detail, const CUstream *stream);
+/* Notes the kernel just launched on `stream`, for mg_cu_raise_on. Needs no GIL. */
+void mg_cu_note_launch(CUstream stream, const char *kernel);
 
 /* The calling thread's context and device, cached so that the launch path
  * costs one thread-local load when the context is already current. */

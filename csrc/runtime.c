@@ -513,6 +513,7 @@ static void launch_kernel(mg_rt_state *s, const char *entry, void *function, con
         return;
     }
     note_launch(s, stream, name);
+    mg_cu_note_launch(stream, name);
     if (s->timeline) {
         if ((timed.end = timing_event(s, stream, name)) == NULL) {
             mg_cu.cuEventDestroy(timed.start);

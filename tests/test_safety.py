@@ -462,3 +462,70 @@ def test_cpu_run_knows_which_parameters_the_kernel_stores_to():
     np.testing.assert_array_equal(Y, X)
     with pytest.raises(mg.LaunchError, match="read-only"):
         mg.cpu.run(spec, [X, Y], grid=1, block=4)
+
+
+# ---------------------------------------------------------------------------
+# A kernel that faults on the GPU is named by the error that reports it
+
+def test_a_faulting_kernel_is_named_and_the_context_declared_dead(fake_driver):
+    """The fake driver's illegal_address kernel faults as an out-of-bounds
+    kernel does: its launch succeeds and every later call fails with
+    CUDA_ERROR_ILLEGAL_ADDRESS. Each of those errors names the kernel (the
+    last launched on the call's stream, and the last launched anywhere) and
+    says that the context is dead and how to recover."""
+    out = run_json(FAKE + '''
+import mlirgpu as mg
+module = C.load_module(".visible .entry record_params(\\n.visible .entry illegal_address(\\n")
+faulting = module.get_function("illegal_address")
+first, second = mg.Stream(), mg.Stream()
+buf = C.empty(4)
+record(buf, np.uint32(0), grid=1, block=1, stream=second)
+faulting(grid=1, block=1, stream=first)
+messages = {}
+for what, call in [("sync first", first.synchronize), ("sync second", second.synchronize),
+                   ("get", buf.get), ("alloc", lambda: C.empty(4)),
+                   ("launch", lambda: record(buf, np.uint32(0), grid=1, block=1, stream=first))]:
+    try:
+        call()
+        messages[what] = None
+    except mg.CudaError as error:
+        messages[what] = [error.name, str(error)]
+print(json.dumps(messages))
+''')
+    for what, (name, message) in out.items():
+        assert name == "CUDA_ERROR_ILLEGAL_ADDRESS", what
+        assert "The CUDA context of this device is now unusable" in message, what
+        assert "starting a new process" in message and "cuDevicePrimaryCtxReset" in message, what
+    assert "kernel 'illegal_address' (the last launched on this stream) faulted" in out["sync first"][1]
+    assert ("'record_params' was the last launched on this stream, 'illegal_address' the last launched in "
+            "this process") in out["sync second"][1]
+    for what in ("alloc", "launch"):
+        assert "kernel 'illegal_address' (the last launched in this process) faulted" in out[what][1], what
+    assert out["launch"][1].startswith("cuLaunchKernel of 'record_params' failed: CUDA_ERROR_ILLEGAL_ADDRESS")
+
+
+@pytest.mark.gpu
+def test_an_out_of_bounds_kernel_on_the_gpu_is_named():
+    """A real illegal address: the fault kills the context, so in a process
+    of its own; the error of the next call names the kernel."""
+    out = run_json('''
+import json
+import mlirgpu as mg
+
+@mg.kernel
+def wild_store(A: mg.memref[16, mg.f32], offset: mg.i64):
+    A[offset] = mg.constant(1.0, mg.f32)
+
+A = mg.zeros((16,), mg.f32)
+wild_store(A, 1 << 40, grid=1, block=1)
+try:
+    mg.cuda.synchronize()
+    print(json.dumps(None))
+except mg.CudaError as error:
+    print(json.dumps([error.name, str(error)]))
+''')
+    assert out is not None, "the wild store did not fault"
+    name, message = out
+    assert name == "CUDA_ERROR_ILLEGAL_ADDRESS"
+    assert "kernel 'wild_store' (the last launched in this process) faulted" in message
+    assert "now unusable" in message and "new process" in message

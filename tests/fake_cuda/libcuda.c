@@ -7,6 +7,10 @@
 // context; FAKE_CUDA_PEER=0 says they cannot access each other's memory.
 // Allocations remember their device (cuPointerGetAttribute answers it), a
 // launch or copy made from another device than 0 says device=N in the log.
+// A kernel named illegal_address (or fault) faults as a real one that reads out of
+// bounds does: its launch succeeds, and every later call that touches the
+// context (synchronising, copying, allocating, launching) returns
+// CUDA_ERROR_ILLEGAL_ADDRESS, as the driver's "sticky" errors do.
 //
 // Streams can capture into graphs as the driver's do: work submitted to a
 // capturing stream is queued (not run) and runs on each cuGraphLaunch; an
@@ -77,6 +81,7 @@ static void append(graph_t *g, const op_t *op) {
     g->ops[g->n++] = *op; }
 // Runs `op` now, or queues it when `s` captures.
 static CUresult submit(CUstream s, op_t op) {
+    if (sticky) return sticky;
     CUresult r = legacy_use(s); if (r) return r;
     st_t *st = lookup(s);
     if (st && st->capturing) { if (st->invalid) return 901; append(st->graph, &op); return 0; }
@@ -311,6 +316,6 @@ static void run_kernel(op_t *op) {
         for (int64_t i = 0; i < n && i < (int64_t)threads; i++) a[i] = v; }
     else if (!strcmp(name, "twice")) { float *x = *(float **)p[1], *y = *(float **)p[6]; int64_t n = *(int64_t *)p[3];
         for (int64_t i = 0; i < n && i < (int64_t)threads; i++) y[i] = 2 * x[i]; }
-    else if (!strcmp(name, "fault")) sticky = 700;
+    else if (!strcmp(name, "fault") || !strcmp(name, "illegal_address")) sticky = 700;
     else if (!strcmp(name, "record_params")) { uint64_t *d = *(uint64_t **)p[0]; unsigned n = *(unsigned *)p[1]; for (unsigned i = 0; i < n; i++) memcpy(&d[i], p[i + 2], 8); }
 }
