@@ -419,8 +419,8 @@ def test_long_cpu_launch_is_interrupted_and_lets_threads_run():
         from test_safety import spin
         engine = mg.cpu.engine(spin.specialize({}))
         X = np.zeros(1024, np.int32)
-        n = np.int32(2_000_000).tobytes()
-        engine.launch([X, n], 1, 1)     # compiled and warm
+        n = np.int32(20_000_000).tobytes()   # about 3 s of blocks here: the interrupt at 0.5 s lands mid-grid
+        engine.launch([X, np.int32(1).tobytes()], 1, 1)     # compiled and warm
         X[:] = 0
         ticks = [0]
         started = threading.Event()
