@@ -1432,8 +1432,14 @@ static int cai_parse(PyObject *cai, cai_fields *f)
     if ((f->readonly = PyObject_IsTrue(PyTuple_GET_ITEM(data, 1))) < 0)
         return -1;
     f->pointer = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(data, 0));
-    if (f->pointer == (unsigned long long)-1 && PyErr_Occurred())
+    if (f->pointer == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear(); /* a malformed dict is a ValueError, as every other field's */
+        mg_raise(PyExc_ValueError, "__cuda_array_interface__ 'data' pointer %R is not an address in "
+                 "[0, 2**64)", PyTuple_GET_ITEM(data, 0));
         return -1;
+    }
     f->has_strides = strides_obj != NULL && strides_obj != Py_None;
     if (f->has_strides) {
         if (int_tuple(strides_obj, "strides", f->strides, MG_MAX_NDIM, &nstrides, 0) < 0)
