@@ -1374,8 +1374,13 @@ static int int_tuple(PyObject *obj, const char *what, Py_ssize_t *out, int max, 
             return -1;
         }
         out[i] = PyLong_AsSsize_t(item);
-        if (out[i] == -1 && PyErr_Occurred())
+        if (out[i] == -1 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                return -1;
+            PyErr_Clear(); /* malformed, as a negative extent is: ValueError */
+            PyErr_Format(PyExc_ValueError, "__cuda_array_interface__ '%s' holds %R, out of range", what, item);
             return -1;
+        }
         if (nonneg && out[i] < 0) {
             PyErr_Format(PyExc_ValueError, "negative extent in __cuda_array_interface__ '%s'", what);
             return -1;

@@ -23,7 +23,7 @@ from mlirgpu import cuda  # noqa: E402
 DOCUMENTED = (TypeError, ValueError, BufferError, C.LaunchError)
 
 FUZZ = settings(max_examples=int(os.environ.get("MLIRGPU_FUZZ_EXAMPLES", "150")), deadline=None,
-                suppress_health_check=[HealthCheck.too_slow])
+                database=None, suppress_health_check=[HealthCheck.too_slow])
 
 DTYPES = ["bool", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8"]
 

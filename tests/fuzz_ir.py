@@ -8,6 +8,7 @@ raises a documented exception class; nothing may crash the interpreter.
 Run by tests/test_fuzz.py in a process of its own (a crash fails that test
 instead of ending the suite); `pytest tests/fuzz_ir.py` runs it directly."""
 import gc
+import os
 
 import pytest
 
@@ -21,7 +22,7 @@ from mlirgpu._mlirgpu import InvalidObjectError, MLIRError  # noqa: E402
 # What the IR layer documents for bad input (docs/ir.md).
 DOCUMENTED = (ValueError, TypeError, MLIRError, InvalidObjectError)
 
-FUZZ = settings(max_examples=int(__import__("os").environ.get("MLIRGPU_FUZZ_EXAMPLES", "150")), deadline=None,
+FUZZ = settings(max_examples=int(os.environ.get("MLIRGPU_FUZZ_EXAMPLES", "150")), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 TYPES = ["i1", "i8", "i32", "i64", "index", "f16", "f32", "f64", "memref<4xf32>", "vector<4xi32>"]

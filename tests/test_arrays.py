@@ -355,6 +355,7 @@ def test_cai_zero_dim_empty_and_negative_strides():
     (dict(data=0x10000), TypeError),
     (dict(data=(None, False)), TypeError),
     (dict(data=(-1, False)), ValueError),  # malformed, as the docs say of every CAI field
+    (dict(shape=(2**63,)), ValueError),  # beyond ssize_t: malformed, not an OverflowError
     (dict(version="3"), TypeError),
     (dict(strides=(4,)), ValueError),
     (dict(strides=[12, 4]), TypeError),
