@@ -428,12 +428,14 @@ static mg_array *array_create(mg_dtype *dtype, int ndim, const Py_ssize_t *shape
     self->dtype = (mg_dtype *)Py_NewRef((PyObject *)dtype);
     self->ndim = ndim;
     self->device = mg_cu_current_device();
-    memcpy(self->shape, shape, (size_t)ndim * sizeof *shape);
+    /* A 0-d array's shape may be NULL (NumPy's is): memcpy must not see it. */
+    if (ndim > 0)
+        memcpy(self->shape, shape, (size_t)ndim * sizeof *shape);
     if (c_strides(ndim, shape, dtype->itemsize, self->strides, &self->size) < 0) {
         Py_DECREF(self);
         return NULL;
     }
-    if (strides != NULL)
+    if (strides != NULL && ndim > 0)
         memcpy(self->strides, strides, (size_t)ndim * sizeof *strides);
     return self;
 }

@@ -20,7 +20,7 @@ from mlirgpu import ir  # noqa: E402
 from mlirgpu._mlirgpu import InvalidObjectError, MLIRError  # noqa: E402
 
 # What the IR layer documents for bad input (docs/ir.md).
-DOCUMENTED = (ValueError, TypeError, MLIRError, InvalidObjectError)
+DOCUMENTED = (ValueError, TypeError, OverflowError, MLIRError, InvalidObjectError)
 
 FUZZ = settings(max_examples=int(os.environ.get("MLIRGPU_FUZZ_EXAMPLES", "150")), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
