@@ -7,10 +7,12 @@
 // context; FAKE_CUDA_PEER=0 says they cannot access each other's memory.
 // Allocations remember their device (cuPointerGetAttribute answers it), a
 // launch or copy made from another device than 0 says device=N in the log.
-// A kernel named illegal_address (or fault) faults as a real one that reads out of
+// A kernel named illegal_address faults as a real one that reads out of
 // bounds does: its launch succeeds, and every later call that touches the
 // context (synchronising, copying, allocating, launching) returns
-// CUDA_ERROR_ILLEGAL_ADDRESS, as the driver's "sticky" errors do.
+// CUDA_ERROR_ILLEGAL_ADDRESS, as the driver's "sticky" errors do. A kernel
+// named fault is one whose fault the driver has not noticed yet when the
+// next launch comes: only synchronising reports it.
 //
 // Streams can capture into graphs as the driver's do: work submitted to a
 // capturing stream is queued (not run) and runs on each cuGraphLaunch; an
@@ -29,6 +31,7 @@
 static size_t allocated;
 // Set by the emulated kernel `fault`: like a kernel's illegal address, every later wait and allocation reports it.
 static CUresult sticky;
+static int faulted;   // an illegal_address kernel ran: the context is dead, launches fail too
 static const size_t TOTAL = (size_t)80 << 30;
 static __thread CUcontext current;
 typedef struct { double t; int recorded; } ev_t;
@@ -81,7 +84,7 @@ static void append(graph_t *g, const op_t *op) {
     g->ops[g->n++] = *op; }
 // Runs `op` now, or queues it when `s` captures.
 static CUresult submit(CUstream s, op_t op) {
-    if (sticky) return sticky;
+    if (faulted) return 700;
     CUresult r = legacy_use(s); if (r) return r;
     st_t *st = lookup(s);
     if (st && st->capturing) { if (st->invalid) return 901; append(st->graph, &op); return 0; }
@@ -120,13 +123,13 @@ API CUresult cuCtxGetCurrent(CUcontext *c) { *c = current; return 0; }
 static CUcontext stack[16]; static __thread int depth;
 API CUresult cuCtxPushCurrent_v2(CUcontext c) { stack[depth++] = current; current = c; return 0; }
 API CUresult cuCtxPopCurrent_v2(CUcontext *c) { *c = current; current = stack[--depth]; return 0; }
-API CUresult cuCtxSynchronize(void) { CUresult r = unsafe(); if (r) return r; if (sticky) return sticky; return current ? 0 : 201; }
+API CUresult cuCtxSynchronize(void) { if (faulted) return 700; CUresult r = unsafe(); if (r) return r; if (sticky) return sticky; return current ? 0 : 201; }
 API CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = TOTAL - allocated; *t = TOTAL; return 0; }
 // Live allocations and their devices, for cuPointerGetAttribute.
 typedef struct { CUdeviceptr p; size_t n; int device; } alloc_t;
 static alloc_t allocs[4096]; static int nallocs;
 API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
-    if (!current) return 201; if (sticky) return sticky; if (n == 0) return 1; CUresult r = unsafe(); if (r) return r;
+    if (!current) return 201; if (sticky) return sticky; if (faulted) return 700; if (n == 0) return 1; CUresult r = unsafe(); if (r) return r;
     size_t *b = n < ((size_t)1 << 40) ? malloc(n + 16) : NULL; if (!b) return 2;
     b[0] = n; allocated += n; *p = (CUdeviceptr)(b + 2);
     if (nallocs < 4096) allocs[nallocs++] = (alloc_t){*p, n, context_device(current)};
@@ -171,7 +174,7 @@ API CUresult cuStreamDestroy_v2(CUstream s) {
     for (int i = 0; i < nstreams; i++) if (streams[i] == (st_t *)s) streams[i] = streams[--nstreams];
     note("cuStreamDestroy stream=%lu", H(s)); free(s); return 0; }
 API CUresult cuStreamSynchronize(CUstream s) {
-    note("cuStreamSynchronize stream=%lu", H(s)); if (sticky) return sticky; CUresult r = legacy_use(s); if (r) return r;
+    note("cuStreamSynchronize stream=%lu", H(s)); if (sticky) return sticky; if (faulted) return 700; CUresult r = legacy_use(s); if (r) return r;
     st_t *st = lookup(s); if (st && st->capturing) { st->invalid = 1; return 900; } return 0; }
 API CUresult cuStreamQuery(CUstream s) { CUresult r = legacy_use(s); if (r) return r; st_t *st = lookup(s); if (st && st->capturing) { st->invalid = 1; return 900; } return 0; }
 API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned f) { note("cuStreamWaitEvent stream=%lu event=%lu flags=%u", H(s), H(e), f); return legacy_use(s); }
@@ -316,6 +319,7 @@ static void run_kernel(op_t *op) {
         for (int64_t i = 0; i < n && i < (int64_t)threads; i++) a[i] = v; }
     else if (!strcmp(name, "twice")) { float *x = *(float **)p[1], *y = *(float **)p[6]; int64_t n = *(int64_t *)p[3];
         for (int64_t i = 0; i < n && i < (int64_t)threads; i++) y[i] = 2 * x[i]; }
-    else if (!strcmp(name, "fault") || !strcmp(name, "illegal_address")) sticky = 700;
+    else if (!strcmp(name, "fault")) sticky = 700;
+    else if (!strcmp(name, "illegal_address")) faulted = 1;
     else if (!strcmp(name, "record_params")) { uint64_t *d = *(uint64_t **)p[0]; unsigned n = *(unsigned *)p[1]; for (unsigned i = 0; i < n; i++) memcpy(&d[i], p[i + 2], 8); }
 }
