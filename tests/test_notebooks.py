@@ -39,7 +39,7 @@ def execute(path):
 
 
 def test_there_are_notebooks():
-    assert [p.name for p in NOTEBOOKS][:2] == ["00_first_kernel.ipynb", "01_sgemm.ipynb"]
+    assert [p.name for p in NOTEBOOKS][:3] == ["00_first_kernel.ipynb", "01_sgemm.ipynb", "02_tensor_cores.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
