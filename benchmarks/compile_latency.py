@@ -31,7 +31,7 @@ if mg.cuda.is_available():
     mg.cuda.synchronize()  # the CUDA context: once per process, for every library alike
 t_context = time.perf_counter()
 sys.path.insert(0, sys.argv[1])
-from kernels_seed import sgemm_naive
+from kernels_sgemm import sgemm_naive
 t2 = time.perf_counter()
 spec = sgemm_naive[256, 128, 256, mg.f32]
 if mg.cuda.is_available():

@@ -1,8 +1,8 @@
 """The user-facing forms of the API as a user writes them: specializing, inspecting, compiling without a GPU, launching."""
-import kernels_seed
+import kernels_sgemm
 import numpy as np
 import pytest
-from kernels_seed import sgemm_naive
+from kernels_sgemm import sgemm_naive
 
 import mlirgpu as mg
 
@@ -11,7 +11,7 @@ def test_specialize_inspect_compile_without_a_gpu():
     spec = sgemm_naive[256, 128, 256, mg.f32]   # generics in declared order
     text = spec.ir()                            # gpu dialect module, with Python file:line locations
     assert "gpu.func @sgemm_naive(%arg0: memref<256x128xf32>" in text
-    lines = open(kernels_seed.example.__file__).read().splitlines()
+    lines = open(kernels_sgemm.example.__file__).read().splitlines()
     line = next(i for i, text_line in enumerate(lines, 1) if "tmp += A[r, k] * B[k, c]" in text_line)
     assert f'sgemm_naive.py":{line}:0' in text
     ptx = spec.ptx(chip="sm_90a")               # str; needs no GPU

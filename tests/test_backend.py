@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from kernels_seed import scale_rows, sgemm_naive
+from kernels_sgemm import scale_rows, sgemm_naive
 from test_leaks import MB, growth
 
 import mlirgpu as mg

@@ -11,7 +11,7 @@ import pytest
 import mlirgpu as mg
 from mlirgpu import block_dim, block_idx, thread_idx
 
-from kernels_seed import scale_rows
+from kernels_sgemm import scale_rows
 
 N = mg.generics("N")
 

@@ -6,7 +6,7 @@ cupy tensors are GPU-only."""
 import numpy as np
 import pytest
 from backends import cuda_only, current_backend
-from kernels_seed import scale_rows, sgemm_loop, sgemm_naive
+from kernels_sgemm import scale_rows, sgemm_loop, sgemm_naive
 
 import mlirgpu as mg
 
