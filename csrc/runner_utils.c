@@ -123,6 +123,12 @@ static void print_data(element type, const char *base, int64_t dim, int64_t rank
         print_element(type, base + offset * element_bytes[type]);
         return;
     }
+    if (sizes[0] == 0) {
+        /* MLIR's own printer reads a first element even here, past the end
+         * of an empty memref; there is none to print. */
+        fputs("[]", stdout);
+        return;
+    }
     putchar('[');
     print_data(type, base, dim - 1, rank, offset, sizes + 1, strides + 1);
     if (sizes[0] <= 1) {

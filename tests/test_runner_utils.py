@@ -81,8 +81,13 @@ def test_print_memref_matches_mlir(dtype, element, suffix, shape, capfd):
     prog("show", array)
     ours = capfd.readouterr().out
     mlir_prints(library, suffix, array)
-    assert ours == capfd.readouterr().out
+    theirs = capfd.readouterr().out
     assert ours.startswith("Unranked Memref base@ = ")
+    if 0 in shape:
+        # MLIR's printer reads past the end of an empty memref and prints what it finds; ours prints [].
+        assert ours.splitlines()[0] == theirs.splitlines()[0] and ours.splitlines()[1:] == ["[]"]
+    else:
+        assert ours == theirs
 
 
 @needs_mlir_libraries
