@@ -720,3 +720,25 @@ def test_the_naive_sgemm_cubin_through_the_cache(tmp_path):
     assert store.get_or_compile(key, compile_fn) is cubin
     assert CompileCache(tmp_path).get_or_compile(key, compile_fn) == cubin
     assert len(compiles) == 1
+
+
+x = np.zeros(100_000, np.float32)   # a global named like the `x` of thread_idx.x
+SCALE = 3
+
+
+def test_the_key_holds_the_globals_a_kernel_loads_not_its_attribute_names():
+    import mlirgpu as mg
+    from mlirgpu.runtime.compiled import read_values
+
+    N = mg.generics("N")
+
+    @mg.kernel
+    def scale(y: mg.memref[N, mg.f32]):
+        i = mg.thread_idx.x
+        if i < N:
+            y[i] = y[i] * SCALE
+
+    values = read_values(scale.function)
+    assert "SCALE" in values and "x" not in values      # `x` is an attribute here, not the array
+    mg.cache_clear(memory=True, disk=False)
+    assert scale[64].cache_key("sm_90a") is not None     # the 400 KB array never needs a fingerprint

@@ -10,6 +10,7 @@ A subclass gives `name` (the kernel's symbol), `source_function` (the Python
 function it was traced from, which the cache key names), `gpu_module()`,
 `cache_fields()` and `function_params()`.
 """
+import dis
 import hashlib
 import linecache
 import types
@@ -55,9 +56,10 @@ def read_values(function):
     """The globals and closure variables `function`'s code names, except
     generics: what compiling it depends on besides its source."""
     code = function.__code__
-    names = set()
-    for c in code_objects(code):
-        names.update(c.co_names)
+    # The globals its code loads: co_names also holds attribute names (the x of thread_idx.x), which
+    # would drag an unrelated global of that name into the key.
+    names = {i.argval for c in code_objects(code) for i in dis.get_instructions(c)
+             if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
     values = {}
     for name in sorted(names):
         if name in function.__globals__:
