@@ -44,10 +44,12 @@ print(json.dumps(out))
 
 
 def _environment():
-    """A plain environment, with the library path the extension may need (a build against shared MLIR)."""
+    """A plain environment, with what the extension's build may need: its library path (a build
+    against shared MLIR), the sanitizers' runtime and options (.ci/sanitize)."""
     env = {"PYTHONPATH": PYTHON_DIR, "PATH": "/usr/bin:/bin"}
-    if "LD_LIBRARY_PATH" in os.environ:
-        env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
+    for name in ("LD_LIBRARY_PATH", "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS"):
+        if name in os.environ:
+            env[name] = os.environ[name]
     return env
 
 
