@@ -184,7 +184,7 @@ def rng():
 
 
 @pytestmark_backend
-def test_the_seed_example_runs_as_shown():
+def test_the_documented_element_wise_example_runs_as_shown():
     ary = np.arange(100, dtype=np.float64).reshape(10, 10)
     got = foo(ary, ary, ary)
     assert isinstance(got, np.ndarray) and got.dtype == np.float64 and got.shape == (10, 10)
