@@ -39,7 +39,9 @@ for entry in "${examples[@]}"; do
     "$sanitizer" --tool "$tool" --target-processes all --error-exitcode 99 \
       python3 "$script" $args >"$logs/$name.log" 2>&1
     status=$?
-    errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$logs/$name.log" | tail -1 | grep -Eo '[0-9]+$')
+    # memcheck and synccheck end with "ERROR SUMMARY: N errors", racecheck with
+    # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)".
+    errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+|\([0-9]+ errors' "$logs/$name.log" | tail -1 | grep -Eo '[0-9]+')
     errors=${errors:-?}
     verdict=clean
     if [ "$status" != 0 ] || [ "$errors" != 0 ]; then
