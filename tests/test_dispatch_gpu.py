@@ -300,3 +300,49 @@ def test_jax_arrays_launch_and_hit():
     assert d.signature((a,)) == d.signature((Protocol(a),))
     with pytest.raises(C.LaunchError, match="read-only"):
         d(a, a, b, N, **launch_config())
+
+
+def test_kernels_take_read_only_arrays_for_parameters_they_only_read():
+    import mlirgpu as mg
+    from mlirgpu import block_dim, block_idx, thread_idx
+    n = mg.generics("n")
+
+    @mg.kernel
+    def axpy(a: mg.f32, x: mg.memref[n, mg.f32], y: mg.memref[n, mg.f32]):
+        i = block_idx.x * block_dim.x + thread_idx.x
+        if i < n:
+            y[i] = a * x[i] + y[i]
+
+    x = C.to_device(np.arange(N, dtype=np.float32))
+    read_only = type("ReadOnly", (), {"__cuda_array_interface__": {
+        "shape": (N,), "typestr": "<f4", "data": (int(x.ptr), True), "version": 3, "stream": None}})()
+    y = C.zeros(N)
+    for _ in range(2):   # the miss, then the dispatcher's hit
+        axpy(2.0, read_only, y, grid=(N + 255) // 256, block=256)
+    np.testing.assert_array_equal(y.get(), 4 * np.arange(N, dtype=np.float32))
+    with pytest.raises(C.LaunchError, match="read-only"):
+        axpy(2.0, y, read_only, grid=(N + 255) // 256, block=256)
+
+
+def test_jax_arrays_launch_mlirgpu_kernels():
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    if not any(device.platform == "gpu" for device in jax.devices()):
+        pytest.skip("JAX has no GPU here")
+    import mlirgpu as mg
+    from mlirgpu import block_dim, block_idx, thread_idx
+    n = mg.generics("n")
+
+    @mg.kernel
+    def add(a: mg.memref[n, mg.f32], b: mg.memref[n, mg.f32], c: mg.memref[n, mg.f32]):
+        i = block_idx.x * block_dim.x + thread_idx.x
+        if i < n:
+            c[i] = a[i] + b[i]
+
+    c = mg.empty(N, mg.f32)
+    for step in range(3):
+        a, b = jnp.arange(N, dtype=jnp.float32), jnp.full(N, float(step), dtype=jnp.float32)
+        add(a, b, c, grid=(N + 255) // 256, block=256)
+        np.testing.assert_array_equal(c.get(), np.arange(N, dtype=np.float32) + step)
+    with pytest.raises(mg.LaunchError, match="read-only"):
+        add(a, c, b, grid=(N + 255) // 256, block=256)

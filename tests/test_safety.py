@@ -296,6 +296,32 @@ def test_cpu_engine_refuses_a_readonly_array_for_a_stored_parameter():
         engine.launch([X, Y], 1, 4)
 
 
+N_STORES = mg.generics("N_STORES")
+
+
+@mg.kernel
+def stores_two_of_three(Y: mg.memref[N_STORES, mg.f32], X: mg.memref[N_STORES, mg.f32],
+                        Z: mg.memref[N_STORES, mg.f32]):
+    i = thread_idx.x
+    mg.vstore(Y, (i * 4,), mg.vload(X, (i * 4,), 4))
+    mg.atomic.add(Z, i, X[i])
+
+
+@mg.kernel
+def reads_through_shared(Y: mg.memref[N_STORES, mg.f32], X: mg.memref[N_STORES, mg.f32]):
+    s = mg.shared.array((32,), mg.f32)
+    s[thread_idx.x] = X[thread_idx.x]
+    mg.syncthreads()
+    Y[thread_idx.x] = s[31 - thread_idx.x] + X[N_STORES - 1 - thread_idx.x]
+
+
+def test_gpu_kernels_know_which_parameters_they_store_to():
+    # Found in the traced GPU module: a read-only array may be passed for the others.
+    assert stores_two_of_three[64].stored_params() == {0, 2}     # vector store, atomic
+    assert reads_through_shared[64].stored_params() == {0}      # X only read, also into shared memory
+    assert copy_kernel.specialize({}).stored_params() == {0}
+
+
 @pytest.mark.usefixtures("fake_driver")
 def test_cuda_launch_refuses_a_readonly_array_the_kernel_may_store_to():
     out = run_json(FAKE + '''

@@ -78,6 +78,37 @@ def _is_mlirgpu_object(value):
     return isinstance(module, str) and module.startswith("mlirgpu")
 
 
+# Operations that only read the memref operand they are given (and
+# memref.dim, which reads its shape); views pass the question on to their
+# result. Any other use of a parameter counts as a store: a read-only array
+# is then refused rather than written.
+_READS = {"memref.load", "vector.load", "vector.maskedload", "vector.transfer_read", "memref.dim",
+          "vector.gather"}
+_VIEWS = {"memref.subview", "memref.cast", "memref.reinterpret_cast", "memref.collapse_shape",
+          "memref.expand_shape", "memref.view", "memref.transpose", "memref.extract_strided_metadata"}
+
+
+def stored_params(module, name):
+    """The indices of the memref parameters of the kernel @`name` (a func.func
+    or gpu.func) in the traced `module` that it may store to (conservatively:
+    any use other than a read, through any chain of views)."""
+    function = next(op for op in module.walk() if op.name in ("func.func", "gpu.func")
+                    and op.get_attribute("sym_name").value == name)
+    derived = {argument: index for index, argument in enumerate(function.regions[0].blocks[0].arguments)
+               if str(argument.type).startswith("memref")}
+    stored = set()
+    for op in function.walk():   # pre-order: a view is defined before it is used
+        for position, operand in enumerate(op.operands):
+            index = derived.get(operand)
+            if index is None or (op.name in _READS and position == 0):
+                continue
+            if op.name in _VIEWS and position == 0:
+                derived.update((result, index) for result in op.results)
+            else:
+                stored.add(index)
+    return stored
+
+
 class CompiledModule:
     """A traced GPU module, compiled per chip and loaded per device."""
 
@@ -130,12 +161,20 @@ class CompiledModule:
                                "source": source_digest(function), "globals": digest, "generics": generics,
                                "chip": chip, "options": options}, details={"globals": details})
 
-    def function(self):
-        """The kernel, loaded on the current device."""
+    def stored_params(self):
+        """The indices of the array parameters the kernel may store to (None: any)."""
+        return None
+
+    def function(self, exact_stores=False):
+        """The kernel, loaded on the current device. It refuses a read-only
+        array for any array parameter unless `exact_stores`: then it is
+        loaded knowing which parameters the kernel stores to (found in its IR,
+        which takes a trace, so only launches given read-only arrays ask)."""
         device = cuda.current_device()
-        loaded = self._functions.get(device)
+        loaded = self._functions.get((device, exact_stores))
         if loaded is None:
             image = self.image(cuda.Device(device).chip)
-            loaded = self._functions[device] = cuda.load_module(image).get_function(
-                self.name, params=self.function_params())
+            stores = self.stored_params() if exact_stores else None
+            loaded = self._functions[device, exact_stores] = cuda.load_module(image).get_function(
+                self.name, params=self.function_params(), stores=None if stores is None else sorted(stores))
         return loaded

@@ -18,6 +18,7 @@ from .. import _mlirgpu
 from .._mlirgpu import LaunchError
 from ..compiler.cpu import PIPELINE, HostTarget, checks_from_environment
 from ..ir import passes
+from .compiled import stored_params
 from .scalars import scalar_bytes
 
 __all__ = ["PIPELINE", "host_module", "lowered_module", "stored_params", "engine", "run"]
@@ -53,37 +54,6 @@ def lowered_module(spec, checks=None):
 def _uses_fibers(module):
     return any(op.name == "func.call" and op.get_attribute("callee").value in _FIBER_CALLS
                for op in module.walk())
-
-
-# Operations that only read the memref operand they are given (and
-# memref.dim, which reads its shape); views pass the question on to their
-# result. Any other use of a parameter counts as a store: a read-only array
-# is then refused rather than written.
-_READS = {"memref.load", "vector.load", "vector.maskedload", "vector.transfer_read", "memref.dim",
-          "vector.gather"}
-_VIEWS = {"memref.subview", "memref.cast", "memref.reinterpret_cast", "memref.collapse_shape",
-          "memref.expand_shape", "memref.view", "memref.transpose", "memref.extract_strided_metadata"}
-
-
-def stored_params(module, name):
-    """The indices of the memref parameters of func.func @`name` in the traced
-    `module` that the kernel may store to (conservatively: any use other than
-    a read, through any chain of views)."""
-    function = next(op for op in module.body.operations
-                    if op.name == "func.func" and op.get_attribute("sym_name").value == name)
-    derived = {argument: index for index, argument in enumerate(function.regions[0].blocks[0].arguments)
-               if str(argument.type).startswith("memref")}
-    stored = set()
-    for op in function.walk():   # pre-order: a view is defined before it is used
-        for position, operand in enumerate(op.operands):
-            index = derived.get(operand)
-            if index is None or (op.name in _READS and position == 0):
-                continue
-            if op.name in _VIEWS and position == 0:
-                derived.update((result, index) for result in op.results)
-            else:
-                stored.add(index)
-    return stored
 
 
 def engine(spec, checks=None):

@@ -26,7 +26,7 @@ from ..language import core as lang
 from ..language.generics import Generic, MemRefType, as_element_type, is_symbol, symbol_name
 from . import cpu
 from .backend import _kernels as _backend_kernels, on_cpu
-from .compiled import CompiledModule, read_values, source_digest
+from .compiled import CompiledModule, read_values, source_digest, stored_params
 
 __all__ = ["kernel", "Kernel", "Specialization"]
 
@@ -343,6 +343,23 @@ def _array_device(name, arg):
         raise LaunchError(f"parameter {name!r}: {error}") from None
 
 
+def _any_readonly(args):
+    """Whether a device array among `args` is read-only (JAX exports its
+    arrays so): the kernel must then know which parameters it stores to."""
+    for arg in args:
+        if isinstance(arg, DeviceArray):
+            if arg.readonly:
+                return True
+        elif not isinstance(arg, (np.ndarray, TensorMap)) and (
+                hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__dlpack__")):
+            try:
+                if _mlirgpu.asarray(arg).readonly:
+                    return True
+            except (TypeError, ValueError):
+                pass   # not an array the launch takes: it says so itself
+    return False
+
+
 def _host_view(name, arg):
     """A NumPy view of an array argument of a CPU launch (zero copy): a NumPy
     array as is, a host DeviceArray or host DLPack object through DLPack."""
@@ -516,13 +533,16 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                 ("ptr", tuple(d for d, size in enumerate(shape) if size is None)) if None in shape else "ptr"
                 for _, shape, dtype in self._param_types()]
 
-    def function(self):
+    def stored_params(self):
+        return stored_params(self.module(), self.name)
+
+    def function(self, exact_stores=False):
         """The kernel loaded on the current device, allowed all the dynamic
         shared memory the device gives a block: past 48 KB a kernel must opt
         in, and every launch, the C dispatcher's too, may ask for more."""
         device = cuda.current_device()
-        fresh = device not in self._functions
-        function = super().function()
+        fresh = (device, exact_stores) not in self._functions
+        function = super().function(exact_stores)
         if fresh:
             optin = cuda.Device(device).shared_memory_per_block_optin
             if optin > _DEFAULT_SHARED_LIMIT:
@@ -565,7 +585,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         device = self._launch_device(args)
         # Loaded and launched on the arrays' device, which is current meanwhile (NumPy arrays go there).
         with _on_device(device):
-            function = self.function()
+            function = self.function(_any_readonly(args))
             host = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
             if host:
                 args = list(args)
@@ -582,7 +602,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
     def function_for(self, args):
         """The kernel loaded on the device of the array arguments `args`."""
         with _on_device(self._launch_device(args)):
-            return self.function()
+            return self.function(_any_readonly(args))
 
     def _launch_device(self, args):
         """The device the arrays among `args` live on (None: no device
