@@ -19,6 +19,27 @@ three warpgroups (384 threads):
 - the consumers then store their accumulators to C, predicated at the
   edges of C.
 
+Two options of `Config` change how tiles get in and out (CONFIGS lists the
+combinations; the first is the default):
+
+- epilogue="tma": the consumers convert their accumulators to C's type and
+  write them into shared memory, box after box of 64 rows x 128 bytes laid
+  out as the 128-byte swizzle (which also spreads the rows a warp writes at
+  once over all the banks), then one thread of the warpgroup has a TMA store
+  copy each box to C, through a tensor map of C that clips the boxes at C's
+  edges. Each consumer warpgroup alternates between two 8 KB buffers: the
+  32 KB fit beside the 4 stages of a 128 x 256 tile (192 KB) in the 227 KB
+  of shared memory a block may have, and the next box is written while the
+  previous one is copied. A C whose rows are not multiples of 16 bytes
+  cannot have a tensor map: its threads then store it from the registers.
+- multicast="B" ("A"): the grid runs in clusters of 2 blocks on vertically
+  (horizontally) adjacent tiles, which read the same tile of B (A) at every
+  step of K: each block loads half of it by a TMA multicast into both, so
+  L2 serves it once. Both blocks' producers then write every stage, so its
+  "empty" barrier collects the consumer warps of both blocks (arrivals on
+  the other block's barrier go through mapa), and the blocks meet at a
+  cluster barrier before they exit.
+
 Any M, N, K: the tensor maps' out-of-bounds fill reads zeros past the edges
 of A and B. TMA needs each row's byte stride to be a multiple of 16, so K
 (and N, for B) are padded to multiples of 8 when they are not.
