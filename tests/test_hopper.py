@@ -351,14 +351,19 @@ def instructions(ptx, pattern):
     (dict(bn=256, stages=4, b_major="MN", epilogue="tma", multicast="B"), mg.bf16, mg.bf16),
     (dict(bn=256, stages=4, b_major="K", multicast="B"), mg.bf16, mg.f32),
     (dict(bn=128, stages=6, b_major="MN", epilogue="tma", multicast="A"), mg.f16, mg.f16),
+    (dict(bn=128, stages=6, b_major="MN", epilogue="tma", schedule="pingpong"), mg.bf16, mg.f32),
+    (dict(bn=128, stages=6, b_major="K", multicast="B", schedule="pingpong"), mg.f16, mg.bf16),
 ], ids=lambda x: "-".join(f"{v}" for v in x.values()) if isinstance(x, dict) else x.name)
 def test_hopper_gemm_example_compiles(options, dtype, out, tmp_path):
     hopper_gemm = import_hopper_gemm()
     config = hopper_gemm.Config(**options)
     ptx = hopper_gemm.kernel_for(config, dtype)[1000, 520, out].ptx("sm_90a")
-    # The main loop's 4 k16 wgmmas of a 64-wide slice of K (LLVM writes the loop twice: its first
-    # iteration, and the rest), whatever the epilogue and the cluster.
-    assert instructions(ptx, rf"wgmma\.mma_async\.sync\.aligned\.m64n{config.bn}k16\.f32\.{dtype.name}\.{dtype.name} ") == 8
+    # The main loop's 4 k16 wgmmas of a 64-wide slice of K, for each 64-row half of the tile
+    # a consumer warpgroup multiplies (LLVM writes the loop twice: its first iteration, and the
+    # rest), whatever the epilogue and the cluster.
+    halves = 2 if config.schedule == "pingpong" else 1
+    assert instructions(ptx, rf"wgmma\.mma_async\.sync\.aligned\.m64n{config.bn}k16\.f32\.{dtype.name}\.{dtype.name} ") \
+        == 8 * halves
     assert "setmaxnreg.dec.sync.aligned.u32" in ptx
     # TMA loads of a stage: A's tile (or its half, shared), then B's (one box, or 64-column boxes).
     loads = instructions(ptx, r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global")
@@ -368,18 +373,24 @@ def test_hopper_gemm_example_compiles(options, dtype, out, tmp_path):
         b_boxes = 1 if config.b_major == "K" else config.bn // 128
     assert loads == 1 + b_boxes
     assert multicasts == {None: 0, "A": 1, "B": b_boxes}[config.multicast]
-    # The TMA epilogue: one store per box of 64 rows x 128 bytes of the warpgroup's 64 x BN.
+    # The TMA epilogue: one store per box of 64 rows x 128 bytes of the warpgroup's 64 x BN (or 128 x BN).
     stores = instructions(ptx, r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta\.tile\.bulk_group")
-    assert stores == (config.bn * out.itemsize // 128 if config.epilogue == "tma" else 0)
+    assert stores == (halves * config.bn * out.itemsize // 128 if config.epilogue == "tma" else 0)
     if config.epilogue == "tma":
         assert "fence.proxy.async.shared::cta" in ptx
         assert instructions(ptx, r"bar\.sync\s+%r\d+, 128;") == stores
     # Clusters: both blocks' empty barriers hear from every consumer warp.
     assert instructions(ptx, r"mapa\.shared::cluster") == (2 if config.multicast else 0)
     assert ("barrier.cluster.wait" in ptx) == bool(config.multicast)
+    # Ping-pong: a warpgroup waits for its turn at the tensor cores and passes it on.
+    assert instructions(ptx, r"bar\.arrive ") == (1 if config.schedule == "pingpong" else 0)
+    assert instructions(ptx, r"bar\.sync\s+%r\d+, 256;") == (1 if config.schedule == "pingpong" else 0)
     report = assemble(ptx, tmp_path)
-    # No spills, setmaxnreg honoured (C7508), wgmmas not serialized (C7514).
-    assert "0 bytes spill stores" in report and "C7508" not in report and "C7514" not in report
+    # No spills, setmaxnreg honoured (C7508), wgmmas neither serialized (C7514, C7520) nor
+    # fenced by ptxas (C7517, C7519).
+    assert "0 bytes spill stores" in report
+    for warning in ("C7508", "C7514", "C7517", "C7519", "C7520"):
+        assert warning not in report, report
 
 
 def test_hopper_gemm_configs_fit_and_refuse():
@@ -394,6 +405,10 @@ def test_hopper_gemm_configs_fit_and_refuse():
         hopper_gemm.Config(192, 64, 4, epilogue="tma")
     with pytest.raises(ValueError, match="multicast is None, 'A' or 'B'"):
         hopper_gemm.Config(256, 64, 4, multicast="C")
+    with pytest.raises(ValueError, match="ping-pong schedule needs BN = 128"):
+        hopper_gemm.Config(256, 64, 4, schedule="pingpong")
+    with pytest.raises(ValueError, match="schedule is 'cooperative' or 'pingpong'"):
+        hopper_gemm.Config(128, 64, 6, schedule="alternate")
     assert len({config.name for config in hopper_gemm.CONFIGS}) == len(hopper_gemm.CONFIGS)
 
 

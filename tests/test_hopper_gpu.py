@@ -121,13 +121,15 @@ def test_gemm_every_config(config):
     run_gemm(1000, 1000, 1000, mg.bf16, mg.bf16, config)
 
 
-# The epilogue through shared memory and TMA stores, and the tiles shared by
-# multicast in clusters of 2: at tile multiples (of the cluster's tile too),
+# The epilogue through shared memory and TMA stores, the tiles shared by
+# multicast in clusters of 2, and the ping-pong schedule: at tile multiples (of the cluster's tile too),
 # at odd sizes (TMA clips the stores at C's edges; a C whose rows are not
 # 16-byte multiples falls back to the register epilogue), every type.
 TMA_STORE = hopper_gemm.Config(256, 64, 4, epilogue="tma")
 OPTIONS = [TMA_STORE, hopper_gemm.Config(256, 64, 4, epilogue="tma", multicast="B"),
-           hopper_gemm.Config(256, 64, 4, multicast="B"), hopper_gemm.Config(128, 64, 6, epilogue="tma", multicast="A")]
+           hopper_gemm.Config(256, 64, 4, multicast="B"), hopper_gemm.Config(128, 64, 6, epilogue="tma", multicast="A"),
+           hopper_gemm.Config(128, 64, 6, epilogue="tma", schedule="pingpong"),
+           hopper_gemm.Config(128, 64, 6, multicast="B", schedule="pingpong")]
 
 
 @pytest.mark.parametrize("b_major", ["MN", "K"])
@@ -136,10 +138,9 @@ def test_gemm_options_at_tile_multiples(config, b_major):
     run_gemm(512, 768, 1024, mg.bf16, mg.f32, config.replace(b_major=b_major))
 
 
-@pytest.mark.parametrize("M, N, K", [(1000, 520, 77), (300, 7, 9)])
-@pytest.mark.parametrize("b_major", ["MN", "K"])
+@pytest.mark.parametrize("M, N, K, b_major", [(1000, 520, 77, "MN"), (1000, 520, 77, "K"), (300, 7, 9, "MN")])
 @pytest.mark.parametrize("config", OPTIONS, ids=lambda c: c.name)
-def test_gemm_options_at_odd_sizes(config, b_major, M, N, K):
+def test_gemm_options_at_odd_sizes(config, M, N, K, b_major):
     run_gemm(M, N, K, mg.bf16, mg.bf16, config.replace(b_major=b_major))
 
 

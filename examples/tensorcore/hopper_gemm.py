@@ -73,9 +73,12 @@ class Config:
     epilogue: "registers" (each thread stores its accumulators to C) or
     "tma" (through shared memory and TMA stores); multicast: None, "B" (a
     cluster of 2 blocks on vertically adjacent tiles shares B's tile) or "A"
-    (2 blocks on horizontally adjacent tiles share A's)."""
+    (2 blocks on horizontally adjacent tiles share A's); schedule:
+    "cooperative" (both consumer warpgroups on every tile, 64 rows each) or
+    "pingpong" (each consumer warpgroup on every other tile, all its rows)."""
 
-    def __init__(self, bn=256, bk=64, stages=4, b_major="MN", epilogue="registers", multicast=None):
+    def __init__(self, bn=256, bk=64, stages=4, b_major="MN", epilogue="registers", multicast=None,
+                 schedule="cooperative"):
         if b_major not in ("MN", "K"):
             raise ValueError("b_major is 'MN' (B is K x N) or 'K' (B is given as N x K)")
         if bk != 64:
@@ -93,24 +96,31 @@ class Config:
         if multicast == "B" and bn % 128:
             raise ValueError("multicast='B' splits B's tile into halves of whole 64-column boxes: BN = 128 or 256")
         self.bm, self.bn, self.bk, self.stages, self.b_major = 64 * CONSUMERS, bn, bk, stages, b_major
-        self.epilogue, self.multicast = epilogue, multicast
+        if schedule not in ("cooperative", "pingpong"):
+            raise ValueError("schedule is 'cooperative' or 'pingpong'")
+        if schedule == "pingpong" and bn != 128:
+            # A warpgroup holds the whole 128 x BN tile's accumulators: BN f32 registers a thread.
+            raise ValueError("the ping-pong schedule needs BN = 128 (the 128 x BN accumulators of a warpgroup)")
+        self.epilogue, self.multicast, self.schedule = epilogue, multicast, schedule
         if self.shared_bytes() > SHARED_LIMIT:
             raise ValueError(f"{self} needs {self.shared_bytes()} bytes of shared memory, over {SHARED_LIMIT}")
 
     def __repr__(self):
         return (f"Config(BM={self.bm}, BN={self.bn}, BK={self.bk}, stages={self.stages}, b_major={self.b_major!r}, "
-                f"epilogue={self.epilogue!r}, multicast={self.multicast!r})")
+                f"epilogue={self.epilogue!r}, multicast={self.multicast!r}, schedule={self.schedule!r})")
 
     def replace(self, **changes):
         """This configuration with some of its options changed."""
         options = dict(bn=self.bn, bk=self.bk, stages=self.stages, b_major=self.b_major,
-                       epilogue=self.epilogue, multicast=self.multicast)
+                       epilogue=self.epilogue, multicast=self.multicast, schedule=self.schedule)
         options.update(changes)
         return Config(**options)
 
     @property
     def name(self):
         parts = [f"wgmma {self.bm}x{self.bn}x{self.bk}", f"{self.stages} stages"]
+        if self.schedule == "pingpong":
+            parts.append("ping-pong")
         if self.epilogue == "tma":
             parts.append("TMA-store epilogue")
         if self.multicast:
@@ -134,7 +144,10 @@ class Config:
 
 # The first is the default (and the benchmark's first row).
 CONFIGS = [Config(256, 64, 4, epilogue="tma", multicast="B"), Config(256, 64, 4, epilogue="tma"),
-           Config(256, 64, 4, multicast="B"), Config(256, 64, 4), Config(128, 64, 6), Config(256, 64, 3)]
+           Config(256, 64, 4, multicast="B"),
+           Config(128, 64, 6, epilogue="tma", multicast="B", schedule="pingpong"),
+           Config(128, 64, 6, epilogue="tma", schedule="pingpong"),
+           Config(256, 64, 4), Config(128, 64, 6), Config(256, 64, 3)]
 
 
 def build(config, dtype):
@@ -143,6 +156,8 @@ def build(config, dtype):
     STAGE = config.stage_elements
     STAGE_BYTES = STAGE * dtype.itemsize
     B_MAJOR, TMA_EPILOGUE, MULTICAST = config.b_major, config.epilogue == "tma", config.multicast
+    PINGPONG = config.schedule == "pingpong"
+    HALVES = 2 if PINGPONG else 1  # 64-row halves of the tile a consumer warpgroup multiplies
     CM, CN = config.cluster
     CLUSTER = CM * CN
     # How each stage's tiles sit in shared memory, as TMA writes them: A is
@@ -176,8 +191,9 @@ def build(config, dtype):
         if mg.thread_idx.x == 0:
             for s in mg.static_range(STAGES):
                 full.init(s, 1)
-                # One arrival per consumer warp, of every block whose consumers read the stage.
-                empty.init(s, 4 * CONSUMERS * CLUSTER)
+                # One arrival per consumer warp that reads the stage (one warpgroup's
+                # in ping-pong), in every block whose consumers read it.
+                empty.init(s, 4 * (1 if PINGPONG else CONSUMERS) * CLUSTER)
             mg.mbarrier.fence_init()
         if CLUSTER > 1:
             mg.warpgroup.cluster_sync()  # the other block's barriers are ready before anything reaches them
@@ -231,24 +247,49 @@ def build(config, dtype):
                         it = it + 1
         else:
             mg.warpgroup.set_max_registers(CONSUMER_REGISTERS, increase=True)
-            half = (wg - 1) * 64  # this warpgroup's rows of the tile
+            w = wg - 1
+            clusters = mg.grid_dim.x // CLUSTER
+            if PINGPONG:
+                # The tile loop depends on the warpgroup here: read from lane 0, its
+                # index is visibly the same in the whole warp, and ptxas keeps the
+                # wgmmas inside the loop asynchronous (else its warning C7520).
+                w = mg.warp.shfl_idx(w, 0)
+                # Whole tiles in turn: this warpgroup's are every other one of the block's,
+                # and its stages every other run of k_tiles in the ring.
+                first_tile = mg.block_idx.x // CLUSTER + mg.cast(w, mg.index) * clusters
+                step, half = 2 * clusters, 0
+                it = w * k_tiles
+            else:
+                # Each warpgroup its 64 rows of every tile.
+                first_tile, step, half = mg.block_idx.x // CLUSTER, clusters, w * 64
+                it = mg.constant(0, mg.i32)
             half_at = mg.cast(half, mg.index) * BK
             if TMA_EPILOGUE:
                 # This warpgroup's two store buffers, after the stages (1024-byte aligned:
                 # the 128-byte swizzle's period), viewed as C's type.
                 out = mg.shared.dynamic(C.dtype)
-                out_first = ((first + STAGES * STAGE) * dtype.itemsize + mg.cast(wg - 1, mg.index)
+                out_first = ((first + STAGES * STAGE) * dtype.itemsize + mg.cast(w, mg.index)
                              * (STORE_BUFFERS * STORE_BOX_BYTES)) // C.dtype.itemsize
                 BOX_COLUMNS = 128 // C.dtype.itemsize
                 CHUNK = 16 // C.dtype.itemsize  # elements per 16 bytes, what the swizzle permutes
-            it = mg.constant(0, mg.i32)
-            for tile in range(mg.block_idx.x // CLUSTER, tiles_m * tiles_n, mg.grid_dim.x // CLUSTER):
+            for tile in range(first_tile, tiles_m * tiles_n, step):
                 pid = mg.cast(tile, mg.i32)
                 group_first = pid // (GROUP_M * tiles_n) * GROUP_M
                 group_rows = mg.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
                 m0 = (group_first + pid % group_rows) * (BM * CM) + (rank * BM if CM > 1 else 0)
                 n0 = pid % (GROUP_M * tiles_n) // group_rows * (BN * CN) + (rank * BN if CN > 1 else 0)
-                acc = mg.wgmma.zeros(BN)
+                if PINGPONG:
+                    # Zeros the compiler cannot see (returned by a wait on nothing): it would
+                    # otherwise rebuild the second accumulator's zeros between the two
+                    # wgmmas of the first slice, which ptxas fences (warnings C7519, C7517).
+                    acc = mg.wgmma.wait_group(0, mg.wgmma.zeros(BN) * HALVES)
+                else:
+                    acc = mg.wgmma.zeros(BN)
+                if PINGPONG:
+                    # The tensor cores are the other warpgroup's until it has issued its
+                    # tile's wgmmas (the first warpgroup's first tile waits for nothing).
+                    if (w == 1) | (tile != first_tile):
+                        mg.warpgroup.barrier(4 - w, 256)
                 for kt in range(k_tiles):
                     s = it % STAGES
                     full.wait(s, it // STAGES % 2)
@@ -258,7 +299,13 @@ def build(config, dtype):
                     for kk in mg.static_range(BK // 16):
                         a = mg.wgmma.descriptor(smem, A_TILE, offset=a_at, k_block=kk)
                         b = mg.wgmma.descriptor(smem, B_TILE, offset=b_at, k_block=kk, major=B_MAJOR)
-                        acc = mg.wgmma.mma(acc, a, b, n=BN)
+                        if PINGPONG:
+                            # The tile's two 64-row halves, two accumulators, one B.
+                            a_low = mg.wgmma.descriptor(smem, A_TILE, offset=a_at + 64 * BK, k_block=kk)
+                            acc = (mg.wgmma.mma(acc[:BN // 2], a, b, n=BN)
+                                   + mg.wgmma.mma(acc[BN // 2:], a_low, b, n=BN))
+                        else:
+                            acc = mg.wgmma.mma(acc, a, b, n=BN)
                     mg.wgmma.commit_group()
                     # The previous slice's wgmmas are done: free its stage (in both
                     # blocks of a cluster, whose producers both write into it).
@@ -269,6 +316,11 @@ def build(config, dtype):
                     elif (kt > 0) & (t % 32 == 0):
                         empty.arrive((it + (STAGES - 1)) % STAGES)
                     it = it + 1
+                if PINGPONG:
+                    # The other warpgroup's turn, if it has a tile after this one: its
+                    # wgmmas run while this one's finish and its epilogue stores them.
+                    if tile + clusters < tiles_m * tiles_n:
+                        mg.warpgroup.arrive(3 + w, 256)
                 acc = mg.wgmma.wait_group(0, acc)
                 # The tile's last slice.
                 if CLUSTER > 1:
@@ -276,44 +328,49 @@ def build(config, dtype):
                         empty.arrive_cluster((it + (STAGES - 1)) % STAGES, t % 32)
                 elif t % 32 == 0:
                     empty.arrive((it + (STAGES - 1)) % STAGES)
-                row0 = m0 + half
-                if TMA_EPILOGUE:
-                    # Box after box of 64 rows x 128 bytes: written in C's type into a buffer
-                    # laid out as the 128-byte swizzle (16-byte chunk c of row r at chunk
-                    # c ^ (r % 8): the 8 rows a warp writes at once fall in different banks),
-                    # then one thread has TMA copy it to C, which clips it at C's edges.
-                    for box in mg.static_range(BN // BOX_COLUMNS):
-                        at = out_first + (box % STORE_BUFFERS) * (STORE_BOX_BYTES // C.dtype.itemsize)
-                        for r in mg.static_range(box * BOX_COLUMNS // 2, (box + 1) * BOX_COLUMNS // 2, 2):
-                            row, col = mg.wgmma.accumulator_coordinates(r, t)
-                            element = row * BOX_COLUMNS + (col - box * BOX_COLUMNS)
-                            swizzled = mg.cast(element ^ ((row % 8) * CHUNK), mg.index)
-                            mg.vstore(out, at + swizzled, (mg.cast(acc[r], C.dtype), mg.cast(acc[r + 1], C.dtype)))
-                        mg.tma.fence_proxy_async()  # the writes above, before the copy engine reads them
-                        if t == 0:
-                            # The previous box's copy has read the other buffer: the next box may overwrite it.
-                            mg.tma.wait_group(0, read=True)
-                        mg.warpgroup.barrier(wg)  # the warpgroup's writes are all in (ids 1 and 2)
-                        if t == 0:
-                            mg.tma.store(c_map, out, (row0, n0 + box * BOX_COLUMNS), offset=at)
-                            mg.tma.commit_group()
-                else:
-                    inside = (m0 + BM <= rows) & (n0 + BN <= columns)
-                    if inside:
-                        for r in mg.static_range(0, BN // 2, 2):
-                            row, col = mg.wgmma.accumulator_coordinates(r, t)
-                            if columns % 2 == 0:
-                                # Values r and r + 1 are adjacent columns of one row: one paired store.
-                                mg.vstore(C, (row0 + row, n0 + col),
-                                          (mg.cast(acc[r], C.dtype), mg.cast(acc[r + 1], C.dtype)))
-                            else:
-                                C[row0 + row, n0 + col] = mg.cast(acc[r], C.dtype)
-                                C[row0 + row, n0 + col + 1] = mg.cast(acc[r + 1], C.dtype)
+                if PINGPONG:
+                    it = it + k_tiles  # past the other warpgroup's tile
+                for h in mg.static_range(HALVES):
+                    values = acc[h * (BN // 2):(h + 1) * (BN // 2)]
+                    row0 = m0 + half + 64 * h
+                    if TMA_EPILOGUE:
+                        # Box after box of 64 rows x 128 bytes: written in C's type into a buffer
+                        # laid out as the 128-byte swizzle (16-byte chunk c of row r at chunk
+                        # c ^ (r % 8): the 8 rows a warp writes at once fall in different banks),
+                        # then one thread has TMA copy it to C, which clips it at C's edges.
+                        for box in mg.static_range(BN // BOX_COLUMNS):
+                            at = out_first + (box % STORE_BUFFERS) * (STORE_BOX_BYTES // C.dtype.itemsize)
+                            for r in mg.static_range(box * BOX_COLUMNS // 2, (box + 1) * BOX_COLUMNS // 2, 2):
+                                row, col = mg.wgmma.accumulator_coordinates(r, t)
+                                element = row * BOX_COLUMNS + (col - box * BOX_COLUMNS)
+                                swizzled = mg.cast(element ^ ((row % 8) * CHUNK), mg.index)
+                                mg.vstore(out, at + swizzled,
+                                          (mg.cast(values[r], C.dtype), mg.cast(values[r + 1], C.dtype)))
+                            mg.tma.fence_proxy_async()  # the writes above, before the copy engine reads them
+                            if t == 0:
+                                # The previous box's copy has read the other buffer: the next box may overwrite it.
+                                mg.tma.wait_group(0, read=True)
+                            mg.warpgroup.barrier(wg)  # the warpgroup's writes are all in (ids 1 and 2)
+                            if t == 0:
+                                mg.tma.store(c_map, out, (row0, n0 + box * BOX_COLUMNS), offset=at)
+                                mg.tma.commit_group()
                     else:
-                        for r in mg.static_range(BN // 2):
-                            row, col = mg.wgmma.accumulator_coordinates(r, t)
-                            if (row0 + row < rows) & (n0 + col < columns):
-                                C[row0 + row, n0 + col] = mg.cast(acc[r], C.dtype)
+                        inside = (m0 + BM <= rows) & (n0 + BN <= columns)
+                        if inside:
+                            for r in mg.static_range(0, BN // 2, 2):
+                                row, col = mg.wgmma.accumulator_coordinates(r, t)
+                                if columns % 2 == 0:
+                                    # Values r and r + 1 are adjacent columns of one row: one paired store.
+                                    mg.vstore(C, (row0 + row, n0 + col),
+                                              (mg.cast(values[r], C.dtype), mg.cast(values[r + 1], C.dtype)))
+                                else:
+                                    C[row0 + row, n0 + col] = mg.cast(values[r], C.dtype)
+                                    C[row0 + row, n0 + col + 1] = mg.cast(values[r + 1], C.dtype)
+                        else:
+                            for r in mg.static_range(BN // 2):
+                                row, col = mg.wgmma.accumulator_coordinates(r, t)
+                                if (row0 + row < rows) & (n0 + col < columns):
+                                    C[row0 + row, n0 + col] = mg.cast(values[r], C.dtype)
             if TMA_EPILOGUE:
                 if t == 0:
                     mg.tma.wait_group(0)  # the last stores are done before the block's shared memory goes
