@@ -39,6 +39,12 @@ combinations; the first is the default):
   "empty" barrier collects the consumer warps of both blocks (arrivals on
   the other block's barrier go through mapa), and the blocks meet at a
   cluster barrier before they exit.
+- schedule="pingpong" (BN = 128): each consumer warpgroup takes whole
+  128 x 128 tiles (two 64-row accumulators), every other tile of the block,
+  instead of 64 rows of every tile; the two pass the tensor cores to each
+  other through named barriers once they have issued a tile's wgmmas, so
+  that one's epilogue runs under the other's wgmmas. A stage is then read by
+  one warpgroup, whose 4 warps free it.
 
 Any M, N, K: the tensor maps' out-of-bounds fill reads zeros past the edges
 of A and B. TMA needs each row's byte stride to be a multiple of 16, so K
