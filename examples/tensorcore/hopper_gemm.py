@@ -62,7 +62,7 @@ import numpy as np
 import mlirgpu as mg
 from mlirgpu.layout import wgmma as wgmma_layout
 
-CONSUMERS = 2                       # consumer warpgroups, 64 rows of the tile each
+CONSUMERS = 2                       # consumer warpgroups: 64 rows of each tile each, or whole tiles in turn
 THREADS = 128 * (1 + CONSUMERS)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
 GROUP_M = 8                         # row tiles per group of the block order
@@ -101,12 +101,12 @@ class Config:
             raise ValueError("multicast is None, 'A' or 'B'")
         if multicast == "B" and bn % 128:
             raise ValueError("multicast='B' splits B's tile into halves of whole 64-column boxes: BN = 128 or 256")
-        self.bm, self.bn, self.bk, self.stages, self.b_major = 64 * CONSUMERS, bn, bk, stages, b_major
         if schedule not in ("cooperative", "pingpong"):
             raise ValueError("schedule is 'cooperative' or 'pingpong'")
         if schedule == "pingpong" and bn != 128:
             # A warpgroup holds the whole 128 x BN tile's accumulators: BN f32 registers a thread.
             raise ValueError("the ping-pong schedule needs BN = 128 (the 128 x BN accumulators of a warpgroup)")
+        self.bm, self.bn, self.bk, self.stages, self.b_major = 64 * CONSUMERS, bn, bk, stages, b_major
         self.epilogue, self.multicast, self.schedule = epilogue, multicast, schedule
         if self.shared_bytes() > SHARED_LIMIT:
             raise ValueError(f"{self} needs {self.shared_bytes()} bytes of shared memory, over {SHARED_LIMIT}")
