@@ -429,10 +429,9 @@ def store_map(C):
     """The tensor map the TMA epilogue stores C through (boxes of 64 rows x
     128 bytes, 128-byte swizzle), or None where TMA cannot address C: its
     rows must be multiples of 16 bytes, its start 16-byte aligned."""
-    try:
-        return mg.tensor_map(C, box=(64, 128 // C.dtype.itemsize), swizzle="128B")
-    except ValueError:
+    if C.strides[-1] != C.dtype.itemsize or C.strides[0] % 16 or C.ptr % 16:
         return None
+    return mg.tensor_map(C, box=(64, 128 // C.dtype.itemsize), swizzle="128B")
 
 
 def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None):
