@@ -166,4 +166,6 @@ def test_gemm_sass_runs_on_hgmma():
         sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     assert "HGMMA.64x256x16.F32.BF16" in sass
     assert "UTMALDG" in sass
+    if hopper_gemm.CONFIGS[0].epilogue == "tma":
+        assert "UTMASTG" in sass  # C leaves by TMA stores
     assert "HMMA" not in sass.replace("HGMMA", "")
