@@ -6,8 +6,9 @@ and Triton's tutorial matmul, measured in the same run.
 
 - Rows: every entry of KERNELS (a name and a function launching C = A @ B on
   mlirgpu DeviceArrays; a kernel of another example adds its own entry: on
-  an sm_90a GPU, one per tile configuration of examples/tensorcore/
-  hopper_gemm.py, whose tensor maps are made at its first launch and kept),
+  an sm_90a GPU, one per configuration of examples/tensorcore/
+  hopper_gemm.py (tile, stages, epilogue, multicast), whose tensor maps are
+  made at its first launch and kept),
   then the peers, where importable: cuBLAS through torch.matmul, and
   Triton's tutorial matmul (written below: its GROUP_M-swizzled program
   order, its autotune configs for CUDA, tl.dot accumulating in float32).
@@ -63,8 +64,8 @@ CUBLAS, TRITON = "cuBLAS", "Triton"
 KERNELS = [
     ("mma.sync (examples/tensorcore/ampere_gemm.py)", ampere_gemm.launch),
 ]
-if hopper_gemm.available():  # sm_90a: one row per tile configuration of the warp-specialized wgmma GEMM
-    KERNELS += [(f"wgmma {c.bm}x{c.bn}x{c.bk}, {c.stages} stages (examples/tensorcore/hopper_gemm.py)",
+if hopper_gemm.available():  # sm_90a: one row per configuration of the warp-specialized wgmma GEMM
+    KERNELS += [(f"{c.name} (examples/tensorcore/hopper_gemm.py)",
                  lambda A, B, C, c=c: hopper_gemm.launch(A, B, C, c)) for c in hopper_gemm.CONFIGS]
 
 try:

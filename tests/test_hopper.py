@@ -251,6 +251,63 @@ def test_tma_store_ptx(tmp_path):
 
 
 @mg.kernel(max_threads=384, min_blocks=1)
+def named_barriers(X: mg.memref[384, mg.i32]):
+    X[mg.thread_idx.x] = mg.warpgroup.thread_index()
+    mg.warpgroup.barrier(1 + mg.warpgroup.index())     # each warpgroup on its own barrier
+    if mg.warpgroup.index() > 0:
+        mg.warpgroup.barrier(4, 256)                   # the two last warpgroups together
+
+
+def test_named_barrier_ptx(tmp_path):
+    ptx = re.sub(r"[ \t]+", " ", named_barriers.specialize({}).ptx("sm_90a"))
+    assert re.search(r"bar\.sync %r\d+, 128;", ptx)
+    assert "bar.sync 4, 256;" in ptx
+    assemble(ptx, tmp_path)
+
+
+@mg.kernel
+def multicast_share(a_map: mg.TensorMap, X: mg.memref[64 * 64, mg.bf16]):
+    # Each block of a cluster of 2 loads half of a 64 x 64 tile into both.
+    smem = mg.shared.dynamic(mg.bf16)
+    bars = mg.mbarrier.array(2)
+    rank = mg.warpgroup.cluster_rank()
+    if mg.thread_idx.x == 0:
+        bars.init(0, 1)
+        bars.init(1, 2)
+        mg.mbarrier.fence_init()
+    mg.warpgroup.cluster_sync()
+    if mg.thread_idx.x == 0:
+        bars.arrive_expect_tx(0, 64 * 64 * 2)
+        mg.tma.load(a_map, smem, (32 * rank, 0), bars, 0, offset=32 * 64 * rank, multicast=0b11)
+    bars.wait(0, 0)
+    X[mg.thread_idx.x] = smem[mg.thread_idx.x]
+    if mg.thread_idx.x < 2:
+        bars.arrive_cluster(1, mg.thread_idx.x)        # one arrival on each block's barrier 1
+    bars.wait(1, 0)
+    mg.warpgroup.cluster_sync()
+
+
+def test_multicast_load_and_cluster_arrive_ptx(tmp_path):
+    ptx = re.sub(r"[ \t]+", " ", multicast_share.specialize({}).ptx("sm_90a"))
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
+                     r"\.multicast::cluster \[%r?d?\d+\], \[%rd\d+, \{%r\d+, %r\d+\}\], \[%r?d?\d+\], %rs\d+;", ptx)
+    assert ptx.count("mapa.shared::cluster.u32") == 1
+    assert ptx.count("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];") == 1
+    assemble(ptx, tmp_path)
+
+
+def test_a_multicast_mask_is_checked():
+    @mg.kernel
+    def bad_mask(a_map: mg.TensorMap, X: mg.memref[8, mg.f32]):
+        smem = mg.shared.dynamic(mg.bf16)
+        mg.tma.load(a_map, smem, (0, 0), mg.mbarrier.array(1), 0, multicast=0)
+
+    with pytest.raises(mg.CompileError, match="a multicast mask is an int from 1 to 0xFFFF") as info:
+        bad_mask.specialize({}).ir()
+    assert info.value.lineno == line_of(bad_mask.function, "multicast=0")
+
+
+@mg.kernel(max_threads=384, min_blocks=1)
 def specialized(X: mg.memref[384, mg.i32]):
     if mg.warpgroup.index() == 0:
         mg.warpgroup.set_max_registers(40, increase=False)
@@ -271,21 +328,90 @@ def test_setmaxnreg_and_cluster_ptx(tmp_path):
     assert "C7508" not in report  # ptxas did not ignore setmaxnreg
 
 
-def test_hopper_gemm_example_compiles(tmp_path):
+def import_hopper_gemm():
     sys.path.insert(0, EXAMPLES)
     try:
         import hopper_gemm
     finally:
         sys.path.remove(EXAMPLES)
-    for config, dtype, out in ((hopper_gemm.Config(256, 64, 4, "MN"), mg.bf16, mg.f16),
-                               (hopper_gemm.Config(128, 64, 6, "K"), mg.bf16, mg.f32),
-                               (hopper_gemm.Config(256, 64, 3, "K"), mg.f16, mg.bf16)):
-        ptx = hopper_gemm.kernel_for(config, dtype)[1000, 520, out].ptx("sm_90a")
-        assert f"wgmma.mma_async.sync.aligned.m64n{config.bn}k16.f32.{dtype.name}.{dtype.name}" in ptx
-        assert "setmaxnreg.dec.sync.aligned.u32" in ptx
-        report = assemble(ptx, tmp_path)
-        # No spills, setmaxnreg honoured (C7508), wgmmas not serialized (C7514).
-        assert "0 bytes spill stores" in report and "C7508" not in report and "C7514" not in report
+    return hopper_gemm
+
+
+def instructions(ptx, pattern):
+    """How many lines of the PTX start with `pattern` (a regular expression)."""
+    return len(re.findall(r"^\s*" + pattern, ptx, re.MULTILINE))
+
+
+@pytest.mark.parametrize("options, dtype, out", [
+    (dict(bn=256, stages=4, b_major="MN"), mg.bf16, mg.f16),
+    (dict(bn=128, stages=6, b_major="K"), mg.bf16, mg.f32),
+    (dict(bn=256, stages=3, b_major="K"), mg.f16, mg.bf16),
+    (dict(bn=256, stages=4, b_major="MN", epilogue="tma"), mg.bf16, mg.bf16),
+    (dict(bn=256, stages=4, b_major="K", epilogue="tma"), mg.f16, mg.f32),
+    (dict(bn=256, stages=4, b_major="MN", epilogue="tma", multicast="B"), mg.bf16, mg.bf16),
+    (dict(bn=256, stages=4, b_major="K", multicast="B"), mg.bf16, mg.f32),
+    (dict(bn=128, stages=6, b_major="MN", epilogue="tma", multicast="A"), mg.f16, mg.f16),
+    (dict(bn=128, stages=6, b_major="MN", epilogue="tma", schedule="pingpong"), mg.bf16, mg.f32),
+    (dict(bn=128, stages=6, b_major="K", multicast="B", schedule="pingpong"), mg.f16, mg.bf16),
+], ids=lambda x: "-".join(f"{v}" for v in x.values()) if isinstance(x, dict) else x.name)
+def test_hopper_gemm_example_compiles(options, dtype, out, tmp_path):
+    hopper_gemm = import_hopper_gemm()
+    config = hopper_gemm.Config(**options)
+    ptx = hopper_gemm.kernel_for(config, dtype)[1000, 520, out].ptx("sm_90a")
+    # The main loop's 4 k16 wgmmas of a 64-wide slice of K, for each 64-row half of the tile
+    # a consumer warpgroup multiplies (LLVM writes the loop twice: its first iteration, and the
+    # rest), whatever the epilogue and the cluster.
+    halves = 2 if config.schedule == "pingpong" else 1
+    assert instructions(ptx, rf"wgmma\.mma_async\.sync\.aligned\.m64n{config.bn}k16\.f32\.{dtype.name}\.{dtype.name} ") \
+        == 8 * halves
+    assert "setmaxnreg.dec.sync.aligned.u32" in ptx
+    # TMA loads of a stage: A's tile (or its half, shared), then B's (one box, or 64-column boxes).
+    loads = instructions(ptx, r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global")
+    multicasts = instructions(ptx, r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\S*\.multicast::cluster ")
+    b_boxes = 1 if config.b_major == "K" else config.bn // 64
+    if config.multicast == "B":
+        b_boxes = 1 if config.b_major == "K" else config.bn // 128
+    assert loads == 1 + b_boxes
+    assert multicasts == {None: 0, "A": 1, "B": b_boxes}[config.multicast]
+    # The TMA epilogue: one store per box of 64 rows x 128 bytes of the warpgroup's 64 x BN (or 128 x BN).
+    stores = instructions(ptx, r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta\.tile\.bulk_group")
+    assert stores == (halves * config.bn * out.itemsize // 128 if config.epilogue == "tma" else 0)
+    if config.epilogue == "tma":
+        assert "fence.proxy.async.shared::cta" in ptx
+        assert instructions(ptx, r"bar\.sync\s+%r\d+, 128;") == stores
+    # Clusters: both blocks' empty barriers hear from every consumer warp.
+    assert instructions(ptx, r"mapa\.shared::cluster") == (2 if config.multicast else 0)
+    assert ("barrier.cluster.wait" in ptx) == bool(config.multicast)
+    # Ping-pong: a warpgroup waits for its turn at the tensor cores and passes it on.
+    assert instructions(ptx, r"bar\.arrive ") == (1 if config.schedule == "pingpong" else 0)
+    assert instructions(ptx, r"bar\.sync\s+%r\d+, 256;") == (1 if config.schedule == "pingpong" else 0)
+    report = assemble(ptx, tmp_path)
+    # No spills, setmaxnreg honoured (C7508), wgmmas neither serialized (C7514, C7520) nor
+    # fenced by ptxas (C7517, C7519).
+    assert "0 bytes spill stores" in report
+    for warning in ("C7508", "C7514", "C7517", "C7519", "C7520"):
+        assert warning not in report, report
+
+
+def test_hopper_gemm_configs_fit_and_refuse():
+    hopper_gemm = import_hopper_gemm()
+    for config in hopper_gemm.CONFIGS:
+        assert config.shared_bytes() <= 227 * 1024
+    # 4 stages of 128 x 256 tiles (192 KB) leave room for the TMA epilogue's 32 KB, 5 do not.
+    assert hopper_gemm.Config(256, 64, 4, epilogue="tma").shared_bytes() == 4 * 48 * 1024 + 32 * 1024 + 1024
+    with pytest.raises(ValueError, match="bytes of shared memory, over 232448"):
+        hopper_gemm.Config(256, 64, 5, epilogue="tma")
+    with pytest.raises(ValueError, match="BN = 128 or 256"):
+        hopper_gemm.Config(192, 64, 4, epilogue="tma")
+    with pytest.raises(ValueError, match="multicast is None, 'A' or 'B'"):
+        hopper_gemm.Config(256, 64, 4, multicast="C")
+    with pytest.raises(ValueError, match="ping-pong schedule needs BN = 128"):
+        hopper_gemm.Config(256, 64, 4, schedule="pingpong")
+    with pytest.raises(ValueError, match="schedule is 'cooperative' or 'pingpong'"):
+        hopper_gemm.Config(128, 64, 6, schedule="alternate")
+    assert len({config.name for config in hopper_gemm.CONFIGS}) == len(hopper_gemm.CONFIGS)
+    # Rows of 7 bf16 (14 bytes) have no tensor map: such a C is stored from the registers.
+    assert hopper_gemm.store_map(mg.empty((5, 7), mg.bf16)) is None
 
 
 # --------------------------------------------------------------------------
@@ -446,6 +572,9 @@ def test_a_padded_layout_is_not_a_wgmma_tile():
     ("d = mg.wgmma.descriptor(mg.shared.array((64 * 64,), mg.f16), TILE); mg.wgmma.mma([0.0] * 8, d, d, n=64)",
      "an m64n64 accumulator is a list of 32 f32 values, got 8"),
     ("mg.warpgroup.set_max_registers(100, increase=True)", "multiple of 8 from 24 to 256"),
+    ("mg.warpgroup.barrier(0)", "id is 1 to 15 (0 is syncthreads), not 0"),
+    ("mg.warpgroup.barrier(1, 100)", "a multiple of 32 threads up to 1024, not 100"),
+    ("mg.warpgroup.barrier(1.5)", "an int or a traced integer"),
 ])
 def test_misuse_is_a_compile_error(body, message, tmp_path):
     source = tmp_path / "misuse.py"
@@ -464,8 +593,9 @@ def test_misuse_is_a_compile_error(body, message, tmp_path):
 
 def test_the_cpu_backend_refuses_hopper_operations():
     from mlirgpu.compiler.cpu import HostTarget
-    with pytest.raises(mg.CompileError, match="only on the GPU"):
-        store_tile.specialize({}).trace(target=HostTarget())
+    for kernel in (store_tile, named_barriers):
+        with pytest.raises(mg.CompileError, match="only on the GPU"):
+            kernel.specialize({}).trace(target=HostTarget())
 
 
 def test_a_tensor_map_parameter_needs_a_tensor_map():

@@ -121,6 +121,36 @@ def test_gemm_every_config(config):
     run_gemm(1000, 1000, 1000, mg.bf16, mg.bf16, config)
 
 
+# The epilogue through shared memory and TMA stores, the tiles shared by
+# multicast in clusters of 2, and the ping-pong schedule: at tile multiples (of the cluster's tile too),
+# at odd sizes (TMA clips the stores at C's edges; a C whose rows are not
+# 16-byte multiples falls back to the register epilogue), every type.
+TMA_STORE = hopper_gemm.Config(256, 64, 4, epilogue="tma")
+OPTIONS = [TMA_STORE, hopper_gemm.Config(256, 64, 4, epilogue="tma", multicast="B"),
+           hopper_gemm.Config(256, 64, 4, multicast="B"), hopper_gemm.Config(128, 64, 6, epilogue="tma", multicast="A"),
+           hopper_gemm.Config(128, 64, 6, epilogue="tma", schedule="pingpong"),
+           hopper_gemm.Config(128, 64, 6, multicast="B", schedule="pingpong")]
+
+
+@pytest.mark.parametrize("b_major", ["MN", "K"])
+@pytest.mark.parametrize("config", OPTIONS, ids=lambda c: c.name)
+def test_gemm_options_at_tile_multiples(config, b_major):
+    run_gemm(512, 768, 1024, mg.bf16, mg.f32, config.replace(b_major=b_major))
+
+
+@pytest.mark.parametrize("M, N, K, b_major", [(1000, 520, 77, "MN"), (1000, 520, 77, "K"), (300, 7, 9, "MN")])
+@pytest.mark.parametrize("config", OPTIONS, ids=lambda c: c.name)
+def test_gemm_options_at_odd_sizes(config, M, N, K, b_major):
+    run_gemm(M, N, K, mg.bf16, mg.bf16, config.replace(b_major=b_major))
+
+
+@pytest.mark.parametrize("dtype", [mg.bf16, mg.f16])
+@pytest.mark.parametrize("out_dtype", [mg.f32, mg.bf16, mg.f16])
+@pytest.mark.parametrize("config", OPTIONS[1:2], ids=lambda c: c.name)
+def test_gemm_options_every_type(config, dtype, out_dtype):
+    run_gemm(640, 392, 320, dtype, out_dtype, config)
+
+
 def test_gemm_sass_runs_on_hgmma():
     # The instruction the H100 runs: HGMMA (not HMMA or FFMA), fed by UTMALDG.
     import shutil
@@ -136,4 +166,6 @@ def test_gemm_sass_runs_on_hgmma():
         sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     assert "HGMMA.64x256x16.F32.BF16" in sass
     assert "UTMALDG" in sass
+    if hopper_gemm.CONFIGS[0].epilogue == "tma":
+        assert "UTMASTG" in sass  # C leaves by TMA stores
     assert "HMMA" not in sass.replace("HGMMA", "")

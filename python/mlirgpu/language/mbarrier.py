@@ -12,6 +12,11 @@ An mbarrier completes a phase when its expected arrivals have arrived and
 the transaction bytes it was told to expect (by `arrive_expect_tx`) have
 been written by the copies that name it (mg.tma.load); `wait` spins on
 `mbarrier.try_wait.parity` with the phase's parity. Needs sm_90 or later.
+
+In a cluster launch, `arrive_cluster(index, rank)` arrives on barrier
+`index` of the block of rank `rank` in the cluster (its own rank too):
+that is how the blocks that share a multicast tile tell each other's
+producer that they are done with it.
 """
 from .. import ir
 from .._mlirgpu import CompileError
@@ -69,6 +74,20 @@ class Barriers:
     def arrive(self, index):
         """One arrival of the calling thread."""
         lang.emit("nvvm.mbarrier.arrive", [self.pointer(index)], [ir.Type.integer(64)])
+
+    def arrive_cluster(self, index, rank):
+        """One arrival of the calling thread on barrier `index` of the block
+        of rank `rank` (an int or traced integer) in the cluster: PTX mapa to
+        that block's address of the barrier, then mbarrier.arrive on it with
+        release semantics at cluster scope (inline PTX: MLIR 22's
+        nvvm.mbarrier.arrive names only this block's barriers)."""
+        lang.target().require_gpu("mg.mbarrier")
+        asm = ("{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, $0, $1;\n\t"
+               "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n\t}")
+        lang.emit("llvm.inline_asm", [lang.cast(self.address(index), lang.i32), _i32(rank, "the block rank")], [],
+                  attributes={"asm_string": ir.Attribute.string(asm),
+                              "constraints": ir.Attribute.string("r,r,~{memory}"),
+                              "has_side_effects": ir.Attribute.unit()})
 
     def arrive_expect_tx(self, index, nbytes):
         """One arrival, and `nbytes` more transaction bytes the phase waits for."""

@@ -19,6 +19,12 @@ that reaches past the array's edge reads the map's out-of-bounds fill
 (zeros by default), and a store writes only the part inside the array.
 Needs sm_90 or later; the destination must be aligned to 128 bytes (1024
 for the 128-byte swizzle).
+
+In a cluster launch, `multicast=mask` writes the box into the shared
+memory of every block of the cluster whose rank's bit is set in the mask,
+at the same offset, and counts its bytes on the barrier of the same index
+in each of them: blocks that need the same tile load a part of it each and
+share the rest (PTX .multicast::cluster).
 """
 from .. import ir
 from .._mlirgpu import CompileError
@@ -73,21 +79,32 @@ def _map(tensor_map):
     return tensor_map.value
 
 
-def load(tensor_map, destination, coords, barriers, barrier=0, offset=0):
+def load(tensor_map, destination, coords, barriers, barrier=0, offset=0, multicast=None):
     """Starts copying the box at `coords` of the tensor map's array into the
     shared memref `destination` (from element `offset`); barrier `barrier`
-    of `barriers` counts its bytes as they land."""
+    of `barriers` counts its bytes as they land. `multicast`: a mask of the
+    cluster's block ranks (an int from 1 to 0xFFFF, or a traced integer)
+    whose shared memory receives the box, instead of this block's only."""
     descriptor = _map(tensor_map)
     if not isinstance(barriers, Barriers):
         raise CompileError(f"mg.tma.load completes on an mg.mbarrier array, not {type(barriers).__name__}")
     values = _coordinates(coords)
+    mask = []
+    if multicast is not None:
+        if isinstance(multicast, int) and not isinstance(multicast, bool) and 1 <= multicast <= 0xFFFF:
+            mask = [lang.constant(multicast, lang.i16)]
+        elif isinstance(multicast, lang.Scalar) and lang.is_integer(multicast.dtype):
+            mask = [lang.cast(multicast, lang.i16)]
+        else:
+            raise CompileError(f"a multicast mask is an int from 1 to 0xFFFF (a bit per block of the "
+                               f"cluster) or a traced integer, not {multicast!r}")
     cluster = lang.emit("llvm.addrspacecast", [shared_pointer(shared.address(destination, offset))],
                         [ir.Type.parse("!llvm.ptr<7>")]).result
     lang.emit("nvvm.cp.async.bulk.tensor.shared.cluster.global",
-              [cluster, descriptor, *values, barriers.pointer(barrier)], attributes={
+              [cluster, descriptor, *values, barriers.pointer(barrier), *mask], attributes={
                   "isCTAOnly": ir.Attribute.parse("false"),
                   "mode": ir.Attribute.parse("#nvvm.tma_load_mode<tile>"),
-                  "operandSegmentSizes": ir.Attribute.dense_i32_array([1, 1, len(values), 1, 0, 0, 0, 0])})
+                  "operandSegmentSizes": ir.Attribute.dense_i32_array([1, 1, len(values), 1, 0, len(mask), 0, 0])})
 
 
 def store(tensor_map, source, coords, offset=0):

@@ -13,6 +13,12 @@ of an `if` each, and move registers from the producer to the consumers:
             mg.warpgroup.set_max_registers(232, increase=True)    # consumers: wgmma
             ...
 
+`barrier(id)` synchronizes the threads of one warpgroup only (a named
+barrier, as `syncthreads` is barrier 0 of the whole block), so that one
+warpgroup's steps do not wait for the others:
+
+    mg.warpgroup.barrier(1 + mg.warpgroup.index())   # the calling warpgroup's 128 threads
+
 Clusters (a launch's `cluster=(x, y, z)`): `cluster_rank()` is the block's
 rank in its cluster, `cluster_sync()` a barrier over the cluster's blocks.
 """
@@ -20,7 +26,7 @@ from .. import ir
 from .._mlirgpu import CompileError
 from . import core as lang
 
-__all__ = ["SIZE", "index", "thread_index", "set_max_registers", "cluster_rank", "cluster_sync"]
+__all__ = ["SIZE", "index", "thread_index", "set_max_registers", "barrier", "arrive", "cluster_rank", "cluster_sync"]
 
 SIZE = 128
 
@@ -47,6 +53,36 @@ def set_max_registers(count, *, increase):
     action = "increase" if increase else "decrease"
     lang.emit("nvvm.setmaxregister", attributes={"action": ir.Attribute.parse(f"#nvvm<action {action}>"),
                                                  "regCount": ir.Attribute.integer(count, ir.Type.integer(32))})
+
+
+def _barrier_operands(barrier_id, threads):
+    if not isinstance(threads, int) or isinstance(threads, bool) or not (32 <= threads <= 1024 and threads % 32 == 0):
+        raise CompileError(f"a named barrier counts a multiple of 32 threads up to 1024, not {threads!r}")
+    if isinstance(barrier_id, int) and not isinstance(barrier_id, bool):
+        if not 1 <= barrier_id <= 15:
+            raise CompileError(f"a named barrier's id is 1 to 15 (0 is syncthreads), not {barrier_id}")
+        barrier_id = lang.constant(barrier_id, lang.i32)
+    elif not (isinstance(barrier_id, lang.Scalar) and lang.is_integer(barrier_id.dtype)):
+        raise CompileError(f"a named barrier's id is an int or a traced integer, not {barrier_id!r}")
+    lang.target().require_gpu("mg.warpgroup.barrier")
+    return [lang.cast(barrier_id, lang.i32), lang.constant(threads, lang.i32)]
+
+
+def barrier(barrier_id, threads=SIZE):
+    """Named barrier `barrier_id` (1 to 15, an int or traced integer; 0 is
+    the block's `syncthreads`): waits until `threads` threads (a multiple of
+    32, by default one warpgroup) have reached it, and orders their shared
+    memory accesses as syncthreads does (PTX bar.sync id, threads). Every
+    warp of those threads must call it (or `arrive`) with the same id."""
+    lang.emit("nvvm.barrier", _barrier_operands(barrier_id, threads),
+              attributes={"operandSegmentSizes": ir.Attribute.dense_i32_array([1, 1, 0])})
+
+
+def arrive(barrier_id, threads=SIZE):
+    """Arrives at named barrier `barrier_id` without waiting (PTX bar.arrive
+    id, threads): one warpgroup signals another that waits on it with
+    `barrier(barrier_id, threads)`, counting both sides' threads."""
+    lang.emit("nvvm.barrier.arrive", _barrier_operands(barrier_id, threads))
 
 
 def cluster_rank():
