@@ -2216,7 +2216,9 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
         goto error;
     }
     CUresult r;
-    Py_BEGIN_ALLOW_THREADS
+    /* A cooperative launch keeps the GIL from its wait to its record, so that
+     * another thread's launch of the kernel cannot slip in between. */
+    PyThreadState *released = self->cooperative ? NULL : PyEval_SaveThread();
     if (have_cluster || self->cooperative) {
         /* Clusters and cooperative launches need the extended launch and its attributes. */
         CUlaunchAttribute attributes[2];
@@ -2245,7 +2247,8 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
     else
         r = mg_cu.cuLaunchKernel(self->handle, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                                  (unsigned int)shared_mem, stream, params, NULL);
-    Py_END_ALLOW_THREADS
+    if (released != NULL)
+        PyEval_RestoreThread(released);
     CUresult recorded = r == CUDA_SUCCESS && serialize ? mg_cu.cuEventRecord(self->after_last, stream)
                                                        : CUDA_SUCCESS;
     mg_cu_pop(pushed);
