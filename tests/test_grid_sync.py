@@ -81,14 +81,17 @@ def grid_sum(X: mg.memref[None, mg.f32], partial: mg.memref[None, mg.f32], out: 
             out[0] = s
 
 
+M = mg.generics("M")
+
+
 @mg.func
-def publish_and_wait(X: mg.memref[None, mg.i32], i, value):
+def publish_and_wait(X, i, value):
     X[i] = value
     mg.grid.sync()
 
 
 @mg.kernel
-def blocks_in_3d(X: mg.memref[None, mg.i32], Y: mg.memref[None, mg.i32], S: mg.memref[None, mg.i32]):
+def blocks_in_3d(X: mg.memref[M, mg.i32], Y: mg.memref[M, mg.i32], S: mg.memref[M, mg.i32]):
     """A 3-d grid of 3-d blocks, the barrier in a device function; each block's shared memory is its own."""
     block = (block_idx.z * grid_dim.y + block_idx.y) * grid_dim.x + block_idx.x
     threads = block_dim.x * block_dim.y * block_dim.z
@@ -392,6 +395,15 @@ def test_cooperative_launches_reach_the_driver(fake_libcuda, tmp_path):
                            "threads with 0 bytes of dynamic shared memory; the grid (1057, 1, 1) has 1057 "
                            "(max_cooperative_grid_blocks gives the limit)"), message
         assert "cuLaunch" not in fake.fake_log().decode()   # refused before launching
+
+        # Captured into a graph: the graph's edges order its nodes, no event of the kernel's.
+        rotate(X, grid=8, block=256)
+        fake.fake_log_clear()
+        with mg.graph() as g:
+            rotate(X, grid=8, block=256, stream=g.stream)
+        log = fake.fake_log().decode()
+        assert "cuLaunchKernelEx cooperative=1 grid=8,1,1 stream=%d" % g.stream.handle in log, log
+        assert "cuEventRecord" not in log and "cuStreamWaitEvent" not in log, log
 
         fake.fake_log_clear()
         plain(X, grid=4, block=256)
