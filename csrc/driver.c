@@ -1172,6 +1172,10 @@ typedef struct {
     CUmodule handle;
     int device;
     PyObject *info_log;   /* str from the PTX JIT, or None */
+    /* Recorded after each launch of a kernel that uses the module's grid
+     * barrier counter (mg.grid.sync()): the next such launch waits for it,
+     * as they share the counter. Made on the first. */
+    CUevent after_cooperative;
 } mg_module;
 
 PyTypeObject *mg_cu_Module_type;
@@ -1249,6 +1253,9 @@ static void module_dealloc(mg_module *self)
     PyTypeObject *type = Py_TYPE(self);
     int pushed = mg_cu_push_quietly(self->device);
     if (pushed >= 0) {
+        /* Destroying a pending event is fine: the driver frees it once it fires. */
+        if (self->after_cooperative != NULL)
+            mg_cu.cuEventDestroy(self->after_cooperative);
         mg_cu.cuModuleUnload(self->handle);
         mg_cu_pop(pushed);
     }
@@ -1475,10 +1482,8 @@ typedef struct {
     int nparams;          /* -1 without a signature */
     uint64_t stores;      /* bit i: the kernel may store through parameter i */
     /* A cooperative kernel (its module has mg.grid.sync()'s counter) is launched
-     * with every block resident; its launches are serialized by `after_last`
-     * (recorded after each), as they share the counter. */
+     * with every block resident, after the module's previous such launch. */
     int cooperative;
-    CUevent after_last;
     int fit_threads, fit_blocks;    /* the last answer of cooperative_blocks ... */
     unsigned long long fit_shared;  /* ... and the shared memory it was for */
     signed char kinds[MG_CU_MAX_ARGS];
@@ -1649,14 +1654,6 @@ int mg_cu_function_nparams(PyObject *function)
 static void function_dealloc(mg_function *self)
 {
     PyTypeObject *type = Py_TYPE(self);
-    if (self->after_last != NULL) {
-        int pushed = mg_cu_push_quietly(((mg_module *)self->module)->device);
-        if (pushed >= 0) {
-            /* Destroying a pending event is fine: the driver frees it once it fires. */
-            mg_cu.cuEventDestroy(self->after_last);
-            mg_cu_pop(pushed);
-        }
-    }
     Py_XDECREF(self->name);
     Py_XDECREF(self->params);
     Py_XDECREF(self->module);   /* may unload the CUmodule */
@@ -2204,14 +2201,17 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
         mg_cu_pop(pushed);
         goto error;
     }
-    /* Launches of a cooperative kernel share its grid barrier's counter: each
-     * waits for the one before (a graph being captured orders its own). */
+    /* Cooperative launches of one module share its grid barrier's counter:
+     * each waits for the one before (a graph being captured orders its own). */
+    mg_module *module = (mg_module *)self->module;
     int serialize = self->cooperative && !capturing(stream);
     if (self->cooperative &&
         (check_cooperative_grid(self, grid, block, shared_mem) < 0 ||
-         (serialize && self->after_last == NULL &&
-          mg_cu_check(mg_cu.cuEventCreate(&self->after_last, CU_EVENT_DISABLE_TIMING), "cuEventCreate") < 0) ||
-         (serialize && mg_cu_check(mg_cu.cuStreamWaitEvent(stream, self->after_last, 0), "cuStreamWaitEvent") < 0))) {
+         (serialize && module->after_cooperative == NULL &&
+          mg_cu_check(mg_cu.cuEventCreate(&module->after_cooperative, CU_EVENT_DISABLE_TIMING),
+                      "cuEventCreate") < 0) ||
+         (serialize && mg_cu_check(mg_cu.cuStreamWaitEvent(stream, module->after_cooperative, 0),
+                                   "cuStreamWaitEvent") < 0))) {
         mg_cu_pop(pushed);
         goto error;
     }
@@ -2249,7 +2249,7 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
                                  (unsigned int)shared_mem, stream, params, NULL);
     if (released != NULL)
         PyEval_RestoreThread(released);
-    CUresult recorded = r == CUDA_SUCCESS && serialize ? mg_cu.cuEventRecord(self->after_last, stream)
+    CUresult recorded = r == CUDA_SUCCESS && serialize ? mg_cu.cuEventRecord(module->after_cooperative, stream)
                                                        : CUDA_SUCCESS;
     mg_cu_pop(pushed);
     if (r != CUDA_SUCCESS) {

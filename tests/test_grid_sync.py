@@ -325,6 +325,21 @@ def test_the_cpu_backend_runs_every_block_at_once_up_to_its_limit():
                                f"has more")
 
 
+@mg.kernel
+def reads_past_the_end(X: mg.memref[None, mg.f32]):
+    i = block_idx.x * block_dim.x + thread_idx.x
+    mg.grid.sync()
+    X[i] = X[i + 1]  # the last thread of the last block reads past the end
+
+
+def test_a_bounds_error_names_its_block(monkeypatch):
+    monkeypatch.setenv("MLIRGPU_CHECK", "bounds")
+    with pytest.raises(mg.KernelError) as info:
+        mg.cpu.run(reads_past_the_end[()], [np.zeros(12, np.float32)], grid=3, block=4)
+    assert str(info.value) == (f"out-of-bounds load from 'X' at index (12,) [shape (12,)] by thread (3, 0, 0) of "
+                               f"block (2, 0, 0) at {__file__}:{line_of('# the last thread of the last block')}")
+
+
 def test_the_runtime_is_usable_after_a_divergence():
     with pytest.raises(mg.KernelError):
         mg.cpu.run(one_block_skips[()], [np.zeros(3, np.float32)], grid=3, block=2)
@@ -382,6 +397,13 @@ def test_cooperative_launches_reach_the_driver(fake_libcuda, tmp_path):
         assert len(waits) == 2 and waits[0] < first < records[0] < waits[1] < second < records[1], log
         # The occupancy is asked once for both launches (the same block and shared memory).
         assert sum(l.startswith("cuOccupancy") for l in log) == 1, log
+        # Another Function of the same module shares the counter, and so the event.
+        function = spec.function()
+        again = function.module.get_function("rotate", params=function.params)
+        fake.fake_log_clear()
+        again(X, grid=2, block=256)
+        log = fake.fake_log().decode().splitlines()
+        assert [l.split()[2] for l in log if l.startswith("cuStreamWaitEvent")] == [events[0]], log
 
         fake.fake_log_clear()
         try:
