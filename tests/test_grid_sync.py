@@ -6,10 +6,11 @@ writes, the grid syncs, every block reads another block's writes; loops of
 several barriers) on each backend (conftest.py's `backend`: the CPU
 backend, and the GPU where there is one), including many barriers per
 launch and many launches in a row, which a counter that does not reset
-would fail; the CPU backend's divergence errors and its limit; what a
-cooperative launch hands the driver (the fake one of tests/fake_cuda): the
-cooperative attribute, the occupancy check that refuses a grid too large
-before launching, and the event that orders launches sharing the counter."""
+would fail; the CPU backend's divergence and bounds errors, its limit, and
+a leak check of its cooperative launches; what a cooperative launch hands
+the driver (the fake one of tests/fake_cuda): the cooperative attribute, the
+occupancy check that refuses a grid too large before launching, and the
+event that orders launches sharing the counter (none inside a graph)."""
 import inspect
 import os
 import re
@@ -434,3 +435,19 @@ def test_cooperative_launches_reach_the_driver(fake_libcuda, tmp_path):
         print("ok")
     """))
     assert_isolated(f"import runpy; runpy.run_path({str(script)!r})", "ok")
+
+
+def test_cooperative_cpu_launches_do_not_leak():
+    from test_leaks import MB, growth
+    X, Y = np.zeros(256, np.int32), np.zeros(256, np.int32)
+    limit = _mlirgpu.CPU_MAX_COOPERATIVE_THREADS
+
+    def cooperative_cycle(i):
+        mg.cpu.run(rotate_blocks[()], [X, Y], grid=8, block=32)
+        with pytest.raises(mg.KernelError):
+            mg.cpu.run(one_block_skips[()], [np.zeros(3, np.float32)], grid=3, block=2)
+        with pytest.raises(mg.LaunchError):
+            mg.cpu.run(rotate_blocks[()], [X, Y], grid=limit, block=2)
+    grown = growth(cooperative_cycle, 1_000, warmup=100)
+    assert grown < 8 * MB, f"{grown / MB:.1f} MB"
+    np.testing.assert_array_equal(Y, np.roll(np.arange(256, dtype=np.int32) * 3, -32))
