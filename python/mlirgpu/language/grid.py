@@ -26,7 +26,10 @@ have arrived and its top bit has flipped: that flip is what the blocks
 wait for, and the counter needs no reset between barriers or launches.
 The increment is a release and the waiting load an acquire at device scope,
 each between device-wide fences, so that every block's writes before the
-barrier are seen by every block after it.
+barrier are seen by every block after it. Since a module's launches share
+its counter, each of them waits for the one before, whatever its stream
+(an event: csrc/driver.c); on the CPU backend every thread of the grid runs
+at once, as fibers, and the runtime releases them all at the barrier.
 """
 from .. import ir
 from . import atomic
