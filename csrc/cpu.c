@@ -9,6 +9,14 @@
  * mlirgpu.KernelError. Fibers never unwind: an abandoned fiber's stack is
  * simply reused by the next block or launch.
  *
+ * A kernel that calls mg.grid.sync() (a cooperative one) needs every block
+ * live at once: its launch runs all the grid's threads as fibers of one
+ * group, each block with its own shared memory, up to
+ * MG_CPU_MAX_COOPERATIVE_THREADS threads (past that, LaunchError, as the GPU
+ * refuses a grid larger than it holds at once). The scheduler then releases
+ * each block's mg.syncthreads() on its own, and mg_cpu_grid_sync once every
+ * thread of the grid waits there.
+ *
  * Everything a launch runs on is its own (mg_cpu_launch): the fibers and their
  * stacks, the scheduler's context, printf output, a failed bounds check. The
  * runtime calls below find it through a thread-local pointer, set while the
@@ -51,18 +59,20 @@
 #define MG_CPU_WARP_DATA 16     /* 64-bit words a lane gives a warp collective */
 #define MG_CPU_SLICE_NS 10000000 /* blocks run this long without the GIL before signals are checked */
 #define MG_CPU_IDLE_POOLS 4     /* fiber pools kept for later launches */
+/* Threads of a cooperative launch, all live at once (each a fiber with its stack). */
+#define MG_CPU_MAX_COOPERATIVE_THREADS 8192
 
 /* ------------------------------------------------------------------------ */
 /* Fibers and the launch                                                     */
 
 typedef void (*mg_packed_fn)(void **);
 
-enum { FIBER_READY, FIBER_AT_BARRIER, FIBER_AT_SHUFFLE, FIBER_DONE, FIBER_FAILED };
+enum { FIBER_READY, FIBER_AT_BARRIER, FIBER_AT_SHUFFLE, FIBER_AT_GRID, FIBER_DONE, FIBER_FAILED };
 
 typedef struct {
     ucontext_t context;
     int state;
-    int32_t line;     /* the barrier or shuffle it waits at */
+    int32_t line;     /* the barrier, grid barrier or shuffle it waits at */
     int32_t mode;     /* shuffle: MG_SHFL_* */
     int32_t offset;   /* shuffle: lane mask, delta or source lane */
     int32_t width;    /* shuffle: lanes per segment (a power of two, 1 to 32) */
@@ -85,7 +95,8 @@ typedef struct fiber_pool {
 } fiber_pool;
 
 /* What stopped a block, for the launch to raise once it holds the GIL again. */
-enum { BLOCK_OK, BLOCK_OUT_OF_BOUNDS, BLOCK_BARRIER_DIVERGENCE, BLOCK_WARP_DIVERGENCE, BLOCK_COLLECTIVE_DIVERGENCE };
+enum { BLOCK_OK, BLOCK_OUT_OF_BOUNDS, BLOCK_BARRIER_DIVERGENCE, BLOCK_WARP_DIVERGENCE, BLOCK_COLLECTIVE_DIVERGENCE,
+       BLOCK_MIXED_BARRIERS, BLOCK_GRID_DIVERGENCE };
 
 typedef struct {
     int thread;
@@ -97,7 +108,7 @@ typedef struct {
 typedef struct {
     int waiting, other;      /* the waiting thread; the one that returned or waits elsewhere */
     int32_t line, other_line;
-    int why;                 /* a collective's: COLLECTIVE_* of the lane `other` */
+    int why;                 /* a collective's: COLLECTIVE_* of the lane `other`; else the state of `other` */
 } mg_divergence;
 
 /* Why a lane could not take part in its warp's tensor-core collective. */
@@ -111,8 +122,10 @@ typedef struct {
     void ***arguments;       /* per thread: the packed argument array */
     const char *const *strings; /* the engine's: printf formats, array names */
     Py_ssize_t nstrings;
-    char *shared[2];         /* the block's static and dynamic shared memory */
+    char *shared[2];         /* the (first) block's static and dynamic shared memory */
     int64_t shared_size[2];
+    int block_threads;       /* threads of a block: fiber t runs in block t / block_threads of the group */
+    size_t shared_stride;    /* bytes from one block's shared memory to the next's */
     int nargs;               /* printf values or bounds-check indices pending */
     int64_t args[MG_CPU_MAX_ARGS], sizes[MG_CPU_MAX_ARGS];
     char *output;            /* printf output not yet written to sys.stdout (malloc: no GIL needed) */
@@ -210,6 +223,17 @@ void mg_cpu_barrier(int32_t line)
     swapcontext(&f->context, &l->scheduler);
 }
 
+/* What mg.grid.sync() becomes on the host: waits until every thread of the
+ * grid (all live in a cooperative launch) has arrived. */
+void mg_cpu_grid_sync(int32_t line)
+{
+    mg_cpu_launch *l = running;
+    mg_fiber *f = &l->pool->fibers[l->current];
+    f->state = FIBER_AT_GRID;
+    f->line = line;
+    swapcontext(&f->context, &l->scheduler);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Shared memory                                                             */
 
@@ -224,7 +248,8 @@ void _mlir_ciface_mg_cpu_shared(mg_memref_1d *result, int32_t which)
 {
     mg_cpu_launch *l = running;
     which = which != 0;
-    *result = (mg_memref_1d){l->shared[which], l->shared[which], 0, l->shared_size[which], 1};
+    char *base = l->shared[which] + (size_t)(l->current / l->block_threads) * l->shared_stride;
+    *result = (mg_memref_1d){base, base, 0, l->shared_size[which], 1};
 }
 
 /* ------------------------------------------------------------------------ */
@@ -616,6 +641,29 @@ static void thread_xyz(int t, const int64_t *bdim, long long xyz[3])
     xyz[2] = t / (bdim[0] * bdim[1]);
 }
 
+/* Where a launch's blocks ran: fiber t is thread t % per_block of the block
+ * numbered first_block + t / per_block (x fastest) in the grid. */
+typedef struct {
+    const int64_t *grid, *bdim;
+    int64_t first_block;
+    int per_block;
+    const char *source;
+} mg_group_place;
+
+/* "thread (x, y, z) of block (a, b, c)" of fiber t ("thread (x, y, z)" without `block`). */
+static void thread_text(char *out, size_t cap, const mg_group_place *at, int t, int block)
+{
+    long long w[3];
+    thread_xyz(t % at->per_block, at->bdim, w);
+    int64_t b = at->first_block + t / at->per_block;
+    if (!block)
+        PyOS_snprintf(out, cap, "thread (%lld, %lld, %lld)", w[0], w[1], w[2]);
+    else
+        PyOS_snprintf(out, cap, "thread (%lld, %lld, %lld) of block (%lld, %lld, %lld)", w[0], w[1], w[2],
+                      (long long)(b % at->grid[0]), (long long)(b / at->grid[0] % at->grid[1]),
+                      (long long)(b / (at->grid[0] * at->grid[1])));
+}
+
 static const char *string_at(const mg_cpu_launch *l, int32_t i)
 {
     return i >= 0 && i < l->nstrings ? l->strings[i] : "?";
@@ -630,63 +678,89 @@ static void tuple_text(char *out, size_t cap, const int64_t *v, int n)
         snprintf(out + at, cap - at, n == 1 ? ",)" : ")");
 }
 
-/* The KernelError of the block that failed; with the GIL. */
-static void raise_block_error(mg_cpu_launch *l, const int64_t *block, const int64_t *bdim, const char *source)
+static const char *barrier_name(int state)
+{
+    return state == FIBER_AT_GRID ? "mg.grid.sync()" : "mg.syncthreads()";
+}
+
+/* The KernelError of the blocks that failed; with the GIL. */
+static void raise_block_error(mg_cpu_launch *l, const mg_group_place *at)
 {
     static const char *kinds[] = {"load from", "store to", "atomic update of", "vector load from",
                                   "vector store to"};
-    long long w[3], d[3];
+    const char *source = at->source;
+    char who[160], other[160];
     if (l->failed == BLOCK_OUT_OF_BOUNDS) {
         mg_bounds_error *e = &l->bounds;
         char index[512], shape[512];
         tuple_text(index, sizeof index, e->index, e->rank);
         tuple_text(shape, sizeof shape, e->size, e->rank);
-        thread_xyz(e->thread, bdim, w);
-        mg_raise(mg_st->KernelError, "out-of-bounds %s '%s' at index %s [shape %s] by thread (%lld, %lld, %lld) "
-                 "of block (%lld, %lld, %lld) at %s:%d", kinds[e->kind >= 0 && e->kind < 5 ? e->kind : 0],
-                 string_at(l, e->name), index, shape, w[0], w[1], w[2], (long long)block[0], (long long)block[1],
-                 (long long)block[2], source, (int)e->line);
+        thread_text(who, sizeof who, at, e->thread, 1);
+        mg_raise(mg_st->KernelError, "out-of-bounds %s '%s' at index %s [shape %s] by %s at %s:%d",
+                 kinds[e->kind >= 0 && e->kind < 5 ? e->kind : 0], string_at(l, e->name), index, shape, who,
+                 source, (int)e->line);
         return;
     }
     mg_divergence *v = &l->divergence;
-    thread_xyz(v->waiting, bdim, w);
+    thread_text(who, sizeof who, at, v->waiting, 1);
     if (l->failed == BLOCK_COLLECTIVE_DIVERGENCE) {
         mg_raise(mg_st->KernelError,
-                 "warp divergence at %s:%d: thread (%lld, %lld, %lld) of block (%lld, %lld, %lld) runs a "
-                 "warp-wide tensor-core operation (mma.sync, ldmatrix) on line %d, which needs all 32 lanes "
-                 "of its warp, but lane %d %s",
-                 source, (int)v->line, w[0], w[1], w[2], (long long)block[0], (long long)block[1],
-                 (long long)block[2], (int)v->line, v->other,
+                 "warp divergence at %s:%d: %s runs a warp-wide tensor-core operation (mma.sync, ldmatrix) "
+                 "on line %d, which needs all 32 lanes of its warp, but lane %d %s",
+                 source, (int)v->line, who, (int)v->line, v->other,
                  v->why == COLLECTIVE_NO_LANE ? "does not exist (the block is not a whole number of warps)"
                  : v->why == COLLECTIVE_OTHER_OPERATION ? "is at another warp operation" : "has returned");
         return;
     }
-    thread_xyz(v->other, bdim, d);
+    thread_text(other, sizeof other, at, v->other, l->failed == BLOCK_GRID_DIVERGENCE);
     if (l->failed == BLOCK_WARP_DIVERGENCE)
         mg_raise(mg_st->KernelError,
-                 "warp divergence at %s:%d: thread (%lld, %lld, %lld) of block (%lld, %lld, %lld) waits at "
-                 "a warp shuffle on line %d, but thread (%lld, %lld, %lld) of its warp waits at "
-                 "mg.syncthreads() on line %d",
-                 source, (int)v->line, w[0], w[1], w[2], (long long)block[0], (long long)block[1],
-                 (long long)block[2], (int)v->line, d[0], d[1], d[2], (int)v->other_line);
+                 "warp divergence at %s:%d: %s waits at a warp shuffle on line %d, but %s of its warp waits "
+                 "at %s on line %d", source, (int)v->line, who, (int)v->line, other, barrier_name(v->why),
+                 (int)v->other_line);
+    else if (l->failed == BLOCK_MIXED_BARRIERS)
+        mg_raise(mg_st->KernelError,
+                 "barrier divergence at %s:%d: %s waits at mg.syncthreads() on line %d, but %s of its block "
+                 "waits at mg.grid.sync() on line %d", source, (int)v->line, who, (int)v->line, other,
+                 (int)v->other_line);
     else
         mg_raise(mg_st->KernelError,
-                 "barrier divergence at %s:%d: thread (%lld, %lld, %lld) of block (%lld, %lld, %lld) "
-                 "waits at mg.syncthreads() on line %d, but thread (%lld, %lld, %lld) returned "
-                 "without reaching it",
-                 source, (int)v->line, w[0], w[1], w[2], (long long)block[0], (long long)block[1],
-                 (long long)block[2], (int)v->line, d[0], d[1], d[2]);
+                 "barrier divergence at %s:%d: %s waits at %s on line %d, but %s returned without reaching it",
+                 source, (int)v->line, who, l->failed == BLOCK_GRID_DIVERGENCE ? "mg.grid.sync()"
+                 : "mg.syncthreads()", (int)v->line, other);
 }
 
 /* ------------------------------------------------------------------------ */
-/* Running a block                                                           */
+/* Running blocks                                                            */
 
-/* Runs one block of `n` threads as fibers, without the GIL: BLOCK_OK, or what
- * stopped it (barrier or warp divergence, a failed bounds check), recorded
- * in the launch for raise_block_error. */
-static int run_block(mg_cpu_launch *l, int n)
+/* Per state, how many threads of [first, end) are in it, and the first of each. */
+typedef struct {
+    int count[FIBER_FAILED + 1], first[FIBER_FAILED + 1];
+} mg_census;
+
+static mg_census census(const mg_fiber *fibers, int first, int end)
+{
+    mg_census c;
+    for (int s = 0; s <= FIBER_FAILED; s++) {
+        c.count[s] = 0;
+        c.first[s] = -1;
+    }
+    for (int t = first; t < end; t++) {
+        int s = fibers[t].state;
+        if (c.count[s]++ == 0)
+            c.first[s] = t;
+    }
+    return c;
+}
+
+/* Runs `nblocks` blocks of `per_block` threads as fibers at once (one block,
+ * but for a cooperative launch), without the GIL: BLOCK_OK, or what stopped
+ * them (barrier or warp divergence, a failed bounds check), recorded in the
+ * launch for raise_block_error. */
+static int run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
 {
     mg_fiber *fibers = l->pool->fibers;
+    int n = nblocks * per_block;
     for (int t = 0; t < n; t++) {
         mg_fiber *f = &fibers[t];
         getcontext(&f->context);
@@ -709,13 +783,13 @@ static int run_block(mg_cpu_launch *l, int n)
         /* Every fiber has returned or waits. A warp whose remaining threads
          * all wait at a shuffle completes it; they run on before any barrier. */
         int progress = 0;
-        for (int first = 0; first < n; first += MG_CPU_WARP) {
-            int end = first + MG_CPU_WARP < n ? first + MG_CPU_WARP : n, shuffling = 0, other = 0;
-            for (int t = first; t < end; t++) {
-                shuffling += fibers[t].state == FIBER_AT_SHUFFLE;
-                other += fibers[t].state == FIBER_AT_BARRIER;
-            }
-            if (shuffling && !other) {
+        for (int b = 0; b < nblocks; b++) {
+            int block_end = (b + 1) * per_block;
+            for (int first = b * per_block; first < block_end; first += MG_CPU_WARP) {
+                int end = first + MG_CPU_WARP < block_end ? first + MG_CPU_WARP : block_end;
+                mg_census c = census(fibers, first, end);
+                if (!c.count[FIBER_AT_SHUFFLE] || c.count[FIBER_AT_BARRIER] || c.count[FIBER_AT_GRID])
+                    continue;
                 /* A lane at a tensor-core collective makes it one (which fails
                  * unless all 32 lanes are at the same). */
                 int tensor_core = 0;
@@ -730,37 +804,55 @@ static int run_block(mg_cpu_launch *l, int n)
         }
         if (progress)
             continue;
-        int waiting = -1, done = -1, shuffling = -1;
-        for (int t = 0; t < n; t++) {
-            int state = fibers[t].state;
-            if (state == FIBER_AT_BARRIER) {
-                if (waiting < 0)
-                    waiting = t;
-            } else if (state == FIBER_AT_SHUFFLE) {
-                if (shuffling < 0)
-                    shuffling = t;
-            } else if (done < 0) {
-                done = t;
+        /* A block whose threads all wait at mg.syncthreads() goes on. */
+        for (int b = 0; b < nblocks; b++) {
+            int first = b * per_block, end = first + per_block;
+            if (census(fibers, first, end).count[FIBER_AT_BARRIER] == per_block) {
+                for (int t = first; t < end; t++)
+                    fibers[t].state = FIBER_READY;
+                progress = 1;
             }
         }
-        if (waiting < 0 && shuffling < 0)
+        if (progress)
+            continue;
+        mg_census all = census(fibers, 0, n);
+        if (all.count[FIBER_AT_GRID] == n) {
+            for (int t = 0; t < n; t++)
+                fibers[t].state = FIBER_READY;
+            continue;
+        }
+        if (all.count[FIBER_DONE] == n)
             return BLOCK_OK;
+        /* Nothing can go on: say why, for the first thread that waits. */
+        int shuffling = all.first[FIBER_AT_SHUFFLE];
         if (shuffling >= 0) {
             /* Its warp has a thread at a barrier: neither can go on. */
-            int other = shuffling / MG_CPU_WARP * MG_CPU_WARP;
-            while (fibers[other].state != FIBER_AT_BARRIER)
+            int block_first = shuffling / per_block * per_block;
+            int warp_first = block_first + (shuffling - block_first) / MG_CPU_WARP * MG_CPU_WARP;
+            int other = warp_first;
+            while (fibers[other].state != FIBER_AT_BARRIER && fibers[other].state != FIBER_AT_GRID)
                 other++;
-            l->divergence = (mg_divergence){shuffling, other, fibers[shuffling].line, fibers[other].line};
+            l->divergence = (mg_divergence){shuffling, other, fibers[shuffling].line, fibers[other].line,
+                                            fibers[other].state};
             return l->failed = BLOCK_WARP_DIVERGENCE;
         }
-        if (done >= 0) {
-            l->divergence = (mg_divergence){waiting, done, fibers[waiting].line, 0};
-            return l->failed = BLOCK_BARRIER_DIVERGENCE;
+        for (int b = 0; b < nblocks; b++) {
+            mg_census c = census(fibers, b * per_block, (b + 1) * per_block);
+            int waiting = c.first[FIBER_AT_BARRIER];
+            if (waiting < 0)
+                continue;
+            int done = c.first[FIBER_DONE];
+            int other = done >= 0 ? done : c.first[FIBER_AT_GRID];
+            l->divergence = (mg_divergence){waiting, other, fibers[waiting].line, fibers[other].line, 0};
+            return l->failed = done >= 0 ? BLOCK_BARRIER_DIVERGENCE : BLOCK_MIXED_BARRIERS;
         }
-        for (int t = 0; t < n; t++)
-            fibers[t].state = FIBER_READY;
+        /* Threads at mg.grid.sync() while others have returned. */
+        int waiting = all.first[FIBER_AT_GRID];
+        l->divergence = (mg_divergence){waiting, all.first[FIBER_DONE], fibers[waiting].line, 0, 0};
+        return l->failed = BLOCK_GRID_DIVERGENCE;
     }
 }
+
 /* ------------------------------------------------------------------------ */
 /* CpuEngine                                                                 */
 
@@ -780,6 +872,7 @@ typedef struct {
     mg_cpu_param *params;
     Py_ssize_t nparams;
     int uses_fibers;
+    int cooperative;   /* it calls mg.grid.sync(): every block of a launch runs at once */
     Py_ssize_t static_shared; /* bytes of the kernel's mg.shared.array arrays */
     PyObject *name;    /* str */
     PyObject *source;  /* str: the kernel's file, for errors */
@@ -858,6 +951,7 @@ static const struct {
     void *address;
 } runtime_symbols[] = {
     {"mg_cpu_barrier", (void *)mg_cpu_barrier},
+    {"mg_cpu_grid_sync", (void *)mg_cpu_grid_sync},
     {"_mlir_ciface_mg_cpu_shared", (void *)_mlir_ciface_mg_cpu_shared},
     {"mg_cpu_shuffle", (void *)mg_cpu_shuffle},
     {"mg_cpu_warp_put", (void *)mg_cpu_warp_put},
@@ -890,12 +984,12 @@ static void start_engine(void *arg)
 static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"module", "name", "params", "source", "uses_fibers", "strings", "static_shared",
-                             "opt_level", NULL};
+                             "opt_level", "cooperative", NULL};
     PyObject *module, *name, *params, *source, *strings = NULL;
-    int uses_fibers = 1, opt_level = 2;
+    int uses_fibers = 1, opt_level = 2, cooperative = 0;
     Py_ssize_t static_shared = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOU|pOni:CpuEngine", kwlist, &module, &name, &params, &source,
-                                     &uses_fibers, &strings, &static_shared, &opt_level))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOU|pOnip:CpuEngine", kwlist, &module, &name, &params, &source,
+                                     &uses_fibers, &strings, &static_shared, &opt_level, &cooperative))
         return NULL;
     if (opt_level < 0 || opt_level > 3)
         return PyErr_Format(PyExc_ValueError, "opt_level must be 0..3, not %d", opt_level);
@@ -906,7 +1000,8 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
         return NULL;
     self->name = Py_NewRef(name);
     self->source = Py_NewRef(source);
-    self->uses_fibers = uses_fibers;
+    self->cooperative = cooperative;
+    self->uses_fibers = uses_fibers || cooperative;
     self->static_shared = static_shared;
     /* Everything that can run Python code (the sequences) before the module is looked at. */
     self->strings = strings != NULL ? PySequence_Tuple(strings) : PyTuple_New(0);
@@ -1060,31 +1155,38 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Runs every block of the grid; the GIL is released while blocks run and
- * taken back after a slice (MG_CPU_SLICE_NS) or when a block printed or
- * failed, to print, check for signals and raise. 0, or -1 with an error. */
+/* Runs every block of the grid, one group of `group` blocks at a time (one
+ * block, or all of a cooperative launch's); the GIL is released while blocks
+ * run and taken back after a slice (MG_CPU_SLICE_NS) or when a group printed
+ * or failed, to print, check for signals and raise. 0, or -1 with an error. */
 static int run_grid(mg_CpuEngine *self, mg_cpu_launch *l, const int64_t grid[3], const int64_t block[3],
-                    int64_t nthreads, int64_t *indices, char *shared, size_t shared_bytes, const char *source)
+                    int64_t per_block, int64_t group, int64_t *indices, char *shared, size_t shared_bytes,
+                    const char *source)
 {
     mg_cpu_launch *outer = running; /* a launch from sys.stdout.write inside another's flush */
     int status = 0;
-    int64_t b[3] = {0, 0, 0};
+    int64_t b[3] = {0, 0, 0}, first = 0;
     PyThreadState *thread = PyEval_SaveThread();
     int64_t slice_end = now_ns() + MG_CPU_SLICE_NS;
     running = l;
     for (b[2] = 0; b[2] < grid[2] && status == 0; b[2]++)
         for (b[1] = 0; b[1] < grid[1] && status == 0; b[1]++)
             for (b[0] = 0; b[0] < grid[0] && status == 0; b[0]++) {
-                for (int64_t t = 0; t < nthreads; t++)
-                    memcpy(indices + (size_t)t * MG_CPU_NINDEX + 3, b, sizeof b);
+                if (group == 1) {
+                    for (int64_t t = 0; t < per_block; t++)
+                        memcpy(indices + (size_t)t * MG_CPU_NINDEX + 3, b, sizeof b);
+                } else if (b[0] + b[1] + b[2] != 0) {
+                    continue; /* the group that started at block (0, 0, 0) ran them all */
+                }
                 /* Fresh for each block, as far as a program can tell. */
                 memset(shared, 0, shared_bytes);
                 int failed = BLOCK_OK;
                 if (self->uses_fibers)
-                    failed = run_block(l, (int)nthreads);
+                    failed = run_blocks(l, (int)group, (int)per_block);
                 else
-                    for (int64_t t = 0; t < nthreads; t++)
+                    for (int64_t t = 0; t < per_block; t++)
                         self->function(l->arguments[t]);
+                first += group;
                 if (failed == BLOCK_OK && l->output_len == 0 && !l->output_failed && now_ns() < slice_end)
                     continue;
                 running = outer;
@@ -1092,7 +1194,8 @@ static int run_grid(mg_CpuEngine *self, mg_cpu_launch *l, const int64_t grid[3],
                 if (failed != BLOCK_OK) {
                     flush_output(l); /* what ran before the error is printed; its own error is lost */
                     PyErr_Clear();
-                    raise_block_error(l, b, block, source);
+                    mg_group_place at = {grid, block, first - group, (int)per_block, source};
+                    raise_block_error(l, &at);
                     status = -1;
                 }
                 else if (flush_output(l) < 0 || PyErr_CheckSignals() < 0) {
@@ -1122,12 +1225,26 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
     int64_t grid[3], block[3];
     if (dim3(gridobj, "grid", grid) < 0 || dim3(blockobj, "block", block) < 0)
         return NULL;
-    int64_t nthreads = block_threads(block);
-    if (nthreads < 0)
+    int64_t per_block = block_threads(block);
+    if (per_block < 0)
         return mg_raise(mg_st->LaunchError, "block (%lld, %lld, %lld) has too many threads: at most %d",
                         (long long)block[0], (long long)block[1], (long long)block[2], MG_CPU_MAX_THREADS);
     if (shared_mem < 0)
         return mg_raise(mg_st->LaunchError, "shared_mem must be >= 0, not %zd", shared_mem);
+    /* A cooperative launch runs every block at once: its threads are all fibers. */
+    int64_t group = 1;
+    if (self->cooperative) {
+        int64_t fit = MG_CPU_MAX_COOPERATIVE_THREADS / per_block;
+        if (__builtin_mul_overflow(grid[0], grid[1], &group) || __builtin_mul_overflow(group, grid[2], &group) ||
+            group > fit)
+            return mg_raise(mg_st->LaunchError,
+                            "launch of kernel '%U': it calls mg.grid.sync(), so every block of its grid must run "
+                            "at once, and the CPU backend runs at most %lld blocks of %lld threads at once "
+                            "(%d threads in all); the grid (%lld, %lld, %lld) has more",
+                            self->name, (long long)fit, (long long)per_block, MG_CPU_MAX_COOPERATIVE_THREADS,
+                            (long long)grid[0], (long long)grid[1], (long long)grid[2]);
+    }
+    int64_t nthreads = per_block * group;
     /* Our own tuple: it keeps every array (and so its memory) alive while the blocks run without the GIL. */
     PyObject *seq = PyTuple_Check(arglist) || PyList_Check(arglist) ? PySequence_Tuple(arglist) : NULL;
     if (seq == NULL) {
@@ -1158,7 +1275,8 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
     char *memory = PyMem_Calloc(1, bytes);
     /* The block's shared memory: static arrays, then the dynamic bytes. */
     size_t static_bytes = ((size_t)self->static_shared + MG_CPU_ALIGN - 1) / MG_CPU_ALIGN * MG_CPU_ALIGN;
-    size_t shared_bytes = static_bytes + (size_t)shared_mem;
+    size_t shared_stride = (static_bytes + (size_t)shared_mem + MG_CPU_ALIGN - 1) / MG_CPU_ALIGN * MG_CPU_ALIGN;
+    size_t shared_bytes = shared_stride * (size_t)group; /* one block's each */
     char *shared = NULL;
     if (memory == NULL || posix_memalign((void **)&shared, MG_CPU_ALIGN, shared_bytes ? shared_bytes : 1) != 0) {
         PyMem_Free(memory);
@@ -1223,9 +1341,13 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
             a[i] = self->params[i].kind == PARAM_MEMREF ? (void *)&descriptors[i] : descriptors[i];
         for (int k = 0; k < MG_CPU_NINDEX; k++)
             a[n + k] = &ix[k];
-        ix[0] = t % block[0];
-        ix[1] = t / block[0] % block[1];
-        ix[2] = t / (block[0] * block[1]);
+        int64_t in_block = t % per_block, b = t / per_block; /* b: the block, in a cooperative launch */
+        ix[0] = in_block % block[0];
+        ix[1] = in_block / block[0] % block[1];
+        ix[2] = in_block / (block[0] * block[1]);
+        ix[3] = b % grid[0];
+        ix[4] = b / grid[0] % grid[1];
+        ix[5] = b / (grid[0] * grid[1]);
         for (int k = 0; k < 3; k++) {
             ix[6 + k] = block[k];
             ix[9 + k] = grid[k];
@@ -1247,7 +1369,9 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
     launch->shared_size[0] = self->static_shared;
     launch->shared[1] = shared + static_bytes;
     launch->shared_size[1] = shared_mem;
-    if (run_grid(self, launch, grid, block, nthreads, indices, shared, shared_bytes, source) == 0)
+    launch->block_threads = (int)per_block;
+    launch->shared_stride = shared_stride;
+    if (run_grid(self, launch, grid, block, per_block, group, indices, shared, shared_bytes, source) == 0)
         result = Py_NewRef(Py_None);
 done:
     if (launch != NULL) {
@@ -1278,11 +1402,12 @@ static PyMethodDef CpuEngine_methods[] = {
 
 static PyType_Slot CpuEngine_slots[] = {
     {Py_tp_doc, "CpuEngine(module, name, params, source, uses_fibers=True, strings=(), static_shared=0, "
-                "opt_level=2): the host module (lowered to the llvm dialect) JIT-compiled; `name` is its "
+                "opt_level=2, cooperative=False): the host module (lowered to the llvm dialect) JIT-compiled; `name` is its "
                 "func.func with llvm.emit_c_interface, `params` a (kind, rank, size[, written]) tuple per kernel "
                 "parameter (written, default True: the kernel may store to that memref), `strings` the printf "
                 "formats and array names its runtime calls refer to by index, `static_shared` the bytes of "
-                "its static shared memory."},
+                "its static shared memory, `cooperative` whether it calls mg.grid.sync() (every block of a "
+                "launch then runs at once, as fibers of one group)."},
     {Py_tp_new, CpuEngine_new},
     {Py_tp_dealloc, CpuEngine_dealloc},
     {Py_tp_repr, CpuEngine_repr},
@@ -1300,5 +1425,7 @@ static PyType_Spec CpuEngine_spec = {
 int mg_cpu_init(PyObject *module)
 {
     CpuEngineType = mg_add_type(module, &CpuEngine_spec, NULL);
-    return CpuEngineType == NULL ? -1 : 0;
+    if (CpuEngineType == NULL)
+        return -1;
+    return PyModule_AddIntConstant(module, "CPU_MAX_COOPERATIVE_THREADS", MG_CPU_MAX_COOPERATIVE_THREADS);
 }

@@ -15,6 +15,9 @@ int mg_cpu_init(PyObject *module);
  * block has arrived. `line` is the barrier's source line, for errors. */
 void mg_cpu_barrier(int32_t line);
 
+/* What mg.grid.sync() becomes: waits until every thread of the grid has arrived. */
+void mg_cpu_grid_sync(int32_t line);
+
 /* The other calls of the host trace (docs/design/cpu_backend.md): the block's shared memory
  * (0 static, 1 dynamic) as a memref<?xi8> through its C interface; a warp
  * shuffle; the tensor-core collectives (mma.sync, ldmatrix); printf; a failed bounds check. */

@@ -1172,6 +1172,10 @@ typedef struct {
     CUmodule handle;
     int device;
     PyObject *info_log;   /* str from the PTX JIT, or None */
+    /* Recorded after each launch of a kernel that uses the module's grid
+     * barrier counter (mg.grid.sync()): the next such launch waits for it,
+     * as they share the counter. Made on the first. */
+    CUevent after_cooperative;
 } mg_module;
 
 PyTypeObject *mg_cu_Module_type;
@@ -1249,6 +1253,9 @@ static void module_dealloc(mg_module *self)
     PyTypeObject *type = Py_TYPE(self);
     int pushed = mg_cu_push_quietly(self->device);
     if (pushed >= 0) {
+        /* Destroying a pending event is fine: the driver frees it once it fires. */
+        if (self->after_cooperative != NULL)
+            mg_cu.cuEventDestroy(self->after_cooperative);
         mg_cu.cuModuleUnload(self->handle);
         mg_cu_pop(pushed);
     }
@@ -1474,6 +1481,11 @@ typedef struct {
     PyObject *params;     /* tuple of "ptr", ("ptr", dims), "tensormap" and DTypes, or None */
     int nparams;          /* -1 without a signature */
     uint64_t stores;      /* bit i: the kernel may store through parameter i */
+    /* A cooperative kernel (its module has mg.grid.sync()'s counter) is launched
+     * with every block resident, after the module's previous such launch. */
+    int cooperative;
+    int fit_threads, fit_blocks;    /* the last answer of cooperative_blocks ... */
+    unsigned long long fit_shared;  /* ... and the shared memory it was for */
     signed char kinds[MG_CU_MAX_ARGS];
     uint8_t extents[MG_CU_MAX_ARGS]; /* bit d: the array's extent d follows its pointer, as an i64 */
 } mg_function;
@@ -1614,6 +1626,13 @@ PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *param
     if (mg_cu_push(((mg_module *)module)->device, &pushed) < 0)
         goto error;
     CUresult r = mg_cu.cuModuleGetFunction(&self->handle, ((mg_module *)module)->handle, name);
+    if (r == CUDA_SUCCESS) {
+        /* The grid barrier's counter: the kernel calls mg.grid.sync(). */
+        CUdeviceptr counter;
+        size_t bytes;
+        self->cooperative = mg_cu.cuModuleGetGlobal(&counter, &bytes, ((mg_module *)module)->handle,
+                                                    MG_CU_GRID_BARRIER) == CUDA_SUCCESS;
+    }
     mg_cu_pop(pushed);
     if (r != CUDA_SUCCESS) {
         char detail[300];
@@ -1682,6 +1701,49 @@ static int launch_error(mg_function *self, const char *fmt, ...)
     mg_raise(mg_st->LaunchError, "launch of kernel '%U': %U", self->name, detail);
     Py_DECREF(detail);
     return -1;
+}
+
+/* How many blocks of `threads` threads with `shared` bytes of dynamic shared
+ * memory can be resident at once on the function's device (the most a
+ * cooperative launch may have): the occupancy per multiprocessor times the
+ * multiprocessors. The function's context must be current. */
+static int cooperative_blocks(mg_function *self, int threads, unsigned long long shared, int *out)
+{
+    if (self->fit_threads == threads && self->fit_shared == shared) {
+        *out = self->fit_blocks;
+        return 0;
+    }
+    CUdevice device;
+    int per_multiprocessor, multiprocessors;
+    if (mg_cu_check(mg_cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, self->handle, threads,
+                                                                      (size_t)shared),
+                    "cuOccupancyMaxActiveBlocksPerMultiprocessor") < 0 ||
+        mg_cu_check(mg_cu.cuDeviceGet(&device, ((mg_module *)self->module)->device), "cuDeviceGet") < 0 ||
+        mg_cu_check(mg_cu.cuDeviceGetAttribute(&multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device),
+                    "cuDeviceGetAttribute") < 0)
+        return -1;
+    self->fit_threads = threads;
+    self->fit_shared = shared;
+    *out = self->fit_blocks = per_multiprocessor * multiprocessors;
+    return 0;
+}
+
+/* Before a cooperative launch: a grid that cannot be resident at once is a
+ * LaunchError (it would never get past mg.grid.sync()). Context current. */
+static int check_cooperative_grid(mg_function *self, const unsigned grid[3], const unsigned block[3],
+                                  unsigned long long shared)
+{
+    int fit;
+    if (cooperative_blocks(self, (int)(block[0] * block[1] * block[2]), shared, &fit) < 0)
+        return -1;
+    unsigned long long blocks = (unsigned long long)grid[0] * grid[1] * grid[2];
+    if (blocks <= (unsigned long long)fit)
+        return 0;
+    return launch_error(self, "it calls mg.grid.sync(), so every block of its grid must be resident on the GPU "
+                        "at once, and this device holds at most %d blocks of (%u, %u, %u) threads with %llu bytes "
+                        "of dynamic shared memory; the grid (%u, %u, %u) has %llu (max_cooperative_grid_blocks "
+                        "gives the limit)", fit, block[0], block[1], block[2], shared, grid[0], grid[1], grid[2],
+                        blocks);
 }
 
 static int stored_readonly(mg_function *self, Py_ssize_t index)
@@ -2139,27 +2201,56 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
         mg_cu_pop(pushed);
         goto error;
     }
+    /* Cooperative launches of one module share its grid barrier's counter:
+     * each waits for the one before (a graph being captured orders its own). */
+    mg_module *module = (mg_module *)self->module;
+    int serialize = self->cooperative && !capturing(stream);
+    if (self->cooperative &&
+        (check_cooperative_grid(self, grid, block, shared_mem) < 0 ||
+         (serialize && module->after_cooperative == NULL &&
+          mg_cu_check(mg_cu.cuEventCreate(&module->after_cooperative, CU_EVENT_DISABLE_TIMING),
+                      "cuEventCreate") < 0) ||
+         (serialize && mg_cu_check(mg_cu.cuStreamWaitEvent(stream, module->after_cooperative, 0),
+                                   "cuStreamWaitEvent") < 0))) {
+        mg_cu_pop(pushed);
+        goto error;
+    }
     CUresult r;
-    Py_BEGIN_ALLOW_THREADS
-    if (have_cluster) {
-        /* Thread-block clusters need the extended launch and its attribute. */
-        CUlaunchAttribute attribute;
-        memset(&attribute, 0, sizeof attribute);
-        attribute.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attribute.value.clusterDim.x = cluster[0];
-        attribute.value.clusterDim.y = cluster[1];
-        attribute.value.clusterDim.z = cluster[2];
+    /* A cooperative launch keeps the GIL from its wait to its record, so that
+     * another thread's launch of the kernel cannot slip in between. */
+    PyThreadState *released = self->cooperative ? NULL : PyEval_SaveThread();
+    if (have_cluster || self->cooperative) {
+        /* Clusters and cooperative launches need the extended launch and its attributes. */
+        CUlaunchAttribute attributes[2];
+        unsigned int nattributes = 0;
+        memset(attributes, 0, sizeof attributes);
+        if (have_cluster) {
+            attributes[nattributes].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attributes[nattributes].value.clusterDim.x = cluster[0];
+            attributes[nattributes].value.clusterDim.y = cluster[1];
+            attributes[nattributes].value.clusterDim.z = cluster[2];
+            nattributes++;
+        }
+        if (self->cooperative) {
+            attributes[nattributes].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+            attributes[nattributes].value.cooperative = 1;
+            nattributes++;
+        }
         CUlaunchConfig config = {
             .gridDimX = grid[0], .gridDimY = grid[1], .gridDimZ = grid[2],
             .blockDimX = block[0], .blockDimY = block[1], .blockDimZ = block[2],
-            .sharedMemBytes = (unsigned int)shared_mem, .hStream = stream, .attrs = &attribute, .numAttrs = 1,
+            .sharedMemBytes = (unsigned int)shared_mem, .hStream = stream, .attrs = attributes,
+            .numAttrs = nattributes,
         };
         r = mg_cu.cuLaunchKernelEx(&config, self->handle, params, NULL);
     }
     else
         r = mg_cu.cuLaunchKernel(self->handle, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                                  (unsigned int)shared_mem, stream, params, NULL);
-    Py_END_ALLOW_THREADS
+    if (released != NULL)
+        PyEval_RestoreThread(released);
+    CUresult recorded = r == CUDA_SUCCESS && serialize ? mg_cu.cuEventRecord(module->after_cooperative, stream)
+                                                       : CUDA_SUCCESS;
     mg_cu_pop(pushed);
     if (r != CUDA_SUCCESS) {
         char detail[200];
@@ -2167,7 +2258,8 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
                       grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem);
         char what[160];
         const char *name = PyUnicode_AsUTF8(self->name);
-        PyOS_snprintf(what, sizeof what, "%s of '%.100s'", have_cluster ? "cuLaunchKernelEx" : "cuLaunchKernel",
+        PyOS_snprintf(what, sizeof what, "%s of '%.100s'",
+                      have_cluster || self->cooperative ? "cuLaunchKernelEx" : "cuLaunchKernel",
                       name ? name : "?");
         PyErr_Clear();   /* only if the name could not be encoded */
         mg_cu_raise(r, what, detail);
@@ -2177,6 +2269,8 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
     if (kernel == NULL)
         PyErr_Clear(); /* a name that cannot be encoded is not worth failing a launch over */
     mg_cu_note_launch(stream, kernel != NULL ? kernel : "?");
+    if (mg_cu_check(recorded, "cuEventRecord") < 0)
+        goto error;
     /* Later host copies and exports order themselves after this launch. */
     for (Py_ssize_t i = 0; i < nargs; i++)
         if (mg_array_check_device(args[i]))
@@ -2200,6 +2294,28 @@ static PyObject *function_launch_method(PyObject *self, PyObject *const *args, P
     return mg_cu_function_launch(self, args, nargs, kwnames);
 }
 
+/* max_cooperative_grid_blocks(block, shared_mem=0) */
+static PyObject *function_max_cooperative_grid_blocks(mg_function *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"block", "shared_mem", NULL};
+    PyObject *block_obj;
+    unsigned long long shared_mem = 0;
+    unsigned int block[3] = {1, 1, 1};
+    int ran_python = 0, pushed, fit;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|K:max_cooperative_grid_blocks", keywords, &block_obj,
+                                     &shared_mem) ||
+        parse_dims(self, block_obj, "block", block, &ran_python) < 0)
+        return NULL;
+    if ((unsigned long long)block[0] * block[1] * block[2] > 1024)
+        return PyErr_Format(mg_st->LaunchError, "block (%u, %u, %u) has more than 1024 threads", block[0], block[1],
+                            block[2]);
+    if (mg_cu_push(((mg_module *)self->module)->device, &pushed) < 0)
+        return NULL;
+    int status = cooperative_blocks(self, (int)(block[0] * block[1] * block[2]), shared_mem, &fit);
+    mg_cu_pop(pushed);
+    return status < 0 ? NULL : PyLong_FromLong(fit);
+}
+
 static PyObject *function_repr(mg_function *self)
 {
     return PyUnicode_FromFormat("<mlirgpu.Function '%U'>", self->name);
@@ -2210,8 +2326,18 @@ static PyMethodDef function_methods[] = {
      "launch(*args, grid, block, shared_mem=0, stream=None): same as calling the function."},
     {"set_max_dynamic_shared_memory", (PyCFunction)function_set_max_dynamic_shared_memory, METH_O,
      "Allows launches with up to `nbytes` of dynamic shared memory."},
+    {"max_cooperative_grid_blocks", (PyCFunction)(void (*)(void))function_max_cooperative_grid_blocks,
+     METH_VARARGS | METH_KEYWORDS,
+     "max_cooperative_grid_blocks(block, shared_mem=0): the most blocks of that shape and dynamic shared memory "
+     "the device holds at once (occupancy per multiprocessor times multiprocessors): the largest grid a "
+     "cooperative launch may have."},
     {NULL},
 };
+
+static PyObject *function_get_cooperative(mg_function *self, void *closure)
+{
+    return PyBool_FromLong(self->cooperative);
+}
 
 #define FUNCTION_INT(name, attribute, doc) \
     {name, (getter)function_get_attribute, NULL, doc, (void *)(intptr_t)(attribute)}
@@ -2222,6 +2348,9 @@ static PyGetSetDef function_getset[] = {
     FUNCTION_INT("local_size_bytes", CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, "Local memory per thread."),
     FUNCTION_INT("max_threads_per_block", CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
                  "Largest block this kernel can launch with."),
+    {"cooperative", (getter)function_get_cooperative, NULL,
+     "Whether the kernel calls mg.grid.sync(), and so is launched cooperatively (every block resident at once).",
+     NULL},
     {NULL},
 };
 

@@ -74,6 +74,9 @@
     X(cuModuleGetFunction, (CUfunction *function, CUmodule module, const char *name)) \
     X(cuFuncGetAttribute, (int *value, CUfunction_attribute attribute, CUfunction function)) \
     X(cuFuncSetAttribute, (CUfunction function, CUfunction_attribute attribute, int value)) \
+    X(cuModuleGetGlobal, (CUdeviceptr *pointer, size_t *bytes, CUmodule module, const char *name)) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int *blocks, CUfunction function, int block_threads, \
+                                                    size_t dynamic_shared_bytes)) \
     X(cuLaunchKernel, (CUfunction function, unsigned int grid_x, unsigned int grid_y, \
                        unsigned int grid_z, unsigned int block_x, unsigned int block_y, \
                        unsigned int block_z, unsigned int shared_bytes, CUstream stream, \
@@ -96,6 +99,10 @@ typedef struct {
 /* The table. Valid only after mg_cu_ensure_context() (or mg_cu_load())
  * returned 0 on some thread; every field is then non-NULL. */
 extern mg_cu_driver mg_cu;
+
+/* The symbol of mg.grid.sync()'s counter (python/mlirgpu/language/grid.py's
+ * COUNTER): a module that defines it holds a kernel launched cooperatively. */
+#define MG_CU_GRID_BARRIER "__mg_grid_barrier"
 
 /* Most devices mlirgpu tracks a primary context for. */
 #define MG_CU_MAX_DEVICES 64

@@ -19,7 +19,7 @@ from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event
                        i8, i16, i32, i64, index, u8, u16, u32, u64)
 from . import cuda, ir, layout
 from .ir import passes
-from .language import (atomic, block, block_dim, block_idx, cast, constant, generics, grid_dim, load, math,
+from .language import (atomic, block, block_dim, block_idx, cast, constant, generics, grid, grid_dim, load, math,
                        mbarrier, memref, mma, printf, range_, select, shared, static_range, store, syncthreads,
                        thread_idx, threadfence, threadfence_block, threadfence_system, tma, vload, vstore, warp,
                        warpgroup, wgmma)
@@ -46,7 +46,7 @@ __all__ = [
     # inside kernels
     "thread_idx", "block_idx", "block_dim", "grid_dim", "constant", "cast", "select", "range_",
     "static_range", "syncthreads", "threadfence", "threadfence_block", "threadfence_system", "printf", "vload",
-    "vstore", "load", "store", "math", "atomic", "warp", "block", "shared", "mma",
+    "vstore", "load", "store", "math", "atomic", "warp", "block", "grid", "shared", "mma",
     # Hopper: tensor maps, TMA, mbarriers, warpgroup MMA, warpgroups and clusters
     "TensorMap", "tensor_map", "tma", "mbarrier", "wgmma", "warpgroup",
     # arrays, streams, graphs

@@ -233,6 +233,15 @@ API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     char pattern[80]; snprintf(pattern, sizeof pattern, ".entry %s(", name);
     if (!strstr(((mod_t *)m)->text, pattern)) return 500;
     fn_t *fn = malloc(sizeof *fn); snprintf(fn->name, sizeof fn->name, "%s", name); *f = (CUfunction)fn; return 0; }
+// An H100's occupancy, roughly: 2048 threads and 32 blocks a multiprocessor, shared memory shared out.
+API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int threads, size_t shared) {
+    note("cuOccupancyMaxActiveBlocksPerMultiprocessor threads=%d shared=%zu", threads, shared);
+    int by_threads = threads > 0 ? 2048 / threads : 0, by_shared = shared ? (int)(233472 / shared) : 32;
+    *n = by_threads < by_shared ? by_threads : by_shared; if (*n > 32) *n = 32; return 0; }
+// A module's global: found when the module's text names it (its address is of no use here).
+API CUresult cuModuleGetGlobal_v2(CUdeviceptr *p, size_t *n, CUmodule m, const char *name) {
+    if (!strstr(((mod_t *)m)->text, name)) return CUDA_ERROR_NOT_FOUND;
+    static unsigned counter; *p = (CUdeviceptr)&counter; *n = sizeof counter; return 0; }
 API CUresult cuFuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) { *v = a == CU_FUNC_ATTRIBUTE_NUM_REGS ? 12 : a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0; return 0; }
 API CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
     if (a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) note("cuFuncSetAttribute max_dynamic_shared=%d", v);
@@ -260,12 +269,16 @@ API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     op.nparams = param_count(((fn_t *)f)->name, p);
     for (int i = 0; i < op.nparams && i < 72; i++) memcpy(&op.params[i], p[i], 8);
     return submit(s, op); }
-// The extended launch: the cluster shape is logged, the launch is cuLaunchKernel's.
+// The extended launch: the cluster shape and a cooperative launch are logged, the launch is cuLaunchKernel's.
 API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **extra) {
-    for (unsigned i = 0; i < c->numAttrs; i++)
+    for (unsigned i = 0; i < c->numAttrs; i++) {
         if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
             note("cuLaunchKernelEx cluster=%u,%u,%u", c->attrs[i].value.clusterDim.x, c->attrs[i].value.clusterDim.y,
                  c->attrs[i].value.clusterDim.z);
+        if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE)
+            note("cuLaunchKernelEx cooperative=%d grid=%u,%u,%u stream=%lu", c->attrs[i].value.cooperative, c->gridDimX,
+                 c->gridDimY, c->gridDimZ, H(c->hStream));
+    }
     return cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
                           c->sharedMemBytes, c->hStream, p, extra); }
 // A tensor map's arguments are logged; the map's bytes hold the address and

@@ -7,6 +7,7 @@ block, or the host, are calls of the runtime in csrc/cpu.c, declared in the
 module on first use:
 
     mg_cpu_barrier(line)                         mg.syncthreads()
+    mg_cpu_grid_sync(line)                       mg.grid.sync(): every thread of the grid
     mg_cpu_shared(which) -> memref<?xi8>         the block's static (0) or dynamic (1) shared memory
     mg_cpu_shuffle(mode, bits, offset, width, line)
                                                  mg.warp.shfl_*, ballot, any, all: a warp-level barrier
@@ -52,6 +53,7 @@ _i64 = lambda: ir.Type.integer(64)  # noqa: E731
 # name: (inputs, results, C interface)
 _RUNTIME = {
     "mg_cpu_barrier": (lambda: [_i32()], lambda: [], False),
+    "mg_cpu_grid_sync": (lambda: [_i32()], lambda: [], False),
     "mg_cpu_shared": (lambda: [_i32()], lambda: [ir.Type.parse("memref<?xi8>")], True),
     "mg_cpu_shuffle": (lambda: [_i32(), _i64(), _i32(), _i32(), _i32()], lambda: [_i64()], False),
     "mg_cpu_warp_put": (lambda: [_i64()], lambda: [], False),
@@ -140,6 +142,11 @@ class HostTarget(Target):
     def barrier(self):
         # The runtime's fiber switch, told the line for its errors.
         _call("mg_cpu_barrier", [_line()])
+
+    def grid_sync(self):
+        # The runtime runs a kernel that calls it with every block's threads as
+        # fibers of one launch; this fiber switch waits for all of them.
+        _call("mg_cpu_grid_sync", [_line()])
 
     def printf(self, format, operands):
         # Each value's bits, then the format's index; cpu.c formats them.

@@ -3,7 +3,7 @@
 Most of the language (arithmetic, loads, stores, loops) is the same MLIR for
 every target. A few operations are not: thread indices, barriers, printf,
 shuffles, votes and warp reductions, shared memory, memref parameters with
-dynamic extents, fences, ordered atomics, cache-hinted accesses, approximate
+dynamic extents, fences, the grid barrier, ordered atomics, cache-hinted accesses, approximate
 reciprocals, the Hopper operations only a GPU has, and the checks a
 debugging target adds around memory accesses. The trace asks its `Target`
 for those. This class is the
@@ -225,6 +225,26 @@ class Target:
         __threadfence_block, __threadfence, __threadfence_system): PTX membar.cta,
         membar.gl and membar.sys, as nvcc writes them."""
         lang.emit("nvvm.memory.barrier", attributes={"scope": ir.Attribute.parse(f"#nvvm.mem_scope<{scope}>")})
+
+    def grid_sync(self):
+        """mg.grid.sync(): the library's barrier (language/grid.py) over a
+        counter of the module's own, a zero-initialized u32 global whose
+        symbol tells the launch to go cooperative."""
+        from .grid import COUNTER, counter_barrier
+        state = lang.module_state()
+        space = "#gpu.address_space<global>"
+        counter_type = ir.Type.parse(f"memref<1xi32, {space}>")
+        if COUNTER not in state:
+            state[COUNTER] = True
+            with lang.gpu_module_scope():
+                ir.Operation.create("memref.global", location=lang.location(), attributes={
+                    "sym_name": ir.Attribute.string(COUNTER),
+                    "type": ir.Attribute.type_attr(counter_type),
+                    "initial_value": ir.Attribute.parse("dense<0> : tensor<1xi32>"),
+                    "alignment": ir.Attribute.integer(4)})
+        value = lang.emit("memref.get_global", results=[counter_type],
+                          attributes={"name": ir.Attribute.symbol_ref(COUNTER)}).result
+        counter_barrier(lang.MemRef(value, lang.u32, (1,), "the grid barrier's counter"))
 
     def hinted_load(self, memref, indices, length, cache):
         """memref[indices] (a Scalar; `length` elements as a Vector) read with

@@ -6,7 +6,8 @@ whose arguments are the kernel's followed by thread, block, block_dim and
 grid_dim x/y/z as `index`, with `mg.syncthreads()` and the other device
 features calls of the runtime. It is lowered to the llvm dialect in-process
 and handed to `_mlirgpu.CpuEngine` (csrc/cpu.c), which runs each thread of a
-block as a fiber. docs/design/cpu_backend.md has the design.
+block as a fiber (every thread of the grid, for a kernel that calls
+mg.grid.sync()). docs/design/cpu_backend.md has the design.
 
     mlirgpu.cpu.run(spec, [A, B, C], grid=(4, 4), block=(16, 16))
 """
@@ -21,11 +22,13 @@ from ..ir import passes
 from .compiled import stored_params
 from .scalars import scalar_bytes
 
-__all__ = ["PIPELINE", "host_module", "lowered_module", "stored_params", "engine", "run"]
+__all__ = ["PIPELINE", "host_module", "lowered_module", "stored_params", "engine", "run",
+           "max_cooperative_grid_blocks"]
 
 
 # Runtime calls that switch fibers (or, for a failed bounds check, never return).
-_FIBER_CALLS = ("mg_cpu_barrier", "mg_cpu_shuffle", "mg_cpu_warp_collective", "mg_cpu_out_of_bounds")
+_FIBER_CALLS = ("mg_cpu_barrier", "mg_cpu_grid_sync", "mg_cpu_shuffle", "mg_cpu_warp_collective",
+                "mg_cpu_out_of_bounds")
 
 
 def _cached(spec, attribute, checks, make):
@@ -51,9 +54,16 @@ def lowered_module(spec, checks=None):
     return module
 
 
-def _uses_fibers(module):
-    return any(op.name == "func.call" and op.get_attribute("callee").value in _FIBER_CALLS
-               for op in module.walk())
+def _calls(module, names):
+    return any(op.name == "func.call" and op.get_attribute("callee").value in names for op in module.walk())
+
+
+def max_cooperative_grid_blocks(block):
+    """The most blocks of `block` threads (an int or a tuple) a kernel that
+    calls mg.grid.sync() can launch on the CPU backend: all their threads run
+    at once, as fibers, up to a fixed number."""
+    threads = math.prod(block) if isinstance(block, (tuple, list)) else block
+    return _mlirgpu.CPU_MAX_COOPERATIVE_THREADS // threads
 
 
 def engine(spec, checks=None):
@@ -75,7 +85,8 @@ def _make_engine(spec, checks):
     attributes = traced.operation.attributes
     strings = [a.value for a in attributes["mg.cpu.strings"].value]
     return _mlirgpu.CpuEngine(lowered_module(spec, checks), spec.name, params, filename,
-                              uses_fibers=_uses_fibers(traced), strings=strings,
+                              uses_fibers=_calls(traced, _FIBER_CALLS), strings=strings,
+                              cooperative=_calls(traced, ("mg_cpu_grid_sync",)),
                               static_shared=attributes["mg.cpu.static_shared"].value)
 
 

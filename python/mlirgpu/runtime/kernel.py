@@ -599,6 +599,21 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                 # NumPy arrays are copied in, and back after the launch.
                 np.copyto(a, args[i].get(stream=stream))
 
+    def max_cooperative_grid_blocks(self, block, shared_mem=0):
+        """The most blocks of `block` threads (an int or a tuple) with
+        `shared_mem` bytes of dynamic shared memory that can run at once: the
+        largest grid a launch of a kernel that calls mg.grid.sync() may have
+        (CUDA's occupancy per multiprocessor times the multiprocessors of the
+        current device; on the CPU backend, its limit of threads run at once).
+        A persistent kernel sizes its grid with it::
+
+            blocks = spec.max_cooperative_grid_blocks(256)
+            spec(X, out, grid=blocks, block=256)
+        """
+        if on_cpu():
+            return cpu.max_cooperative_grid_blocks(block)
+        return self.function().max_cooperative_grid_blocks(block, shared_mem=shared_mem)
+
     def function_for(self, args):
         """The kernel loaded on the device of the array arguments `args`."""
         with _on_device(self._launch_device(args)):
