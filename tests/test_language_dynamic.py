@@ -182,3 +182,39 @@ def test_new_sizes_hit_the_dispatcher_on_the_gpu():
             row_softmax(dX, dY, grid=rows, block=64)
             np.testing.assert_allclose(dY.get(), softmax(X), rtol=1e-5, atol=1e-7)
         assert len(row_softmax) == 1 and len(row_softmax._specializations) == 1
+
+
+@mg.func
+def row_total(X: mg.memref[None, None, mg.f32], row) -> mg.f32:
+    total = mg.constant(0.0, mg.f32)
+    for j in range(X.shape[1]):
+        total += X[row, j]
+    return total
+
+
+@mg.func
+def put(y, i, value):
+    y[i] = value
+
+
+@mg.kernel
+def row_totals(X: mg.memref[None, None, mg.f32], y: mg.memref[None, mg.f32]):
+    # Dynamic extents pass on to device functions (as the array's strided metadata).
+    i = block_idx.x * block_dim.x + thread_idx.x
+    if i < X.shape[0]:
+        put(y, i, row_total(X, i))
+
+
+def test_device_functions_take_arrays_with_dynamic_extents(backend):
+    for rows, columns in [(5, 3), (70, 33)]:
+        X = np.arange(rows * columns, dtype=np.float32).reshape(rows, columns)
+        y = np.zeros(rows, np.float32)
+        row_totals(X, y, grid=(rows + 63) // 64, block=64)
+        np.testing.assert_array_equal(y, X.sum(1))
+    assert len(row_totals._specializations) == 1
+
+
+def test_device_functions_with_dynamic_extents_reach_ptxas(tmp_path):
+    ptx = row_totals.specialize({}).ptx("sm_90a")
+    assert ".func" in ptx   # the device functions stay functions
+    ptxas_accepts(ptx, "sm_90a", tmp_path)

@@ -72,7 +72,7 @@ class DeviceFunction:
             finally:
                 stack.pop()
         name, result_dtypes = entry
-        operands = [a.value for a in args if isinstance(a, (lang.Scalar, lang.MemRef))]
+        operands = [v for a in args if isinstance(a, (lang.Scalar, lang.MemRef)) for v in _operands(a)]
         operands += lang.target().extra_call_operands()
         op = lang.emit("func.call", operands, [lang.ir_type(d) for d in result_dtypes],
                        attributes={"callee": ir.Attribute.symbol_ref(name)})
@@ -90,8 +90,8 @@ class DeviceFunction:
         name = lang.unique_symbol(function.__name__)
         caller = lang.current_trace()
         target = caller.target
-        traced = [a for a in args if isinstance(a, (lang.Scalar, lang.MemRef))]
-        types = [a.value.type for a in traced] + target.extra_argument_types()
+        types = [t for a in args if isinstance(a, (lang.Scalar, lang.MemRef)) for t in _argument_types(a)]
+        types += target.extra_argument_types()
         with lang.gpu_module_scope():
             op = ir.Operation.create("func.func", regions=1, location=where, attributes={
                 "sym_name": ir.Attribute.string(name),
@@ -99,16 +99,16 @@ class DeviceFunction:
                 "function_type": ir.Attribute.type_attr(ir.Type.function(types, []))})
         block = op.regions[0].append_block(types, [where] * len(types))
         block_args = iter(block.arguments)
-        parameters = []
-        for a in args:
-            if isinstance(a, lang.Scalar):
-                parameters.append(lang.Scalar(next(block_args), a.dtype))
-            elif isinstance(a, lang.MemRef):
-                parameters.append(type(a)(next(block_args), a.dtype, a.extents, a.name, a.readonly))
-            else:
-                parameters.append(a)  # a Python number: a constant of this specialization
         with tracing(function, rewritten, caller.generic_values, target=target, module_state=state) as trace, \
                 ir.InsertionPoint(block):
+            parameters = []
+            for a in args:
+                if isinstance(a, lang.Scalar):
+                    parameters.append(lang.Scalar(next(block_args), a.dtype))
+                elif isinstance(a, lang.MemRef):
+                    parameters.append(type(a)(_rebuilt(a, block_args), a.dtype, a.extents, a.name, a.readonly))
+                else:
+                    parameters.append(a)  # a Python number: a constant of this specialization
             # Inside its body the function's own name is the rewritten def (a cell
             # of the maker): make it this DeviceFunction, so recursion is seen.
             instance = trace.instance
@@ -126,6 +126,74 @@ class DeviceFunction:
             ir.Type.function(types, [v.value.type for v in values])))
         dtypes = [v.dtype for v in values]
         return _TupleResult((name, dtypes)) if isinstance(result, tuple) else (name, dtypes)
+
+
+# A kernel's memrefs pass to functions as bare pointers on the GPU, which only
+# a memref of static sizes and the identity layout can be. Any other (dynamic
+# extents, a strided view) goes as its strided metadata: the base buffer (a
+# rank-0 memref: a bare pointer), the offset, the sizes and the strides; the
+# function views the buffer through them again (memref.reinterpret_cast).
+
+def _split(memref):
+    """Whether `memref` passes to a function as its strided metadata."""
+    text = str(memref.value.type)
+    return "?" in text or "strided<" in text
+
+
+def _static_layout(memref):
+    """The offset and strides of `memref`'s type, each an int or ir.DYNAMIC:
+    those of its strided layout, or row-major ones for the identity layout."""
+    text = str(memref.value.type)
+    if "strided<" in text:
+        layout = text[text.index("strided<") + len("strided<"):]
+        strides_text, rest = layout[1:].split("]", 1)
+        offset_text = rest.split("offset:", 1)[1].split(">", 1)[0].strip() if "offset:" in rest else "0"
+        number = lambda t: ir.DYNAMIC if t.strip() == "?" else int(t)
+        return number(offset_text), [number(t) for t in strides_text.split(",") if t.strip()]
+    strides, product = [], 1
+    for size in reversed(memref.value.type.shape):
+        strides.insert(0, product)
+        product = ir.DYNAMIC if product == ir.DYNAMIC or size is None else product * size
+    return 0, strides
+
+
+def _base_type(memref):
+    space = lang.address_space(memref)
+    memory_space = str(memref.value.type).rsplit(", ", 1)[-1][:-1] if space else None
+    return ir.Type.parse(f"memref<{lang.ir_type(memref.dtype)}{', ' + memory_space if memory_space else ''}>")
+
+
+def _argument_types(value):
+    if isinstance(value, lang.MemRef) and _split(value):
+        return [_base_type(value)] + [ir.Type.index()] * (1 + 2 * len(value.extents))
+    return [value.value.type]
+
+
+def _operands(value):
+    if isinstance(value, lang.MemRef) and _split(value):
+        return list(lang.emit("memref.extract_strided_metadata", [value.value], _argument_types(value)).results)
+    return [value.value]
+
+
+def _rebuilt(memref, block_args):
+    """The function's view of a memref argument, from its block arguments."""
+    if not _split(memref):
+        return next(block_args)
+    rank = len(memref.extents)
+    base, offset = next(block_args), next(block_args)
+    sizes = [next(block_args) for _ in range(rank)]
+    strides = [next(block_args) for _ in range(rank)]
+    # The view's type is the caller's: what it gives statically stays static.
+    static_offset, static_strides = _static_layout(memref)
+    static_sizes = [ir.DYNAMIC if n is None else n for n in memref.value.type.shape]
+    offsets = [offset] if static_offset == ir.DYNAMIC else []
+    sizes = [v for v, n in zip(sizes, static_sizes) if n == ir.DYNAMIC]
+    strides = [v for v, n in zip(strides, static_strides) if n == ir.DYNAMIC]
+    return lang.emit("memref.reinterpret_cast", [base, *offsets, *sizes, *strides], [memref.value.type], attributes={
+        "operandSegmentSizes": ir.Attribute.dense_i32_array([1, len(offsets), len(sizes), len(strides)]),
+        "static_offsets": ir.Attribute.dense_i64_array([static_offset]),
+        "static_sizes": ir.Attribute.dense_i64_array(static_sizes),
+        "static_strides": ir.Attribute.dense_i64_array(static_strides)}).result
 
 
 class _TupleResult(tuple):
