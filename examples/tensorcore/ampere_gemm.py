@@ -16,11 +16,14 @@ pipeline's depth); `CONFIGS` lists a few, the first the default:
   a group, so that the rows of A and columns of B a group reads are reused
   from L2.
 - K advances BK at a time through a pipeline of STAGES stages in dynamic
-  shared memory (a stage: A's BM x BK tile, then B's BK x BN tile): cp.async
+  shared memory (a stage: A's BM x BK tile, then B's BK x BN tile; the
+  launch's shared_mem= gives the kernel STAGES x (BM + BN) x BK x 2 bytes,
+  96 KB for the default, past the 48 KB static arrays may hold): cp.async
   copies 16 bytes a thread from global memory into the stage STAGES - 1
   steps ahead while the warps compute on the current one. One wait_group and
-  one barrier a step: they come before the warps read the next stage's first
-  fragments, and make the stage read two steps ago free for the next copies.
+  one barrier a step, before the warps read the next stage's first
+  fragments: the next stage has landed, and the one just read is free for
+  the next step's copies.
 - The warps read their fragments with ldmatrix: .x4 gives an A fragment
   (16 x 16), .x4.trans two B fragments (16 x 16 of the K x N tile). The
   fragments of the next 16-wide slice of K are loaded before the mmas of
