@@ -95,11 +95,14 @@ class Config:
         return f"{self.bm}x{self.bn}x{self.bk}, {self.warps} warps of {self.wm}x{self.wn}, {self.stages} stages"
 
 
-# The default first: 8 warps of 64 x 64 (the most mma.sync per byte of shared memory read) and 4 stages
-# of BK = 32 (96 KB); then CUTLASS's usual BK = 64 in 3 stages, the transposed block, and 4-warp blocks
-# (two blocks to an SM).
-CONFIGS = [Config(128, 256, 32, 64, 64, 4), Config(128, 256, 64, 64, 64, 3), Config(256, 128, 32, 64, 64, 4),
-           Config(256, 128, 64, 64, 64, 3), Config(128, 128, 32, 64, 64, 4), Config(128, 128, 64, 64, 64, 3)]
+# The default first: 8 warps of 64 x 64 (the most mma.sync per byte of shared memory read that the
+# registers allow: 128 accumulators and 64 fragment registers a thread) and 4 stages of BK = 32 (96 KB).
+# Then fewer barriers per mma (BK = 64: CUTLASS's usual 3 stages, and 4 stages, 192 KB, more than an
+# A100's 163 KB a block: H100 only), a deeper pipeline of BK = 32, the transposed block, and blocks of 4
+# warps (two blocks to an SM).
+CONFIGS = [Config(128, 256, 32, 64, 64, 4), Config(128, 256, 64, 64, 64, 3), Config(128, 256, 64, 64, 64, 4),
+           Config(128, 256, 32, 64, 64, 6), Config(256, 128, 32, 64, 64, 4), Config(256, 128, 64, 64, 64, 3),
+           Config(128, 128, 32, 64, 64, 4), Config(128, 128, 64, 64, 64, 3)]
 
 
 def swizzle_for(row_elements):
