@@ -5,10 +5,12 @@ and Triton's tutorial matmul, measured in the same run.
                                          [--repeat R] [--out DIR] [--no-write] [--check]
 
 - Rows: every entry of KERNELS (a name and a function launching C = A @ B on
-  mlirgpu DeviceArrays; a kernel of another example adds its own entry: on
-  an sm_90a GPU, one per configuration of examples/tensorcore/
-  hopper_gemm.py (tile, stages, epilogue, multicast), whose tensor maps are
-  made at its first launch and kept),
+  mlirgpu DeviceArrays; a kernel of another example adds its own entry): one
+  per tile configuration of examples/tensorcore/ampere_gemm.py (mma.sync),
+  and on an sm_90a GPU one per configuration of examples/tensorcore/
+  hopper_gemm.py (wgmma: tile, stages, epilogue, schedule, multicast; its
+  tensor maps are made at its first launch and kept); --kernels keeps those
+  whose name contains one of its words (e.g. `--kernels mma.sync`),
   then the peers, where importable: cuBLAS through torch.matmul, and
   Triton's tutorial matmul (written below: its GROUP_M-swizzled program
   order, its autotune configs for CUDA, tl.dot accumulating in float32).
@@ -30,7 +32,8 @@ and Triton's tutorial matmul, measured in the same run.
   script itself, on the CPU backend too (MLIRGPU_BACKEND=cpu), where the
   peers are skipped.
 
-It prints the table and, unless --no-write or --check, writes it with the
+It prints the table, then for each problem the fastest row of each kernel
+(mma.sync, wgmma) and its % of cuBLAS, and, unless --no-write or --check, writes it with the
 GPU, driver, date and command line to OUT/gemm_tensorcore_h100.md and a bar
 chart of TFLOP/s to OUT/gemm_tensorcore_h100.png (matplotlib; OUT is --out,
 default docs/).
@@ -61,9 +64,8 @@ FILE_NAME = "gemm_tensorcore_h100"
 CUBLAS, TRITON = "cuBLAS", "Triton"
 
 # The mlirgpu kernels: (name, launch(A, B, C) on DeviceArrays, A M x K, B K x N, C M x N, one dtype for A and B).
-KERNELS = [
-    ("mma.sync (examples/tensorcore/ampere_gemm.py)", ampere_gemm.launch),
-]
+KERNELS = [(f"mma.sync {c.name} (examples/tensorcore/ampere_gemm.py)",
+            lambda A, B, C, c=c: ampere_gemm.launch(A, B, C, c)) for c in ampere_gemm.CONFIGS]
 if hopper_gemm.available():  # sm_90a: one row per configuration of the warp-specialized wgmma GEMM
     KERNELS += [(f"{c.name} (examples/tensorcore/hopper_gemm.py)",
                  lambda A, B, C, c=c: hopper_gemm.launch(A, B, C, c)) for c in hopper_gemm.CONFIGS]
@@ -277,6 +279,21 @@ def table(problems):
     return "\n".join(lines)
 
 
+def best(problems):
+    """For each problem, the fastest row of each kernel (the first word of its name: mma.sync, wgmma)."""
+    lines = []
+    for p in problems:
+        cublas, fastest = p.peer_ms(CUBLAS), {}
+        for row in p.rows:
+            kernel = row.name.split()[0]
+            if row.kind == "kernel" and row.ms and (kernel not in fastest or row.ms < fastest[kernel].ms):
+                fastest[kernel] = row
+        for kernel, row in fastest.items():
+            lines.append(f"best {kernel} at {p.dtype.name} {label(p.size)}: {row.name}, {row.tflops:.1f} TFLOP/s, "
+                         f"{percent(row.ms, cublas)} of cuBLAS")
+    return lines
+
+
 def facts():
     lines = [f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
              f"- command: `{shlex.join(['python'] + sys.argv)}`",
@@ -360,6 +377,8 @@ def main(argv=None):
             problems.append(problem)
     print()
     print(table(problems))
+    print()
+    print("\n".join(best(problems)))
     if not (args.no_write or args.check):
         write(problems, args.out)
     failed = [row for p in problems for row in p.rows if row.ms is None]

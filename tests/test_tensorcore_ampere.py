@@ -196,10 +196,13 @@ def test_cp_async_copies_and_zero_fills(nbytes, valid, backend):
         np.testing.assert_array_equal(got[t], expected)
 
 
+B_TILE = layout.composition(ampere_gemm.swizzle_for(128), layout.row_major((32, 128)))  # the GEMM's 32 x 128 B tile
+
+
 @mg.kernel
 def swizzled_tile_kernel(out: mg.memref[32, 64, mg.i32]):
     t = thread_idx.x
-    tile = mg.mma.tile(mg.shared.array((4096,), mg.i32), ampere_gemm.B_TILE)
+    tile = mg.mma.tile(mg.shared.array((4096,), mg.i32), B_TILE)
     for c in mg.static_range(64):
         out[t, c] = mg.cast(tile.index(t, c * 2), mg.i32)  # traced row, Python column
 
@@ -208,7 +211,7 @@ def test_tile_index_emitted_matches_the_layout():
     out = np.zeros((32, 64), np.int32)
     with mg_backend("cpu"):
         swizzled_tile_kernel(out, grid=1, block=32)
-    L = ampere_gemm.B_TILE
+    L = B_TILE
     expected = np.array([[L(t, 2 * c) for c in range(64)] for t in range(32)])
     np.testing.assert_array_equal(out, expected)
     # A swizzle permutes: every index of the 32 x 128 tile exactly once.
@@ -218,6 +221,50 @@ def test_tile_index_emitted_matches_the_layout():
 def test_layout_index_of_python_ints_is_a_python_int():
     L = layout.composition(layout.Swizzle(2, 3, 3), layout.row_major((128, 32)))
     assert mg.mma.layout_index(L, 3, 9) == L(3, 9)
+
+
+@pytest.mark.parametrize("rows,width", [(128, 32), (32, 64), (64, 64), (32, 128), (32, 256), (64, 256)])
+def test_the_gemm_s_swizzles_have_no_bank_conflicts(rows, width):
+    # Shared memory serves 16-byte accesses 8 lanes at a time; bank group = 16-byte chunk of a 128-byte line.
+    L = layout.composition(ampere_gemm.swizzle_for(width), layout.row_major((rows, width)))
+    assert sorted(L(r, c) for r in range(rows) for c in range(width)) == list(range(rows * width))
+    group = lambda index: index * 2 // 16 % 8  # noqa: E731
+    for first in range(0, rows - 7, 8):  # ldmatrix: 8 consecutive rows at one 16-byte column
+        for c in range(0, width, 8):
+            assert len({group(L(first + r, c)) for r in range(8)}) == 8, (first, c)
+    chunks = rows * width // 8  # cp.async: 8 lanes store 8 consecutive chunks of the row-major tile
+    for first in range(0, chunks, 8):
+        where = [divmod((first + j) * 8, width) for j in range(8)]
+        assert len({group(L(r, c)) for r, c in where}) == 8, first
+
+
+TILE16 = layout.composition(layout.Swizzle(1, 3, 3), layout.row_major((16, 16)))
+
+
+@mg.kernel
+def dynamic_tile_kernel(G: mg.memref[16, 16, mg.f16], out: mg.memref[32, 8, mg.f16]):
+    """A 16 x 16 tile of G into dynamic shared memory (a swizzled tile, 32
+    bytes into it) by cp.async, then read back by ldmatrix .x4."""
+    t = thread_idx.x
+    tile = mg.mma.tile(mg.shared.dynamic(mg.f16), TILE16).at(16)
+    mg.mma.cp_async(tile, (t // 2, t % 2 * 8), G, (t // 2, t % 2 * 8), 16)
+    mg.mma.commit_group()
+    mg.mma.wait_group(0)
+    mg.syncthreads()
+    frag = mg.mma.ldmatrix(tile, (t % 8 + t // 8 % 2 * 8, t // 16 * 8), 4)
+    for v in mg.static_range(8):
+        out[t, v] = frag[v]
+
+
+def test_tile_ldmatrix_and_cp_async_on_dynamic_shared_memory(backend):
+    G = np.arange(256).reshape(16, 16).astype(np.float16)
+    out = np.zeros((32, 8), np.float16) if backend == "cpu" else mg.zeros((32, 8), mg.f16)
+    dynamic_tile_kernel(host(G, backend), out, grid=1, block=32, shared_mem=(16 + 256) * 2)
+    got = fetch(out)
+    for lane in range(32):  # the A fragment of m16n8k16: matrix j at block (j % 2, j // 2)
+        for v in range(8):
+            j, p = v // 2, v % 2
+            assert got[lane, v] == G[8 * (j % 2) + lane // 4, 8 * (j // 2) + 2 * (lane % 4) + p], (lane, v)
 
 
 # ==========================================================================
@@ -261,14 +308,29 @@ def test_cp_async_ptx(nbytes, modifier, chip, tmp_path):
     assert_ptxas(ptx, chip, tmp_path)
 
 
+CONFIG_IDS = [c.name for c in ampere_gemm.CONFIGS]
+
+
 @pytest.mark.parametrize("chip", CHIPS)
-def test_ampere_gemm_ptx(chip, tmp_path):
-    ptx = ampere_gemm.kernel[256, 256, 256, mg.bf16, mg.f32].ptx(chip=chip)
-    assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 64  # 2 k16 steps x 4 x 8
-    assert len(re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == 8
-    assert len(re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16", ptx)) == 8
-    assert ptx.count("cp.async.cg.shared.global") == 8
-    assert_ptxas(ptx, chip, tmp_path)
+@pytest.mark.parametrize("config", ampere_gemm.CONFIGS, ids=CONFIG_IDS)
+def test_ampere_gemm_ptx(config, chip, tmp_path):
+    ptx = ampere_gemm.kernel_for(config)[512, 512, 512, mg.bf16, mg.f32].ptx(chip=chip)
+    slices, a_tiles, b_tiles = config.bk // 16, config.wm // 16, config.wn // 16
+    copies = (config.bm + config.bn) * config.bk // 8 // config.threads  # 16-byte chunks a thread copies a step
+    # The loop's body once: each slice's mmas; ldmatrix for each slice and the prologue's first slice;
+    # the copies of the loop and of the prologue's STAGES - 1 steps.
+    assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == slices * a_tiles * 2 * b_tiles
+    assert len(re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == (slices + 1) * a_tiles
+    assert len(re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16", ptx)) == (slices + 1) * b_tiles
+    assert ptx.count("cp.async.cg.shared.global") == config.stages * copies
+    assert ".extern .shared" in ptx and "__mg_dynamic_shared" in ptx
+    path = tmp_path / f"{chip}.ptx"
+    path.write_text(ptx)
+    proc = subprocess.run([PTXAS, f"-arch={chip}", "-v", str(path), "-o", str(tmp_path / "out.cubin")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    # Registers fit: no spills to local memory (the accumulators alone are 128 registers a thread).
+    assert "0 bytes spill stores, 0 bytes spill loads" in proc.stderr, proc.stderr
 
 
 # ==========================================================================
@@ -431,10 +493,10 @@ def test_mma_sync_needs_the_whole_warp_on_the_cpu():
 # ==========================================================================
 # The Ampere GEMM example
 
-def gemm_case(m, k, n, dtype, out_dtype, backend, seed=0):
+def gemm_case(m, k, n, dtype, out_dtype, backend, config=None, seed=0):
     A, B = ampere_gemm.operands(m, k, n, dtype, seed)
     C = np.zeros((m, n), out_dtype.numpy) if backend == "cpu" else mg.zeros((m, n), out_dtype)
-    ampere_gemm.launch(host(A, backend), host(B, backend), C)
+    ampere_gemm.launch(host(A, backend), host(B, backend), C, config)
     got, expected = fetch(C), ampere_gemm.reference(A, B)
     assert ampere_gemm.within_tolerance(got, expected, k, out_dtype), \
         np.abs(got.astype(np.float64) - expected).max()
@@ -455,6 +517,36 @@ def test_ampere_gemm_sizes_on_the_cpu(m, k, n):
         gemm_case(m, k, n, mg.bf16, mg.f32, "cpu")
 
 
+OUTS = [mg.f32, mg.f16, mg.bf16]
+
+
+@pytest.mark.parametrize("i", range(len(ampere_gemm.CONFIGS)), ids=CONFIG_IDS)
+@pytest.mark.parametrize("dtype", [mg.f16, mg.bf16])
+def test_ampere_gemm_configs_on_the_cpu(i, dtype):
+    # Edges in M and N, K not a multiple of 8 (A's rows without cp.async) and fewer steps than the
+    # pipeline's prologue copies for most configs. Each config with both input types, the output
+    # types taking turns (all of them for each input type over the configs).
+    out_dtype = OUTS[(i + (dtype == mg.bf16)) % 3]
+    with mg_backend("cpu"):
+        gemm_case(130, 70, 200, dtype, out_dtype, "cpu", ampere_gemm.CONFIGS[i])
+
+
+@pytest.mark.parametrize("config", ampere_gemm.CONFIGS, ids=CONFIG_IDS)
+def test_ampere_gemm_configs_at_tile_multiples_on_the_cpu(config):
+    # Whole tiles and more steps along K than stages: the ring of stages goes round twice.
+    with mg_backend("cpu"):
+        gemm_case(config.bm, config.bk * (2 * config.stages + 1), config.bn, mg.bf16, mg.f32, "cpu", config)
+
+
+def test_config_rejects_tiles_that_do_not_fit():
+    with pytest.raises(ValueError, match="warps tile the block"):
+        ampere_gemm.Config(128, 256, 32, 48, 64, 4)
+    with pytest.raises(ValueError, match="BK is 32 or 64"):
+        ampere_gemm.Config(128, 256, 16, 64, 64, 4)
+    with pytest.raises(ValueError, match="at least 2 stages"):
+        ampere_gemm.Config(128, 256, 32, 64, 64, 1)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [mg.f16, mg.bf16])
 @pytest.mark.parametrize("out_dtype", [mg.f32, mg.f16, mg.bf16])
@@ -463,6 +555,15 @@ def test_ampere_gemm_sizes_on_the_cpu(m, k, n):
 def test_ampere_gemm_on_the_gpu(m, k, n, dtype, out_dtype):
     with mg_backend("cuda"):
         gemm_case(m, k, n, dtype, out_dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ampere_gemm.CONFIGS[1:], ids=CONFIG_IDS[1:])
+@pytest.mark.parametrize("dtype,out_dtype", [(mg.f16, mg.f16), (mg.bf16, mg.f32)])
+@pytest.mark.parametrize("m,k,n", [(1024, 1024, 1024), (130, 70, 200), (1000, 999, 1001)])
+def test_ampere_gemm_configs_on_the_gpu(config, m, k, n, dtype, out_dtype):
+    with mg_backend("cuda"):
+        gemm_case(m, k, n, dtype, out_dtype, "cuda", config)
 
 
 # ==========================================================================
@@ -483,8 +584,18 @@ def test_benchmark_help():
 def test_benchmark_check_runs_every_kernel_on_the_cpu():
     done = run_benchmark("--check", "--sizes", "130x72x136", "--dtypes", "bf16")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"\| bf16 \| 130x72x136 \| mma\.sync \(examples/tensorcore/ampere_gemm\.py\) \| [\d.]+ \|",
-                     done.stdout), done.stdout
+    for config in ampere_gemm.CONFIGS:  # a row each, timed (its result was checked)
+        assert re.search(rf"\| bf16 \| 130x72x136 \| mma\.sync {re.escape(config.name)} "
+                         rf"\(examples/tensorcore/ampere_gemm\.py\) \| [\d.]+ \|", done.stdout), done.stdout
+    assert re.search(r"best mma\.sync at bf16 130x72x136: mma\.sync .*, [\d.]+ TFLOP/s, - of cuBLAS", done.stdout)
+
+
+def test_benchmark_kernels_filter_keeps_the_named_rows():
+    done = run_benchmark("--check", "--sizes", "64x32x64", "--dtypes", "f16", "--kernels", "mma.sync 128x128x32")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = re.findall(r"^\| f16 \| 64x32x64 \| (.*?) \|", done.stdout, re.MULTILINE)
+    assert rows == [f"mma.sync {c.name} (examples/tensorcore/ampere_gemm.py)" for c in ampere_gemm.CONFIGS
+                    if c.name.startswith("128x128x32")], done.stdout
 
 
 def test_benchmark_without_a_gpu_refuses_to_time():

@@ -5,31 +5,39 @@ or f32; products are summed in f32. Any M, N, K: the tiles at the edges are
 predicated (out-of-range elements of A and B read as zeros, those of C are
 not written).
 
-The kernel is the shape of CUTLASS's sm_80 GEMMs:
+The kernel is the shape of CUTLASS's sm_80 GEMMs, made for a `Config` (the
+block's tile BM x BN, its step BK along K, the warps' tiles WM x WN, and the
+pipeline's depth); `CONFIGS` lists a few, the first the default:
 
-- A block of 128 threads (4 warps, 2 x 2) computes a 128 x 128 tile of C,
-  each warp a 64 x 64 tile: 4 x 8 mma.sync m16n8k16 atoms, 32 accumulator
-  fragments of 4 f32 values a lane.
+- A block of (BM / WM) x (BN / WN) warps computes a BM x BN tile of C, each
+  warp a WM x WN tile: (WM / 16) x (WN / 8) mma.sync m16n8k16 atoms, each
+  a fragment of 4 f32 accumulators a lane (a 64 x 64 warp tile: 128 of them).
 - Blocks take their tiles in groups of 8 tile rows, column by column within
   a group, so that the rows of A and columns of B a group reads are reused
   from L2.
-- K advances 32 at a time through a 3-stage pipeline in shared memory
-  (3 x 16 KB): cp.async copies 16 bytes a thread from global memory into
-  the stage two steps ahead while the warps compute on the current one;
-  wait_group(1) and a barrier a step keep one group in flight.
+- K advances BK at a time through a pipeline of STAGES stages in dynamic
+  shared memory (a stage: A's BM x BK tile, then B's BK x BN tile; the
+  launch's shared_mem= gives the kernel STAGES x (BM + BN) x BK x 2 bytes,
+  96 KB for the default, past the 48 KB static arrays may hold): cp.async
+  copies 16 bytes a thread from global memory into the stage STAGES - 1
+  steps ahead while the warps compute on the current one. One wait_group and
+  one barrier a step, before the warps read the next stage's first
+  fragments: the next stage has landed, and the one just read is free for
+  the next step's copies.
 - The warps read their fragments with ldmatrix: .x4 gives an A fragment
-  (16 x 16), .x4.trans two B fragments (16 x 16 of the K x N tile).
+  (16 x 16), .x4.trans two B fragments (16 x 16 of the K x N tile). The
+  fragments of the next 16-wide slice of K are loaded before the mmas of
+  the current one (double-buffered in registers), so that shared-memory
+  latency hides behind the tensor cores; the step's cp.asyncs are spread
+  between those slices.
 - Shared tiles are swizzled so that neither the 16-byte cp.async stores
-  nor the ldmatrix row reads meet bank conflicts: A's 128 x 32 tile
-  (64-byte rows) through Swizzle(2, 3, 3), B's 32 x 128 tile (256-byte
-  rows) through Swizzle(3, 3, 4), each XOR-ing the row into the 16-byte
-  chunk bits of the element index.
+  nor the ldmatrix row reads meet bank conflicts (`swizzle_for`).
 
 Where K (for A) or N (for B) is not a multiple of 8, rows of the arrays are
 not 16-byte aligned, which cp.async needs: the tiles are then loaded with
 ordinary loads and stores (slower, still correct).
 
-    python examples/tensorcore/ampere_gemm.py [M K N] [--dtype f16|bf16] [--out f16|bf16|f32]
+    python examples/tensorcore/ampere_gemm.py [M K N] [--dtype f16|bf16] [--out f16|bf16|f32] [--config I]
 
 checks one product against float64 NumPy on the current backend
 (MLIRGPU_BACKEND=cpu runs it without a GPU).
@@ -43,116 +51,252 @@ import mlirgpu as mg
 from mlirgpu import block_idx, thread_idx
 from mlirgpu.layout import Swizzle, composition, row_major
 
-BM, BN, BK = 128, 128, 32  # the block's tile of C, and its step along K
-WM, WN = 64, 64            # a warp's tile of C
-STAGES = 3                 # shared-memory stages of the pipeline
-THREADS = 128              # (BM // WM) * (BN // WN) warps
-CHUNK = 8                  # 16-bit elements in a 16-byte cp.async
-GROUP_M = 8                # tile rows a group of blocks covers (for L2 reuse)
-
-# Swizzled shared tiles: (row, col) -> element index of a stage.
-A_TILE = composition(Swizzle(2, 3, 3), row_major((BM, BK)))
-B_TILE = composition(Swizzle(3, 3, 4), row_major((BK, BN)))
-
-M, K, N, T, OUT = mg.generics("M K N T OUT")
+CHUNK = 8      # 16-bit elements in a 16-byte cp.async (and in an ldmatrix row)
+GROUP_M = 8    # tile rows a group of blocks covers (for L2 reuse)
 
 
-@mg.kernel(generics=(M, K, N, T, OUT), max_threads=THREADS)
-def kernel(A: mg.memref[M, K, T], B: mg.memref[K, N, T], C: mg.memref[M, N, OUT]):
-    atom = mg.mma.M16N8K16_F16 if T == mg.f16 else mg.mma.M16N8K16_BF16
-    As = mg.shared.array((STAGES * BM * BK,), T)
-    Bs = mg.shared.array((STAGES * BK * BN,), T)
-    tid = thread_idx.x
-    lane, warp = tid % 32, tid // 32
-    wm, wn = warp % (BM // WM) * WM, warp // (BM // WM) * WN
-    # Blocks go down GROUP_M tile rows before the next tile column, so that
-    # the tiles of A and B a group shares are still in L2 when it reads them.
-    tiles_m, tiles_n = (M + BM - 1) // BM, (N + BN - 1) // BN
-    block = block_idx.y * tiles_n + block_idx.x
-    first_m = block // (GROUP_M * tiles_n) * GROUP_M
-    height = min(tiles_m - first_m, GROUP_M)
-    bm = (first_m + block % (GROUP_M * tiles_n) % height) * BM
-    bn = block % (GROUP_M * tiles_n) // height * BN
-    steps = (K + BK - 1) // BK
-    zero = mg.cast(0.0, T)
+class Config:
+    """Tile shapes and pipeline depth of one GEMM kernel: the block's BM x BN
+    tile of C and its step BK along K, each warp's WM x WN tile, and the
+    number of shared-memory stages."""
 
-    # This thread's 16-byte chunks of a stage: 4 of A's 128 x 32 tile, 4 of B's 32 x 128.
-    a_chunks = [((tid + i * THREADS) // (BK // CHUNK), (tid + i * THREADS) % (BK // CHUNK) * CHUNK)
-                for i in mg.static_range(BM * BK // CHUNK // THREADS)]
-    b_chunks = [((tid + i * THREADS) // (BN // CHUNK), (tid + i * THREADS) % (BN // CHUNK) * CHUNK)
-                for i in mg.static_range(BK * BN // CHUNK // THREADS)]
+    def __init__(self, bm=128, bn=256, bk=32, wm=64, wn=64, stages=4):
+        self.bm, self.bn, self.bk, self.wm, self.wn, self.stages = bm, bn, bk, wm, wn, stages
+        if bm % wm or bn % wn or wm % 16 or wn % 16:
+            raise ValueError(f"{self}: warps tile the block (BM % WM == BN % WN == 0) in 16 x 16 steps")
+        if bk not in (32, 64) or bn not in (64, 128, 256):
+            raise ValueError(f"{self}: BK is 32 or 64 and BN 64, 128 or 256 (the swizzles' row widths)")
+        if stages < 2:
+            raise ValueError(f"{self}: the pipeline needs at least 2 stages")
+        if (bm * bk // CHUNK) % self.threads or (bk * bn // CHUNK) % self.threads:
+            raise ValueError(f"{self}: the 16-byte chunks of a stage do not divide among {self.threads} threads")
 
-    acc = [[mg.mma.zeros(atom) for _ in mg.static_range(WN // 8)] for _ in mg.static_range(WM // 16)]
-    # Where this lane's ldmatrix rows start: lanes 8j..8j+7 address matrix j,
-    # which sits at block (j % 2, j // 2) of the 16 x 16 tile it loads.
-    a_row, a_col = lane % 8 + lane // 8 % 2 * 8, lane // 16 * 8
-    b_row, b_col = lane % 8 + lane // 16 * 8, lane // 8 % 2 * 8
-    # Iteration t loads step t (into stage t % STAGES) and computes step
-    # t - (STAGES - 1): the first STAGES - 1 iterations only load.
-    for t in range(steps + STAGES - 1):
-        # Step t - (STAGES - 1)'s group has landed (this thread's copies) and,
-        # after the barrier, every thread's; all are done with step t - STAGES,
-        # whose stage step t takes.
+    def __repr__(self):
+        return (f"Config(BM={self.bm}, BN={self.bn}, BK={self.bk}, WM={self.wm}, WN={self.wn}, "
+                f"stages={self.stages})")
+
+    @property
+    def warps(self):
+        return (self.bm // self.wm) * (self.bn // self.wn)
+
+    @property
+    def threads(self):
+        return self.warps * 32
+
+    @property
+    def stage_elements(self):
+        return (self.bm + self.bn) * self.bk
+
+    def shared_bytes(self, itemsize=2):
+        return self.stages * self.stage_elements * itemsize
+
+    @property
+    def name(self):
+        return f"{self.bm}x{self.bn}x{self.bk}, {self.warps} warps of {self.wm}x{self.wn}, {self.stages} stages"
+
+
+# The default first: 8 warps of 64 x 64 (the most mma.sync per byte of shared memory read that the
+# registers allow: 128 accumulators and 64 fragment registers a thread) and 4 stages of BK = 32 (96 KB).
+# Then fewer barriers per mma (BK = 64: CUTLASS's usual 3 stages, and 4 stages, 192 KB, more than an
+# A100's 163 KB a block: H100 only), a deeper pipeline of BK = 32, the transposed block, and blocks of 4
+# warps (two blocks to an SM).
+CONFIGS = [Config(128, 256, 32, 64, 64, 4), Config(128, 256, 64, 64, 64, 3), Config(128, 256, 64, 64, 64, 4),
+           Config(128, 256, 32, 64, 64, 6), Config(256, 128, 32, 64, 64, 4), Config(256, 128, 64, 64, 64, 3),
+           Config(128, 128, 32, 64, 64, 4), Config(128, 128, 64, 64, 64, 3)]
+
+
+def swizzle_for(row_elements):
+    """The swizzle of a row-major shared tile whose rows are `row_elements`
+    16-bit elements, chosen so that the 8 rows an ldmatrix reads at one
+    16-byte column, and 8 consecutive 16-byte chunks (the cp.async stores of
+    8 lanes, which shared memory serves together), fall in 8 different
+    groups of 4 banks. Shared memory has 32 banks of 4 bytes: a 128-byte
+    line is 8 chunks. The swizzle XORs row bits into the 3 chunk bits of the
+    element index (bits 3-5), leaving the 8 elements of a chunk together:
+    - rows of 128 bytes or more (64, 128, 256 elements): 3 row bits
+      (Swizzle(3, 3, s), s = log2(row_elements) - 3), so 8 consecutive rows
+      at one column land in 8 different chunks of their lines;
+    - rows of 64 bytes (32 elements, two to a line): rows 2r and 2r + 1 share
+      a line, so row bits 1-2 go into chunk bits 0-1 (Swizzle(2, 3, 3)) and
+      8 consecutive rows cover the line's two halves x 4 chunks."""
+    if row_elements == 32:
+        return Swizzle(2, 3, 3)
+    shift = row_elements.bit_length() - 1 - 3
+    return Swizzle(3, 3, shift)
+
+
+def _copy(tile, row, col, source, columns, r, c, ok):
+    """The 8 elements of `source` (`columns` wide) from (r, c) into the shared
+    `tile` at (row, col); zeros where `ok` is false or past the last column."""
+    if columns % CHUNK == 0:  # 16-byte aligned rows: one cp.async, whole chunks in or out
+        ok = ok & (c < columns)
+        mg.mma.cp_async(tile, (row, col), source, (mg.select(ok, r, 0), mg.select(ok, c, 0)), 16, ok)
+    else:
+        for e in range(CHUNK):
+            e_ok = ok & (c + e < columns)
+            value = source[mg.select(e_ok, r, 0), mg.select(e_ok, c + e, 0)]
+            tile[row, col + e] = mg.select(e_ok, value, mg.cast(0.0, source.dtype))
+
+
+def build(config):
+    """The kernel of `config`, generic over M, K, N, the inputs' dtype T and C's dtype OUT."""
+    BM, BN, BK, WM, WN, STAGES = config.bm, config.bn, config.bk, config.wm, config.wn, config.stages
+    THREADS, WARPS_M, STAGE = config.threads, BM // WM, config.stage_elements
+    # Swizzled shared tiles: (row, col) -> element index in a stage's A or B part.
+    A_TILE = composition(swizzle_for(BK), row_major((BM, BK)))
+    B_TILE = composition(swizzle_for(BN), row_major((BK, BN)))
+    SLICES = BK // 16  # the 16-wide slices of K a step's mmas take, one after the other
+    # This thread's 16-byte chunks of a stage, as ("a" or "b", i): chunk tid + i * THREADS of that tile;
+    # SHARE[kk]: those issued before the mmas of slice kk, spread evenly over the step.
+    COPIES = ([("a", i) for i in range(BM * BK // CHUNK // THREADS)] +
+              [("b", i) for i in range(BK * BN // CHUNK // THREADS)])
+    SHARE = [COPIES[len(COPIES) * kk // SLICES:len(COPIES) * (kk + 1) // SLICES] for kk in range(SLICES)]
+    M, K, N, T, OUT = mg.generics("M K N T OUT")
+
+    class Block:
+        """One block's view of the problem, for the kernel's copies and
+        fragment loads: the operands and their sizes, the shared tiles (A's
+        and B's of stage 0; stage s is `at` s * STAGE elements), the corner
+        (bm, bn) of its tile of C, and this thread's place in it."""
+
+        def __init__(self, A, B, smem, bm, bn, tid):
+            self.A, self.B, self.bm, self.bn, self.tid = A, B, bm, bn, tid
+            (self.m, self.k), self.n = A.shape, B.shape[1]
+            self.tiles = (mg.mma.tile(smem, A_TILE), mg.mma.tile(smem, B_TILE).at(BM * BK))
+            self.lane, warp = tid % 32, tid // 32
+            self.wm, self.wn = warp % WARPS_M * WM, warp // WARPS_M * WN
+
+        def copy(self, which, i, step, at):
+            """Chunk i of this thread's share of A's (`which` "a") or B's
+            tile of `step` into the stage at `at`; past K, zeros."""
+            chunk, live = self.tid + i * THREADS, step < (self.k + BK - 1) // BK
+            if which == "a":
+                row, col = chunk // (BK // CHUNK), chunk % (BK // CHUNK) * CHUNK
+                r, c = self.bm + row, step * BK + col
+                _copy(self.tiles[0].at(at), row, col, self.A, self.k, r, c, live & (r < self.m))
+            else:
+                row, col = chunk // (BN // CHUNK), chunk % (BN // CHUNK) * CHUNK
+                r, c = step * BK + row, self.bn + col
+                _copy(self.tiles[1].at(at), row, col, self.B, self.n, r, c, live & (r < self.k))
+
+        def fragments(self, at, kk):
+            """This warp's A fragments (WM / 16 of them) and B fragments
+            (WN / 8) of slice kk of the stage at `at`. Lanes 8j .. 8j+7
+            address the rows of matrix j, which sits at block (j % 2, j // 2)
+            of the 16 x 16 tile an ldmatrix .x4 loads.
+
+            The swizzles read only bits 0-2 of a row: 16 rows further is 16
+            rows of elements further, so the A tiles below one another, and
+            B's slices of K, are a constant offset (an immediate of the
+            ldmatrix address) from one address computed per slice (A) or per
+            16 columns (B)."""
+            lane = self.lane
+            a_row, a_col = lane % 8 + lane // 8 % 2 * 8, lane // 16 * 8
+            b_row, b_col = lane % 8 + lane // 16 * 8, lane // 8 % 2 * 8
+            a = [mg.mma.ldmatrix(self.tiles[0].at(at + mi * 16 * BK), (self.wm + a_row, kk * 16 + a_col), 4)
+                 for mi in range(WM // 16)]
+            b = []
+            for nj in range(WN // 16):
+                pair = mg.mma.ldmatrix(self.tiles[1].at(at + kk * 16 * BN), (b_row, self.wn + nj * 16 + b_col), 4,
+                                       transpose=True)
+                b += [pair.select(0, 1, 4, 5), pair.select(2, 3, 6, 7)]
+            return a, b
+
+    @mg.kernel(generics=(M, K, N, T, OUT), max_threads=THREADS)
+    def ampere_gemm(A: mg.memref[M, K, T], B: mg.memref[K, N, T], C: mg.memref[M, N, OUT]):
+        (m, k), n = A.shape, B.shape[1]
+        atom = mg.mma.M16N8K16_F16 if A.dtype == mg.f16 else mg.mma.M16N8K16_BF16
+        # Blocks go down GROUP_M tile rows before the next tile column, so that
+        # the tiles of A and B a group shares are still in L2 when it reads them.
+        tiles_m, tiles_n = (m + BM - 1) // BM, (n + BN - 1) // BN
+        pid = block_idx.y * tiles_n + block_idx.x
+        first_m = pid // (GROUP_M * tiles_n) * GROUP_M
+        height = min(tiles_m - first_m, GROUP_M)
+        bm = (first_m + pid % (GROUP_M * tiles_n) % height) * BM
+        bn = pid % (GROUP_M * tiles_n) // height * BN
+        block = Block(A, B, mg.shared.dynamic(A.dtype), bm, bn, thread_idx.x)
+        steps = (k + BK - 1) // BK
+
+        # Steps 0 .. STAGES - 2 into stages 0 .. STAGES - 2, a group each.
+        for s in mg.static_range(STAGES - 1):
+            for which, i in COPIES:
+                block.copy(which, i, s, s * STAGE)
+            mg.mma.commit_group()
+        # Step 0 has landed: this thread's copies, and every thread's after the barrier.
         mg.mma.wait_group(STAGES - 2)
         mg.syncthreads()
-        a_stage = mg.mma.tile(As, A_TILE).at(t % STAGES * (BM * BK))
-        b_stage = mg.mma.tile(Bs, B_TILE).at(t % STAGES * (BK * BN))
-        for row, col in a_chunks:
-            r, k, ok = bm + row, t * BK + col, (t < steps) & (bm + row < M)
-            if K % CHUNK == 0:  # whole chunks: in or out
-                ok = ok & (k < K)
-                mg.mma.cp_async(a_stage, (row, col), A, (mg.select(ok, r, 0), mg.select(ok, k, 0)), 16, ok)
-            else:
-                for e in mg.static_range(CHUNK):
-                    e_ok = ok & (k + e < K)
-                    a_stage[row, col + e] = mg.select(e_ok, A[mg.select(e_ok, r, 0), mg.select(e_ok, k + e, 0)],
-                                                      zero)
-        for row, col in b_chunks:
-            k, c, ok = t * BK + row, bn + col, (t < steps) & (t * BK + row < K)
-            if N % CHUNK == 0:
-                ok = ok & (c < N)
-                mg.mma.cp_async(b_stage, (row, col), B, (mg.select(ok, k, 0), mg.select(ok, c, 0)), 16, ok)
-            else:
-                for e in mg.static_range(CHUNK):
-                    e_ok = ok & (c + e < N)
-                    b_stage[row, col + e] = mg.select(e_ok, B[mg.select(e_ok, k, 0), mg.select(e_ok, c + e, 0)],
-                                                      zero)
-        mg.mma.commit_group()
+        a, b = block.fragments(0, 0)
 
-        if t >= STAGES - 1:
-            a_tile = mg.mma.tile(As, A_TILE).at((t + 1) % STAGES * (BM * BK))  # step t - (STAGES - 1)
-            b_tile = mg.mma.tile(Bs, B_TILE).at((t + 1) % STAGES * (BK * BN))
-            for kk in mg.static_range(0, BK, 16):
-                a = [mg.mma.ldmatrix(a_tile, (wm + mi * 16 + a_row, kk + a_col), 4)
-                     for mi in mg.static_range(WM // 16)]
-                b = []
-                for nj in mg.static_range(WN // 16):
-                    pair = mg.mma.ldmatrix(b_tile, (kk + b_row, wn + nj * 16 + b_col), 4, transpose=True)
-                    b += [pair.select(0, 1, 4, 5), pair.select(2, 3, 6, 7)]
+        acc = [[mg.mma.zeros(atom) for _ in mg.static_range(WN // 8)] for _ in mg.static_range(WM // 16)]
+        # Step t computes on stage t % STAGES and copies step t + STAGES - 1
+        # into stage (t - 1) % STAGES, which every warp finished reading
+        # before the barrier of step t - 1.
+        for t in range(steps):
+            here = t % STAGES * STAGE
+            free = (t + STAGES - 1) % STAGES * STAGE
+            for kk in mg.static_range(SLICES):
+                for which, i in SHARE[kk]:
+                    block.copy(which, i, t + STAGES - 1, free)
+                if kk == SLICES - 1:
+                    # Step t + 1 has landed and every warp has read all of step
+                    # t's fragments: the next ones are slice 0 of step t + 1.
+                    mg.mma.commit_group()
+                    mg.mma.wait_group(STAGES - 2)
+                    mg.syncthreads()
+                    next_a, next_b = block.fragments((t + 1) % STAGES * STAGE, 0)
+                else:
+                    next_a, next_b = block.fragments(here, kk + 1)
                 for mi in mg.static_range(WM // 16):
                     for ni in mg.static_range(WN // 8):
                         acc[mi][ni] = mg.mma.sync(atom, a[mi], b[ni], acc[mi][ni])
-    mg.mma.wait_group(0)
+                a, b = next_a, next_b
+        mg.mma.wait_group(0)
 
-    for v in mg.static_range(4):
-        r, c = mg.mma.coordinate(atom, "c", v)
         for mi in mg.static_range(WM // 16):
             for ni in mg.static_range(WN // 8):
-                row, col = bm + wm + mi * 16 + r, bn + wn + ni * 8 + c
-                if (row < M) & (col < N):
-                    C[row, col] = mg.cast(acc[mi][ni][v], OUT)
+                for v in mg.static_range(0, 4, 2):
+                    # Values v and v + 1 are columns c and c + 1 of one row.
+                    r, c = mg.mma.coordinate(atom, "c", v)
+                    row, col = bm + block.wm + mi * 16 + r, bn + block.wn + ni * 8 + c
+                    if n % 2 == 0:  # c is even: both columns are in, or neither
+                        if (row < m) & (col < n):
+                            mg.vstore(C, (row, col), (mg.cast(acc[mi][ni][v], C.dtype),
+                                                      mg.cast(acc[mi][ni][v + 1], C.dtype)))
+                    else:
+                        if (row < m) & (col < n):
+                            C[row, col] = mg.cast(acc[mi][ni][v], C.dtype)
+                        if (row < m) & (col + 1 < n):
+                            C[row, col + 1] = mg.cast(acc[mi][ni][v + 1], C.dtype)
+
+    return ampere_gemm
 
 
-def grid(m, n):
-    return ((n + BN - 1) // BN, (m + BM - 1) // BM)
+_KERNELS = {}
 
 
-def launch(A, B, C, stream=None):
-    """C = A @ B on the current backend (A, B and C arrays of its kind)."""
+def kernel_for(config):
+    """The kernel of `config`, built once."""
+    key = repr(config)
+    if key not in _KERNELS:
+        _KERNELS[key] = build(config)
+    return _KERNELS[key]
+
+
+def grid(m, n, config=None):
+    config = config or CONFIGS[0]
+    return ((n + config.bn - 1) // config.bn, (m + config.bm - 1) // config.bm)
+
+
+def launch(A, B, C, config=None, stream=None):
+    """C = A @ B on the current backend (A, B and C arrays of its kind) with
+    `config` (CONFIGS[0] by default)."""
+    config = config or CONFIGS[0]
     (m, k), (k2, n) = A.shape, B.shape
     if k2 != k or tuple(C.shape) != (m, n):
         raise ValueError(f"shapes do not multiply: A {A.shape} @ B {B.shape} -> C {C.shape}")
-    kernel(A, B, C, grid=grid(m, n), block=THREADS, **({"stream": stream} if stream is not None else {}))
+    kernel_for(config)(A, B, C, grid=grid(m, n, config), block=config.threads,
+                       shared_mem=config.shared_bytes(A.dtype.itemsize),
+                       **({"stream": stream} if stream is not None else {}))
 
 
 def operands(m, k, n, dtype, seed=0):
@@ -177,20 +321,22 @@ def main(argv=None):
     parser.add_argument("sizes", nargs="*", type=int, default=[300, 200, 260], help="M K N")
     parser.add_argument("--dtype", default="f16", choices=["f16", "bf16"])
     parser.add_argument("--out", default="f32", choices=["f16", "bf16", "f32"])
+    parser.add_argument("--config", type=int, default=0, choices=range(len(CONFIGS)),
+                        help="which of CONFIGS (default 0: " + CONFIGS[0].name + ")")
     args = parser.parse_args(argv)
     m, k, n = args.sizes
-    dtype, out_dtype = mg.dtype(args.dtype), mg.dtype(args.out)
+    dtype, out_dtype, config = mg.dtype(args.dtype), mg.dtype(args.out), CONFIGS[args.config]
     A, B = operands(m, k, n, dtype)
     if mg.backend() == "cpu":  # NumPy arrays as they are (host DeviceArrays of bf16 have no NumPy view)
         C = np.zeros((m, n), out_dtype.numpy)
-        launch(A, B, C)
+        launch(A, B, C, config)
     else:
         C = mg.zeros((m, n), out_dtype)
-        launch(mg.to_device(A), mg.to_device(B), C)
+        launch(mg.to_device(A), mg.to_device(B), C, config)
         C = C.get()
     expected = reference(A, B)
     ok = within_tolerance(C, expected, k, out_dtype)
-    print(f"{m}x{k}x{n} {args.dtype} -> {args.out} on {mg.backend()}: max |error| "
+    print(f"{m}x{k}x{n} {args.dtype} -> {args.out} with {config.name} on {mg.backend()}: max |error| "
           f"{np.abs(C.astype(np.float64) - expected).max():.3g}, {'correct' if ok else 'WRONG'}")
     return 0 if ok else 1
 

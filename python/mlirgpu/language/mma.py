@@ -324,9 +324,10 @@ def tile(memref, layout):
     if not isinstance(layout, (Layout, ComposedLayout)):
         raise CompileError(f"mg.mma.tile takes a Layout or a swizzled ComposedLayout, not {layout!r}")
     cosize = _cosize(layout)
-    if memref.shape[0] is not None and cosize > memref.shape[0]:
+    length = memref.extents[0]  # None for dynamic shared memory, whose length is the launch's
+    if length is not None and cosize > length:
         raise CompileError(f"the layout {layout} reaches index {cosize - 1}, past the memref's "
-                           f"{memref.shape[0]} elements")
+                           f"{length} elements")
     return Tile(memref, layout)
 
 

@@ -379,13 +379,24 @@ class Target:
         deduce the PTX types of bf16 operands. Inputs go as the op wants
         them: f16 pairs as vector<2xf16>, bf16 pairs and tf32 values as i32."""
         from .mma import registers
-        if kind == "f16":
-            pair = ir.Type.vector([2], ir.Type.f16())
-            a_regs, b_regs = ([lang.emit("vector.from_elements", [x[i], x[i + 1]], [pair]).result
-                               for i in range(0, len(x), 2)] for x in (a, b))
+        if kind == "tf32":
+            a_regs, b_regs = registers(a, lang.f32), registers(b, lang.f32)
         else:
-            dtype = lang.f32 if kind == "tf32" else lang.bf16
-            a_regs, b_regs = registers(a, dtype), registers(b, dtype)
+            # Pairs as 2-vectors (bf16's then bitcast to i32): PTX moves the two
+            # halves into one register (`mov.b32 %r, {%h, %h}`), which ptxas
+            # elides where they came out of one register (an ldmatrix's, or one
+            # carried through a loop), where shifts and ors would be computed.
+            element = ir.Type.f16() if kind == "f16" else ir.Type.bf16()
+            pair = ir.Type.vector([2], element)
+
+            def packed(x, i):
+                vector = lang.emit("vector.from_elements", [x[i], x[i + 1]], [pair]).result
+                if kind == "f16":
+                    return vector
+                word = lang.emit("vector.bitcast", [vector], [ir.Type.vector([1], ir.Type.integer(32))]).result
+                return lang.emit("vector.extract", [word], [ir.Type.integer(32)], {
+                    "static_position": ir.Attribute.dense_i64_array([0])}).result
+            a_regs, b_regs = ([packed(x, i) for i in range(0, len(x), 2)] for x in (a, b))
         k = 8 if kind == "tf32" else 16
         attributes = {
             "shape": ir.Attribute.parse(f"#nvvm.shape<m = 16, n = 8, k = {k}>"),
