@@ -1,6 +1,7 @@
 """The package's shape: its layers import downward only, and `mlirgpu`
 shows exactly its public API."""
 import ast
+import importlib
 import inspect
 from pathlib import Path
 
@@ -163,3 +164,24 @@ def test_an_extension_that_cannot_load_fails_the_first_use():
         except ImportError:
             print("first use: ImportError")
     """, "first use: ImportError")
+
+
+def test_what_type_checkers_read_is_what_the_first_use_gives():
+    """The TYPE_CHECKING imports of __init__.py (what editors and type
+    checkers read) name every public name, each as the object it is at run time."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", "") ==
+                 "TYPE_CHECKING")
+    read = {}
+    for node in block.body:
+        for alias in node.names:
+            if node.module is None:     # `from . import cuda`: the submodule itself, not mlirgpu's __getattr__
+                read[alias.name] = importlib.import_module(f"mlirgpu.{alias.name}")
+                continue
+            module = importlib.import_module(f"mlirgpu.{node.module}")
+            value = getattr(module, alias.name, None)
+            read[alias.name] = value if value is not None else importlib.import_module(
+                f"{module.__name__}.{alias.name}")
+    assert set(read) | {"__version__"} == set(mg.__all__)
+    for name, value in read.items():
+        assert getattr(mg, name) is value, name

@@ -18,6 +18,31 @@ tool that imports it for one function, does not pay for the rest.
 """
 from ._version import __version__
 
+# Type checkers and editors read the names from these imports (they take any
+# TYPE_CHECKING as true); at run time __getattr__ below makes each of them.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from . import cuda, ir, layout
+    from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event, InvalidObjectError,
+                           KernelError, LaunchError, MLIRError, Stream, TensorMap, bf16, bool_, dtype, f16, f32,
+                           f64, i8, i16, i32, i64, index, u8, u16, u32, u64)
+    from .compiler import Compilation, Target, compile_cubin, compile_ptx
+    from .compiler.cache import cache_clear, cache_info
+    from .frontend import func
+    from .ir import passes
+    from .language import (atomic, block, block_dim, block_idx, cast, constant, generics, grid_dim, load, math,
+                           mbarrier, memref, mma, printf, range_, select, shared, static_range, store,
+                           syncthreads, thread_idx, threadfence, threadfence_block, threadfence_system, tma,
+                           vload, vstore, warp, warpgroup, wgmma)
+    from .runtime import cpu
+    from .runtime.autotune import Autotuner, autotune
+    from .runtime.backend import asarray, backend, empty, set_backend, to_device, zeros
+    from .runtime.host_program import HostProgram
+    from .runtime.kernel import Kernel, Specialization, kernel
+    from .runtime.streams import Graph, graph, pinned_empty, pinned_zeros
+    from .runtime.tensormap import tensor_map
+    from .runtime.vectorize import vectorize
+
 _EXTENSION = ("CompileError", "CudaError", "DeviceArray", "DType", "Error", "Event", "InvalidObjectError",
               "KernelError", "LaunchError", "MLIRError", "Stream", "TensorMap", "bf16", "bool_", "dtype", "f16",
               "f32", "f64", "i8", "i16", "i32", "i64", "index", "u8", "u16", "u32", "u64")
