@@ -128,7 +128,7 @@ static int add_errors(PyObject *module, mg_state *st)
 static int append_object(struct dl_phdr_info *info, size_t size, void *list)
 {
     if (info->dlpi_name == NULL || info->dlpi_name[0] == '\0')
-        return 0;   /* the executable itself, or the vDSO */
+        return 0;   /* the executable itself */
     PyObject *name = PyUnicode_DecodeFSDefault(info->dlpi_name);
     int failed = name == NULL || PyList_Append(list, name) < 0;
     Py_XDECREF(name);
