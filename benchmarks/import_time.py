@@ -1,5 +1,5 @@
-"""`import mlirgpu` in a new process, beside `import numpy` (which mlirgpu
-imports first) and, where installed, the GPU libraries users import with it.
+"""`import mlirgpu` in a new process, beside `import numpy` and, where
+installed, the GPU libraries users import with it.
 
     python benchmarks/import_time.py [--repeats R] [--mlirgpu DIR ...]
 
@@ -9,6 +9,11 @@ take turns, so a machine that slows down mid-run slows every row alike.
 --mlirgpu DIR (repeatable) adds a row for the mlirgpu package found in DIR
 (a directory holding mlirgpu/, e.g. two builds side by side); without it the
 row is the mlirgpu this interpreter imports.
+
+`import mlirgpu` loads each public name's layer, and the C extension with
+MLIR and LLVM inside, at the name's first use; the row "mlirgpu, every
+public name" adds what touching all of them costs, the most a program can
+pay on top of the import.
 """
 import argparse
 import os
@@ -16,7 +21,8 @@ import statistics
 import subprocess
 import sys
 
-PROBE = "import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
+PROBE = "import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
+EVERY_NAME = "import mlirgpu; [getattr(mlirgpu, name) for name in mlirgpu.__all__]"
 PEERS = ("triton", "cupy", "torch")
 
 
@@ -31,20 +37,21 @@ def main():
                         help="a directory holding an mlirgpu package to time (repeatable)")
     args = parser.parse_args()
 
-    rows = [("numpy", "numpy", None)]
-    if args.mlirgpu:
-        rows += [(f"mlirgpu ({path})", "mlirgpu", os.path.abspath(path)) for path in args.mlirgpu]
-    else:
-        rows.append(("mlirgpu", "mlirgpu", None))
-    rows += [(peer, peer, None) for peer in PEERS if importable(peer)]
+    rows = [("numpy", "import numpy", None)]
+    for path in args.mlirgpu or [None]:
+        where = f" ({path})" if path else ""
+        path = os.path.abspath(path) if path else None
+        rows += [(f"mlirgpu{where}", "import mlirgpu", path),
+                 (f"mlirgpu, every public name{where}", EVERY_NAME, path)]
+    rows += [(peer, f"import {peer}", None) for peer in PEERS if importable(peer)]
 
     times = {label: [] for label, _, _ in rows}
     for _ in range(args.repeats):
-        for label, module, path in rows:
+        for label, statement, path in rows:
             env = dict(os.environ)
             if path is not None:
                 env["PYTHONPATH"] = os.pathsep.join(filter(None, [path, env.get("PYTHONPATH")]))
-            out = subprocess.run([sys.executable, "-c", PROBE.format(module=module)], env=env,
+            out = subprocess.run([sys.executable, "-c", PROBE.format(statement=statement)], env=env,
                                  capture_output=True, text=True, check=True).stdout
             times[label].append(float(out) * 1e3)
 

@@ -3213,7 +3213,6 @@ int mg_ir_init(PyObject *module)
         return -1;
     if (PyModule_AddIntConstant(module, "DYNAMIC", (long)mlirShapedTypeGetDynamicSize()) < 0)
         return -1;
-    mlirRegisterAllPasses();
     LLVMInstallFatalErrorHandler(fatal_error_handler);
     return 0;
 }

@@ -1,6 +1,7 @@
 /* mlirgpu._mlirgpu: module init. Each area (ir, pipeline, driver, graph, array,
  * dispatch, cpu, engine) adds its own types and functions through its
  * mg_*_init hook, called here in dependency order. */
+#define _GNU_SOURCE /* dl_iterate_phdr */
 #include "module.h"
 #include "cpu.h"
 #include "engine.h"
@@ -8,6 +9,7 @@
 #include "graph.h"
 
 #include <llvm/Config/llvm-config.h>
+#include <link.h>
 #include <string.h>
 
 #define MG_NUMPY_IMPORT /* this file defines the table */
@@ -123,6 +125,37 @@ static int add_errors(PyObject *module, mg_state *st)
     return 0;
 }
 
+static int append_object(struct dl_phdr_info *info, size_t size, void *list)
+{
+    if (info->dlpi_name == NULL || info->dlpi_name[0] == '\0')
+        return 0;   /* the executable itself */
+    PyObject *name = PyUnicode_DecodeFSDefault(info->dlpi_name);
+    int failed = name == NULL || PyList_Append(list, name) < 0;
+    Py_XDECREF(name);
+    return failed ? -1 : 0;
+}
+
+/* The paths of the shared objects loaded in the process, from the loader's
+ * own list: the compile cache finds libMLIR and libLLVM there, where reading
+ * /proc/self/maps would cost a process with a CUDA context milliseconds. */
+static PyObject *shared_objects(PyObject *module, PyObject *unused)
+{
+    PyObject *list = PyList_New(0);
+    if (list == NULL)
+        return NULL;
+    if (dl_iterate_phdr(append_object, list) != 0) {
+        Py_DECREF(list);
+        return NULL;
+    }
+    return list;
+}
+
+static PyMethodDef module_functions[] = {
+    {"shared_objects", shared_objects, METH_NOARGS,
+     "shared_objects(): the paths of the shared libraries loaded in the process."},
+    {NULL, NULL, 0, NULL},
+};
+
 static int module_exec(PyObject *module)
 {
     if (mg_st != NULL) {
@@ -187,6 +220,7 @@ static struct PyModuleDef module_def = {
     .m_name = "mlirgpu._mlirgpu",
     .m_doc = "C core of mlirgpu: MLIR IR, the NVVM pipeline, the CUDA driver, device arrays.",
     .m_size = sizeof(mg_state),
+    .m_methods = module_functions,
     .m_slots = module_slots,
     .m_traverse = module_traverse,
     .m_clear = module_clear,

@@ -6,6 +6,7 @@
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/Dialect/GPU.h>
 #include <mlir-c/Pass.h>
+#include <mlir-c/RegisterEverything.h>
 #include <llvm-c/BitReader.h>
 #include <llvm-c/Core.h>
 
@@ -192,6 +193,20 @@ static PyObject *crashed_pass(PyObject *printed)
     return stripped;
 }
 
+/* MLIR's pass registry is filled when the first pipeline is parsed, not at
+ * import: registering every pass costs a new process a millisecond that
+ * importing mlirgpu or loading a kernel from the compile cache never needs.
+ * Called with the GIL held, which makes the check and the registration one
+ * step; no pipeline is parsed before it returns. */
+static void register_passes_once(void)
+{
+    static int registered = 0;
+    if (!registered) {
+        mlirRegisterAllPasses();
+        registered = 1;
+    }
+}
+
 /* Runs the pipeline on `target`, with `extra` (owned, may be NULL) added last. */
 static PyObject *run_pipeline(mg_PassManager *self, PyObject *target, MlirPass (*extra)(void))
 {
@@ -219,6 +234,7 @@ static PyObject *run_pipeline(mg_PassManager *self, PyObject *target, MlirPass (
     }
     if (mg_ir_check_self_contained(op) < 0)
         goto done;
+    register_passes_once();
     MlirPassManager pm = mlirPassManagerCreateOnOperation(mctx, opname);
     mg_buf err = {0};
     /* A bad pass option is reported by LLVM's option parser on fd 2. */

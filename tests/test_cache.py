@@ -56,8 +56,8 @@ def messages(caplog):
     return [r.getMessage() for r in caplog.records if r.name == "mlirgpu"]
 
 
-def run_python(code, *args, **kwargs):
-    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+def run_python(code, *args, env=None, **kwargs):
+    env = dict(env if env is not None else os.environ, PYTHONPATH=PYTHON_DIR)
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
@@ -742,3 +742,77 @@ def test_the_key_holds_the_globals_a_kernel_loads_not_its_attribute_names():
     assert "SCALE" in values and "x" not in values      # `x` is an attribute here, not the array
     mg.cache_clear(memory=True, disk=False)
     assert scale[64].cache_key("sm_90a") is not None     # the 400 KB array never needs a fingerprint
+
+
+def test_globals_read_from_bytecode_are_those_dis_shows():
+    import dis
+    from mlirgpu.frontend.rewrite import code_objects
+    from mlirgpu.runtime.compiled import _loaded_globals
+
+    def shown(code):
+        return {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+
+    # More than 256 names: their loads need EXTENDED_ARG prefixes.
+    source = ("def many():\n" + "".join(f"    g{i}\n" for i in range(300)) +
+              "    return [g299 + x for x in g1 if ROWS]\n")
+    scope = {}
+    exec(compile(source, "many.py", "exec"), scope)
+    codes = [compile("\n".join(f"a{i} = b{i}.x" for i in range(300)), "module.py", "exec")]
+    for function in (scope["many"], fingerprint, CompileCache.get_or_compile, json.dumps, textwrap.dedent):
+        codes += code_objects(function.__code__)
+    for code in codes:
+        assert _loaded_globals(code) == shown(code), code.co_name
+    many = set().union(*map(_loaded_globals, code_objects(scope["many"].__code__)))
+    assert {"g0", "g299", "ROWS"} <= many and "x" not in many and "b299" in _loaded_globals(codes[0])
+
+
+KERNEL_FILE = """
+import mlirgpu as mg
+
+N = mg.generics("N")
+SCALE = {scale}
+
+
+@mg.kernel
+def scale(x: mg.memref[N, mg.f32]):
+    i = mg.thread_idx.x
+    if i < N:
+        x[i] = x[i] * SCALE{extra}
+"""
+
+KERNEL_CHILD = """
+    import hashlib, sys
+    sys.path.insert(0, sys.argv[1])
+    import mlirgpu as mg
+    from mlirgpu.runtime.compiled import CompiledModule
+    from mlirgpu.runtime.kernel import Specialization
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a disk hit traced or lowered the kernel")
+
+    if sys.argv[2] == "hit":
+        Specialization.trace = CompiledModule.compilation = refuse
+    import kern
+    image = kern.scale[64].image("sm_90a")
+    info = mg.cache_info()
+    print(info.disk_hits, info.compiles, hashlib.sha256(image).hexdigest()[:16])
+"""
+
+
+def test_a_new_process_loads_a_kernel_from_disk_without_tracing_and_misses_on_any_change(tmp_path):
+    (tmp_path / "cache").mkdir()
+    env = {"MLIRGPU_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run(expect, **file):
+        (tmp_path / "kern.py").write_text(KERNEL_FILE.format(**{"scale": 3, "extra": "", **file}))
+        out, err = run_python(KERNEL_CHILD, tmp_path, expect, env=dict(os.environ, **env)).communicate(timeout=120)
+        assert out.strip(), err
+        hits, compiles, image = out.split()
+        assert (int(hits), int(compiles)) == ((1, 0) if expect == "hit" else (0, 1)), (expect, file)
+        return image
+
+    first = run("compile")
+    assert run("hit") == first
+    assert run("compile", scale=4) != first              # a global the kernel loads
+    assert run("compile", extra=" + 1.0") != first       # its source
+    assert run("hit", extra=" + 1.0") != first

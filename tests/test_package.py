@@ -1,8 +1,12 @@
 """The package's shape: its layers import downward only, and `mlirgpu`
 shows exactly its public API."""
 import ast
+import importlib
 import inspect
 from pathlib import Path
+
+import pytest
+from checks import assert_isolated
 
 import mlirgpu as mg
 
@@ -94,3 +98,90 @@ def test_public_functions_have_real_signatures():
         parameters = inspect.signature(getattr(mg, name)).parameters
         assert not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters.values()), name
     assert list(inspect.signature(mg.empty).parameters) == ["shape", "dtype", "stream"]
+
+
+def test_import_loads_no_layer_until_a_name_is_used():
+    proc = assert_isolated("""
+        import sys
+        import mlirgpu as mg
+        print(sorted(m for m in sys.modules if m.startswith("mlirgpu")), "numpy" in sys.modules)
+        mg.kernel
+        print("used:", "mlirgpu.runtime.kernel" in sys.modules, "mlirgpu._mlirgpu" in sys.modules)
+    """, "used: True True")
+    assert proc.stdout.splitlines()[0] == "['mlirgpu', 'mlirgpu._version'] False"
+
+
+def test_public_names_are_their_layers_objects():
+    from mlirgpu import _mlirgpu, language, runtime
+    from mlirgpu.compiler import cache
+    from mlirgpu.ir import passes
+
+    assert mg.f32 is _mlirgpu.f32 and mg.CompileError is _mlirgpu.CompileError
+    assert mg.kernel is runtime.kernel.kernel and mg.cpu is runtime.cpu
+    assert mg.math is language.math and mg.thread_idx is language.thread_idx
+    assert mg.passes is passes and mg.cache_info is cache.cache_info
+
+
+def test_unknown_names_are_attribute_errors():
+    with pytest.raises(AttributeError, match="module 'mlirgpu' has no attribute 'kernels'"):
+        mg.kernels
+    assert not hasattr(mg, "runtime_") and getattr(mg, "nothing", None) is None
+
+
+def test_star_import_and_threads_resolve_every_name_in_a_new_process():
+    assert_isolated("""
+        import threading
+        import mlirgpu as mg
+        names = list(mg.__all__)
+        barrier = threading.Barrier(8)
+        found = {}
+
+        def use(part):
+            barrier.wait()
+            for name in part:
+                found[name] = getattr(mg, name)
+
+        threads = [threading.Thread(target=use, args=(names[i::8],)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        scope = {}
+        exec("from mlirgpu import *", scope)
+        assert all(scope[name] is found[name] for name in names), "star import differs"
+        print("resolved", len(found) == len(names))
+    """, "resolved True")
+
+
+def test_an_extension_that_cannot_load_fails_the_first_use():
+    assert_isolated("""
+        import sys
+        sys.modules["mlirgpu._mlirgpu"] = None   # as if the extension were missing
+        import mlirgpu as mg
+        print("imported", mg.__version__ == mg._version.__version__)
+        try:
+            mg.f32
+        except ImportError:
+            print("first use: ImportError")
+    """, "first use: ImportError")
+
+
+def test_what_type_checkers_read_is_what_the_first_use_gives():
+    """The TYPE_CHECKING imports of __init__.py (what editors and type
+    checkers read) name every public name, each as the object it is at run time."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", "") ==
+                 "TYPE_CHECKING")
+    read = {}
+    for node in block.body:
+        for alias in node.names:
+            if node.module is None:     # `from . import cuda`: the submodule itself, not mlirgpu's __getattr__
+                read[alias.name] = importlib.import_module(f"mlirgpu.{alias.name}")
+                continue
+            module = importlib.import_module(f"mlirgpu.{node.module}")
+            value = getattr(module, alias.name, None)
+            read[alias.name] = value if value is not None else importlib.import_module(
+                f"{module.__name__}.{alias.name}")
+    assert set(read) | {"__version__"} == set(mg.__all__)
+    for name, value in read.items():
+        assert getattr(mg, name) is value, name

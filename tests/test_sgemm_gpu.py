@@ -1,7 +1,14 @@
 """The first kernel end to end on the GPU: the naive SGEMM built through
-mlirgpu.ir, compiled to cubin, loaded and launched through the C runtime."""
+mlirgpu.ir, compiled to cubin, loaded and launched through the C runtime; and
+the @mg.kernel one launched from the disk cache in a new process."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
+from checks import PYTHON_DIR, TESTS_DIR
 from sgemm_ir import sgemm_naive
 
 import mlirgpu as mg
@@ -55,3 +62,39 @@ def test_events_time_the_kernel(kernel):
     end.synchronize()
     assert start.elapsed_time(end) > 0
     assert (dC.get() == 1.0).all()
+
+
+DISK_HIT_CHILD = """
+    import sys
+    import numpy as np
+    import mlirgpu as mg
+    from mlirgpu.runtime.compiled import CompiledModule
+    from mlirgpu.runtime.kernel import Specialization
+    from kernels_sgemm import sgemm_naive
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a disk hit traced or lowered the kernel")
+
+    if sys.argv[1] == "hit":
+        Specialization.trace = CompiledModule.compilation = refuse
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((256, 128), dtype=np.float32)
+    B = rng.standard_normal((128, 256), dtype=np.float32)
+    C = mg.zeros((256, 256), mg.f32)
+    sgemm_naive(mg.to_device(A), mg.to_device(B), C, grid=(16, 16), block=(16, 16))
+    expected = A.astype(np.float64) @ B.astype(np.float64) + 1.0
+    info = mg.cache_info()
+    print(info.disk_hits, info.compiles, bool(np.abs(C.get() - expected).max() < 1e-3))
+"""
+
+
+def test_a_new_process_launches_the_naive_sgemm_from_the_disk_cache_untraced(tmp_path):
+    env = dict(os.environ, MLIRGPU_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([PYTHON_DIR, TESTS_DIR]))
+    outputs = []
+    for expect in ("compile", "hit"):
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(DISK_HIT_CHILD), expect], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        outputs.append(done.stdout.split())
+    assert outputs == [["0", "1", "True"], ["1", "0", "True"]]

@@ -11,29 +11,84 @@ The package is layered; each layer imports only the ones above it here:
     compiler   MLIR to PTX and cubin, the CPU target's lowering, the compile cache
     runtime    backends, arrays, launches, vectorize, autotune, host programs
 
-Everything a user needs is exported here (see __all__).
+Everything a user needs is exported here (see __all__). `import mlirgpu`
+loads none of it: each name imports its layer (and the C extension) when it
+is first used, so a process that only imports mlirgpu, or a command-line
+tool that imports it for one function, does not pay for the rest.
 """
 from ._version import __version__
-from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event, InvalidObjectError,
-                       KernelError, LaunchError, MLIRError, Stream, TensorMap, bf16, bool_, dtype, f16, f32, f64,
-                       i8, i16, i32, i64, index, u8, u16, u32, u64)
-from . import cuda, ir, layout
-from .ir import passes
-from .language import (atomic, block, block_dim, block_idx, cast, constant, generics, grid, grid_dim, load, math,
-                       mbarrier, memref, mma, printf, range_, select, shared, static_range, store, syncthreads,
-                       thread_idx, threadfence, threadfence_block, threadfence_system, tma, vload, vstore, warp,
-                       warpgroup, wgmma)
-from .frontend import func
-from .compiler import Compilation, Target, compile_cubin, compile_ptx
-from .compiler.cache import cache_clear, cache_info
-from .runtime import cpu
-from .runtime.backend import asarray, backend, empty, set_backend, to_device, zeros
-from .runtime.streams import Graph, graph, pinned_empty, pinned_zeros
-from .runtime.kernel import Kernel, Specialization, kernel
-from .runtime.vectorize import vectorize
-from .runtime.autotune import Autotuner, autotune
-from .runtime.host_program import HostProgram
-from .runtime.tensormap import tensor_map
+
+# Type checkers and editors read the names from these imports (they take any
+# TYPE_CHECKING as true); at run time __getattr__ below makes each of them.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from . import cuda, ir, layout
+    from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event, InvalidObjectError,
+                           KernelError, LaunchError, MLIRError, Stream, TensorMap, bf16, bool_, dtype, f16, f32,
+                           f64, i8, i16, i32, i64, index, u8, u16, u32, u64)
+    from .compiler import Compilation, Target, compile_cubin, compile_ptx
+    from .compiler.cache import cache_clear, cache_info
+    from .frontend import func
+    from .ir import passes
+    from .language import (atomic, block, block_dim, block_idx, cast, constant, generics, grid, grid_dim, load,
+                           math,
+                           mbarrier, memref, mma, printf, range_, select, shared, static_range, store,
+                           syncthreads, thread_idx, threadfence, threadfence_block, threadfence_system, tma,
+                           vload, vstore, warp, warpgroup, wgmma)
+    from .runtime import cpu
+    from .runtime.autotune import Autotuner, autotune
+    from .runtime.backend import asarray, backend, empty, set_backend, to_device, zeros
+    from .runtime.host_program import HostProgram
+    from .runtime.kernel import Kernel, Specialization, kernel
+    from .runtime.streams import Graph, graph, pinned_empty, pinned_zeros
+    from .runtime.tensormap import tensor_map
+    from .runtime.vectorize import vectorize
+
+_EXTENSION = ("CompileError", "CudaError", "DeviceArray", "DType", "Error", "Event", "InvalidObjectError",
+              "KernelError", "LaunchError", "MLIRError", "Stream", "TensorMap", "bf16", "bool_", "dtype", "f16",
+              "f32", "f64", "i8", "i16", "i32", "i64", "index", "u8", "u16", "u32", "u64")
+_LANGUAGE = ("atomic", "block", "block_dim", "block_idx", "cast", "constant", "generics", "grid", "grid_dim",
+             "load", "math", "mbarrier", "memref", "mma", "printf", "range_", "select", "shared", "static_range", "store",
+             "syncthreads", "thread_idx", "threadfence", "threadfence_block", "threadfence_system", "tma",
+             "vload", "vstore", "warp", "warpgroup", "wgmma")
+
+# Where each public name lives: (module, attribute), attribute None for the module itself.
+_WHERE = {
+    **{name: ("._mlirgpu", name) for name in _EXTENSION},
+    **{name: (".language", name) for name in _LANGUAGE},
+    "cuda": (".cuda", None), "ir": (".ir", None), "layout": (".layout", None), "passes": (".ir.passes", None),
+    "func": (".frontend", "func"),
+    **{name: (".compiler", name) for name in ("Compilation", "Target", "compile_cubin", "compile_ptx")},
+    "cache_clear": (".compiler.cache", "cache_clear"), "cache_info": (".compiler.cache", "cache_info"),
+    "cpu": (".runtime.cpu", None),
+    **{name: (".runtime.backend", name) for name in ("asarray", "backend", "empty", "set_backend", "to_device",
+                                                       "zeros")},
+    **{name: (".runtime.streams", name) for name in ("Graph", "graph", "pinned_empty", "pinned_zeros")},
+    **{name: (".runtime.kernel", name) for name in ("Kernel", "Specialization", "kernel")},
+    "vectorize": (".runtime.vectorize", "vectorize"),
+    "Autotuner": (".runtime.autotune", "Autotuner"), "autotune": (".runtime.autotune", "autotune"),
+    "HostProgram": (".runtime.host_program", "HostProgram"),
+    "tensor_map": (".runtime.tensormap", "tensor_map"),
+}
+
+
+def __getattr__(name):
+    """A public name's first use (PEP 562): import its module, keep the value
+    here so that later uses are plain lookups. The import system's module
+    locks make concurrent first uses from several threads safe; a failure (an
+    extension that cannot load) is the ImportError of that import."""
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'mlirgpu' has no attribute {name!r}")
+    from importlib import import_module
+
+    module, attribute = where
+    value = import_module(module, __name__)
+    if attribute is not None:
+        value = getattr(value, attribute)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     # errors

@@ -19,14 +19,9 @@ __all__ = ["report", "main"]
 
 def _mlir_linking():
     """Where MLIR's code is: in the extension itself, or libMLIR.so."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rstrip("\n").split(maxsplit=5)[-1]
-                if os.path.basename(path).startswith("libMLIR.so"):
-                    return f"from {os.path.realpath(path)}"
-    except OSError:
-        pass
+    for path in _mlirgpu.shared_objects():
+        if os.path.basename(path).startswith("libMLIR.so"):
+            return f"from {os.path.realpath(path)}"
     return "linked into the extension"
 
 

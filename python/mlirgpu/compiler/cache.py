@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy
 
+from .. import _mlirgpu
 from .._mlirgpu import DType
 
 __all__ = ["CacheInfo", "CacheKey", "CompileCache", "cache_clear", "cache_info", "default_cache", "environment",
@@ -256,29 +257,34 @@ def _package_build():
     mlirgpu's Python sources and extension: __version__ stays put between
     development builds, the code that traces and lowers does not. (Stat, not
     contents, as Python's own .pyc check does: a new process reads this before
-    its first cache hit.)"""
-    root = Path(__file__).resolve().parent.parent  # the mlirgpu package
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        if path.suffix in (".py", ".so") and "__pycache__" not in path.parts and path.is_file():
-            stat = path.stat()
-            digest.update(f"{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-    return digest.hexdigest()[:16]
+    its first cache hit, so the walk is os.scandir's, without pathlib.)"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the mlirgpu package
+    files = []
+    folders = [""]
+    while folders:
+        folder = folders.pop()
+        with os.scandir(os.path.join(root, folder)) as entries:
+            for entry in entries:
+                name = os.path.join(folder, entry.name)
+                if entry.is_dir():
+                    if entry.name != "__pycache__":
+                        folders.append(name)
+                elif entry.name.endswith((".py", ".so")) and entry.is_file():
+                    stat = entry.stat()
+                    files.append(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\0")
+    return hashlib.sha256("".join(sorted(files)).encode()).hexdigest()[:16]
 
 
 def _mlir_version():
     """"22.1" from the libMLIR.so.* this process loaded, plus size and mtime
-    of libMLIR and libLLVM (a new snapshot of the same version changes them)."""
+    of libMLIR and libLLVM (a new snapshot of the same version changes them).
+    An extension with MLIR linked in statically loads neither: "22" and
+    "unknown", its own size and mtime being in mlirgpu_build already."""
     found = {}
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rstrip("\n").split(maxsplit=5)[-1]
-                for lib in ("libMLIR.so", "libLLVM.so"):
-                    if lib not in found and os.path.basename(path).startswith(lib):
-                        found[lib] = os.path.realpath(path)
-    except OSError:
-        pass
+    for path in _mlirgpu.shared_objects():
+        for lib in ("libMLIR.so", "libLLVM.so"):
+            if lib not in found and os.path.basename(path).startswith(lib):
+                found[lib] = os.path.realpath(path)
     version = "22"
     mlir = found.get("libMLIR.so", "")
     if os.path.basename(mlir).startswith("libMLIR.so."):

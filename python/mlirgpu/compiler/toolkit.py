@@ -14,7 +14,6 @@ ptxas on PATH.
 """
 import importlib.util
 import os
-import shutil
 from typing import NamedTuple
 
 from .. import _mlirgpu
@@ -54,6 +53,8 @@ def find():
         return _in(home, "CUDA_HOME")
     found = _in(_mlirgpu.CUDA_HOME, "toolkit") or _nvcc_wheel()
     if found is None:
+        import shutil  # here: with its archive formats it costs more to import than this whole layer
+
         ptxas = shutil.which("ptxas")
         if ptxas:
             ptxas = os.path.realpath(ptxas)

@@ -10,9 +10,10 @@ A subclass gives `name` (the kernel's symbol), `source_function` (the Python
 function it was traced from, which the cache key names), `gpu_module()`,
 `cache_fields()` and `function_params()`.
 """
-import dis
 import hashlib
 import linecache
+import opcode
+import sys
 import types
 
 from .. import cuda
@@ -58,8 +59,9 @@ def read_values(function):
     code = function.__code__
     # The globals its code loads: co_names also holds attribute names (the x of thread_idx.x), which
     # would drag an unrelated global of that name into the key.
-    names = {i.argval for c in code_objects(code) for i in dis.get_instructions(c)
-             if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    names = set()
+    for c in code_objects(code):
+        names |= _loaded_globals(c)
     values = {}
     for name in sorted(names):
         if name in function.__globals__:
@@ -69,6 +71,33 @@ def read_values(function):
     # mlirgpu's own names (mg.thread_idx, mg.constant, ...) change only
     # with mlirgpu, which the cache's entries record already.
     return {k: v for k, v in values.items() if not is_symbol(v) and not _is_mlirgpu_object(v)}
+
+
+_LOAD_GLOBAL, _LOAD_NAME = opcode.opmap["LOAD_GLOBAL"], opcode.opmap["LOAD_NAME"]
+# Since Python 3.11 LOAD_GLOBAL's low bit says whether a NULL is pushed too.
+_GLOBAL_SHIFT = 1 if sys.version_info >= (3, 11) else 0
+
+
+def _loaded_globals(code):
+    """The names `code` loads with LOAD_GLOBAL (co_names[arg >> 1], before
+    Python 3.11 co_names[arg]) or LOAD_NAME (co_names[arg]). The
+    instructions are read two bytes at a time, EXTENDED_ARG prefixes widening
+    the next argument and inline caches reading as CACHE, as dis documents
+    them: dis.get_instructions would cost a new process's first cache hit
+    more than the rest of the key."""
+    raw, names, found = code.co_code, code.co_names, set()
+    extended = 0
+    for at in range(0, len(raw), 2):
+        op, arg = raw[at], raw[at + 1] | extended
+        if op == opcode.EXTENDED_ARG:
+            extended = arg << 8
+            continue
+        extended = 0
+        if op == _LOAD_GLOBAL:
+            found.add(names[arg >> _GLOBAL_SHIFT])
+        elif op == _LOAD_NAME:
+            found.add(names[arg])
+    return found
 
 
 def _is_mlirgpu_object(value):
