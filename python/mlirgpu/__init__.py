@@ -48,8 +48,8 @@ _EXTENSION = ("CompileError", "CudaError", "DeviceArray", "DType", "Error", "Eve
               "KernelError", "LaunchError", "MLIRError", "Stream", "TensorMap", "bf16", "bool_", "dtype", "f16",
               "f32", "f64", "i8", "i16", "i32", "i64", "index", "u8", "u16", "u32", "u64")
 _LANGUAGE = ("atomic", "block", "block_dim", "block_idx", "cast", "constant", "generics", "grid", "grid_dim",
-             "load", "math", "mbarrier", "memref", "mma", "printf", "range_", "select", "shared", "static_range", "store",
-             "syncthreads", "thread_idx", "threadfence", "threadfence_block", "threadfence_system", "tma",
+             "load", "math", "mbarrier", "memref", "mma", "printf", "range_", "select", "shared", "static_range",
+             "store", "syncthreads", "thread_idx", "threadfence", "threadfence_block", "threadfence_system", "tma",
              "vload", "vstore", "warp", "warpgroup", "wgmma")
 
 # Where each public name lives: (module, attribute), attribute None for the module itself.
