@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 
+import numpy as np
 import pytest
 
 import mlirgpu as mg
@@ -761,3 +762,23 @@ def test_shared_outside_a_kernel():
         mg.shared.array(16, mg.f32)
     with pytest.raises(mg.CompileError, match="inside an @mg.kernel"):
         mg.syncthreads()
+
+
+def make_axpy():
+    # A kernel made inside a function (a factory, a test): its generic is a closure variable.
+    n = mg.generics("n")
+
+    @mg.kernel
+    def axpy(a: mg.f32, x: mg.memref[n, mg.f32], y: mg.memref[n, mg.f32]):
+        i = mg.block_idx.x * mg.block_dim.x + mg.thread_idx.x
+        if i < n:
+            y[i] = a * x[i] + y[i]
+    return axpy
+
+
+def test_generics_of_an_enclosing_function(backend):
+    axpy = make_axpy()
+    for size in (10, 300):
+        x, y = np.arange(size, dtype=np.float32), np.ones(size, np.float32)
+        axpy(2.0, x, y, grid=(size + 127) // 128, block=128)
+        np.testing.assert_array_equal(y, 2 * np.arange(size, dtype=np.float32) + 1)

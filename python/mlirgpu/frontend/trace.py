@@ -74,6 +74,9 @@ def tracing(function, rewritten, generic_values=None, *, target=None, module_sta
     code, free, generic_params, filename = rewritten
     generic_values = dict(generic_values or {})
     values = dict(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
+    # Generics read from the enclosing function (a kernel defined in a test or a factory) too.
+    values.update({name: generic_values[value.name] for name, value in values.items()
+                   if isinstance(value, Generic) and value.name in generic_values})
     values.update({p: generic_values[p] for p in generic_params if p in generic_values})
     for name in free:
         if name not in values:
