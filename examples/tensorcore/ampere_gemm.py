@@ -18,7 +18,7 @@ pipeline's depth); `CONFIGS` lists a few, the first the default:
 - K advances BK at a time through a pipeline of STAGES stages in dynamic
   shared memory (a stage: A's BM x BK tile, then B's BK x BN tile; the
   launch's shared_mem= gives the kernel STAGES x (BM + BN) x BK x 2 bytes,
-  96 KB for the default, past the 48 KB static arrays may hold): cp.async
+  64 KB for the default, past the 48 KB static arrays may hold): cp.async
   copies 16 bytes a thread from global memory into the stage STAGES - 1
   steps ahead while the warps compute on the current one. One wait_group and
   one barrier a step, before the warps read the next stage's first
@@ -95,14 +95,16 @@ class Config:
         return f"{self.bm}x{self.bn}x{self.bk}, {self.warps} warps of {self.wm}x{self.wn}, {self.stages} stages"
 
 
-# The default first: 8 warps of 64 x 64 (the most mma.sync per byte of shared memory read that the
-# registers allow: 128 accumulators and 64 fragment registers a thread) and 4 stages of BK = 32 (96 KB).
-# Then fewer barriers per mma (BK = 64: CUTLASS's usual 3 stages, and 4 stages, 192 KB, more than an
-# A100's 163 KB a block: H100 only), a deeper pipeline of BK = 32, the transposed block, and blocks of 4
-# warps (two blocks to an SM).
-CONFIGS = [Config(128, 256, 32, 64, 64, 4), Config(128, 256, 64, 64, 64, 3), Config(128, 256, 64, 64, 64, 4),
-           Config(128, 256, 32, 64, 64, 6), Config(256, 128, 32, 64, 64, 4), Config(256, 128, 64, 64, 64, 3),
-           Config(128, 128, 32, 64, 64, 4), Config(128, 128, 64, 64, 64, 3)]
+# In the order an H100 measured them at 8192^3 bf16 (benchmarks/gemm_tensorcore.py), the default
+# first: 4 warps of 64 x 64 on a 128 x 128 tile with 4 stages of BK = 32 (64 KB: two blocks to an SM,
+# which hide each other's barriers), then 8 warps on 128 x 256 or 256 x 128 tiles (the most mma.sync
+# per byte of shared memory read that the registers allow: 128 accumulators and 64 fragment registers
+# a thread) with BK = 64 (fewer barriers per mma; 4 stages of it, 192 KB, is more than an A100's
+# 163 KB a block: H100 only), and last the deeper pipelines of BK = 32. They were within 10% of each
+# other there.
+CONFIGS = [Config(128, 128, 32, 64, 64, 4), Config(128, 256, 64, 64, 64, 4), Config(256, 128, 64, 64, 64, 3),
+           Config(128, 256, 64, 64, 64, 3), Config(128, 128, 64, 64, 64, 3), Config(128, 256, 32, 64, 64, 4),
+           Config(256, 128, 32, 64, 64, 4), Config(128, 256, 32, 64, 64, 6)]
 
 
 def swizzle_for(row_elements):
