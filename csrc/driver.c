@@ -1176,7 +1176,24 @@ typedef struct {
      * barrier counter (mg.grid.sync()): the next such launch waits for it,
      * as they share the counter. Made on the first. */
     CUevent after_cooperative;
+    /* Whether the image may define the grid barrier's counter: only then is
+     * it looked up (a failed cuModuleGetGlobal is an error to
+     * compute-sanitizer and to API tracers, so modules without it skip it). */
+    int may_have_grid_barrier;
 } mg_module;
+
+/* Whether `data` names the grid barrier's counter: PTX and cubins hold the
+ * symbol's name as text; a fatbin's images may be compressed, so it may. */
+static int may_have_grid_barrier(const char *data, Py_ssize_t size)
+{
+    if (size >= 4 && memcmp(data, "\x50\xed\x55\xba", 4) == 0)
+        return 1;
+    const size_t length = sizeof MG_CU_GRID_BARRIER - 1;
+    for (const char *at = data; (at = memchr(at, '_', (size_t)(data + size - at))) != NULL; at++)
+        if ((size_t)(data + size - at) >= length && memcmp(at, MG_CU_GRID_BARRIER, length) == 0)
+            return 1;
+    return 0;
+}
 
 PyTypeObject *mg_cu_Module_type;
 
@@ -1239,6 +1256,7 @@ PyObject *mg_cu_module_load(PyObject *image)
     }
     self->handle = handle;
     self->device = mg_cu_tls_device;
+    self->may_have_grid_barrier = may_have_grid_barrier(data, size);
     self->info_log = info_log[0] ? PyUnicode_DecodeUTF8(info_log, strlen(info_log), "replace")
                                  : Py_NewRef(Py_None);
     if (self->info_log == NULL)
@@ -1626,7 +1644,7 @@ PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *param
     if (mg_cu_push(((mg_module *)module)->device, &pushed) < 0)
         goto error;
     CUresult r = mg_cu.cuModuleGetFunction(&self->handle, ((mg_module *)module)->handle, name);
-    if (r == CUDA_SUCCESS) {
+    if (r == CUDA_SUCCESS && ((mg_module *)module)->may_have_grid_barrier) {
         /* The grid barrier's counter: the kernel calls mg.grid.sync(). */
         CUdeviceptr counter;
         size_t bytes;

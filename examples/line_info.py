@@ -42,14 +42,17 @@ def main():
     args = parser.parse_args()
     n = 1 << 20
     if args.out_of_bounds:
-        # 1,024,000 bytes: not a multiple of the driver's allocation granularity, so the
-        # element past the end lies outside every allocation and compute-sanitizer sees it
-        # (the end of a 4 MiB array can be the start of the next one).
+        # x is allocated last, and its 1,024,000 bytes are not a multiple of the driver's
+        # allocation granularity: the element past its end lies outside every allocation,
+        # where compute-sanitizer sees the read (past the end of an earlier array it can
+        # land in the next one, which is memory the kernel may read).
         n = 256 * 1000
         if mg.backend() == "cpu":
             os.environ["MLIRGPU_CHECK"] = "bounds"   # the CPU backend's own check names the line too
         try:
-            shifted(mg.to_device(np.ones(n, np.float32)), mg.empty(n, mg.f32), grid=n // 256, block=256)
+            y = mg.empty(n, mg.f32)
+            x = mg.to_device(np.ones(n, np.float32))
+            shifted(x, y, grid=n // 256, block=256)
             mg.cuda.synchronize() if mg.backend() == "cuda" else None
         except mg.KernelError as error:
             print(error)

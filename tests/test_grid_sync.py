@@ -375,11 +375,16 @@ def test_cooperative_launches_reach_the_driver(fake_libcuda, tmp_path):
             X[mg.thread_idx.x] = 1
 
         X = mg.zeros((1 << 20,), mg.i32)
+        fake.fake_log_clear()
         spec = rotate[()]
         # The fake is an H100 of 132 multiprocessors holding 2048 threads each.
         assert spec.max_cooperative_grid_blocks(256) == 132 * 8, spec.max_cooperative_grid_blocks(256)
         assert spec.max_cooperative_grid_blocks(128, shared_mem=100 * 1024) == 132 * 2
         assert spec.function().cooperative and not plain[()].function().cooperative
+        # Only the module that defines the counter is asked for it: a failed lookup is an
+        # error to compute-sanitizer and API tracers.
+        lookups = [l for l in fake.fake_log().decode().splitlines() if l.startswith("cuModuleGetGlobal")]
+        assert lookups == ["cuModuleGetGlobal __mg_grid_barrier"], lookups
 
         stream = mg.Stream()
         fake.fake_log_clear()

@@ -240,6 +240,7 @@ API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, i
     *n = by_threads < by_shared ? by_threads : by_shared; if (*n > 32) *n = 32; return 0; }
 // A module's global: found when the module's text names it (its address is of no use here).
 API CUresult cuModuleGetGlobal_v2(CUdeviceptr *p, size_t *n, CUmodule m, const char *name) {
+    note("cuModuleGetGlobal %s", name);
     if (!strstr(((mod_t *)m)->text, name)) return CUDA_ERROR_NOT_FOUND;
     static unsigned counter; *p = (CUdeviceptr)&counter; *n = sizeof counter; return 0; }
 API CUresult cuFuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) { *v = a == CU_FUNC_ATTRIBUTE_NUM_REGS ? 12 : a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0; return 0; }
