@@ -34,6 +34,8 @@ typedef enum {
     kDLBfloat = 4,
     kDLComplex = 5,
     kDLBool = 6,
+    kDLFloat8_e4m3fn = 10,  /* DLPack 1.1: OCP 8-bit floats, 4 exponent bits (no infinities) */
+    kDLFloat8_e5m2 = 12,    /* ... and 5 exponent bits (IEEE-like) */
 } DLDataTypeCode;
 
 typedef struct {

@@ -15,8 +15,8 @@ Everything a user needs is exported here (see __all__).
 """
 from ._version import __version__
 from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event, InvalidObjectError,
-                       KernelError, LaunchError, MLIRError, Stream, TensorMap, bf16, bool_, dtype, f16, f32, f64,
-                       i8, i16, i32, i64, index, u8, u16, u32, u64)
+                       KernelError, LaunchError, MLIRError, Stream, TensorMap, bf16, bool_, dtype, f8e4m3, f8e5m2,
+                       f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64)
 from . import cuda, ir, layout
 from .ir import passes
 from .language import (atomic, block, block_dim, block_idx, cast, constant, generics, grid_dim, load, math,
@@ -40,7 +40,7 @@ __all__ = [
     "Error", "MLIRError", "CompileError", "CudaError", "LaunchError", "KernelError", "InvalidObjectError",
     # dtypes
     "DType", "dtype", "bool_", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32",
-    "f64", "index",
+    "f64", "f8e4m3", "f8e5m2", "index",
     # kernels
     "kernel", "Kernel", "Specialization", "generics", "memref", "func", "vectorize", "autotune", "Autotuner",
     # inside kernels
