@@ -425,6 +425,9 @@ def test_hopper_gemm_configs_fit_and_refuse():
     fp8 = hopper_gemm.CONFIGS[0].for_dtype(mg.f8e4m3)
     assert fp8.bk == 128 and fp8.shared_bytes() == hopper_gemm.CONFIGS[0].shared_bytes()
     assert fp8.for_dtype(mg.bf16).bk == 64 and fp8.for_dtype(mg.f8e5m2) is fp8
+    # Without a configuration, 8-bit inputs take the default with B given as N x K.
+    assert repr(hopper_gemm.config_for(None, mg.f8e4m3)) == repr(fp8.replace(b_major="K"))
+    assert hopper_gemm.config_for(None, mg.bf16) is hopper_gemm.CONFIGS[0]
     with pytest.raises(ValueError, match=r"for f8e4m3 use config.for_dtype\(f8e4m3\) \(BK = 128\)"):
         hopper_gemm.build(hopper_gemm.CONFIGS[0], mg.f8e4m3)
     assert len({config.name for config in hopper_gemm.CONFIGS}) == len(hopper_gemm.CONFIGS)

@@ -418,6 +418,13 @@ def build(config, dtype):
     return hopper_gemm
 
 
+def config_for(config, dtype):
+    """`config` (CONFIGS[0] if None, with B given as N x K for 8-bit inputs) for inputs of `dtype`."""
+    if config is None:
+        config = CONFIGS[0].replace(b_major="K") if dtype in FLOATS8 else CONFIGS[0]
+    return config.for_dtype(dtype)
+
+
 _KERNELS = {}
 
 
@@ -468,10 +475,10 @@ def store_map(C):
 def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None, scale_a=1.0, scale_b=1.0):
     """C = A @ B on the GPU (A: M x K, B: K x N, or N x K with config.b_major == "K"); the
     arrays are DeviceArrays or any CUDA array object (torch tensors too). `maps`: the
-    tensor maps of A, B and C as prepare() and store_map() make them. With 8-bit A and B,
-    C = (scale_a * scale_b) * (A @ B)."""
+    tensor maps of A, B and C as prepare() and store_map() make them. With 8-bit A and B
+    (B given as N x K), C = (scale_a * scale_b) * (A @ B)."""
     A, B = mg.asarray(A), mg.asarray(B)
-    config = (config or CONFIGS[0]).for_dtype(A.dtype)
+    config = config_for(config, A.dtype)
     if A.dtype not in FLOATS8 and (scale_a, scale_b) != (1.0, 1.0):
         raise ValueError(f"scale_a and scale_b scale 8-bit inputs, not {A.dtype.name}")
     C = None if C is None else mg.asarray(C)
@@ -510,7 +517,7 @@ def launch(A, B, C, config=None, stream=None, scale_a=1.0, scale_b=1.0):
     first launch with these arrays and kept, as a library caches them. With
     8-bit A and B (B given as N x K), C = (scale_a * scale_b) * (A @ B)."""
     A, B, C = mg.asarray(A), mg.asarray(B), mg.asarray(C)
-    config = (config or CONFIGS[0]).for_dtype(A.dtype)
+    config = config_for(config, A.dtype)
     key = (repr(config), A.ptr, A.shape, A.dtype, B.ptr, B.shape, C.ptr, C.shape, C.dtype)
     maps = _MAPS.get(key)
     if maps is None:
@@ -530,7 +537,7 @@ def _inputs(M, N, K, dtype, b_major, seed=0):
 
 def check(M, N, K, dtype=mg.bf16, out_dtype=mg.f32, config=None):
     """Largest error of C against a float64 product of the same (rounded) inputs, relative to its scale."""
-    config = (config or CONFIGS[0]).for_dtype(dtype)
+    config = config_for(config, dtype)
     a, b, dA, dB = _inputs(M, N, K, dtype, config.b_major)
     C = matmul(dA, dB, out_dtype, config).get().astype(np.float64)
     reference = a.astype(np.float64) @ b.astype(np.float64)
