@@ -77,15 +77,9 @@ E4M3_MAX = 448.0     # float8_e4m3fn's largest finite value
 KERNELS = [
     ("mma.sync (examples/tensorcore/ampere_gemm.py)", ampere_gemm.launch),
 ]
-# With 8-bit inputs: (name, launch(A, B, C, scale_a, scale_b)), A M x K, B N x K.
-FP8_KERNELS = []
 if hopper_gemm.available():  # sm_90a: one row per configuration of the warp-specialized wgmma GEMM
     KERNELS += [(f"{c.name} (examples/tensorcore/hopper_gemm.py)",
                  lambda A, B, C, c=c: hopper_gemm.launch(A, B, C, c)) for c in hopper_gemm.CONFIGS]
-    for listed in hopper_gemm.CONFIGS:
-        c = listed.replace(b_major="K").for_dtype(mg.f8e4m3)
-        FP8_KERNELS.append((f"{c.name} (examples/tensorcore/hopper_gemm.py)",
-                            lambda A, B, C, sa, sb, c=c: hopper_gemm.launch(A, B, C, c, scale_a=sa, scale_b=sb)))
 
 try:
     import torch
@@ -160,6 +154,15 @@ def triton_matmul(A, B, C):
         A, B, C, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1))
 
 
+# With 8-bit inputs: (name, launch(A, B, C, scale_a, scale_b)), A M x K, B N x K; every configuration
+# of the Hopper GEMM, on an sm_90a GPU.
+FP8_KERNELS = []
+for listed in hopper_gemm.CONFIGS if hopper_gemm.available() else ():
+    c = listed.replace(b_major="K").for_dtype(mg.f8e4m3)
+    FP8_KERNELS.append((f"{c.name} (examples/tensorcore/hopper_gemm.py)",
+                        lambda A, B, C, sa, sb, c=c: hopper_gemm.launch(A, B, C, c, scale_a=sa, scale_b=sb)))
+
+
 # -- operands -------------------------------------------------------------------------------------------------
 
 def view(tensor):
@@ -188,19 +191,18 @@ def relative_error(got, expected):
 
 
 class Problem:
-    """One dtype (a --dtypes name) and size: its operands, the reference, and the rows measured on it."""
+    """One dtype and size: its operands, the reference, and the rows measured on it."""
 
     def __init__(self, dtype, size, args):
         self.dtype, self.size, self.args = dtype, size, args
         self.rows = []
-        if dtype == FP8:
+        if dtype == mg.f8e4m3:
             self.fp8_operands()
             return
         M, K, N = size
-        element = mg.dtype(dtype)
-        A, B = ampere_gemm.operands(M, K, N, element)
+        A, B = ampere_gemm.operands(M, K, N, dtype)
         if torch is not None:
-            torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[element.name]
+            torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype.name]
             self.A, self.B = (torch.from_numpy(x.astype(np.float32)).to("cuda", torch_dtype) for x in (A, B))
             self.C = torch.empty((M, N), dtype=torch_dtype, device="cuda")
             self.dA, self.dB, self.dC = view(self.A), view(self.B), view(self.C)
@@ -209,9 +211,9 @@ class Problem:
         else:
             self.expected = ampere_gemm.reference(A, B)
             if mg.backend() == "cpu":  # NumPy arrays themselves: host DeviceArrays of bf16 have no NumPy view
-                self.dA, self.dB, self.dC = A, B, np.zeros((M, N), element.numpy)
+                self.dA, self.dB, self.dC = A, B, np.zeros((M, N), dtype.numpy)
             else:
-                self.dA, self.dB, self.dC = mg.to_device(A), mg.to_device(B), mg.zeros((M, N), element)
+                self.dA, self.dB, self.dC = mg.to_device(A), mg.to_device(B), mg.zeros((M, N), dtype)
 
     def fp8_operands(self):
         """A (M x K) and B (N x K) quantized to e4m3 with a scale each; C in bf16."""
@@ -248,7 +250,7 @@ class Problem:
         if self.args.check or max(self.size) <= 4096:  # NumPy's float64 product of the largest takes minutes
             error = relative_error(self.expected, exact())
             if not error < TOLERANCE:
-                raise SystemExit(f"{name} at {label(self.size)} {self.dtype}: relative error {error:.1e} "
+                raise SystemExit(f"{name} at {label(self.size)} {self.dtype.name}: relative error {error:.1e} "
                                  f"against NumPy in float64: it cannot be the reference")
 
     def fetch(self):
@@ -257,7 +259,7 @@ class Problem:
         return np.asarray(self.dC if isinstance(self.dC, np.ndarray) else self.dC.get()).astype(np.float64)
 
     def measure(self, name, kind, run):
-        row = Row(self.size, self.dtype, name, kind)
+        row = Row(self.size, self.dtype.name, name, kind)
         self.rows.append(row)
         try:
             if torch is not None:
@@ -268,19 +270,19 @@ class Problem:
             row.error = relative_error(self.fetch(), self.expected)
         except Exception as error:  # a compile or launch error of this row: the table says which
             row.reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-            print(f"{name} at {label(self.size)} {self.dtype}: FAILED, {row.reason}", flush=True)
+            print(f"{name} at {label(self.size)} {self.dtype.name}: FAILED, {row.reason}", flush=True)
             return row
         if not row.error < TOLERANCE:
             row.reason = f"relative error {row.error:.1e}"
-            print(f"{name} at {label(self.size)} {self.dtype}: FAILED, {row.reason}", flush=True)
+            print(f"{name} at {label(self.size)} {self.dtype.name}: FAILED, {row.reason}", flush=True)
             return row
         row.ms = common.time_ms(run, repeat=self.args.repeat, warmup=self.args.warmup)
-        print(f"{name} at {label(self.size)} {self.dtype}: {row.ms:.3f} ms, {row.tflops:.1f} TFLOP/s "
+        print(f"{name} at {label(self.size)} {self.dtype.name}: {row.ms:.3f} ms, {row.tflops:.1f} TFLOP/s "
               f"(relative error {row.error:.1e})", flush=True)
         return row
 
     def kernels(self, names):
-        if self.dtype == FP8:
+        if self.dtype == mg.f8e4m3:
             for name, launch in FP8_KERNELS:
                 if not names or any(n.lower() in name.lower() for n in names):
                     self.measure(name, "kernel", lambda launch=launch: launch(self.dA, self.dB, self.dC, *self.scales))
@@ -293,7 +295,7 @@ class Problem:
     def peers(self):
         if torch is None:
             return
-        if self.dtype == FP8:
+        if self.dtype == mg.f8e4m3:
             self.measure(f"{CUBLAS} (torch._scaled_mm)", CUBLAS, lambda: self.scaled_mm(fast=False))
             self.measure(f"{CUBLAS} (torch._scaled_mm, use_fast_accum=True)", "peer", lambda: self.scaled_mm(fast=True))
             return
@@ -363,7 +365,7 @@ def chart(problems, path):
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    labels = [f"{p.dtype} {label(p.size)}" for p in problems]
+    labels = [f"{p.dtype.name} {label(p.size)}" for p in problems]
     names = []
     for p in problems:
         for row in p.rows:
@@ -420,7 +422,7 @@ def main(argv=None):
     problems = []
     for dtype in args.dtypes:
         for size in sizes:
-            problem = Problem(dtype, size, args)
+            problem = Problem(mg.f8e4m3 if dtype == FP8 else mg.dtype(dtype), size, args)
             problem.kernels(args.kernels)
             problem.peers()
             problems.append(problem)
