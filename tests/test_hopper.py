@@ -505,6 +505,21 @@ def test_box_layout_is_the_wgmma_tile():
     assert str(box_layout((8, 16), mg.f32, "64B")) == "Sw<2,2,3> o 0 o (8,16):(16,1)"
 
 
+def test_an_fp8_box_is_the_k32_wgmma_tile():
+    # 128 one-byte elements a row: the swizzle permutes 16-element units (base 4), and the
+    # tile is the 8-bit K-major one, whose descriptor has the 2-byte tile's integers.
+    box = box_layout((128, 128), mg.f8e4m3, "128B")
+    assert str(box) == "Sw<3,4,3> o 0 o (128,128):(128,1)"
+    tile = wgmma_layout.tile_layout((128, 128), 1, "128B")
+    for i in range(128):
+        for j in range(128):
+            assert box(i, j) == tile(i, j)
+    d = wgmma_layout.descriptor(box, 1)
+    assert (d.swizzle, d.leading_byte_offset, d.stride_byte_offset, d.k_offsets) == ("128B", 16, 1024, (0, 32, 64, 96))
+    args = encode_arguments((1000, 304), (304, 1), mg.f8e4m3, 0x10000, box=(128, 128))
+    assert args["data_type"] == 0 and args["info"].box_bytes == 128 * 128   # copied as bytes (UINT8)
+
+
 # --------------------------------------------------------------------------
 # Misuse: CompileErrors at the user's line, before LLVM could abort
 # --------------------------------------------------------------------------
