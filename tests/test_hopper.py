@@ -428,8 +428,8 @@ def test_hopper_gemm_configs_fit_and_refuse():
     # Without a configuration, 8-bit inputs take the default with B given as N x K.
     assert repr(hopper_gemm.config_for(None, mg.f8e4m3)) == repr(fp8.replace(b_major="K"))
     assert hopper_gemm.config_for(None, mg.bf16) is hopper_gemm.CONFIGS[0]
-    with pytest.raises(ValueError, match=r"for f8e4m3 use config.for_dtype\(f8e4m3\) \(BK = 128\)"):
-        hopper_gemm.build(hopper_gemm.CONFIGS[0], mg.f8e4m3)
+    # A configuration of the other width is adapted: one kernel for both.
+    assert hopper_gemm.kernel_for(hopper_gemm.CONFIGS[0], mg.f8e4m3) is hopper_gemm.kernel_for(fp8, mg.f8e4m3)
     assert len({config.name for config in hopper_gemm.CONFIGS}) == len(hopper_gemm.CONFIGS)
     # Rows of 7 bf16 (14 bytes) have no tensor map: such a C is stored from the registers.
     assert hopper_gemm.store_map(mg.empty((5, 7), mg.bf16)) is None

@@ -179,10 +179,9 @@ CONFIGS = [Config(256, 64, 4, epilogue="tma"), Config(128, 64, 6, epilogue="tma"
 
 def build(config, dtype):
     """The kernel of `config` for inputs of `dtype` (mg.bf16, mg.f16, or
-    mg.f8e4m3 or mg.f8e5m2 with config.b_major == "K")."""
-    if config.bk * dtype.itemsize != ROW_BYTES:
-        raise ValueError(f"{config} reads {config.bk}-element rows of K: for {dtype.name} use "
-                         f"config.for_dtype({dtype.name}) (BK = {ROW_BYTES // dtype.itemsize})")
+    mg.f8e4m3 or mg.f8e5m2 with config.b_major == "K"), with BK = one
+    128-byte row of them (`config.for_dtype(dtype)`)."""
+    config = config.for_dtype(dtype)
     BM, BN, BK, STAGES = config.bm, config.bn, config.bk, config.stages
     K_STEP = 32 // dtype.itemsize  # the K of one wgmma: 32 bytes
     SCALED = dtype in FLOATS8
@@ -429,7 +428,7 @@ _KERNELS = {}
 
 
 def kernel_for(config, dtype):
-    key = (repr(config), dtype)
+    key = (repr(config.for_dtype(dtype)), dtype)
     if key not in _KERNELS:
         _KERNELS[key] = build(config, dtype)
     return _KERNELS[key]
