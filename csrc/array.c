@@ -1,7 +1,7 @@
 /* Element types and device arrays: mlirgpu.DType singletons, dtype(),
  * mlirgpu.DeviceArray with empty/zeros/to_device/get and the asynchronous
  * copies, pinned host memory (pinned_empty), and zero-copy exchange through
- * __cuda_array_interface__ v3 and DLPack (1.0 and legacy). */
+ * __cuda_array_interface__ v3 and DLPack (1.x and legacy). */
 #include "array.h"
 #include "driver.h"
 #include "dlpack.h"

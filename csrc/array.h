@@ -1,6 +1,6 @@
 /* Element types (mlirgpu.DType singletons) and device arrays
  * (mlirgpu.DeviceArray): allocation, host copies, and zero-copy exchange
- * through __cuda_array_interface__ (v3) and DLPack (1.0 and legacy). */
+ * through __cuda_array_interface__ (v3) and DLPack (1.x and legacy). */
 #ifndef MG_ARRAY_H
 #define MG_ARRAY_H
 

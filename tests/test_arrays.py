@@ -513,7 +513,7 @@ def test_dlpack_import_asks_for_versioned_and_legacy_default_stream():
     producer = FakeDLPack(view.__dlpack__(max_version=(1, 0)))
     imported = C.asarray(producer)
     assert imported.ptr == view.ptr
-    assert producer.calls == [{"stream": 1, "max_version": (1, 0)}]
+    assert producer.calls == [{"stream": 1, "max_version": (1, 1)}]
 
 
 def test_dlpack_import_falls_back_without_max_version():
