@@ -23,7 +23,8 @@ import threading
 import numpy as np
 
 from .. import ir
-from .._mlirgpu import CompileError, DType, bf16, bool_, f8e4m3, f8e5m2, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64
+from .._mlirgpu import (CompileError, DType, bf16, bool_, f8e4m3, f8e5m2, f16, f32, f64, i8, i16, i32, i64, index,
+                        u8, u16, u32, u64)
 
 __all__ = ["Scalar", "MemRef", "constant", "cast", "thread_idx", "block_idx", "block_dim", "grid_dim",
            "range_", "static_range", "select", "element_pointer", "address_space"]
