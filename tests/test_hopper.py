@@ -428,6 +428,9 @@ def test_hopper_gemm_configs_fit_and_refuse():
     # Without a configuration, 8-bit inputs take the default with B given as N x K.
     assert repr(hopper_gemm.config_for(None, mg.f8e4m3)) == repr(fp8.replace(b_major="K"))
     assert hopper_gemm.config_for(None, mg.bf16) is hopper_gemm.CONFIGS[0]
+    # Scales are those of 8-bit inputs: refused before anything runs for others.
+    with pytest.raises(ValueError, match="scale_a and scale_b scale 8-bit inputs, not bf16"):
+        hopper_gemm.matmul(mg.zeros((64, 64), mg.bf16), mg.zeros((64, 64), mg.bf16), scale_b=0.5)
     # A configuration of the other width is adapted: one kernel for both.
     assert hopper_gemm.kernel_for(hopper_gemm.CONFIGS[0], mg.f8e4m3) is hopper_gemm.kernel_for(fp8, mg.f8e4m3)
     assert len({config.name for config in hopper_gemm.CONFIGS}) == len(hopper_gemm.CONFIGS)
