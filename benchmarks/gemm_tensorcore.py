@@ -1,7 +1,7 @@
-"""Half-precision GEMM on the tensor cores: mlirgpu's kernels against cuBLAS
-and Triton's tutorial matmul, measured in the same run.
+"""Half-precision and FP8 GEMM on the tensor cores: mlirgpu's kernels against
+cuBLAS and Triton's tutorial matmul, measured in the same run.
 
-    python benchmarks/gemm_tensorcore.py [--dtypes bf16 f16] [--sizes MxKxN ...] [--kernels NAME ...]
+    python benchmarks/gemm_tensorcore.py [--dtypes bf16 f16 fp8] [--sizes MxKxN ...] [--kernels NAME ...]
                                          [--repeat R] [--out DIR] [--no-write] [--check]
 
 - Rows: every entry of KERNELS (a name and a function launching C = A @ B on
@@ -18,9 +18,20 @@ and Triton's tutorial matmul, measured in the same run.
   type, products summed in float32) each of --sizes (default 4096^3,
   8192^3, and the LLM-like 4096x4096x14336, 8192x8192x1024 and
   16384x4096x4096). A and B are row-major, uniform in [-1, 1).
-- Checks, before any timing: torch.matmul against NumPy in float64 (a
-  relative error, max |C - exact| / max |exact|, below 1e-2), then every
-  row against torch.matmul's result (NumPy's without torch), below 1e-2. A
+- fp8 (only when asked for): A (M x K) and B (given as N x K, the layout
+  FP8 GEMMs take) are uniform in [-1, 1) quantized to float8_e4m3fn with a
+  scale per tensor (max |x| / 448, 448 being e4m3's largest value), C is
+  bf16 = scale_a * scale_b * (A @ B). The rows: every configuration of the
+  Hopper GEMM with 8-bit inputs, and cuBLAS through
+  torch._scaled_mm(A, B.t(), scale_a, scale_b, out_dtype=torch.bfloat16),
+  as it is called by default (use_fast_accum=False: cuBLAS moves its sums
+  into f32 registers every few wgmmas) and with use_fast_accum=True (the
+  sums stay in the tensor cores' accumulators, as mlirgpu's kernel keeps
+  them). % of cuBLAS is against the default call; there is no Triton row.
+- Checks, before any timing: torch.matmul (torch._scaled_mm) against NumPy
+  in float64 of the (dequantized) inputs (a relative error,
+  max |C - exact| / max |exact|, below 1e-2), then every row against
+  torch's result (NumPy's without torch), below 1e-2. A
   row over it, or one whose first launch raises, is reported as FAILED with
   the reason and not timed.
 - Time: the median of --repeat samples (default 20) after 3 warm-up
@@ -62,6 +73,8 @@ DEFAULT_SIZES = ("4096x4096x4096", "8192x8192x8192", "4096x4096x14336", "8192x81
 CHECK_SIZES = ("130x72x136", "256x256x256")
 FILE_NAME = "gemm_tensorcore_h100"
 CUBLAS, TRITON = "cuBLAS", "Triton"
+FP8 = "fp8"          # --dtypes name of e4m3 inputs with per-tensor scales and bf16 output
+E4M3_MAX = 448.0     # float8_e4m3fn's largest finite value
 
 # The mlirgpu kernels: (name, launch(A, B, C) on DeviceArrays, A M x K, B K x N, C M x N, one dtype for A and B).
 KERNELS = [(f"mma.sync {c.name} (examples/tensorcore/ampere_gemm.py)",
@@ -143,6 +156,15 @@ def triton_matmul(A, B, C):
         A, B, C, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1))
 
 
+# With 8-bit inputs: (name, launch(A, B, C, scale_a, scale_b)), A M x K, B N x K; every configuration
+# of the Hopper GEMM, on an sm_90a GPU.
+FP8_KERNELS = []
+for listed in hopper_gemm.CONFIGS if hopper_gemm.available() else ():
+    c = listed.replace(b_major="K").for_dtype(mg.f8e4m3)
+    FP8_KERNELS.append((f"{c.name} (examples/tensorcore/hopper_gemm.py)",
+                        lambda A, B, C, sa, sb, c=c: hopper_gemm.launch(A, B, C, c, scale_a=sa, scale_b=sb)))
+
+
 # -- operands -------------------------------------------------------------------------------------------------
 
 def view(tensor):
@@ -155,7 +177,7 @@ class Row:
     size: tuple
     dtype: str
     name: str
-    kind: str            # "kernel", CUBLAS or TRITON
+    kind: str            # "kernel", CUBLAS, TRITON or "peer" (a peer that is no column's reference)
     ms: float = None     # None: FAILED (reason) or not run
     reason: str = ""
     error: float = None  # relative error of its checked result
@@ -175,27 +197,63 @@ class Problem:
 
     def __init__(self, dtype, size, args):
         self.dtype, self.size, self.args = dtype, size, args
+        self.rows = []
+        if dtype == mg.f8e4m3:
+            self.fp8_operands()
+            return
         M, K, N = size
         A, B = ampere_gemm.operands(M, K, N, dtype)
-        self.rows = []
         if torch is not None:
             torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype.name]
             self.A, self.B = (torch.from_numpy(x.astype(np.float32)).to("cuda", torch_dtype) for x in (A, B))
             self.C = torch.empty((M, N), dtype=torch_dtype, device="cuda")
             self.dA, self.dB, self.dC = view(self.A), view(self.B), view(self.C)
             torch.matmul(self.A, self.B, out=self.C)
-            self.expected = self.fetch()
-            if args.check or max(size) <= 4096:  # NumPy's float64 product of the largest takes minutes
-                error = relative_error(self.expected, ampere_gemm.reference(A, B))
-                if not error < TOLERANCE:
-                    raise SystemExit(f"torch.matmul at {label(size)} {dtype.name}: relative error {error:.1e} "
-                                     f"against NumPy in float64: it cannot be the reference")
+            self.check_peer(lambda: ampere_gemm.reference(A, B), "torch.matmul")
         else:
             self.expected = ampere_gemm.reference(A, B)
             if mg.backend() == "cpu":  # NumPy arrays themselves: host DeviceArrays of bf16 have no NumPy view
                 self.dA, self.dB, self.dC = A, B, np.zeros((M, N), dtype.numpy)
             else:
                 self.dA, self.dB, self.dC = mg.to_device(A), mg.to_device(B), mg.zeros((M, N), dtype)
+
+    def fp8_operands(self):
+        """A (M x K) and B (N x K) quantized to e4m3 with a scale each; C in bf16."""
+        M, K, N = self.size
+        rng = np.random.default_rng(0)
+        exact = [rng.random(shape, dtype=np.float32) * 2 - 1 for shape in ((M, K), (N, K))]
+        self.scales = [float(np.float32(np.abs(x).max() / E4M3_MAX)) for x in exact]
+        A, B = ((x / scale).astype(mg.f8e4m3.numpy) for x, scale in zip(exact, self.scales))
+        del exact
+
+        def dequantized():
+            return (A.astype(np.float64) * self.scales[0]) @ (B.astype(np.float64) * self.scales[1]).T
+
+        if torch is not None:
+            self.A, self.B = (torch.from_numpy(x.view(np.uint8)).to("cuda").view(torch.float8_e4m3fn) for x in (A, B))
+            self.C = torch.empty((M, N), dtype=torch.bfloat16, device="cuda")
+            self.torch_scales = [torch.tensor(scale, dtype=torch.float32, device="cuda") for scale in self.scales]
+            # torch reads 8-bit tensors through their attributes (its DLPack may not carry them).
+            self.dA, self.dB, self.dC = mg.asarray(self.A), mg.asarray(self.B), view(self.C)
+            self.scaled_mm(fast=False)
+            self.check_peer(dequantized, "torch._scaled_mm")
+        else:
+            self.expected = dequantized()
+            self.dA, self.dB, self.dC = mg.to_device(A), mg.to_device(B), mg.zeros((M, N), mg.bf16)
+
+    def scaled_mm(self, fast):
+        # The second operand column-major, as cuBLAS's FP8 GEMM wants it: B (N x K) transposed.
+        torch._scaled_mm(self.A, self.B.t(), *self.torch_scales, out_dtype=torch.bfloat16,
+                         use_fast_accum=fast, out=self.C)
+
+    def check_peer(self, exact, name):
+        """torch's result becomes the reference, once it matches NumPy in float64 (where that is quick)."""
+        self.expected = self.fetch()
+        if self.args.check or max(self.size) <= 4096:  # NumPy's float64 product of the largest takes minutes
+            error = relative_error(self.expected, exact())
+            if not error < TOLERANCE:
+                raise SystemExit(f"{name} at {label(self.size)} {self.dtype.name}: relative error {error:.1e} "
+                                 f"against NumPy in float64: it cannot be the reference")
 
     def fetch(self):
         if torch is not None:
@@ -226,6 +284,11 @@ class Problem:
         return row
 
     def kernels(self, names):
+        if self.dtype == mg.f8e4m3:
+            for name, launch in FP8_KERNELS:
+                if not names or any(n.lower() in name.lower() for n in names):
+                    self.measure(name, "kernel", lambda launch=launch: launch(self.dA, self.dB, self.dC, *self.scales))
+            return
         for name, launch in KERNELS:
             if names and not any(n.lower() in name.lower() for n in names):
                 continue
@@ -233,6 +296,10 @@ class Problem:
 
     def peers(self):
         if torch is None:
+            return
+        if self.dtype == mg.f8e4m3:
+            self.measure(f"{CUBLAS} (torch._scaled_mm)", CUBLAS, lambda: self.scaled_mm(fast=False))
+            self.measure(f"{CUBLAS} (torch._scaled_mm, use_fast_accum=True)", "peer", lambda: self.scaled_mm(fast=True))
             return
         self.measure(f"{CUBLAS} (torch.matmul)", CUBLAS, lambda: torch.matmul(self.A, self.B, out=self.C))
         if triton is not None:
@@ -328,7 +395,7 @@ def chart(problems, path):
         ax.bar([x + i * width for x in range(len(labels))], values, width, label=name)
     ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(labels))], labels, rotation=20)
     ax.set_ylabel("TFLOP/s")
-    ax.set_title("Half-precision GEMM (f32 accumulation)")
+    ax.set_title("GEMM on the tensor cores (f32 accumulation)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -339,7 +406,7 @@ def chart(problems, path):
 def write(problems, out):
     os.makedirs(out, exist_ok=True)
     image = chart(problems, os.path.join(out, FILE_NAME + ".png"))
-    text = ["# Half-precision GEMM on the tensor cores", "",
+    text = ["# GEMM on the tensor cores", "",
             "Produced by `benchmarks/gemm_tensorcore.py` (its docstring says how each number is measured).", "",
             *facts(), "", table(problems), ""]
     if image:
@@ -352,7 +419,8 @@ def write(problems, out):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--dtypes", nargs="+", default=["bf16", "f16"], choices=["bf16", "f16"])
+    parser.add_argument("--dtypes", nargs="+", default=["bf16", "f16"], choices=["bf16", "f16", FP8],
+                        help="fp8: e4m3 inputs with a scale per tensor, bf16 output (see above)")
     parser.add_argument("--sizes", nargs="+", type=parse_size, default=None, metavar="MxKxN",
                         help=f"default {' '.join(DEFAULT_SIZES)} ({' '.join(CHECK_SIZES)} with --check)")
     parser.add_argument("--kernels", nargs="+", default=None, metavar="NAME",
@@ -371,7 +439,7 @@ def main(argv=None):
     problems = []
     for dtype in args.dtypes:
         for size in sizes:
-            problem = Problem(mg.dtype(dtype), size, args)
+            problem = Problem(mg.f8e4m3 if dtype == FP8 else mg.dtype(dtype), size, args)
             problem.kernels(args.kernels)
             problem.peers()
             problems.append(problem)

@@ -1,7 +1,7 @@
 /* Element types and device arrays: mlirgpu.DType singletons, dtype(),
  * mlirgpu.DeviceArray with empty/zeros/to_device/get and the asynchronous
  * copies, pinned host memory (pinned_empty), and zero-copy exchange through
- * __cuda_array_interface__ v3 and DLPack (1.0 and legacy). */
+ * __cuda_array_interface__ v3 and DLPack (1.x and legacy). */
 #include "array.h"
 #include "driver.h"
 #include "dlpack.h"
@@ -34,6 +34,7 @@ static const struct {
     uint8_t dlpack_code;
     int npy_type;
     const char *typestr;
+    const char *ml_dtypes_name;   /* the type of ml_dtypes that is its NumPy dtype, where NumPy has none */
 } dtype_table[MG_DT_COUNT] = {
     [MG_DT_BOOL] = {"bool_", 1, 'b', kDLBool, NPY_BOOL, "|b1"},
     [MG_DT_I8] = {"i8", 1, 'i', kDLInt, NPY_INT8, "|i1"},
@@ -45,10 +46,12 @@ static const struct {
     [MG_DT_U32] = {"u32", 4, 'u', kDLUInt, NPY_UINT32, "<u4"},
     [MG_DT_U64] = {"u64", 8, 'u', kDLUInt, NPY_UINT64, "<u8"},
     [MG_DT_F16] = {"f16", 2, 'f', kDLFloat, NPY_FLOAT16, "<f2"},
-    [MG_DT_BF16] = {"bf16", 2, 'V', kDLBfloat, -1, NULL},
+    [MG_DT_BF16] = {"bf16", 2, 'V', kDLBfloat, -1, NULL, "bfloat16"},
     [MG_DT_F32] = {"f32", 4, 'f', kDLFloat, NPY_FLOAT32, "<f4"},
     [MG_DT_F64] = {"f64", 8, 'f', kDLFloat, NPY_FLOAT64, "<f8"},
     [MG_DT_INDEX] = {"index", 8, 'i', kDLInt, NPY_INTP, "<i8"},
+    [MG_DT_F8E4M3] = {"f8e4m3", 1, 'V', kDLFloat8_e4m3fn, -1, NULL, "float8_e4m3fn"},
+    [MG_DT_F8E5M2] = {"f8e5m2", 1, 'V', kDLFloat8_e5m2, -1, NULL, "float8_e5m2"},
 };
 
 /* Names dtype() knows before asking NumPy. They win over NumPy's reading:
@@ -62,10 +65,12 @@ static const struct {
     {"u8", MG_DT_U8}, {"u16", MG_DT_U16}, {"u32", MG_DT_U32}, {"u64", MG_DT_U64},
     {"f16", MG_DT_F16}, {"bf16", MG_DT_BF16}, {"bfloat16", MG_DT_BF16},
     {"f32", MG_DT_F32}, {"f64", MG_DT_F64}, {"index", MG_DT_INDEX},
+    {"f8e4m3", MG_DT_F8E4M3}, {"f8e4m3fn", MG_DT_F8E4M3}, {"float8_e4m3fn", MG_DT_F8E4M3},
+    {"f8e5m2", MG_DT_F8E5M2}, {"float8_e5m2", MG_DT_F8E5M2},
 };
 
 static mg_dtype *dtypes[MG_DT_COUNT];   /* strong refs, for the life of the process */
-static PyObject *bf16_descr;            /* ml_dtypes.bfloat16's dtype once imported */
+static PyObject *ml_dtypes_descrs[MG_DT_COUNT];   /* ml_dtypes' NumPy dtypes, once imported */
 
 mg_dtype *mg_dtype_get(mg_dtype_id id)
 {
@@ -76,16 +81,16 @@ PyObject *mg_dtype_numpy(const mg_dtype *dt)
 {
     if (dt->npy_type >= 0)
         return (PyObject *)PyArray_DescrFromType(dt->npy_type);
-    if (bf16_descr == NULL) {
+    if (ml_dtypes_descrs[dt->id] == NULL) {
         PyObject *ml_dtypes = PyImport_ImportModule("ml_dtypes");
         if (ml_dtypes == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_ImportError))
                 return NULL;
             PyErr_Clear();
-            return mg_raise(PyExc_TypeError,
-                            "bf16 has no NumPy dtype without ml_dtypes (pip install ml_dtypes)");
+            return PyErr_Format(PyExc_TypeError,
+                                "%s has no NumPy dtype without ml_dtypes (pip install ml_dtypes)", dt->name);
         }
-        PyObject *type = PyObject_GetAttrString(ml_dtypes, "bfloat16");
+        PyObject *type = PyObject_GetAttrString(ml_dtypes, dtype_table[dt->id].ml_dtypes_name);
         Py_DECREF(ml_dtypes);
         if (type == NULL)
             return NULL;
@@ -94,9 +99,9 @@ PyObject *mg_dtype_numpy(const mg_dtype *dt)
         Py_DECREF(type);
         if (!ok)
             return NULL;
-        bf16_descr = (PyObject *)descr;
+        ml_dtypes_descrs[dt->id] = (PyObject *)descr;
     }
-    return Py_NewRef(bf16_descr);
+    return Py_NewRef(ml_dtypes_descrs[dt->id]);
 }
 
 static int ends_with(const char *text, const char *suffix)
@@ -110,16 +115,18 @@ static int dtype_from_descr(PyArray_Descr *descr, mg_dtype **out)
 {
     Py_ssize_t size = PyDataType_ELSIZE(descr);
     int id = -1;
-    if (PyArray_ISNBO(descr->byteorder)) {
+    /* ml_dtypes' types are named after the type (bfloat16, float8_e4m3fn...); their
+     * kind is V, or f for some (float8_e5m2). */
+    for (int i = 0; i < MG_DT_COUNT && PyArray_ISNBO(descr->byteorder); i++)
+        if (dtype_table[i].ml_dtypes_name != NULL && size == dtype_table[i].itemsize &&
+            ends_with(descr->typeobj->tp_name, dtype_table[i].ml_dtypes_name))
+            id = i;
+    if (id < 0 && PyArray_ISNBO(descr->byteorder)) {
         switch (descr->kind) {
         case 'b': id = size == 1 ? MG_DT_BOOL : -1; break;
         case 'i': id = size == 1 ? MG_DT_I8 : size == 2 ? MG_DT_I16 : size == 4 ? MG_DT_I32 : size == 8 ? MG_DT_I64 : -1; break;
         case 'u': id = size == 1 ? MG_DT_U8 : size == 2 ? MG_DT_U16 : size == 4 ? MG_DT_U32 : size == 8 ? MG_DT_U64 : -1; break;
         case 'f': id = size == 2 ? MG_DT_F16 : size == 4 ? MG_DT_F32 : size == 8 ? MG_DT_F64 : -1; break;
-        default:
-            /* ml_dtypes' bfloat16 is a 2-byte void-kind type named bfloat16. */
-            if (size == 2 && ends_with(descr->typeobj->tp_name, "bfloat16"))
-                id = MG_DT_BF16;
         }
     }
     if (id < 0) {
@@ -236,9 +243,10 @@ static PyObject *dtype_reduce(mg_dtype *self, PyObject *unused)
 
 static PyGetSetDef dtype_getset[] = {
     {"name", (getter)dtype_get_name, NULL, "The mlirgpu name, also the attribute name: \"f32\", \"bool_\".", NULL},
-    {"kind", (getter)dtype_get_kind, NULL, "NumPy's kind letter: b, i, u, f (V for bf16).", NULL},
+    {"kind", (getter)dtype_get_kind, NULL, "NumPy's kind letter: b, i, u, f (V for bf16, f8e4m3, f8e5m2).", NULL},
     {"numpy", (getter)dtype_get_numpy, NULL,
-     "The numpy.dtype (ml_dtypes.bfloat16 for bf16; TypeError without ml_dtypes).", NULL},
+     "The numpy.dtype (ml_dtypes.bfloat16 for bf16, ml_dtypes.float8_e4m3fn for f8e4m3, "
+     "ml_dtypes.float8_e5m2 for f8e5m2; TypeError without ml_dtypes).", NULL},
     {NULL},
 };
 
@@ -1511,6 +1519,8 @@ static int dtype_from_dl(DLDataType t, mg_dtype **out)
         case kDLFloat: id = t.bits == 16 ? MG_DT_F16 : t.bits == 32 ? MG_DT_F32 : t.bits == 64 ? MG_DT_F64 : -1; break;
         case kDLBfloat: id = t.bits == 16 ? MG_DT_BF16 : -1; break;
         case kDLBool: id = t.bits == 8 ? MG_DT_BOOL : -1; break;
+        case kDLFloat8_e4m3fn: id = t.bits == 8 ? MG_DT_F8E4M3 : -1; break;
+        case kDLFloat8_e5m2: id = t.bits == 8 ? MG_DT_F8E5M2 : -1; break;
         }
     }
     if (id < 0) {
@@ -1775,6 +1785,7 @@ static const struct {
     {"int64", MG_DT_I64}, {"uint8", MG_DT_U8}, {"uint16", MG_DT_U16}, {"uint32", MG_DT_U32},
     {"uint64", MG_DT_U64}, {"float16", MG_DT_F16}, {"bfloat16", MG_DT_BF16},
     {"float32", MG_DT_F32}, {"float64", MG_DT_F64},
+    {"float8_e4m3fn", MG_DT_F8E4M3}, {"float8_e5m2", MG_DT_F8E5M2},
 };
 
 /* The __module__ of a type of its MRO: borrowed, from the type's dict (heap

@@ -1,6 +1,6 @@
 /* Element types (mlirgpu.DType singletons) and device arrays
  * (mlirgpu.DeviceArray): allocation, host copies, and zero-copy exchange
- * through __cuda_array_interface__ (v3) and DLPack (1.0 and legacy). */
+ * through __cuda_array_interface__ (v3) and DLPack (1.x and legacy). */
 #ifndef MG_ARRAY_H
 #define MG_ARRAY_H
 
@@ -12,6 +12,7 @@ typedef enum {
     MG_DT_BOOL, MG_DT_I8, MG_DT_I16, MG_DT_I32, MG_DT_I64,
     MG_DT_U8, MG_DT_U16, MG_DT_U32, MG_DT_U64,
     MG_DT_F16, MG_DT_BF16, MG_DT_F32, MG_DT_F64, MG_DT_INDEX,
+    MG_DT_F8E4M3, MG_DT_F8E5M2,
     MG_DT_COUNT
 } mg_dtype_id;
 
@@ -21,11 +22,11 @@ typedef struct {
     mg_dtype_id id;
     const char *name;       /* the MLIR spelling: "f32", "index", "bool" for bool_ */
     int itemsize;           /* bytes */
-    char kind;              /* NumPy kind: 'b', 'i', 'u', 'f' ('V' for bf16) */
+    char kind;              /* NumPy kind: 'b', 'i', 'u', 'f' ('V' for bf16 and the 8-bit floats) */
     uint8_t dlpack_code;    /* a DLDataTypeCode */
     uint8_t bits;
-    const char *typestr;    /* __cuda_array_interface__ typestr; NULL for bf16 */
-    int npy_type;           /* NumPy type number; -1 for bf16 (ml_dtypes) */
+    const char *typestr;    /* __cuda_array_interface__ typestr; NULL for bf16 and the 8-bit floats */
+    int npy_type;           /* NumPy type number; -1 for the types of ml_dtypes */
     Py_hash_t hash;         /* cached; -1 until first asked */
 } mg_dtype;
 
@@ -41,8 +42,8 @@ static inline const char *mg_dtype_typestr(const mg_dtype *dt) { return dt->type
  * ValueError for an unknown name, TypeError for anything else. */
 int mg_dtype_converter(PyObject *obj, mg_dtype **out);
 
-/* New reference to the numpy dtype of `dt` (ml_dtypes for bf16), or NULL
- * with TypeError when bf16 has no NumPy dtype (ml_dtypes missing). */
+/* New reference to the numpy dtype of `dt` (ml_dtypes' for bf16 and the
+ * 8-bit floats), or NULL with TypeError when ml_dtypes is missing. */
 PyObject *mg_dtype_numpy(const mg_dtype *dt);
 
 extern PyTypeObject *mg_DType_type;

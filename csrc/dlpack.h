@@ -1,5 +1,5 @@
-/* The DLPack ABI (version 1.0), written from the specification at
- * https://dmlc.github.io/dlpack/latest/c_api.html. Only the layout matters:
+/* The DLPack ABI (version 1.1: 1.0's structs, and the 8-bit float codes),
+ * written from the specification at https://dmlc.github.io/dlpack/latest/c_api.html. Only the layout matters:
  * these structs cross library boundaries inside PyCapsules, so field order
  * and widths follow the spec exactly. */
 #ifndef MG_DLPACK_H
@@ -9,7 +9,7 @@
 
 /* The newest ABI this file describes; consumers refuse a larger major. */
 #define MG_DLPACK_MAJOR 1
-#define MG_DLPACK_MINOR 0
+#define MG_DLPACK_MINOR 1
 
 /* Where a tensor's memory lives (subset used by mlirgpu; values fixed by the spec). */
 typedef enum {
@@ -34,6 +34,8 @@ typedef enum {
     kDLBfloat = 4,
     kDLComplex = 5,
     kDLBool = 6,
+    kDLFloat8_e4m3fn = 10,  /* DLPack 1.1: OCP 8-bit floats, 4 exponent bits (no infinities) */
+    kDLFloat8_e5m2 = 12,    /* ... and 5 exponent bits (IEEE-like) */
 } DLDataTypeCode;
 
 typedef struct {

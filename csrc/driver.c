@@ -1893,6 +1893,8 @@ static int pack_scalar(mg_function *self, Py_ssize_t index, mg_dtype *dtype, PyO
             return launch_error(self, "argument %zd = %R does not fit in %s", index, value, dtype->name);
         return 0;
     }
+    if (dtype->id == MG_DT_F8E4M3 || dtype->id == MG_DT_F8E5M2)
+        return launch_error(self, "argument %zd: an 8-bit float scalar cannot be passed: pass it as f32", index);
     /* f16, bf16, f32, f64 */
     if (!PyFloat_Check(value) && !PyLong_Check(value) && !PyArray_IsScalar(value, Number))
         goto wrong_type;
@@ -1905,7 +1907,8 @@ static int pack_scalar(mg_function *self, Py_ssize_t index, mg_dtype *dtype, PyO
     case MG_DT_F64: memcpy(slot, &d, sizeof d); break;
     case MG_DT_F32: { float f = (float)d; memcpy(slot, &f, sizeof f); break; }
     case MG_DT_F16: { uint16_t h = float_to_half((float)d); memcpy(slot, &h, sizeof h); break; }
-    default: { uint16_t h = float_to_bfloat16((float)d); memcpy(slot, &h, sizeof h); break; }
+    case MG_DT_BF16: { uint16_t h = float_to_bfloat16((float)d); memcpy(slot, &h, sizeof h); break; }
+    default: break;   /* no other float reaches here */
     }
     return 0;
 wrong_type:

@@ -401,6 +401,8 @@ static MlirType scalar_type(MlirContext ctx, mg_dtype *dt)
     case MG_DT_BOOL: return mlirIntegerTypeGet(ctx, 1);
     case MG_DT_F16: return mlirF16TypeGet(ctx);
     case MG_DT_BF16: return mlirBF16TypeGet(ctx);
+    case MG_DT_F8E4M3: return mlirFloat8E4M3FNTypeGet(ctx);
+    case MG_DT_F8E5M2: return mlirFloat8E5M2TypeGet(ctx);
     case MG_DT_F32: return mlirF32TypeGet(ctx);
     case MG_DT_F64: return mlirF64TypeGet(ctx);
     default: return mlirIntegerTypeGet(ctx, (unsigned)dt->itemsize * 8);

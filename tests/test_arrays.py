@@ -120,6 +120,24 @@ def test_bf16_numpy_needs_ml_dtypes():
         assert C.dtype(np.dtype(ml_dtypes.bfloat16)) is C.bf16
 
 
+@pytest.mark.parametrize("name, ml_name, dlpack_code", [("f8e4m3", "float8_e4m3fn", 10), ("f8e5m2", "float8_e5m2", 12)])
+def test_8_bit_floats_are_ml_dtypes_types(name, ml_name, dlpack_code):
+    dt = getattr(C, name)
+    assert dt.itemsize == 1 and dt.bits == 8 and dt.name == name and repr(dt) == f"mlirgpu.{name}"
+    assert C.dtype(name) is dt and C.dtype(ml_name) is dt
+    assert pickle.loads(pickle.dumps(dt)) is dt
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ml_type = getattr(ml_dtypes, ml_name)
+    assert dt.numpy == np.dtype(ml_type)
+    assert C.dtype(ml_type) is dt and C.dtype(np.dtype(ml_type)) is dt
+    assert dt == ml_type and dt != C.u8 and dt != np.uint8
+    # The other 8-bit floats of ml_dtypes (fnuz: no negative zero, other bias) are not these.
+    with pytest.raises(TypeError):
+        C.dtype(ml_dtypes.float8_e4m3fnuz)
+    with pytest.raises(TypeError):
+        C.dtype(ml_dtypes.float8_e5m2fnuz)
+
+
 def test_dtypes_are_immutable_pickle_as_singletons():
     with pytest.raises(AttributeError):
         C.f32.itemsize = 8
@@ -495,7 +513,7 @@ def test_dlpack_import_asks_for_versioned_and_legacy_default_stream():
     producer = FakeDLPack(view.__dlpack__(max_version=(1, 0)))
     imported = C.asarray(producer)
     assert imported.ptr == view.ptr
-    assert producer.calls == [{"stream": 1, "max_version": (1, 0)}]
+    assert producer.calls == [{"stream": 1, "max_version": (1, 1)}]
 
 
 def test_dlpack_import_falls_back_without_max_version():

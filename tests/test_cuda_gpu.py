@@ -180,6 +180,23 @@ def test_round_trip_bf16():
         dev.__cuda_array_interface__
 
 
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+def test_round_trip_8_bit_floats(name):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    host = (np.arange(-12, 12, dtype=np.float32) / 8).reshape(4, 6).astype(getattr(ml_dtypes, name))
+    dev = C.to_device(host)
+    assert dev.dtype is C.dtype(name) and dev.nbytes == 24
+    back = dev.get()
+    assert back.dtype == host.dtype
+    np.testing.assert_array_equal(back.view(np.uint8), host.view(np.uint8))
+    with pytest.raises(TypeError):
+        dev.__cuda_array_interface__
+    # DLPack carries them (its float8 codes): a zero-copy view of the same bytes.
+    view = C.asarray(DLPackOnly(dev))
+    assert view.dtype is dev.dtype and view.ptr == dev.ptr
+    np.testing.assert_array_equal(view.get().view(np.uint8), host.view(np.uint8))
+
+
 def test_to_device_non_contiguous_and_swapped_host():
     host = np.arange(24, dtype=">i4").reshape(4, 6)[:, ::2]
     np.testing.assert_array_equal(C.to_device(host).get(), host)

@@ -400,8 +400,8 @@ class dtype:
     def __repr__(self):
         return "torch." + self.name
 
-float32, float16, bfloat16, int64, complex64 = (dtype("float32", 4), dtype("float16", 2),
-    dtype("bfloat16", 2), dtype("int64", 8), dtype("complex64", 8))
+float32, float16, bfloat16, int64, complex64, float8_e4m3fn = (dtype("float32", 4), dtype("float16", 2),
+    dtype("bfloat16", 2), dtype("int64", 8), dtype("complex64", 8), dtype("float8_e4m3fn", 1))
 
 class Size(tuple):
     pass
@@ -461,6 +461,7 @@ out = {
     "cuda": sig(Tensor(4096, (2, 3), (3, 1))),
     "strided": sig(Tensor(4096, (3, 2), (1, 3), float16, device=2)),
     "param": sig(Parameter(4096, (5,), (1,), bfloat16)),
+    "fp8": sig(Tensor(4096, (4, 8), (8, 1), float8_e4m3fn)),
     "cpu": sig(Tensor(4096, (4,), (1,), int64, device=-1)),
     "meta": sig(Tensor(4096, (4,), (1,), device=-2)),
     "complex": sig(Tensor(4096, (4,), (1,), complex64)),
@@ -471,6 +472,7 @@ print(json.dumps(out))
     assert out["cuda"] == [["array", "mlirgpu.f32", "(2, 3)", "None", "0"]]
     assert out["strided"] == [["array", "mlirgpu.f16", "(3, 2)", "(2, 6)", "2"]]
     assert out["param"] == [["array", "mlirgpu.bf16", "(5,)", "None", "0"]]
+    assert out["fp8"] == [["array", "mlirgpu.f8e4m3", "(4, 8)", "None", "0"]]
     assert out["cpu"] == [["host", "mlirgpu.i64", "(4,)", "None"]]
     # neither CUDA nor CPU, or a dtype mlirgpu lacks: the slow path, which refuses them
     assert out["meta"] == [["other", "<class 'torch.Tensor'>"]]

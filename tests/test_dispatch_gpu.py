@@ -172,7 +172,8 @@ def test_torch_signatures(torch):
 
 @pytest.mark.parametrize("name, dtype", [
     ("float32", C.f32), ("float64", C.f64), ("float16", C.f16), ("bfloat16", C.bf16), ("int8", C.i8),
-    ("int16", C.i16), ("int32", C.i32), ("int64", C.i64), ("uint8", C.u8), ("bool", C.bool_)])
+    ("int16", C.i16), ("int32", C.i32), ("int64", C.i64), ("uint8", C.u8), ("bool", C.bool_),
+    ("float8_e4m3fn", C.f8e4m3), ("float8_e5m2", C.f8e5m2)])
 def test_torch_dtypes(torch, name, dtype):
     d = C.Dispatcher(lambda args, kwargs: None, "k")
     t = torch.zeros(3, dtype=getattr(torch, name), device="cuda")

@@ -353,17 +353,27 @@ def instructions(ptx, pattern):
     (dict(bn=128, stages=6, b_major="MN", epilogue="tma", multicast="A"), mg.f16, mg.f16),
     (dict(bn=128, stages=6, b_major="MN", epilogue="tma", schedule="pingpong"), mg.bf16, mg.f32),
     (dict(bn=128, stages=6, b_major="K", multicast="B", schedule="pingpong"), mg.f16, mg.bf16),
+    # 8-bit inputs: B given as N x K, 128-wide slices of K (k32 wgmmas).
+    (dict(bn=256, stages=4, b_major="K", epilogue="tma"), mg.f8e4m3, mg.bf16),
+    (dict(bn=256, stages=4, b_major="K"), mg.f8e4m3, mg.f32),
+    (dict(bn=128, stages=6, b_major="K", epilogue="tma", schedule="pingpong"), mg.f8e4m3, mg.bf16),
+    (dict(bn=256, stages=4, b_major="K", epilogue="tma", multicast="B"), mg.f8e5m2, mg.f16),
 ], ids=lambda x: "-".join(f"{v}" for v in x.values()) if isinstance(x, dict) else x.name)
 def test_hopper_gemm_example_compiles(options, dtype, out, tmp_path):
     hopper_gemm = import_hopper_gemm()
-    config = hopper_gemm.Config(**options)
+    config = hopper_gemm.Config(**options).for_dtype(dtype)
     ptx = hopper_gemm.kernel_for(config, dtype)[1000, 520, out].ptx("sm_90a")
-    # The main loop's 4 k16 wgmmas of a 64-wide slice of K, for each 64-row half of the tile
-    # a consumer warpgroup multiplies (LLVM writes the loop twice: its first iteration, and the
-    # rest), whatever the epilogue and the cluster.
+    # The main loop's 4 wgmmas of a 128-byte slice of K (k16 of 2-byte inputs, k32 of 8-bit
+    # ones), for each 64-row half of the tile a consumer warpgroup multiplies (LLVM writes the
+    # loop twice: its first iteration, and the rest), whatever the epilogue and the cluster.
     halves = 2 if config.schedule == "pingpong" else 1
-    assert instructions(ptx, rf"wgmma\.mma_async\.sync\.aligned\.m64n{config.bn}k16\.f32\.{dtype.name}\.{dtype.name} ") \
+    k, kind = {1: 32, 2: 16}[dtype.itemsize], {mg.f8e4m3: "e4m3", mg.f8e5m2: "e5m2"}.get(dtype, dtype.name)
+    assert config.bk == 128 // dtype.itemsize
+    assert instructions(ptx, rf"wgmma\.mma_async\.sync\.aligned\.m64n{config.bn}k{k}\.f32\.{kind}\.{kind} ") \
         == 8 * halves
+    # The 8-bit kernels read their two scales; the others leave them alone.
+    scaled = dtype.itemsize == 1
+    assert instructions(ptx, r"ld\.param\.b32\s+%r\d+, \[hopper_gemm_param_[56]\];") == (2 if scaled else 0)
     assert "setmaxnreg.dec.sync.aligned.u32" in ptx
     # TMA loads of a stage: A's tile (or its half, shared), then B's (one box, or 64-column boxes).
     loads = instructions(ptx, r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global")
@@ -409,6 +419,20 @@ def test_hopper_gemm_configs_fit_and_refuse():
         hopper_gemm.Config(256, 64, 4, schedule="pingpong")
     with pytest.raises(ValueError, match="schedule is 'cooperative' or 'pingpong'"):
         hopper_gemm.Config(128, 64, 6, schedule="alternate")
+    with pytest.raises(ValueError, match="BK is one 128-byte swizzled row"):
+        hopper_gemm.Config(256, 32, 4)
+    # BK follows the input type: the stages hold the same bytes.
+    fp8 = hopper_gemm.CONFIGS[0].for_dtype(mg.f8e4m3)
+    assert fp8.bk == 128 and fp8.shared_bytes() == hopper_gemm.CONFIGS[0].shared_bytes()
+    assert fp8.for_dtype(mg.bf16).bk == 64 and fp8.for_dtype(mg.f8e5m2) is fp8
+    # Without a configuration, 8-bit inputs take the default with B given as N x K.
+    assert repr(hopper_gemm.config_for(None, mg.f8e4m3)) == repr(fp8.replace(b_major="K"))
+    assert hopper_gemm.config_for(None, mg.bf16) is hopper_gemm.CONFIGS[0]
+    # Scales are those of 8-bit inputs: refused before anything runs for others.
+    with pytest.raises(ValueError, match="scale_a and scale_b scale 8-bit inputs, not bf16"):
+        hopper_gemm.matmul(mg.zeros((64, 64), mg.bf16), mg.zeros((64, 64), mg.bf16), scale_b=0.5)
+    # A configuration of the other width is adapted: one kernel for both.
+    assert hopper_gemm.kernel_for(hopper_gemm.CONFIGS[0], mg.f8e4m3) is hopper_gemm.kernel_for(fp8, mg.f8e4m3)
     assert len({config.name for config in hopper_gemm.CONFIGS}) == len(hopper_gemm.CONFIGS)
     # Rows of 7 bf16 (14 bytes) have no tensor map: such a C is stored from the registers.
     assert hopper_gemm.store_map(mg.empty((5, 7), mg.bf16)) is None
@@ -484,6 +508,21 @@ def test_box_layout_is_the_wgmma_tile():
     assert str(box_layout((8, 16), mg.f32, "64B")) == "Sw<2,2,3> o 0 o (8,16):(16,1)"
 
 
+def test_an_fp8_box_is_the_k32_wgmma_tile():
+    # 128 one-byte elements a row: the swizzle permutes 16-element units (base 4), and the
+    # tile is the 8-bit K-major one, whose descriptor has the 2-byte tile's integers.
+    box = box_layout((128, 128), mg.f8e4m3, "128B")
+    assert str(box) == "Sw<3,4,3> o 0 o (128,128):(128,1)"
+    tile = wgmma_layout.tile_layout((128, 128), 1, "128B")
+    for i in range(128):
+        for j in range(128):
+            assert box(i, j) == tile(i, j)
+    d = wgmma_layout.descriptor(box, 1)
+    assert (d.swizzle, d.leading_byte_offset, d.stride_byte_offset, d.k_offsets) == ("128B", 16, 1024, (0, 32, 64, 96))
+    args = encode_arguments((1000, 304), (304, 1), mg.f8e4m3, 0x10000, box=(128, 128))
+    assert args["data_type"] == 0 and args["info"].box_bytes == 128 * 128   # copied as bytes (UINT8)
+
+
 # --------------------------------------------------------------------------
 # Misuse: CompileErrors at the user's line, before LLVM could abort
 # --------------------------------------------------------------------------
@@ -502,6 +541,75 @@ def test_wgmma_for_sm80_is_a_compile_error_at_its_line():
         only_wgmma.specialize({}).ptx("sm_80")
     assert (info.value.filename, info.value.lineno) == (__file__, line_of(only_wgmma.function, "acc = mg.wgmma.mma"))
     assert "acc = mg.wgmma.mma(acc, a, a, n=64)" in str(info.value)
+
+
+# --------------------------------------------------------------------------
+# 8-bit floats: K-major k32 wgmmas
+# --------------------------------------------------------------------------
+
+TILE8 = wgmma_layout.tile_layout((64, 128), 1, "128B")   # 64 rows of 128 one-byte elements along K
+
+
+@mg.kernel
+def fp8_wgmma(X: mg.memref[64, 64, mg.f32]):
+    sA = mg.shared.array((64 * 128,), mg.f8e4m3)
+    sB = mg.shared.array((64 * 128,), mg.f8e5m2)
+    t = mg.warpgroup.thread_index()
+    acc = mg.wgmma.zeros(64)
+    mg.wgmma.fence()
+    for k in mg.static_range(4):
+        a = mg.wgmma.descriptor(sA, TILE8, k_block=k)
+        acc = mg.wgmma.mma(acc, a, a, n=64)
+    acc = mg.wgmma.mma(acc, a, mg.wgmma.descriptor(sB, TILE8, k_block=3), n=64)  # e4m3 x e5m2
+    mg.wgmma.commit_group()
+    acc = mg.wgmma.wait_group(0, acc)
+    for r in mg.static_range(32):
+        row, col = mg.wgmma.accumulator_coordinates(r, t)
+        X[row, col] = acc[r]
+
+
+def test_fp8_wgmma_ptx(tmp_path):
+    ptx = fp8_wgmma.specialize({}).ptx("sm_90a")
+    assert instructions(ptx, r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3 ") == 4
+    assert instructions(ptx, r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e5m2 ") == 1
+    # The 128-byte swizzle's fields, as for 2-byte elements (rows of 128 bytes, 8-row groups 1024
+    # bytes apart); each k32 reads the next 32 bytes of the rows.
+    assert str(0x4000004000010000) in ptx
+    assert wgmma_layout.descriptor(TILE8, 1).k_offsets == (0, 32, 64, 96)
+    assemble(ptx, tmp_path)
+
+
+def test_fp8_wgmma_for_sm80_is_a_compile_error_at_its_line():
+    with pytest.raises(mg.CompileError, match=r"\(mg.wgmma\) needs sm_90a; this kernel is compiled for sm_80") as info:
+        fp8_wgmma.specialize({}).ptx("sm_80")
+    assert (info.value.filename, info.value.lineno) == (__file__, line_of(fp8_wgmma.function, "mg.wgmma.fence()"))
+
+
+def test_hopper_gemm_fp8_needs_b_given_as_n_by_k():
+    hopper_gemm = import_hopper_gemm()
+    config = hopper_gemm.Config(256, 128, 4, b_major="MN")
+    with pytest.raises(mg.CompileError, match="wgmma reads f8e4m3 operands K-major only") as info:
+        hopper_gemm.kernel_for(config, mg.f8e4m3)[256, 256, mg.bf16].ptx("sm_90a")
+    assert info.value.filename == hopper_gemm.__file__
+    assert "mg.wgmma.descriptor(smem, B_TILE" in str(info.value)
+    with pytest.raises(mg.CompileError, match="needs sm_90") as info:
+        hopper_gemm.kernel_for(config.replace(b_major="K"), mg.f8e4m3)[256, 256, mg.bf16].ptx("sm_80")
+    assert info.value.filename == hopper_gemm.__file__
+
+
+@mg.kernel
+def copy_fp8(A: mg.memref[32, mg.f8e4m3], B: mg.memref[32, mg.f8e4m3]):
+    B[mg.thread_idx.x] = A[mg.thread_idx.x]
+
+
+def test_fp8_values_are_loaded_and_stored_as_bytes():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = (np.arange(-16, 16, dtype=np.float32) / 4).astype(ml_dtypes.float8_e4m3fn)
+    b = np.zeros_like(a)
+    copy_fp8(a, b, grid=1, block=32)
+    np.testing.assert_array_equal(b.view(np.uint8), a.view(np.uint8))
+    ptx = copy_fp8.specialize({}).ptx("sm_90a")
+    assert "ld.global.b8" in ptx and "st.global.b8" in ptx
 
 
 @pytest.mark.parametrize("chip, line_text, what", [
@@ -566,7 +674,17 @@ def test_a_padded_layout_is_not_a_wgmma_tile():
     ("mg.wgmma.zeros(100)", "multiple of 8 from 8 to 256"),
     ("mg.tma.load(X, X, (0,), mg.mbarrier.array(1))", "tensor-map parameter"),
     ("mg.wgmma.descriptor(X, None)", "a wgmma operand is a shared-memory array"),
-    ("mg.wgmma.descriptor(mg.shared.array((64 * 64,), mg.f32), None)", "f16 or bf16 operands, not f32"),
+    ("mg.wgmma.descriptor(mg.shared.array((64 * 64,), mg.f32), None)", "f8e4m3 or f8e5m2 operands, not f32"),
+    ("mg.wgmma.descriptor(mg.shared.array((64 * 128,), mg.f8e4m3), None, major='MN')",
+     "wgmma reads f8e4m3 operands K-major only: give B as N x K"),
+    ("mg.wgmma.descriptor(mg.shared.array((64 * 128,), mg.f8e5m2), TILE8, k_block=4)",
+     "k_block must be a Python int below 4 (the tile's K / 32)"),
+    ("mg.wgmma.mma(mg.wgmma.zeros(64), mg.wgmma.descriptor(mg.shared.array((64 * 64,), mg.f16), TILE), "
+     "mg.wgmma.descriptor(mg.shared.array((64 * 128,), mg.f8e4m3), TILE8), n=64)",
+     "wgmma operands have one element type, got f16 and f8e4m3"),
+    ("mg.shared.array((4,), mg.f8e4m3)[0] * 2.0", "* on f8e4m3 values: 8-bit floats are storage only"),
+    ("mg.cast(mg.shared.array((4,), mg.f8e5m2)[0], mg.f32)", "mg.cast on f8e5m2 values"),
+    ("mg.constant(1.0, mg.f8e4m3)", "mg.constant on f8e4m3 values"),
     ("mg.wgmma.descriptor(mg.shared.array((64 * 64,), mg.f16), TILE, k_block=4)", "k_block must be a Python int below 4"),
     ("mg.wgmma.mma(mg.wgmma.zeros(64), 1, 2, n=64)", "takes descriptors from mg.wgmma.descriptor"),
     ("d = mg.wgmma.descriptor(mg.shared.array((64 * 64,), mg.f16), TILE); mg.wgmma.mma([0.0] * 8, d, d, n=64)",
@@ -579,6 +697,7 @@ def test_a_padded_layout_is_not_a_wgmma_tile():
 def test_misuse_is_a_compile_error(body, message, tmp_path):
     source = tmp_path / "misuse.py"
     source.write_text(f"import mlirgpu as mg\nTILE = mg.layout.wgmma.tile_layout((64, 64), 2, '128B')\n"
+                      f"TILE8 = mg.layout.wgmma.tile_layout((64, 128), 1, '128B')\n"
                       f"@mg.kernel\ndef misuse(X: mg.memref[8, mg.f32]):\n    {body}\n")
     sys.path.insert(0, str(tmp_path))
     try:
@@ -588,7 +707,7 @@ def test_misuse_is_a_compile_error(body, message, tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("misuse", None)
-    assert info.value.lineno == 5
+    assert info.value.lineno == 6
 
 
 def test_the_cpu_backend_refuses_hopper_operations():

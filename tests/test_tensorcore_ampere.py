@@ -579,6 +579,7 @@ def test_benchmark_help():
     done = run_benchmark("--help")
     assert done.returncode == 0, done.stderr
     assert "% of cuBLAS" in done.stdout and "--check" in done.stdout
+    assert "{bf16,f16,fp8}" in done.stdout and "torch._scaled_mm" in done.stdout
 
 
 def test_benchmark_check_runs_every_kernel_on_the_cpu():

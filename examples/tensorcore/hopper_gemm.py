@@ -1,11 +1,13 @@
 """A Hopper (sm_90a) GEMM: TMA copies into a ring of shared-memory stages
 guarded by mbarriers, and warp-specialized wgmma.
 
-    python examples/tensorcore/hopper_gemm.py [M N K] [--dtype bf16|f16] [--out f32|bf16|f16]
+    python examples/tensorcore/hopper_gemm.py [M N K] [--dtype bf16|f16|f8e4m3|f8e5m2] [--out f32|bf16|f16]
 
 C = A @ B with A (M x K) and B (K x N) in bf16 or fp16, accumulated in f32,
-written as f32, bf16 or fp16. One block computes a BM x BN tile of C with
-three warpgroups (384 threads):
+written as f32, bf16 or fp16. Or in 8 bits (f8e4m3 or f8e5m2, B given as
+N x K) with a scale per tensor: C = (scale_a * scale_b) * (A @ B), see
+below. One block computes a BM x BN tile of C with three warpgroups (384
+threads):
 
 - warpgroup 0, the producer, gives most of its registers away (setmaxnreg)
   and has one thread issue the TMA copies: for each BK-wide slice of K, the
@@ -52,6 +54,14 @@ of A and B. TMA needs each row's byte stride to be a multiple of 16, so K
 
 B may also be given transposed (N x K, `b_major="K"`), the layout
 cuBLAS and CUTLASS favour: both operands are then K-major.
+
+8-bit floats (FP8): the same kernel with A and B of f8e4m3 (or f8e5m2),
+which wgmma reads K-major only, so B is given as N x K (`b_major="K"`).
+A stage's slice of K is still one 128-byte swizzled row, now of 128
+elements (BK = 128), and each wgmma is m64nBNk32. The scales of A and B
+(per tensor, as FP8 checkpoints carry them) are two f32 kernel scalars
+whose product multiplies the f32 accumulators in the epilogue, before
+they are converted to C's type.
 """
 import argparse
 import sys
@@ -67,6 +77,8 @@ THREADS = 128 * (1 + CONSUMERS)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
 GROUP_M = 8                         # row tiles per group of the block order
 SHARED_LIMIT = 227 * 1024           # shared memory one block may have on the H100
+ROW_BYTES = 128                     # a stage's slice of K: one row of the 128-byte swizzle
+FLOATS8 = (mg.f8e4m3, mg.f8e5m2)
 # The TMA-store epilogue writes C in boxes of 64 rows of 128 bytes (the 128-byte
 # swizzle's row), two boxes per consumer warpgroup in turn.
 STORE_BOX_BYTES = 64 * 128
@@ -81,14 +93,15 @@ class Config:
     cluster of 2 blocks on vertically adjacent tiles shares B's tile) or "A"
     (2 blocks on horizontally adjacent tiles share A's); schedule:
     "cooperative" (both consumer warpgroups on every tile, 64 rows each) or
-    "pingpong" (each consumer warpgroup on every other tile, all its rows)."""
+    "pingpong" (each consumer warpgroup on every other tile, all its rows).
+    BK is 64 for 2-byte inputs and 128 for 8-bit ones (`for_dtype`)."""
 
     def __init__(self, bn=256, bk=64, stages=4, b_major="MN", epilogue="registers", multicast=None,
                  schedule="cooperative"):
         if b_major not in ("MN", "K"):
             raise ValueError("b_major is 'MN' (B is K x N) or 'K' (B is given as N x K)")
-        if bk != 64:
-            raise ValueError("BK is 64: one 128-byte swizzled row of 2-byte elements")
+        if bk not in (64, 128):
+            raise ValueError("BK is one 128-byte swizzled row: 64 for 2-byte inputs, 128 for 8-bit ones")
         if bn % 64 or not 64 <= bn <= 256:
             raise ValueError(f"BN is 64, 128, 192 or 256 (B's tile is boxes of 64 columns), not {bn}")
         if epilogue not in ("registers", "tma"):
@@ -122,6 +135,10 @@ class Config:
         options.update(changes)
         return Config(**options)
 
+    def for_dtype(self, dtype):
+        """This configuration for inputs of `dtype`: BK is one 128-byte row of them."""
+        return self if self.bk * dtype.itemsize == ROW_BYTES else self.replace(bk=ROW_BYTES // dtype.itemsize)
+
     @property
     def name(self):
         parts = [f"wgmma {self.bm}x{self.bn}x{self.bk}", f"{self.stages} stages"]
@@ -142,10 +159,11 @@ class Config:
     def stage_elements(self):
         return (self.bm + self.bn) * self.bk
 
-    def shared_bytes(self, itemsize=2):
+    def shared_bytes(self):
+        # A stage is BM + BN rows of 128 bytes, whatever the input type.
         # + 1 KB: the stages start at the first 1024-byte boundary (the 128-byte swizzle's period).
         staging = CONSUMERS * STORE_BUFFERS * STORE_BOX_BYTES if self.epilogue == "tma" else 0
-        return self.stages * self.stage_elements * itemsize + staging + 1024
+        return self.stages * (self.bm + self.bn) * ROW_BYTES + staging + 1024
 
 
 # The first is the default (and the benchmark's first row); the order is what the H100
@@ -160,8 +178,13 @@ CONFIGS = [Config(256, 64, 4, epilogue="tma"), Config(128, 64, 6, epilogue="tma"
 
 
 def build(config, dtype):
-    """The kernel of `config` for inputs of `dtype` (mg.bf16 or mg.f16)."""
+    """The kernel of `config` for inputs of `dtype` (mg.bf16, mg.f16, or
+    mg.f8e4m3 or mg.f8e5m2 with config.b_major == "K"), with BK = one
+    128-byte row of them (`config.for_dtype(dtype)`)."""
+    config = config.for_dtype(dtype)
     BM, BN, BK, STAGES = config.bm, config.bn, config.bk, config.stages
+    K_STEP = 32 // dtype.itemsize  # the K of one wgmma: 32 bytes
+    SCALED = dtype in FLOATS8
     STAGE = config.stage_elements
     STAGE_BYTES = STAGE * dtype.itemsize
     B_MAJOR, TMA_EPILOGUE, MULTICAST = config.b_major, config.epilogue == "tma", config.multicast
@@ -181,10 +204,11 @@ def build(config, dtype):
             mg.layout.Layout(((64, BN // 64), (8, BK // 8)), ((1, 64 * BK), (64, 8 * 64))))
     M, N, out_dtype = mg.generics("M N out_dtype")
 
-    # c_map is read by the TMA epilogue only (the register epilogue is passed A's map in its place).
+    # c_map is read by the TMA epilogue only (the register epilogue is passed A's map in its place);
+    # scale_a and scale_b by the 8-bit kernels only.
     @mg.kernel(generics=(M, N, out_dtype), max_threads=THREADS, min_blocks=1)
     def hopper_gemm(a_map: mg.TensorMap, b_map: mg.TensorMap, c_map: mg.TensorMap,
-                    C: mg.memref[M, N, out_dtype], K: mg.i32):
+                    C: mg.memref[M, N, out_dtype], K: mg.i32, scale_a: mg.f32, scale_b: mg.f32):
         smem = mg.shared.dynamic(dtype)
         base = mg.shared.address(smem)
         first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index) // dtype.itemsize
@@ -305,7 +329,7 @@ def build(config, dtype):
                     a_at = first + mg.cast(s, mg.index) * STAGE + half_at
                     b_at = first + mg.cast(s, mg.index) * STAGE + BM * BK
                     mg.wgmma.fence()
-                    for kk in mg.static_range(BK // 16):
+                    for kk in mg.static_range(BK // K_STEP):
                         a = mg.wgmma.descriptor(smem, A_TILE, offset=a_at, k_block=kk)
                         b = mg.wgmma.descriptor(smem, B_TILE, offset=b_at, k_block=kk, major=B_MAJOR)
                         if PINGPONG:
@@ -339,6 +363,9 @@ def build(config, dtype):
                     empty.arrive((it + (STAGES - 1)) % STAGES)
                 if PINGPONG:
                     it = it + k_tiles  # past the other warpgroup's tile
+                if SCALED:
+                    scale = scale_a * scale_b
+                    acc = [v * scale for v in acc]
                 for h in mg.static_range(HALVES):
                     values = acc[h * (BN // 2):(h + 1) * (BN // 2)]
                     row0 = m0 + half + 64 * h
@@ -390,11 +417,18 @@ def build(config, dtype):
     return hopper_gemm
 
 
+def config_for(config, dtype):
+    """`config` (CONFIGS[0] if None, with B given as N x K for 8-bit inputs) for inputs of `dtype`."""
+    if config is None:
+        config = CONFIGS[0].replace(b_major="K") if dtype in FLOATS8 else CONFIGS[0]
+    return config.for_dtype(dtype)
+
+
 _KERNELS = {}
 
 
 def kernel_for(config, dtype):
-    key = (repr(config), dtype)
+    key = (repr(config.for_dtype(dtype)), dtype)
     if key not in _KERNELS:
         _KERNELS[key] = build(config, dtype)
     return _KERNELS[key]
@@ -416,7 +450,7 @@ def _padded(array, axis, multiple):
 def prepare(A, B, config):
     """The tensor maps of A (M x K) and B (K x N, or N x K for b_major="K")."""
     # Rows of K (A, and B given as N x K) or of N (B given as K x N) become multiples of 16 bytes.
-    A, B = _padded(A, 1, 8), _padded(B, 1, 8)
+    A, B = _padded(A, 1, 16 // A.dtype.itemsize), _padded(B, 1, 16 // B.dtype.itemsize)
     # A block that shares a tile with the other block of its cluster loads half of it.
     a_rows = config.bm // 2 if config.multicast == "A" else config.bm
     b_part = config.bn // 2 if config.multicast == "B" else config.bn
@@ -437,12 +471,15 @@ def store_map(C):
     return mg.tensor_map(C, box=(64, 128 // C.dtype.itemsize), swizzle="128B")
 
 
-def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None):
+def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None, scale_a=1.0, scale_b=1.0):
     """C = A @ B on the GPU (A: M x K, B: K x N, or N x K with config.b_major == "K"); the
     arrays are DeviceArrays or any CUDA array object (torch tensors too). `maps`: the
-    tensor maps of A, B and C as prepare() and store_map() make them."""
-    config = config or CONFIGS[0]
+    tensor maps of A, B and C as prepare() and store_map() make them. With 8-bit A and B
+    (B given as N x K), C = (scale_a * scale_b) * (A @ B)."""
     A, B = mg.asarray(A), mg.asarray(B)
+    config = config_for(config, A.dtype)
+    if A.dtype not in FLOATS8 and (scale_a, scale_b) != (1.0, 1.0):
+        raise ValueError(f"scale_a and scale_b scale 8-bit inputs, not {A.dtype.name}")
     C = None if C is None else mg.asarray(C)
     M, K = A.shape
     N = B.shape[0] if config.b_major == "K" else B.shape[1]
@@ -459,8 +496,8 @@ def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None):
     sms = mg.cuda.Device(mg.cuda.current_device()).multiprocessor_count
     # Persistent: at most one block per SM, whole clusters (a cluster of 2 fits a pair of SMs).
     grid = min(clusters, sms // (cm * cn)) * cm * cn
-    gemm[M, N, C.dtype](a_map, b_map, c_map or a_map, C, K, grid=grid, block=THREADS,
-                        shared_mem=config.shared_bytes(A.dtype.itemsize), stream=stream,
+    gemm[M, N, C.dtype](a_map, b_map, c_map or a_map, C, K, scale_a, scale_b, grid=grid, block=THREADS,
+                        shared_mem=config.shared_bytes(), stream=stream,
                         cluster=(cm * cn, 1, 1) if cm * cn > 1 else None)
     return C
 
@@ -473,19 +510,20 @@ def available():
     return mg.backend() == "cuda" and mg.cuda.Device(mg.cuda.current_device()).chip == "sm_90a"
 
 
-def launch(A, B, C, config=None, stream=None):
+def launch(A, B, C, config=None, stream=None, scale_a=1.0, scale_b=1.0):
     """C = A @ B (A: M x K, B: K x N, C: M x N, DeviceArrays or CUDA arrays of
     C's type) with `config`; the tensor maps of A, B and C are made on the
-    first launch with these arrays and kept, as a library caches them."""
-    config = config or CONFIGS[0]
+    first launch with these arrays and kept, as a library caches them. With
+    8-bit A and B (B given as N x K), C = (scale_a * scale_b) * (A @ B)."""
     A, B, C = mg.asarray(A), mg.asarray(B), mg.asarray(C)
+    config = config_for(config, A.dtype)
     key = (repr(config), A.ptr, A.shape, A.dtype, B.ptr, B.shape, C.ptr, C.shape, C.dtype)
     maps = _MAPS.get(key)
     if maps is None:
         # The arrays are kept with the maps: their memory cannot be reused under a key.
         c_map = store_map(C) if config.epilogue == "tma" else None
         maps = _MAPS[key] = prepare(A, B, config) + (c_map, A, B, C)
-    return matmul(A, B, config=config, C=C, maps=maps[:3], stream=stream)
+    return matmul(A, B, config=config, C=C, maps=maps[:3], stream=stream, scale_a=scale_a, scale_b=scale_b)
 
 
 def _inputs(M, N, K, dtype, b_major, seed=0):
@@ -498,7 +536,7 @@ def _inputs(M, N, K, dtype, b_major, seed=0):
 
 def check(M, N, K, dtype=mg.bf16, out_dtype=mg.f32, config=None):
     """Largest error of C against a float64 product of the same (rounded) inputs, relative to its scale."""
-    config = config or CONFIGS[0]
+    config = config_for(config, dtype)
     a, b, dA, dB = _inputs(M, N, K, dtype, config.b_major)
     C = matmul(dA, dB, out_dtype, config).get().astype(np.float64)
     reference = a.astype(np.float64) @ b.astype(np.float64)
@@ -508,20 +546,24 @@ def check(M, N, K, dtype=mg.bf16, out_dtype=mg.f32, config=None):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sizes", nargs="*", type=int, default=[8192, 8192, 8192])
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f8e4m3", "f8e5m2"])
     parser.add_argument("--out", default="bf16", choices=["f32", "bf16", "f16"])
-    parser.add_argument("--b-major", default="MN", choices=["MN", "K"])
+    parser.add_argument("--b-major", default=None, choices=["MN", "K"],
+                        help="how B is given: K x N (MN, the default for 2-byte inputs) or N x K (K)")
     args = parser.parse_args()
     M, N, K = (args.sizes * 3)[:3] if len(args.sizes) == 1 else args.sizes
     dtype, out_dtype = mg.dtype(args.dtype), mg.dtype(args.out)
+    if dtype in FLOATS8 and args.b_major == "MN":
+        parser.error("wgmma reads 8-bit inputs K-major only: B is given as N x K (--b-major K)")
+    b_major = args.b_major or ("K" if dtype in FLOATS8 else "MN")
     if not mg.cuda.is_available():
-        spec = kernel_for(CONFIGS[0], dtype)[M, N, out_dtype]
+        spec = kernel_for(CONFIGS[0].replace(b_major=b_major).for_dtype(dtype), dtype)[M, N, out_dtype]
         ptx = spec.ptx("sm_90a")
         print(f"no GPU: PTX for sm_90a has {ptx.count('wgmma.mma_async')} wgmma.mma_async and "
               f"{ptx.count('cp.async.bulk.tensor')} cp.async.bulk.tensor")
         return
     for listed in CONFIGS:
-        config = listed.replace(b_major=args.b_major)
+        config = listed.replace(b_major=b_major).for_dtype(dtype)
         a, b, dA, dB = _inputs(M, N, K, dtype, config.b_major)
         C = mg.empty((M, N), out_dtype)
         maps = prepare(dA, dB, config) + (store_map(C) if config.epilogue == "tma" else None,)

@@ -24,8 +24,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from . import cuda, ir, layout
     from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event, InvalidObjectError,
-                           KernelError, LaunchError, MLIRError, Stream, TensorMap, bf16, bool_, dtype, f16, f32,
-                           f64, i8, i16, i32, i64, index, u8, u16, u32, u64)
+                           KernelError, LaunchError, MLIRError, Stream, TensorMap, bf16, bool_, dtype, f8e4m3,
+                           f8e5m2, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64)
     from .compiler import Compilation, Target, compile_cubin, compile_ptx
     from .compiler.cache import cache_clear, cache_info
     from .frontend import func
@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from .runtime.vectorize import vectorize
 
 _EXTENSION = ("CompileError", "CudaError", "DeviceArray", "DType", "Error", "Event", "InvalidObjectError",
-              "KernelError", "LaunchError", "MLIRError", "Stream", "TensorMap", "bf16", "bool_", "dtype", "f16",
+              "KernelError", "LaunchError", "MLIRError", "Stream", "TensorMap", "bf16", "bool_", "dtype", "f8e4m3",
+              "f8e5m2", "f16",
               "f32", "f64", "i8", "i16", "i32", "i64", "index", "u8", "u16", "u32", "u64")
 _LANGUAGE = ("atomic", "block", "block_dim", "block_idx", "cast", "constant", "generics", "grid", "grid_dim",
              "load", "math", "mbarrier", "memref", "mma", "printf", "range_", "select", "shared", "static_range",
@@ -95,7 +96,7 @@ __all__ = [
     "Error", "MLIRError", "CompileError", "CudaError", "LaunchError", "KernelError", "InvalidObjectError",
     # dtypes
     "DType", "dtype", "bool_", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32",
-    "f64", "index",
+    "f64", "f8e4m3", "f8e5m2", "index",
     # kernels
     "kernel", "Kernel", "Specialization", "generics", "memref", "func", "vectorize", "autotune", "Autotuner",
     # inside kernels

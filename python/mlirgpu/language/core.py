@@ -23,7 +23,8 @@ import threading
 import numpy as np
 
 from .. import ir
-from .._mlirgpu import CompileError, DType, bf16, bool_, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64
+from .._mlirgpu import (CompileError, DType, bf16, bool_, f8e4m3, f8e5m2, f16, f32, f64, i8, i16, i32, i64, index,
+                        u8, u16, u32, u64)
 
 __all__ = ["Scalar", "MemRef", "constant", "cast", "thread_idx", "block_idx", "block_dim", "grid_dim",
            "range_", "static_range", "select", "element_pointer", "address_space"]
@@ -32,6 +33,9 @@ __all__ = ["Scalar", "MemRef", "constant", "cast", "thread_idx", "block_idx", "b
 LOAD, STORE, ATOMIC, VECTOR_LOAD, VECTOR_STORE = range(5)
 
 FLOATS = (f16, bf16, f32, f64)
+# 8-bit floats are storage only: TMA copies them and wgmma multiplies them; no
+# arithmetic or conversion of single values.
+FLOATS8 = (f8e4m3, f8e5m2)
 SIGNED = (i8, i16, i32, i64)
 UNSIGNED = (u8, u16, u32, u64)
 
@@ -44,6 +48,8 @@ def ir_type(dtype):
         return ir.Type.integer(1)
     if dtype in FLOATS:
         return {f16: ir.Type.f16, bf16: ir.Type.bf16, f32: ir.Type.f32, f64: ir.Type.f64}[dtype]()
+    if dtype in FLOATS8:
+        return ir.Type.parse({f8e4m3: "f8E4M3FN", f8e5m2: "f8E5M2"}[dtype])
     return ir.Type.integer(dtype.itemsize * 8)
 
 
@@ -299,6 +305,12 @@ class Scalar:
     __hash__ = None
 
 
+def _no_arithmetic(dtype, what):
+    if dtype in FLOATS8:
+        raise CompileError(f"{what} on {dtype.name} values: 8-bit floats are storage only here "
+                           f"(TMA copies them, mg.wgmma multiplies them)")
+
+
 def is_python_number(x):
     return isinstance(x, (bool, int, float, np.generic)) and not isinstance(x, Scalar)
 
@@ -316,6 +328,7 @@ def constant(value, dtype):
         raise CompileError("mg.constant takes a Python number; use mg.cast to convert a traced value")
     if not isinstance(value, (bool, int, float, np.generic)):
         raise CompileError(f"mg.constant takes a Python number, not {type(value).__name__}")
+    _no_arithmetic(dtype, "mg.constant")
     t = ir_type(dtype)
     if is_float(dtype):
         attr = ir.Attribute.float(float(value), t)
@@ -366,6 +379,9 @@ def unify(a, b, op):
     """Both operands as Scalars of one dtype, or CompileError."""
     if not isinstance(a, Scalar) and not isinstance(b, Scalar):
         raise CompileError(f"{op} needs a traced operand")
+    for x in (a, b):
+        if isinstance(x, Scalar):
+            _no_arithmetic(x.dtype, op)
     a = _lift(a, b, op) if not isinstance(a, Scalar) else a
     b = _lift(b, a, op) if not isinstance(b, Scalar) else b
     if a.dtype != b.dtype:
@@ -476,6 +492,8 @@ def cast(value, dtype):
     src = value.dtype
     if src == dtype:
         return value
+    _no_arithmetic(src, "mg.cast")
+    _no_arithmetic(dtype, "mg.cast")
     if dtype == bool_:  # truth, as in C: nonzero is true
         return value != 0
     t = ir_type(dtype)

@@ -14,6 +14,8 @@ shared memory, into an accumulator held in registers across its threads:
     mg.wgmma.commit_group()
     acc = mg.wgmma.wait_group(0, acc)                                # the accumulator, once written
 
+Each wgmma reads 32 bytes of K: k16 for f16 and bf16, k32 for the 8-bit
+floats (f8e4m3, f8e5m2), which wgmma reads K-major only (B given as N x K).
 Descriptors are computed from layouts (mlirgpu.layout.wgmma.descriptor: the
 leading and stride byte offsets and the swizzle mode); a layout wgmma cannot
 read is a CompileError at the line that asks for its descriptor. The
@@ -30,7 +32,7 @@ from . import shared
 __all__ = ["Descriptor", "descriptor", "mma", "zeros", "fence", "commit_group", "wait_group",
            "accumulator_coordinates"]
 
-_INPUTS = {lang.f16: "f16", lang.bf16: "bf16"}
+_INPUTS = {lang.f16: "f16", lang.bf16: "bf16", lang.f8e4m3: "e4m3", lang.f8e5m2: "e5m2"}
 
 
 class Descriptor:
@@ -49,19 +51,22 @@ def descriptor(tile, layout, *, offset=0, k_block=0, major="K"):
     """The descriptor of the operand tile at element `offset` of the shared
     memref `tile`, laid out as `layout` (over the tile's (MN, K)
     coordinates, a swizzle composed on top for the swizzled modes), for the
-    `k_block`-th 16-deep slice of K that one mma reads."""
+    `k_block`-th 32-byte slice of K that one mma reads (16 elements of f16
+    or bf16, 32 of an 8-bit float)."""
     lang.target().require_gpu("mg.wgmma")
     if not isinstance(tile, shared.SharedMemRef):
         raise CompileError(f"a wgmma operand is a shared-memory array, not {type(tile).__name__}")
     if tile.dtype not in _INPUTS:
-        raise CompileError(f"wgmma here multiplies f16 or bf16 operands, not {tile.dtype.name}")
+        raise CompileError(f"wgmma here multiplies f16, bf16, f8e4m3 or f8e5m2 operands, not {tile.dtype.name}")
+    if tile.dtype.itemsize == 1 and major != "K":
+        raise CompileError(f"wgmma reads {tile.dtype.name} operands K-major only: give B as N x K (major='K')")
     try:
         fields = wgmma_layout.descriptor(layout, tile.dtype.itemsize, major)
     except (TypeError, ValueError) as error:
         raise CompileError(f"no wgmma descriptor for this shared layout: {error}") from None
     if not isinstance(k_block, int) or isinstance(k_block, bool) or not 0 <= k_block < len(fields.k_offsets):
         raise CompileError(f"k_block must be a Python int below {len(fields.k_offsets)} "
-                           f"(the tile's K / 16), not {k_block!r}")
+                           f"(the tile's K / {32 // tile.dtype.itemsize}), not {k_block!r}")
     # The fixed fields, then the start address (>> 4, 14 bits) at run time.
     constant_part = fields.encode(0)
     address = shared.address(tile, offset) + fields.k_offsets[k_block]
@@ -82,15 +87,17 @@ def _check_n(n):
 
 
 def mma(acc, a, b, *, n):
-    """acc + A @ B for one m64nNk16 wgmma (f32 accumulate) of the
-    descriptors `a` (64 x 16, K-major) and `b` (N x 16, K-major or MN-major);
-    returns the new accumulator. Asynchronous: its result may be read only
-    after `commit_group()` and `wait_group(...)`."""
+    """acc + A @ B for one m64nNk16 wgmma (m64nNk32 for 8-bit floats; f32
+    accumulate) of the descriptors `a` (64 x k, K-major) and `b` (N x k,
+    K-major, or MN-major for f16 and bf16); returns the new accumulator.
+    Asynchronous: its result may be read only after `commit_group()` and
+    `wait_group(...)`."""
     lang.target().require_gpu("mg.wgmma")
     _check_n(n)
     if not isinstance(a, Descriptor) or not isinstance(b, Descriptor):
         raise CompileError("mg.wgmma.mma takes descriptors from mg.wgmma.descriptor for a and b")
-    if a.dtype != b.dtype:
+    if a.dtype != b.dtype and not (a.dtype.itemsize == b.dtype.itemsize == 1):
+        # The two 8-bit floats mix (e4m3 x e5m2); the 16-bit types do not.
         raise CompileError(f"wgmma operands have one element type, got {a.dtype.name} and {b.dtype.name}")
     if a.major != "K":
         raise CompileError("A is read K-major from shared memory (its rows contiguous along K)")
@@ -103,11 +110,10 @@ def mma(acc, a, b, *, n):
     for i, v in enumerate(values):
         packed = lang.emit("llvm.insertvalue", [packed, v], [struct],
                            attributes={"position": ir.Attribute.dense_i64_array([i])}).result
-    kind = _INPUTS[a.dtype]
     op = lang.emit("nvvm.wgmma.mma_async", [packed, a.value, b.value], [struct], attributes={
-        "shape": ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = 16>"),
-        "typeA": ir.Attribute.parse(f"#nvvm.wgmma_type<{kind}>"),
-        "typeB": ir.Attribute.parse(f"#nvvm.wgmma_type<{kind}>"),
+        "shape": ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = {32 // a.dtype.itemsize}>"),
+        "typeA": ir.Attribute.parse(f"#nvvm.wgmma_type<{_INPUTS[a.dtype]}>"),
+        "typeB": ir.Attribute.parse(f"#nvvm.wgmma_type<{_INPUTS[b.dtype]}>"),
         "typeD": ir.Attribute.parse("#nvvm.wgmma_type<f32>"),
         "scaleA": ir.Attribute.parse("#nvvm.wgmma_scale_in<one>"),
         "scaleB": ir.Attribute.parse("#nvvm.wgmma_scale_in<one>"),

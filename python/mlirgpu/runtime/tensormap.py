@@ -18,13 +18,15 @@ shared memory: a row-major layout with the swizzle composed on top
 (mlirgpu.layout), the layout that wgmma descriptors are computed from.
 """
 from .. import _mlirgpu
-from .._mlirgpu import DeviceArray, TensorMap, bf16, f16, f32, f64, i32, i64, u8, u16, u32, u64
+from .._mlirgpu import DeviceArray, TensorMap, bf16, f8e4m3, f8e5m2, f16, f32, f64, i32, i64, u8, u16, u32, u64
 from ..layout import ComposedLayout, Layout, Swizzle
 
 __all__ = ["TensorMap", "tensor_map", "encode_arguments", "box_layout", "SWIZZLE_BYTES"]
 
 # CUtensorMapDataType
-DATA_TYPES = {u8: 0, u16: 1, u32: 2, i32: 3, u64: 4, i64: 5, f16: 6, f32: 7, f64: 8, bf16: 9}
+# The 8-bit floats travel as bytes (CUtensorMapDataType has no 8-bit float); the
+# zero fill is their +0.0.
+DATA_TYPES = {u8: 0, u16: 1, u32: 2, i32: 3, u64: 4, i64: 5, f16: 6, f32: 7, f64: 8, bf16: 9, f8e4m3: 0, f8e5m2: 0}
 # swizzle name -> (CUtensorMapSwizzle, the bytes of a swizzled row)
 SWIZZLE_BYTES = {"none": (0, None), "32B": (1, 32), "64B": (2, 64), "128B": (3, 128)}
 # CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapFloatOOBfill
