@@ -57,7 +57,7 @@ def record_params(out: mg.memref[8, mg.u64], n: mg.u32, X: mg.memref[None, mg.f3
 spec = record_params[4]
 # The fake driver runs the kernel named record_params: it copies the n parameters after the first two out.
 module = mg._mlirgpu.load_module(".visible .entry record_params(\\\\n")
-spec._functions[mg.cuda.current_device()] = module.get_function("record_params", params=spec.function_params())
+spec._functions[mg.cuda.current_device(), False] = module.get_function("record_params", params=spec.function_params())
 misses = []
 original = spec._miss
 spec_miss = lambda args, kwargs: (misses.append(1), original(args, kwargs))
