@@ -184,8 +184,15 @@ def build(config):
         def fragments(self, at, kk):
             """This warp's A fragments (WM / 16 of them) and B fragments
             (WN / 8) of slice kk of the stage at `at`. Lanes 8j .. 8j+7
-            address the rows of matrix j, which sits at block (j % 2, j // 2)
-            of the 16 x 16 tile an ldmatrix .x4 loads.
+            address the rows of matrix j. For A it sits at block
+            (j % 2, j // 2) of the 16 x 16 tile an ldmatrix .x4 loads: the
+            A fragment. For B (N x K once transposed) at block (j // 2, j % 2)
+            (order="row"): matrices 0 and 1 (rows k and k + 8 of the first 8
+            columns) are the first B fragment, the first two of the four
+            registers, and 2, 3 the second. An mma.sync reads a B fragment
+            from two consecutive registers, so these are its operands as they
+            are; matrices in the other order would leave each B fragment in
+            registers 0 and 2 (or 1 and 3), two register moves per mma.
 
             The swizzles read only bits 0-2 of a row: 16 rows further is 16
             rows of elements further, so the A tiles below one another, and
@@ -194,14 +201,14 @@ def build(config):
             16 columns (B)."""
             lane = self.lane
             a_row, a_col = lane % 8 + lane // 8 % 2 * 8, lane // 16 * 8
-            b_row, b_col = lane % 8 + lane // 16 * 8, lane // 8 % 2 * 8
+            b_row, b_col = lane % 8 + lane // 8 % 2 * 8, lane // 16 * 8
             a = [mg.mma.ldmatrix(self.tiles[0].at(at + mi * 16 * BK), (self.wm + a_row, kk * 16 + a_col), 4)
                  for mi in range(WM // 16)]
             b = []
             for nj in range(WN // 16):
                 pair = mg.mma.ldmatrix(self.tiles[1].at(at + kk * 16 * BN), (b_row, self.wn + nj * 16 + b_col), 4,
-                                       transpose=True)
-                b += [pair.select(0, 1, 4, 5), pair.select(2, 3, 6, 7)]
+                                       transpose=True, order="row")
+                b += [pair.select(0, 1, 2, 3), pair.select(4, 5, 6, 7)]
             return a, b
 
     @mg.kernel(generics=(M, K, N, T, OUT), max_threads=THREADS)
