@@ -25,7 +25,9 @@ pipeline's depth); `CONFIGS` lists a few, the first the default:
   fragments: the next stage has landed, and the one just read is free for
   the next step's copies.
 - The warps read their fragments with ldmatrix: .x4 gives an A fragment
-  (16 x 16), .x4.trans two B fragments (16 x 16 of the K x N tile). The
+  (16 x 16), .x4.trans two B fragments (16 x 16 of the K x N tile), its
+  matrices in row order so that each B fragment is two consecutive
+  registers, where mma.sync reads it without moves. The
   fragments of the next 16-wide slice of K are loaded before the mmas of
   the current one (double-buffered in registers), so that shared-memory
   latency hides behind the tensor cores; the step's cp.asyncs are spread
@@ -153,6 +155,9 @@ def build(config):
     COPIES = ([("a", i) for i in range(BM * BK // CHUNK // THREADS)] +
               [("b", i) for i in range(BK * BN // CHUNK // THREADS)])
     SHARE = [COPIES[len(COPIES) * kk // SLICES:len(COPIES) * (kk + 1) // SLICES] for kk in range(SLICES)]
+    # A slice's mmas (mi, ni), serpentine: odd rows of atoms take the B fragments backwards, so that each
+    # mma shares an operand with the one before it (A along a row, B at the turns).
+    MMAS = [(mi, ni if mi % 2 == 0 else WN // 8 - 1 - ni) for mi in range(WM // 16) for ni in range(WN // 8)]
     M, K, N, T, OUT = mg.generics("M K N T OUT")
 
     class Block:
@@ -255,9 +260,8 @@ def build(config):
                     next_a, next_b = block.fragments((t + 1) % STAGES * STAGE, 0)
                 else:
                     next_a, next_b = block.fragments(here, kk + 1)
-                for mi in mg.static_range(WM // 16):
-                    for ni in mg.static_range(WN // 8):
-                        acc[mi][ni] = mg.mma.sync(atom, a[mi], b[ni], acc[mi][ni])
+                for mi, ni in MMAS:
+                    acc[mi][ni] = mg.mma.sync(atom, a[mi], b[ni], acc[mi][ni])
                 a, b = next_a, next_b
         mg.mma.wait_group(0)
 
