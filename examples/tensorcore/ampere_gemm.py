@@ -129,17 +129,26 @@ def swizzle_for(row_elements):
     return Swizzle(3, 3, shift)
 
 
-def _copy(tile, row, col, source, columns, r, c, ok):
-    """The 8 elements of `source` (`columns` wide) from (r, c) into the shared
-    `tile` at (row, col); zeros where `ok` is false or past the last column."""
+def _copy(tile, row, col, source, r, c):
+    """The 8 elements of `source` from (r, c) into the shared `tile` at
+    (row, col); zeros past the last row or column.
+
+    A row or column out of range is replaced by 0 in the source address,
+    which must lie in the array even where nothing is read; each coordinate
+    on its own, so that A's rows and B's columns, which do not change along
+    K, have their selects hoisted out of the loop, and the copies of a
+    thread that share a column of A share its select."""
+    rows, columns = source.shape
+    r_ok = r < rows
     if columns % CHUNK == 0:  # 16-byte aligned rows: one cp.async, whole chunks in or out
-        ok = ok & (c < columns)
-        mg.mma.cp_async(tile, (row, col), source, (mg.select(ok, r, 0), mg.select(ok, c, 0)), 16, ok)
+        c_ok = c < columns
+        mg.mma.cp_async(tile, (row, col), source, (mg.select(r_ok, r, 0), mg.select(c_ok, c, 0)), 16,
+                        r_ok & c_ok)
     else:
         for e in range(CHUNK):
-            e_ok = ok & (c + e < columns)
-            value = source[mg.select(e_ok, r, 0), mg.select(e_ok, c + e, 0)]
-            tile[row, col + e] = mg.select(e_ok, value, mg.cast(0.0, source.dtype))
+            c_ok = c + e < columns
+            value = source[mg.select(r_ok, r, 0), mg.select(c_ok, c + e, 0)]
+            tile[row, col + e] = mg.select(r_ok & c_ok, value, mg.cast(0.0, source.dtype))
 
 
 def build(config):
@@ -175,16 +184,17 @@ def build(config):
 
         def copy(self, which, i, step, at):
             """Chunk i of this thread's share of A's (`which` "a") or B's
-            tile of `step` into the stage at `at`; past K, zeros."""
-            chunk, live = self.tid + i * THREADS, step < (self.k + BK - 1) // BK
+            tile of `step` into the stage at `at`; past K, zeros (all of
+            a step past the last one: its columns of A and rows of B are)."""
+            chunk = self.tid + i * THREADS
             if which == "a":
                 row, col = chunk // (BK // CHUNK), chunk % (BK // CHUNK) * CHUNK
                 r, c = self.bm + row, step * BK + col
-                _copy(self.tiles[0].at(at), row, col, self.A, self.k, r, c, live & (r < self.m))
+                _copy(self.tiles[0].at(at), row, col, self.A, r, c)
             else:
                 row, col = chunk // (BN // CHUNK), chunk % (BN // CHUNK) * CHUNK
                 r, c = step * BK + row, self.bn + col
-                _copy(self.tiles[1].at(at), row, col, self.B, self.n, r, c, live & (r < self.k))
+                _copy(self.tiles[1].at(at), row, col, self.B, r, c)
 
         def fragments(self, at, kk):
             """This warp's A fragments (WM / 16 of them) and B fragments
@@ -242,12 +252,14 @@ def build(config):
         a, b = block.fragments(0, 0)
 
         acc = [[mg.mma.zeros(atom) for _ in mg.static_range(WN // 8)] for _ in mg.static_range(WM // 16)]
-        # Step t computes on stage t % STAGES and copies step t + STAGES - 1
-        # into stage (t - 1) % STAGES, which every warp finished reading
-        # before the barrier of step t - 1.
+        # Step t computes on stage t % STAGES (at `here`) and copies step
+        # t + STAGES - 1 into stage (t - 1) % STAGES (at `free`), which every
+        # warp finished reading before the barrier of step t - 1. The offsets
+        # go round the ring from one step to the next (one add and one select
+        # a step, not a remainder and a product for each address).
+        here, free = mg.constant(0, mg.index), mg.constant((STAGES - 1) * STAGE, mg.index)
         for t in range(steps):
-            here = t % STAGES * STAGE
-            free = (t + STAGES - 1) % STAGES * STAGE
+            after = mg.select(here == (STAGES - 1) * STAGE, 0, here + STAGE)
             for kk in mg.static_range(SLICES):
                 for which, i in SHARE[kk]:
                     block.copy(which, i, t + STAGES - 1, free)
@@ -257,12 +269,13 @@ def build(config):
                     mg.mma.commit_group()
                     mg.mma.wait_group(STAGES - 2)
                     mg.syncthreads()
-                    next_a, next_b = block.fragments((t + 1) % STAGES * STAGE, 0)
+                    next_a, next_b = block.fragments(after, 0)
                 else:
                     next_a, next_b = block.fragments(here, kk + 1)
                 for mi, ni in MMAS:
                     acc[mi][ni] = mg.mma.sync(atom, a[mi], b[ni], acc[mi][ni])
                 a, b = next_a, next_b
+            here, free = after, here
         mg.mma.wait_group(0)
 
         for mi in mg.static_range(WM // 16):
