@@ -114,38 +114,53 @@ def mg_backend(name):
     return current_backend(name)
 
 
-COUNT, TRANS, BLOCK_ROWS = mg.generics("COUNT TRANS BLOCK_ROWS")  # TRANS: 1 no, 2 .trans
+COUNT, TRANS, BLOCK_ROWS, ORDER = mg.generics("COUNT TRANS BLOCK_ROWS ORDER")  # TRANS: 1 no, 2 .trans
+ORDERS = ["column", "row"]  # ORDER: 1 column, 2 row
 
 
-@mg.kernel(generics=(COUNT, TRANS, BLOCK_ROWS))
+def block_of(j, block_rows, count, order):
+    """The (row, column) block of ldmatrix's matrix j in `order`."""
+    if order == "row":
+        return j // (count // block_rows), j % (count // block_rows)
+    return j % block_rows, j // block_rows
+
+
+@mg.kernel(generics=(COUNT, TRANS, BLOCK_ROWS, ORDER))
 def ldmatrix_kernel(S: mg.memref[256, mg.f16], out: mg.memref[32, 8, mg.f16]):
     """A 16x16 row-major tile in shared memory; lane l addresses row l % 8 of
-    matrix l // 8, which sits at block (j % BLOCK_ROWS, j // BLOCK_ROWS)."""
+    matrix l // 8, which sits at block (j % BLOCK_ROWS, j // BLOCK_ROWS) in
+    column order, (j // columns, j % columns) in row order."""
     tile = mg.shared.array((256,), mg.f16)
     t = thread_idx.x
     for i in mg.static_range(8):
         tile[t * 8 + i] = S[t * 8 + i]
     mg.syncthreads()
     j = t // 8 % COUNT
-    row, col = t % 8 + j % BLOCK_ROWS * 8, j // BLOCK_ROWS * 8
+    if ORDER == 2:
+        row, col = t % 8 + j // (COUNT // BLOCK_ROWS) * 8, j % (COUNT // BLOCK_ROWS) * 8
+    else:
+        row, col = t % 8 + j % BLOCK_ROWS * 8, j // BLOCK_ROWS * 8
     frag = mg.mma.ldmatrix(tile, (row * 16 + col,), COUNT, transpose=TRANS == 2,
-                           blocks=(BLOCK_ROWS, COUNT // BLOCK_ROWS))
+                           blocks=(BLOCK_ROWS, COUNT // BLOCK_ROWS), order=ORDERS[ORDER - 1])
     for v in mg.static_range(2 * COUNT):
         out[t, v] = frag[v]
 
 
-@pytest.mark.parametrize("count,block_rows", [(1, 1), (2, 2), (2, 1), (4, 2)])
+@pytest.mark.parametrize("count,block_rows,order", [(1, 1, "column"), (2, 2, "column"), (2, 1, "column"),
+                                                     (4, 2, "column"), (4, 2, "row")])
 @pytest.mark.parametrize("transpose", [False, True])
-def test_ldmatrix_fragment_semantics(count, block_rows, transpose, backend):
+def test_ldmatrix_fragment_semantics(count, block_rows, order, transpose, backend):
     S = np.arange(256).astype(np.float16)  # each element its index: exact in f16
     out = np.zeros((32, 8), np.float16) if backend == "cpu" else mg.zeros((32, 8), mg.f16)
-    ldmatrix_kernel[count, int(transpose) + 1, block_rows](host(S, backend), out, grid=1, block=32)
+    ldmatrix_kernel[count, int(transpose) + 1, block_rows, ORDERS.index(order) + 1](host(S, backend), out,
+                                                                                    grid=1, block=32)
     got = fetch(out)
     tile = S.reshape(16, 16)
     for lane in range(32):
         for v in range(2 * count):
             j, p = v // 2, v % 2
-            block = tile[8 * (j % block_rows):][:8, 8 * (j // block_rows):][:, :8]
+            block_row, block_col = block_of(j, block_rows, count, order)
+            block = tile[8 * block_row:][:8, 8 * block_col:][:, :8]
             r, c = lane // 4, 2 * (lane % 4) + p
             assert got[lane, v] == (block[c, r] if transpose else block[r, c]), (lane, v)
 
@@ -160,6 +175,17 @@ def test_ldmatrix_x4_is_the_a_fragment_and_its_halves_b_fragments():
     b = mma_module._atom_fragment_type(atom, "b").coordinates
     assert x4([0] * 8).select(0, 1, 4, 5).coordinates == b
     assert x4([0] * 8).select(2, 3, 6, 7).coordinates == b
+
+
+def test_ldmatrix_x4_in_row_order_holds_a_b_fragment_in_each_half():
+    # Each B fragment in two consecutive registers of the ldmatrix, as mma.sync reads it.
+    atom = mg.mma.M16N8K16_F16
+    by_rows = mma_module.fragment_type(
+        tuple(tuple((8 * (j // 2) + lane // 4, 8 * (j % 2) + 2 * (lane % 4) + p) for j in range(4) for p in range(2))
+              for lane in range(32)), mg.f16, "x4 by rows")
+    b = mma_module._atom_fragment_type(atom, "b").coordinates
+    assert by_rows([0] * 8).select(0, 1, 2, 3).coordinates == b
+    assert by_rows([0] * 8).select(4, 5, 6, 7).coordinates == b
 
 
 NBYTES, VALID = mg.generics("NBYTES VALID")
@@ -291,7 +317,7 @@ def test_mma_sync_ptx(kind, instruction, chip, tmp_path):
 @pytest.mark.parametrize("chip", CHIPS)
 @pytest.mark.parametrize("count,transpose", [(1, False), (2, True), (4, False), (4, True)])
 def test_ldmatrix_ptx(count, transpose, chip, tmp_path):
-    ptx = ptx_of(ldmatrix_kernel, (count, int(transpose) + 1, 1 if count == 1 else 2), chip)
+    ptx = ptx_of(ldmatrix_kernel, (count, int(transpose) + 1, 1 if count == 1 else 2, 1), chip)
     trans = ".trans" if transpose else ""
     assert re.search(rf"ldmatrix\.sync\.aligned\.m8n8\.x{count}{re.escape(trans)}\.shared\.b16 ", ptx)
     assert_ptxas(ptx, chip, tmp_path)
@@ -431,6 +457,13 @@ def ldmatrix_x3(out: mg.memref[32, mg.f16]):
 
 
 @mg.kernel
+def ldmatrix_in_diagonal_order(out: mg.memref[32, mg.f16]):
+    s = mg.shared.array((256,), mg.f16)
+    v = mg.mma.ldmatrix(s, (thread_idx.x * 8,), 4, order="diagonal")
+    out[thread_idx.x] = v[0]
+
+
+@mg.kernel
 def cp_async_12_bytes(G: mg.memref[64, mg.f16]):
     s = mg.shared.array((64,), mg.f16)
     mg.mma.cp_async(s, (0,), G, (0,), 12)
@@ -451,6 +484,7 @@ def cp_async_mixed_dtypes(G: mg.memref[64, mg.f32]):
     (ldmatrix_of_f32, "ldmatrix loads 16-bit elements (f16, bf16), not f32"),
     (ldmatrix_of_global, "ldmatrix reads shared memory"),
     (ldmatrix_x3, "ldmatrix loads 1, 2 or 4 matrices, not 3"),
+    (ldmatrix_in_diagonal_order, "ldmatrix's order is \"column\" or \"row\", not 'diagonal'"),
     (cp_async_12_bytes, "cp.async copies 4, 8 or 16 bytes, not 12"),
     (cp_async_to_global, "cp.async's destination is shared memory"),
     (cp_async_mixed_dtypes, "cp.async copies between arrays of one dtype"),
@@ -474,7 +508,7 @@ def test_sm75_has_no_cp_async():
 
 
 def test_sm75_has_no_ldmatrix():
-    error = compile_error(ldmatrix_kernel, (4, 1, 2), chip="sm_75")
+    error = compile_error(ldmatrix_kernel, (4, 1, 2, 1), chip="sm_75")
     assert "nvgpu.ldmatrix (mg.mma) needs sm_80 or later" in str(error)
     assert_at_line(error, ldmatrix_kernel.function, "frag = mg.mma.ldmatrix(")
 

@@ -25,7 +25,9 @@ pipeline's depth); `CONFIGS` lists a few, the first the default:
   fragments: the next stage has landed, and the one just read is free for
   the next step's copies.
 - The warps read their fragments with ldmatrix: .x4 gives an A fragment
-  (16 x 16), .x4.trans two B fragments (16 x 16 of the K x N tile). The
+  (16 x 16), .x4.trans two B fragments (16 x 16 of the K x N tile), its
+  matrices in row order so that each B fragment is two consecutive
+  registers, where mma.sync reads it without moves. The
   fragments of the next 16-wide slice of K are loaded before the mmas of
   the current one (double-buffered in registers), so that shared-memory
   latency hides behind the tensor cores; the step's cp.asyncs are spread
@@ -127,17 +129,26 @@ def swizzle_for(row_elements):
     return Swizzle(3, 3, shift)
 
 
-def _copy(tile, row, col, source, columns, r, c, ok):
-    """The 8 elements of `source` (`columns` wide) from (r, c) into the shared
-    `tile` at (row, col); zeros where `ok` is false or past the last column."""
+def _copy(tile, row, col, source, r, c):
+    """The 8 elements of `source` from (r, c) into the shared `tile` at
+    (row, col); zeros past the last row or column.
+
+    A row or column out of range is replaced by 0 in the source address,
+    which must lie in the array even where nothing is read; each coordinate
+    on its own, so that A's rows and B's columns, which do not change along
+    K, have their selects hoisted out of the loop, and the copies of a
+    thread that share a column of A share its select."""
+    rows, columns = source.shape
+    r_ok = r < rows
     if columns % CHUNK == 0:  # 16-byte aligned rows: one cp.async, whole chunks in or out
-        ok = ok & (c < columns)
-        mg.mma.cp_async(tile, (row, col), source, (mg.select(ok, r, 0), mg.select(ok, c, 0)), 16, ok)
+        c_ok = c < columns
+        mg.mma.cp_async(tile, (row, col), source, (mg.select(r_ok, r, 0), mg.select(c_ok, c, 0)), 16,
+                        r_ok & c_ok)
     else:
         for e in range(CHUNK):
-            e_ok = ok & (c + e < columns)
-            value = source[mg.select(e_ok, r, 0), mg.select(e_ok, c + e, 0)]
-            tile[row, col + e] = mg.select(e_ok, value, mg.cast(0.0, source.dtype))
+            c_ok = c + e < columns
+            value = source[mg.select(r_ok, r, 0), mg.select(c_ok, c + e, 0)]
+            tile[row, col + e] = mg.select(r_ok & c_ok, value, mg.cast(0.0, source.dtype))
 
 
 def build(config):
@@ -153,6 +164,9 @@ def build(config):
     COPIES = ([("a", i) for i in range(BM * BK // CHUNK // THREADS)] +
               [("b", i) for i in range(BK * BN // CHUNK // THREADS)])
     SHARE = [COPIES[len(COPIES) * kk // SLICES:len(COPIES) * (kk + 1) // SLICES] for kk in range(SLICES)]
+    # A slice's mmas (mi, ni), serpentine: odd rows of atoms take the B fragments backwards, so that each
+    # mma shares an operand with the one before it (A along a row, B at the turns).
+    MMAS = [(mi, ni if mi % 2 == 0 else WN // 8 - 1 - ni) for mi in range(WM // 16) for ni in range(WN // 8)]
     M, K, N, T, OUT = mg.generics("M K N T OUT")
 
     class Block:
@@ -170,22 +184,30 @@ def build(config):
 
         def copy(self, which, i, step, at):
             """Chunk i of this thread's share of A's (`which` "a") or B's
-            tile of `step` into the stage at `at`; past K, zeros."""
-            chunk, live = self.tid + i * THREADS, step < (self.k + BK - 1) // BK
+            tile of `step` into the stage at `at`; past K, zeros (all of
+            a step past the last one: its columns of A and rows of B are)."""
+            chunk = self.tid + i * THREADS
             if which == "a":
                 row, col = chunk // (BK // CHUNK), chunk % (BK // CHUNK) * CHUNK
                 r, c = self.bm + row, step * BK + col
-                _copy(self.tiles[0].at(at), row, col, self.A, self.k, r, c, live & (r < self.m))
+                _copy(self.tiles[0].at(at), row, col, self.A, r, c)
             else:
                 row, col = chunk // (BN // CHUNK), chunk % (BN // CHUNK) * CHUNK
                 r, c = step * BK + row, self.bn + col
-                _copy(self.tiles[1].at(at), row, col, self.B, self.n, r, c, live & (r < self.k))
+                _copy(self.tiles[1].at(at), row, col, self.B, r, c)
 
         def fragments(self, at, kk):
             """This warp's A fragments (WM / 16 of them) and B fragments
             (WN / 8) of slice kk of the stage at `at`. Lanes 8j .. 8j+7
-            address the rows of matrix j, which sits at block (j % 2, j // 2)
-            of the 16 x 16 tile an ldmatrix .x4 loads.
+            address the rows of matrix j. For A it sits at block
+            (j % 2, j // 2) of the 16 x 16 tile an ldmatrix .x4 loads: the
+            A fragment. For B (N x K once transposed) at block (j // 2, j % 2)
+            (order="row"): matrices 0 and 1 (rows k and k + 8 of the first 8
+            columns) are the first B fragment, the first two of the four
+            registers, and 2, 3 the second. An mma.sync reads a B fragment
+            from two consecutive registers, so these are its operands as they
+            are; matrices in the other order would leave each B fragment in
+            registers 0 and 2 (or 1 and 3), two register moves per mma.
 
             The swizzles read only bits 0-2 of a row: 16 rows further is 16
             rows of elements further, so the A tiles below one another, and
@@ -194,14 +216,14 @@ def build(config):
             16 columns (B)."""
             lane = self.lane
             a_row, a_col = lane % 8 + lane // 8 % 2 * 8, lane // 16 * 8
-            b_row, b_col = lane % 8 + lane // 16 * 8, lane // 8 % 2 * 8
+            b_row, b_col = lane % 8 + lane // 8 % 2 * 8, lane // 16 * 8
             a = [mg.mma.ldmatrix(self.tiles[0].at(at + mi * 16 * BK), (self.wm + a_row, kk * 16 + a_col), 4)
                  for mi in range(WM // 16)]
             b = []
             for nj in range(WN // 16):
                 pair = mg.mma.ldmatrix(self.tiles[1].at(at + kk * 16 * BN), (b_row, self.wn + nj * 16 + b_col), 4,
-                                       transpose=True)
-                b += [pair.select(0, 1, 4, 5), pair.select(2, 3, 6, 7)]
+                                       transpose=True, order="row")
+                b += [pair.select(0, 1, 2, 3), pair.select(4, 5, 6, 7)]
             return a, b
 
     @mg.kernel(generics=(M, K, N, T, OUT), max_threads=THREADS)
@@ -230,12 +252,14 @@ def build(config):
         a, b = block.fragments(0, 0)
 
         acc = [[mg.mma.zeros(atom) for _ in mg.static_range(WN // 8)] for _ in mg.static_range(WM // 16)]
-        # Step t computes on stage t % STAGES and copies step t + STAGES - 1
-        # into stage (t - 1) % STAGES, which every warp finished reading
-        # before the barrier of step t - 1.
+        # Step t computes on stage t % STAGES (at `here`) and copies step
+        # t + STAGES - 1 into stage (t - 1) % STAGES (at `free`), which every
+        # warp finished reading before the barrier of step t - 1. The offsets
+        # go round the ring from one step to the next (one add and one select
+        # a step, not a remainder and a product for each address).
+        here, free = mg.constant(0, mg.index), mg.constant((STAGES - 1) * STAGE, mg.index)
         for t in range(steps):
-            here = t % STAGES * STAGE
-            free = (t + STAGES - 1) % STAGES * STAGE
+            after = mg.select(here == (STAGES - 1) * STAGE, 0, here + STAGE)
             for kk in mg.static_range(SLICES):
                 for which, i in SHARE[kk]:
                     block.copy(which, i, t + STAGES - 1, free)
@@ -245,13 +269,13 @@ def build(config):
                     mg.mma.commit_group()
                     mg.mma.wait_group(STAGES - 2)
                     mg.syncthreads()
-                    next_a, next_b = block.fragments((t + 1) % STAGES * STAGE, 0)
+                    next_a, next_b = block.fragments(after, 0)
                 else:
                     next_a, next_b = block.fragments(here, kk + 1)
-                for mi in mg.static_range(WM // 16):
-                    for ni in mg.static_range(WN // 8):
-                        acc[mi][ni] = mg.mma.sync(atom, a[mi], b[ni], acc[mi][ni])
+                for mi, ni in MMAS:
+                    acc[mi][ni] = mg.mma.sync(atom, a[mi], b[ni], acc[mi][ni])
                 a, b = next_a, next_b
+            here, free = after, here
         mg.mma.wait_group(0)
 
         for mi in mg.static_range(WM // 16):

@@ -32,7 +32,11 @@ memory. Lanes 8j .. 8j+7 give the addresses of the 8 rows of matrix j (each
 row 16 contiguous bytes, 16-byte aligned); with `transpose` the registers
 receive the matrices transposed. The fragment's layout treats the matrices
 as blocks of one tile, matrix j at block (j % 2, j // 2): .x4 gives exactly
-an A fragment of m16n8k16, and `.select` picks B fragments out of it.
+an A fragment of m16n8k16, and `.select` picks B fragments out of it. With
+order="row", matrix j sits at block (j // 2, j % 2): an .x4.trans whose
+matrices 0, 1 are the first 8 columns of B (rows k and k + 8) holds a B
+fragment in each half of its registers, which mma.sync then reads where
+ldmatrix left them.
 
 cp.async copies 4, 8 or 16 bytes from global to shared memory without
 passing through registers; `commit_group` closes the group of copies issued
@@ -363,12 +367,13 @@ def _is_shared(memref):
 # ---------------------------------------------------------------------------
 # ldmatrix
 
-def ldmatrix(source, index, count=4, transpose=False, blocks=None):
+def ldmatrix(source, index, count=4, transpose=False, blocks=None, order="column"):
     """ldmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16: lanes 8j .. 8j+7
     give, at `index` of `source` (a shared memref or tile of 16-bit
     elements), the rows of matrix j. Returns this lane's 2 * count values
     as a Fragment whose tile holds the matrices as `blocks` (rows, columns)
-    of 8x8 blocks, matrix j at block (j % rows, j // rows): (1, 1) for .x1,
+    of 8x8 blocks, in `order` "column" (matrix j at block (j % rows,
+    j // rows)) or "row" (at (j // columns, j % columns)): (1, 1) for .x1,
     (2, 1) (default) or (1, 2) for .x2, (2, 2) for .x4. Lane l holds row
     l // 4, columns 2 * (l % 4) and +1 of each matrix (of the transposed
     matrix with `transpose`)."""
@@ -382,17 +387,20 @@ def ldmatrix(source, index, count=4, transpose=False, blocks=None):
         raise CompileError(f"ldmatrix .x{count} arranges its matrices as blocks "
                            f"{' or '.join(map(str, {1: [(1, 1)], 2: [(2, 1), (1, 2)], 4: [(2, 2)]}[count]))}, "
                            f"not {blocks!r}")
+    if order not in ("column", "row"):
+        raise CompileError(f"ldmatrix's order is \"column\" or \"row\", not {order!r}")
     memref, indices = _place(source, index, "ldmatrix's source")
     if not _is_shared(memref):
         raise CompileError("ldmatrix reads shared memory (mg.shared.array / mg.shared.dynamic)")
     if memref.dtype not in (lang.f16, lang.bf16):
         raise CompileError(f"ldmatrix loads 16-bit elements (f16, bf16), not {memref.dtype.name}")
     lang.target().check_access(memref, indices, lang.VECTOR_LOAD, 8)
-    rows = blocks[0]
-    table = tuple(tuple((8 * (j % rows) + lane // 4, 8 * (j // rows) + 2 * (lane % 4) + p)
+    rows, columns = blocks
+    place = {"column": lambda j: (j % rows, j // rows), "row": lambda j: (j // columns, j % columns)}[order]
+    table = tuple(tuple((8 * place(j)[0] + lane // 4, 8 * place(j)[1] + 2 * (lane % 4) + p)
                         for j in range(count) for p in range(2)) for lane in range(_WARP))
     kind = fragment_type(table, memref.dtype, f"ldmatrix .x{count}{'.trans' if transpose else ''} "
-                                              f"as {blocks[0]}x{blocks[1]} blocks")
+                                              f"as {blocks[0]}x{blocks[1]} blocks by {order}s")
     return kind(lang.target().ldmatrix(memref, indices, count, transpose))
 
 
