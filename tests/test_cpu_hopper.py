@@ -326,3 +326,24 @@ def test_a_cluster_config_is_a_launch_error_on_the_cpu(hopper_gemm):
     _, _, dA, dB = hopper_gemm._inputs(130, 70, 90, mg.bf16, config.b_major)
     with pytest.raises(mg.LaunchError, match=r"clusters of \(2, 1, 1\), which only the GPU has"):
         hopper_gemm.matmul(dA, dB, mg.f32, config)
+
+
+@mg.kernel
+def multicast_load(a_map: mg.TensorMap, X: mg.memref[8, mg.f16]):
+    smem = mg.shared.dynamic(mg.f16)
+    bars = mg.mbarrier.array(1)
+    mg.tma.load(a_map, smem, (0, 0), bars, 0, multicast=0b11)
+    X[0] = smem[0]
+
+
+def test_a_multicast_copy_is_a_compile_error_on_the_cpu():
+    with pytest.raises(mg.CompileError, match=r"mg\.tma\.load with multicast runs only on the GPU \(the CPU backend "
+                       r"has no thread-block clusters\)") as info:
+        multicast_load(mg.tensor_map(np.zeros((8, 64), np.float16), box=(8, 64)), np.zeros(8, np.float16),
+                       grid=1, block=32, shared_mem=2048)
+    assert info.value.lineno == line_of(multicast_load.function, "multicast=0b11")
+
+
+def test_a_tensor_map_parameter_takes_a_tensor_map_on_the_cpu():
+    with pytest.raises(mg.LaunchError, match="parameter 'a_map' is a tensor map: pass one made by mg.tensor_map"):
+        tma_box(object(), np.zeros(64 * 64, np.float16), 0, 0, 64, grid=1, block=128, shared_mem=9216)
