@@ -616,7 +616,10 @@ void mg_cpu_mbarrier_wait(int32_t address, int32_t parity, int32_t line)
 }
 
 /* bar.sync (wait) or bar.arrive `id`, `threads`: the arrival that makes
- * `threads` releases the waiting ones and starts the next generation. */
+ * `threads` releases the waiting ones and starts the next generation. It
+ * counts threads: the PTX of mg.warpgroup.barrier and arrive is .aligned,
+ * which every thread of a warp executes together, so the warp's 32 arrivals
+ * are the hardware's one arrival of the warp. */
 void mg_cpu_named_barrier(int32_t id, int32_t threads, int32_t wait, int32_t line)
 {
     mg_cpu_launch *l = running;
@@ -728,6 +731,8 @@ void mg_cpu_tma_store(void *map, int32_t source, int32_t rank, int32_t c0, int32
 {
     int32_t coords[5] = {c0, c1, c2, c3, c4};
     const mg_cpu_tensor_map *m = host_tensor_map(map, rank, "mg.tma.store", line);
+    if (m->readonly)
+        fault(line, "mg.tma.store: the tensor map's array is read-only");
     tma_copy(m, shared_address((uint32_t)source), coords, 0, "mg.tma.store", line);
 }
 

@@ -58,6 +58,7 @@ typedef struct {
     uint16_t box[5];
     uint8_t element_strides[5];
     uint8_t rank, element_size, swizzle_bytes, oob_nan, data_type;
+    uint8_t readonly;             /* the array may not be written: TMA stores are refused */
 } mg_cpu_tensor_map;
 
 #endif

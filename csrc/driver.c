@@ -1362,21 +1362,23 @@ static int tensor_map_element_size(int data_type)
 }
 
 /* TensorMap(owner, info, data_type, address, dims, strides, box, element_strides,
- *           interleave, swizzle, l2_promotion, oob_fill, host=False): the
+ *           interleave, swizzle, l2_promotion, oob_fill, host=False, readonly=False): the
  * arguments of cuTensorMapEncodeTiled as mlirgpu.tma computes them (strides
  * in bytes, of dimensions 1.. only, as the driver takes them). host=True: a
- * map for the CPU backend, the same fields in an mg_cpu_tensor_map (no driver). */
+ * map for the CPU backend, the same fields in an mg_cpu_tensor_map (no driver),
+ * `readonly` where its array may not be written. */
 static PyObject *tensor_map_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"owner", "info", "data_type", "address", "dims", "strides", "box",
-                               "element_strides", "interleave", "swizzle", "l2_promotion", "oob_fill", "host", NULL};
+                               "element_strides", "interleave", "swizzle", "l2_promotion", "oob_fill", "host", "readonly",
+                               NULL};
     PyObject *owner, *info, *dims_obj, *strides_obj, *box_obj, *element_strides_obj;
-    int data_type, interleave, swizzle, l2_promotion, oob_fill, host = 0;
+    int data_type, interleave, swizzle, l2_promotion, oob_fill, host = 0, readonly = 0;
     unsigned long long address;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiKO!O!O!O!iiii|p:TensorMap", keywords, &owner, &info,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiKO!O!O!O!iiii|pp:TensorMap", keywords, &owner, &info,
                                      &data_type, &address, &PyTuple_Type, &dims_obj, &PyTuple_Type, &strides_obj,
                                      &PyTuple_Type, &box_obj, &PyTuple_Type, &element_strides_obj,
-                                     &interleave, &swizzle, &l2_promotion, &oob_fill, &host))
+                                     &interleave, &swizzle, &l2_promotion, &oob_fill, &host, &readonly))
         return NULL;
     Py_ssize_t rank = PyTuple_GET_SIZE(dims_obj);
     if (rank < 1 || rank > 5) {
@@ -1405,7 +1407,8 @@ static PyObject *tensor_map_new(PyTypeObject *type, PyObject *args, PyObject *kw
         }
         mg_cpu_tensor_map h = {.magic = MG_CPU_TENSOR_MAP_MAGIC, .address = address, .rank = (uint8_t)rank,
                                .element_size = (uint8_t)element_size, .swizzle_bytes = (uint8_t)(swizzle ? 16 << swizzle : 0),
-                               .oob_nan = oob_fill != 0, .data_type = (uint8_t)data_type};
+                               .oob_nan = oob_fill != 0, .data_type = (uint8_t)data_type,
+                               .readonly = readonly != 0};
         for (Py_ssize_t i = 0; i < rank; i++) {
             h.dims[i] = dims[i];
             h.strides[i] = i == 0 ? (uint64_t)element_size : strides[i - 1];

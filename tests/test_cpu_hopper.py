@@ -347,3 +347,12 @@ def test_a_multicast_copy_is_a_compile_error_on_the_cpu():
 def test_a_tensor_map_parameter_takes_a_tensor_map_on_the_cpu():
     with pytest.raises(mg.LaunchError, match="parameter 'a_map' is a tensor map: pass one made by mg.tensor_map"):
         tma_box(object(), np.zeros(64 * 64, np.float16), 0, 0, 64, grid=1, block=128, shared_mem=9216)
+
+
+def test_a_tma_store_to_a_read_only_array_is_a_kernel_error():
+    C = np.zeros((10, 44), np.float32)
+    C.flags.writeable = False
+    with pytest.raises(mg.KernelError, match="mg.tma.store: the tensor map's array is read-only, by thread "
+                       r"\(0, 0, 0\) of block \(0, 0, 0\) at .*:%d" % line_of(tma_store_box.function, "mg.tma.store(")):
+        tma_store_box(mg.tensor_map(C, box=(8, 32), swizzle="128B"), 0, 0, grid=1, block=64, shared_mem=8 * 32 * 4)
+    assert not C.any()

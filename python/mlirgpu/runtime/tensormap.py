@@ -184,6 +184,7 @@ def tensor_map(array, box, swizzle="128B", *, element_strides=None, oob_fill="ze
     if host and isinstance(array, np.ndarray):
         # In place (NumPy's bfloat16 has no DLPack type to view it through).
         where = (array.shape, array.strides, _mlirgpu.dtype(array.dtype), array.ctypes.data)
+        readonly = not array.flags.writeable
     else:
         device = array if isinstance(array, DeviceArray) else _mlirgpu.asarray(array, host=host)
         if device.is_host != host:
@@ -191,7 +192,10 @@ def tensor_map(array, box, swizzle="128B", *, element_strides=None, oob_fill="ze
                              else "on the CPU backend a tensor map addresses host memory: pass a host array "
                                   "(mg.to_device while the backend is 'cpu', or a NumPy array)")
         where = (device.shape, device.strides, device.dtype, device.ptr)
+        readonly = device.readonly
     if interleave not in (None, "none") and host:
         raise ValueError("the CPU backend's tensor maps take no interleave")
     arguments = encode_arguments(*where, box, swizzle, element_strides, oob_fill, interleave, l2_promotion)
-    return TensorMap(array, host=host, **arguments)
+    if not host:
+        return TensorMap(array, **arguments)
+    return TensorMap(array, host=True, readonly=readonly, **arguments)
