@@ -241,6 +241,7 @@ def wgmma_kernel(a_tile, b_tile, b_major):
         first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index) // 2
         for i in range(mg.thread_idx.x, 2 * 64 * 64, 128):
             smem[first + i] = image[i]
+        mg.tma.fence_proxy_async()   # ordinary stores, read by the tensor cores
         mg.syncthreads()
         t = mg.warpgroup.thread_index()
         acc = mg.wgmma.zeros(64)
@@ -257,9 +258,8 @@ def wgmma_kernel(a_tile, b_tile, b_major):
     return tile_product
 
 
-@pytest.mark.parametrize("b_major", ["K", "MN"])
-@pytest.mark.parametrize("swizzle", ["interleave", "32B", "64B", "128B"])
-def test_wgmma_reads_each_layout_through_its_descriptor(swizzle, b_major):
+def wgmma_product(swizzle, b_major):
+    """(C the kernel computes, A @ B) for small integer A and B laid out with `swizzle`."""
     a_tile = wgmma_layout.tile_layout((64, 64), 2, swizzle)
     b_tile = wgmma_layout.tile_layout((64, 64), 2, swizzle, major=b_major)
     rng = np.random.default_rng(1)
@@ -270,9 +270,17 @@ def test_wgmma_reads_each_layout_through_its_descriptor(swizzle, b_major):
         for k in range(64):
             image[a_tile(i, k)] = a[i, k]
             image[64 * 64 + b_tile(i, k)] = b[k, i]          # B's tile is over (N, K)
-    C = np.zeros((64, 64), np.float32)
-    wgmma_kernel(a_tile, b_tile, b_major)(image, C, grid=1, block=128, shared_mem=2 * 64 * 64 * 2 + 1024)
-    np.testing.assert_array_equal(C, a.astype(np.float32) @ b.astype(np.float32))  # small integers: exact
+    C = mg.to_device(np.zeros((64, 64), np.float32))
+    wgmma_kernel(a_tile, b_tile, b_major)(mg.to_device(image), C, grid=1, block=128,
+                                          shared_mem=2 * 64 * 64 * 2 + 1024)
+    return C.get(), a.astype(np.float32) @ b.astype(np.float32)
+
+
+@pytest.mark.parametrize("b_major", ["K", "MN"])
+@pytest.mark.parametrize("swizzle", ["interleave", "32B", "64B", "128B"])
+def test_wgmma_reads_each_layout_through_its_descriptor(swizzle, b_major):
+    got, expected = wgmma_product(swizzle, b_major)
+    np.testing.assert_array_equal(got, expected)  # small integers: exact
 
 
 # --------------------------------------------------------------------------
@@ -356,3 +364,34 @@ def test_a_tma_store_to_a_read_only_array_is_a_kernel_error():
                        r"\(0, 0, 0\) of block \(0, 0, 0\) at .*:%d" % line_of(tma_store_box.function, "mg.tma.store(")):
         tma_store_box(mg.tensor_map(C, box=(8, 32), swizzle="128B"), 0, 0, grid=1, block=64, shared_mem=8 * 32 * 4)
     assert not C.any()
+
+
+# --------------------------------------------------------------------------
+# The same kernels on a Hopper GPU: the CPU backend's results are the hardware's
+# --------------------------------------------------------------------------
+
+def tma_box_on_the_current_backend(swizzle, columns, row, col):
+    A = np.arange(130 * 72, dtype=np.float32).reshape(130, 72).astype(np.float16)
+    out = mg.to_device(np.full(64 * 64, np.nan, np.float16))
+    tma_box(mg.tensor_map(mg.to_device(A), box=(64, columns), swizzle=swizzle), out, row, col, 64 * columns,
+            grid=1, block=128, shared_mem=64 * 64 * 2 + 1024)
+    return out.get()
+
+
+@pytest.mark.gpu
+def test_the_cpu_backend_agrees_with_a_hopper_gpu():
+    with current_backend("cuda"):
+        if mg.cuda.Device(mg.cuda.current_device()).chip != "sm_90a":
+            pytest.skip("needs a Hopper GPU (sm_90a)")
+    cases = [(swizzle, columns, row, col) for swizzle, columns in (("none", 64), ("32B", 16), ("64B", 32), ("128B", 64))
+             for row, col in ((0, 0), (100, 40), (-3, -5))]
+    for case in cases:
+        with current_backend("cuda"):
+            gpu = tma_box_on_the_current_backend(*case)
+        np.testing.assert_array_equal(tma_box_on_the_current_backend(*case), gpu, err_msg=f"TMA box {case}")
+    for swizzle in ("interleave", "32B", "64B", "128B"):
+        for b_major in ("K", "MN"):
+            with current_backend("cuda"):
+                gpu, expected = wgmma_product(swizzle, b_major)
+            np.testing.assert_array_equal(gpu, expected, err_msg=f"wgmma {swizzle} {b_major} on the GPU")
+            np.testing.assert_array_equal(wgmma_product(swizzle, b_major)[0], gpu, err_msg=f"wgmma {swizzle} {b_major}")
