@@ -94,7 +94,7 @@ _RUNTIME = {
 _SHUFFLE_MODES = {"xor": 0, "down": 1, "up": 2, "idx": 3, "ballot": 4}  # cpu.c's MG_SHFL_*, MG_VOTE_BALLOT
 _MMA_MODES = {"f16": 16, "bf16": 17, "tf32": 18}  # cpu.c's MG_WARP_MMA_*
 _LDMATRIX_MODE = 32  # cpu.c's MG_WARP_LDMATRIX
-_WGMMA_BF16, _WGMMA_B_MN_MAJOR = 1, 2  # mg_cpu_wgmma's mode bits
+_WGMMA_TYPES, _WGMMA_B_MN_MAJOR = {"f16": 0, "bf16": 1}, 2  # mg_cpu_wgmma's mode bits
 
 
 DEFAULT_CHECKS = frozenset({"bounds"})
@@ -347,13 +347,16 @@ class HostTarget(Target):
         # The runtime's copies read shared memory as every other access does.
         pass
 
-    def wgmma_mma(self, values, a, b, n, kind, b_major):
+    def wgmma_mma(self, values, a, b, n, k, type_a, type_b, b_major):
         # The thread's accumulators through its buffer in the runtime, which
-        # adds the products of the rows and columns it holds.
+        # adds the products of the rows and columns it holds (k16 of 16-bit floats).
+        if type_a != type_b or type_a not in _WGMMA_TYPES:
+            raise CompileError(f"wgmma of {type_a} x {type_b} operands runs only on the GPU (the CPU backend "
+                               f"multiplies f16 and bf16 ones): use mg.set_backend('cuda')")
         buffer = _call("mg_cpu_wgmma_buffer")[0]
         for i, v in enumerate(values):
             lang.emit("memref.store", [v, buffer, lang.constant(i, lang.index)])
-        mode = (_WGMMA_BF16 if kind == "bf16" else 0) | (_WGMMA_B_MN_MAJOR if b_major == "MN" else 0)
+        mode = _WGMMA_TYPES[type_a] | (_WGMMA_B_MN_MAJOR if b_major == "MN" else 0)
         _call("mg_cpu_wgmma", [_i32_constant(n), lang.cast(a, lang.i64), lang.cast(b, lang.i64),
                                _i32_constant(mode), _line()])
         return [lang.Scalar(lang.emit("memref.load", [buffer, lang.constant(i, lang.index)],

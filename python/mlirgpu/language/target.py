@@ -538,15 +538,16 @@ class Target:
         lang.emit("nvvm.fence.proxy", attributes={"kind": ir.Attribute.parse("#nvvm.proxy_kind<async.shared>"),
                                                   "space": ir.Attribute.parse("#nvvm.shared_space<cta>")})
 
-    def wgmma_mma(self, values, a, b, n, kind, b_major):
-        """wgmma.mma_async m64nNk16, f32 += `kind` (f16, bf16) x `kind`, of
-        the u64 descriptors `a` (K-major) and `b` (`b_major`) on this thread's
-        accumulators `values` (N/2 f32 Scalars); the new ones."""
+    def wgmma_mma(self, values, a, b, n, k, type_a, type_b, b_major):
+        """wgmma.mma_async m64nNk`k`, f32 += `type_a` x `type_b` (wgmma's type
+        names: f16, bf16), of the u64 descriptors `a` (K-major) and `b`
+        (`b_major`) on this thread's accumulators `values` (N/2 f32
+        Scalars); the new ones."""
         packed, struct = _f32_struct(values)
         op = lang.emit("nvvm.wgmma.mma_async", [packed, a, b], [struct], attributes={
-            "shape": ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = 16>"),
-            "typeA": ir.Attribute.parse(f"#nvvm.wgmma_type<{kind}>"),
-            "typeB": ir.Attribute.parse(f"#nvvm.wgmma_type<{kind}>"),
+            "shape": ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = {k}>"),
+            "typeA": ir.Attribute.parse(f"#nvvm.wgmma_type<{type_a}>"),
+            "typeB": ir.Attribute.parse(f"#nvvm.wgmma_type<{type_b}>"),
             "typeD": ir.Attribute.parse("#nvvm.wgmma_type<f32>"),
             "scaleA": ir.Attribute.parse("#nvvm.wgmma_scale_in<one>"),
             "scaleB": ir.Attribute.parse("#nvvm.wgmma_scale_in<one>"),

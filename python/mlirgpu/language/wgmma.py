@@ -97,7 +97,8 @@ def mma(acc, a, b, *, n):
         raise CompileError(f"an m64n{n} accumulator is a list of {n // 2} f32 values, got "
                            f"{len(acc) if isinstance(acc, (list, tuple)) else type(acc).__name__}")
     values = [lang.coerce(v, lang.f32, "a wgmma accumulator value") for v in acc]
-    return lang.target().wgmma_mma(values, a.value, b.value, n, _INPUTS[a.dtype], b.major)
+    return lang.target().wgmma_mma(values, a.value, b.value, n, 32 // a.dtype.itemsize, _INPUTS[a.dtype],
+                                   _INPUTS[b.dtype], b.major)
 
 
 def fence():
