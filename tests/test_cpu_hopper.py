@@ -191,6 +191,16 @@ def test_a_nan_filled_map_reads_nan_past_the_edges():
     assert (got[:38, :40] == 1).all()
 
 
+def test_element_strides_take_every_other_column():
+    A = np.arange(20 * 40, dtype=np.float32).reshape(20, 40).astype(np.float16)
+    a_map = mg.tensor_map(A, box=(8, 16), swizzle="none", element_strides=(1, 2))
+    assert a_map.info.box_bytes == 8 * 8 * 2
+    out = np.zeros(64 * 64, np.float16)
+    tma_box(a_map, out, 3, 30, 64, grid=1, block=128, shared_mem=64 * 64 * 2 + 1024)
+    # Rows 3..10, columns 30, 32, ..., 44 (past 39: zeros), packed in shared memory.
+    np.testing.assert_array_equal(out[:64].reshape(8, 8), box_of(A, 3, 30, 8, 16)[:, ::2])
+
+
 def test_a_box_past_the_shared_memory_is_a_kernel_error():
     A = np.zeros((64, 64), np.float16)
     out = np.zeros(64 * 64, np.float16)
