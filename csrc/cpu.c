@@ -40,6 +40,7 @@
 
 #include <mlir-c/ExecutionEngine.h>
 #include <setjmp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +56,10 @@
 #define MG_CPU_NINDEX 12        /* thread, block, block_dim, grid_dim: x, y, z each */
 #define MG_CPU_WARP 32
 #define MG_CPU_MAX_ARGS 32      /* printf values, bounds-check indices */
-#define MG_CPU_ALIGN 64         /* of each shared memory region */
+#define MG_CPU_SHARED_ALIGN 1024 /* of each block's shared memory: the 128-byte swizzle's period */
+#define MG_CPU_NAMED_BARRIERS 16 /* bar.sync ids of a block (0 is syncthreads) */
+#define MG_CPU_WARPGROUP 128
+#define MG_CPU_WGMMA_MAX 128    /* f32 accumulators of a thread in one wgmma (m64n256) */
 #define MG_CPU_WARP_DATA 16     /* 64-bit words a lane gives a warp collective */
 #define MG_CPU_SLICE_NS 10000000 /* blocks run this long without the GIL before signals are checked */
 #define MG_CPU_IDLE_POOLS 4     /* fiber pools kept for later launches */
@@ -67,7 +71,9 @@
 
 typedef void (*mg_packed_fn)(void **);
 
-enum { FIBER_READY, FIBER_AT_BARRIER, FIBER_AT_SHUFFLE, FIBER_AT_GRID, FIBER_DONE, FIBER_FAILED };
+enum { FIBER_READY, FIBER_AT_BARRIER, FIBER_AT_SHUFFLE, FIBER_AT_GRID, FIBER_WAITING, FIBER_DONE, FIBER_FAILED };
+/* What a FIBER_WAITING fiber waits for: an mbarrier's phase, or a named barrier. */
+enum { WAIT_MBARRIER, WAIT_NAMED_BARRIER };
 
 typedef struct {
     ucontext_t context;
@@ -79,6 +85,10 @@ typedef struct {
     int64_t value;    /* shuffle: its value going in, then the one it reads */
     int ndata;        /* collective: words given so far */
     int64_t data[MG_CPU_WARP_DATA]; /* collective: its operands, then its results */
+    int wait_kind;    /* waiting: WAIT_* */
+    uint64_t *wait_on; /* waiting: the mbarrier, or the named barrier's generation */
+    uint64_t wait_value; /* waiting: the phase parity, or the generation it arrived in */
+    float wgmma[MG_CPU_WGMMA_MAX]; /* wgmma: the thread's accumulators, in and out */
 } mg_fiber;
 
 enum { MG_SHFL_XOR, MG_SHFL_DOWN, MG_SHFL_UP, MG_SHFL_IDX, MG_VOTE_BALLOT };
@@ -96,7 +106,7 @@ typedef struct fiber_pool {
 
 /* What stopped a block, for the launch to raise once it holds the GIL again. */
 enum { BLOCK_OK, BLOCK_OUT_OF_BOUNDS, BLOCK_BARRIER_DIVERGENCE, BLOCK_WARP_DIVERGENCE, BLOCK_COLLECTIVE_DIVERGENCE,
-       BLOCK_MIXED_BARRIERS, BLOCK_GRID_DIVERGENCE };
+       BLOCK_MIXED_BARRIERS, BLOCK_GRID_DIVERGENCE, BLOCK_FAULT, BLOCK_WAIT_FOREVER };
 
 typedef struct {
     int thread;
@@ -126,6 +136,11 @@ typedef struct {
     int64_t shared_size[2];
     int block_threads;       /* threads of a block: fiber t runs in block t / block_threads of the group */
     size_t shared_stride;    /* bytes from one block's shared memory to the next's */
+    size_t shared_window;    /* bytes of a block's shared memory, static and dynamic */
+    uint64_t *named;         /* per block of the group, MG_CPU_NAMED_BARRIERS (arrived, generation) pairs */
+    int fault_thread;        /* BLOCK_FAULT: the thread, its line and what it did */
+    int32_t fault_line;
+    char fault[256];
     int nargs;               /* printf values or bounds-check indices pending */
     int64_t args[MG_CPU_MAX_ARGS], sizes[MG_CPU_MAX_ARGS];
     char *output;            /* printf output not yet written to sys.stdout (malloc: no GIL needed) */
@@ -473,6 +488,329 @@ static int collective(mg_cpu_launch *l, mg_fiber *fibers, int first, int end)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Hopper: mbarriers, named barriers, TMA copies, wgmma                      */
+
+/* A fault of the running thread (a shared address outside its block's shared
+ * memory, a tensor map of the wrong kind): recorded for the scheduler, which
+ * raises KernelError; the fiber is abandoned, never resumed. */
+static void fault(int32_t line, const char *format, ...) __attribute__((noreturn, format(printf, 2, 3)));
+static void fault(int32_t line, const char *format, ...)
+{
+    mg_cpu_launch *l = running;
+    va_list ap;
+    va_start(ap, format);
+    vsnprintf(l->fault, sizeof l->fault, format, ap);
+    va_end(ap);
+    l->failed = BLOCK_FAULT;
+    l->fault_thread = l->current;
+    l->fault_line = line;
+    mg_fiber *f = &l->pool->fibers[l->current];
+    f->state = FIBER_FAILED;
+    swapcontext(&f->context, &l->scheduler);
+    __builtin_unreachable();
+}
+
+/* The running thread's block's shared memory (static, then dynamic: one window). */
+static char *shared_window(mg_cpu_launch *l)
+{
+    return l->shared[0] + (size_t)(l->current / l->block_threads) * l->shared_stride;
+}
+
+/* Byte `offset` of the running block's shared memory, `nbytes` of it, or a fault of `what`. */
+static char *shared_offset(size_t offset, size_t nbytes, const char *what, int32_t line)
+{
+    mg_cpu_launch *l = running;
+    if (offset + nbytes > l->shared_window)
+        fault(line, "%s: %zu bytes at byte %zu of shared memory, past the block's %zu", what, nbytes, offset,
+              l->shared_window);
+    return shared_window(l) + offset;
+}
+
+/* A u32 shared address as mg.shared.address gives it (the low 32 bits of the
+ * host address) as an offset in the running block's shared memory. */
+static size_t shared_address(uint32_t address)
+{
+    mg_cpu_launch *l = running;
+    return (uint32_t)(address - (uint32_t)(uintptr_t)shared_window(l));
+}
+
+/* An mbarrier's 64 bits, as the PTX ISA's mbarrier object holds its state:
+ * the arrivals a phase expects (bits 0-20), those still pending (21-41), the
+ * transaction count (42-62, two's complement) and the current phase's parity (63). */
+#define MB_FIELD 0x1fffffull
+typedef struct {
+    int64_t expected, pending, tx;
+    uint64_t phase;
+} mbarrier_state;
+
+static mbarrier_state mb_unpack(uint64_t bits)
+{
+    int64_t tx = (int64_t)(bits >> 42 & MB_FIELD);
+    return (mbarrier_state){(int64_t)(bits & MB_FIELD), (int64_t)(bits >> 21 & MB_FIELD),
+                            tx & 0x100000 ? tx - 0x200000 : tx, bits >> 63};
+}
+
+/* Completes the phase if nothing is pending: the next expects as many arrivals. */
+static uint64_t mb_pack(mbarrier_state m)
+{
+    if (m.pending == 0 && m.tx == 0) {
+        m.phase ^= 1;
+        m.pending = m.expected;
+    }
+    return (uint64_t)m.expected | (uint64_t)m.pending << 21 | ((uint64_t)m.tx & MB_FIELD) << 42 | m.phase << 63;
+}
+
+static uint64_t *mbarrier_at(int32_t address, const char *what, int32_t line)
+{
+    size_t offset = shared_address((uint32_t)address);
+    if (offset % 8)
+        fault(line, "%s: an mbarrier is 8-byte aligned, not at byte %zu of shared memory", what, offset);
+    return (uint64_t *)shared_offset(offset, 8, what, line);
+}
+
+void mg_cpu_mbarrier_init(int32_t address, int32_t count, int32_t line)
+{
+    uint64_t *m = mbarrier_at(address, "mbarrier.init", line);
+    if (count < 1 || (uint64_t)count >= (1 << 20))
+        fault(line, "mbarrier.init: the arrival count is 1 to 2**20 - 1, not %d", (int)count);
+    *m = (uint64_t)count | (uint64_t)count << 21;
+}
+
+/* arrive (transaction_bytes 0) or arrive.expect_tx: the bytes first, then the arrival. */
+void mg_cpu_mbarrier_arrive(int32_t address, int32_t transaction_bytes, int32_t line)
+{
+    uint64_t *at = mbarrier_at(address, "mbarrier.arrive", line);
+    mbarrier_state m = mb_unpack(*at);
+    if (m.expected == 0)
+        fault(line, "mbarrier.arrive on a barrier that was never initialised (init)");
+    if (m.pending == 0)
+        fault(line, "mbarrier.arrive: more arrivals than the barrier's phase expects (%lld)", (long long)m.expected);
+    m.tx += transaction_bytes;
+    m.pending--;
+    *at = mb_pack(m);
+}
+
+/* The bytes of a copy that names the barrier have landed (complete-tx). */
+static void mbarrier_complete_tx(uint64_t *at, int64_t bytes)
+{
+    mbarrier_state m = mb_unpack(*at);
+    m.tx -= bytes;
+    *at = mb_pack(m);
+}
+
+/* try_wait.parity until it succeeds: the phase of parity `parity` has completed
+ * once the current phase has the other parity. */
+void mg_cpu_mbarrier_wait(int32_t address, int32_t parity, int32_t line)
+{
+    mg_cpu_launch *l = running;
+    uint64_t *m = mbarrier_at(address, "mbarrier.try_wait", line);
+    if ((*m >> 63) != (uint64_t)(parity & 1))
+        return;
+    mg_fiber *f = &l->pool->fibers[l->current];
+    f->state = FIBER_WAITING;
+    f->wait_kind = WAIT_MBARRIER;
+    f->wait_on = m;
+    f->wait_value = (uint64_t)(parity & 1);
+    f->line = line;
+    swapcontext(&f->context, &l->scheduler);
+}
+
+/* bar.sync (wait) or bar.arrive `id`, `threads`: the arrival that makes
+ * `threads` releases the waiting ones and starts the next generation. It
+ * counts threads: the PTX of mg.warpgroup.barrier and arrive is .aligned,
+ * which every thread of a warp executes together, so the warp's 32 arrivals
+ * are the hardware's one arrival of the warp. */
+void mg_cpu_named_barrier(int32_t id, int32_t threads, int32_t wait, int32_t line)
+{
+    mg_cpu_launch *l = running;
+    if (id < 0 || id >= MG_CPU_NAMED_BARRIERS)
+        fault(line, "a named barrier's id is 0 to %d, not %d", MG_CPU_NAMED_BARRIERS - 1, (int)id);
+    if (threads > l->block_threads)
+        fault(line, "named barrier %d counts %d threads, but the block has %d", (int)id, (int)threads,
+              l->block_threads);
+    uint64_t *b = l->named + ((size_t)(l->current / l->block_threads) * MG_CPU_NAMED_BARRIERS + (size_t)id) * 2;
+    if (++b[0] >= (uint64_t)threads) {
+        b[0] = 0;
+        b[1]++;
+        return;
+    }
+    if (!wait)
+        return;
+    mg_fiber *f = &l->pool->fibers[l->current];
+    f->state = FIBER_WAITING;
+    f->wait_kind = WAIT_NAMED_BARRIER;
+    f->wait_on = &b[1];
+    f->wait_value = b[1];
+    f->line = line;
+    swapcontext(&f->context, &l->scheduler);
+}
+
+static int wait_over(const mg_fiber *f)
+{
+    if (f->wait_kind == WAIT_MBARRIER)
+        return (*f->wait_on >> 63) != f->wait_value;
+    return *f->wait_on != f->wait_value;
+}
+
+/* The hardware's swizzle of a shared-memory offset (the block's shared memory
+ * is 1024-byte aligned, so its bits are the address's): the 16-byte unit
+ * (bits 4-6) XOR the 128-byte row's index (bits 7-9), over as many bits as the
+ * mode has (128B: 3, 64B: 2, 32B: 1; swizzle_bytes 0: none). */
+static size_t swizzled(size_t offset, int swizzle_bytes)
+{
+    size_t mask = swizzle_bytes ? (size_t)(swizzle_bytes / 16 - 1) << 4 : 0;
+    return offset ^ (offset >> 3 & mask);
+}
+
+static const mg_cpu_tensor_map *host_tensor_map(void *map, int32_t rank, const char *what, int32_t line)
+{
+    const mg_cpu_tensor_map *m = map;
+    if (m->magic != MG_CPU_TENSOR_MAP_MAGIC)
+        fault(line, "%s: the tensor map was not made for the CPU backend", what);
+    if (rank != m->rank)
+        fault(line, "%s: %d coordinates for a %d-d tensor map", what, (int)rank, (int)m->rank);
+    return m;
+}
+
+/* Copies the box at `coords` (innermost first) of the map's array to (load)
+ * or from shared memory at byte `offset`, the box row-major there with the
+ * map's swizzle; a load fills what lies outside the array (zeros, or NaN),
+ * a store skips it. Returns the box's bytes. */
+static size_t tma_copy(const mg_cpu_tensor_map *m, size_t offset, const int32_t *coords, int load,
+                       const char *what, int32_t line)
+{
+    int rank = m->rank;
+    size_t esize = m->element_size, count[5], total = 1;
+    for (int i = 0; i < rank; i++) {
+        count[i] = (m->box[i] + m->element_strides[i] - 1u) / m->element_strides[i];
+        total *= count[i];
+    }
+    if (offset % 128)
+        fault(line, "%s: the shared memory is at byte %zu, not 128-byte aligned", what, offset);
+    shared_offset(offset, total * esize, what, line);
+    unsigned char fill[8] = {0};
+    if (m->oob_nan) {
+        /* The canonical NaN of the element type (f16, f32, f64, bf16). */
+        static const uint64_t nan[] = {0, 0, 0, 0, 0, 0, 0x7fff, 0x7fffffff, 0x7fffffffffffffffull, 0x7fff};
+        uint64_t bits = m->data_type < 10 ? nan[m->data_type] : 0;
+        memcpy(fill, &bits, esize);
+    }
+    size_t index[5] = {0, 0, 0, 0, 0};
+    for (size_t e = 0; e < total; e++) {
+        char *local = shared_offset(swizzled(offset + e * esize, m->swizzle_bytes), esize, what, line);
+        int inside = 1;
+        size_t at = 0;
+        for (int i = 0; i < rank; i++) {
+            int64_t g = (int64_t)coords[i] + (int64_t)(index[i] * m->element_strides[i]);
+            inside &= g >= 0 && (uint64_t)g < m->dims[i];
+            at += (size_t)g * m->strides[i];
+        }
+        char *global = (char *)(uintptr_t)m->address + at;
+        if (load)
+            memcpy(local, inside ? global : (const char *)fill, esize);
+        else if (inside)
+            memcpy(global, local, esize);
+        for (int i = 0; i < rank && ++index[i] == count[i]; i++)
+            index[i] = 0;
+    }
+    return total * esize;
+}
+
+void mg_cpu_tma_load(void *map, int32_t destination, int32_t barrier, int32_t rank, int32_t c0, int32_t c1,
+                     int32_t c2, int32_t c3, int32_t c4, int32_t line)
+{
+    int32_t coords[5] = {c0, c1, c2, c3, c4};
+    const mg_cpu_tensor_map *m = host_tensor_map(map, rank, "mg.tma.load", line);
+    uint64_t *bar = mbarrier_at(barrier, "mg.tma.load's mbarrier", line);
+    size_t bytes = tma_copy(m, shared_address((uint32_t)destination), coords, 1, "mg.tma.load", line);
+    mbarrier_complete_tx(bar, (int64_t)bytes);
+}
+
+void mg_cpu_tma_store(void *map, int32_t source, int32_t rank, int32_t c0, int32_t c1, int32_t c2, int32_t c3,
+                      int32_t c4, int32_t line)
+{
+    int32_t coords[5] = {c0, c1, c2, c3, c4};
+    const mg_cpu_tensor_map *m = host_tensor_map(map, rank, "mg.tma.store", line);
+    if (m->readonly)
+        fault(line, "mg.tma.store: the tensor map's array is read-only");
+    tma_copy(m, shared_address((uint32_t)source), coords, 0, "mg.tma.store", line);
+}
+
+/* The C interface of `@mg_cpu_wgmma_buffer() -> memref<?xf32>`: the thread's
+ * accumulators, written before mg_cpu_wgmma and read after it. */
+void _mlir_ciface_mg_cpu_wgmma_buffer(mg_memref_1d *result)
+{
+    mg_cpu_launch *l = running;
+    float *acc = l->pool->fibers[l->current].wgmma;
+    *result = (mg_memref_1d){acc, acc, 0, MG_CPU_WGMMA_MAX, 1};
+}
+
+/* A wgmma operand in shared memory as its descriptor says: the start (an
+ * offset in the block's shared memory), LBO and SBO in bytes, the swizzle's
+ * row in bytes (0: interleave) and which dimension is contiguous. */
+typedef struct {
+    size_t start, lbo, sbo;
+    int swizzle_bytes, k_major;
+} wgmma_operand;
+
+static wgmma_operand wgmma_descriptor(int64_t bits, int k_major)
+{
+    uint64_t d = (uint64_t)bits;
+    static const int swizzles[] = {0, 128, 64, 32}; /* bits 62-63: interleave, 128B, 64B, 32B */
+    mg_cpu_launch *l = running;
+    /* The start address holds bits 4-17 of the shared address: shared memory is under 256 KB. */
+    size_t start = (uint32_t)(((d & 0x3fff) << 4) - (uint32_t)(uintptr_t)shared_window(l)) & 0x3ffff;
+    return (wgmma_operand){start, (d >> 16 & 0x3fff) << 4, (d >> 32 & 0x3fff) << 4, swizzles[d >> 62], k_major};
+}
+
+/* Element (mn, k) of a 2-byte operand: the canonical layouts of the PTX ISA
+ * (8-row groups of 16-byte core matrices, or rows of the swizzle's width),
+ * as mlirgpu.layout.wgmma checks tiles against them, then the swizzle. */
+static float wgmma_element(const wgmma_operand *o, int mn, int k, int bf16, int32_t line)
+{
+    size_t width = o->swizzle_bytes ? (size_t)o->swizzle_bytes : 16, at;
+    if (o->k_major)
+        at = o->swizzle_bytes ? (size_t)(mn % 8) * width + (size_t)(mn / 8) * o->sbo + (size_t)k * 2
+                              : (size_t)(mn % 8) * 16 + (size_t)(mn / 8) * o->sbo + (size_t)(k % 8) * 2 +
+                                (size_t)(k / 8) * o->lbo;
+    else if (o->swizzle_bytes == 0)
+        at = (size_t)(mn % 8) * 2 + (size_t)(mn / 8) * o->sbo + (size_t)(k % 8) * 16 + (size_t)(k / 8) * o->lbo;
+    else
+        at = (size_t)(mn % (width / 2)) * 2 + (size_t)(mn / (width / 2)) * o->lbo + (size_t)(k % 8) * width +
+             (size_t)(k / 8) * o->sbo;
+    uint16_t h;
+    memcpy(&h, shared_offset(swizzled(o->start + at, o->swizzle_bytes), 2, "mg.wgmma.mma", line), 2);
+    return bf16 ? bits_to_float((uint32_t)h << 16) : half_to_float(h);
+}
+
+/* wgmma.mma_async m64nNk16 with f32 accumulators, this thread's part: its
+ * N/2 accumulators (rows and columns as mg.wgmma.accumulator_coordinates
+ * says) plus the products of A's rows and B's columns, read from shared
+ * memory through the descriptors when it is issued. `mode`: bit 0 bf16 (else
+ * f16), bit 1 B MN-major (else K-major). Products are summed in double and
+ * rounded to f32 once. */
+void mg_cpu_wgmma(int32_t n, int64_t a, int64_t b, int32_t mode, int32_t line)
+{
+    mg_cpu_launch *l = running;
+    float *acc = l->pool->fibers[l->current].wgmma;
+    int t = l->current % l->block_threads % MG_CPU_WARPGROUP, warp = t / 32, lane = t % 32, bf16 = mode & 1;
+    if (n < 8 || n > 2 * MG_CPU_WGMMA_MAX || n % 8)
+        fault(line, "mg.wgmma.mma: N is a multiple of 8 from 8 to 256, not %d", (int)n);
+    wgmma_operand A = wgmma_descriptor(a, 1), B = wgmma_descriptor(b, !(mode & 2));
+    float rows[2][16];
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 16; k++)
+            rows[h][k] = wgmma_element(&A, warp * 16 + lane / 4 + 8 * h, k, bf16, line);
+    for (int r = 0; r < n / 2; r++) {
+        int row = (r >> 1) & 1, column = (r >> 2) * 8 + (lane % 4) * 2 + (r & 1);
+        double sum = acc[r];
+        for (int k = 0; k < 16; k++)
+            sum += (double)rows[row][k] * (double)wgmma_element(&B, column, k, bf16, line);
+        acc[r] = (float)sum;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* printf                                                                    */
 
 void mg_cpu_printf_arg(int64_t bits)
@@ -701,8 +1039,20 @@ static void raise_block_error(mg_cpu_launch *l, const mg_group_place *at)
                  source, (int)e->line);
         return;
     }
+    if (l->failed == BLOCK_FAULT) {
+        thread_text(who, sizeof who, at, l->fault_thread, 1);
+        mg_raise(mg_st->KernelError, "%s, by %s at %s:%d", l->fault, who, source, (int)l->fault_line);
+        return;
+    }
     mg_divergence *v = &l->divergence;
     thread_text(who, sizeof who, at, v->waiting, 1);
+    if (l->failed == BLOCK_WAIT_FOREVER) {
+        mg_raise(mg_st->KernelError,
+                 "deadlock at %s:%d: %s waits on line %d for %s that no thread of its block can complete "
+                 "(the others have returned or wait as well)", source, (int)v->line, who, (int)v->line,
+                 v->why == WAIT_MBARRIER ? "an mbarrier phase" : "a named barrier");
+        return;
+    }
     if (l->failed == BLOCK_COLLECTIVE_DIVERGENCE) {
         mg_raise(mg_st->KernelError,
                  "warp divergence at %s:%d: %s runs a warp-wide tensor-core operation (mma.sync, ldmatrix) "
@@ -771,8 +1121,11 @@ static int run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
         f->state = FIBER_READY;
         f->ndata = 0; /* a fiber abandoned mid-collective may have left words behind */
     }
+    memset(l->named, 0, (size_t)nblocks * MG_CPU_NAMED_BARRIERS * 2 * sizeof *l->named);
     for (;;) {
         for (int t = 0; t < n; t++) {
+            if (fibers[t].state == FIBER_WAITING && wait_over(&fibers[t]))
+                fibers[t].state = FIBER_READY;
             if (fibers[t].state != FIBER_READY)
                 continue;
             l->current = t;
@@ -788,7 +1141,9 @@ static int run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
             for (int first = b * per_block; first < block_end; first += MG_CPU_WARP) {
                 int end = first + MG_CPU_WARP < block_end ? first + MG_CPU_WARP : block_end;
                 mg_census c = census(fibers, first, end);
-                if (!c.count[FIBER_AT_SHUFFLE] || c.count[FIBER_AT_BARRIER] || c.count[FIBER_AT_GRID])
+                /* A lane that waits (an mbarrier, a named barrier) will come. */
+                if (!c.count[FIBER_AT_SHUFFLE] || c.count[FIBER_AT_BARRIER] || c.count[FIBER_AT_GRID] ||
+                    c.count[FIBER_WAITING])
                     continue;
                 /* A lane at a tensor-core collective makes it one (which fails
                  * unless all 32 lanes are at the same). */
@@ -815,6 +1170,11 @@ static int run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
         }
         if (progress)
             continue;
+        /* A wait that a thread swept after it ended (its phase completed, its named barrier was released). */
+        for (int t = 0; t < n && !progress; t++)
+            progress = fibers[t].state == FIBER_WAITING && wait_over(&fibers[t]);
+        if (progress)
+            continue;
         mg_census all = census(fibers, 0, n);
         if (all.count[FIBER_AT_GRID] == n) {
             for (int t = 0; t < n; t++)
@@ -824,6 +1184,11 @@ static int run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
         if (all.count[FIBER_DONE] == n)
             return BLOCK_OK;
         /* Nothing can go on: say why, for the first thread that waits. */
+        int stuck = all.first[FIBER_WAITING];
+        if (stuck >= 0) {
+            l->divergence = (mg_divergence){stuck, 0, fibers[stuck].line, 0, fibers[stuck].wait_kind};
+            return l->failed = BLOCK_WAIT_FOREVER;
+        }
         int shuffling = all.first[FIBER_AT_SHUFFLE];
         if (shuffling >= 0) {
             /* Its warp has a thread at a barrier: neither can go on. */
@@ -856,7 +1221,8 @@ static int run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
 /* ------------------------------------------------------------------------ */
 /* CpuEngine                                                                 */
 
-enum { PARAM_MEMREF, PARAM_SCALAR };
+enum { PARAM_MEMREF, PARAM_SCALAR, PARAM_TENSOR_MAP };
+#define MG_CPU_TENSOR_MAP_WORDS 16 /* the 128 bytes of a tensor map */
 
 typedef struct {
     int kind;
@@ -919,6 +1285,8 @@ static int parse_params(mg_CpuEngine *self, PyObject *params)
             *p = (mg_cpu_param){PARAM_MEMREF, rank, written, size};
         else if (strcmp(kind, "scalar") == 0 && size > 0 && size <= 16)
             *p = (mg_cpu_param){PARAM_SCALAR, 0, 0, size};
+        else if (strcmp(kind, "tensormap") == 0 && size == MG_CPU_TENSOR_MAP_WORDS * 8)
+            *p = (mg_cpu_param){PARAM_TENSOR_MAP, 0, 0, size};
         else {
             Py_DECREF(seq);
             PyErr_Format(PyExc_ValueError, "param %zd: bad (kind, rank, size) (%s, %d, %zd)", i, kind, rank, size);
@@ -961,6 +1329,14 @@ static const struct {
     {"mg_cpu_printf", (void *)mg_cpu_printf},
     {"mg_cpu_bounds_index", (void *)mg_cpu_bounds_index},
     {"mg_cpu_out_of_bounds", (void *)mg_cpu_out_of_bounds},
+    {"mg_cpu_mbarrier_init", (void *)mg_cpu_mbarrier_init},
+    {"mg_cpu_mbarrier_arrive", (void *)mg_cpu_mbarrier_arrive},
+    {"mg_cpu_mbarrier_wait", (void *)mg_cpu_mbarrier_wait},
+    {"mg_cpu_named_barrier", (void *)mg_cpu_named_barrier},
+    {"mg_cpu_tma_load", (void *)mg_cpu_tma_load},
+    {"mg_cpu_tma_store", (void *)mg_cpu_tma_store},
+    {"_mlir_ciface_mg_cpu_wgmma_buffer", (void *)_mlir_ciface_mg_cpu_wgmma_buffer},
+    {"mg_cpu_wgmma", (void *)mg_cpu_wgmma},
 };
 
 typedef struct {
@@ -1268,18 +1644,25 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
      * then per thread its packed argument array and its 12 index values. */
     size_t ndesc = 0;
     for (Py_ssize_t i = 0; i < n; i++)
-        ndesc += self->params[i].kind == PARAM_MEMREF ? 3 + 2 * (size_t)self->params[i].rank : 2;
+        ndesc += self->params[i].kind == PARAM_MEMREF ? 3 + 2 * (size_t)self->params[i].rank
+               : self->params[i].kind == PARAM_TENSOR_MAP ? 1 + MG_CPU_TENSOR_MAP_WORDS : 2;
     size_t nargs = (size_t)n + MG_CPU_NINDEX;
     size_t bytes = ndesc * 8 + (size_t)n * sizeof(void *) + (size_t)nthreads * (nargs * sizeof(void *) +
                    MG_CPU_NINDEX * sizeof(int64_t) + sizeof(void **));
     char *memory = PyMem_Calloc(1, bytes);
     /* The block's shared memory: static arrays, then the dynamic bytes. */
-    size_t static_bytes = ((size_t)self->static_shared + MG_CPU_ALIGN - 1) / MG_CPU_ALIGN * MG_CPU_ALIGN;
-    size_t shared_stride = (static_bytes + (size_t)shared_mem + MG_CPU_ALIGN - 1) / MG_CPU_ALIGN * MG_CPU_ALIGN;
+    /* Each 1024-byte aligned (the 128-byte swizzle's period): TMA boxes and wgmma tiles may start there. */
+    size_t static_bytes = ((size_t)self->static_shared + MG_CPU_SHARED_ALIGN - 1) / MG_CPU_SHARED_ALIGN *
+                          MG_CPU_SHARED_ALIGN;
+    size_t shared_stride = (static_bytes + (size_t)shared_mem + MG_CPU_SHARED_ALIGN - 1) / MG_CPU_SHARED_ALIGN *
+                           MG_CPU_SHARED_ALIGN;
     size_t shared_bytes = shared_stride * (size_t)group; /* one block's each */
     char *shared = NULL;
-    if (memory == NULL || posix_memalign((void **)&shared, MG_CPU_ALIGN, shared_bytes ? shared_bytes : 1) != 0) {
+    uint64_t *named = PyMem_Calloc((size_t)group * MG_CPU_NAMED_BARRIERS * 2, sizeof *named);
+    if (memory == NULL || named == NULL ||
+        posix_memalign((void **)&shared, MG_CPU_SHARED_ALIGN, shared_bytes ? shared_bytes : 1) != 0) {
         PyMem_Free(memory);
+        PyMem_Free(named);
         Py_DECREF(seq);
         return PyErr_NoMemory();
     }
@@ -1303,6 +1686,25 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
             memcpy(slot, PyBytes_AS_STRING(arg), (size_t)p->size);
             descriptors[i] = slot;
             slot += 2;
+            continue;
+        }
+        if (p->kind == PARAM_TENSOR_MAP) {
+            /* The map's bytes, then the pointer the kernel takes (an !llvm.ptr) to them. */
+            mg_cpu_tensor_map map;
+            if (!PyBytes_Check(arg) || PyBytes_GET_SIZE(arg) != p->size) {
+                mg_raise(mg_st->LaunchError, "argument %zd: expected the %zd bytes of a tensor map", i, p->size);
+                goto done;
+            }
+            memcpy(&map, PyBytes_AS_STRING(arg), sizeof map);
+            if (map.magic != MG_CPU_TENSOR_MAP_MAGIC) {
+                mg_raise(mg_st->LaunchError, "argument %zd is a tensor map made for the GPU: on the CPU backend, "
+                         "make it with mg.tensor_map of a host array", i);
+                goto done;
+            }
+            memcpy(slot + 1, PyBytes_AS_STRING(arg), (size_t)p->size);
+            slot[0] = (int64_t)(intptr_t)(slot + 1);
+            descriptors[i] = slot;
+            slot += 1 + MG_CPU_TENSOR_MAP_WORDS;
             continue;
         }
         if (!PyArray_Check(arg)) {
@@ -1371,6 +1773,8 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
     launch->shared_size[1] = shared_mem;
     launch->block_threads = (int)per_block;
     launch->shared_stride = shared_stride;
+    launch->shared_window = static_bytes + (size_t)shared_mem;
+    launch->named = named;
     if (run_grid(self, launch, grid, block, per_block, group, indices, shared, shared_bytes, source) == 0)
         result = Py_NewRef(Py_None);
 done:
@@ -1381,6 +1785,7 @@ done:
         PyMem_Free(launch);
     }
     free(shared);
+    PyMem_Free(named);
     PyMem_Free(memory);
     Py_DECREF(seq);
     return result;

@@ -3,6 +3,7 @@
 #include "driver.h"
 #include "array.h"
 #include "graph.h"
+#include "cpu.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -1341,7 +1342,10 @@ typedef struct {
     unsigned char map[sizeof(CUtensorMap)];
     PyObject *owner;      /* strong: what owns the memory at the map's address */
     PyObject *info;       /* strong: what the map was computed from (mlirgpu.tma) */
+    char host;            /* made for the CPU backend (an mg_cpu_tensor_map, no CUtensorMap); read through T_BOOL */
 } mg_tensor_map;
+
+_Static_assert(sizeof(mg_cpu_tensor_map) <= sizeof(CUtensorMap), "a host tensor map fits a CUtensorMap's bytes");
 
 PyTypeObject *mg_cu_TensorMap_type;
 
@@ -1368,21 +1372,31 @@ static int uint64_tuple(PyObject *value, const char *what, Py_ssize_t n, uint64_
     return 0;
 }
 
+/* The element size of a CUtensorMapDataType (mlirgpu.tma's DATA_TYPES), 0 for another. */
+static int tensor_map_element_size(int data_type)
+{
+    static const int sizes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2};
+    return data_type >= 0 && data_type < (int)(sizeof sizes / sizeof *sizes) ? sizes[data_type] : 0;
+}
+
 /* TensorMap(owner, info, data_type, address, dims, strides, box, element_strides,
- *           interleave, swizzle, l2_promotion, oob_fill): the arguments of
- * cuTensorMapEncodeTiled as mlirgpu.tma computes them (strides in bytes, of
- * dimensions 1.. only, as the driver takes them). */
+ *           interleave, swizzle, l2_promotion, oob_fill, host=False, readonly=False): the
+ * arguments of cuTensorMapEncodeTiled as mlirgpu.tma computes them (strides
+ * in bytes, of dimensions 1.. only, as the driver takes them). host=True: a
+ * map for the CPU backend, the same fields in an mg_cpu_tensor_map (no driver),
+ * `readonly` where its array may not be written. */
 static PyObject *tensor_map_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"owner", "info", "data_type", "address", "dims", "strides", "box",
-                               "element_strides", "interleave", "swizzle", "l2_promotion", "oob_fill", NULL};
+                               "element_strides", "interleave", "swizzle", "l2_promotion", "oob_fill", "host", "readonly",
+                               NULL};
     PyObject *owner, *info, *dims_obj, *strides_obj, *box_obj, *element_strides_obj;
-    int data_type, interleave, swizzle, l2_promotion, oob_fill;
+    int data_type, interleave, swizzle, l2_promotion, oob_fill, host = 0, readonly = 0;
     unsigned long long address;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiKO!O!O!O!iiii:TensorMap", keywords, &owner, &info,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiKO!O!O!O!iiii|pp:TensorMap", keywords, &owner, &info,
                                      &data_type, &address, &PyTuple_Type, &dims_obj, &PyTuple_Type, &strides_obj,
                                      &PyTuple_Type, &box_obj, &PyTuple_Type, &element_strides_obj,
-                                     &interleave, &swizzle, &l2_promotion, &oob_fill))
+                                     &interleave, &swizzle, &l2_promotion, &oob_fill, &host, &readonly))
         return NULL;
     Py_ssize_t rank = PyTuple_GET_SIZE(dims_obj);
     if (rank < 1 || rank > 5) {
@@ -1400,23 +1414,45 @@ static PyObject *tensor_map_new(PyTypeObject *type, PyObject *args, PyObject *kw
         box[i] = (cuuint32_t)box64[i];
         element_strides[i] = (cuuint32_t)element64[i];
     }
-    if (mg_cu_ensure_context() < 0)
-        return NULL;
     CUtensorMap map;   /* aligned as the driver wants it */
-    CUresult r = mg_cu.cuTensorMapEncodeTiled(&map, (CUtensorMapDataType)data_type, (cuuint32_t)rank,
-                                              (void *)(uintptr_t)address, (const cuuint64_t *)dims,
-                                              (const cuuint64_t *)strides, box, element_strides,
-                                              (CUtensorMapInterleave)interleave, (CUtensorMapSwizzle)swizzle,
-                                              (CUtensorMapL2promotion)l2_promotion,
-                                              (CUtensorMapFloatOOBfill)oob_fill);
-    if (mg_cu_check(r, "cuTensorMapEncodeTiled") < 0)
-        return NULL;
+    memset(&map, 0, sizeof map);
+    if (host) {
+        int element_size = tensor_map_element_size(data_type);
+        if (element_size == 0 || swizzle < 0 || swizzle > 3 || interleave != 0) {
+            PyErr_Format(PyExc_ValueError, "a host tensor map takes a data type of 0-9, a swizzle of 0-3 and no "
+                         "interleave, got %d, %d and %d", data_type, swizzle, interleave);
+            return NULL;
+        }
+        mg_cpu_tensor_map h = {.magic = MG_CPU_TENSOR_MAP_MAGIC, .address = address, .rank = (uint8_t)rank,
+                               .element_size = (uint8_t)element_size, .swizzle_bytes = (uint8_t)(swizzle ? 16 << swizzle : 0),
+                               .oob_nan = oob_fill != 0, .data_type = (uint8_t)data_type,
+                               .readonly = readonly != 0};
+        for (Py_ssize_t i = 0; i < rank; i++) {
+            h.dims[i] = dims[i];
+            h.strides[i] = i == 0 ? (uint64_t)element_size : strides[i - 1];
+            h.box[i] = (uint16_t)box[i];
+            h.element_strides[i] = (uint8_t)element_strides[i];
+        }
+        memcpy(&map, &h, sizeof h);
+    } else {
+        if (mg_cu_ensure_context() < 0)
+            return NULL;
+        CUresult r = mg_cu.cuTensorMapEncodeTiled(&map, (CUtensorMapDataType)data_type, (cuuint32_t)rank,
+                                                  (void *)(uintptr_t)address, (const cuuint64_t *)dims,
+                                                  (const cuuint64_t *)strides, box, element_strides,
+                                                  (CUtensorMapInterleave)interleave, (CUtensorMapSwizzle)swizzle,
+                                                  (CUtensorMapL2promotion)l2_promotion,
+                                                  (CUtensorMapFloatOOBfill)oob_fill);
+        if (mg_cu_check(r, "cuTensorMapEncodeTiled") < 0)
+            return NULL;
+    }
     mg_tensor_map *self = (mg_tensor_map *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
     memcpy(self->map, &map, sizeof map);
     self->owner = Py_NewRef(owner);
     self->info = Py_NewRef(info);
+    self->host = (char)host;
     return (PyObject *)self;
 }
 
@@ -1457,6 +1493,7 @@ static PyGetSetDef tensor_map_getset[] = {
 static PyMemberDef tensor_map_members[] = {
     {"owner", T_OBJECT, offsetof(mg_tensor_map, owner), READONLY, "The array the map addresses."},
     {"info", T_OBJECT, offsetof(mg_tensor_map, info), READONLY, "What the map was computed from."},
+    {"host", T_BOOL, offsetof(mg_tensor_map, host), READONLY, "Whether the map is for the CPU backend."},
     {NULL},
 };
 
@@ -2138,6 +2175,11 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
             if (!PyObject_TypeCheck(arg, mg_cu_TensorMap_type)) {
                 launch_error(self, "argument %zd is a tensor map: expected an mlirgpu.TensorMap, got %.100s",
                              i, Py_TYPE(arg)->tp_name);
+                goto error;
+            }
+            if (((mg_tensor_map *)arg)->host) {
+                launch_error(self, "argument %zd is a tensor map made for the CPU backend: make it with "
+                             "mg.tensor_map of a device array while the backend is 'cuda'", i);
                 goto error;
             }
             /* The driver copies the 128 bytes before cuLaunchKernel returns; a

@@ -84,3 +84,14 @@ def test_sgemm_notebook_runs_on_cpu():
     assert "gpu.func" in text  # the IR cell printed the traced module
     assert "refused: LaunchError" in text  # kernel 10 takes multiples of its tiles only
     assert ".entry" in text    # and the PTX cell the kernel's entry
+
+
+def test_tensor_cores_notebook_runs_both_gemms_on_cpu():
+    notebook = execute(ROOT / "notebooks" / "02_tensor_cores.ipynb")
+    text = "\n".join(cell_text(c) for c in notebook.cells if c.cell_type == "code")
+    errors = {}
+    for line in text.splitlines():
+        if "relative error" in line:
+            errors[line.split(":")[0]] = float(line.rsplit(" ", 1)[1])
+    assert errors["128x128x128 bf16 -> f32"] < 1e-5               # the mma.sync GEMM
+    assert errors["130x90x72 bf16 -> f32 on the cpu backend"] < 1e-5  # the Hopper GEMM: TMA, mbarriers, wgmma

@@ -493,7 +493,8 @@ def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None, 
     gemm = kernel_for(config, A.dtype)
     cm, cn = config.cluster
     clusters = -(-N // (config.bn * cn)) * -(-M // (config.bm * cm))
-    sms = mg.cuda.Device(mg.cuda.current_device()).multiprocessor_count
+    # (The CPU backend runs one block at a time: one persistent block takes every tile.)
+    sms = mg.cuda.Device(mg.cuda.current_device()).multiprocessor_count if mg.backend() == "cuda" else 1
     # Persistent: at most one block per SM, whole clusters (a cluster of 2 fits a pair of SMs).
     grid = min(clusters, sms // (cm * cn)) * cm * cn
     gemm[M, N, C.dtype](a_map, b_map, c_map or a_map, C, K, scale_a, scale_b, grid=grid, block=THREADS,

@@ -18,10 +18,27 @@ module on first use:
     mg_cpu_printf_arg(bits), mg_cpu_printf(fmt)  mg.printf
     mg_cpu_bounds_index(i, size), mg_cpu_out_of_bounds(name, kind, line)
                                                  a failed bounds check
+    mg_cpu_mbarrier_init(address, count, line), mg_cpu_mbarrier_arrive(address, bytes, line),
+    mg_cpu_mbarrier_wait(address, parity, line)  mg.mbarrier: the PTX ISA's phases, arrivals and
+                                                 transaction bytes; a wait lets the other threads run
+    mg_cpu_named_barrier(id, threads, wait, line)
+                                                 mg.warpgroup.barrier and arrive (bar.sync, bar.arrive)
+    mg_cpu_tma_load(map, destination, barrier, rank, c0..c4, line),
+    mg_cpu_tma_store(map, source, rank, c0..c4, line)
+                                                 mg.tma: the box copied at once, swizzled as the
+                                                 hardware lays it out; a load completes its bytes
+                                                 on the mbarrier
+    mg_cpu_wgmma_buffer() -> memref<?xf32>, mg_cpu_wgmma(n, a, b, mode, line)
+                                                 mg.wgmma.mma: the thread's accumulators in the
+                                                 buffer, updated from the operands the
+                                                 descriptors name
 
 Strings (printf formats, array names) are passed by index into a table the
 module carries as its `mg.cpu.strings` attribute; the bytes of its static
-shared arrays are `mg.cpu.static_shared`. `PIPELINE` lowers such a module to
+shared arrays are `mg.cpu.static_shared`. Shared addresses
+(mg.shared.address) are the low 32 bits of host addresses: the runtime
+finds them in the block's shared memory, which it aligns to 1024 bytes so
+that the swizzles see the same address bits as on the GPU. `PIPELINE` lowers such a module to
 the llvm dialect for the ExecutionEngine. docs/design/cpu_backend.md has the design.
 """
 import os
@@ -49,6 +66,7 @@ PIPELINE = ("builtin.module(lower-affine, convert-scf-to-cf, convert-vector-to-l
 
 _i32 = lambda: ir.Type.integer(32)  # noqa: E731
 _i64 = lambda: ir.Type.integer(64)  # noqa: E731
+_ptr = lambda: ir.Type.parse("!llvm.ptr")  # noqa: E731
 
 # name: (inputs, results, C interface)
 _RUNTIME = {
@@ -63,11 +81,20 @@ _RUNTIME = {
     "mg_cpu_printf": (lambda: [_i32()], lambda: [], False),
     "mg_cpu_bounds_index": (lambda: [_i64(), _i64()], lambda: [], False),
     "mg_cpu_out_of_bounds": (lambda: [_i32(), _i32(), _i32()], lambda: [], False),
+    "mg_cpu_mbarrier_init": (lambda: [_i32()] * 3, lambda: [], False),
+    "mg_cpu_mbarrier_arrive": (lambda: [_i32()] * 3, lambda: [], False),
+    "mg_cpu_mbarrier_wait": (lambda: [_i32()] * 3, lambda: [], False),
+    "mg_cpu_named_barrier": (lambda: [_i32()] * 4, lambda: [], False),
+    "mg_cpu_tma_load": (lambda: [_ptr()] + [_i32()] * 9, lambda: [], False),
+    "mg_cpu_tma_store": (lambda: [_ptr()] + [_i32()] * 8, lambda: [], False),
+    "mg_cpu_wgmma_buffer": (lambda: [], lambda: [ir.Type.parse("memref<?xf32>")], True),
+    "mg_cpu_wgmma": (lambda: [_i32(), _i64(), _i64(), _i32(), _i32()], lambda: [], False),
 }
 
 _SHUFFLE_MODES = {"xor": 0, "down": 1, "up": 2, "idx": 3, "ballot": 4}  # cpu.c's MG_SHFL_*, MG_VOTE_BALLOT
 _MMA_MODES = {"f16": 16, "bf16": 17, "tf32": 18}  # cpu.c's MG_WARP_MMA_*
 _LDMATRIX_MODE = 32  # cpu.c's MG_WARP_LDMATRIX
+_WGMMA_TYPES, _WGMMA_B_MN_MAJOR = {"f16": 0, "bf16": 1}, 2  # mg_cpu_wgmma's mode bits
 
 
 DEFAULT_CHECKS = frozenset({"bounds"})
@@ -128,7 +155,7 @@ class HostTarget(Target):
         return lang.current_trace().host_indices[op, axis]
 
     def require_gpu(self, what):
-        raise CompileError(f"{what} runs only on the GPU (the CPU backend has no TMA, mbarriers or wgmma): "
+        raise CompileError(f"{what} runs only on the GPU (the CPU backend has no thread-block clusters): "
                            f"use mg.set_backend('cuda')")
 
     def finish(self, module, state):
@@ -271,6 +298,79 @@ class HostTarget(Target):
 
     def async_wait(self, n):
         pass
+
+    # -- Hopper: mbarriers, named barriers, TMA, wgmma ---------------------
+    # Calls of the runtime, which keeps an mbarrier's state in its 8 bytes of
+    # shared memory, copies a TMA box and computes a wgmma when it is issued:
+    # every copy and wgmma is complete when its call returns.
+    def mbarrier_init(self, address, count):
+        _call("mg_cpu_mbarrier_init", [lang.cast(address, lang.i32), count, _line()])
+
+    def mbarrier_arrive(self, address, nbytes=None):
+        _call("mg_cpu_mbarrier_arrive", [lang.cast(address, lang.i32),
+                                         _i32_constant(0) if nbytes is None else nbytes, _line()])
+
+    def mbarrier_wait(self, address, parity):
+        # A fiber switch until the phase completes.
+        _call("mg_cpu_mbarrier_wait", [lang.cast(address, lang.i32), parity, _line()])
+
+    def mbarrier_fence_init(self):
+        # The runtime's barriers are visible to every thread once written.
+        pass
+
+    def named_barrier(self, barrier_id, threads, wait):
+        _call("mg_cpu_named_barrier", [barrier_id, threads, _i32_constant(int(wait)), _line()])
+
+    def set_max_registers(self, count, increase):
+        # The host's threads have no register file to share.
+        pass
+
+    def tma_load(self, tensor_map, destination, coords, barrier, mask):
+        # (No mask: mg.tma.load refuses multicast on the CPU backend.)
+        padded = list(coords) + [_i32_constant(0)] * (5 - len(coords))
+        _call("mg_cpu_tma_load", [tensor_map, lang.cast(destination, lang.i32), lang.cast(barrier, lang.i32),
+                                  _i32_constant(len(coords)), *padded, _line()])
+
+    def tma_store(self, tensor_map, source, coords):
+        padded = list(coords) + [_i32_constant(0)] * (5 - len(coords))
+        _call("mg_cpu_tma_store", [tensor_map, lang.cast(source, lang.i32), _i32_constant(len(coords)),
+                                   *padded, _line()])
+
+    def tma_commit(self):
+        # Each store was complete when it returned: no group is ever in flight.
+        pass
+
+    def tma_wait(self, pending, read):
+        pass
+
+    def fence_proxy_async(self):
+        # The runtime's copies read shared memory as every other access does.
+        pass
+
+    def wgmma_mma(self, values, a, b, n, k, type_a, type_b, b_major):
+        # The thread's accumulators through its buffer in the runtime, which
+        # adds the products of the rows and columns it holds (k16 of 16-bit floats).
+        if type_a != type_b or type_a not in _WGMMA_TYPES:
+            raise CompileError(f"wgmma of {type_a} x {type_b} operands runs only on the GPU (the CPU backend "
+                               f"multiplies f16 and bf16 ones): use mg.set_backend('cuda')")
+        buffer = _call("mg_cpu_wgmma_buffer")[0]
+        for i, v in enumerate(values):
+            lang.emit("memref.store", [v, buffer, lang.constant(i, lang.index)])
+        mode = _WGMMA_TYPES[type_a] | (_WGMMA_B_MN_MAJOR if b_major == "MN" else 0)
+        _call("mg_cpu_wgmma", [_i32_constant(n), lang.cast(a, lang.i64), lang.cast(b, lang.i64),
+                               _i32_constant(mode), _line()])
+        return [lang.Scalar(lang.emit("memref.load", [buffer, lang.constant(i, lang.index)],
+                                      [ir.Type.f32()]).result, lang.f32) for i in range(len(values))]
+
+    def wgmma_fence(self):
+        # Each wgmma was complete when it returned: nothing to order or wait for.
+        pass
+
+    def wgmma_commit(self):
+        pass
+
+    def wgmma_wait(self, pending, values):
+        return values
 
     def shared_memory_space(self):
         # Shared memory is ordinary memory: the runtime's per-block buffer.
@@ -415,3 +515,4 @@ def _from_bits(bits, dtype):
     if lang.is_float(dtype):
         raw = lang.emit("arith.bitcast", [raw], [lang.ir_type(dtype)]).result
     return lang.Scalar(raw, dtype)
+

@@ -11,7 +11,9 @@
 An mbarrier completes a phase when its expected arrivals have arrived and
 the transaction bytes it was told to expect (by `arrive_expect_tx`) have
 been written by the copies that name it (mg.tma.load); `wait` spins on
-`mbarrier.try_wait.parity` with the phase's parity. Needs sm_90 or later.
+`mbarrier.try_wait.parity` with the phase's parity. Needs sm_90 or later
+on the GPU; the CPU backend runs them too (a waiting thread lets the
+others run until its phase completes).
 
 In a cluster launch, `arrive_cluster(index, rank)` arrives on barrier
 `index` of the block of rank `rank` in the cluster (its own rank too):
@@ -36,11 +38,6 @@ def _i32(value, what):
     raise CompileError(f"{what} must be a non-negative int or a traced integer, not {value!r}")
 
 
-def shared_pointer(address):
-    """A u32 shared-memory address as an LLVM pointer in address space 3."""
-    return lang.emit("llvm.inttoptr", [lang.cast(address, lang.i32)], [ir.Type.parse("!llvm.ptr<3>")]).result
-
-
 class Barriers:
     """`count` mbarriers (8 bytes each) in shared memory; every method takes
     the barrier's index (an int or a traced integer)."""
@@ -63,17 +60,13 @@ class Barriers:
         self._check(index)
         return shared.address(self.memref, index)
 
-    def pointer(self, index):
-        return shared_pointer(self.address(index))
-
     def init(self, index, arrivals):
         """Barrier `index` expects `arrivals` arrivals per phase (one thread initialises it)."""
-        lang.target().require_gpu("mg.mbarrier")
-        lang.emit("nvvm.mbarrier.init", [self.pointer(index), _i32(arrivals, "the arrival count")])
+        lang.target().mbarrier_init(self.address(index), _i32(arrivals, "the arrival count"))
 
     def arrive(self, index):
         """One arrival of the calling thread."""
-        lang.emit("nvvm.mbarrier.arrive", [self.pointer(index)], [ir.Type.integer(64)])
+        lang.target().mbarrier_arrive(self.address(index))
 
     def arrive_cluster(self, index, rank):
         """One arrival of the calling thread on barrier `index` of the block
@@ -81,7 +74,7 @@ class Barriers:
         that block's address of the barrier, then mbarrier.arrive on it with
         release semantics at cluster scope (inline PTX: MLIR 22's
         nvvm.mbarrier.arrive names only this block's barriers)."""
-        lang.target().require_gpu("mg.mbarrier")
+        lang.target().require_gpu("mg.mbarrier.arrive_cluster")
         asm = ("{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, $0, $1;\n\t"
                "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n\t}")
         lang.emit("llvm.inline_asm", [lang.cast(self.address(index), lang.i32), _i32(rank, "the block rank")], [],
@@ -91,26 +84,21 @@ class Barriers:
 
     def arrive_expect_tx(self, index, nbytes):
         """One arrival, and `nbytes` more transaction bytes the phase waits for."""
-        lang.emit("nvvm.mbarrier.arrive.expect_tx", [self.pointer(index), _i32(nbytes, "the byte count")],
-                  [ir.Type.integer(64)], attributes={"relaxed": ir.Attribute.parse("false"),
-                                                     "scope": ir.Attribute.parse("#nvvm.mem_scope<cta>")})
+        lang.target().mbarrier_arrive(self.address(index), _i32(nbytes, "the byte count"))
 
     def wait(self, index, phase):
         """Until the phase of parity `phase` (0 or 1, an int or traced integer) completes."""
-        lang.emit("nvvm.mbarrier.try_wait.parity", [self.pointer(index), _i32(phase, "the phase parity"),
-                                                    lang.constant(10_000_000, lang.i32)])
+        lang.target().mbarrier_wait(self.address(index), _i32(phase, "the phase parity"))
 
 
 def array(count):
     """`count` mbarriers in static shared memory, one set per call site."""
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 1024:
         raise CompileError(f"mg.mbarrier.array takes a count from 1 to 1024, not {count!r}")
-    lang.target().require_gpu("mg.mbarrier")
     return Barriers(shared.array((count,), lang.u64), count)
 
 
 def fence_init():
     """Makes the barriers this thread initialised visible to the other
     threads of the cluster and to the copy engine (fence.mbarrier_init)."""
-    lang.target().require_gpu("mg.mbarrier")
-    lang.emit("nvvm.fence.mbarrier.init")
+    lang.target().mbarrier_fence_init()

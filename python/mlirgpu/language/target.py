@@ -15,7 +15,7 @@ from .. import ir
 from . import core as lang
 from .intrinsics import LOAD_HINTS, STORE_HINTS, Vector
 
-__all__ = ["Target", "ORDERINGS", "llvm_atomicrmw"]
+__all__ = ["Target", "ORDERINGS", "llvm_atomicrmw", "shared_pointer"]
 
 # C++ memory orders as LLVM's AtomicOrdering (monotonic is C++'s relaxed).
 ORDERINGS = {"relaxed": 2, "acquire": 4, "release": 5, "acq_rel": 6, "seq_cst": 7}
@@ -29,6 +29,27 @@ _PTX_REGISTERS = {"i32": "r", "u32": "r", "i64": "l", "u64": "l", "f32": "f", "f
 _PTX_SPACES = {1: ".global", 3: ".shared"}  # the pointers element_pointer gives on the GPU
 _SHUFFLE_KINDS = {"xor": "bfly", "down": "down", "up": "up", "idx": "idx"}
 _REGISTERS = {16: "h", 32: "r", 64: "l"}  # PTX register constraints by width
+
+
+def shared_pointer(address):
+    """A u32 shared-memory address (mg.shared.address) as an LLVM pointer in address space 3."""
+    return lang.emit("llvm.inttoptr", [lang.cast(address, lang.i32)], [ir.Type.parse("!llvm.ptr<3>")]).result
+
+
+def _f32_struct(values):
+    """The f32 Scalars `values` packed into an LLVM struct, and its type."""
+    struct = ir.Type.parse(f"!llvm.struct<({', '.join(['f32'] * len(values))})>")
+    packed = lang.emit("llvm.mlir.undef", results=[struct]).result
+    for i, v in enumerate(values):
+        packed = lang.emit("llvm.insertvalue", [packed, v], [struct],
+                           attributes={"position": ir.Attribute.dense_i64_array([i])}).result
+    return packed, struct
+
+
+def _f32_unpacked(struct_value, count):
+    return [lang.Scalar(lang.emit("llvm.extractvalue", [struct_value], [ir.Type.f32()],
+                                  attributes={"position": ir.Attribute.dense_i64_array([i])}).result, lang.f32)
+            for i in range(count)]
 
 
 def _require_hint(instruction):
@@ -356,7 +377,7 @@ class Target:
         return nbytes
 
     def require_gpu(self, what):
-        """Before an operation only the GPU has (TMA, mbarriers, wgmma): nothing here."""
+        """Before an operation only the GPU has (thread-block clusters): nothing here."""
 
     def check_access(self, memref, indices, kind, length=1):
         """Before an access of `memref` at `indices`: nothing on the GPU."""
@@ -444,3 +465,116 @@ class Target:
 
     def async_wait(self, n):
         lang.emit("nvvm.cp.async.wait.group", attributes={"n": ir.Attribute.integer(n, ir.Type.integer(32))})
+
+    # -- Hopper (sm_90): mbarriers, named barriers, TMA, wgmma ---------------
+    # Shared memory is named by u32 addresses (mg.shared.address), counts and
+    # coordinates are i32 Scalars.
+    def mbarrier_init(self, address, count):
+        """mbarrier.init: the barrier at `address` expects `count` arrivals a phase."""
+        lang.emit("nvvm.mbarrier.init", [shared_pointer(address), count])
+
+    def mbarrier_arrive(self, address, nbytes=None):
+        """mbarrier.arrive, or with `nbytes` mbarrier.arrive.expect_tx (the bytes, then the arrival)."""
+        if nbytes is None:
+            lang.emit("nvvm.mbarrier.arrive", [shared_pointer(address)], [ir.Type.integer(64)])
+            return
+        lang.emit("nvvm.mbarrier.arrive.expect_tx", [shared_pointer(address), nbytes],
+                  [ir.Type.integer(64)], attributes={"relaxed": ir.Attribute.parse("false"),
+                                                     "scope": ir.Attribute.parse("#nvvm.mem_scope<cta>")})
+
+    def mbarrier_wait(self, address, parity):
+        """Until the phase of parity `parity` completes: mbarrier.try_wait.parity in a loop."""
+        lang.emit("nvvm.mbarrier.try_wait.parity", [shared_pointer(address), parity,
+                                                    lang.constant(10_000_000, lang.i32)])
+
+    def mbarrier_fence_init(self):
+        """fence.mbarrier_init: initialised barriers visible to the cluster and the copy engine."""
+        lang.emit("nvvm.fence.mbarrier.init")
+
+    def named_barrier(self, barrier_id, threads, wait):
+        """bar.sync (wait) or bar.arrive of named barrier `barrier_id` counting `threads`."""
+        if wait:
+            lang.emit("nvvm.barrier", [barrier_id, threads],
+                      attributes={"operandSegmentSizes": ir.Attribute.dense_i32_array([1, 1, 0])})
+        else:
+            lang.emit("nvvm.barrier.arrive", [barrier_id, threads])
+
+    def set_max_registers(self, count, increase):
+        """setmaxnreg.inc/dec of `count` (a Python int)."""
+        action = "increase" if increase else "decrease"
+        lang.emit("nvvm.setmaxregister", attributes={"action": ir.Attribute.parse(f"#nvvm<action {action}>"),
+                                                     "regCount": ir.Attribute.integer(count, ir.Type.integer(32))})
+
+    def tma_load(self, tensor_map, destination, coords, barrier, mask):
+        """cp.async.bulk.tensor of the box at `coords` (i32, innermost first) of
+        the map (its parameter's pointer) to shared `destination`, completing
+        on the mbarrier at `barrier`; `mask` [i16] multicasts over the cluster."""
+        cluster = lang.emit("llvm.addrspacecast", [shared_pointer(destination)],
+                            [ir.Type.parse("!llvm.ptr<7>")]).result
+        lang.emit("nvvm.cp.async.bulk.tensor.shared.cluster.global",
+                  [cluster, tensor_map, *coords, shared_pointer(barrier), *mask], attributes={
+                      "isCTAOnly": ir.Attribute.parse("false"),
+                      "mode": ir.Attribute.parse("#nvvm.tma_load_mode<tile>"),
+                      "operandSegmentSizes": ir.Attribute.dense_i32_array([1, 1, len(coords), 1, 0, len(mask), 0, 0])})
+
+    def tma_store(self, tensor_map, source, coords):
+        """cp.async.bulk.tensor of shared `source` to the box at `coords` of the map."""
+        lang.emit("nvvm.cp.async.bulk.tensor.global.shared.cta",
+                  [tensor_map, shared_pointer(source), *coords], attributes={
+                      "mode": ir.Attribute.parse("#nvvm.tma_store_mode<tile>"),
+                      "operandSegmentSizes": ir.Attribute.dense_i32_array([1, 1, len(coords), 0, 0])})
+
+    def tma_commit(self):
+        lang.emit("nvvm.cp.async.bulk.commit.group")
+
+    def tma_wait(self, pending, read):
+        attributes = {"group": ir.Attribute.integer(pending, ir.Type.integer(32))}
+        if read:
+            attributes["read"] = ir.Attribute.unit()
+        lang.emit("nvvm.cp.async.bulk.wait_group", attributes=attributes)
+
+    def fence_proxy_async(self):
+        """fence.proxy.async.shared::cta."""
+        lang.emit("nvvm.fence.proxy", attributes={"kind": ir.Attribute.parse("#nvvm.proxy_kind<async.shared>"),
+                                                  "space": ir.Attribute.parse("#nvvm.shared_space<cta>")})
+
+    def wgmma_mma(self, values, a, b, n, k, type_a, type_b, b_major):
+        """wgmma.mma_async m64nNk`k`, f32 += `type_a` x `type_b` (wgmma's type
+        names: f16, bf16), of the u64 descriptors `a` (K-major) and `b`
+        (`b_major`) on this thread's accumulators `values` (N/2 f32
+        Scalars); the new ones."""
+        packed, struct = _f32_struct(values)
+        op = lang.emit("nvvm.wgmma.mma_async", [packed, a, b], [struct], attributes={
+            "shape": ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = {k}>"),
+            "typeA": ir.Attribute.parse(f"#nvvm.wgmma_type<{type_a}>"),
+            "typeB": ir.Attribute.parse(f"#nvvm.wgmma_type<{type_b}>"),
+            "typeD": ir.Attribute.parse("#nvvm.wgmma_type<f32>"),
+            "scaleA": ir.Attribute.parse("#nvvm.wgmma_scale_in<one>"),
+            "scaleB": ir.Attribute.parse("#nvvm.wgmma_scale_in<one>"),
+            "scaleD": ir.Attribute.parse("#nvvm.wgmma_scale_out<one>"),
+            "layoutA": ir.Attribute.parse("#nvvm.mma_layout<row>"),
+            # K-major B is the "col" (untransposed) operand of the PTX instruction.
+            "layoutB": ir.Attribute.parse(f"#nvvm.mma_layout<{'col' if b_major == 'K' else 'row'}>")})
+        return _f32_unpacked(op.result, len(values))
+
+    def wgmma_fence(self):
+        lang.emit("nvvm.wgmma.fence.aligned")
+
+    def wgmma_commit(self):
+        lang.emit("nvvm.wgmma.commit.group.sync.aligned")
+
+    def wgmma_wait(self, pending, values):
+        """wgmma.wait_group `pending`; given the accumulator `values`, returns
+        them as the wait's results (see mg.wgmma.wait_group), else None."""
+        if values is None:
+            lang.emit("nvvm.wgmma.wait.group.sync.aligned",
+                      attributes={"group": ir.Attribute.integer(pending, ir.Type.integer(64))})
+            return None
+        struct = ir.Type.parse(f"!llvm.struct<({', '.join(['f32'] * len(values))})>")
+        # Each value in and out of the same register ("=f" tied to its input "N").
+        constraints = ",".join(["=f"] * len(values) + [str(i) for i in range(len(values))])
+        op = lang.emit("llvm.inline_asm", values, [struct], attributes={
+            "asm_string": ir.Attribute.string(f"wgmma.wait_group.sync.aligned {pending};"),
+            "constraints": ir.Attribute.string(constraints),
+            "has_side_effects": ir.Attribute.unit()})
+        return _f32_unpacked(op.result, len(values))

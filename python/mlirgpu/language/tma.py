@@ -18,7 +18,8 @@ Coordinates are in the array's order (row, column), in elements; a box
 that reaches past the array's edge reads the map's out-of-bounds fill
 (zeros by default), and a store writes only the part inside the array.
 Needs sm_90 or later; the destination must be aligned to 128 bytes (1024
-for the 128-byte swizzle).
+for the 128-byte swizzle). The CPU backend runs the copies too, with a
+tensor map of a host array (multicast excepted: it has no clusters).
 
 In a cluster launch, `multicast=mask` writes the box into the shared
 memory of every block of the cluster whose rank's bit is set in the mask,
@@ -26,11 +27,10 @@ at the same offset, and counts its bytes on the barrier of the same index
 in each of them: blocks that need the same tile load a part of it each and
 share the rest (PTX .multicast::cluster).
 """
-from .. import ir
 from .._mlirgpu import CompileError
 from . import core as lang
 from . import shared
-from .mbarrier import Barriers, shared_pointer
+from .mbarrier import Barriers
 
 # The gpu.func attribute listing its tensor-map parameters: MLIR's gpu-to-nvvm
 # conversion keeps function attributes but drops `llvm.byval` on arguments, so
@@ -75,7 +75,6 @@ def _map(tensor_map):
     if not isinstance(tensor_map, TensorMapValue):
         raise CompileError(f"expected a tensor-map parameter (annotated mg.TensorMap), not "
                            f"{type(tensor_map).__name__}")
-    lang.target().require_gpu("mg.tma")
     return tensor_map.value
 
 
@@ -98,13 +97,8 @@ def load(tensor_map, destination, coords, barriers, barrier=0, offset=0, multica
         else:
             raise CompileError(f"a multicast mask is an int from 1 to 0xFFFF (a bit per block of the "
                                f"cluster) or a traced integer, not {multicast!r}")
-    cluster = lang.emit("llvm.addrspacecast", [shared_pointer(shared.address(destination, offset))],
-                        [ir.Type.parse("!llvm.ptr<7>")]).result
-    lang.emit("nvvm.cp.async.bulk.tensor.shared.cluster.global",
-              [cluster, descriptor, *values, barriers.pointer(barrier), *mask], attributes={
-                  "isCTAOnly": ir.Attribute.parse("false"),
-                  "mode": ir.Attribute.parse("#nvvm.tma_load_mode<tile>"),
-                  "operandSegmentSizes": ir.Attribute.dense_i32_array([1, 1, len(values), 1, 0, len(mask), 0, 0])})
+        lang.target().require_gpu("mg.tma.load with multicast")
+    lang.target().tma_load(descriptor, shared.address(destination, offset), values, barriers.address(barrier), mask)
 
 
 def store(tensor_map, source, coords, offset=0):
@@ -113,17 +107,12 @@ def store(tensor_map, source, coords, offset=0):
     ordinary stores needs `fence_proxy_async()` and a barrier first; the
     copy is complete after `commit_group()` and `wait_group(0)`."""
     descriptor = _map(tensor_map)
-    values = _coordinates(coords)
-    lang.emit("nvvm.cp.async.bulk.tensor.global.shared.cta",
-              [descriptor, shared_pointer(shared.address(source, offset)), *values], attributes={
-                  "mode": ir.Attribute.parse("#nvvm.tma_store_mode<tile>"),
-                  "operandSegmentSizes": ir.Attribute.dense_i32_array([1, 1, len(values), 0, 0])})
+    lang.target().tma_store(descriptor, shared.address(source, offset), _coordinates(coords))
 
 
 def commit_group():
     """Closes the group of TMA stores this thread started (cp.async.bulk.commit_group)."""
-    lang.target().require_gpu("mg.tma")
-    lang.emit("nvvm.cp.async.bulk.commit.group")
+    lang.target().tma_commit()
 
 
 def wait_group(pending=0, *, read=False):
@@ -132,17 +121,11 @@ def wait_group(pending=0, *, read=False):
     may be reused), not until the global writes are done."""
     if not isinstance(pending, int) or isinstance(pending, bool) or not 0 <= pending <= 63:
         raise CompileError(f"mg.tma.wait_group takes a Python int from 0 to 63, not {pending!r}")
-    lang.target().require_gpu("mg.tma")
-    attributes = {"group": ir.Attribute.integer(pending, ir.Type.integer(32))}
-    if read:
-        attributes["read"] = ir.Attribute.unit()
-    lang.emit("nvvm.cp.async.bulk.wait_group", attributes=attributes)
+    lang.target().tma_wait(pending, read)
 
 
 def fence_proxy_async():
     """Orders this thread's ordinary shared-memory writes before later reads
     by the copy engine and the tensor cores (fence.proxy.async.shared::cta);
     a barrier after it extends that to the other threads' writes."""
-    lang.target().require_gpu("mg.tma")
-    lang.emit("nvvm.fence.proxy", attributes={"kind": ir.Attribute.parse("#nvvm.proxy_kind<async.shared>"),
-                                              "space": ir.Attribute.parse("#nvvm.shared_space<cta>")})
+    lang.target().fence_proxy_async()

@@ -49,10 +49,7 @@ def set_max_registers(count, *, increase):
     max_threads with min_blocks=1)."""
     if not isinstance(count, int) or isinstance(count, bool) or not (24 <= count <= 256 and count % 8 == 0):
         raise CompileError(f"setmaxnreg takes a multiple of 8 from 24 to 256, not {count!r}")
-    lang.target().require_gpu("mg.warpgroup.set_max_registers")
-    action = "increase" if increase else "decrease"
-    lang.emit("nvvm.setmaxregister", attributes={"action": ir.Attribute.parse(f"#nvvm<action {action}>"),
-                                                 "regCount": ir.Attribute.integer(count, ir.Type.integer(32))})
+    lang.target().set_max_registers(count, increase)
 
 
 def _barrier_operands(barrier_id, threads):
@@ -64,7 +61,6 @@ def _barrier_operands(barrier_id, threads):
         barrier_id = lang.constant(barrier_id, lang.i32)
     elif not (isinstance(barrier_id, lang.Scalar) and lang.is_integer(barrier_id.dtype)):
         raise CompileError(f"a named barrier's id is an int or a traced integer, not {barrier_id!r}")
-    lang.target().require_gpu("mg.warpgroup.barrier")
     return [lang.cast(barrier_id, lang.i32), lang.constant(threads, lang.i32)]
 
 
@@ -74,15 +70,14 @@ def barrier(barrier_id, threads=SIZE):
     32, by default one warpgroup) have reached it, and orders their shared
     memory accesses as syncthreads does (PTX bar.sync id, threads). Every
     warp of those threads must call it (or `arrive`) with the same id."""
-    lang.emit("nvvm.barrier", _barrier_operands(barrier_id, threads),
-              attributes={"operandSegmentSizes": ir.Attribute.dense_i32_array([1, 1, 0])})
+    lang.target().named_barrier(*_barrier_operands(barrier_id, threads), wait=True)
 
 
 def arrive(barrier_id, threads=SIZE):
     """Arrives at named barrier `barrier_id` without waiting (PTX bar.arrive
     id, threads): one warpgroup signals another that waits on it with
     `barrier(barrier_id, threads)`, counting both sides' threads."""
-    lang.emit("nvvm.barrier.arrive", _barrier_operands(barrier_id, threads))
+    lang.target().named_barrier(*_barrier_operands(barrier_id, threads), wait=False)
 
 
 def cluster_rank():

@@ -21,9 +21,10 @@ leading and stride byte offsets and the swizzle mode); a layout wgmma cannot
 read is a CompileError at the line that asks for its descriptor. The
 accumulator is a list of traced f32 values (N/2 per thread) that loops
 carry like any list of scalars; `accumulator_coordinates` says which (row,
-column) of the 64 x N tile each one is.
+column) of the 64 x N tile each one is. The CPU backend runs wgmma too:
+each thread's accumulators from the operands it reads through the
+descriptors, as the hardware lays them out.
 """
-from .. import ir
 from .._mlirgpu import CompileError
 from ..layout import wgmma as wgmma_layout
 from . import core as lang
@@ -53,7 +54,6 @@ def descriptor(tile, layout, *, offset=0, k_block=0, major="K"):
     coordinates, a swizzle composed on top for the swizzled modes), for the
     `k_block`-th 32-byte slice of K that one mma reads (16 elements of f16
     or bf16, 32 of an 8-bit float)."""
-    lang.target().require_gpu("mg.wgmma")
     if not isinstance(tile, shared.SharedMemRef):
         raise CompileError(f"a wgmma operand is a shared-memory array, not {type(tile).__name__}")
     if tile.dtype not in _INPUTS:
@@ -92,7 +92,6 @@ def mma(acc, a, b, *, n):
     K-major, or MN-major for f16 and bf16); returns the new accumulator.
     Asynchronous: its result may be read only after `commit_group()` and
     `wait_group(...)`."""
-    lang.target().require_gpu("mg.wgmma")
     _check_n(n)
     if not isinstance(a, Descriptor) or not isinstance(b, Descriptor):
         raise CompileError("mg.wgmma.mma takes descriptors from mg.wgmma.descriptor for a and b")
@@ -105,37 +104,18 @@ def mma(acc, a, b, *, n):
         raise CompileError(f"an m64n{n} accumulator is a list of {n // 2} f32 values, got "
                            f"{len(acc) if isinstance(acc, (list, tuple)) else type(acc).__name__}")
     values = [lang.coerce(v, lang.f32, "a wgmma accumulator value") for v in acc]
-    struct = ir.Type.parse(f"!llvm.struct<({', '.join(['f32'] * len(values))})>")
-    packed = lang.emit("llvm.mlir.undef", results=[struct]).result
-    for i, v in enumerate(values):
-        packed = lang.emit("llvm.insertvalue", [packed, v], [struct],
-                           attributes={"position": ir.Attribute.dense_i64_array([i])}).result
-    op = lang.emit("nvvm.wgmma.mma_async", [packed, a.value, b.value], [struct], attributes={
-        "shape": ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = {32 // a.dtype.itemsize}>"),
-        "typeA": ir.Attribute.parse(f"#nvvm.wgmma_type<{_INPUTS[a.dtype]}>"),
-        "typeB": ir.Attribute.parse(f"#nvvm.wgmma_type<{_INPUTS[b.dtype]}>"),
-        "typeD": ir.Attribute.parse("#nvvm.wgmma_type<f32>"),
-        "scaleA": ir.Attribute.parse("#nvvm.wgmma_scale_in<one>"),
-        "scaleB": ir.Attribute.parse("#nvvm.wgmma_scale_in<one>"),
-        "scaleD": ir.Attribute.parse("#nvvm.wgmma_scale_out<one>"),
-        "layoutA": ir.Attribute.parse("#nvvm.mma_layout<row>"),
-        # K-major B is the "col" (untransposed) operand of the PTX instruction.
-        "layoutB": ir.Attribute.parse(f"#nvvm.mma_layout<{'col' if b.major == 'K' else 'row'}>")})
-    return [lang.Scalar(lang.emit("llvm.extractvalue", [op.result], [ir.Type.f32()],
-                                  attributes={"position": ir.Attribute.dense_i64_array([i])}).result, lang.f32)
-            for i in range(len(values))]
+    return lang.target().wgmma_mma(values, a.value, b.value, n, 32 // a.dtype.itemsize, _INPUTS[a.dtype],
+                                   _INPUTS[b.dtype], b.major)
 
 
 def fence():
     """Orders register and shared-memory accesses before the wgmmas that follow (wgmma.fence)."""
-    lang.target().require_gpu("mg.wgmma")
-    lang.emit("nvvm.wgmma.fence.aligned")
+    lang.target().wgmma_fence()
 
 
 def commit_group():
     """Closes the group of wgmmas issued since the last commit."""
-    lang.target().require_gpu("mg.wgmma")
-    lang.emit("nvvm.wgmma.commit.group.sync.aligned")
+    lang.target().wgmma_commit()
 
 
 def wait_group(pending=0, accumulator=None):
@@ -148,22 +128,9 @@ def wait_group(pending=0, accumulator=None):
     ptxas serialize the wgmmas (its warning C7514)."""
     if not isinstance(pending, int) or isinstance(pending, bool) or not 0 <= pending <= 7:
         raise CompileError(f"mg.wgmma.wait_group takes a Python int from 0 to 7, not {pending!r}")
-    lang.target().require_gpu("mg.wgmma")
-    if accumulator is None:
-        lang.emit("nvvm.wgmma.wait.group.sync.aligned",
-                  attributes={"group": ir.Attribute.integer(pending, ir.Type.integer(64))})
-        return None
-    values = [lang.coerce(v, lang.f32, "a wgmma accumulator value") for v in accumulator]
-    struct = ir.Type.parse(f"!llvm.struct<({', '.join(['f32'] * len(values))})>")
-    # Each value in and out of the same register ("=f" tied to its input "N").
-    constraints = ",".join(["=f"] * len(values) + [str(i) for i in range(len(values))])
-    op = lang.emit("llvm.inline_asm", values, [struct], attributes={
-        "asm_string": ir.Attribute.string(f"wgmma.wait_group.sync.aligned {pending};"),
-        "constraints": ir.Attribute.string(constraints),
-        "has_side_effects": ir.Attribute.unit()})
-    return [lang.Scalar(lang.emit("llvm.extractvalue", [op.result], [ir.Type.f32()],
-                                  attributes={"position": ir.Attribute.dense_i64_array([i])}).result, lang.f32)
-            for i in range(len(values))]
+    values = None if accumulator is None else [lang.coerce(v, lang.f32, "a wgmma accumulator value")
+                                               for v in accumulator]
+    return lang.target().wgmma_wait(pending, values)
 
 
 def accumulator_coordinates(register, lane_in_warpgroup):

@@ -16,11 +16,13 @@ import math
 import numpy as np
 
 from .. import _mlirgpu
-from .._mlirgpu import LaunchError
+from .._mlirgpu import LaunchError, TensorMap
 from ..compiler.cpu import PIPELINE, HostTarget, checks_from_environment
 from ..ir import passes
 from .compiled import stored_params
 from .scalars import scalar_bytes
+
+TENSOR_MAP_BYTES = 128  # a CUtensorMap's, which a host tensor map fills (csrc/cpu.h)
 
 __all__ = ["PIPELINE", "host_module", "lowered_module", "stored_params", "engine", "run",
            "max_cooperative_grid_blocks"]
@@ -28,7 +30,8 @@ __all__ = ["PIPELINE", "host_module", "lowered_module", "stored_params", "engine
 
 # Runtime calls that switch fibers (or, for a failed bounds check, never return).
 _FIBER_CALLS = ("mg_cpu_barrier", "mg_cpu_grid_sync", "mg_cpu_shuffle", "mg_cpu_warp_collective",
-                "mg_cpu_out_of_bounds")
+                "mg_cpu_out_of_bounds", "mg_cpu_mbarrier_init", "mg_cpu_mbarrier_arrive", "mg_cpu_mbarrier_wait",
+                "mg_cpu_named_barrier", "mg_cpu_tma_load", "mg_cpu_tma_store", "mg_cpu_wgmma")
 
 
 def _cached(spec, attribute, checks, make):
@@ -79,6 +82,8 @@ def _make_engine(spec, checks):
     for index, (_, shape, dtype) in enumerate(spec._param_types()):
         if shape is not None:
             params.append(("memref", len(shape), dtype.itemsize, index in stored))
+        elif dtype is TensorMap:
+            params.append(("tensormap", 0, TENSOR_MAP_BYTES))
         else:
             params.append(("scalar", 0, dtype.itemsize))
     filename = spec.kernel.rewritten()[3]
@@ -105,6 +110,15 @@ def run(spec, args, grid, block, shared_mem=0):
     compiled = engine(spec)
     packed, copies = [], []
     for index, ((p, shape, dtype), arg) in enumerate(zip(params, args)):
+        if dtype is TensorMap:
+            if not isinstance(arg, TensorMap):
+                raise LaunchError(f"parameter {p.name!r} is a tensor map: pass one made by mg.tensor_map, "
+                                  f"not {type(arg).__name__}")
+            if not arg.host:
+                raise LaunchError(f"parameter {p.name!r} is a tensor map made for the GPU: on the CPU backend, "
+                                  f"make it with mg.tensor_map of a host array")
+            packed.append(arg.data)
+            continue
         if shape is None:
             packed.append(scalar_bytes(f"parameter {p.name!r} ({dtype.name})", dtype, arg))
             continue

@@ -575,9 +575,9 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         if grid is None or block is None:
             raise LaunchError(f"launching {self.name} needs grid= and block=")
         if on_cpu():
-            if any(isinstance(a, TensorMap) for a in args) or cluster is not None:
-                raise LaunchError(f"{self.name} takes tensor maps or clusters, which only the GPU has: "
-                                  f"use mg.set_backend('cuda')")
+            if cluster is not None:
+                raise LaunchError(f"{self.name} is launched in clusters of {tuple(cluster)}, which only the GPU "
+                                  f"has: use mg.set_backend('cuda')")
             # The CPU backend runs the launch to completion: `stream` has nothing to order.
             cpu.run(self, [_host_view(p.name, a) if shape is not None else a
                            for (p, shape, _), a in zip(self._param_types(), args)], grid, block, shared_mem)

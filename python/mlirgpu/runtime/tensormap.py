@@ -17,9 +17,12 @@ bare CUDA_ERROR_INVALID_VALUE. `map.layout` is the box as it lands in
 shared memory: a row-major layout with the swizzle composed on top
 (mlirgpu.layout), the layout that wgmma descriptors are computed from.
 """
+import numpy as np
+
 from .. import _mlirgpu
 from .._mlirgpu import DeviceArray, TensorMap, bf16, f8e4m3, f8e5m2, f16, f32, f64, i32, i64, u8, u16, u32, u64
 from ..layout import ComposedLayout, Layout, Swizzle
+from .backend import on_cpu
 
 __all__ = ["TensorMap", "tensor_map", "encode_arguments", "box_layout", "SWIZZLE_BYTES"]
 
@@ -169,15 +172,32 @@ def tensor_map(array, box, swizzle="128B", *, element_strides=None, oob_fill="ze
     DeviceArray or any CUDA array object; sizes in the array's order). The
     map keeps the array alive. See encode_arguments for the checks.
 
+    On the CPU backend the array is a host one (a DeviceArray of host
+    memory, or a NumPy array, which the map then addresses in place) and the
+    map holds the same fields for the runtime's copies, without a driver.
+
     For example::
 
         A = mg.to_device(np.zeros((1000, 304), np.float16))
         a_map = mg.tensor_map(A, box=(128, 64), swizzle="128B")   # 128 x 64 tiles, 128-byte swizzle
         kernel(a_map, C, grid=..., block=..., shared_mem=...)     # a parameter annotated mg.TensorMap
     """
-    device = array if isinstance(array, DeviceArray) else _mlirgpu.asarray(array)
-    if device.is_host:
-        raise ValueError("a tensor map addresses device memory: pass a device array (mg.to_device)")
-    arguments = encode_arguments(device.shape, device.strides, device.dtype, device.ptr, box, swizzle,
-                                 element_strides, oob_fill, interleave, l2_promotion)
-    return TensorMap(array, **arguments)
+    host = on_cpu()
+    if host and isinstance(array, np.ndarray):
+        # In place (NumPy's bfloat16 has no DLPack type to view it through).
+        where = (array.shape, array.strides, _mlirgpu.dtype(array.dtype), array.ctypes.data)
+        readonly = not array.flags.writeable
+    else:
+        device = array if isinstance(array, DeviceArray) else _mlirgpu.asarray(array, host=host)
+        if device.is_host != host:
+            raise ValueError("a tensor map addresses device memory: pass a device array (mg.to_device)" if not host
+                             else "on the CPU backend a tensor map addresses host memory: pass a host array "
+                                  "(mg.to_device while the backend is 'cpu', or a NumPy array)")
+        where = (device.shape, device.strides, device.dtype, device.ptr)
+        readonly = device.readonly
+    if interleave not in (None, "none") and host:
+        raise ValueError("the CPU backend's tensor maps take no interleave")
+    arguments = encode_arguments(*where, box, swizzle, element_strides, oob_fill, interleave, l2_promotion)
+    if not host:
+        return TensorMap(array, **arguments)
+    return TensorMap(array, host=True, readonly=readonly, **arguments)
