@@ -43,10 +43,13 @@ def test_one_launch_sum(backend, size):
         assert done[0] == 0
 
 
-def test_transpose(backend):
-    A = np.random.default_rng(3).standard_normal((64, 96)).astype(np.float32)
-    B = np.zeros((96, 64), np.float32)
-    ck.transpose.specialize({})(A, B, grid=(96 // 32, 64 // 32), block=(32, 8))
+@pytest.mark.parametrize("config", ck.transpose.configs, ids=lambda c: f"{c['TILE']}x{c['ROWS']}")
+def test_transpose(backend, config):
+    # Every tile the benchmark's autotuner may choose.
+    A = np.random.default_rng(3).standard_normal((128, 192)).astype(np.float32)
+    B = np.zeros((192, 128), np.float32)
+    tile, rows = config["TILE"], config["ROWS"]
+    ck.transpose.kernel[tile, rows](A, B, grid=(192 // tile, 128 // tile), block=(tile, rows))
     np.testing.assert_array_equal(B, A.T)
 
 
@@ -54,7 +57,7 @@ def test_benchmark_kernels_ptx(tmp_path):
     from checks import ptxas_accepts
     found = {}
     for kernel in (ck.softmax[8192, 1024], ck.layer_norm[8192, 1024], ck.total_sum[1024],
-                   ck.transpose.specialize({})):
+                   ck.transpose.kernel[64, 8]):
         ptx = kernel.ptx(chip="sm_90a")
         ptxas_accepts(ptx, "sm_90a", tmp_path)
         found[kernel.name] = set(re.findall(r"\b(ld\.global\.nc\S*|st\.global\.cs\S*|atom\S*|membar\.gl|"
