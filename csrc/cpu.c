@@ -28,6 +28,7 @@
  * mg_cpu_out_of_bounds (a failed bounds check: recorded, and the fiber never
  * resumes). */
 #include "cpu.h"
+#include "engine.h"
 #include "ir.h"
 
 #include <mlir-c/ExecutionEngine.h>
@@ -837,22 +838,6 @@ static int parse_params(mg_CpuEngine *self, PyObject *params)
     return 0;
 }
 
-typedef struct {
-    MlirModule module;
-    int opt_level;
-    MlirExecutionEngine engine;
-} engine_creation;
-
-static void create_engine(void *arg)
-{
-    engine_creation *c = arg;
-    /* Position-independent code: with the small code model a JIT'd call or
-     * data reference reaches +-2 GB only, and a process holding a CUDA
-     * context has reserved so much address space that the JIT's memory can
-     * land farther than that from libc and from our runtime functions. */
-    c->engine = mlirExecutionEngineCreate(c->module, c->opt_level, 0, NULL, false, true);
-}
-
 static const struct {
     const char *name;
     void *address;
@@ -936,22 +921,18 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
         mg_ir_diag_raise(ctx, mg_st->MLIRError, "the host module does not verify");
         goto error;
     }
-    engine_creation c = {mlirModuleFromOperation(op->op), opt_level, {NULL}};
-    if (mg_fatal_guarded(create_engine, &c)) {
-        /* half-built by LLVM: leaked, never touched */
-        mg_raise(mg_st->CompileError, "LLVM failed while JIT-compiling %U for the host: %s", name,
-                 mg_fatal_reason);
+    PyObject *what = PyUnicode_FromFormat("%U for the host", name);
+    if (what == NULL)
+        goto error;
+    const char *what_text = PyUnicode_AsUTF8(what);
+    if (what_text == NULL) {
+        Py_DECREF(what);
         goto error;
     }
-    if (mlirExecutionEngineIsNull(c.engine)) {
-        if (mg_ir_diag_has_error(ctx))
-            mg_ir_diag_raise(ctx, mg_st->CompileError, "JIT-compiling the host module failed");
-        else
-            mg_raise(mg_st->CompileError, "JIT-compiling %U for the host failed (is it lowered to the llvm "
-                                          "dialect?)", name);
+    self->engine = mg_engine_create_detached(op, opt_level, what_text);
+    Py_DECREF(what);
+    if (mlirExecutionEngineIsNull(self->engine))
         goto error;
-    }
-    self->engine = c.engine;
     PyObject *packed = PyUnicode_FromFormat("_mlir_ciface_%U", name);
     if (packed == NULL)
         goto error;
@@ -962,7 +943,11 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
         goto error;
     }
     engine_start s = {self->engine, mlirStringRefCreate(text, (size_t)len), NULL};
-    int fatal = mg_fatal_guarded(start_engine, &s);
+    /* No Python object can reach the engine yet: materialized without the GIL. */
+    int fatal;
+    Py_BEGIN_ALLOW_THREADS
+    fatal = mg_fatal_guarded(start_engine, &s);
+    Py_END_ALLOW_THREADS
     Py_DECREF(packed);
     if (fatal) {
         self->engine.ptr = NULL; /* LLVM stopped half-way through it: leaked, never touched */

@@ -260,8 +260,50 @@ static void create_body(void *arg)
     /* Position-independent code: with the small code model a JIT'd call
      * reaches +-2 GB only, and a process holding a CUDA context has reserved
      * so much address space that the JIT's memory can land farther than that
-     * from libc and from our runtime functions (as in cpu.c). */
+     * from libc and from our runtime functions. */
     c->engine = mlirExecutionEngineCreate(c->module, c->opt_level, 0, NULL, false, true);
+}
+
+MlirExecutionEngine mg_engine_create_detached(mg_ir_Operation *op, int opt_level, const char *what)
+{
+    mg_buf located = {0};
+    mg_ir_print_located(op->op, &located);
+    if (located.failed) {
+        free(located.data);
+        PyErr_NoMemory();
+        return (MlirExecutionEngine){NULL};
+    }
+    int allow_unregistered = mlirContextGetAllowUnregisteredDialects(op->context->context);
+    creation c = {{NULL}, opt_level, {NULL}};
+    mg_diags diags = {0};
+    int parsed, fatal = 0;
+    /* Made with the GIL held: registering every dialect is then never concurrent. */
+    MlirContext private = mg_ir_private_context(allow_unregistered, &diags);
+    Py_BEGIN_ALLOW_THREADS
+    c.module = mlirModuleCreateParse(private, mlirStringRefCreate(located.data ? located.data : "", located.len));
+    parsed = !mlirModuleIsNull(c.module);
+    if (parsed && !(fatal = mg_fatal_guarded(create_body, &c)))
+        mlirModuleDestroy(c.module); /* the engine keeps an LLVM module of its own */
+    if (!fatal)
+        mlirContextDestroy(private); /* after a fatal error: leaked with what LLVM left in it */
+    Py_END_ALLOW_THREADS
+    free(located.data);
+    if (!parsed)
+        mg_diags_raise(&diags, mg_st->CompileError, "the module does not parse back");
+    else if (fatal)
+        /* a half-built engine: leaked, never touched */
+        mg_raise(mg_st->CompileError, "LLVM fatal error while JIT-compiling %s: %s", what, mg_fatal_reason);
+    else if (mlirExecutionEngineIsNull(c.engine)) {
+        PyObject *message = PyUnicode_FromFormat("JIT-compiling %s failed", what);
+        if (message != NULL && mg_diags_has_error(&diags))
+            mg_diags_raise(&diags, mg_st->CompileError, PyUnicode_AsUTF8(message));
+        else if (message != NULL)
+            mg_raise(mg_st->CompileError, "%U (is it lowered to the llvm dialect?)", message);
+        Py_XDECREF(message);
+    }
+    mg_diags_clear(&diags);
+    free(diags.items);
+    return c.engine;
 }
 
 typedef struct {
@@ -325,20 +367,9 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     self->prints |= self->launches;
 
-    mg_ir_diag_clear(ctx);
-    creation c = {mlirModuleFromOperation(op->op), opt_level, {NULL}};
-    if (mg_fatal_guarded(create_body, &c)) {
-        mg_raise(mg_st->CompileError, "LLVM fatal error while JIT-compiling the module: %s", mg_fatal_reason);
-        goto error; /* a half-built engine: leaked, never touched */
-    }
-    self->engine = c.engine;
-    if (mlirExecutionEngineIsNull(self->engine)) {
-        if (mg_ir_diag_has_error(ctx))
-            mg_ir_diag_raise(ctx, mg_st->CompileError, "JIT-compiling the module failed");
-        else
-            mg_raise(mg_st->CompileError, "JIT-compiling the module failed");
+    self->engine = mg_engine_create_detached(op, opt_level, "the module");
+    if (mlirExecutionEngineIsNull(self->engine))
         goto error;
-    }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(registered); i++) {
         const char *name = PyUnicode_AsUTF8(PyList_GET_ITEM(registered, i));
         if (name == NULL)

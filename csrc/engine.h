@@ -8,8 +8,15 @@
 #ifndef MG_ENGINE_H
 #define MG_ENGINE_H
 
-#include "module.h"
+#include "ir.h"
+#include <mlir-c/ExecutionEngine.h>
 
 int mg_engine_init(PyObject *module);
+
+/* MLIR's ExecutionEngine for a copy of the (verified) module `op`, made in an
+ * MLIR context of its own with the GIL released: translation to LLVM IR and
+ * LLVM's optimization at `opt_level` run while other threads go on. NULL
+ * with CompileError set if it cannot be made. */
+MlirExecutionEngine mg_engine_create_detached(mg_ir_Operation *op, int opt_level, const char *what);
 
 #endif
