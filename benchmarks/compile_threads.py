@@ -1,7 +1,8 @@
 """Compiling from several threads: 8 specializations of the naive SGEMM, each
-compiled from its Python function to a cubin (trace, MLIR pipeline, LLVM's
-NVPTX back end, ptxas) or, with --cpu, to a CPU-backend engine (trace, MLIR
-pipeline, JIT), one after another and then from 8 threads at once.
+compiled from its Python function to what a GPU loads (trace, MLIR pipeline,
+LLVM's NVPTX back end, and ptxas where the CUDA toolkit has one) or, with
+--cpu, to a CPU-backend engine (trace, MLIR pipeline, JIT), one after
+another and then from 8 threads at once.
 
     python benchmarks/compile_threads.py [--repeats R] [--threads T] [--cpu]
 
@@ -38,7 +39,7 @@ def compile_one(size, cpu):
     if cpu:
         cpu_backend.engine(spec)
     else:
-        spec.compilation("sm_90a").cubin
+        spec.compilation("sm_90a").image
 
 
 def one_after_another(sizes, cpu):
@@ -86,7 +87,8 @@ def main():
         size += args.threads
         threaded.append(from_threads(sizes, args.cpu))
     seq, thr = statistics.median(sequential), statistics.median(threaded)
-    what = "CPU-backend engines" if args.cpu else "cubins (sm_90a)"
+    image = sgemm_naive[64, 128, 256, mg.f32].compilation("sm_90a").image_format
+    what = "CPU-backend engines" if args.cpu else f"{image} images (sm_90a)"
     print(f"{args.threads} SGEMM specializations compiled to {what}; {os.cpu_count()} cores; "
           f"median of {args.repeats}")
     print(f"{'':24}{'total s':>10}{'per compile ms':>16}")

@@ -912,25 +912,38 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
             goto error;
     }
 
-    mg_ir_Operation *op = mg_ir_module_operation(module);
-    if (op == NULL)
-        goto error;
-    mg_ir_Context *ctx = op->context;
-    mg_ir_diag_clear(ctx);
-    if (!mlirOperationVerify(op->op) || mg_ir_diag_has_error(ctx)) {
-        mg_ir_diag_raise(ctx, mg_st->MLIRError, "the host module does not verify");
-        goto error;
+    /* The engine is JIT-compiled from text: the module as lower() returns it,
+     * or an ir.Module printed here. */
+    mg_buf printed = {0};
+    MlirStringRef ir_text;
+    int allow_unregistered = 0;
+    if (PyUnicode_Check(module)) {
+        Py_ssize_t len;
+        const char *data = PyUnicode_AsUTF8AndSize(module, &len); /* kept alive by args */
+        if (data == NULL)
+            goto error;
+        ir_text = mlirStringRefCreate(data, (size_t)len);
+    } else {
+        mg_ir_Operation *op = mg_ir_module_operation(module);
+        if (op == NULL)
+            goto error;
+        mg_ir_Context *ctx = op->context;
+        mg_ir_diag_clear(ctx);
+        if (!mlirOperationVerify(op->op) || mg_ir_diag_has_error(ctx)) {
+            mg_ir_diag_raise(ctx, mg_st->MLIRError, "the host module does not verify");
+            goto error;
+        }
+        if (mg_engine_print_source(op, &printed) < 0)
+            goto error;
+        ir_text = mlirStringRefCreate(printed.data, printed.len);
+        allow_unregistered = mlirContextGetAllowUnregisteredDialects(ctx->context);
     }
     PyObject *what = PyUnicode_FromFormat("%U for the host", name);
-    if (what == NULL)
-        goto error;
-    const char *what_text = PyUnicode_AsUTF8(what);
-    if (what_text == NULL) {
-        Py_DECREF(what);
-        goto error;
-    }
-    self->engine = mg_engine_create_detached(op, opt_level, what_text);
-    Py_DECREF(what);
+    const char *what_text = what != NULL ? PyUnicode_AsUTF8(what) : NULL;
+    if (what_text != NULL)
+        self->engine = mg_engine_create_detached(ir_text, allow_unregistered, opt_level, what_text);
+    Py_XDECREF(what);
+    free(printed.data);
     if (mlirExecutionEngineIsNull(self->engine))
         goto error;
     PyObject *packed = PyUnicode_FromFormat("_mlir_ciface_%U", name);
@@ -1263,7 +1276,8 @@ static PyMethodDef CpuEngine_methods[] = {
 
 static PyType_Slot CpuEngine_slots[] = {
     {Py_tp_doc, "CpuEngine(module, name, params, source, uses_fibers=True, strings=(), static_shared=0, "
-                "opt_level=2): the host module (lowered to the llvm dialect) JIT-compiled; `name` is its "
+                "opt_level=2): the host module (lowered to the llvm dialect: an ir.Module, or its text as "
+                "lower() returns it) JIT-compiled without the GIL; `name` is its "
                 "func.func with llvm.emit_c_interface, `params` a (kind, rank, size[, written]) tuple per kernel "
                 "parameter (written, default True: the kernel may store to that memref), `strings` the printf "
                 "formats and array names its runtime calls refer to by index, `static_shared` the bytes of "

@@ -264,32 +264,36 @@ static void create_body(void *arg)
     c->engine = mlirExecutionEngineCreate(c->module, c->opt_level, 0, NULL, false, true);
 }
 
-MlirExecutionEngine mg_engine_create_detached(mg_ir_Operation *op, int opt_level, const char *what)
+int mg_engine_print_source(mg_ir_Operation *op, mg_buf *out)
 {
-    mg_buf located = {0};
-    mg_ir_print_located(op->op, &located);
-    if (located.failed) {
-        free(located.data);
+    mg_ir_print_located(op->op, out);
+    if (out->failed) {
+        free(out->data);
+        *out = (mg_buf){0};
         PyErr_NoMemory();
-        return (MlirExecutionEngine){NULL};
+        return -1;
     }
-    int allow_unregistered = mlirContextGetAllowUnregisteredDialects(op->context->context);
+    return 0;
+}
+
+MlirExecutionEngine mg_engine_create_detached(MlirStringRef source, int allow_unregistered, int opt_level,
+                                              const char *what)
+{
     creation c = {{NULL}, opt_level, {NULL}};
     mg_diags diags = {0};
     int parsed, fatal = 0;
     /* Made with the GIL held: registering every dialect is then never concurrent. */
     MlirContext private = mg_ir_private_context(allow_unregistered, &diags);
     Py_BEGIN_ALLOW_THREADS
-    c.module = mlirModuleCreateParse(private, mlirStringRefCreate(located.data ? located.data : "", located.len));
+    c.module = mlirModuleCreateParse(private, source);
     parsed = !mlirModuleIsNull(c.module);
     if (parsed && !(fatal = mg_fatal_guarded(create_body, &c)))
         mlirModuleDestroy(c.module); /* the engine keeps an LLVM module of its own */
     if (!fatal)
         mlirContextDestroy(private); /* after a fatal error: leaked with what LLVM left in it */
     Py_END_ALLOW_THREADS
-    free(located.data);
     if (!parsed)
-        mg_diags_raise(&diags, mg_st->CompileError, "the module does not parse back");
+        mg_diags_raise(&diags, mg_st->MLIRError, "the module does not parse");
     else if (fatal)
         /* a half-built engine: leaked, never touched */
         mg_raise(mg_st->CompileError, "LLVM fatal error while JIT-compiling %s: %s", what, mg_fatal_reason);
@@ -367,7 +371,13 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     self->prints |= self->launches;
 
-    self->engine = mg_engine_create_detached(op, opt_level, "the module");
+    mg_buf source = {0};
+    if (mg_engine_print_source(op, &source) < 0)
+        goto error;
+    self->engine = mg_engine_create_detached(mlirStringRefCreate(source.data, source.len),
+                                             mlirContextGetAllowUnregisteredDialects(ctx->context), opt_level,
+                                             "the module");
+    free(source.data);
     if (mlirExecutionEngineIsNull(self->engine))
         goto error;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(registered); i++) {
