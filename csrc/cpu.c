@@ -876,7 +876,7 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
 {
     static char *kwlist[] = {"module", "name", "params", "source", "uses_fibers", "strings", "static_shared",
                              "opt_level", NULL};
-    PyObject *module, *name, *params, *source, *strings = NULL;
+    PyObject *module, *name, *params, *source, *strings = NULL, *held = NULL;
     int uses_fibers = 1, opt_level = 2;
     Py_ssize_t static_shared = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOU|pOni:CpuEngine", kwlist, &module, &name, &params, &source,
@@ -915,11 +915,13 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     /* The engine is JIT-compiled from text: the module as lower() returns it,
      * or an ir.Module printed here. */
     mg_buf printed = {0};
+    held = Py_NewRef(module);
     MlirStringRef ir_text;
     int allow_unregistered = 0;
     if (PyUnicode_Check(module)) {
         Py_ssize_t len;
-        const char *data = PyUnicode_AsUTF8AndSize(module, &len); /* kept alive by args */
+        /* A str never changes; `held` keeps it alive while the GIL is released. */
+        const char *data = PyUnicode_AsUTF8AndSize(module, &len);
         if (data == NULL)
             goto error;
         ir_text = mlirStringRefCreate(data, (size_t)len);
@@ -973,8 +975,10 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
         mg_raise(mg_st->CompileError, "the host module has no function %U with llvm.emit_c_interface", name);
         goto error;
     }
+    Py_DECREF(held);
     return (PyObject *)self;
 error:
+    Py_XDECREF(held);
     Py_DECREF(self);
     return NULL;
 }

@@ -388,7 +388,14 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                                           runtime_symbol(runtime, name));
     }
     initialization init = {self, -1};
-    if (mg_fatal_guarded(initialize_body, &init)) {
+    /* No Python object can reach the engine yet, and the global constructors
+     * call only the runtime, which needs no GIL outside a call: the JIT
+     * compiles without it. */
+    int fatal;
+    Py_BEGIN_ALLOW_THREADS
+    fatal = mg_fatal_guarded(initialize_body, &init);
+    Py_END_ALLOW_THREADS
+    if (fatal) {
         self->engine.ptr = NULL; /* half-initialized by LLVM: leaked, never touched */
         mg_raise(mg_st->CompileError, "LLVM fatal error while JIT-compiling the module: %s", mg_fatal_reason);
         goto error;

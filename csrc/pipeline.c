@@ -482,17 +482,6 @@ static PyObject *gpu_object_list_finish(gpu_object_list *objects)
     return list;
 }
 
-/* gpu_objects(module) -> [(gpu.binary name, format, bytes), ...] */
-static PyObject *gpu_objects(PyObject *self, PyObject *module)
-{
-    mg_ir_Operation *root = mg_ir_module_operation(module);
-    if (root == NULL)
-        return NULL;
-    gpu_object_list objects = {0};
-    collect_gpu_objects(root->op, &objects);
-    return gpu_object_list_finish(&objects);
-}
-
 /* ---- Lowering without the GIL ----
  * A compile stage runs in an MLIR context of its own that no Python object
  * refers to: the module arrives as text (printed with its locations), is
@@ -617,7 +606,6 @@ typedef struct {
     MlirPassManager pm;
     MlirStringRef source;
     int objects;           /* collect gpu objects rather than print */
-    int then_crash;        /* for the tests of the crash guard */
     mg_diags diags;        /* the private context's diagnostics */
     int parsed, fatal;
     const char *crashed_in; /* the pass a crash or fatal error happened in, if marked */
@@ -661,26 +649,30 @@ static PyObject *lower(PyObject *self, PyObject *args, PyObject *kwds)
     mg_buf printed = {0};
     name_list names = {0};
     int allow_unregistered = 0;
+    /* Owned while the GIL is released: its text is read meanwhile. */
+    Py_INCREF(source);
     if (PyUnicode_Check(source)) {
         Py_ssize_t len;
-        const char *data = PyUnicode_AsUTF8AndSize(source, &len); /* kept alive by args */
+        const char *data = PyUnicode_AsUTF8AndSize(source, &len);
         if (data == NULL)
-            return NULL;
+            goto done;
         l.source = mlirStringRefCreate(data, (size_t)len);
     }
     else {
         mg_ir_Operation *op = mg_ir_module_operation(source);
         if (op == NULL)
-            return NULL;
+            goto done;
         mg_ir_Context *ctx = op->context;
         mg_ir_diag_clear(ctx);
-        if (!mlirOperationVerify(op->op) || mg_ir_diag_has_error(ctx))
-            return mg_ir_diag_raise(ctx, mg_st->MLIRError, "the module does not verify; no pass ran");
+        if (!mlirOperationVerify(op->op) || mg_ir_diag_has_error(ctx)) {
+            mg_ir_diag_raise(ctx, mg_st->MLIRError, "the module does not verify; no pass ran");
+            goto done;
+        }
         allow_unregistered = mlirContextGetAllowUnregisteredDialects(ctx->context);
         mg_ir_print_located(op->op, &printed);
         if (printed.failed) {
-            free(printed.data);
-            return PyErr_NoMemory();
+            PyErr_NoMemory();
+            goto done;
         }
         l.source = mlirStringRefCreate(printed.data ? printed.data : "", printed.len);
     }
@@ -744,6 +736,7 @@ done:
     free(printed.data);
     name_list_free(&names);
     Py_XDECREF(text);
+    Py_DECREF(source);
     return result;
 }
 
@@ -786,8 +779,6 @@ static PyObject *llvm_bitcode_to_text(PyObject *self, PyObject *arg)
 }
 
 static PyMethodDef pipeline_functions[] = {
-    {"gpu_objects", gpu_objects, METH_O,
-     "gpu_objects(module) -> [(name, format, bytes)] for each #gpu.object of each gpu.binary."},
     {"llvm_bitcode_to_text", llvm_bitcode_to_text, METH_O, NULL},
     {"lower", (PyCFunction)(void (*)(void))lower, METH_VARARGS | METH_KEYWORDS,
      "lower(source, pipeline, *, objects=False) -> str | [(name, format, bytes)]: runs `pipeline` on a "

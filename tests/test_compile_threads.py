@@ -65,6 +65,20 @@ def test_cpu_engine_compiles_without_the_gil():
     assert ran_meanwhile(lambda: cpu_backend.engine(spec)) > 0
 
 
+def test_execution_engine_compiles_without_the_gil():
+    """ExecutionEngine (what host programs run on) JIT-compiles a copy in a
+    context of its own, without the GIL, and the copy runs as the module would."""
+    module = ir.Module.parse("""
+    func.func @twice(%x: f64) -> f64 attributes {llvm.emit_c_interface} {
+      %y = arith.addf %x, %x : f64
+      return %y : f64
+    }""")
+    passes.run(module, cpu_backend.PIPELINE)
+    engines = []
+    assert ran_meanwhile(lambda: engines.append(_mlirgpu.ExecutionEngine(module, opt_level=3))) > 0
+    assert engines[0].invoke("twice", [np.float64(1.5).tobytes()], [("scalar", "f64")]) == (3.0,)
+
+
 def test_pass_manager_on_a_shared_module_keeps_the_gil():
     """PassManager.run transforms a module of a Context that other threads
     may use: it holds the GIL (the threads below are told apart by this)."""
