@@ -298,12 +298,12 @@ MlirExecutionEngine mg_engine_create_detached(MlirStringRef source, int allow_un
         /* a half-built engine: leaked, never touched */
         mg_raise(mg_st->CompileError, "LLVM fatal error while JIT-compiling %s: %s", what, mg_fatal_reason);
     else if (mlirExecutionEngineIsNull(c.engine)) {
-        PyObject *message = PyUnicode_FromFormat("JIT-compiling %s failed", what);
-        if (message != NULL && mg_diags_has_error(&diags))
-            mg_diags_raise(&diags, mg_st->CompileError, PyUnicode_AsUTF8(message));
-        else if (message != NULL)
-            mg_raise(mg_st->CompileError, "%U (is it lowered to the llvm dialect?)", message);
-        Py_XDECREF(message);
+        if (mg_diags_has_error(&diags)) {
+            char message[600];
+            PyOS_snprintf(message, sizeof message, "JIT-compiling %s failed", what);
+            mg_diags_raise(&diags, mg_st->CompileError, message);
+        } else
+            mg_raise(mg_st->CompileError, "JIT-compiling %s failed (is it lowered to the llvm dialect?)", what);
     }
     mg_diags_clear(&diags);
     free(diags.items);

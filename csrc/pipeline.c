@@ -721,10 +721,10 @@ static PyObject *lower(PyObject *self, PyObject *args, PyObject *kwds)
                  l.crashed_in != NULL ? l.crashed_in : "?", text, mg_fatal_reason);
     else if (mlirLogicalResultIsFailure(l.ran) || mg_diags_has_error(&l.diags)) {
         PyObject *what = PyUnicode_FromFormat("pass pipeline '%U' failed", text);
-        if (what != NULL) {
-            mg_diags_raise(&l.diags, mg_st->MLIRError, PyUnicode_AsUTF8(what));
-            Py_DECREF(what);
-        }
+        const char *what_text = what != NULL ? PyUnicode_AsUTF8(what) : NULL;
+        if (what_text != NULL)
+            mg_diags_raise(&l.diags, mg_st->MLIRError, what_text);
+        Py_XDECREF(what);
     }
     else if (mg_diags_warn(&l.diags) == 0)
         result = objects ? gpu_object_list_finish(&l.found) : mg_buf_finish(&l.text);

@@ -274,8 +274,8 @@ class Compilation:
         # !llvm.ptr when it becomes a kernel parameter, or gpu.func cannot be legalized.
         # The stages' modules, as text with their locations.
         self._outlined = lower_stage(module, "outlined", "builtin.module(convert-nvgpu-to-nvvm, "
-                              "gpu-kernel-outlining, "
-                              f"nvvm-attach-target{{chip={t.chip} features={t.features} O={t.opt_level}}})")
+                                     "gpu-kernel-outlining, "
+                                     f"nvvm-attach-target{{chip={t.chip} features={t.features} O={t.opt_level}}})")
         bare = "true" if self.bare_pointers else "false"
         nvvm = lower_stage(self._outlined, "nvvm", ",".join([
             "builtin.module(convert-vector-to-scf", "convert-scf-to-cf",
