@@ -3070,6 +3070,9 @@ static PyObject *Value_replace_all_uses_with(mg_ir_ValueObject *self, PyObject *
     VIEW_CHECKED(o, "value");
     if (!mlirOperationEqual(ir_root(self->anchor->op), ir_root(o->anchor->op)))
         return mg_raise(PyExc_ValueError, "the two values are in different IR trees");
+    /* MLIR's loop would set each use to the value it already has, forever. */
+    if (mlirValueEqual(self->value, o->value))
+        Py_RETURN_NONE;
     mlirValueReplaceAllUsesOfWith(self->value, o->value);
     Py_RETURN_NONE;
 }

@@ -670,6 +670,13 @@ def test_value_replace_all_uses_with(ctx):
     filecheck(str(module), r"%0 = arith\.addf %arg0, %arg2 : f32", r"return %0 : f32")
 
 
+def test_value_replaced_by_itself_keeps_its_uses(ctx):
+    module = ir.Module.parse(FUNC_TEXT)
+    mul = module.body.operations[0].regions[0].blocks[0].operations[0]
+    mul.result.replace_all_uses_with(mul.result)   # returns: nothing to replace
+    assert mul.result.num_uses == 1
+
+
 def test_value_of_a_multi_result_operation(ctx):
     op = ir.Operation.create("arith.addui_extended", operands=[], results=[ir.Type.integer(32), ir.Type.integer(1)])
     low, carry = op.results
