@@ -7,8 +7,10 @@ another and then from 8 threads at once.
     python benchmarks/compile_threads.py [--repeats R] [--threads T] [--cpu]
 
 The compile stages run without the GIL, so the threads' compiles overlap
-where there are cores to run them; tracing (Python) still takes turns. The
-compile cache is bypassed: every figure is a full compile. Needs no GPU.
+where there are cores to run them; tracing (Python) still takes turns.
+"cores busy" is the CPU time (ptxas's included) per wall-clock second: about
+1 one after another, up to the free cores from threads. The compile cache is
+bypassed: every figure is a full compile. Needs no GPU.
 """
 import argparse
 import os
@@ -42,11 +44,17 @@ def compile_one(size, cpu):
         spec.compilation("sm_90a").image
 
 
+def cpu_seconds():
+    """CPU time of this process and of the ptxas processes it waited for."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def one_after_another(sizes, cpu):
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), cpu_seconds()
     for size in sizes:
         compile_one(size, cpu)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cpu_seconds() - cpu_start
 
 
 def from_threads(sizes, cpu):
@@ -59,12 +67,12 @@ def from_threads(sizes, cpu):
             errors.append(error)
 
     threads = [threading.Thread(target=work, args=(size,)) for size in sizes]
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), cpu_seconds()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - start, cpu_seconds() - cpu_start
     if errors:
         raise errors[0]
     return elapsed
@@ -86,15 +94,19 @@ def main():
         sizes = list(range(size, size + args.threads))
         size += args.threads
         threaded.append(from_threads(sizes, args.cpu))
-    seq, thr = statistics.median(sequential), statistics.median(threaded)
     image = sgemm_naive[64, 128, 256, mg.f32].compilation("sm_90a").image_format
     what = "CPU-backend engines" if args.cpu else f"{image} images (sm_90a)"
     print(f"{args.threads} SGEMM specializations compiled to {what}; {os.cpu_count()} cores; "
           f"median of {args.repeats}")
-    print(f"{'':24}{'total s':>10}{'per compile ms':>16}")
-    print(f"{'one after another':24}{seq:10.3f}{seq / args.threads * 1e3:16.1f}")
-    print(f"{f'{args.threads} threads':24}{thr:10.3f}{thr / args.threads * 1e3:16.1f}")
-    print(f"speed-up (one after another / threads): {seq / thr:.2f}x")
+    # "cores busy": CPU seconds per wall-clock second, how many compiles ran at once.
+    print(f"{'':24}{'total s':>10}{'per compile ms':>16}{'cores busy':>12}")
+    medians = []
+    for label, runs in (("one after another", sequential), (f"{args.threads} threads", threaded)):
+        wall = statistics.median(w for w, _ in runs)
+        busy = statistics.median(c / w for w, c in runs)
+        medians.append(wall)
+        print(f"{label:24}{wall:10.3f}{wall / args.threads * 1e3:16.1f}{busy:12.2f}")
+    print(f"speed-up (one after another / threads): {medians[0] / medians[1]:.2f}x")
 
 
 if __name__ == "__main__":
