@@ -282,16 +282,15 @@ MlirExecutionEngine mg_engine_create_detached(MlirStringRef source, int allow_un
     creation c = {{NULL}, opt_level, {NULL}};
     mg_diags diags = {0};
     int parsed, fatal = 0;
-    /* Made with the GIL held: registering every dialect is then never concurrent. */
-    MlirContext private = mg_ir_private_context(allow_unregistered, &diags);
+    mg_private_context private = mg_ir_private_take(allow_unregistered, &diags);
     Py_BEGIN_ALLOW_THREADS
-    c.module = mlirModuleCreateParse(private, source);
+    c.module = mlirModuleCreateParse(private.context, source);
     parsed = !mlirModuleIsNull(c.module);
     if (parsed && !(fatal = mg_fatal_guarded(create_body, &c)))
         mlirModuleDestroy(c.module); /* the engine keeps an LLVM module of its own */
-    if (!fatal)
-        mlirContextDestroy(private); /* after a fatal error: leaked with what LLVM left in it */
     Py_END_ALLOW_THREADS
+    if (!fatal)
+        mg_ir_private_give_back(&private); /* after a fatal error: leaked with what LLVM left in it */
     if (!parsed)
         mg_diags_raise(&diags, mg_st->MLIRError, "the module does not parse");
     else if (fatal)

@@ -420,7 +420,7 @@ static void fatal_error_handler(const char *reason)
     /* Outside a guard LLVM goes on to exit, as it would without us. */
 }
 
-MlirContext mg_ir_private_context(int allow_unregistered, mg_diags *sink)
+static MlirContext context_new(int allow_unregistered)
 {
     /* Kernels are small; MLIR's thread pool costs more than it saves, and a
      * single thread keeps diagnostics in order and inside the fatal-error
@@ -432,8 +432,46 @@ MlirContext mg_ir_private_context(int allow_unregistered, mg_diags *sink)
     mlirDialectRegistryDestroy(registry);
     mlirRegisterAllLLVMTranslations(context);
     mlirContextSetAllowUnregisteredDialects(context, allow_unregistered);
-    mlirContextAttachDiagnosticHandler(context, diag_handler, sink, NULL);
     return context;
+}
+
+/* Private contexts waiting for their next use, their dialects loaded by the
+ * uses before: a fresh context per compile stage would load them again every
+ * time, a fifth of a compile's time. Taken and given back with the GIL held,
+ * so a context serves one thread at a time. MLIR never frees the types and
+ * attributes a context uniques (every kernel's name, its constants), so a
+ * context is retired after PRIVATE_USES uses: memory stays bounded however
+ * many kernels a process compiles. */
+#define PRIVATE_POOL 4
+#define PRIVATE_USES 64
+static mg_private_context private_pool[PRIVATE_POOL];
+static int private_pooled;
+
+mg_private_context mg_ir_private_take(int allow_unregistered, mg_diags *sink)
+{
+    mg_private_context taken = {{NULL}, 0, 0};
+    if (private_pooled > 0) {
+        taken = private_pool[--private_pooled];
+        mlirContextSetAllowUnregisteredDialects(taken.context, allow_unregistered);
+    } else
+        taken.context = context_new(allow_unregistered);
+    taken.handler = mlirContextAttachDiagnosticHandler(taken.context, diag_handler, sink, NULL);
+    taken.uses++;
+    return taken;
+}
+
+void mg_ir_private_give_back(mg_private_context *taken)
+{
+    /* The sink is the caller's: nothing may report into it after this. */
+    mlirContextDetachDiagnosticHandler(taken->context, taken->handler);
+    if (taken->uses < PRIVATE_USES && private_pooled < PRIVATE_POOL)
+        private_pool[private_pooled++] = *taken;
+    else {
+        Py_BEGIN_ALLOW_THREADS
+        mlirContextDestroy(taken->context);
+        Py_END_ALLOW_THREADS
+    }
+    taken->context.ptr = NULL;
 }
 
 void mg_ir_print_located(MlirOperation op, mg_buf *out)
@@ -461,7 +499,8 @@ static mg_ir_Context *context_create(int allow_unregistered)
         Py_DECREF(self);
         return NULL;
     }
-    self->context = mg_ir_private_context(allow_unregistered, &self->diags);
+    self->context = context_new(allow_unregistered);
+    mlirContextAttachDiagnosticHandler(self->context, diag_handler, &self->diags, NULL);
     return self;
 }
 

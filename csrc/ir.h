@@ -12,6 +12,7 @@
 #define MG_IR_H
 
 #include "module.h"
+#include <mlir-c/Diagnostics.h>
 #include <mlir-c/IR.h>
 
 /* One diagnostic as MLIR reported it, kept in C: the handler runs inside
@@ -88,10 +89,17 @@ PyObject *mg_buf_finish(mg_buf *buf);
 void mg_ir_print_located(MlirOperation op, mg_buf *out);
 
 /* A context that no Python object refers to, reporting into `sink`: for work
- * done without the GIL, which no other thread can reach. Made with the GIL
- * held (registering every dialect is then never concurrent); the caller
- * destroys it (mlirContextDestroy) and clears the sink. */
-MlirContext mg_ir_private_context(int allow_unregistered, mg_diags *sink);
+ * done without the GIL, which no other thread can reach. Taken from a pool
+ * (or made) with the GIL held, and given back with the GIL held once nothing
+ * of it is in use (its modules and pass managers destroyed); after a fatal
+ * error it is leaked instead, never given back. */
+typedef struct {
+    MlirContext context;
+    MlirDiagnosticHandlerID handler;
+    int uses;
+} mg_private_context;
+mg_private_context mg_ir_private_take(int allow_unregistered, mg_diags *sink);
+void mg_ir_private_give_back(mg_private_context *taken);
 
 /* LLVM's fatal errors, and crashes inside MLIR or LLVM (a trap, a bad
  * access, an abort), end the process; inside mg_fatal_guarded one becomes a

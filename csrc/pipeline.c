@@ -602,6 +602,7 @@ static void name_list_free(name_list *names)
 }
 
 typedef struct {
+    mg_private_context taken;
     MlirContext context;
     MlirPassManager pm;
     MlirStringRef source;
@@ -683,35 +684,34 @@ static PyObject *lower(PyObject *self, PyObject *args, PyObject *kwds)
     const char *text_data = text != NULL ? PyUnicode_AsUTF8AndSize(text, &text_len) : NULL;
     if (text_data == NULL)
         goto done;
-    /* Made with the GIL held: registering every dialect is then never concurrent. */
-    l.context = mg_ir_private_context(allow_unregistered, &l.diags);
+    l.taken = mg_ir_private_take(allow_unregistered, &l.diags);
+    l.context = l.taken.context;
     MlirStringRef anchor = mlirStringRefCreateFromCString("builtin.module");
-    /* Parsed whole first: a bad pipeline is reported as MLIR reports it. */
-    l.pm = mlirPassManagerCreateOnOperation(l.context, anchor);
-    if (parse_pipeline(l.pm, text) < 0) {
-        mlirPassManagerDestroy(l.pm);
-        mlirContextDestroy(l.context);
-        goto done;
-    }
+    /* Each pass after a marker naming it; where the text is not read that
+     * way, parsed whole, as MLIR reports a bad pipeline, and run unmarked. */
     size_t prefix = strlen("builtin.module(");
-    MlirPassManager marked = mlirPassManagerCreateOnOperation(l.context, anchor);
-    if (text_data[text_len - 1] == ')' &&
-        add_marked(mlirPassManagerGetAsOpPassManager(marked), text_data, prefix, (size_t)text_len - 1, &names) == 0) {
+    l.pm = mlirPassManagerCreateOnOperation(l.context, anchor);
+    if (text_data[text_len - 1] != ')' ||
+        add_marked(mlirPassManagerGetAsOpPassManager(l.pm), text_data, prefix, (size_t)text_len - 1, &names) < 0) {
         mlirPassManagerDestroy(l.pm);
-        l.pm = marked;
-    } else
-        mlirPassManagerDestroy(marked);
+        l.pm = mlirPassManagerCreateOnOperation(l.context, anchor);
+        if (parse_pipeline(l.pm, text) < 0) {
+            mlirPassManagerDestroy(l.pm);
+            mg_ir_private_give_back(&l.taken);
+            goto done;
+        }
+    }
     if (then_crash) {
         mlirPassManagerAddOwnedPass(l.pm, marker_pass("mlirgpu-crash-test"));
         mlirPassManagerAddOwnedPass(l.pm, crash_pass());
     }
     Py_BEGIN_ALLOW_THREADS
     lowering_run(&l);
-    if (!l.fatal) {
+    if (!l.fatal)
         mlirPassManagerDestroy(l.pm);
-        mlirContextDestroy(l.context);
-    }
     Py_END_ALLOW_THREADS
+    if (!l.fatal)
+        mg_ir_private_give_back(&l.taken);
     if (!l.parsed)
         mg_diags_raise(&l.diags, mg_st->MLIRError, "cannot parse the module");
     else if (l.fatal)

@@ -5,6 +5,7 @@ same results as one after another."""
 import sys
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -125,3 +126,24 @@ def test_a_failing_stage_raises_in_its_thread():
         for f in bad:
             with pytest.raises(mg.MLIRError, match="no-such-option"):
                 f.result()
+
+
+def test_a_reused_context_keeps_nothing_of_the_compile_before():
+    """Stages reuse private contexts: one stage's settings and diagnostics
+    do not reach the next."""
+    context = ir.Context(allow_unregistered_dialects=True)
+    module = ir.Module.parse('"test.opaque"() : () -> ()', context=context)
+    lowered = _mlirgpu.lower(module, "canonicalize")
+    assert "test.opaque" in lowered
+    # Text is parsed with unregistered dialects refused, whatever the context's last use allowed.
+    with pytest.raises(mg.MLIRError, match="unregistered dialect"):
+        _mlirgpu.lower(lowered, "canonicalize")
+    with pytest.raises(mg.MLIRError, match="no-such-option") as failed:
+        _mlirgpu.lower(module, "canonicalize{no-such-option=1}")
+    with pytest.raises(mg.MLIRError) as bad_text:
+        _mlirgpu.lower("func.func @f( {", "canonicalize")
+    assert "no-such-option" not in str(bad_text.value) and "test.opaque" not in str(bad_text.value)
+    assert len(bad_text.value.diagnostics) < len(failed.value.diagnostics) + 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a diagnostic left over from the failures would warn here
+        assert 'sym_name = "g"' in _mlirgpu.lower("func.func @g() { return }", "canonicalize")
