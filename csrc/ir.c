@@ -2044,6 +2044,31 @@ static MlirOperation value_owner_op(MlirValue v)
     return mlirBlockGetParentOperation(mlirBlockArgumentGetOwner(v));
 }
 
+/* Whether `outer` holds `op` in one of its regions, at any depth. */
+static int op_encloses(MlirOperation outer, MlirOperation op)
+{
+    for (MlirOperation p = mlirOperationGetParentOperation(op); !mlirOperationIsNull(p);
+         p = mlirOperationGetParentOperation(p))
+        if (mlirOperationEqual(p, outer))
+            return 1;
+    return 0;
+}
+
+/* Whether `value` is a result of an operation that holds `user` (or would
+ * hold it once `user`'s root is inserted under `under`, when not null). Such
+ * a use never dominates, and MLIR's verifier, which the printer runs first,
+ * dereferences a null block checking it where that operation is a detached
+ * root: refused wherever a use is made, so no IR holds one. */
+static int result_of_enclosing(MlirValue value, MlirOperation user, MlirOperation under)
+{
+    if (!mlirValueIsAOpResult(value))
+        return 0;
+    MlirOperation owner = mlirOpResultGetOwner(value);
+    if (op_encloses(owner, user))
+        return 1;
+    return !mlirOperationIsNull(under) && (mlirOperationEqual(owner, under) || op_encloses(owner, under));
+}
+
 /* Moves the detached operation `op` into `block` before `before` (or at the
  * end when before is NULL). */
 static int insert_operation(mg_ir_Block *block, mg_ir_Operation *before, PyObject *opobj)
@@ -2084,7 +2109,18 @@ static int insert_operation(mg_ir_Block *block, mg_ir_Operation *before, PyObjec
     for (size_t k = 0; k < nested.n; k++) {
         MlirOperation user = nested.ops[k];
         for (intptr_t i = 0; i < mlirOperationGetNumOperands(user); i++) {
-            MlirOperation owner_root = ir_root(value_owner_op(mlirOperationGetOperand(user, i)));
+            MlirValue operand = mlirOperationGetOperand(user, i);
+            if (result_of_enclosing(operand, user, block->anchor->op)) {
+                PyObject *name = mg_ir_str(mlirIdentifierStr(mlirOperationGetName(user)));
+                if (name != NULL)
+                    PyErr_Format(PyExc_ValueError, "operand #%zd of '%U' is a result of an operation that would "
+                                 "hold it: a value cannot be used inside the operation that defines it",
+                                 (Py_ssize_t)i, name);
+                Py_XDECREF(name);
+                free(nested.ops);
+                return -1;
+            }
+            MlirOperation owner_root = ir_root(value_owner_op(operand));
             if (mlirOperationEqual(owner_root, root) || mlirOperationEqual(owner_root, op->op))
                 continue;
             if (k == 0)
@@ -3112,6 +3148,10 @@ static PyObject *Value_replace_all_uses_with(mg_ir_ValueObject *self, PyObject *
     /* MLIR's loop would set each use to the value it already has, forever. */
     if (mlirValueEqual(self->value, o->value))
         Py_RETURN_NONE;
+    for (MlirOpOperand u = mlirValueGetFirstUse(self->value); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u))
+        if (result_of_enclosing(o->value, mlirOpOperandGetOwner(u), (MlirOperation){NULL}))
+            return mg_raise(PyExc_ValueError, "a use of this value is inside the operation that defines the "
+                            "replacement: a value cannot be used inside the operation that defines it");
     mlirValueReplaceAllUsesOfWith(self->value, o->value);
     Py_RETURN_NONE;
 }
