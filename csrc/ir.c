@@ -442,7 +442,7 @@ static MlirContext context_new(int allow_unregistered)
  * attributes a context uniques (every kernel's name, its constants), so a
  * context is retired after PRIVATE_USES uses: memory stays bounded however
  * many kernels a process compiles. */
-#define PRIVATE_POOL 4
+#define PRIVATE_POOL 8
 #define PRIVATE_USES 64
 static mg_private_context private_pool[PRIVATE_POOL];
 static int private_pooled;
