@@ -36,6 +36,7 @@
  * mg_cpu_out_of_bounds (a failed bounds check: recorded, and the fiber never
  * resumes). */
 #include "cpu.h"
+#include "engine.h"
 #include "ir.h"
 
 #include <mlir-c/ExecutionEngine.h>
@@ -1298,22 +1299,6 @@ static int parse_params(mg_CpuEngine *self, PyObject *params)
     return 0;
 }
 
-typedef struct {
-    MlirModule module;
-    int opt_level;
-    MlirExecutionEngine engine;
-} engine_creation;
-
-static void create_engine(void *arg)
-{
-    engine_creation *c = arg;
-    /* Position-independent code: with the small code model a JIT'd call or
-     * data reference reaches +-2 GB only, and a process holding a CUDA
-     * context has reserved so much address space that the JIT's memory can
-     * land farther than that from libc and from our runtime functions. */
-    c->engine = mlirExecutionEngineCreate(c->module, c->opt_level, 0, NULL, false, true);
-}
-
 static const struct {
     const char *name;
     void *address;
@@ -1361,7 +1346,7 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
 {
     static char *kwlist[] = {"module", "name", "params", "source", "uses_fibers", "strings", "static_shared",
                              "opt_level", "cooperative", NULL};
-    PyObject *module, *name, *params, *source, *strings = NULL;
+    PyObject *module, *name, *params, *source, *strings = NULL, *held = NULL;
     int uses_fibers = 1, opt_level = 2, cooperative = 0;
     Py_ssize_t static_shared = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOU|pOnip:CpuEngine", kwlist, &module, &name, &params, &source,
@@ -1398,31 +1383,42 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
             goto error;
     }
 
-    mg_ir_Operation *op = mg_ir_module_operation(module);
-    if (op == NULL)
-        goto error;
-    mg_ir_Context *ctx = op->context;
-    mg_ir_diag_clear(ctx);
-    if (!mlirOperationVerify(op->op) || mg_ir_diag_has_error(ctx)) {
-        mg_ir_diag_raise(ctx, mg_st->MLIRError, "the host module does not verify");
-        goto error;
+    /* The engine is JIT-compiled from text: the module as lower() returns it,
+     * or an ir.Module printed here. */
+    mg_buf printed = {0};
+    held = Py_NewRef(module);
+    MlirStringRef ir_text;
+    int allow_unregistered = 0;
+    if (PyUnicode_Check(module)) {
+        Py_ssize_t len;
+        /* A str never changes; `held` keeps it alive while the GIL is released. */
+        const char *data = PyUnicode_AsUTF8AndSize(module, &len);
+        if (data == NULL)
+            goto error;
+        ir_text = mlirStringRefCreate(data, (size_t)len);
+    } else {
+        mg_ir_Operation *op = mg_ir_module_operation(module);
+        if (op == NULL)
+            goto error;
+        mg_ir_Context *ctx = op->context;
+        mg_ir_diag_clear(ctx);
+        if (!mlirOperationVerify(op->op) || mg_ir_diag_has_error(ctx)) {
+            mg_ir_diag_raise(ctx, mg_st->MLIRError, "the host module does not verify");
+            goto error;
+        }
+        if (mg_engine_print_source(op, &printed) < 0)
+            goto error;
+        ir_text = mlirStringRefCreate(printed.data, printed.len);
+        allow_unregistered = mlirContextGetAllowUnregisteredDialects(ctx->context);
     }
-    engine_creation c = {mlirModuleFromOperation(op->op), opt_level, {NULL}};
-    if (mg_fatal_guarded(create_engine, &c)) {
-        /* half-built by LLVM: leaked, never touched */
-        mg_raise(mg_st->CompileError, "LLVM failed while JIT-compiling %U for the host: %s", name,
-                 mg_fatal_reason);
+    PyObject *what = PyUnicode_FromFormat("%U for the host", name);
+    const char *what_text = what != NULL ? PyUnicode_AsUTF8(what) : NULL;
+    if (what_text != NULL)
+        self->engine = mg_engine_create_detached(ir_text, allow_unregistered, opt_level, what_text);
+    Py_XDECREF(what);
+    free(printed.data);
+    if (mlirExecutionEngineIsNull(self->engine))
         goto error;
-    }
-    if (mlirExecutionEngineIsNull(c.engine)) {
-        if (mg_ir_diag_has_error(ctx))
-            mg_ir_diag_raise(ctx, mg_st->CompileError, "JIT-compiling the host module failed");
-        else
-            mg_raise(mg_st->CompileError, "JIT-compiling %U for the host failed (is it lowered to the llvm "
-                                          "dialect?)", name);
-        goto error;
-    }
-    self->engine = c.engine;
     PyObject *packed = PyUnicode_FromFormat("_mlir_ciface_%U", name);
     if (packed == NULL)
         goto error;
@@ -1433,7 +1429,11 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
         goto error;
     }
     engine_start s = {self->engine, mlirStringRefCreate(text, (size_t)len), NULL};
-    int fatal = mg_fatal_guarded(start_engine, &s);
+    /* No Python object can reach the engine yet: materialized without the GIL. */
+    int fatal;
+    Py_BEGIN_ALLOW_THREADS
+    fatal = mg_fatal_guarded(start_engine, &s);
+    Py_END_ALLOW_THREADS
     Py_DECREF(packed);
     if (fatal) {
         self->engine.ptr = NULL; /* LLVM stopped half-way through it: leaked, never touched */
@@ -1446,8 +1446,10 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
         mg_raise(mg_st->CompileError, "the host module has no function %U with llvm.emit_c_interface", name);
         goto error;
     }
+    Py_DECREF(held);
     return (PyObject *)self;
 error:
+    Py_XDECREF(held);
     Py_DECREF(self);
     return NULL;
 }
@@ -1807,7 +1809,8 @@ static PyMethodDef CpuEngine_methods[] = {
 
 static PyType_Slot CpuEngine_slots[] = {
     {Py_tp_doc, "CpuEngine(module, name, params, source, uses_fibers=True, strings=(), static_shared=0, "
-                "opt_level=2, cooperative=False): the host module (lowered to the llvm dialect) JIT-compiled; `name` is its "
+                "opt_level=2, cooperative=False): the host module (lowered to the llvm dialect: an ir.Module, "
+                "or its text as lower() returns it) JIT-compiled without the GIL; `name` is its "
                 "func.func with llvm.emit_c_interface, `params` a (kind, rank, size[, written]) tuple per kernel "
                 "parameter (written, default True: the kernel may store to that memref), `strings` the printf "
                 "formats and array names its runtime calls refer to by index, `static_shared` the bytes of "

@@ -260,8 +260,53 @@ static void create_body(void *arg)
     /* Position-independent code: with the small code model a JIT'd call
      * reaches +-2 GB only, and a process holding a CUDA context has reserved
      * so much address space that the JIT's memory can land farther than that
-     * from libc and from our runtime functions (as in cpu.c). */
+     * from libc and from our runtime functions. */
     c->engine = mlirExecutionEngineCreate(c->module, c->opt_level, 0, NULL, false, true);
+}
+
+int mg_engine_print_source(mg_ir_Operation *op, mg_buf *out)
+{
+    mg_ir_print_located(op->op, out);
+    if (out->failed) {
+        free(out->data);
+        *out = (mg_buf){0};
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+MlirExecutionEngine mg_engine_create_detached(MlirStringRef source, int allow_unregistered, int opt_level,
+                                              const char *what)
+{
+    creation c = {{NULL}, opt_level, {NULL}};
+    mg_diags diags = {0};
+    int parsed, fatal = 0;
+    mg_private_context private = mg_ir_private_take(allow_unregistered, &diags);
+    Py_BEGIN_ALLOW_THREADS
+    c.module = mlirModuleCreateParse(private.context, source);
+    parsed = !mlirModuleIsNull(c.module);
+    if (parsed && !(fatal = mg_fatal_guarded(create_body, &c)))
+        mlirModuleDestroy(c.module); /* the engine keeps an LLVM module of its own */
+    Py_END_ALLOW_THREADS
+    if (!fatal)
+        mg_ir_private_give_back(&private); /* after a fatal error: leaked with what LLVM left in it */
+    if (!parsed)
+        mg_diags_raise(&diags, mg_st->MLIRError, "the module does not parse");
+    else if (fatal)
+        /* a half-built engine: leaked, never touched */
+        mg_raise(mg_st->CompileError, "LLVM fatal error while JIT-compiling %s: %s", what, mg_fatal_reason);
+    else if (mlirExecutionEngineIsNull(c.engine)) {
+        if (mg_diags_has_error(&diags)) {
+            char message[600];
+            PyOS_snprintf(message, sizeof message, "JIT-compiling %s failed", what);
+            mg_diags_raise(&diags, mg_st->CompileError, message);
+        } else
+            mg_raise(mg_st->CompileError, "JIT-compiling %s failed (is it lowered to the llvm dialect?)", what);
+    }
+    mg_diags_clear(&diags);
+    free(diags.items);
+    return c.engine;
 }
 
 typedef struct {
@@ -325,20 +370,15 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     self->prints |= self->launches;
 
-    mg_ir_diag_clear(ctx);
-    creation c = {mlirModuleFromOperation(op->op), opt_level, {NULL}};
-    if (mg_fatal_guarded(create_body, &c)) {
-        mg_raise(mg_st->CompileError, "LLVM fatal error while JIT-compiling the module: %s", mg_fatal_reason);
-        goto error; /* a half-built engine: leaked, never touched */
-    }
-    self->engine = c.engine;
-    if (mlirExecutionEngineIsNull(self->engine)) {
-        if (mg_ir_diag_has_error(ctx))
-            mg_ir_diag_raise(ctx, mg_st->CompileError, "JIT-compiling the module failed");
-        else
-            mg_raise(mg_st->CompileError, "JIT-compiling the module failed");
+    mg_buf source = {0};
+    if (mg_engine_print_source(op, &source) < 0)
         goto error;
-    }
+    self->engine = mg_engine_create_detached(mlirStringRefCreate(source.data, source.len),
+                                             mlirContextGetAllowUnregisteredDialects(ctx->context), opt_level,
+                                             "the module");
+    free(source.data);
+    if (mlirExecutionEngineIsNull(self->engine))
+        goto error;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(registered); i++) {
         const char *name = PyUnicode_AsUTF8(PyList_GET_ITEM(registered, i));
         if (name == NULL)
@@ -347,7 +387,14 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                                           runtime_symbol(runtime, name));
     }
     initialization init = {self, -1};
-    if (mg_fatal_guarded(initialize_body, &init)) {
+    /* No Python object can reach the engine yet, and the global constructors
+     * call only the runtime, which needs no GIL outside a call: the JIT
+     * compiles without it. */
+    int fatal;
+    Py_BEGIN_ALLOW_THREADS
+    fatal = mg_fatal_guarded(initialize_body, &init);
+    Py_END_ALLOW_THREADS
+    if (fatal) {
         self->engine.ptr = NULL; /* half-initialized by LLVM: leaked, never touched */
         mg_raise(mg_st->CompileError, "LLVM fatal error while JIT-compiling the module: %s", mg_fatal_reason);
         goto error;

@@ -11,6 +11,7 @@
 #include <mlir-c/Support.h>
 #include <llvm-c/ErrorHandling.h>
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,10 @@ _Thread_local int mg_fatal_signal;
 static const int crash_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGABRT};
 #define NCRASH (sizeof crash_signals / sizeof *crash_signals)
 static struct sigaction previous[NCRASH];
-static int guards; /* guarded bodies running (the GIL is held around each) */
+/* Guarded bodies running, on any thread (some run without the GIL): the
+ * handlers are ours while there is one. */
+static int guards;
+static pthread_mutex_t guards_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void crash_handler(int signal, siginfo_t *info, void *context)
 {
@@ -49,22 +53,45 @@ static void crash_handler(int signal, siginfo_t *info, void *context)
         raise(signal);
 }
 
+/* A thread's alternate signal stack, given back when the thread ends:
+ * threads that compile come and go (thread pools). */
+static pthread_key_t signal_stack_key;
+static pthread_once_t signal_stack_once = PTHREAD_ONCE_INIT;
+
+static void signal_stack_free(void *stack)
+{
+    stack_t off = {.ss_flags = SS_DISABLE};
+    sigaltstack(&off, NULL);
+    free(stack);
+}
+
+static void signal_stack_key_create(void) { pthread_key_create(&signal_stack_key, signal_stack_free); }
+
 /* A stack for the handler, so that a stack overflow inside MLIR is caught too. */
 static int ensure_signal_stack(void)
 {
-    static _Thread_local void *stack;
-    if (stack != NULL)
+    pthread_once(&signal_stack_once, signal_stack_key_create);
+    if (pthread_getspecific(signal_stack_key) != NULL)
         return 0;
     size_t size = 1 << 16;
-    stack = malloc(size);
+    void *stack = malloc(size);
     if (stack == NULL)
         return -1;
     stack_t alternate = {.ss_sp = stack, .ss_size = size, .ss_flags = 0};
-    return sigaltstack(&alternate, NULL);
+    if (sigaltstack(&alternate, NULL) < 0) {
+        free(stack);
+        return -1;
+    }
+    if (pthread_setspecific(signal_stack_key, stack) != 0) {
+        signal_stack_free(stack);
+        return -1;
+    }
+    return 0;
 }
 
 int mg_fatal_guarded(void (*body)(void *), void *arg)
 {
+    pthread_mutex_lock(&guards_lock);
     if (guards++ == 0) {
         struct sigaction action;
         memset(&action, 0, sizeof action);
@@ -74,6 +101,7 @@ int mg_fatal_guarded(void (*body)(void *), void *arg)
         for (size_t i = 0; i < NCRASH; i++)
             sigaction(crash_signals[i], &action, &previous[i]);
     }
+    pthread_mutex_unlock(&guards_lock);
     ensure_signal_stack(); /* without one, a stack overflow still ends the process */
     sigjmp_buf target;
     mg_fatal_signal = 0;
@@ -85,9 +113,11 @@ int mg_fatal_guarded(void (*body)(void *), void *arg)
         crashed = 0;
     }
     mg_fatal_target = NULL;
+    pthread_mutex_lock(&guards_lock);
     if (--guards == 0)
         for (size_t i = 0; i < NCRASH; i++)
             sigaction(crash_signals[i], &previous[i], NULL);
+    pthread_mutex_unlock(&guards_lock);
     if (crashed && mg_fatal_signal != 0)
         PyOS_snprintf(mg_fatal_reason, sizeof mg_fatal_reason, "a crash (%s)",
                       mg_fatal_signal == SIGSEGV ? "SIGSEGV, a bad memory access"
@@ -184,17 +214,17 @@ static MlirStringRef string_ref(PyObject *str, const char *what)
 
 static MlirLogicalResult diag_handler(MlirDiagnostic diag, void *userdata)
 {
-    mg_ir_Context *ctx = userdata;
+    mg_diags *diags = userdata;
     intptr_t nnotes = mlirDiagnosticGetNumNotes(diag);
     for (intptr_t i = -1; i < nnotes; i++) {
         MlirDiagnostic d = i < 0 ? diag : mlirDiagnosticGetNote(diag, i);
-        if (ctx->ndiags == ctx->capdiags) {
-            size_t cap = ctx->capdiags ? 2 * ctx->capdiags : 8;
-            mg_diag *grown = realloc(ctx->diags, cap * sizeof *grown);
+        if (diags->count == diags->cap) {
+            size_t cap = diags->cap ? 2 * diags->cap : 8;
+            mg_diag *grown = realloc(diags->items, cap * sizeof *grown);
             if (grown == NULL)
                 break;
-            ctx->diags = grown;
-            ctx->capdiags = cap;
+            diags->items = grown;
+            diags->cap = cap;
         }
         mg_buf loc = {0}, msg = {0};
         mlirLocationPrint(mlirDiagnosticGetLocation(d), mg_buf_callback, &loc);
@@ -208,7 +238,7 @@ static MlirLogicalResult diag_handler(MlirDiagnostic diag, void *userdata)
             if (second != NULL)
                 *second = '\0';
         }
-        ctx->diags[ctx->ndiags++] = (mg_diag){
+        diags->items[diags->count++] = (mg_diag){
             i < 0 ? (int)mlirDiagnosticGetSeverity(d) : (int)MlirDiagnosticNote,
             buf_take(&loc), buf_take(&msg)};
     }
@@ -216,22 +246,30 @@ static MlirLogicalResult diag_handler(MlirDiagnostic diag, void *userdata)
     return mlirLogicalResultSuccess();
 }
 
-void mg_ir_diag_clear(mg_ir_Context *ctx)
+void mg_diags_clear(mg_diags *diags)
 {
-    for (size_t i = 0; i < ctx->ndiags; i++) {
-        free(ctx->diags[i].location);
-        free(ctx->diags[i].message);
+    for (size_t i = 0; i < diags->count; i++) {
+        free(diags->items[i].location);
+        free(diags->items[i].message);
     }
-    ctx->ndiags = 0;
+    diags->count = 0;
 }
 
-int mg_ir_diag_has_error(mg_ir_Context *ctx)
+int mg_diags_has_error(const mg_diags *diags)
 {
-    for (size_t i = 0; i < ctx->ndiags; i++)
-        if (ctx->diags[i].severity == MlirDiagnosticError)
+    for (size_t i = 0; i < diags->count; i++)
+        if (diags->items[i].severity == MlirDiagnosticError)
             return 1;
     return 0;
 }
+
+void mg_ir_diag_clear(mg_ir_Context *ctx) { mg_diags_clear(&ctx->diags); }
+int mg_ir_diag_has_error(mg_ir_Context *ctx) { return mg_diags_has_error(&ctx->diags); }
+PyObject *mg_ir_diag_raise(mg_ir_Context *ctx, PyObject *cls, const char *what)
+{
+    return mg_diags_raise(&ctx->diags, cls, what);
+}
+int mg_ir_diag_warn(mg_ir_Context *ctx) { return mg_diags_warn(&ctx->diags); }
 
 static const char *severity_name(int severity)
 {
@@ -243,7 +281,7 @@ static const char *severity_name(int severity)
     }
 }
 
-PyObject *mg_ir_diag_raise(mg_ir_Context *ctx, PyObject *cls, const char *what)
+PyObject *mg_diags_raise(mg_diags *diags, PyObject *cls, const char *what)
 {
     PyObject *list = PyList_New(0), *text = NULL, *exc = NULL;
     PyObject *lines = PyList_New(0);
@@ -255,8 +293,8 @@ PyObject *mg_ir_diag_raise(mg_ir_Context *ctx, PyObject *cls, const char *what)
         goto error;
     }
     Py_DECREF(head);
-    for (size_t i = 0; i < ctx->ndiags; i++) {
-        mg_diag *d = &ctx->diags[i];
+    for (size_t i = 0; i < diags->count; i++) {
+        mg_diag *d = &diags->items[i];
         PyObject *item = Py_BuildValue("(sss)", severity_name(d->severity), d->location, d->message);
         if (item == NULL || PyList_Append(list, item) < 0) {
             Py_XDECREF(item);
@@ -283,7 +321,7 @@ PyObject *mg_ir_diag_raise(mg_ir_Context *ctx, PyObject *cls, const char *what)
         goto error;
     PyErr_SetObject(cls, exc);
 error:
-    mg_ir_diag_clear(ctx);
+    mg_diags_clear(diags);
     Py_XDECREF(exc);
     Py_XDECREF(text);
     Py_XDECREF(lines);
@@ -291,18 +329,18 @@ error:
     return NULL;
 }
 
-int mg_ir_diag_warn(mg_ir_Context *ctx)
+int mg_diags_warn(mg_diags *diags)
 {
     int rc = 0;
-    for (size_t i = 0; i < ctx->ndiags && rc == 0; i++) {
-        mg_diag *d = &ctx->diags[i];
+    for (size_t i = 0; i < diags->count && rc == 0; i++) {
+        mg_diag *d = &diags->items[i];
         if (d->severity == MlirDiagnosticNote)
             continue;
         if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "%s: %s: %s", d->location,
                              severity_name(d->severity), d->message) < 0)
             rc = -1;
     }
-    mg_ir_diag_clear(ctx);
+    mg_diags_clear(diags);
     return rc;
 }
 
@@ -382,29 +420,87 @@ static void fatal_error_handler(const char *reason)
     /* Outside a guard LLVM goes on to exit, as it would without us. */
 }
 
+static MlirContext context_new(int allow_unregistered)
+{
+    /* Kernels are small; MLIR's thread pool costs more than it saves, and a
+     * single thread keeps diagnostics in order and inside the fatal-error
+     * guard of the thread that runs the passes. */
+    MlirContext context = mlirContextCreateWithThreading(false);
+    MlirDialectRegistry registry = mlirDialectRegistryCreate();
+    mlirRegisterAllDialects(registry);
+    mlirContextAppendDialectRegistry(context, registry);
+    mlirDialectRegistryDestroy(registry);
+    mlirRegisterAllLLVMTranslations(context);
+    mlirContextSetAllowUnregisteredDialects(context, allow_unregistered);
+    return context;
+}
+
+/* Private contexts waiting for their next use, their dialects loaded by the
+ * uses before: a fresh context per compile stage would load them again every
+ * time, a fifth of a compile's time. Taken and given back with the GIL held,
+ * so a context serves one thread at a time. MLIR never frees the types and
+ * attributes a context uniques (every kernel's name, its constants), so a
+ * context is retired after PRIVATE_USES uses: memory stays bounded however
+ * many kernels a process compiles. */
+#define PRIVATE_POOL 8
+#define PRIVATE_USES 64
+static mg_private_context private_pool[PRIVATE_POOL];
+static int private_pooled;
+
+mg_private_context mg_ir_private_take(int allow_unregistered, mg_diags *sink)
+{
+    mg_private_context taken = {{NULL}, 0, 0};
+    if (private_pooled > 0) {
+        taken = private_pool[--private_pooled];
+        mlirContextSetAllowUnregisteredDialects(taken.context, allow_unregistered);
+    } else
+        taken.context = context_new(allow_unregistered);
+    taken.handler = mlirContextAttachDiagnosticHandler(taken.context, diag_handler, sink, NULL);
+    taken.uses++;
+    return taken;
+}
+
+void mg_ir_private_give_back(mg_private_context *taken)
+{
+    /* The sink is the caller's: nothing may report into it after this. */
+    mlirContextDetachDiagnosticHandler(taken->context, taken->handler);
+    if (taken->uses < PRIVATE_USES && private_pooled < PRIVATE_POOL)
+        private_pool[private_pooled++] = *taken;
+    else {
+        Py_BEGIN_ALLOW_THREADS
+        mlirContextDestroy(taken->context);
+        Py_END_ALLOW_THREADS
+    }
+    taken->context.ptr = NULL;
+}
+
+void mg_ir_print_located(MlirOperation op, mg_buf *out)
+{
+    MlirOpPrintingFlags flags = mlirOpPrintingFlagsCreate();
+    mlirOpPrintingFlagsEnableDebugInfo(flags, true, false);
+    /* The custom forms do not all parse back: MLIR 22 prints a vector.print
+     * of a newline as a bare `vector.print`, which then takes the next
+     * line's value as its operand. */
+    mlirOpPrintingFlagsPrintGenericOpForm(flags);
+    mlirOpPrintingFlagsAssumeVerified(flags); /* every caller verified it */
+    mlirOperationPrintWithFlags(op, flags, mg_buf_callback, out);
+    mlirOpPrintingFlagsDestroy(flags);
+}
+
 static mg_ir_Context *context_create(int allow_unregistered)
 {
     mg_ir_Context *self = PyObject_New(mg_ir_Context, ContextType);
     if (self == NULL)
         return NULL;
-    self->diags = NULL;
-    self->ndiags = self->capdiags = 0;
+    self->diags = (mg_diags){NULL, 0, 0};
     self->live_ops = PyDict_New();
     if (self->live_ops == NULL) {
         self->context.ptr = NULL;
         Py_DECREF(self);
         return NULL;
     }
-    /* Kernels are small; MLIR's thread pool costs more than it saves, and a
-     * single thread keeps diagnostics in order. */
-    self->context = mlirContextCreateWithThreading(false);
-    MlirDialectRegistry registry = mlirDialectRegistryCreate();
-    mlirRegisterAllDialects(registry);
-    mlirContextAppendDialectRegistry(self->context, registry);
-    mlirDialectRegistryDestroy(registry);
-    mlirRegisterAllLLVMTranslations(self->context);
-    mlirContextSetAllowUnregisteredDialects(self->context, allow_unregistered);
-    mlirContextAttachDiagnosticHandler(self->context, diag_handler, self, NULL);
+    self->context = context_new(allow_unregistered);
+    mlirContextAttachDiagnosticHandler(self->context, diag_handler, &self->diags, NULL);
     return self;
 }
 
@@ -424,7 +520,7 @@ static void Context_dealloc(mg_ir_Context *self)
         mg_ir_diag_clear(self);
         mlirContextDestroy(self->context);
     }
-    free(self->diags);
+    free(self->diags.items);
     Py_XDECREF(self->live_ops);
     PyObject_Free(self);
     Py_DECREF(type);
@@ -1948,6 +2044,31 @@ static MlirOperation value_owner_op(MlirValue v)
     return mlirBlockGetParentOperation(mlirBlockArgumentGetOwner(v));
 }
 
+/* Whether `outer` holds `op` in one of its regions, at any depth. */
+static int op_encloses(MlirOperation outer, MlirOperation op)
+{
+    for (MlirOperation p = mlirOperationGetParentOperation(op); !mlirOperationIsNull(p);
+         p = mlirOperationGetParentOperation(p))
+        if (mlirOperationEqual(p, outer))
+            return 1;
+    return 0;
+}
+
+/* Whether `value` is a result of an operation that holds `user` (or would
+ * hold it once `user`'s root is inserted under `under`, when not null). Such
+ * a use never dominates, and MLIR's verifier, which the printer runs first,
+ * dereferences a null block checking it where that operation is a detached
+ * root: refused wherever a use is made, so no IR holds one. */
+static int result_of_enclosing(MlirValue value, MlirOperation user, MlirOperation under)
+{
+    if (!mlirValueIsAOpResult(value))
+        return 0;
+    MlirOperation owner = mlirOpResultGetOwner(value);
+    if (op_encloses(owner, user))
+        return 1;
+    return !mlirOperationIsNull(under) && (mlirOperationEqual(owner, under) || op_encloses(owner, under));
+}
+
 /* Moves the detached operation `op` into `block` before `before` (or at the
  * end when before is NULL). */
 static int insert_operation(mg_ir_Block *block, mg_ir_Operation *before, PyObject *opobj)
@@ -1988,7 +2109,18 @@ static int insert_operation(mg_ir_Block *block, mg_ir_Operation *before, PyObjec
     for (size_t k = 0; k < nested.n; k++) {
         MlirOperation user = nested.ops[k];
         for (intptr_t i = 0; i < mlirOperationGetNumOperands(user); i++) {
-            MlirOperation owner_root = ir_root(value_owner_op(mlirOperationGetOperand(user, i)));
+            MlirValue operand = mlirOperationGetOperand(user, i);
+            if (result_of_enclosing(operand, user, block->anchor->op)) {
+                PyObject *name = mg_ir_str(mlirIdentifierStr(mlirOperationGetName(user)));
+                if (name != NULL)
+                    PyErr_Format(PyExc_ValueError, "operand #%zd of '%U' is a result of an operation that would "
+                                 "hold it: a value cannot be used inside the operation that defines it",
+                                 (Py_ssize_t)i, name);
+                Py_XDECREF(name);
+                free(nested.ops);
+                return -1;
+            }
+            MlirOperation owner_root = ir_root(value_owner_op(operand));
             if (mlirOperationEqual(owner_root, root) || mlirOperationEqual(owner_root, op->op))
                 continue;
             if (k == 0)
@@ -3013,6 +3145,13 @@ static PyObject *Value_replace_all_uses_with(mg_ir_ValueObject *self, PyObject *
     VIEW_CHECKED(o, "value");
     if (!mlirOperationEqual(ir_root(self->anchor->op), ir_root(o->anchor->op)))
         return mg_raise(PyExc_ValueError, "the two values are in different IR trees");
+    /* MLIR's loop would set each use to the value it already has, forever. */
+    if (mlirValueEqual(self->value, o->value))
+        Py_RETURN_NONE;
+    for (MlirOpOperand u = mlirValueGetFirstUse(self->value); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u))
+        if (result_of_enclosing(o->value, mlirOpOperandGetOwner(u), (MlirOperation){NULL}))
+            return mg_raise(PyExc_ValueError, "a use of this value is inside the operation that defines the "
+                            "replacement: a value cannot be used inside the operation that defines it");
     mlirValueReplaceAllUsesOfWith(self->value, o->value);
     Py_RETURN_NONE;
 }

@@ -12,6 +12,7 @@
 #define MG_IR_H
 
 #include "module.h"
+#include <mlir-c/Diagnostics.h>
 #include <mlir-c/IR.h>
 
 /* One diagnostic as MLIR reported it, kept in C: the handler runs inside
@@ -22,11 +23,16 @@ typedef struct {
     char *message;
 } mg_diag;
 
+/* The diagnostics one MLIR context reported since they were last cleared. */
+typedef struct {
+    mg_diag *items;
+    size_t count, cap;
+} mg_diags;
+
 typedef struct {
     PyObject_HEAD
     MlirContext context;
-    mg_diag *diags;
-    size_t ndiags, capdiags;
+    mg_diags diags;
     PyObject *live_ops; /* dict: op address -> wrapper address, not owning */
 } mg_ir_Context;
 
@@ -53,6 +59,11 @@ PyObject *mg_ir_diag_raise(mg_ir_Context *ctx, PyObject *cls, const char *what);
 int mg_ir_diag_has_error(mg_ir_Context *ctx);
 /* Turns warnings and remarks into Python warnings; -1 if one was raised. */
 int mg_ir_diag_warn(mg_ir_Context *ctx);
+/* The same over a list of diagnostics of its own. */
+void mg_diags_clear(mg_diags *diags);
+int mg_diags_has_error(const mg_diags *diags);
+PyObject *mg_diags_raise(mg_diags *diags, PyObject *cls, const char *what);
+int mg_diags_warn(mg_diags *diags);
 
 /* The module's operation, checked valid; borrowed; NULL with TypeError or
  * InvalidObjectError set. */
@@ -73,6 +84,23 @@ typedef struct { char *data; size_t len, cap; int failed; } mg_buf;
 void mg_buf_callback(MlirStringRef chunk, void *userdata);
 PyObject *mg_buf_finish(mg_buf *buf);
 
+/* Prints `op` in the generic form with its locations: the text that a
+ * private context's parser reads back as the same IR. */
+void mg_ir_print_located(MlirOperation op, mg_buf *out);
+
+/* A context that no Python object refers to, reporting into `sink`: for work
+ * done without the GIL, which no other thread can reach. Taken from a pool
+ * (or made) with the GIL held, and given back with the GIL held once nothing
+ * of it is in use (its modules and pass managers destroyed); after a fatal
+ * error it is leaked instead, never given back. */
+typedef struct {
+    MlirContext context;
+    MlirDiagnosticHandlerID handler;
+    int uses;
+} mg_private_context;
+mg_private_context mg_ir_private_take(int allow_unregistered, mg_diags *sink);
+void mg_ir_private_give_back(mg_private_context *taken);
+
 /* LLVM's fatal errors, and crashes inside MLIR or LLVM (a trap, a bad
  * access, an abort), end the process; inside mg_fatal_guarded one becomes a
  * return to the guard instead (as clang's crash recovery does: signal
@@ -85,8 +113,9 @@ extern _Thread_local sigjmp_buf *mg_fatal_target;
 extern _Thread_local char mg_fatal_reason[1024];
 /* The signal of the last crash caught on this thread, 0 for a fatal error. */
 extern _Thread_local int mg_fatal_signal;
-/* Runs body(arg) under the guard (GIL held): 1 if LLVM hit a fatal error or
- * crashed inside (the reason is in mg_fatal_reason), else 0. */
+/* Runs body(arg) under the guard, with the GIL or without it (the guard is
+ * per thread): 1 if LLVM hit a fatal error or crashed inside (the reason is
+ * in mg_fatal_reason), else 0. */
 int mg_fatal_guarded(void (*body)(void *), void *arg);
 
 #endif

@@ -124,6 +124,41 @@ static PyObject *anchored_pipeline(PyObject *pipeline, PyObject *opname)
     return PyUnicode_FromFormat("%U(%U)", opname, pipeline);
 }
 
+/* Parses the anchored pipeline `text` into `pm`; -1 with MLIRError set on a
+ * bad pipeline. */
+static int parse_pipeline(MlirPassManager pm, PyObject *text)
+{
+    Py_ssize_t len;
+    const char *data = PyUnicode_AsUTF8AndSize(text, &len);
+    if (data == NULL)
+        return -1;
+    mg_buf err = {0};
+    /* A bad pass option is reported by LLVM's option parser on fd 2. */
+    capture cap;
+    if (capture_begin(&cap) < 0)
+        return -1;
+    MlirLogicalResult parsed = mlirParsePassPipeline(mlirPassManagerGetAsOpPassManager(pm),
+                                                     mlirStringRefCreate(data, (size_t)len), append_callback, &err);
+    PyObject *output = capture_end(&cap);
+    if (output == NULL) {
+        free(err.data);
+        return -1;
+    }
+    int rc = 0;
+    if (mlirLogicalResultIsFailure(parsed)) {
+        PyObject *msg = mg_buf_finish(&err);
+        if (msg != NULL) {
+            mg_raise(mg_st->MLIRError, "invalid pass pipeline '%U': %U%U", text, msg, output);
+            Py_DECREF(msg);
+        }
+        rc = -1;
+    }
+    else
+        free(err.data);
+    Py_DECREF(output);
+    return rc;
+}
+
 typedef struct {
     MlirPassManager pm;
     MlirOperation op;
@@ -221,11 +256,6 @@ static PyObject *run_pipeline(mg_PassManager *self, PyObject *target, MlirPass (
         Py_XDECREF(name);
         return NULL;
     }
-    Py_ssize_t len;
-    const char *data = PyUnicode_AsUTF8AndSize(text, &len);
-    if (data == NULL)
-        goto done;
-
     /* Passes assume verified IR: on anything else they may crash. */
     mg_ir_diag_clear(ctx);
     if (!mlirOperationVerify(op->op) || mg_ir_diag_has_error(ctx)) {
@@ -236,33 +266,10 @@ static PyObject *run_pipeline(mg_PassManager *self, PyObject *target, MlirPass (
         goto done;
     register_passes_once();
     MlirPassManager pm = mlirPassManagerCreateOnOperation(mctx, opname);
-    mg_buf err = {0};
-    /* A bad pass option is reported by LLVM's option parser on fd 2. */
-    capture parse_cap;
-    if (capture_begin(&parse_cap) < 0) {
+    if (parse_pipeline(pm, text) < 0) {
         mlirPassManagerDestroy(pm);
         goto done;
     }
-    MlirLogicalResult parsed = mlirParsePassPipeline(mlirPassManagerGetAsOpPassManager(pm),
-                                                     mlirStringRefCreate(data, (size_t)len), append_callback, &err);
-    PyObject *parse_output = capture_end(&parse_cap);
-    if (parse_output == NULL) {
-        mlirPassManagerDestroy(pm);
-        free(err.data);
-        goto done;
-    }
-    if (mlirLogicalResultIsFailure(parsed)) {
-        mlirPassManagerDestroy(pm);
-        PyObject *msg = mg_buf_finish(&err);
-        if (msg != NULL) {
-            mg_raise(mg_st->MLIRError, "invalid pass pipeline '%U': %U%U", text, msg, parse_output);
-            Py_DECREF(msg);
-        }
-        Py_DECREF(parse_output);
-        goto done;
-    }
-    Py_DECREF(parse_output);
-    free(err.data);
     if (extra != NULL)
         mlirPassManagerAddOwnedPass(pm, extra());
     mlirPassManagerEnableVerifier(pm, self->verify_each);
@@ -404,15 +411,35 @@ static PyType_Spec PassManager_spec = {"mlirgpu.passes.PassManager", sizeof(mg_P
 
 /* ---- GPU objects and LLVM bitcode ---- */
 
-/* gpu_objects(module) -> [(gpu.binary name, format, bytes), ...] */
-static PyObject *gpu_objects(PyObject *self, PyObject *module)
+/* The #gpu.object attributes of a module's gpu.binary operations, copied out
+ * of MLIR without touching Python (so without the GIL). */
+typedef struct {
+    char *name;
+    unsigned format;
+    char *data;
+    size_t size;
+} gpu_object;
+
+typedef struct {
+    gpu_object *items;
+    size_t count, cap;
+    int failed;
+} gpu_object_list;
+
+static char *copy_bytes(MlirStringRef ref)
 {
-    mg_ir_Operation *root = mg_ir_module_operation(module);
-    if (root == NULL)
-        return NULL;
-    PyObject *list = PyList_New(0);
-    MlirBlock body = mlirModuleGetBody(mlirModuleFromOperation(root->op));
-    for (MlirOperation op = mlirBlockGetFirstOperation(body); list != NULL && !mlirOperationIsNull(op);
+    char *copy = malloc(ref.length + 1);
+    if (copy != NULL) {
+        memcpy(copy, ref.data, ref.length);
+        copy[ref.length] = '\0';
+    }
+    return copy;
+}
+
+static void collect_gpu_objects(MlirOperation module, gpu_object_list *out)
+{
+    MlirBlock body = mlirModuleGetBody(mlirModuleFromOperation(module));
+    for (MlirOperation op = mlirBlockGetFirstOperation(body); !out->failed && !mlirOperationIsNull(op);
          op = mlirOperationGetNextInBlock(op)) {
         MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
         if (name.length != 10 || memcmp(name.data, "gpu.binary", 10) != 0)
@@ -421,21 +448,312 @@ static PyObject *gpu_objects(PyObject *self, PyObject *module)
         MlirAttribute objects = mlirOperationGetAttributeByName(op, mlirStringRefCreateFromCString("objects"));
         if (!mlirAttributeIsAString(sym) || !mlirAttributeIsAArray(objects))
             continue;
-        for (intptr_t i = 0; list != NULL && i < mlirArrayAttrGetNumElements(objects); i++) {
+        for (intptr_t i = 0; !out->failed && i < mlirArrayAttrGetNumElements(objects); i++) {
             MlirAttribute object = mlirArrayAttrGetElement(objects, i);
             if (!mlirAttributeIsAGPUObjectAttr(object))
                 continue;
-            MlirStringRef symname = mlirStringAttrGetValue(sym);
+            if (out->count == out->cap) {
+                size_t cap = out->cap ? 2 * out->cap : 4;
+                gpu_object *grown = realloc(out->items, cap * sizeof *grown);
+                if (grown == NULL) {
+                    out->failed = 1;
+                    break;
+                }
+                out->items = grown;
+                out->cap = cap;
+            }
             MlirStringRef data = mlirGPUObjectAttrGetObject(object);
-            PyObject *item = Py_BuildValue("(s#Iy#)", symname.data, (Py_ssize_t)symname.length,
-                                           (unsigned)mlirGPUObjectAttrGetFormat(object), data.data,
-                                           (Py_ssize_t)data.length);
-            if (item == NULL || PyList_Append(list, item) < 0)
-                Py_CLEAR(list);
-            Py_XDECREF(item);
+            gpu_object item = {copy_bytes(mlirStringAttrGetValue(sym)),
+                               (unsigned)mlirGPUObjectAttrGetFormat(object), copy_bytes(data), data.length};
+            out->items[out->count++] = item;
+            if (item.name == NULL || item.data == NULL)
+                out->failed = 1;
         }
     }
+}
+
+static void gpu_object_list_free(gpu_object_list *objects)
+{
+    for (size_t i = 0; i < objects->count; i++) {
+        free(objects->items[i].name);
+        free(objects->items[i].data);
+    }
+    free(objects->items);
+    *objects = (gpu_object_list){0};
+}
+
+/* [(gpu.binary name, format, bytes), ...]; frees the list. */
+static PyObject *gpu_object_list_finish(gpu_object_list *objects)
+{
+    PyObject *list = objects->failed ? PyErr_NoMemory() : PyList_New(0);
+    for (size_t i = 0; list != NULL && i < objects->count; i++) {
+        gpu_object *o = &objects->items[i];
+        PyObject *item = Py_BuildValue("(s#Iy#)", o->name, (Py_ssize_t)strlen(o->name), o->format, o->data,
+                                       (Py_ssize_t)o->size);
+        if (item == NULL || PyList_Append(list, item) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(item);
+    }
+    gpu_object_list_free(objects);
     return list;
+}
+
+/* ---- Lowering without the GIL ----
+ * A compile stage runs in an MLIR context of its own that no Python object
+ * refers to: the module arrives as text (printed with its locations), is
+ * parsed there, lowered, and leaves as text or as gpu objects. Nothing
+ * another thread can reach is touched meanwhile, so the GIL is released for
+ * all of it and threads compile in parallel. (PassManager.run keeps the
+ * GIL: it transforms a module of a Context other threads may be using.)
+ *
+ * A crash needs the pass it happened in, which PassManager.run learns from
+ * what the pass manager prints on fd 2; fd 2 is the process's, shared by
+ * every thread, so here a marker pass before each pass of the pipeline
+ * records the pass's name for its own thread instead. */
+
+static _Thread_local const char *current_pass; /* the marked pass running on this thread */
+
+static void marker_construct(void *data) {}
+static void marker_destruct(void *data) {}
+static void *marker_clone(void *data) { return data; }
+static void marker_run(MlirOperation op, MlirExternalPass pass, void *data) { current_pass = data; }
+
+static MlirPass marker_pass(const char *name)
+{
+    static _Alignas(8) char id;
+    MlirExternalPassCallbacks callbacks = {marker_construct, marker_destruct, NULL, marker_clone, marker_run};
+    return mlirCreateExternalPass(mlirTypeIDCreate(&id), mlirStringRefCreateFromCString("MlirgpuPassMarker"),
+                                  mlirStringRefCreateFromCString("mlirgpu-pass-marker"),
+                                  mlirStringRefCreateFromCString("names the next pass for a crash's message"),
+                                  mlirStringRefCreate(NULL, 0), 0, NULL, callbacks, (void *)name);
+}
+
+typedef struct {
+    char **items;
+    size_t count, cap;
+} name_list;
+
+/* A copy of text[start, end) without surrounding blanks, kept in `names`; NULL if out of memory. */
+static const char *keep_name(name_list *names, const char *text, size_t start, size_t end)
+{
+    while (start < end && (text[start] == ' ' || text[start] == '\n' || text[start] == '\t'))
+        start++;
+    while (end > start && (text[end - 1] == ' ' || text[end - 1] == '\n' || text[end - 1] == '\t'))
+        end--;
+    if (names->count == names->cap) {
+        size_t cap = names->cap ? 2 * names->cap : 16;
+        char **grown = realloc(names->items, cap * sizeof *grown);
+        if (grown == NULL)
+            return NULL;
+        names->items = grown;
+        names->cap = cap;
+    }
+    char *copy = copy_bytes(mlirStringRefCreate(text + start, end - start));
+    if (copy != NULL)
+        names->items[names->count++] = copy;
+    return copy;
+}
+
+/* Adds the pipeline elements text[start, end) ("a, b{x=1}, gpu.module(c, d)")
+ * to `pm`, each pass after a marker naming it; nested pipelines are entered.
+ * -1 where the text is not read the way MLIR reads it: the caller then runs
+ * the pipeline unmarked. */
+static int add_marked(MlirOpPassManager pm, const char *text, size_t start, size_t end, name_list *names)
+{
+    while (start < end) {
+        /* One element: up to a comma outside parentheses, braces and quotes. */
+        size_t stop = start, open = 0;
+        int depth = 0, quoted = 0;
+        for (; stop < end; stop++) {
+            char c = text[stop];
+            if (quoted) {
+                quoted = c != '"';
+                continue;
+            }
+            if (c == '"')
+                quoted = 1;
+            else if (c == '(' || c == '{') {
+                if (depth++ == 0 && open == 0)
+                    open = stop;
+            } else if ((c == ')' || c == '}') && --depth < 0)
+                return -1;
+            else if (c == ',' && depth == 0)
+                break;
+        }
+        if (depth != 0 || quoted)
+            return -1;
+        const char *name = keep_name(names, text, start, open ? open : stop);
+        if (name == NULL)
+            return -1;
+        if (*name != '\0') {
+            if (open && text[open] == '(' && strcmp(name, "any") != 0) {
+                /* op-name(...): a pipeline nested on that operation. */
+                size_t close = stop;
+                while (close > open && text[close - 1] != ')')
+                    close--;
+                MlirOpPassManager nested = mlirOpPassManagerGetNestedUnder(pm, mlirStringRefCreateFromCString(name));
+                if (close <= open || add_marked(nested, text, open + 1, close - 1, names) < 0)
+                    return -1;
+            } else {
+                mlirOpPassManagerAddOwnedPass(pm, marker_pass(name));
+                mg_buf err = {0};
+                MlirLogicalResult added = mlirOpPassManagerAddPipeline(
+                    pm, mlirStringRefCreate(text + start, stop - start), append_callback, &err);
+                free(err.data);
+                if (mlirLogicalResultIsFailure(added))
+                    return -1;
+            }
+        }
+        start = stop + 1;
+    }
+    return 0;
+}
+
+static void name_list_free(name_list *names)
+{
+    for (size_t i = 0; i < names->count; i++)
+        free(names->items[i]);
+    free(names->items);
+    *names = (name_list){0};
+}
+
+typedef struct {
+    mg_private_context taken;
+    MlirContext context;
+    MlirPassManager pm;
+    MlirStringRef source;
+    int objects;           /* collect gpu objects rather than print */
+    mg_diags diags;        /* the private context's diagnostics */
+    int parsed, fatal;
+    const char *crashed_in; /* the pass a crash or fatal error happened in, if marked */
+    MlirLogicalResult ran;
+    mg_buf text;           /* the lowered module, with its locations */
+    gpu_object_list found;
+} lowering;
+
+/* Runs with the GIL released. */
+static void lowering_run(lowering *l)
+{
+    MlirModule module = mlirModuleCreateParse(l->context, l->source);
+    if (mlirModuleIsNull(module))
+        return;
+    l->parsed = 1;
+    MlirOperation op = mlirModuleGetOperation(module);
+    current_pass = NULL;
+    l->fatal = run_guarded(l->pm, op, &l->ran);
+    l->crashed_in = current_pass;
+    if (l->fatal)
+        return; /* LLVM's state is unknown: the module, pass manager and context are leaked */
+    if (mlirLogicalResultIsSuccess(l->ran) && !mg_diags_has_error(&l->diags)) {
+        if (l->objects)
+            collect_gpu_objects(op, &l->found);
+        else
+            mg_ir_print_located(op, &l->text);
+    }
+    mlirModuleDestroy(module);
+}
+
+/* lower(source, pipeline, *, objects=False) */
+static PyObject *lower(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"source", "pipeline", "objects", "_then_crash", NULL};
+    PyObject *source, *pipeline, *text = NULL, *result = NULL;
+    int objects = 0, then_crash = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OU|$pp:lower", kwlist, &source, &pipeline, &objects,
+                                     &then_crash))
+        return NULL;
+    lowering l = {.objects = objects};
+    mg_buf printed = {0};
+    name_list names = {0};
+    int allow_unregistered = 0;
+    /* Owned while the GIL is released: its text is read meanwhile. */
+    Py_INCREF(source);
+    if (PyUnicode_Check(source)) {
+        Py_ssize_t len;
+        const char *data = PyUnicode_AsUTF8AndSize(source, &len);
+        if (data == NULL)
+            goto done;
+        l.source = mlirStringRefCreate(data, (size_t)len);
+    }
+    else {
+        mg_ir_Operation *op = mg_ir_module_operation(source);
+        if (op == NULL)
+            goto done;
+        mg_ir_Context *ctx = op->context;
+        mg_ir_diag_clear(ctx);
+        if (!mlirOperationVerify(op->op) || mg_ir_diag_has_error(ctx)) {
+            mg_ir_diag_raise(ctx, mg_st->MLIRError, "the module does not verify; no pass ran");
+            goto done;
+        }
+        allow_unregistered = mlirContextGetAllowUnregisteredDialects(ctx->context);
+        mg_ir_print_located(op->op, &printed);
+        if (printed.failed) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        l.source = mlirStringRefCreate(printed.data ? printed.data : "", printed.len);
+    }
+    PyObject *opname = PyUnicode_FromString("builtin.module");
+    text = opname != NULL ? anchored_pipeline(pipeline, opname) : NULL;
+    Py_XDECREF(opname);
+    Py_ssize_t text_len;
+    const char *text_data = text != NULL ? PyUnicode_AsUTF8AndSize(text, &text_len) : NULL;
+    if (text_data == NULL)
+        goto done;
+    l.taken = mg_ir_private_take(allow_unregistered, &l.diags);
+    l.context = l.taken.context;
+    MlirStringRef anchor = mlirStringRefCreateFromCString("builtin.module");
+    /* Each pass after a marker naming it; where the text is not read that
+     * way, parsed whole, as MLIR reports a bad pipeline, and run unmarked. */
+    size_t prefix = strlen("builtin.module(");
+    l.pm = mlirPassManagerCreateOnOperation(l.context, anchor);
+    if (text_data[text_len - 1] != ')' ||
+        add_marked(mlirPassManagerGetAsOpPassManager(l.pm), text_data, prefix, (size_t)text_len - 1, &names) < 0) {
+        mlirPassManagerDestroy(l.pm);
+        l.pm = mlirPassManagerCreateOnOperation(l.context, anchor);
+        if (parse_pipeline(l.pm, text) < 0) {
+            mlirPassManagerDestroy(l.pm);
+            mg_ir_private_give_back(&l.taken);
+            goto done;
+        }
+    }
+    if (then_crash) {
+        mlirPassManagerAddOwnedPass(l.pm, marker_pass("mlirgpu-crash-test"));
+        mlirPassManagerAddOwnedPass(l.pm, crash_pass());
+    }
+    Py_BEGIN_ALLOW_THREADS
+    lowering_run(&l);
+    if (!l.fatal)
+        mlirPassManagerDestroy(l.pm);
+    Py_END_ALLOW_THREADS
+    if (!l.fatal)
+        mg_ir_private_give_back(&l.taken);
+    if (!l.parsed)
+        mg_diags_raise(&l.diags, mg_st->MLIRError, "cannot parse the module");
+    else if (l.fatal)
+        mg_raise(mg_st->CompileError, "%s in pass '%s' of '%U': %s. It ran on a copy of the module in a "
+                 "context of its own, which is dropped: the module and its context work as before",
+                 mg_fatal_signal != 0 ? "MLIR crashed" : "LLVM fatal error",
+                 l.crashed_in != NULL ? l.crashed_in : "?", text, mg_fatal_reason);
+    else if (mlirLogicalResultIsFailure(l.ran) || mg_diags_has_error(&l.diags)) {
+        PyObject *what = PyUnicode_FromFormat("pass pipeline '%U' failed", text);
+        const char *what_text = what != NULL ? PyUnicode_AsUTF8(what) : NULL;
+        if (what_text != NULL)
+            mg_diags_raise(&l.diags, mg_st->MLIRError, what_text);
+        Py_XDECREF(what);
+    }
+    else if (mg_diags_warn(&l.diags) == 0)
+        result = objects ? gpu_object_list_finish(&l.found) : mg_buf_finish(&l.text);
+done:
+    gpu_object_list_free(&l.found);
+    free(l.text.data);
+    mg_diags_clear(&l.diags);
+    free(l.diags.items);
+    free(printed.data);
+    name_list_free(&names);
+    Py_XDECREF(text);
+    Py_DECREF(source);
+    return result;
 }
 
 /* Keeps LLVM's first error message: without a handler LLVM prints it and
@@ -477,9 +795,14 @@ static PyObject *llvm_bitcode_to_text(PyObject *self, PyObject *arg)
 }
 
 static PyMethodDef pipeline_functions[] = {
-    {"gpu_objects", gpu_objects, METH_O,
-     "gpu_objects(module) -> [(name, format, bytes)] for each #gpu.object of each gpu.binary."},
     {"llvm_bitcode_to_text", llvm_bitcode_to_text, METH_O, NULL},
+    {"lower", (PyCFunction)(void (*)(void))lower, METH_VARARGS | METH_KEYWORDS,
+     "lower(source, pipeline, *, objects=False) -> str | [(name, format, bytes)]: runs `pipeline` on a "
+     "copy of `source` (an ir.Module, or the text a previous lower() returned) in an MLIR context of "
+     "its own, without the GIL. Returns the lowered module's text with its locations, or with "
+     "objects=True its gpu objects. MLIRError with the diagnostics if it does not parse or a pass "
+     "fails; CompileError naming the pass on an LLVM fatal error or a crash inside MLIR "
+     "(_then_crash=True adds a last pass that raises SIGTRAP, for the tests of the crash guard)."},
     {NULL},
 };
 

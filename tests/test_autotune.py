@@ -8,6 +8,7 @@ driver (tests/fake_cuda); real tuning on a GPU is marked `gpu`."""
 import importlib
 import json
 import logging
+import threading
 
 import numpy as np
 import pytest
@@ -409,3 +410,24 @@ def test_gpu_tuning_picks_a_config_and_keeps_it(monkeypatch, capsys):
     assert fresh.best_config == tuner.best_config
     np.testing.assert_allclose(dC.get(), one_launch(A, B, one_launch(A, B, one_launch(A, B, C))),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_configs_compile_from_a_pool_of_threads_before_timing(fake_gpu, monkeypatch):
+    """Every config's image is compiled (into the compile cache) before the
+    first is timed, each in a thread of a pool; one that does not compile is
+    skipped at its timing as before."""
+    calls = []   # (thread, T, driver calls made before it)
+    real_image = type(tiled_matmul[32, 32, 32, 8]).image
+
+    def image(spec, chip=None):
+        calls.append((threading.get_ident(), spec.values["T"], len(fake_gpu)))
+        return real_image(spec, chip)
+
+    monkeypatch.setattr(type(tiled_matmul[32, 32, 32, 8]), "image", image)
+    tuner = make_tuner(progress=False)
+    A, B, C = operands()
+    tuner(mg.to_device(A), mg.to_device(B), mg.to_device(C), grid=grid, block=block)
+    pooled = [(t, before) for thread, t, before in calls if thread != threading.get_ident()]
+    assert sorted(t for t, _ in pooled) == [8, 16, 128]
+    assert all(before == 0 for _, before in pooled)   # before the first launch was timed
+    assert tuner.best_config == dict(T=16)

@@ -27,10 +27,9 @@ def sgemm(ctx):
 @pytest.fixture
 def no_llvm(monkeypatch):
     """Fails the test if the compiler gets as far as running a pass pipeline."""
-    class Forbidden:
-        def __init__(self, pipeline, **options):
-            raise AssertionError(f"a pipeline ran before validation failed: {pipeline}")
-    monkeypatch.setattr(mlirgpu.compiler.nvvm, "PassManager", Forbidden)
+    def forbidden(source, pipeline, **options):
+        raise AssertionError(f"a pipeline ran before validation failed: {pipeline}")
+    monkeypatch.setattr(mlirgpu.compiler.nvvm, "lower", forbidden)
 
 
 def ptx_version(ptx):

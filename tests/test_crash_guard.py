@@ -74,3 +74,55 @@ def test_a_crash_outside_a_pass_still_ends_the_process():
     import signal
     done = run("import os, signal, mlirgpu\nos.kill(os.getpid(), signal.SIGSEGV)")
     assert done.returncode == -signal.SIGSEGV
+
+
+THREADS_SCRIPT = r'''
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+import mlirgpu as mg
+from mlirgpu import _mlirgpu, ir
+sys.path.insert(0, sys.argv[1])
+from sgemm_ir import build_sgemm_module
+FATAL = ("builtin.module(gpu.module(canonicalize, cse), "
+         "gpu-lower-to-nvvm-pipeline{cubin-chip=sm_90a cubin-features=+ptx60 cubin-format=isa})")
+GOOD = FATAL.replace("+ptx60", "+ptx80")
+with ir.Context():
+    module = build_sgemm_module(64, 64, 64)
+text = str(module)
+
+def stage(i):
+    try:
+        if i % 3 == 0:
+            return "ok " + _mlirgpu.lower(module, GOOD, objects=True)[0][0]
+        _mlirgpu.lower(module, "canonicalize" if i % 3 == 1 else FATAL, _then_crash=i % 3 == 1)
+        return "no error"
+    except mg.CompileError as e:
+        return str(e)
+
+with ThreadPoolExecutor(6) as pool:
+    results = list(pool.map(stage, range(18)))
+print(json.dumps({"results": results, "unchanged": str(module) == text,
+                  "after": len(_mlirgpu.lower(module, GOOD, objects=True)[0][2])}))
+'''
+
+
+def test_crashes_in_threads_compiling_at_once_stay_in_their_threads():
+    """Stages run without the GIL, several at once: a trap or an LLVM fatal
+    error in one thread's stage is a CompileError naming the pass in that
+    thread, the others compile, and the module they all read is unchanged."""
+    import json
+    from checks import TESTS_DIR
+    done = subprocess.run([sys.executable, "-c", THREADS_SCRIPT, TESTS_DIR], capture_output=True, text=True,
+                          timeout=300, env=_environment())
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for i, message in enumerate(out["results"]):
+        if i % 3 == 0:
+            assert message == "ok kernels", message
+        elif i % 3 == 1:
+            assert message.startswith("MLIR crashed in pass 'mlirgpu-crash-test' of 'builtin.module(canonicalize)'")
+            assert "SIGTRAP" in message and "the module and its context work as before" in message
+        else:
+            assert message.startswith("LLVM fatal error in pass 'gpu-lower-to-nvvm-pipeline'"), message
+            assert "PTX version 6.0 does not support target 'sm_90a'" in message
+    assert out["unchanged"] and out["after"] > 0

@@ -670,6 +670,55 @@ def test_value_replace_all_uses_with(ctx):
     filecheck(str(module), r"%0 = arith\.addf %arg0, %arg2 : f32", r"return %0 : f32")
 
 
+def test_value_replaced_by_itself_keeps_its_uses(ctx):
+    module = ir.Module.parse(FUNC_TEXT)
+    mul = module.body.operations[0].regions[0].blocks[0].operations[0]
+    mul.result.replace_all_uses_with(mul.result)   # returns: nothing to replace
+    assert mul.result.num_uses == 1
+
+
+def _outer_with_block(name="arith.addi"):
+    """A detached operation with a result and one block in its region."""
+    outer = ir.Operation.create(name, results=[ir.Type.integer(32)], regions=1, detached=True)
+    return outer, outer.regions[0].append_block([ir.Type.integer(32)])
+
+
+# A value used inside the operation that defines it never dominates its use,
+# and MLIR's verifier (which printing runs first) crashed checking one inside a
+# detached operation. Each way of making such a use is refused; the operation
+# then still prints and verifies.
+def test_operation_cannot_use_a_result_of_the_operation_it_is_created_in(ctx):
+    outer, block = _outer_with_block()
+    with ir.InsertionPoint(block), pytest.raises(ValueError, match="inside the operation that defines it"):
+        ir.Operation.create("arith.constant", operands=[outer.result], results=[ir.Type.integer(8)])
+    assert "arith.addi" in str(outer)
+    with pytest.raises(mlirgpu.MLIRError):
+        outer.verify()  # arith.addi wants operands, not a region: an error, not a crash
+
+
+def test_operation_using_a_result_of_its_destination_cannot_be_inserted():
+    with ir.Context(allow_unregistered_dialects=True):
+        outer, block = _outer_with_block("test.outer")
+        user = ir.Operation.create("test.user", operands=[outer.result], detached=True)
+        with pytest.raises(ValueError, match="operand #0 of 'test.user'.*inside the operation that defines it"):
+            ir.InsertionPoint(block).insert(user)
+        assert "test.outer" in str(outer) and "test.user" in str(user)
+
+
+def test_use_inside_an_operation_cannot_be_replaced_by_its_result():
+    with ir.Context(allow_unregistered_dialects=True):
+        outer, block = _outer_with_block("test.outer")
+        with ir.InsertionPoint(block):
+            inner = ir.Operation.create("test.holder", regions=1)
+        with ir.InsertionPoint(inner.regions[0].append_block()):
+            user = ir.Operation.create("test.user", operands=[block.arguments[0]])
+        with pytest.raises(ValueError, match="inside the operation that defines"):
+            block.arguments[0].replace_all_uses_with(outer.result)
+        assert user.operands[0] == block.arguments[0]
+        assert outer.verify() is True
+        assert "test.user" in str(outer)
+
+
 def test_value_of_a_multi_result_operation(ctx):
     op = ir.Operation.create("arith.addui_extended", operands=[], results=[ir.Type.integer(32), ir.Type.integer(1)])
     low, carry = op.results

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mlirgpu as mg
-from mlirgpu import ir, passes
+from mlirgpu import _mlirgpu, ir, passes
 from sgemm_ir import build_sgemm_module
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -123,6 +123,22 @@ def test_compile_does_not_leak():
         assert ".entry sgemm_naive(" in ptx
     grown = growth(compile_cycle, 200, warmup=20)
     assert grown < 16 * MB, f"{grown / MB:.1f} MB"
+
+
+def test_lowering_many_kernels_keeps_memory_bounded():
+    # Compile stages run in reused private contexts, which keep every name and
+    # constant they have seen: each is retired after some uses, or this grows
+    # by about 15 MB per 1000 lowerings.
+    def module_text(i):
+        funcs = "\n".join(f"func.func @kernel_{i}_{j}(%a: f32) -> f32 {{\n  %c = arith.constant {i}.{j}5 : f32\n"
+                          f"  %0 = arith.addf %a, %c : f32\n  return %0 : f32\n}}" for j in range(20))
+        return f"module {{\n{funcs}\n}}"
+
+    def lowering_cycle(i):
+        lowered = _mlirgpu.lower(module_text(i), "canonicalize,convert-arith-to-llvm,convert-func-to-llvm")
+        assert f'sym_name = "kernel_{i}_19"' in lowered
+    grown = growth(lowering_cycle, 1000, warmup=200)
+    assert grown < 4 * MB, f"{grown / MB:.1f} MB"
 
 
 def test_build_and_compile_does_not_leak():

@@ -1,7 +1,8 @@
 """A bounded stress run of the CPU backend: 8 threads at once compile
-specializations, launch them (printing kernels among them), allocate and free
-DeviceArrays, for MLIRGPU_STRESS_SECONDS (default 20) seconds in a fresh
-interpreter. It must end normally, every result must be right, and after the
+specializations, launch them (printing kernels among them), compile PTX
+(every round anew: the stages run without the GIL, all at once), allocate
+and free DeviceArrays, for MLIRGPU_STRESS_SECONDS (default 20) seconds in a
+fresh interpreter. It must end normally, every result must be right, and after the
 first round (which compiles everything once) the process must stay within a
 bounded resident size."""
 import json
@@ -62,6 +63,7 @@ def work(w):
             Y = np.zeros(32, np.int32)
             shout(Y, grid=3, block=32)
             assert (Y == 3).all(), "shout"
+            assert ".entry scale" in mg.Compilation(scale[n].module(), "sm_80").ptx, "ptx"
             arrays = [mg.zeros(1000 + 37 * k) for k in range(8)]
             del arrays
             rounds[w] += 1

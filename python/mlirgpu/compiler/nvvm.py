@@ -15,15 +15,18 @@ where), else the PTX, which the driver compiles as it loads it.
 
 Chip and PTX features are checked here, before LLVM runs: LLVM aborts the
 whole process on a PTX version that does not support the chip.
+
+Each stage runs in an MLIR context of its own (the module passes between
+stages as text with its locations) and without the GIL, so threads compile
+in parallel.
 """
 import linecache
 import os
 import re
-from functools import cached_property
 
 from .. import _mlirgpu, ir
 from . import toolkit
-from .._mlirgpu import CompileError, MLIRError, PassManager, gpu_objects, llvm_bitcode_to_text
+from .._mlirgpu import CompileError, MLIRError, llvm_bitcode_to_text, lower
 from ..language import mma
 from ..frontend.kernel import located_compile_error
 from ..language.tma import GRID_CONSTANTS
@@ -155,20 +158,24 @@ def _check_chip_operations(module, chip):
 _GRID_CONSTANT_ATTRS = "{llvm.align = 64 : i64, llvm.byval = !llvm.array<128 x i8>, nvvm.grid_constant}"
 
 
-def _grid_constant_parameters(module):
+def _grid_constant_parameters(text, allow_unregistered):
     """Each llvm.func parameter listed in its GRID_CONSTANTS (the tensor maps
     a kernel takes by value, CUDA's __grid_constant__ const CUtensorMap) becomes a
     64-byte aligned, 128-byte byval grid constant: PTX `.param .align 64
-    .b8 p[128]`, its address taken with cvta.param for TMA."""
+    .b8 p[128]`, its address taken with cvta.param for TMA. `text` is a
+    stage's module as lower() returns it; so is the result."""
+    if GRID_CONSTANTS not in text:
+        return text
+    module = ir.Module.parse(text, context=ir.Context(allow_unregistered_dialects=allow_unregistered))
     for op in module.walk():
         if op.name != "llvm.func" or GRID_CONSTANTS not in op.attributes:
             continue
         listed = set(op.get_attribute(GRID_CONSTANTS).value)
         count = len(op.regions[0].blocks[0].arguments)
         attrs = ", ".join(_GRID_CONSTANT_ATTRS if i in listed else "{}" for i in range(count))
-        op.set_attribute("arg_attrs", ir.Attribute.parse(f"[{attrs}]"))
+        op.set_attribute("arg_attrs", ir.Attribute.parse(f"[{attrs}]", context=module.context))
         op.remove_attribute(GRID_CONSTANTS)
-    return module
+    return module.print(generic=True, debug_info=True)
 
 
 def _check_requirements(module, target, may_raise_ptx):
@@ -190,11 +197,14 @@ def _check_requirements(module, target, may_raise_ptx):
             target.ptx_version, target.features = ptx, f"+ptx{ptx}"
 
 
-def run_stage(module, stage, pipeline, hint=""):
-    """Runs `pipeline` on `module` in place and returns it; a failure is a
-    CompileError naming the stage (and `hint`, what usually causes it)."""
+def lower_stage(source, stage, pipeline, hint="", *, objects=False):
+    """`pipeline` run on a copy of `source` (an ir.Module, or the text a stage
+    returned) in an MLIR context of its own, without the GIL: the lowered
+    module as text with its locations, or with objects=True {gpu.binary name:
+    bytes}. A failure is a CompileError naming the stage (and `hint`, what
+    usually causes it), at the user's line where a diagnostic has one."""
     try:
-        PassManager(pipeline).run(module)
+        lowered = lower(source, pipeline, objects=objects)
     except MLIRError as error:
         located = located_compile_error(error)
         if getattr(located, "lineno", None) is None:
@@ -203,7 +213,23 @@ def run_stage(module, stage, pipeline, hint=""):
         new = CompileError(f"{located.filename}:{located.lineno}: {stage} stage failed:\n{located}{hint}")
         new.filename, new.lineno, new.diagnostics = located.filename, located.lineno, error.diagnostics
         raise new from error
-    return module
+    return {name: data for name, _, data in lowered} if objects else lowered
+
+
+class _stage:
+    """A stage computed on first access and kept on the instance. Unlike
+    functools.cached_property before Python 3.12, it holds no lock shared by
+    every instance, which would let only one thread compile at a time; two
+    threads asking one Compilation for the same stage may both compute it."""
+
+    def __init__(self, compute):
+        self.compute, self.name, self.__doc__ = compute, compute.__name__, compute.__doc__
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.compute(instance)
+        return value
 
 
 class Compilation:
@@ -241,54 +267,59 @@ class Compilation:
         self.image_format = "cubin" if self._toolkit else "ptx"
         self.lineinfo = bool(lineinfo)
         self.gpu = str(module)
+        self._allow_unregistered = module.context.allow_unregistered_dialects
         t = self.target
         # nvgpu is converted before outlining, as MLIR's gpu-lower-to-nvvm-pipeline
         # does: a TMA descriptor that a gpu.launch captures must already be an
         # !llvm.ptr when it becomes a kernel parameter, or gpu.func cannot be legalized.
-        self._outlined = run_stage(module.clone(), "outlined", "builtin.module(convert-nvgpu-to-nvvm, "
-                              "gpu-kernel-outlining, "
-                              f"nvvm-attach-target{{chip={t.chip} features={t.features} O={t.opt_level}}})")
+        # The stages' modules, as text with their locations.
+        self._outlined = lower_stage(module, "outlined", "builtin.module(convert-nvgpu-to-nvvm, "
+                                     "gpu-kernel-outlining, "
+                                     f"nvvm-attach-target{{chip={t.chip} features={t.features} O={t.opt_level}}})")
         bare = "true" if self.bare_pointers else "false"
-        self._nvvm = run_stage(self._outlined.clone(), "nvvm", ",".join([
+        nvvm = lower_stage(self._outlined, "nvvm", ",".join([
             "builtin.module(convert-vector-to-scf", "convert-scf-to-cf",
             "convert-nvvm-to-llvm", "expand-strided-metadata", "lower-affine",
             "convert-arith-to-llvm", "convert-index-to-llvm", "canonicalize", "cse",
             f"gpu.module(convert-gpu-to-nvvm{{use-bare-ptr-memref-call-conv={bare}}}, "
             "canonicalize, cse, reconcile-unrealized-casts)", "convert-func-to-llvm", "reconcile-unrealized-casts"]
             + ([LINEINFO_PASS] if self.lineinfo else [])) + ")")
-        _grid_constant_parameters(self._nvvm)
+        self._nvvm = _grid_constant_parameters(nvvm, self._allow_unregistered)
 
-    @cached_property
+    def _printed(self, text):
+        context = ir.Context(allow_unregistered_dialects=self._allow_unregistered)
+        return str(ir.Module.parse(text, context=context))
+
+    @_stage
     def outlined(self):
-        return str(self._outlined)
+        return self._printed(self._outlined)
 
-    @cached_property
+    @_stage
     def nvvm(self):
-        return str(self._nvvm)
+        return self._printed(self._nvvm)
 
     def _binary(self, fmt, stage):
-        module = self._nvvm.clone()
         # The toolkit gives ptxas and libdevice (nvvm/libdevice), which every
         # format links for the math functions; without one MLIR looks at
         # $CUDA_HOME, else links none.
         options = f" toolkit={self._toolkit.home}" if self._toolkit else ""
         if fmt == "bin" and self.lineinfo:
             options += " opts=-lineinfo"  # ptxas keeps the PTX's .loc lines in the cubin's line table
-        run_stage(module, stage, f"builtin.module(gpu-module-to-binary{{format={fmt}{options}}})")
-        objects = {name: data for name, _, data in gpu_objects(module)}
+        objects = lower_stage(self._nvvm, stage, f"builtin.module(gpu-module-to-binary{{format={fmt}{options}}})",
+                              objects=True)
         if not objects:
             raise CompileError("the module holds no gpu.module to compile")
         return objects
 
-    @cached_property
+    @_stage
     def _llvm_ir(self):
         return {k: llvm_bitcode_to_text(v) for k, v in self._binary("llvm", "llvm_ir").items()}
 
-    @cached_property
+    @_stage
     def _ptx(self):
         return {k: v.decode() for k, v in self._binary("isa", "ptx").items()}
 
-    @cached_property
+    @_stage
     def _cubin(self):
         if self._toolkit is None:
             raise CompileError(NO_PTXAS)

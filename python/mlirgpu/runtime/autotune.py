@@ -16,18 +16,22 @@ GPU backend the first launch of a key times every config (CUDA events, after
 warm-up launches; the median), keeps the fastest and records the choice in
 the cache directory, keyed by the GPU's name and the key's values, so a new
 process launches it without timing. On the CPU backend the first config that
-compiles and launches is used. docs/design/autotune.md has the details.
+compiles and launches is used. The configs compile concurrently (a thread
+pool: compiling runs without the GIL) before the first is timed.
+docs/design/autotune.md has the details.
 """
 import json
 import os
 import re
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from .. import cuda
 from .._mlirgpu import CompileError, CudaError, DeviceArray, DType, Event, LaunchError
 from .backend import asarray, empty, on_cpu, to_device
+from .compiled import default_chip
 from ..compiler.cache import default_directory, log
 from .kernel import Kernel, check_generic_value, show
 
@@ -179,6 +183,7 @@ class Autotuner:
         skipped = self.skipped[key] = []
         label = self._label(key)
         arrays, snapshots = _tuning_arguments(self.kernel, args, stream)
+        _compile_concurrently([self.kernel.specialize({**bound, **config}) for config in self.configs])
         try:
             for done, config in enumerate(self.configs):
                 self._show_progress(label, done)
@@ -359,6 +364,23 @@ def _tuning_arguments(kernel, args, stream):
             arrays.append(array)
             snapshots.append((array, snapshot))
     return arrays, snapshots
+
+
+def _compile_concurrently(specs):
+    """Every spec's image for the current GPU (what spec.function() loads),
+    compiled from a pool of threads into the compile cache (compiling
+    releases the GIL). A config that does not compile is left to
+    _time_config, which raises its error again."""
+    chip = default_chip()
+
+    def compile_one(spec):
+        try:
+            spec.image(chip)
+        except CompileError:
+            pass   # reported, once, where the config is timed
+
+    with ThreadPoolExecutor(min(len(specs), os.cpu_count() or 1)) as pool:
+        list(pool.map(compile_one, specs))
 
 
 def _time_config(spec, args, grid, block, shared_mem, stream, warmup=WARMUP, repeat=REPEAT):

@@ -7,7 +7,8 @@ grid_dim x/y/z as `index`, with `mg.syncthreads()` and the other device
 features calls of the runtime. It is lowered to the llvm dialect in-process
 and handed to `_mlirgpu.CpuEngine` (csrc/cpu.c), which runs each thread of a
 block as a fiber (every thread of the grid, for a kernel that calls
-mg.grid.sync()). docs/design/cpu_backend.md has the design.
+mg.grid.sync()); lowering and JIT-compiling run in MLIR contexts of their
+own, without the GIL. docs/design/cpu_backend.md has the design.
 
     mlirgpu.cpu.run(spec, [A, B, C], grid=(4, 4), block=(16, 16))
 """
@@ -15,10 +16,9 @@ import math
 
 import numpy as np
 
-from .. import _mlirgpu
-from .._mlirgpu import LaunchError, TensorMap
+from .. import _mlirgpu, ir
+from .._mlirgpu import LaunchError, TensorMap, lower
 from ..compiler.cpu import PIPELINE, HostTarget, checks_from_environment
-from ..ir import passes
 from .compiled import stored_params
 from .scalars import scalar_bytes
 
@@ -50,11 +50,16 @@ def host_module(spec, checks=None):
     return _cached(spec, "_cpu_modules", checks, lambda: spec.trace(HostTarget(checks)))
 
 
+def _lowered(spec, checks):
+    """host_module(spec, checks) lowered to the llvm dialect, as text: in an MLIR
+    context of its own, without the GIL (threads compile in parallel)."""
+    return lower(host_module(spec, checks), PIPELINE)
+
+
 def lowered_module(spec, checks=None):
-    """host_module(spec, checks), cloned and lowered to the llvm dialect."""
-    module = host_module(spec, checks).clone()
-    passes.run(module, PIPELINE)
-    return module
+    """host_module(spec, checks) lowered to the llvm dialect: a new Module in its context."""
+    checks = checks_from_environment() if checks is None else frozenset(checks)
+    return ir.Module.parse(_lowered(spec, checks), context=host_module(spec, checks).context)
 
 
 def _calls(module, names):
@@ -89,7 +94,7 @@ def _make_engine(spec, checks):
     filename = spec.kernel.rewritten()[3]
     attributes = traced.operation.attributes
     strings = [a.value for a in attributes["mg.cpu.strings"].value]
-    return _mlirgpu.CpuEngine(lowered_module(spec, checks), spec.name, params, filename,
+    return _mlirgpu.CpuEngine(_lowered(spec, checks), spec.name, params, filename,
                               uses_fibers=_calls(traced, _FIBER_CALLS), strings=strings,
                               cooperative=_calls(traced, ("mg_cpu_grid_sync",)),
                               static_shared=attributes["mg.cpu.static_shared"].value)

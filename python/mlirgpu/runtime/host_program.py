@@ -28,7 +28,7 @@ import numpy as np
 from .. import _mlirgpu, ir
 from .._mlirgpu import CompileError, DeviceArray, LaunchError, MLIRError
 from ..compiler import toolkit
-from ..compiler.nvvm import NO_PTXAS, Compilation, run_stage
+from ..compiler.nvvm import NO_PTXAS, Compilation, lower_stage
 from .compiled import default_chip
 from .scalars import scalar_bytes
 
@@ -274,13 +274,15 @@ class HostProgram:
         self.gpu = str(module)
         self.format = format
         self.timeline = None
+        # Each stage runs on a copy of the module in an MLIR context of its own, without the GIL
+        # (see compiler.nvvm); what the next steps look at is parsed back into the module's context.
         if pipeline:
-            run_stage(module, "pipeline", pipeline)
+            module = ir.Module.parse(lower_stage(module, "pipeline", pipeline), context=module.context)
         # A transform script (run by the pipeline's transform-interpreter) is not part of the program.
         for op in module.body.operations:
             if op.name.startswith("transform."):
                 op.erase()
-        run_stage(module, "prepare", PREPARE_PIPELINE)
+        module = ir.Module.parse(lower_stage(module, "prepare", PREPARE_PIPELINE), context=module.context)
         self._functions = {}
         for op in module.body.operations:
             if op.name != "func.func" or not op.regions[0].blocks:
@@ -294,21 +296,20 @@ class HostProgram:
         # Kernels take memref descriptors unless asked otherwise: dynamic shapes
         # and strided layouts reach them as the host code has them.
         self.compilation = Compilation(module, chip or default_chip(), bare_pointers=kernel_bare_pointers)
-        # The stages' modules themselves, cloned: their text does not always parse back (MLIR 22 prints a
-        # vector.print of a newline as a bare `vector.print`, which takes the next line's value as its own).
         if any(op.name.startswith("async.") for op in module.walk()):
-            lowered = self.compilation._outlined.clone()
-            run_stage(lowered, "host", async_pipeline(host_bare_pointers, kernel_bare_pointers))
+            host = lower_stage(self.compilation._outlined, "host",
+                               async_pipeline(host_bare_pointers, kernel_bare_pointers))
         else:
-            lowered = self.compilation._nvvm.clone()
-            run_stage(lowered, "host", host_pipeline(host_bare_pointers, kernel_bare_pointers), ASYNC_HINT)
+            host = lower_stage(self.compilation._nvvm, "host", host_pipeline(host_bare_pointers, kernel_bare_pointers),
+                               ASYNC_HINT)
         options = f"format={FORMATS[format]}"
         if toolkit.PTXAS:
             # ptxas, and libdevice (nvvm/libdevice) for the math functions, which every format links.
             options += f" toolkit={toolkit.PTXAS.home}"
         if ptxas_options:
             options += f' opts="{ptxas_options}"'
-        run_stage(lowered, "binary", f"builtin.module(gpu-module-to-binary{{{options}}})")
+        lowered = ir.Module.parse(lower_stage(host, "binary", f"builtin.module(gpu-module-to-binary{{{options}}})"),
+                                  context=module.context)
         _check_lowered(lowered)
         _check_runtime(lowered, module)
         self._lowered = lowered
