@@ -700,6 +700,7 @@ static PyObject *lower(PyObject *self, PyObject *args, PyObject *kwds)
     const char *text_data = text != NULL ? PyUnicode_AsUTF8AndSize(text, &text_len) : NULL;
     if (text_data == NULL)
         goto done;
+    register_passes_once();
     l.taken = mg_ir_private_take(allow_unregistered, &l.diags);
     l.context = l.taken.context;
     MlirStringRef anchor = mlirStringRefCreateFromCString("builtin.module");
