@@ -1701,10 +1701,25 @@ PyObject *mg_array_asarray(PyObject *obj)
         Py_DECREF(cai);
         return view;
     }
-    if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
         return NULL;
-    PyErr_Clear();
-    if (PyObject_HasAttr(obj, str_dlpack))
+    /* No interface, or one that cannot describe this array (torch raises for
+     * its 8-bit floats, which the interface has no type string for): DLPack
+     * may, and says so itself when it cannot either. */
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    int missing = PyErr_GivenExceptionMatches(type, PyExc_AttributeError);
+    int has_dlpack = PyObject_HasAttr(obj, str_dlpack);
+    if (has_dlpack || missing) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+    }
+    else {
+        PyErr_Restore(type, value, traceback);
+        return NULL;
+    }
+    if (has_dlpack)
         return view_from_dlpack(obj);
     if (PyObject_HasAttr(obj, str_array_interface) || PyObject_HasAttr(obj, str_array))
         return host_array_error(obj);

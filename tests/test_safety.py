@@ -323,6 +323,37 @@ def test_gpu_kernels_know_which_parameters_they_store_to():
 
 
 @pytest.mark.usefixtures("fake_driver")
+def test_asarray_takes_dlpack_where_the_cuda_interface_cannot_describe_the_array():
+    # torch raises from __cuda_array_interface__ for dtypes it has no type string for (8-bit floats).
+    out = run_json(FAKE + '''
+class Undescribed:
+    def __init__(self, array):
+        self.array = array
+    @property
+    def __cuda_array_interface__(self):
+        raise KeyError("no type string for this dtype")
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+class Broken:
+    @property
+    def __cuda_array_interface__(self):
+        raise KeyError("broken")
+base = C.empty(16)
+view = C.asarray(Undescribed(base))
+out["same"] = view.ptr == base.ptr and view.shape == (16,)
+try:
+    C.asarray(Broken())
+except KeyError as e:
+    out["kept"] = str(e)
+print(json.dumps(out))
+''')
+    assert out["same"]
+    assert out["kept"] == "'broken'"   # without DLPack to fall back on, the interface's own error
+
+
+@pytest.mark.usefixtures("fake_driver")
 def test_cuda_launch_refuses_a_readonly_array_the_kernel_may_store_to():
     out = run_json(FAKE + '''
 buf = C.zeros(8, C.u64)
