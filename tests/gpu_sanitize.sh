@@ -5,6 +5,7 @@
 # $CUDA_HOME/bin):
 #
 #     bash tests/gpu_sanitize.sh            # logs in ./sanitize-logs
+#     SANITIZE_TOOLS=memcheck bash tests/gpu_sanitize.sh   # one tool
 #
 # Each example runs at a small size (the sanitizers slow kernels 10-100x).
 # A run is clean when compute-sanitizer reports "ERROR SUMMARY: 0 errors" and
@@ -33,7 +34,7 @@ unclean=0
 printf '%-40s %-10s %-8s %s\n' example tool status errors
 for entry in "${examples[@]}"; do
   read -r script args <<<"$entry"
-  for tool in memcheck racecheck synccheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     name=$(basename "$script" .py)-$tool
     # --target-processes all: the examples may start helper processes.
     "$sanitizer" --tool "$tool" --target-processes all --error-exitcode 99 \
