@@ -32,7 +32,7 @@ def relax(X: mg.memref[N, mg.f32], iterations: mg.i32):
 
 
 def reference(x, iterations):
-    # 0.5 is the contraction: after enough steps every element sits at the fixed point 0.5.
+    # Each step halves the distance to 0.5: after enough steps every element sits at 0.5.
     out = x.astype(np.float64)
     for _ in range(min(iterations, 200)):
         out = out * 0.5 + 0.25
