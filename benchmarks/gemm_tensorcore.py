@@ -85,7 +85,8 @@ if hopper_gemm.available():  # sm_90a: one row per configuration of the warp-spe
 
 try:
     import torch
-    if not torch.cuda.is_available():
+    # The peers run on the GPU; with the CPU backend the kernels read NumPy arrays instead.
+    if not torch.cuda.is_available() or mg.backend() == "cpu":
         torch = None
 except ImportError:
     torch = None
