@@ -38,6 +38,7 @@
 #include "cpu.h"
 #include "engine.h"
 #include "ir.h"
+#include "runner_utils.h"
 
 #include <mlir-c/ExecutionEngine.h>
 #include <setjmp.h>
@@ -1338,6 +1339,8 @@ static void start_engine(void *arg)
     for (size_t i = 0; i < sizeof runtime_symbols / sizeof *runtime_symbols; i++)
         mlirExecutionEngineRegisterSymbol(s->engine, mlirStringRefCreateFromCString(runtime_symbols[i].name),
                                           runtime_symbols[i].address);
+    for (const mg_runtime_symbol *c = mg_conversion_symbols; c->name != NULL; c++)
+        mlirExecutionEngineRegisterSymbol(s->engine, mlirStringRefCreateFromCString(c->name), c->address);
     mlirExecutionEngineInitialize(s->engine);
     s->function = (mg_packed_fn)mlirExecutionEngineLookupPacked(s->engine, s->name);
 }

@@ -386,6 +386,8 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         mlirExecutionEngineRegisterSymbol(self->engine, mlirStringRefCreateFromCString(name),
                                           runtime_symbol(runtime, name));
     }
+    for (const mg_runtime_symbol *c = mg_conversion_symbols; c->name != NULL; c++)
+        mlirExecutionEngineRegisterSymbol(self->engine, mlirStringRefCreateFromCString(c->name), c->address);
     initialization init = {self, -1};
     /* No Python object can reach the engine yet, and the global constructors
      * call only the runtime, which needs no GIL outside a call: the JIT

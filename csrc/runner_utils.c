@@ -270,6 +270,52 @@ static const struct {
     CIFACE(printMemref1dC64), CIFACE(printMemref2dF32), CIFACE(printMemref3dF32), CIFACE(printMemref4dF32),
 };
 
+/* float -> bf16, rounding to nearest even; a NaN stays a quiet NaN. LLVM
+ * calls these for a truncation to bf16 on hosts without bf16 instructions,
+ * and the libgcc of older compilers (GCC 12) lacks them. A bf16 comes back
+ * as a half does on x86-64 (in xmm0), hence _Float16 as the carrier. */
+static _Float16 bf16_bits(uint16_t bits)
+{
+    _Float16 carrier;
+    memcpy(&carrier, &bits, sizeof carrier);
+    return carrier;
+}
+
+static _Float16 truncsfbf2(float value)
+{
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        return bf16_bits((uint16_t)(bits >> 16 | 0x40));
+    bits += 0x7fffu + (bits >> 16 & 1);
+    return bf16_bits((uint16_t)(bits >> 16));
+}
+
+/* Through float would round twice: the low bits that float drops decide ties. */
+static _Float16 truncdfbf2(double value)
+{
+    if (isnan(value))
+        return truncsfbf2((float)value);
+    /* Rounded to odd on the way to float (toward zero, the last bit set where
+     * inexact), then to nearest even: the same as rounding once. */
+    float nearest = (float)value;
+    uint32_t bits;
+    memcpy(&bits, &nearest, sizeof bits);
+    if ((double)nearest != value && !isinf(nearest)) {
+        if ((double)nearest > value ? nearest > 0 : nearest < 0)
+            bits -= 1;   /* rounded away from zero: one step back toward it */
+        bits |= 1;
+    }
+    memcpy(&nearest, &bits, sizeof bits);
+    return truncsfbf2(nearest);
+}
+
+const mg_runtime_symbol mg_conversion_symbols[] = {
+    {"__truncsfbf2", (void *)truncsfbf2},
+    {"__truncdfbf2", (void *)truncdfbf2},
+    {NULL, NULL},
+};
+
 void *mg_runner_symbol(const char *name)
 {
     for (size_t i = 0; i < sizeof symbols / sizeof *symbols; i++)

@@ -12,4 +12,14 @@
 /* The runner utility called `name`, or NULL. */
 void *mg_runner_symbol(const char *name);
 
+typedef struct {
+    const char *name;
+    void *address;
+} mg_runtime_symbol;
+
+/* The conversions LLVM's code generation may call without the module
+ * declaring them (float and double to bf16), which every engine registers.
+ * Ends with {NULL, NULL}. */
+extern const mg_runtime_symbol mg_conversion_symbols[];
+
 #endif

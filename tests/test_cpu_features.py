@@ -236,3 +236,40 @@ def test_warp_divergence_raises_kernel_error():
     with pytest.raises(mg.KernelError, match=rf"warp divergence at .*:{line_of('# half the warp shuffles')}: "
                                              r"thread \(0, 0, 0\) .* thread \(16, 0, 0\) of its warp"):
         mg.cpu.run(shuffle_against_barrier[32], [X], grid=1, block=32)
+
+
+# ---------------------------------------------------------------------------
+# Narrowing to bf16 on the host (no bf16 instructions: the runtime's conversions)
+
+@mg.kernel
+def narrow_to_bf16(X: mg.memref[N, mg.f32], D: mg.memref[N, mg.f64], Y: mg.memref[N, mg.bf16],
+                   Z: mg.memref[N, mg.bf16]):
+    i = thread_idx.x
+    if i < N:
+        Y[i] = mg.cast(X[i], mg.bf16)
+        Z[i] = mg.cast(D[i], mg.bf16)
+
+
+def test_narrowing_to_bf16_rounds_once_to_nearest_even():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = ml_dtypes.bfloat16
+    # ties (1 + 2^-8 lies halfway between 1 and 1 + 2^-7), the smallest floats, the largest, NaN, signs
+    floats = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 1e-40, -1e-45, 3.4e38, np.inf, -np.inf,
+                       np.nan, -0.0, 0.1, -2.5e-3] + list(np.random.default_rng(0).standard_normal(20)),
+                      np.float32)
+    # Through float these would round twice: 1 + 2^-8 + 2^-30 becomes the tie 1 + 2^-8, then 1.
+    doubles = np.array([1 + 2**-8 + 2**-30, -(1 + 2**-8 + 2**-30), 1 + 2**-8, 1 + 3 * 2**-8, 1e300, np.nan, 0.0,
+                        1 + 2**-8 - 2**-40], np.float64)
+    doubles = np.resize(doubles, floats.size)
+    Y, Z = np.zeros(floats.size, bf16), np.zeros(floats.size, bf16)
+    mg.cpu.run(narrow_to_bf16[floats.size], [floats, doubles, Y, Z], grid=1, block=32)
+    np.testing.assert_array_equal(Y.view(np.uint16)[~np.isnan(floats)],
+                                  floats.astype(bf16).view(np.uint16)[~np.isnan(floats)])
+    assert np.isnan(Y[np.isnan(floats)].astype(np.float32)).all()
+    expected = {1 + 2**-8 + 2**-30: 1 + 2**-7, -(1 + 2**-8 + 2**-30): -(1 + 2**-7), 1 + 2**-8: 1.0,
+                1 + 3 * 2**-8: 1 + 2**-6, 1e300: np.inf, 0.0: 0.0, 1 + 2**-8 - 2**-40: 1.0}
+    for d, z in zip(doubles, Z.astype(np.float64)):
+        if np.isnan(d):
+            assert np.isnan(z)
+        else:
+            assert z == expected[d], (d, z)
