@@ -115,9 +115,10 @@ static int dtype_from_descr(PyArray_Descr *descr, mg_dtype **out)
 {
     Py_ssize_t size = PyDataType_ELSIZE(descr);
     int id = -1;
-    /* ml_dtypes' types are named after the type (bfloat16, float8_e4m3fn...); their
-     * kind is V, or f for some (float8_e5m2). */
-    for (int i = 0; i < MG_DT_COUNT && PyArray_ISNBO(descr->byteorder); i++)
+    /* ml_dtypes' types (registered with NumPy as user types) are named after
+     * the type (bfloat16, float8_e4m3fn...); their kind is V, or f for some
+     * (float8_e5m2). */
+    for (int i = 0; i < MG_DT_COUNT && descr->type_num >= NPY_USERDEF && PyArray_ISNBO(descr->byteorder); i++)
         if (dtype_table[i].ml_dtypes_name != NULL && size == dtype_table[i].itemsize &&
             ends_with(descr->typeobj->tp_name, dtype_table[i].ml_dtypes_name))
             id = i;
@@ -1687,12 +1688,16 @@ error:
     return view;
 }
 
+static int refuse_deleted_jax(PyObject *obj);
+
 PyObject *mg_array_asarray(PyObject *obj)
 {
     if (PyObject_TypeCheck(obj, mg_array_type))
         return Py_NewRef(obj);
     if (PyArray_Check(obj))
         return host_array_error(obj);
+    if (refuse_deleted_jax(obj) < 0)
+        return NULL;
     if (PyCapsule_CheckExact(obj))
         return view_from_capsule(obj);
     PyObject *cai = PyObject_GetAttr(obj, str_cai);
@@ -1731,6 +1736,8 @@ PyObject *mg_array_asarray(PyObject *obj)
  * object (NumPy arrays included), or a DeviceArray itself. */
 static PyObject *host_asarray(PyObject *obj)
 {
+    if (refuse_deleted_jax(obj) < 0)
+        return NULL;
     if (PyObject_TypeCheck(obj, mg_array_type)) {
         if (!((mg_array *)obj)->host)
             return mg_raise(PyExc_TypeError, "a DeviceArray in CUDA memory on the CPU backend: use get()");
@@ -1786,7 +1793,7 @@ static PyObject *str_is_cuda, *str_is_cpu, *str_data_ptr, *str_dtype_attr, *str_
                 *str_get_device, *str_module, *str_is_contiguous, *str_data, *str_ptr, *str_device_id,
                 *str_c_contiguous, *str_strides, *str_get_current_stream, *str_export_version,
                 *str_cupy_cuda, *str_cupy_util, *str_is_ready, *str_block_until_ready,
-                *str_unsafe_buffer_pointer;
+                *str_unsafe_buffer_pointer, *str_is_deleted, *str_aval;
 /* torch.Tensor once an instance was seen (strong): torch is never imported here. */
 static PyTypeObject *torch_tensor_type;
 /* {torch.dtype: DType, or None where mlirgpu has no such dtype}; filled on first sight. */
@@ -1922,6 +1929,15 @@ typedef struct {
 #define TYPE_READERS 16
 static type_reader type_readers[TYPE_READERS];
 static int type_readers_next;
+
+int mg_array_library_type(PyTypeObject *type)
+{
+    unsigned int version = type->tp_version_tag;
+    for (int i = 0; i < TYPE_READERS; i++)
+        if (type_readers[i].type == type)
+            return version != 0 && type_readers[i].version == version && type_readers[i].reader != READER_GENERIC;
+    return 0;
+}
 
 /* One type's reader, with new references to its CuPy functions (or NULL):
  * the caller releases them, as reading an array may run code that evicts
@@ -2135,7 +2151,8 @@ static int reader_fallback(mg_foreign *out)
  * __cuda_array_interface__ is version 2, without a stream: there is nothing
  * to wait for, as there is nothing when torch's own protocol is read.
  * Reads is_cuda, data_ptr(), and for a signature dtype, shape,
- * is_contiguous() (stride() only when it is not) and get_device(). */
+ * is_contiguous() (stride() only when it is not) and, where the process
+ * sees more than one GPU, get_device(). */
 static int torch_read(PyObject *obj, mg_foreign *out, int full)
 {
     PyObject *value = NULL;
@@ -2179,7 +2196,7 @@ static int torch_read(PyObject *obj, mg_foreign *out, int full)
             if (checked_mul(out->strides[i], dtype->itemsize, &out->strides[i]) < 0)
                 goto fallback;
     }
-    if (!out->host) {
+    if (!out->host && (out->device = mg_cu_sole_device()) < 0) {
         if (read_int(obj, str_get_device, 1, &number) < 0 || number < 0 || number > INT32_MAX)
             goto fallback;
         out->device = (int)number;
@@ -2224,9 +2241,10 @@ static int cupy_stream(const reader_info *info, mg_foreign_memo *memo)
     return 0;
 }
 
-/* A CuPy array: data.ptr and the stream, and for a signature data.device_id,
- * dtype, shape, _c_contiguous (strides only when not) as the slow path
- * would read them from its __cuda_array_interface__. */
+/* A CuPy array: data.ptr and the stream, and for a signature dtype, shape,
+ * _c_contiguous (strides only when not) and, with more than one GPU,
+ * data.device_id, as the slow path would read them from its
+ * __cuda_array_interface__. */
 static int cupy_read(PyObject *obj, const reader_info *info, mg_foreign *out, int full, mg_foreign_memo *memo)
 {
     PyObject *data = NULL, *value = NULL;
@@ -2236,9 +2254,11 @@ static int cupy_read(PyObject *obj, const reader_info *info, mg_foreign *out, in
         goto fallback;
     out->ptr = (CUdeviceptr)(unsigned long long)number;
     if (full) {
-        if (read_int(data, str_device_id, 0, &number) < 0 || number < 0 || number > INT32_MAX)
-            goto fallback;
-        out->device = (int)number;
+        if ((out->device = mg_cu_sole_device()) < 0) {
+            if (read_int(data, str_device_id, 0, &number) < 0 || number < 0 || number > INT32_MAX)
+                goto fallback;
+            out->device = (int)number;
+        }
         if ((value = PyObject_GetAttr(obj, str_dtype_attr)) == NULL || !PyArray_DescrCheck(value) ||
             dtype_from_descr((PyArray_Descr *)value, &out->dtype) < 0)
             goto fallback;
@@ -2292,41 +2312,178 @@ static int jax_readonly(PyObject *obj, reader_info *info)
     return f.readonly;
 }
 
-/* A JAX array on one GPU: unsafe_buffer_pointer(), and for a signature
- * dtype and shape (JAX arrays are C-contiguous); read-only where JAX's
- * protocol says so. JAX's __cuda_array_interface__ (version 2, no stream)
- * returns once the buffer is ready; so does this reader: is_ready(), and
- * block_until_ready() only when it is not. An array on several devices, or
- * deleted, takes the protocol, which says why it cannot be passed. */
-static int jax_read(PyObject *obj, reader_info *info, mg_foreign *out, int full)
+/* A JAX array never changes: once ready, its buffer, dtype, shape and
+ * device stay what they are until it is deleted (delete(), or donating it
+ * to a jitted function), which frees the buffer. What was read of the
+ * arrays seen last is kept here, each entry with a weak reference to its
+ * array, so that another object at the same address is never taken for it;
+ * every launch still asks is_deleted(). */
+typedef struct {
+    PyObject *ref;             /* strong reference to a weak reference to the array; NULL: a free slot */
+    unsigned int version;      /* the array type's tp_version_tag: a changed type is read anew */
+    CUdeviceptr ptr;
+    mg_dtype *dtype;           /* borrowed singleton */
+    int ndim, device, readonly;
+    Py_ssize_t shape[MG_MAX_NDIM];
+} jax_memo;
+
+#define JAX_MEMOS 64
+static jax_memo jax_memos[JAX_MEMOS];
+
+/* The first of the two entries where `obj` may be kept (the second is its
+ * neighbour): a multiplicative hash of the address, as objects allocated
+ * together lie at regular distances. */
+static jax_memo *jax_memo_pair(PyObject *obj)
 {
-    PyObject *value = call_method(obj, str_is_ready);
+    uint64_t h = (uint64_t)(uintptr_t)obj * UINT64_C(0x9E3779B97F4A7C15);
+    return &jax_memos[(h >> 58) & ~(uint64_t)1];
+}
+
+/* What `ref` refers to, NULL once that died: only compared, never used.
+ * Runs no Python code. */
+static PyObject *weak_target(PyObject *ref)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *target = NULL;
+    if (PyWeakref_GetRef(ref, &target) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_XDECREF(target);   /* alive elsewhere: frees nothing */
+    return target;
+#else
+    PyObject *target = PyWeakref_GET_OBJECT(ref);
+    return target == Py_None ? NULL : target;
+#endif
+}
+
+/* The entry that holds `obj`, or NULL. Runs no Python code. */
+static const jax_memo *jax_memo_of(PyObject *obj)
+{
+    jax_memo *pair = jax_memo_pair(obj);
+    for (int i = 0; i < 2; i++)
+        if (pair[i].ref != NULL && pair[i].version != 0 && pair[i].version == Py_TYPE(obj)->tp_version_tag &&
+            weak_target(pair[i].ref) == obj)
+            return &pair[i];
+    return NULL;
+}
+
+/* Remembers what `out` says of `obj`; an object without weak references is
+ * not remembered. */
+static void jax_remember(PyObject *obj, const mg_foreign *out)
+{
+    PyObject *ref = PyWeakref_NewRef(obj, NULL);
+    if (ref == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    /* An entry of this object (its type changed since), or one whose array died, else the first. */
+    jax_memo *pair = jax_memo_pair(obj), *m = &pair[0];
+    for (int i = 1; i >= 0; i--)
+        if (pair[i].ref == NULL || weak_target(pair[i].ref) == obj || weak_target(pair[i].ref) == NULL)
+            m = &pair[i];
+    PyObject *old = m->ref;
+    *m = (jax_memo){ref, Py_TYPE(obj)->tp_version_tag, out->ptr, out->dtype, out->ndim, out->device,
+                    out->readonly, {0}};
+    memcpy(m->shape, out->shape, (size_t)out->ndim * sizeof out->shape[0]);
+    Py_XDECREF(old);   /* a weak reference without a callback: its release runs no Python code */
+}
+
+/* 0 for a JAX array that was not deleted; -1 with ValueError for one that
+ * was (JAX's is_ready() and protocols must not be asked: its memory is
+ * gone), or with the error of is_deleted(). */
+static int jax_check_not_deleted(PyObject *obj)
+{
+    PyObject *deleted = call_method(obj, str_is_deleted);
+    if (deleted == Py_False) {
+        Py_DECREF(deleted);
+        return 0;
+    }
+    if (deleted != NULL)
+        PyErr_SetString(PyExc_ValueError, "the JAX array was deleted (by delete(), or by donating it to a "
+                        "jitted function): its memory is gone");
+    Py_XDECREF(deleted);
+    return -1;
+}
+
+/* -1 with ValueError for a deleted JAX array, else 0: asarray must not ask
+ * its protocols either. */
+static int refuse_deleted_jax(PyObject *obj)
+{
+    reader_info info;
+    if (reader_of(Py_TYPE(obj), &info) < 0)
+        return -1;
+    int jax = info.reader == READER_JAX;
+    reader_info_release(&info);
+    return jax ? jax_check_not_deleted(obj) : 0;
+}
+
+/* A JAX array on one GPU. A deleted one raises ValueError. One seen before
+ * (jax_memo) costs is_deleted() alone. Otherwise: is_ready(), and
+ * block_until_ready() only when it is not (JAX's __cuda_array_interface__,
+ * version 2 and without a stream, returns once the buffer is ready: so does
+ * this reader); __dlpack_device__(), which must name a CUDA device;
+ * unsafe_buffer_pointer(); dtype and shape from its aval (JAX arrays are
+ * C-contiguous); read-only where JAX's protocol says so. An array on several
+ * devices, or on the host, takes the protocol, which says why it cannot be
+ * passed (or, on the CPU backend, reads it as host memory). */
+static int jax_read(PyObject *obj, reader_info *info, mg_foreign *out)
+{
+    PyObject *value = NULL, *aval = NULL;
     long long number;
+    Py_ssize_t size;
+    const jax_memo *m = jax_memo_of(obj);
+    int known = m != NULL;
+    if (known) {   /* copied before is_deleted() runs code that may change the table */
+        out->ptr = m->ptr;
+        out->dtype = m->dtype;
+        out->ndim = m->ndim;
+        out->device = m->device;
+        out->readonly = m->readonly;
+        memcpy(out->shape, m->shape, (size_t)m->ndim * sizeof m->shape[0]);
+    }
+    if (jax_check_not_deleted(obj) < 0)
+        return -1;
+    if (known) {
+        out->contiguous = 1;
+        return c_strides(out->ndim, out->shape, out->dtype->itemsize, out->strides, &size) < 0 ? -1 : 1;
+    }
+    value = call_method(obj, str_is_ready);
     if (value == Py_False)
         Py_SETREF(value, call_method(obj, str_block_until_ready));
     else if (value != Py_True)
         goto fallback;
-    if (value == NULL || read_int(obj, str_unsafe_buffer_pointer, 1, &number) < 0)
+    if (value == NULL)
+        goto fallback;
+    /* (2, ordinal): kDLCUDA; the host (kDLCPU) and the rest take the protocol. */
+    Py_SETREF(value, call_method(obj, str_dlpack_device));
+    if (value == NULL || !PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 2 ||
+        PyLong_AsLong(PyTuple_GET_ITEM(value, 0)) != 2)
+        goto fallback;
+    out->device = PyLong_AsLong(PyTuple_GET_ITEM(value, 1));
+    if (out->device < 0 || PyErr_Occurred() || read_int(obj, str_unsafe_buffer_pointer, 1, &number) < 0)
         goto fallback;
     out->ptr = (CUdeviceptr)(unsigned long long)number;
-    if ((out->readonly = jax_readonly(obj, info)) < 0)
+    if ((out->readonly = jax_readonly(obj, info)) < 0 || (aval = PyObject_GetAttr(obj, str_aval)) == NULL)
         goto fallback;
-    if (full) {
-        Py_ssize_t size;
-        Py_SETREF(value, PyObject_GetAttr(obj, str_dtype_attr));
-        if (value == NULL || !PyArray_DescrCheck(value) || dtype_from_descr((PyArray_Descr *)value, &out->dtype) < 0)
-            goto fallback;
-        Py_SETREF(value, PyObject_GetAttr(obj, str_shape));
-        if (value == NULL || read_ints(value, out->shape, &out->ndim) < 0 ||
-            c_strides(out->ndim, out->shape, out->dtype->itemsize, out->strides, &size) < 0)
-            goto fallback;
-        out->contiguous = 1;
-        out->device = size > 0 && out->ptr != 0 ? mg_cu_pointer_device(out->ptr) : mg_cu_current_device();
-    }
-    Py_XDECREF(value);
+    Py_SETREF(value, PyObject_GetAttr(aval, str_dtype_attr));
+    if (value == NULL || !PyArray_DescrCheck(value) || dtype_from_descr((PyArray_Descr *)value, &out->dtype) < 0)
+        goto fallback;
+    Py_SETREF(value, PyObject_GetAttr(aval, str_shape));
+    if (value == NULL || read_ints(value, out->shape, &out->ndim) < 0 ||
+        c_strides(out->ndim, out->shape, out->dtype->itemsize, out->strides, &size) < 0)
+        goto fallback;
+    out->contiguous = 1;
+    Py_DECREF(value);
+    Py_DECREF(aval);
+    /* Asked again after the code above ran: an array deleted meanwhile is not remembered. */
+    if (jax_check_not_deleted(obj) < 0)
+        return -1;
+    jax_remember(obj, out);
     return 1;
 fallback:
     Py_XDECREF(value);
+    Py_XDECREF(aval);
     out->readonly = 0;
     return reader_fallback(out);
 }
@@ -2350,7 +2507,7 @@ static int cai_read(PyObject *cai, mg_foreign *out, int full)
     if (f.has_strides)
         memcpy(out->strides, f.strides, (size_t)f.ndim * sizeof f.strides[0]);
     out->contiguous = foreign_contiguous(out);
-    if (full)
+    if (full && (out->device = mg_cu_sole_device()) < 0)
         out->device = size > 0 && f.pointer != 0 ? mg_cu_pointer_device(out->ptr) : mg_cu_current_device();
     out->wait = f.has_stream;
     out->producer = f.has_stream ? f.stream : NULL;
@@ -2397,11 +2554,12 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_mem
     out->readonly = 0;
     out->wait = 0;
     out->producer = NULL;
-    if (PyObject_TypeCheck(obj, mg_array_type)) {
+    int library = mg_array_library_type(Py_TYPE(obj));
+    if (!library && PyObject_TypeCheck(obj, mg_array_type)) {
         fill_from_array((mg_array *)obj, out);
         return 1;
     }
-    if (PyArray_Check(obj)) {
+    if (!library && PyArray_Check(obj)) {
         fill_from_numpy((PyArrayObject *)obj, out);
         return 1;
     }
@@ -2414,7 +2572,7 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_mem
     else if (info.reader == READER_CUPY)
         status = cupy_read(obj, &info, out, full, memo);
     else if (info.reader == READER_JAX)
-        status = jax_read(obj, &info, out, full);
+        status = jax_read(obj, &info, out);
     reader_info_release(&info);
     if (status != 0)
         return status;
@@ -2940,7 +3098,8 @@ int mg_array_init(PyObject *module)
         intern(&str_export_version, "CUDA_ARRAY_INTERFACE_EXPORT_VERSION") < 0 ||
         intern(&str_cupy_cuda, "cupy.cuda") < 0 || intern(&str_cupy_util, "cupy._util") < 0 ||
         intern(&str_is_ready, "is_ready") < 0 || intern(&str_block_until_ready, "block_until_ready") < 0 ||
-        intern(&str_unsafe_buffer_pointer, "unsafe_buffer_pointer") < 0)
+        intern(&str_unsafe_buffer_pointer, "unsafe_buffer_pointer") < 0 ||
+        intern(&str_is_deleted, "is_deleted") < 0 || intern(&str_aval, "aval") < 0)
         return -1;
     if ((torch_dtypes = PyDict_New()) == NULL)
         return -1;

@@ -125,6 +125,11 @@ typedef struct {
     CUstream cupy_stream;
 } mg_foreign_memo;
 
+/* 1 when arrays of `type` were seen to be torch's, CuPy's or JAX's (read by
+ * their attributes): neither DeviceArrays, NumPy arrays nor scalars. A
+ * lookup that runs no Python code. */
+int mg_array_library_type(PyTypeObject *type);
+
 /* Fills `out` for a device or host array: 1; 0 when `obj` is no array
  * (it has neither __cuda_array_interface__ nor __dlpack__, and is not a
  * NumPy array or tensor), nothing set; -1 with the protocol's error

@@ -85,17 +85,19 @@ static void mark_unlaunchable(sig_builder *b, Py_ssize_t i, int kind)
 static int read_other(sig_builder *b, Py_ssize_t i, PyObject *arg)
 {
     mg_dtype *dtype;
-    if (mg_dtype_of_scalar(arg, &dtype)) {
-        b->words[b->n++] = SIG_NUMPY | (uint64_t)dtype->id << 8;
-        return 0;
-    }
-    if (PyLong_Check(arg)) {
-        b->words[b->n++] = SIG_INT;
-        return 0;
-    }
-    if (PyFloat_Check(arg)) {
-        b->words[b->n++] = SIG_FLOAT;
-        return 0;
+    if (!mg_array_library_type(Py_TYPE(arg))) {   /* a torch, CuPy or JAX array skips the scalar checks */
+        if (mg_dtype_of_scalar(arg, &dtype)) {
+            b->words[b->n++] = SIG_NUMPY | (uint64_t)dtype->id << 8;
+            return 0;
+        }
+        if (PyLong_Check(arg)) {
+            b->words[b->n++] = SIG_INT;
+            return 0;
+        }
+        if (PyFloat_Check(arg)) {
+            b->words[b->n++] = SIG_FLOAT;
+            return 0;
+        }
     }
     mg_foreign info;
     int found = mg_array_foreign_info(arg, &info, &b->memo);

@@ -377,6 +377,11 @@ void mg_cu_free_host_quietly(void *pointer, int device)
     mg_cu_pop(pushed);
 }
 
+int mg_cu_sole_device(void)
+{
+    return driver.state == DRIVER_READY && driver.device_count == 1 ? 0 : -1;
+}
+
 int mg_cu_pointer_device(CUdeviceptr pointer)
 {
     if (mg_cu_ensure_context() < 0) {
@@ -2233,13 +2238,15 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
                 goto error;
             continue;
         }
-        int is_scalar = PyArray_IsScalar(arg, Generic) || PyLong_Check(arg) || PyFloat_Check(arg);
+        /* A torch, CuPy or JAX array skips the scalar checks. */
+        int library = mg_array_library_type(Py_TYPE(arg));
+        int is_scalar = !library && (PyArray_IsScalar(arg, Generic) || PyLong_Check(arg) || PyFloat_Check(arg));
         if (kind == KIND_PTR && is_scalar) {
             launch_error(self, "argument %zd is a pointer: expected a device array, got %.100s",
                          i, Py_TYPE(arg)->tp_name);
             goto error;
         }
-        if (PyArray_IsScalar(arg, Generic)) {
+        if (!library && PyArray_IsScalar(arg, Generic)) {
             if (pack_numpy_scalar(self, i, arg, slot) < 0)
                 goto error;
             continue;

@@ -163,6 +163,9 @@ void mg_cu_free_host_quietly(void *pointer, int device);
 /* The ordinal that owns `pointer`, or the thread's device when the driver
  * cannot tell (or is not loaded). Never raises. */
 int mg_cu_pointer_device(CUdeviceptr pointer);
+/* 0 where the driver is loaded and the process sees one device, which every
+ * device pointer is then on (readers of foreign arrays need not ask); else -1. */
+int mg_cu_sole_device(void);
 
 /* Makes `consumer` wait for the work queued so far on `producer` (an event
  * recorded there, no host block). No-op when they are the same stream, and

@@ -819,26 +819,43 @@ print(json.dumps(out))
 FAKE_JAX = '''
 import numpy as np
 
-counts = {"cai": 0, "waits": 0}   # not on the class: changing a type makes it be classified again
+# not on the class: changing a type makes it be classified again; "deleted_reads" counts what real JAX
+# crashes or raises on when the array was deleted
+counts = {"cai": 0, "waits": 0, "pointers": 0, "deleted_reads": 0}
+
+class ShapedArray:
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = shape, dtype
 
 class ArrayImpl:
     """jax.Array's reading surface; its CAI claims a different shape, so a
     signature tells which way the array was read."""
     exported_readonly = True
-    def __init__(self, ptr, shape, dtype=np.float32, ready=True):
-        self.ptr, self.shape, self.dtype, self.ready = ptr, tuple(shape), np.dtype(dtype), ready
+    def __init__(self, ptr, shape, dtype=np.float32, ready=True, device=(2, 0)):
+        self.ptr, self.aval, self.ready = ptr, ShapedArray(tuple(shape), np.dtype(dtype)), ready
+        self.device, self.deleted = device, False
+    def is_deleted(self):
+        return self.deleted
+    def delete(self):
+        self.deleted = True
     def is_ready(self):
+        counts["deleted_reads"] += self.deleted
         return self.ready
     def block_until_ready(self):
         counts["waits"] += 1
         self.ready = True
         return self
+    def __dlpack_device__(self):
+        return self.device
     def unsafe_buffer_pointer(self):
+        counts["deleted_reads"] += self.deleted
+        counts["pointers"] += 1
         return self.ptr
     @property
     def __cuda_array_interface__(self):
+        counts["deleted_reads"] += self.deleted
         counts["cai"] += 1
-        return {"shape": (99,), "typestr": self.dtype.str, "data": (self.ptr, self.exported_readonly),
+        return {"shape": (99,), "typestr": self.aval.dtype.str, "data": (self.ptr, self.exported_readonly),
                 "version": 2}
 
 ArrayImpl.__module__ = "jaxlib.xla_extension"
@@ -865,6 +882,72 @@ print(json.dumps(out))
     assert out["pending"] == [["array", "mlirgpu.i32", "(5,)", "None", "0"]] and out["waits_when_pending"] == 1
     # a dtype mlirgpu lacks: the protocol, the second CAI read
     assert out["complex"] == [["other", "<class 'jaxlib.xla_extension.ArrayImpl'>"]] and out["cai_reads"] == 2
+
+
+def test_a_jax_like_array_seen_before_costs_one_question():
+    out = run_json(FAKE_JAX + '''
+import json
+import mlirgpu as mg
+import mlirgpu._mlirgpu as C
+d = C.Dispatcher(lambda a, k: None, "k")
+sig = lambda *a: [list(map(str, s)) for s in d.signature(a)]
+x, y = ArrayImpl(4096, (2, 3)), ArrayImpl(8192, (7,), np.int32)
+out = {"first": sig(x, y), "pointers_first": counts["pointers"]}
+out["again"] = sig(x, y, x)
+out["pointers_again"] = counts["pointers"]
+# An object at the address of one that died is read anew.
+del x
+z = ArrayImpl(4096, (5,))
+out["successor"] = sig(z)
+out["pointers_successor"] = counts["pointers"]
+# On the host: the protocol (the fake's claims shape (99,)).
+out["host"] = sig(ArrayImpl(4096, (3,), device=(1, 0)))
+y.delete()
+out["deleted_sig"] = sig(y)
+for view in (lambda: C.asarray(y), lambda: C.asarray(y, host=True)):
+    try:
+        view()
+    except ValueError as e:
+        out["deleted_view"] = str(e)
+out["deleted_reads"] = counts["deleted_reads"]
+print(json.dumps(out))
+''')
+    assert out["first"] == [["array", "mlirgpu.f32", "(2, 3)", "None", "0"], ["array", "mlirgpu.i32", "(7,)", "None", "0"]]
+    assert out["pointers_first"] == 2
+    assert out["again"] == out["first"] + out["first"][:1] and out["pointers_again"] == 2
+    assert out["successor"] == [["array", "mlirgpu.f32", "(5,)", "None", "0"]] and out["pointers_successor"] == 3
+    assert out["host"][0][:3] == ["array", "mlirgpu.f32", "(99,)"]
+    assert out["deleted_sig"][0][0] == "other"
+    assert "deleted" in out["deleted_view"] and out["deleted_reads"] == 0
+
+
+@pytest.mark.usefixtures("fake_driver")
+def test_a_deleted_jax_like_array_is_refused_before_jax_is_asked():
+    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_JAX + '''
+import mlirgpu as mg
+buf, a = C.zeros(8, C.u64), C.empty(4)
+x = ArrayImpl(int(a.ptr), (4,))
+reads_only = module.get_function("record_params", params=["ptr", C.u32, "ptr"], stores=[0])
+reads_only(buf, np.uint32(1), x, grid=1, block=1)
+x.delete()
+try:
+    reads_only(buf, np.uint32(1), x, grid=1, block=1)
+except ValueError as e:
+    out["function"] = str(e)
+
+@mg.kernel
+def first(X: mg.memref[4, mg.f32], Y: mg.memref[4, mg.f32]):
+    Y[0] = X[0]
+try:
+    first(x, mg.empty(4), grid=1, block=1)
+except mg.LaunchError as e:
+    out["kernel"] = str(e)
+out["deleted_reads"] = counts["deleted_reads"]
+print(json.dumps(out))
+''')
+    assert "JAX array was deleted" in out["function"]
+    assert "parameter 'X'" in out["kernel"] and "JAX array was deleted" in out["kernel"]
+    assert out["deleted_reads"] == 0
 
 
 @pytest.mark.usefixtures("fake_driver")

@@ -12,6 +12,8 @@ import pytest
 import mlirgpu._mlirgpu as C
 from mlirgpu import cuda
 
+from checks import assert_isolated
+
 pytestmark = pytest.mark.gpu
 
 PTX = r"""
@@ -347,3 +349,42 @@ def test_jax_arrays_launch_mlirgpu_kernels():
         np.testing.assert_array_equal(c.get(), np.arange(N, dtype=np.float32) + step)
     with pytest.raises(mg.LaunchError, match="read-only"):
         add(a, c, b, grid=(N + 255) // 256, block=256)
+
+
+def test_a_donated_jax_array_is_refused_without_a_crash():
+    pytest.importorskip("jax")
+    # In a process of its own: JAX's own is_ready() crashes the interpreter on a deleted array.
+    proc = assert_isolated('''
+import jax, jax.numpy as jnp
+import numpy as np
+import mlirgpu as mg
+from mlirgpu import block_dim, block_idx, thread_idx
+if not any(device.platform == "gpu" for device in jax.devices()):
+    print("JAX has no GPU here")
+    raise SystemExit
+n = mg.generics("n")
+
+@mg.kernel
+def copy(a: mg.memref[n, mg.f32], c: mg.memref[n, mg.f32]):
+    i = block_idx.x * block_dim.x + thread_idx.x
+    if i < n:
+        c[i] = a[i]
+
+a, c = jnp.arange(256, dtype=jnp.float32), mg.empty(256, mg.f32)
+copy(a, c, grid=1, block=256)                     # seen once: its reads are kept
+step = jax.jit(lambda x: x + 1, donate_argnums=0)
+b = step(a)                                       # a's buffer is donated: a is deleted
+for launch in (lambda: copy(a, c, grid=1, block=256), lambda: mg.asarray(a)):
+    try:
+        launch()
+    except (mg.LaunchError, ValueError) as error:
+        assert "deleted" in str(error), error
+    else:
+        raise AssertionError("a deleted array was launched")
+copy(b, c, grid=1, block=256)
+assert (c.get() == np.arange(256) + 1).all()
+print("refused")
+''', "")
+    if "JAX has no GPU here" in proc.stdout:
+        pytest.skip("JAX has no GPU here")
+    assert "refused" in proc.stdout

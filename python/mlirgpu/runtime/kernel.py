@@ -297,6 +297,13 @@ def check_generic_value(name, value, dtype_generics):
     return int(value)
 
 
+def _offers(arg, name):
+    """Whether `arg` has the attribute `name`, asked without running it: a
+    protocol's property may build a whole dict, or fail (or worse) on an
+    array whose memory is gone."""
+    return hasattr(type(arg), name) or name in getattr(arg, "__dict__", ())
+
+
 def _array_shape_dtype(name, arg):
     """(shape, dtype) of an array argument, or LaunchError naming the parameter."""
     if isinstance(arg, DeviceArray):
@@ -311,9 +318,9 @@ def _array_shape_dtype(name, arg):
             return tuple(arg.shape), _mlirgpu.dtype(arg.dtype)
         except (TypeError, ValueError):
             raise LaunchError(f"parameter {name!r}: NumPy dtype {arg.dtype} has no mlirgpu dtype") from None
-    elif hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__dlpack__"):
+    elif _offers(arg, "__cuda_array_interface__") or _offers(arg, "__dlpack__"):
         # On the CPU backend a DLPack object (a CPU tensor) is read as host memory.
-        host = on_cpu() and not hasattr(arg, "__cuda_array_interface__")
+        host = on_cpu() and not _offers(arg, "__cuda_array_interface__")
         try:
             array = _mlirgpu.asarray(arg, host=host)
         except (TypeError, ValueError) as error:
@@ -351,7 +358,7 @@ def _any_readonly(args):
             if arg.readonly:
                 return True
         elif not isinstance(arg, (np.ndarray, TensorMap)) and (
-                hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__dlpack__")):
+                _offers(arg, "__cuda_array_interface__") or _offers(arg, "__dlpack__")):
             try:
                 if _mlirgpu.asarray(arg).readonly:
                     return True
@@ -378,7 +385,7 @@ def _host_view(name, arg):
 
 
 def _check_scalar(p, arg, bound, bind_one):
-    if isinstance(arg, (np.ndarray, DeviceArray)) or hasattr(arg, "__cuda_array_interface__"):
+    if isinstance(arg, (np.ndarray, DeviceArray)) or _offers(arg, "__cuda_array_interface__"):
         raise LaunchError(f"parameter {p.name!r} is a scalar, got an array")
     if isinstance(arg, np.generic):
         dtype = _mlirgpu.dtype(arg.dtype)
