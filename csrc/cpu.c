@@ -689,6 +689,10 @@ static size_t tma_copy(const mg_cpu_tensor_map *m, size_t offset, const int32_t 
     }
     if (offset % 128)
         fault(line, "%s: the shared memory is at byte %zu, not 128-byte aligned", what, offset);
+    /* The GPU stops with an illegal instruction where the box's rows start off a 16-byte boundary. */
+    if ((int64_t)coords[0] * (int64_t)esize % 16)
+        fault(line, "%s: the innermost coordinate %d is %lld bytes into a row: the box's rows must start at a "
+              "multiple of 16 bytes", what, (int)coords[0], (long long)coords[0] * (long long)esize);
     shared_offset(offset, total * esize, what, line);
     unsigned char fill[8] = {0};
     if (m->oob_nan) {

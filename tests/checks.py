@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import mlirgpu
@@ -25,12 +26,16 @@ def filecheck(text, *patterns):
 
 
 def run_isolated(code, timeout=180):
-    """Runs `code` in a new interpreter that imports this checkout's mlirgpu.
-    Returns the CompletedProcess (text mode)."""
+    """Runs `code` in a new interpreter that imports this checkout's mlirgpu,
+    from a script file: kernels need their source, which `python -c` code
+    has not before Python 3.13. Returns the CompletedProcess (text mode)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PYTHON_DIR, TESTS_DIR, env.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    with tempfile.TemporaryDirectory() as directory:
+        script = os.path.join(directory, "isolated.py")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent(code))
+        return subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def assert_isolated(code, expected_stdout):

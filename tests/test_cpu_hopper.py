@@ -162,7 +162,7 @@ def box_of(A, row, col, rows, columns, fill=0.0):
 
 
 @pytest.mark.parametrize("swizzle, columns", [("none", 64), ("32B", 16), ("64B", 32), ("128B", 64)])
-@pytest.mark.parametrize("row, col", [(0, 0), (100, 40), (-3, -5)])
+@pytest.mark.parametrize("row, col", [(0, 0), (100, 40), (-3, -8)])
 def test_a_tma_box_lands_as_its_layout_says(swizzle, columns, row, col):
     A = np.arange(130 * 72, dtype=np.float32).reshape(130, 72).astype(np.float16)
     a_map = mg.tensor_map(A, box=(64, columns), swizzle=swizzle)
@@ -196,9 +196,18 @@ def test_element_strides_take_every_other_column():
     a_map = mg.tensor_map(A, box=(8, 16), swizzle="none", element_strides=(1, 2))
     assert a_map.info.box_bytes == 8 * 8 * 2
     out = np.zeros(64 * 64, np.float16)
-    tma_box(a_map, out, 3, 30, 64, grid=1, block=128, shared_mem=64 * 64 * 2 + 1024)
-    # Rows 3..10, columns 30, 32, ..., 44 (past 39: zeros), packed in shared memory.
-    np.testing.assert_array_equal(out[:64].reshape(8, 8), box_of(A, 3, 30, 8, 16)[:, ::2])
+    tma_box(a_map, out, 3, 32, 64, grid=1, block=128, shared_mem=64 * 64 * 2 + 1024)
+    # Rows 3..10, columns 32, 34, ..., 46 (past 39: zeros), packed in shared memory.
+    np.testing.assert_array_equal(out[:64].reshape(8, 8), box_of(A, 3, 32, 8, 16)[:, ::2])
+
+
+def test_a_box_whose_rows_start_off_16_bytes_is_a_kernel_error():
+    A = np.zeros((64, 64), np.float16)
+    out = np.zeros(64 * 64, np.float16)
+    with pytest.raises(mg.KernelError, match=r"mg\.tma\.load: the innermost coordinate -5 is -10 bytes into a row: "
+                       r"the box's rows must start at a multiple of 16 bytes, by thread \(0, 0, 0\) of block "
+                       r"\(0, 0, 0\) at .*:%d" % line_of(tma_box.function, "mg.tma.load(")):
+        tma_box(mg.tensor_map(A, box=(64, 64)), out, 0, -5, 64 * 64, grid=1, block=128, shared_mem=9216)
 
 
 def test_a_box_past_the_shared_memory_is_a_kernel_error():
@@ -223,7 +232,7 @@ def tma_store_box(c_map: mg.TensorMap, row: mg.i32, col: mg.i32):
         mg.tma.wait_group(0)
 
 
-@pytest.mark.parametrize("row, col", [(0, 0), (5, 20), (-2, 30)])
+@pytest.mark.parametrize("row, col", [(0, 0), (5, 20), (-2, 28)])
 def test_a_tma_store_writes_the_box_inside_the_array_only(row, col):
     C = np.full((10, 44), -1, np.float32)
     c_map = mg.tensor_map(C, box=(8, 32), swizzle="128B")
@@ -394,7 +403,7 @@ def test_the_cpu_backend_agrees_with_a_hopper_gpu():
         if mg.cuda.Device(mg.cuda.current_device()).chip != "sm_90a":
             pytest.skip("needs a Hopper GPU (sm_90a)")
     cases = [(swizzle, columns, row, col) for swizzle, columns in (("none", 64), ("32B", 16), ("64B", 32), ("128B", 64))
-             for row, col in ((0, 0), (100, 40), (-3, -5))]
+             for row, col in ((0, 0), (100, 40), (-3, -8))]
     for case in cases:
         with current_backend("cuda"):
             gpu = tma_box_on_the_current_backend(*case)

@@ -83,7 +83,10 @@ def load(tensor_map, destination, coords, barriers, barrier=0, offset=0, multica
     shared memref `destination` (from element `offset`); barrier `barrier`
     of `barriers` counts its bytes as they land. `multicast`: a mask of the
     cluster's block ranks (an int from 1 to 0xFFFF, or a traced integer)
-    whose shared memory receives the box, instead of this block's only."""
+    whose shared memory receives the box, instead of this block's only.
+    The innermost coordinate must fall on a multiple of 16 bytes (a multiple
+    of 8 for f16 elements), as for `store`; others may be anything, negative
+    and past the edges included."""
     descriptor = _map(tensor_map)
     if not isinstance(barriers, Barriers):
         raise CompileError(f"mg.tma.load completes on an mg.mbarrier array, not {type(barriers).__name__}")
@@ -105,7 +108,8 @@ def store(tensor_map, source, coords, offset=0):
     """Starts copying the shared memref `source` (from element `offset`) to
     the box at `coords` of the tensor map's array. Shared memory written by
     ordinary stores needs `fence_proxy_async()` and a barrier first; the
-    copy is complete after `commit_group()` and `wait_group(0)`."""
+    copy is complete after `commit_group()` and `wait_group(0)`. The
+    innermost coordinate must fall on a multiple of 16 bytes."""
     descriptor = _map(tensor_map)
     lang.target().tma_store(descriptor, shared.address(source, offset), _coordinates(coords))
 
