@@ -816,3 +816,21 @@ def test_a_new_process_loads_a_kernel_from_disk_without_tracing_and_misses_on_an
     assert run("compile", scale=4) != first              # a global the kernel loads
     assert run("compile", extra=" + 1.0") != first       # its source
     assert run("hit", extra=" + 1.0") != first
+
+
+def test_layouts_a_kernel_closes_over_are_part_of_its_key():
+    import mlirgpu as mg
+    from mlirgpu.layout import wgmma
+
+    def make(tile):
+        @mg.kernel
+        def first_offsets(out: mg.memref[8, mg.i32]):
+            for k in mg.static_range(8):
+                out[k] = tile(1, k)
+        return first_offsets
+
+    # Kernels of one source over different layouts (each swizzle's tile): their own keys, their own results.
+    kernels = {s: make(wgmma.tile_layout((64, 64), 2, s)) for s in ("32B", "64B", "128B")}
+    keys = {kernel[()].cache_key("sm_90a").digest for kernel in kernels.values()}
+    assert len(keys) == 3
+    assert make(wgmma.tile_layout((64, 64), 2, "32B"))[()].cache_key("sm_90a").digest in keys

@@ -104,6 +104,10 @@ def _is_mlirgpu_object(value):
     if isinstance(value, DType):
         return False
     module = value.__module__ if isinstance(value, (types.FunctionType, type)) else type(value).__module__
+    # A layout, swizzle or MMA atom is a value the kernel computes with (two
+    # kernels of one source may close over different ones): part of the key.
+    if module.startswith("mlirgpu.layout.") and not isinstance(value, (types.FunctionType, type)):
+        return False
     return isinstance(module, str) and module.startswith("mlirgpu")
 
 
