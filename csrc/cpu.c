@@ -231,24 +231,27 @@ static void fiber_main(void)
     /* Returning resumes uc_link: the scheduler. */
 }
 
-void mg_cpu_barrier(int32_t line)
+/* The running fiber stops in `state` (a block's or the grid's barrier) until
+ * the scheduler resumes it. */
+static void wait_at(int state, int32_t line)
 {
     mg_cpu_launch *l = running;
     mg_fiber *f = &l->pool->fibers[l->current];
-    f->state = FIBER_AT_BARRIER;
+    f->state = state;
     f->line = line;
     swapcontext(&f->context, &l->scheduler);
+}
+
+void mg_cpu_barrier(int32_t line)
+{
+    wait_at(FIBER_AT_BARRIER, line);
 }
 
 /* What mg.grid.sync() becomes on the host: waits until every thread of the
  * grid (all live in a cooperative launch) has arrived. */
 void mg_cpu_grid_sync(int32_t line)
 {
-    mg_cpu_launch *l = running;
-    mg_fiber *f = &l->pool->fibers[l->current];
-    f->state = FIBER_AT_GRID;
-    f->line = line;
-    swapcontext(&f->context, &l->scheduler);
+    wait_at(FIBER_AT_GRID, line);
 }
 
 /* ------------------------------------------------------------------------ */
