@@ -11,6 +11,7 @@ import pytest
 import mlirgpu as mg
 from mlirgpu import block_dim, block_idx, thread_idx
 
+from backends import current_backend
 from kernels_sgemm import scale_rows
 
 N = mg.generics("N")
@@ -121,3 +122,26 @@ def test_math_and_atomic_add():
     mg.cpu.run(math_and_atomics[64], [X, S], grid=2, block=32)
     np.testing.assert_allclose(X, np.tanh(x) + np.exp(x) + 1 / np.sqrt(x + 1), rtol=1e-6)
     assert S[0] == 64
+
+
+@mg.kernel
+def double_all(X: mg.memref[N, mg.f32]):
+    i = thread_idx.x
+    if i < N:
+        X[i] = X[i] * 2.0
+
+
+class Delegating:
+    """An array wrapper whose protocols come from __getattr__, on demand."""
+    def __init__(self, array):
+        self._array = array
+
+    def __getattr__(self, name):
+        return getattr(self._array, name)
+
+
+def test_an_array_whose_protocol_comes_from_getattr_is_an_argument():
+    x = np.arange(8, dtype=np.float32)
+    with current_backend("cpu"):
+        double_all(Delegating(x), grid=1, block=8)
+    np.testing.assert_array_equal(x, 2 * np.arange(8, dtype=np.float32))

@@ -298,10 +298,14 @@ def check_generic_value(name, value, dtype_generics):
 
 
 def _offers(arg, name):
-    """Whether `arg` has the attribute `name`, asked without running it: a
-    protocol's property may build a whole dict, or fail (or worse) on an
-    array whose memory is gone."""
-    return hasattr(type(arg), name) or name in getattr(arg, "__dict__", ())
+    """Whether `arg` has the attribute `name`, asked without running it where
+    its class or instance dict holds it: a protocol's property may build a
+    whole dict, or fail (or worse) on an array whose memory is gone. An
+    object that makes attributes on demand (__getattr__) is asked."""
+    kind = type(arg)
+    if hasattr(kind, name) or name in getattr(arg, "__dict__", ()):
+        return True
+    return hasattr(kind, "__getattr__") and hasattr(arg, name)
 
 
 def _array_shape_dtype(name, arg):
