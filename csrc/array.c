@@ -1793,7 +1793,13 @@ static PyObject *str_is_cuda, *str_is_cpu, *str_data_ptr, *str_dtype_attr, *str_
                 *str_get_device, *str_module, *str_is_contiguous, *str_data, *str_ptr, *str_device_id,
                 *str_c_contiguous, *str_strides, *str_get_current_stream, *str_export_version,
                 *str_cupy_cuda, *str_cupy_util, *str_is_ready, *str_block_until_ready,
-                *str_unsafe_buffer_pointer, *str_is_deleted, *str_aval;
+                *str_unsafe_buffer_pointer, *str_is_deleted, *str_aval, *str_ndim, *str_size,
+                *str_torch_function, *str_torch_dispatch, *str_torch_c, *str_disabled_torch_function,
+                *str_torch_utils_dlpack, *str_to_dlpack, *str_dlpack_exchange, *str_pyx_capi,
+                *str_cupy_backends_stream, *str_get_current_stream_ptr, *str_is_ptds_enabled;
+/* The C signatures CuPy's stream module gives the functions behind its current stream. */
+#define CUPY_STREAM_PTR_SIGNATURE "intptr_t (void)"
+#define CUPY_PTDS_SIGNATURE "int (void)"
 /* torch.Tensor once an instance was seen (strong): torch is never imported here. */
 static PyTypeObject *torch_tensor_type;
 /* {torch.dtype: DType, or None where mlirgpu has no such dtype}; filled on first sight. */
@@ -1917,41 +1923,58 @@ static int is_jax_array(PyTypeObject *type)
  * reads pointer, dtype, shape, strides and device anew. */
 enum { READER_GENERIC, READER_TORCH, READER_CUPY, READER_JAX };
 
+/* A reader's plan: a tuple of what it calls, found once per type. A
+ * descriptor slot holds the C getter (or member) that attribute lookup on
+ * the type finds, called directly as PyObject_GetAttr would call it after
+ * the lookup; None where the attribute is looked up as usual. */
+enum { TORCH_EXCHANGE, TORCH_TO_DLPACK, TORCH_IS_CUDA, TORCH_IS_CPU, TORCH_DTYPE, TORCH_SHAPE, TORCH_PLAN };
+enum {
+    CUPY_CURRENT_STREAM, CUPY_SETTINGS, CUPY_STREAM_PTR, CUPY_PTDS, CUPY_DATA, CUPY_DTYPE, CUPY_NDIM, CUPY_SIZE,
+    CUPY_SHAPE, CUPY_C_CONTIGUOUS, CUPY_STRIDES, CUPY_PLAN
+};
+
 typedef struct {
     PyTypeObject *type;        /* strong; NULL: a free slot */
     unsigned int version;      /* type->tp_version_tag when classified */
     int reader;
-    PyObject *current_stream;  /* CuPy: cupy.cuda.get_current_stream (strong) */
-    PyObject *settings;        /* CuPy: cupy._util, which holds CUDA_ARRAY_INTERFACE_EXPORT_VERSION (strong) */
+    PyObject *plan;            /* strong: READER_TORCH's and READER_CUPY's tuple, else NULL */
     int readonly;              /* JAX: whether its CAI exports arrays read-only; -1 until one was read */
 } type_reader;
 
 #define TYPE_READERS 16
 static type_reader type_readers[TYPE_READERS];
 static int type_readers_next;
+static int type_readers_last;   /* the slot found last, tried first: a launch's arrays are mostly of one type */
+
+/* The slot of `type`, or -1. */
+static int type_slot(PyTypeObject *type)
+{
+    if (type_readers[type_readers_last].type == type)
+        return type_readers_last;
+    for (int i = 0; i < TYPE_READERS; i++)
+        if (type_readers[i].type == type)
+            return type_readers_last = i;
+    return -1;
+}
 
 int mg_array_library_type(PyTypeObject *type)
 {
     unsigned int version = type->tp_version_tag;
-    for (int i = 0; i < TYPE_READERS; i++)
-        if (type_readers[i].type == type)
-            return version != 0 && type_readers[i].version == version && type_readers[i].reader != READER_GENERIC;
-    return 0;
+    int i = type_slot(type);
+    return i >= 0 && version != 0 && type_readers[i].version == version && type_readers[i].reader != READER_GENERIC;
 }
 
-/* One type's reader, with new references to its CuPy functions (or NULL):
- * the caller releases them, as reading an array may run code that evicts
- * the slot. */
+/* One type's reader, with a new reference to its plan (or NULL): the
+ * caller releases it, as reading an array may run code that evicts the slot. */
 typedef struct {
     PyTypeObject *type;        /* borrowed from the object being read */
     int reader, readonly;
-    PyObject *current_stream, *settings;
+    PyObject *plan;
 } reader_info;
 
 static void reader_info_release(reader_info *info)
 {
-    Py_CLEAR(info->current_stream);
-    Py_CLEAR(info->settings);
+    Py_CLEAR(info->plan);
 }
 
 static unsigned int type_version(PyTypeObject *type)
@@ -1964,86 +1987,236 @@ static unsigned int type_version(PyTypeObject *type)
     return type->tp_version_tag;
 }
 
-/* CuPy's get_current_stream and settings module, looked up without importing anything. */
-static int cupy_functions(PyObject **current_stream, PyObject **settings)
+/* The data descriptor that attribute lookup finds for `name` on `type`,
+ * where calling it is all PyObject_GetAttr would do: a C getter or member
+ * (a data descriptor, which an instance's __dict__ cannot hide) on a type
+ * whose attribute lookup is the usual one. New reference; None otherwise. */
+static PyObject *data_descriptor(PyTypeObject *type, PyObject *name)
 {
-    *current_stream = *settings = NULL;
-    PyObject *cuda = PyImport_GetModule(str_cupy_cuda);
-    if (cuda == NULL)
-        return PyErr_Occurred() ? -1 : 0;
-    *current_stream = PyObject_GetAttr(cuda, str_get_current_stream);
-    Py_DECREF(cuda);
-    *settings = PyImport_GetModule(str_cupy_util);
-    if (*current_stream == NULL || *settings == NULL || !PyCallable_Check(*current_stream)) {
-        Py_CLEAR(*current_stream);
-        Py_CLEAR(*settings);
-        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
+    if (type->tp_getattro == PyObject_GenericGetAttr) {
+        PyObject *descr = _PyType_Lookup(type, name);   /* borrowed; runs no Python code */
+        if (descr != NULL && (Py_IS_TYPE(descr, &PyGetSetDescr_Type) || Py_IS_TYPE(descr, &PyMemberDescr_Type)))
+            return Py_NewRef(descr);
+    }
+    return Py_NewRef(Py_None);
+}
+
+/* obj.<name>, through the plan's descriptor in `slot` where it has one. */
+static PyObject *plan_get(PyObject *obj, PyObject *plan, int slot, PyObject *name)
+{
+    PyObject *descr = PyTuple_GET_ITEM(plan, slot);
+    if (descr != Py_None)
+        return Py_TYPE(descr)->tp_descr_get(descr, obj, (PyObject *)Py_TYPE(obj));
+    return PyObject_GetAttr(obj, name);
+}
+
+/* Attribute `name` of the module `module_name` if that module was imported
+ * (nothing is imported here): a new reference; NULL with no error set where
+ * the module is not imported, with the error set where it lacks `name`. */
+static PyObject *imported_attr(PyObject *module_name, PyObject *name)
+{
+    PyObject *module = PyImport_GetModule(module_name);
+    if (module == NULL)
+        return NULL;
+    PyObject *value = PyObject_GetAttr(module, name);
+    Py_DECREF(module);
+    return value;
+}
+
+/* Keeps only the exceptions that must propagate: 0 with any Exception
+ * cleared, -1 for the rest (KeyboardInterrupt). */
+static int clear_exception(void)
+{
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
             return -1;
         PyErr_Clear();
     }
     return 0;
 }
 
+/* Fills `plan`'s descriptor slots from `names` (NULL-terminated, slot by slot from `first`). */
+static void plan_descriptors(PyObject *plan, PyTypeObject *type, int first, PyObject *const *names)
+{
+    for (int i = 0; names[i] != NULL; i++)
+        PyTuple_SET_ITEM(plan, first + i, data_descriptor(type, names[i]));
+}
+
+/* Whether `type`'s tensors may be read around torch's Python layer: the
+ * type leaves __torch_function__ and __torch_dispatch__ as torch.Tensor has
+ * them (or, as torch.nn.Parameter does, torch functions disabled), so that
+ * its attributes would read the same tensor. 1 or 0; -1 only for an
+ * exception that is not an Exception. */
+static int torch_plain(PyTypeObject *type)
+{
+    PyObject *function = _PyType_Lookup(type, str_torch_function);   /* borrowed */
+    PyObject *dispatch = _PyType_Lookup(type, str_torch_dispatch);
+    if (dispatch != _PyType_Lookup(torch_tensor_type, str_torch_dispatch))
+        return 0;
+    if (function == _PyType_Lookup(torch_tensor_type, str_torch_function))
+        return 1;
+    PyObject *disabled = imported_attr(str_torch_c, str_disabled_torch_function);
+    int plain = disabled != NULL && function == disabled;
+    Py_XDECREF(disabled);
+    return clear_exception() < 0 ? -1 : plain;
+}
+
+/* `type`'s DLPack exchange table (its __dlpack_c_exchange_api__ capsule)
+ * where mlirgpu can use it: DLPack major version 1, with
+ * dltensor_from_py_object_no_sync. A new reference; None otherwise; NULL
+ * only for an exception that is not an Exception. */
+static PyObject *exchange_table(PyTypeObject *type)
+{
+    PyObject *capsule = PyObject_GetAttr((PyObject *)type, str_dlpack_exchange);
+    if (capsule != NULL && PyCapsule_IsValid(capsule, MG_DLPACK_EXCHANGE_NAME)) {
+        const DLPackExchangeAPI *api = PyCapsule_GetPointer(capsule, MG_DLPACK_EXCHANGE_NAME);
+        if (api->header.version.major == MG_DLPACK_MAJOR && api->dltensor_from_py_object_no_sync != NULL)
+            return capsule;
+    }
+    Py_XDECREF(capsule);
+    return clear_exception() < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+/* READER_TORCH's plan for `type`: a new reference, NULL on an error that
+ * must propagate. For a type torch's Python layer leaves alone, the DLPack
+ * exchange table recent torch releases give their tensors and
+ * torch.utils.dlpack.to_dlpack, where torch.utils.dlpack was imported
+ * (nothing is imported here); None where a reader may not use them. */
+static PyObject *torch_plan(PyTypeObject *type)
+{
+    PyObject *plan = PyTuple_New(TORCH_PLAN);
+    if (plan == NULL)
+        return NULL;
+    int plain = torch_plain(type);
+    PyObject *exchange = plain > 0 ? exchange_table(type) : Py_NewRef(Py_None);
+    if (plain < 0 || exchange == NULL) {
+        Py_DECREF(plan);
+        Py_XDECREF(exchange);
+        return NULL;
+    }
+    PyObject *exporter = plain ? imported_attr(str_torch_utils_dlpack, str_to_dlpack) : NULL;
+    if (exporter != NULL && !PyCallable_Check(exporter))
+        Py_CLEAR(exporter);
+    PyTuple_SET_ITEM(plan, TORCH_EXCHANGE, exchange);
+    PyTuple_SET_ITEM(plan, TORCH_TO_DLPACK, exporter != NULL ? exporter : Py_NewRef(Py_None));
+    PyObject *const names[] = {str_is_cuda, str_is_cpu, str_dtype_attr, str_shape, NULL};
+    plan_descriptors(plan, type, TORCH_IS_CUDA, names);
+    if (clear_exception() < 0) {
+        Py_DECREF(plan);
+        return NULL;
+    }
+    return plan;
+}
+
+/* The C function Cython module `module` exports as `name` (its
+ * __pyx_capi__, what CuPy's own modules cimport) as a capsule whose name,
+ * the C signature, must be `signature`: a new reference, or None. */
+static PyObject *cython_function(PyObject *module, PyObject *name, const char *signature)
+{
+    PyObject *table = imported_attr(module, str_pyx_capi), *capsule = NULL;
+    if (table != NULL && PyDict_Check(table) && (capsule = PyDict_GetItemWithError(table, name)) != NULL &&
+        PyCapsule_IsValid(capsule, signature)) {
+        Py_INCREF(capsule);
+        Py_DECREF(table);
+        return capsule;
+    }
+    Py_XDECREF(table);
+    PyErr_Clear();
+    return Py_NewRef(Py_None);
+}
+
+/* READER_CUPY's plan for `type`: CuPy's get_current_stream and settings
+ * module (cupy._util), looked up without importing anything; the C
+ * functions behind get_current_stream's pointer, where CuPy exports them;
+ * and the descriptors of the arrays' attributes. A new reference; None
+ * where CuPy lacks get_current_stream (its arrays are then read through
+ * their protocol); NULL on an error that must propagate. */
+static PyObject *cupy_plan(PyTypeObject *type)
+{
+    PyObject *current_stream = imported_attr(str_cupy_cuda, str_get_current_stream);
+    PyObject *settings = current_stream != NULL ? PyImport_GetModule(str_cupy_util) : NULL;
+    if (current_stream == NULL || settings == NULL || !PyCallable_Check(current_stream)) {
+        Py_XDECREF(current_stream);
+        Py_XDECREF(settings);
+        return clear_exception() < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *plan = PyTuple_New(CUPY_PLAN);
+    if (plan == NULL) {
+        Py_DECREF(current_stream);
+        Py_DECREF(settings);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(plan, CUPY_CURRENT_STREAM, current_stream);
+    PyTuple_SET_ITEM(plan, CUPY_SETTINGS, settings);
+    PyObject *stream_ptr = cython_function(str_cupy_backends_stream, str_get_current_stream_ptr, CUPY_STREAM_PTR_SIGNATURE);
+    PyObject *ptds = cython_function(str_cupy_backends_stream, str_is_ptds_enabled, CUPY_PTDS_SIGNATURE);
+    if (stream_ptr == Py_None || ptds == Py_None) {   /* both or neither: a null stream means one of two */
+        Py_SETREF(stream_ptr, Py_NewRef(Py_None));
+        Py_SETREF(ptds, Py_NewRef(Py_None));
+    }
+    PyTuple_SET_ITEM(plan, CUPY_STREAM_PTR, stream_ptr);
+    PyTuple_SET_ITEM(plan, CUPY_PTDS, ptds);
+    PyObject *const names[] = {str_data, str_dtype_attr, str_ndim, str_size, str_shape, str_c_contiguous,
+                               str_strides, NULL};
+    plan_descriptors(plan, type, CUPY_DATA, names);
+    return plan;
+}
+
 /* 0, or -1 only for an exception that is not an Exception. */
 static int reader_of(PyTypeObject *type, reader_info *info)
 {
-    info->current_stream = info->settings = NULL;
+    info->plan = NULL;
     info->type = type;
     info->readonly = -1;
     unsigned int version = type->tp_version_tag;
-    int slot = -1;
-    for (int i = 0; i < TYPE_READERS; i++) {
-        type_reader *r = &type_readers[i];
-        if (r->type != type)
-            continue;
-        if (version != 0 && r->version == version) {
-            info->reader = r->reader;
-            info->readonly = r->readonly;
-            info->current_stream = Py_XNewRef(r->current_stream);
-            info->settings = Py_XNewRef(r->settings);
-            return 0;
-        }
-        slot = i;   /* the type changed since: classify it again, in its slot */
-        break;
+    int slot = type_slot(type);   /* where the type changed since, it is classified again in its slot */
+    if (slot >= 0 && version != 0 && type_readers[slot].version == version) {
+        type_reader *r = &type_readers[slot];
+        info->reader = r->reader;
+        info->readonly = r->readonly;
+        info->plan = Py_XNewRef(r->plan);
+        return 0;
     }
     int reader = READER_GENERIC;
-    PyObject *current_stream = NULL, *settings = NULL;
+    PyObject *plan = NULL;   /* NULL: the reader has none */
+    version = type_version(type);
     if (is_torch_tensor(type)) {
+        if ((plan = torch_plan(type)) == NULL)
+            return -1;
         reader = READER_TORCH;
     }
     else if (is_jax_array(type)) {
         reader = READER_JAX;
     }
     else if (is_cupy_ndarray(type)) {
-        if (cupy_functions(&current_stream, &settings) < 0)
+        if ((plan = cupy_plan(type)) == NULL)
             return -1;
-        if (current_stream != NULL)
-            reader = READER_CUPY;   /* else a CuPy without get_current_stream: its protocol is read */
+        if (plan == Py_None)
+            Py_CLEAR(plan);   /* a CuPy without get_current_stream: its protocol is read */
+        else
+            reader = READER_CUPY;
     }
-    version = type_version(type);
-    info->reader = reader;
-    info->current_stream = Py_XNewRef(current_stream);
-    info->settings = Py_XNewRef(settings);
-    if (version == 0) {   /* CPython ran out of tags: classified on every call */
-        Py_XDECREF(current_stream);
-        Py_XDECREF(settings);
+    if (version == 0 || type->tp_version_tag != version) {
+        /* CPython ran out of tags, or the lookups ran code that changed the
+         * type: this call reads through the protocols, the next classifies again. */
+        Py_XDECREF(plan);
+        info->reader = READER_GENERIC;
         return 0;
     }
-    /* Looking up CuPy's functions may have run code that filled slots: look again. */
-    for (int i = 0; slot < 0 && i < TYPE_READERS; i++)
-        if (type_readers[i].type == type)
-            slot = i;
+    info->reader = reader;
+    info->plan = Py_XNewRef(plan);
+    /* Looking up the plan may have run code that filled slots: look again. */
+    if (slot < 0)
+        slot = type_slot(type);
     if (slot < 0) {
         slot = type_readers_next;
         type_readers_next = (type_readers_next + 1) % TYPE_READERS;
     }
     type_reader old = type_readers[slot];
-    type_readers[slot] = (type_reader){(PyTypeObject *)Py_NewRef((PyObject *)type), version, reader,
-                                       current_stream, settings, -1};
+    type_readers[slot] = (type_reader){(PyTypeObject *)Py_NewRef((PyObject *)type), version, reader, plan, -1};
     /* Released last: a type's deallocation may run code. */
     Py_XDECREF(old.type);
-    Py_XDECREF(old.current_stream);
-    Py_XDECREF(old.settings);
+    Py_XDECREF(old.plan);
     return 0;
 }
 
@@ -2113,11 +2286,10 @@ static PyObject *call_method(PyObject *obj, PyObject *name)
     return PyObject_VectorcallMethod(name, &obj, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
-/* An int attribute (or, with `call`, method result) of `obj`: 0, or -1 on
- * anything else with the error (if any) left for the caller's fallback. */
-static int read_int(PyObject *obj, PyObject *name, int call, long long *out)
+/* The int `value` (a new reference, consumed; NULL passes an error on): 0,
+ * or -1 on anything else with the error (if any) left for the caller's fallback. */
+static int take_int(PyObject *value, long long *out)
 {
-    PyObject *value = call ? call_method(obj, name) : PyObject_GetAttr(obj, name);
     if (value == NULL)
         return -1;
     int ok = PyLong_Check(value);
@@ -2127,15 +2299,18 @@ static int read_int(PyObject *obj, PyObject *name, int call, long long *out)
     return ok && !PyErr_Occurred() ? 0 : -1;
 }
 
+/* An int attribute (or, with `call`, method result) of `obj`, as take_int. */
+static int read_int(PyObject *obj, PyObject *name, int call, long long *out)
+{
+    return take_int(call ? call_method(obj, name) : PyObject_GetAttr(obj, name), out);
+}
+
 /* A reader's "take the slow path": 0 with the error cleared, or -1 for a
  * BaseException that must propagate; `out` is reset for the slow path. */
 static int reader_fallback(mg_foreign *out)
 {
-    if (PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception))
-            return -1;
-        PyErr_Clear();
-    }
+    if (clear_exception() < 0)
+        return -1;
     out->host = 0;
     out->dtype = NULL;
     out->ndim = 0;
@@ -2145,25 +2320,106 @@ static int reader_fallback(mg_foreign *out)
     return 0;
 }
 
-/* A torch tensor, read through its attributes: 1 filled; 0 take the slow
- * path (not CUDA or CPU, a dtype mlirgpu lacks, or anything unexpected,
- * with the error cleared); -1 a BaseException that must propagate. Torch's
- * __cuda_array_interface__ is version 2, without a stream: there is nothing
- * to wait for, as there is nothing when torch's own protocol is read.
- * Reads is_cuda, data_ptr(), and for a signature dtype, shape,
- * is_contiguous() (stride() only when it is not) and, where the process
- * sees more than one GPU, get_device(). */
-static int torch_read(PyObject *obj, mg_foreign *out, int full)
+/* What a DLTensor of CUDA or host memory tells, its dtype being `dtype`
+ * (whose size its own must match): 1, or 0 where it cannot be read so. */
+static int dl_read(const DLTensor *t, mg_dtype *dtype, mg_foreign *out)
+{
+    if (t->device.device_type == kDLCUDA)
+        out->device = t->device.device_id;
+    else if (t->device.device_type == kDLCPU)
+        out->host = 1;
+    else
+        return 0;
+    if (t->ndim < 0 || t->ndim > MG_MAX_NDIM || t->dtype.lanes != 1 || t->dtype.bits != 8 * dtype->itemsize)
+        return 0;
+    out->dtype = dtype;
+    out->ndim = t->ndim;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] < 0 || t->shape[i] > PY_SSIZE_T_MAX)
+            return 0;
+        out->shape[i] = (Py_ssize_t)t->shape[i];
+    }
+    Py_ssize_t size;
+    if (t->strides == NULL) {
+        if (c_strides(out->ndim, out->shape, dtype->itemsize, out->strides, &size) < 0)
+            return 0;
+    }
+    else {
+        for (int i = 0; i < t->ndim; i++)
+            if (checked_mul((Py_ssize_t)t->strides[i], dtype->itemsize, &out->strides[i]) < 0)
+                return 0;
+    }
+    out->ptr = (CUdeviceptr)(uintptr_t)t->data + (CUdeviceptr)t->byte_offset;
+    out->contiguous = foreign_contiguous(out);
+    return 1;
+}
+
+/* A torch tensor through torch.utils.dlpack.to_dlpack, one call that tells
+ * pointer, shape, strides and device, and its dtype attribute: DLPack's
+ * codes do not tell every torch dtype apart in every torch release, so the
+ * dtype is torch's own. 1 filled; 0 read the attributes instead (a tensor
+ * to_dlpack refuses, or one neither on a GPU nor on the host), with any
+ * error left for reader_fallback. */
+static int torch_read_dlpack(PyObject *obj, PyObject *plan, mg_foreign *out)
+{
+    PyObject *value = plan_get(obj, plan, TORCH_DTYPE, str_dtype_attr);
+    mg_dtype *dtype;
+    int found = value == NULL ? -1 : torch_dtype(value, &dtype);
+    Py_XDECREF(value);
+    if (found <= 0)
+        return 0;
+    PyObject *capsule = PyObject_CallOneArg(PyTuple_GET_ITEM(plan, TORCH_TO_DLPACK), obj);
+    if (capsule == NULL)
+        return 0;
+    int status = 0;
+    if (PyCapsule_IsValid(capsule, MG_DLPACK_NAME)) {
+        DLManagedTensor *managed = PyCapsule_GetPointer(capsule, MG_DLPACK_NAME);
+        status = dl_read(&managed->dl_tensor, dtype, out);
+    }
+    Py_DECREF(capsule);   /* never consumed: its destructor calls the tensor's deleter */
+    return status;
+}
+
+/* A torch tensor: 1 filled; 0 take the slow path (not CUDA or CPU, a dtype
+ * mlirgpu lacks, or anything unexpected, with the error cleared); -1 a
+ * BaseException that must propagate. Torch's __cuda_array_interface__ is
+ * version 2, without a stream: there is nothing to wait for, as there is
+ * nothing when torch's own protocol is read.
+ * A tensor whose type keeps torch's own __torch_function__ is read in one C
+ * call through torch's DLPack exchange table; where torch has none, for a
+ * signature, through to_dlpack and its dtype (a call and an attribute,
+ * where its attributes take five). Otherwise through its attributes:
+ * is_cuda, data_ptr(), and for a signature dtype, shape, is_contiguous()
+ * (stride() only when it is not) and, where the process sees more than one
+ * GPU, get_device(). */
+static int torch_read(PyObject *obj, PyObject *plan, mg_foreign *out, int full)
 {
     PyObject *value = NULL;
     mg_dtype *dtype = NULL;
     long long number;
     int count;
-    if ((value = PyObject_GetAttr(obj, str_is_cuda)) == NULL)
+    PyObject *exchange = PyTuple_GET_ITEM(plan, TORCH_EXCHANGE);
+    if (exchange != Py_None) {
+        const DLPackExchangeAPI *api = PyCapsule_GetPointer(exchange, MG_DLPACK_EXCHANGE_NAME);
+        DLTensor t;
+        /* t's shape and strides are torch's own: read before any Python code runs */
+        if (api != NULL && api->dltensor_from_py_object_no_sync(obj, &t) == 0 && dtype_from_dl(t.dtype, &dtype) == 0 &&
+            dl_read(&t, dtype, out))
+            return 1;
+        if (reader_fallback(out) < 0)
+            return -1;
+    }
+    else if (full && PyTuple_GET_ITEM(plan, TORCH_TO_DLPACK) != Py_None) {
+        if (torch_read_dlpack(obj, plan, out))
+            return 1;
+        if (reader_fallback(out) < 0)
+            return -1;
+    }
+    if ((value = plan_get(obj, plan, TORCH_IS_CUDA, str_is_cuda)) == NULL)
         goto fallback;
     if (value != Py_True) {
         /* meta, mps, xpu...: the slow path names what they are */
-        Py_SETREF(value, PyObject_GetAttr(obj, str_is_cpu));
+        Py_SETREF(value, plan_get(obj, plan, TORCH_IS_CPU, str_is_cpu));
         if (value != Py_True)
             goto fallback;
         out->host = 1;
@@ -2175,11 +2431,11 @@ static int torch_read(PyObject *obj, mg_foreign *out, int full)
     out->ptr = (CUdeviceptr)(unsigned long long)number;
     if (!full)
         goto done;
-    Py_SETREF(value, PyObject_GetAttr(obj, str_dtype_attr));
+    Py_SETREF(value, plan_get(obj, plan, TORCH_DTYPE, str_dtype_attr));
     if (value == NULL || torch_dtype(value, &dtype) <= 0)
         goto fallback;
     out->dtype = dtype;
-    Py_SETREF(value, PyObject_GetAttr(obj, str_shape));
+    Py_SETREF(value, plan_get(obj, plan, TORCH_SHAPE, str_shape));
     if (value == NULL || read_ints(value, out->shape, &out->ndim) < 0)
         goto fallback;
     Py_SETREF(value, call_method(obj, str_is_contiguous));
@@ -2220,12 +2476,23 @@ static int cupy_stream(const reader_info *info, mg_foreign_memo *memo)
     if (memo->cupy_stream_read)
         return 0;
     long long version, handle;
-    if (read_int(info->settings, str_export_version, 0, &version) < 0)
+    if (read_int(PyTuple_GET_ITEM(info->plan, CUPY_SETTINGS), str_export_version, 0, &version) < 0)
         return -1;
     memo->cupy_wait = version == 3;
     memo->cupy_stream = NULL;
-    if (version == 3) {
-        PyObject *stream = PyObject_CallNoArgs(info->current_stream);
+    PyObject *stream_ptr = PyTuple_GET_ITEM(info->plan, CUPY_STREAM_PTR);
+    if (version == 3 && stream_ptr != Py_None) {
+        intptr_t (*current)(void) = (intptr_t (*)(void))PyCapsule_GetPointer(stream_ptr, CUPY_STREAM_PTR_SIGNATURE);
+        int (*ptds)(void) = (int (*)(void))PyCapsule_GetPointer(PyTuple_GET_ITEM(info->plan, CUPY_PTDS),
+                                                                CUPY_PTDS_SIGNATURE);
+        intptr_t pointer = current != NULL && ptds != NULL ? current() : 0;
+        if (current == NULL || ptds == NULL || PyErr_Occurred())
+            return -1;
+        /* CuPy's null stream is the per-thread default stream where CuPy was told to use that */
+        memo->cupy_stream = (CUstream)(pointer != 0 ? pointer : ptds() ? (intptr_t)CU_STREAM_PER_THREAD : 0);
+    }
+    else if (version == 3) {
+        PyObject *stream = PyObject_CallNoArgs(PyTuple_GET_ITEM(info->plan, CUPY_CURRENT_STREAM));
         if (stream == NULL)
             return -1;
         int status = read_int(stream, str_ptr, 0, &handle);
@@ -2241,16 +2508,17 @@ static int cupy_stream(const reader_info *info, mg_foreign_memo *memo)
     return 0;
 }
 
-/* A CuPy array: data.ptr and the stream, and for a signature dtype, shape,
- * _c_contiguous (strides only when not) and, with more than one GPU,
- * data.device_id, as the slow path would read them from its
- * __cuda_array_interface__. */
+/* A CuPy array: data.ptr and the stream, and for a signature dtype, shape
+ * (a 1-D array's from its size, which CuPy keeps as a number where the
+ * shape is a tuple built on each read), _c_contiguous (strides only when
+ * not) and, with more than one GPU, data.device_id, as the slow path would
+ * read them from its __cuda_array_interface__. */
 static int cupy_read(PyObject *obj, const reader_info *info, mg_foreign *out, int full, mg_foreign_memo *memo)
 {
-    PyObject *data = NULL, *value = NULL;
+    PyObject *plan = info->plan, *data = NULL, *value = NULL;
     long long number;
     int count;
-    if ((data = PyObject_GetAttr(obj, str_data)) == NULL || read_int(data, str_ptr, 0, &number) < 0)
+    if ((data = plan_get(obj, plan, CUPY_DATA, str_data)) == NULL || read_int(data, str_ptr, 0, &number) < 0)
         goto fallback;
     out->ptr = (CUdeviceptr)(unsigned long long)number;
     if (full) {
@@ -2259,20 +2527,31 @@ static int cupy_read(PyObject *obj, const reader_info *info, mg_foreign *out, in
                 goto fallback;
             out->device = (int)number;
         }
-        if ((value = PyObject_GetAttr(obj, str_dtype_attr)) == NULL || !PyArray_DescrCheck(value) ||
+        if ((value = plan_get(obj, plan, CUPY_DTYPE, str_dtype_attr)) == NULL || !PyArray_DescrCheck(value) ||
             dtype_from_descr((PyArray_Descr *)value, &out->dtype) < 0)
             goto fallback;
-        Py_SETREF(value, PyObject_GetAttr(obj, str_shape));
-        if (value == NULL || read_ints(value, out->shape, &out->ndim) < 0)
+        if (take_int(plan_get(obj, plan, CUPY_NDIM, str_ndim), &number) < 0)
             goto fallback;
-        Py_SETREF(value, PyObject_GetAttr(obj, str_c_contiguous));
+        if (number == 1) {
+            if (take_int(plan_get(obj, plan, CUPY_SIZE, str_size), &number) < 0 || number < 0 ||
+                number > PY_SSIZE_T_MAX)
+                goto fallback;
+            out->ndim = 1;
+            out->shape[0] = (Py_ssize_t)number;
+        }
+        else {
+            Py_SETREF(value, plan_get(obj, plan, CUPY_SHAPE, str_shape));
+            if (value == NULL || read_ints(value, out->shape, &out->ndim) < 0)
+                goto fallback;
+        }
+        Py_SETREF(value, plan_get(obj, plan, CUPY_C_CONTIGUOUS, str_c_contiguous));
         if (value == Py_True) {
             Py_ssize_t size;
             if (c_strides(out->ndim, out->shape, out->dtype->itemsize, out->strides, &size) < 0)
                 goto fallback;
         }
         else {
-            Py_SETREF(value, PyObject_GetAttr(obj, str_strides));
+            Py_SETREF(value, plan_get(obj, plan, CUPY_STRIDES, str_strides));
             if (value == NULL || read_ints(value, out->strides, &count) < 0 || count != out->ndim)
                 goto fallback;
         }
@@ -2568,7 +2847,7 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_mem
         return -1;
     int status = 0;
     if (info.reader == READER_TORCH)
-        status = torch_read(obj, out, full);
+        status = torch_read(obj, info.plan, out, full);
     else if (info.reader == READER_CUPY)
         status = cupy_read(obj, &info, out, full, memo);
     else if (info.reader == READER_JAX)
@@ -3099,7 +3378,16 @@ int mg_array_init(PyObject *module)
         intern(&str_cupy_cuda, "cupy.cuda") < 0 || intern(&str_cupy_util, "cupy._util") < 0 ||
         intern(&str_is_ready, "is_ready") < 0 || intern(&str_block_until_ready, "block_until_ready") < 0 ||
         intern(&str_unsafe_buffer_pointer, "unsafe_buffer_pointer") < 0 ||
-        intern(&str_is_deleted, "is_deleted") < 0 || intern(&str_aval, "aval") < 0)
+        intern(&str_is_deleted, "is_deleted") < 0 || intern(&str_aval, "aval") < 0 ||
+        intern(&str_ndim, "ndim") < 0 || intern(&str_size, "size") < 0 ||
+        intern(&str_torch_function, "__torch_function__") < 0 ||
+        intern(&str_torch_dispatch, "__torch_dispatch__") < 0 || intern(&str_torch_c, "torch._C") < 0 ||
+        intern(&str_disabled_torch_function, "_disabled_torch_function_impl") < 0 ||
+        intern(&str_torch_utils_dlpack, "torch.utils.dlpack") < 0 || intern(&str_to_dlpack, "to_dlpack") < 0 ||
+        intern(&str_dlpack_exchange, "__dlpack_c_exchange_api__") < 0 ||
+        intern(&str_pyx_capi, "__pyx_capi__") < 0 || intern(&str_cupy_backends_stream, "cupy_backends.cuda.stream") < 0 ||
+        intern(&str_get_current_stream_ptr, "get_current_stream_ptr") < 0 ||
+        intern(&str_is_ptds_enabled, "is_ptds_enabled") < 0)
         return -1;
     if ((torch_dtypes = PyDict_New()) == NULL)
         return -1;

@@ -80,6 +80,32 @@ typedef struct DLManagedTensorVersioned {
     DLTensor dl_tensor;
 } DLManagedTensorVersioned;
 
+/* DLPack 1.3's C exchange table. A producer's array type has the attribute
+ * __dlpack_c_exchange_api__: a capsule named "dlpack_exchange_api" holding
+ * a pointer to a table that lives as long as the process. A consumer checks
+ * the major version; later minors may only append entries. mlirgpu calls
+ * dltensor_from_py_object_no_sync, which fills a DLTensor the caller owns,
+ * without allocating and without ordering any stream; its shape and strides
+ * are the producer's and stay valid only until Python code runs again. The
+ * entries mlirgpu does not call are declared as plain pointers: only their
+ * places in the table matter here. */
+typedef struct DLPackExchangeAPIHeader {
+    DLPackVersion version;
+    struct DLPackExchangeAPIHeader *prev_api;   /* an older table of the producer's, or NULL */
+} DLPackExchangeAPIHeader;
+
+typedef struct {
+    DLPackExchangeAPIHeader header;
+    void *managed_tensor_allocator;
+    void *managed_tensor_from_py_object_no_sync;
+    void *managed_tensor_to_py_object_no_sync;
+    /* 0 with `out` filled, or -1 with a Python exception set; may be NULL */
+    int (*dltensor_from_py_object_no_sync)(void *py_object, DLTensor *out);
+    void *current_work_stream;
+} DLPackExchangeAPI;
+
+#define MG_DLPACK_EXCHANGE_NAME "dlpack_exchange_api"
+
 /* Capsule names. A consumer renames the capsule to the "used_" form when it
  * takes ownership, after which it, not the capsule, calls the deleter. */
 #define MG_DLPACK_NAME "dltensor"

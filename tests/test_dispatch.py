@@ -501,6 +501,195 @@ out = {}
 '''
 
 
+# torch.utils.dlpack as torch has it, exporting each fake tensor's backing
+# DeviceArray (a real DLPack capsule); `exports` counts the calls.
+FAKE_TORCH_DLPACK = FAKE_TORCH + '''
+import sys, types
+torch = types.ModuleType("torch")
+torch.utils = types.ModuleType("torch.utils")
+torch.utils.dlpack = types.ModuleType("torch.utils.dlpack")
+sys.modules.update({"torch": torch, "torch.utils": torch.utils, "torch.utils.dlpack": torch.utils.dlpack})
+exports = [0]
+def to_dlpack(tensor):
+    exports[0] += 1
+    return tensor.backing.__dlpack__()
+torch.utils.dlpack.to_dlpack = to_dlpack
+
+def backed(array, dt=None, device=0):
+    """A fake tensor over a DeviceArray: the attributes agree with its DLPack export."""
+    t = Tensor(int(array.ptr), array.shape, tuple(s // array.itemsize for s in array.strides),
+               dt or float32, device)
+    t.backing = array
+    return t
+'''
+
+
+# A DLPack exchange table (__dlpack_c_exchange_api__, as recent torch
+# releases give torch.Tensor) for the fake tensors, made with ctypes: its
+# dltensor_from_py_object_no_sync fills a DLTensor from a fake tensor's
+# attributes (without counting them as reads); `exchanges` counts its calls.
+FAKE_TORCH_EXCHANGE = FAKE_TORCH_DLPACK + '''
+import ctypes
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+FILL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.POINTER(DLTensor))
+class API(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("prev_api", ctypes.c_void_p),
+                ("managed_tensor_allocator", ctypes.c_void_p), ("managed_tensor_from_py_object_no_sync", ctypes.c_void_p),
+                ("managed_tensor_to_py_object_no_sync", ctypes.c_void_p), ("dltensor_from_py_object_no_sync", FILL),
+                ("current_work_stream", ctypes.c_void_p)]
+DL_CODES = {"float32": (2, 32), "float16": (2, 16), "bfloat16": (4, 16), "int64": (0, 64), "complex64": (5, 64),
+            "float8_e4m3fn": (10, 8)}
+exchanges = [0]
+def fill(tensor, out):
+    if getattr(tensor, "refuse", False):
+        return -1
+    exchanges[0] += 1
+    t = out.contents
+    t.data, t.ndim, t.byte_offset = tensor.ptr, len(tensor.shape), 0
+    t.device = DLDevice(2, tensor.device) if tensor.device >= 0 else DLDevice(1, 0)
+    t.dtype = DLDataType(*DL_CODES[tensor.dtype.name], 1)
+    tensor.dl_arrays = ((ctypes.c_int64 * 8)(*tensor.shape), (ctypes.c_int64 * 8)(*tensor.strides))
+    t.shape = ctypes.cast(tensor.dl_arrays[0], ctypes.POINTER(ctypes.c_int64))
+    t.strides = ctypes.cast(tensor.dl_arrays[1], ctypes.POINTER(ctypes.c_int64))
+    return 0
+NAME = b"dlpack_exchange_api"
+capsule_new = ctypes.pythonapi.PyCapsule_New
+capsule_new.restype, capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+def exchange_table(major, function=fill):
+    api = API(major, 3, None, None, None, None, FILL(function), None)
+    tables.append(api)   # the table outlives its capsule, as a producer's static one does
+    return capsule_new(ctypes.addressof(api), NAME, None)
+tables = []
+Tensor.__dlpack_c_exchange_api__ = exchange_table(1)
+'''
+
+
+@pytest.mark.usefixtures("fake_driver")
+def test_torch_tensors_are_read_in_one_call_through_the_dlpack_exchange_table():
+    """Where torch.Tensor has a DLPack exchange table, one C call reads a
+    tensor, for a signature and for a Function's pointer alike: no attribute,
+    no to_dlpack. A table of another major version, and a call that fails,
+    leave the tensor to the other readers."""
+    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_TORCH_EXCHANGE + '''
+sig = lambda *a: [list(map(str, s)) for s in C.Dispatcher(lambda a, k: None, "k").signature(a)]
+reads = Tensor.reads
+out["plain"] = sig(Tensor(4096, (4, 6), (6, 1)))
+out["strided"] = sig(Tensor(4096, (6, 4), (1, 6), float16, device=1))
+out["fp8_host"] = sig(Tensor(4096, (8,), (1,), float8_e4m3fn, device=-1))
+buf, a = C.zeros(8, C.u64), C.empty(16)
+record(buf, np.uint32(1), Tensor(int(a.ptr) + 8, (14,), (1,)), C.empty(1), C.empty(1), grid=1, block=1)
+out["function_pointer"] = int(buf.get()[0]) == a.ptr + 8
+out["exchanges"], out["attribute_reads"], out["exports"] = exchanges[0], Tensor.reads - reads, exports[0]
+class Newer(Tensor):
+    __dlpack_c_exchange_api__ = exchange_table(2)
+transposed = C.empty((2, 3)).T
+newer = Newer(int(transposed.ptr), transposed.shape, (1, 3))
+newer.backing = transposed
+reads = Tensor.reads
+out["newer_major"] = sig(newer)[0][:4]
+refused = backed(C.empty(5))
+refused.refuse = True
+out["refused"] = sig(refused)[0][:4]
+out["exchanges_after"], out["exports_after"] = exchanges[0], exports[0]
+out["attribute_reads_after"] = Tensor.reads - reads
+print(json.dumps(out))
+''')
+    assert out["plain"] == [["array", "mlirgpu.f32", "(4, 6)", "None", "0"]]
+    assert out["strided"] == [["array", "mlirgpu.f16", "(6, 4)", "(2, 12)", "1"]]
+    assert out["fp8_host"] == [["host", "mlirgpu.f8e4m3", "(8,)", "None"]]
+    assert out["function_pointer"]
+    assert out["exchanges"] == 4 and out["attribute_reads"] == 0 and out["exports"] == 0
+    # a table of another major version: to_dlpack; a failed call: the attributes
+    assert out["newer_major"] == ["array", "mlirgpu.f32", "(3, 2)", "(4, 12)"]
+    assert out["refused"] == ["array", "mlirgpu.f32", "(5,)", "None"]
+    assert out["exchanges_after"] == 4 and out["exports_after"] == 1 and out["attribute_reads_after"] == 1
+
+
+@pytest.mark.usefixtures("fake_driver")
+def test_torch_tensors_are_read_through_dlpack_for_a_signature():
+    """With torch.utils.dlpack imported, a tensor's signature comes from one
+    to_dlpack call and its dtype, not from five attributes; pointer, shape,
+    strides and device are the export's, and the capsule is freed."""
+    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_TORCH_DLPACK + '''
+class Overriding(Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+sig = lambda *a: [list(map(str, s)) for s in C.Dispatcher(lambda a, k: None, "k").signature(a)]
+base = C.empty((4, 6))
+t = backed(base)
+reads = Tensor.reads
+out["plain"] = sig(t)
+out["strided"] = sig(backed(base[:, ::2]))
+out["transposed"] = sig(backed(base.T))
+out["exports"], out["data_ptr_reads"] = exports[0], Tensor.reads - reads
+# a tensor whose type overrides torch functions is read through its attributes
+out["overriding"] = sig(Overriding(int(base.ptr), (4, 6), (6, 1)))
+out["exports_after_override"] = exports[0]
+# what to_dlpack refuses, the attributes read
+def refuse(tensor):
+    raise RuntimeError("cannot export")
+torch.utils.dlpack.to_dlpack = refuse
+out["refused"] = sig(backed(base))
+torch.utils.dlpack.to_dlpack = to_dlpack
+# the launch packs the exported pointer, of a view that starts inside its base
+misses = []
+def miss(args, kwargs):
+    misses.append(1)
+    d.register(args, record)
+    return record(*args, **kwargs)
+d = C.Dispatcher(miss, "record_params")
+buf = C.zeros(8, C.u64)
+view = base[1:]
+d(buf, np.uint32(1), backed(view), grid=1, block=1)
+d(buf, np.uint32(1), backed(view), grid=1, block=1)
+out["pointer"] = int(buf.get()[0]) == view.ptr and view.ptr == base.ptr + 24
+out["misses"] = len(misses)
+import weakref
+alive = weakref.ref(view)
+del view
+gc.collect()
+out["freed"] = alive() is None
+print(json.dumps(out))
+''')
+    assert out["plain"] == [["array", "mlirgpu.f32", "(4, 6)", "None", "0"]]
+    assert out["strided"] == [["array", "mlirgpu.f32", "(4, 3)", "(24, 8)", "0"]]
+    assert out["transposed"] == [["array", "mlirgpu.f32", "(6, 4)", "(4, 24)", "0"]]
+    assert out["exports"] == 3 and out["data_ptr_reads"] == 0
+    assert out["overriding"] == [["array", "mlirgpu.f32", "(4, 6)", "None", "0"]]
+    assert out["exports_after_override"] == 3
+    assert out["refused"] == [["array", "mlirgpu.f32", "(4, 6)", "None", "0"]]
+    assert out["pointer"] and out["misses"] == 1
+    assert out["freed"]   # each export's capsule released its DeviceArray
+
+
+def test_torch_dtypes_come_from_the_tensor_not_its_dlpack_code():
+    """A torch release that exports float8 under another DLPack code still
+    launches as float8: the dtype is the tensor's; a size that disagrees
+    with the export sends the tensor to its attributes."""
+    out = run_json(FAKE_TORCH_DLPACK + '''
+import json
+import mlirgpu._mlirgpu as C
+sig = lambda *a: [list(map(str, s)) for s in C.Dispatcher(lambda a, k: None, "k").signature(a)]
+as_u8 = C.empty(8, C.u8, host=True)
+out = {"fp8": sig(backed(as_u8, float8_e4m3fn, device=-1))}
+reads = Tensor.reads
+out["mismatch"] = sig(backed(as_u8, float16, device=-1))
+out["mismatch_read_attributes"] = Tensor.reads - reads
+print(json.dumps(out))
+''')
+    assert out["fp8"] == [["host", "mlirgpu.f8e4m3", "(8,)", "None"]]
+    assert out["mismatch"] == [["host", "mlirgpu.f16", "(8,)", "None"]]
+    assert out["mismatch_read_attributes"] == 1
+
+
 @pytest.mark.usefixtures("fake_driver")
 def test_function_hits_launch_with_the_pointers_read():
     out = run_json(FAKE_DRIVER_PRELUDE + '''
@@ -717,6 +906,12 @@ class ndarray:
         self._c_contiguous = strides is None
         self.data = MemoryPointer(ptr, device)
     @property
+    def ndim(self):
+        return len(self.shape)
+    @property
+    def size(self):
+        return int(np.prod(self.shape))
+    @property
     def __cuda_array_interface__(self):
         ndarray.cai_reads += 1
         return {"shape": (99,), "typestr": self.dtype.str, "data": (self.data.ptr, False), "version": 3,
@@ -772,6 +967,45 @@ def test_a_type_that_gains_or_loses_the_protocol_is_read_again():
     assert d.signature([Plain()])[0][0] == "other"
 
 
+def test_cupy_like_arrays_are_read_through_their_types_attributes():
+    """Attributes held in slots (C-level descriptors, as CuPy's are) are read
+    through the descriptor found once per type, and a class that changes is
+    looked up again; a 1-D array's shape comes from its size, with no tuple."""
+    out = run_json(FAKE_CUPY + '''
+import json
+import mlirgpu._mlirgpu as C
+class Slotted(ndarray):
+    __slots__ = ("dtype", "_c_contiguous", "data", "strides", "_shape", "size")
+    shape_reads = 0
+    def __init__(self, ptr, shape, dtype=np.float32):
+        self.dtype, self._shape, self._c_contiguous = np.dtype(dtype), tuple(shape), True
+        self.data = MemoryPointer(ptr, 0)
+        self.size = int(np.prod(shape))
+    @property
+    def shape(self):
+        Slotted.shape_reads += 1
+        return self._shape
+    @property
+    def ndim(self):
+        return len(self._shape)
+Slotted.__module__ = "cupy._core.core"
+sig = lambda *a: [list(map(str, s)) for s in C.Dispatcher(lambda a, k: None, "k").signature(a)]
+out = {"one_d": sig(Slotted(4096, (12,)))}
+out["one_d_shape_reads"] = Slotted.shape_reads
+out["two_d"] = sig(Slotted(4096, (3, 4)))
+out["two_d_shape_reads"] = Slotted.shape_reads
+later = Slotted(4096, (12,))
+Slotted.dtype = property(lambda self: np.dtype(np.float16))   # the class changes: read anew
+out["changed"] = sig(later)
+print(json.dumps(out))
+''')
+    assert out["one_d"] == [["array", "mlirgpu.f32", "(12,)", "None", "0"]]
+    assert out["one_d_shape_reads"] == 0
+    assert out["two_d"] == [["array", "mlirgpu.f32", "(3, 4)", "None", "0"]]
+    assert out["two_d_shape_reads"] == 1
+    assert out["changed"] == [["array", "mlirgpu.f16", "(12,)", "None", "0"]]
+
+
 @pytest.mark.usefixtures("fake_driver")
 def test_cupy_like_arrays_order_the_launch_after_cupys_current_stream(fake_libcuda):
     out = run_json(FAKE_DRIVER_PRELUDE + FAKE_CUPY + f'''
@@ -810,6 +1044,61 @@ print(json.dumps(out))
         assert out[path + "_producer"] == ["cuEventRecord", "cuStreamWaitEvent"]
         assert out[path + "_pointers"]
     assert out["cai_reads"] == 0
+
+
+@pytest.mark.usefixtures("fake_driver")
+def test_cupy_like_arrays_read_the_current_stream_through_cupys_c_functions(fake_libcuda):
+    """Where CuPy's stream module exports its C functions (Cython's
+    __pyx_capi__), the current stream's pointer comes from them, not from a
+    Stream object; a null stream is the per-thread default stream where
+    CuPy was told to use that one."""
+    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_CUPY + f'''
+import ctypes, types
+fake = ctypes.CDLL({fake_libcuda!r})
+fake.fake_log.restype = ctypes.c_char_p
+def waits():
+    lines = fake.fake_log().decode().splitlines()
+    fake.fake_log_clear()
+    return [line.split()[0] for line in lines if line.split()[0] in ("cuEventRecord", "cuStreamWaitEvent")]
+ptds, c_calls = [0], [0]
+def current_ptr():
+    c_calls[0] += 1
+    return current[0].ptr
+CURRENT, PTDS = ctypes.CFUNCTYPE(ctypes.c_ssize_t)(current_ptr), ctypes.CFUNCTYPE(ctypes.c_int)(lambda: ptds[0])
+capsule_new = ctypes.pythonapi.PyCapsule_New
+capsule_new.restype, capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+NAMES = (b"intptr_t (void)", b"int (void)")
+backends = types.ModuleType("cupy_backends.cuda.stream")
+backends.__pyx_capi__ = {{"get_current_stream_ptr": capsule_new(ctypes.cast(CURRENT, ctypes.c_void_p).value, NAMES[0], None),
+                          "is_ptds_enabled": capsule_new(ctypes.cast(PTDS, ctypes.c_void_p).value, NAMES[1], None)}}
+sys.modules["cupy_backends.cuda.stream"] = backends
+buf, a, b, c = C.zeros(8, C.u64), C.empty(4), C.empty(4), C.empty(4)
+arrays = [ndarray(int(x.ptr), (4,)) for x in (a, b, c)]
+def miss(args, kwargs):
+    d.register(args, record)
+    return record(*args, **kwargs)
+d = C.Dispatcher(miss, "record_params")
+producer = C.Stream()
+before = stream_reads[0]
+for path, launch in (("function", record), ("dispatcher", d)):
+    current[0] = Stream(0)
+    waits(); launch(buf, np.uint32(3), *arrays, grid=1, block=1)
+    out[path + "_null"] = waits()
+    current[0] = Stream(producer.handle)
+    launch(buf, np.uint32(3), *arrays, grid=1, block=1)
+    out[path + "_producer"] = waits()
+    current[0], ptds[0] = Stream(0), 1
+    launch(buf, np.uint32(3), *arrays, grid=1, block=1)
+    out[path + "_per_thread"] = waits()
+    ptds[0] = 0
+out["c_calls"], out["stream_object_reads"] = c_calls[0], stream_reads[0] - before
+print(json.dumps(out))
+''')
+    for path in ("function", "dispatcher"):
+        assert out[path + "_null"] == []
+        assert out[path + "_producer"] == ["cuEventRecord", "cuStreamWaitEvent"]
+        assert out[path + "_per_thread"] == ["cuEventRecord", "cuStreamWaitEvent"]
+    assert out["c_calls"] >= 6 and out["stream_object_reads"] == 0
 
 
 # ---------------------------------------------------------------------------

@@ -145,6 +145,33 @@ def test_dispatcher_hits_with_torch_tensors(torch, add3):
     assert len(misses) == 1 and len(d) == 1
 
 
+def test_dispatcher_hits_with_torch_views_parameters_and_subclasses(torch, add3):
+    """Tensors read through DLPack (plain ones, Parameters, views that start
+    inside their storage) and through attributes (a subclass with its own
+    __torch_function__) launch on the right memory."""
+    class Logged(torch.Tensor):
+        calls = 0
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            Logged.calls += 1
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    d, misses = counting_dispatcher(add3)
+    base = torch.arange(N + 8, dtype=torch.float32, device="cuda")
+    a = base[8:]
+    b = torch.nn.Parameter(torch.full((N,), 2.0, device="cuda"))
+    c = torch.zeros(N + 3, device="cuda", requires_grad=True)[3:]
+    d(a, b, c, N, **launch_config())
+    torch.cuda.synchronize()
+    assert torch.equal(c.detach(), a + 2)
+    logged = torch.zeros(N, device="cuda").as_subclass(Logged)
+    d(a, b, logged, N, **launch_config())
+    torch.cuda.synchronize()
+    assert torch.equal(logged.as_subclass(torch.Tensor), a + 2) and Logged.calls > 0
+    assert len(misses) == 1
+
+
 def test_dispatcher_torch_and_device_arrays_share_a_signature(torch, add3):
     d, misses = counting_dispatcher(add3)
     a = C.to_device(np.arange(N, dtype=np.float32))
