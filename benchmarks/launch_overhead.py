@@ -20,7 +20,8 @@ directly; each with DeviceArrays, and with each
 array library's own arrays where it is importable: torch tensors, CuPy
 arrays, JAX arrays (the two inputs: JAX arrays are immutable, the output is
 a DeviceArray). The last column is each row's cost over the same path
-with DeviceArrays: what passing that library's arrays costs per launch.
+with DeviceArrays: what passing that library's arrays costs per launch, the
+median of the two rows' differences within each run (host figures).
 
 Peers, each where importable: CuPy RawKernel, a torch in-place add, Triton,
 and cuLaunchKernel called from C (benchmarks/launch_floor.c, built with gcc
@@ -85,9 +86,18 @@ def one_run(launch, synchronize, launches, batch):
     return spent / done * 1e6, (time.perf_counter() - start) / launches * 1e6
 
 
+def base_path(name):
+    """The DeviceArray row a library's row is measured against, or None."""
+    if " args)" not in name or "DeviceArray args" in name:
+        return None
+    return name.split(" (")[0] + " (DeviceArray args)"
+
+
 def measure_all(paths, launches, repeats, batch):
-    """{name: (host, +sync) medians}; the paths take turns, run after run, so
-    that drift in clocks or load falls on all of them alike."""
+    """({name: (host, +sync) medians}, {name: host cost over its DeviceArray
+    row}); the paths take turns, run after run, so that drift in clocks or
+    load falls on all of them alike, and a row's cost over its DeviceArray
+    row is the median of the differences within each round."""
     for launch, synchronize in paths.values():
         for _ in range(100):
             launch()
@@ -96,7 +106,10 @@ def measure_all(paths, launches, repeats, batch):
     for _ in range(repeats):
         for name, (launch, synchronize) in paths.items():
             runs[name].append(one_run(launch, synchronize, launches, batch))
-    return {name: tuple(statistics.median(r[i] for r in rs) for i in (0, 1)) for name, rs in runs.items()}
+    medians = {name: tuple(statistics.median(r[i] for r in rs) for i in (0, 1)) for name, rs in runs.items()}
+    over = {name: statistics.median(mine[0] - theirs[0] for mine, theirs in zip(runs[name], runs[base_path(name)]))
+            for name in runs if base_path(name) in runs}
+    return medians, over
 
 
 def c_floor(cubin, launches, repeats, batch):
@@ -296,7 +309,8 @@ def main():
             paths[name] = runner()
         except ImportError as missing:
             print(f"{name}: not importable ({missing})")
-    rows = list(measure_all(paths, *measure).items())
+    medians, over_base = measure_all(paths, *measure)
+    rows = list(medians.items())
     for stream, figures in c_floor(cubin, *measure).items():
         rows.append((f"C cuLaunchKernel, {stream} stream", figures))
     figures = dict(rows)
@@ -309,8 +323,7 @@ def main():
     for name, (host, synced) in rows:
         vs = (f"{host / cupy[0]:.2f}x", f"{synced / cupy[1]:.2f}x") if cupy else ("n/a", "n/a")
         # the same path with DeviceArrays, measured in the same run
-        base = figures.get(name.split(" (")[0] + " (DeviceArray args)") if " args)" in name else None
-        over = f"{host - base[0]:+.2f} us" if base and "DeviceArray" not in name else ""
+        over = f"{over_base[name]:+.2f} us" if name in over_base else ""
         print(f"| {name:<44} | {host:6.2f} | {vs[0]:>7} | {synced:6.2f} | {vs[1]:>7} | {over:>16} |")
 
 
