@@ -1006,9 +1006,11 @@ print(json.dumps(out))
     assert out["changed"] == [["array", "mlirgpu.f16", "(12,)", "None", "0"]]
 
 
-@pytest.mark.usefixtures("fake_driver")
-def test_cupy_like_arrays_order_the_launch_after_cupys_current_stream(fake_libcuda):
-    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_CUPY + f'''
+def cupy_stream_prelude(fake_libcuda):
+    """Code that gives the CuPy stream tests waits() (the stream-ordering
+    calls the fake driver saw since the last call), three CuPy-like arrays,
+    a dispatcher `d` over `record`, and a `producer` stream."""
+    return f'''
 import ctypes
 fake = ctypes.CDLL({fake_libcuda!r})
 fake.fake_log.restype = ctypes.c_char_p
@@ -1023,6 +1025,12 @@ def miss(args, kwargs):
     return record(*args, **kwargs)
 d = C.Dispatcher(miss, "record_params")
 producer = C.Stream()
+'''
+
+
+@pytest.mark.usefixtures("fake_driver")
+def test_cupy_like_arrays_order_the_launch_after_cupys_current_stream(fake_libcuda):
+    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_CUPY + cupy_stream_prelude(fake_libcuda) + '''
 for path, launch in (("function", record), ("dispatcher", d)):
     current[0] = Stream(0)       # CuPy's null stream is the legacy default stream: the launch's own
     waits(); launch(buf, np.uint32(3), *arrays, grid=1, block=1)
@@ -1052,14 +1060,8 @@ def test_cupy_like_arrays_read_the_current_stream_through_cupys_c_functions(fake
     __pyx_capi__), the current stream's pointer comes from them, not from a
     Stream object; a null stream is the per-thread default stream where
     CuPy was told to use that one."""
-    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_CUPY + f'''
-import ctypes, types
-fake = ctypes.CDLL({fake_libcuda!r})
-fake.fake_log.restype = ctypes.c_char_p
-def waits():
-    lines = fake.fake_log().decode().splitlines()
-    fake.fake_log_clear()
-    return [line.split()[0] for line in lines if line.split()[0] in ("cuEventRecord", "cuStreamWaitEvent")]
+    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_CUPY + cupy_stream_prelude(fake_libcuda) + '''
+import types
 ptds, c_calls = [0], [0]
 def current_ptr():
     c_calls[0] += 1
@@ -1069,16 +1071,9 @@ capsule_new = ctypes.pythonapi.PyCapsule_New
 capsule_new.restype, capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 NAMES = (b"intptr_t (void)", b"int (void)")
 backends = types.ModuleType("cupy_backends.cuda.stream")
-backends.__pyx_capi__ = {{"get_current_stream_ptr": capsule_new(ctypes.cast(CURRENT, ctypes.c_void_p).value, NAMES[0], None),
-                          "is_ptds_enabled": capsule_new(ctypes.cast(PTDS, ctypes.c_void_p).value, NAMES[1], None)}}
+backends.__pyx_capi__ = {"get_current_stream_ptr": capsule_new(ctypes.cast(CURRENT, ctypes.c_void_p).value, NAMES[0], None),
+                          "is_ptds_enabled": capsule_new(ctypes.cast(PTDS, ctypes.c_void_p).value, NAMES[1], None)}
 sys.modules["cupy_backends.cuda.stream"] = backends
-buf, a, b, c = C.zeros(8, C.u64), C.empty(4), C.empty(4), C.empty(4)
-arrays = [ndarray(int(x.ptr), (4,)) for x in (a, b, c)]
-def miss(args, kwargs):
-    d.register(args, record)
-    return record(*args, **kwargs)
-d = C.Dispatcher(miss, "record_params")
-producer = C.Stream()
 before = stream_reads[0]
 for path, launch in (("function", record), ("dispatcher", d)):
     current[0] = Stream(0)
