@@ -148,7 +148,10 @@ void mg_cu_note_launch(CUstream stream, const char *kernel)
         last_launch_next = (last_launch_next + 1) % MG_CU_LAST_LAUNCHES;
     }
     last_launches[slot].stream = stream;
-    snprintf(last_launches[slot].kernel, sizeof last_launches[slot].kernel, "%s", kernel);
+    /* a bounded copy: snprintf's formatting cost more than the rest of the launch's bookkeeping */
+    size_t length = strnlen(kernel, sizeof last_launches[slot].kernel - 1);
+    memcpy(last_launches[slot].kernel, kernel, length);
+    last_launches[slot].kernel[length] = '\0';
     last_launch_any = slot;
     pthread_mutex_unlock(&last_launch_lock);
 }
