@@ -2110,7 +2110,8 @@ static PyObject *torch_plan(PyTypeObject *type)
 
 /* The C function Cython module `module` exports as `name` (its
  * __pyx_capi__, what CuPy's own modules cimport) as a capsule whose name,
- * the C signature, must be `signature`: a new reference, or None. */
+ * the C signature, must be `signature`: a new reference, or None; NULL
+ * only for an exception that is not an Exception. */
 static PyObject *cython_function(PyObject *module, PyObject *name, const char *signature)
 {
     PyObject *table = imported_attr(module, str_pyx_capi), *capsule = NULL;
@@ -2121,8 +2122,7 @@ static PyObject *cython_function(PyObject *module, PyObject *name, const char *s
         return capsule;
     }
     Py_XDECREF(table);
-    PyErr_Clear();
-    return Py_NewRef(Py_None);
+    return clear_exception() < 0 ? NULL : Py_NewRef(Py_None);
 }
 
 /* READER_CUPY's plan for `type`: CuPy's get_current_stream and settings
@@ -2149,7 +2149,13 @@ static PyObject *cupy_plan(PyTypeObject *type)
     PyTuple_SET_ITEM(plan, CUPY_CURRENT_STREAM, current_stream);
     PyTuple_SET_ITEM(plan, CUPY_SETTINGS, settings);
     PyObject *stream_ptr = cython_function(str_cupy_backends_stream, str_get_current_stream_ptr, CUPY_STREAM_PTR_SIGNATURE);
-    PyObject *ptds = cython_function(str_cupy_backends_stream, str_is_ptds_enabled, CUPY_PTDS_SIGNATURE);
+    PyObject *ptds = stream_ptr != NULL ? cython_function(str_cupy_backends_stream, str_is_ptds_enabled,
+                                                          CUPY_PTDS_SIGNATURE) : NULL;
+    if (ptds == NULL) {
+        Py_XDECREF(stream_ptr);
+        Py_DECREF(plan);
+        return NULL;
+    }
     if (stream_ptr == Py_None || ptds == Py_None) {   /* both or neither: a null stream means one of two */
         Py_SETREF(stream_ptr, Py_NewRef(Py_None));
         Py_SETREF(ptds, Py_NewRef(Py_None));
@@ -2196,15 +2202,19 @@ static int reader_of(PyTypeObject *type, reader_info *info)
         else
             reader = READER_CUPY;
     }
-    if (version == 0 || type->tp_version_tag != version) {
-        /* CPython ran out of tags, or the lookups ran code that changed the
-         * type: this call reads through the protocols, the next classifies again. */
+    if (type->tp_version_tag != version) {
+        /* The lookups ran code that changed the type: this call reads
+         * through the protocols, the next classifies the type again. */
         Py_XDECREF(plan);
         info->reader = READER_GENERIC;
         return 0;
     }
     info->reader = reader;
     info->plan = Py_XNewRef(plan);
+    if (version == 0) {   /* CPython ran out of tags: classified on every call */
+        Py_XDECREF(plan);
+        return 0;
+    }
     /* Looking up the plan may have run code that filled slots: look again. */
     if (slot < 0)
         slot = type_slot(type);
