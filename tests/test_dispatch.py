@@ -498,6 +498,16 @@ module = C.load_module(".visible .entry record_params(\\n")
 record = module.get_function("record_params")
 typed = module.get_function("record_params", params=["ptr", C.u32, "ptr", "ptr", "ptr", C.f32])
 out = {}
+def registering(function):
+    """A Dispatcher over `function` that registers each miss, and the list
+    of the misses' argument counts."""
+    misses = []
+    def miss(args, kwargs):
+        misses.append(len(args))
+        d.register(args, function)
+        return function(*args, **kwargs)
+    d = C.Dispatcher(miss, "record_params")
+    return d, misses
 '''
 
 
@@ -640,12 +650,7 @@ torch.utils.dlpack.to_dlpack = refuse
 out["refused"] = sig(backed(base))
 torch.utils.dlpack.to_dlpack = to_dlpack
 # the launch packs the exported pointer, of a view that starts inside its base
-misses = []
-def miss(args, kwargs):
-    misses.append(1)
-    d.register(args, record)
-    return record(*args, **kwargs)
-d = C.Dispatcher(miss, "record_params")
+d, misses = registering(record)
 buf = C.zeros(8, C.u64)
 view = base[1:]
 d(buf, np.uint32(1), backed(view), grid=1, block=1)
@@ -693,12 +698,7 @@ print(json.dumps(out))
 @pytest.mark.usefixtures("fake_driver")
 def test_function_hits_launch_with_the_pointers_read():
     out = run_json(FAKE_DRIVER_PRELUDE + '''
-misses = []
-def miss(args, kwargs):
-    misses.append(len(args))
-    d.register(args, record)
-    return record(*args, **kwargs)
-d = C.Dispatcher(miss, "record_params")
+d, misses = registering(record)
 buf = C.zeros(8, C.u64)
 a, b, c = C.empty(16), C.empty(16), C.empty(16)
 tensor = Tensor(int(c.ptr), (16,), (1,))
@@ -757,12 +757,7 @@ def test_host_device_arrays_never_reach_a_cuda_launch():
     """The CPU backend's DeviceArrays hold host addresses: a CUDA launch
     refuses them, and the dispatcher never serves them from its table."""
     out = run_json(FAKE_DRIVER_PRELUDE + '''
-misses = []
-def miss(args, kwargs):
-    misses.append(len(args))
-    d.register(args, record)
-    return record(*args, **kwargs)
-d = C.Dispatcher(miss, "record_params")
+d, misses = registering(record)
 buf = C.zeros(8, C.u64)
 host = C.zeros(16, host=True)
 try:
@@ -1020,10 +1015,7 @@ def waits():
     return [line.split()[0] for line in lines if line.split()[0] in ("cuEventRecord", "cuStreamWaitEvent")]
 buf, a, b, c = C.zeros(8, C.u64), C.empty(4), C.empty(4), C.empty(4)
 arrays = [ndarray(int(x.ptr), (4,)) for x in (a, b, c)]
-def miss(args, kwargs):
-    d.register(args, record)
-    return record(*args, **kwargs)
-d = C.Dispatcher(miss, "record_params")
+d, _ = registering(record)
 producer = C.Stream()
 '''
 
@@ -1263,10 +1255,7 @@ buf, a = C.zeros(8, C.u64), C.empty(16)
 c, j = ndarray(int(a.ptr), (16,)), ArrayImpl(int(a.ptr), (16,))
 current[0] = Stream(C.Stream().handle)      # every call waits for CuPy's stream
 reads_only = module.get_function("record_params", params=["ptr", C.u32, "ptr", "ptr", "ptr"], stores=[0])
-def miss(args, kwargs):
-    d.register(args, reads_only)
-    return reads_only(*args, **kwargs)
-d = C.Dispatcher(miss, "record_params")
+d, _ = registering(reads_only)
 args = (buf, np.uint32(3), c, j, c)
 def loop(n):
     for _ in range(n):
