@@ -2065,6 +2065,22 @@ static int retain_for_graph(PyObject *function, PyObject *const *args, Py_ssize_
     return 0;
 }
 
+enum { KW_GRID, KW_BLOCK, KW_SHARED_MEM, KW_CLUSTER, KW_STREAM, KW_OTHER };
+
+/* Which launch keyword `key` is. Keywords from call sites are interned:
+ * identity settles it, before any string is compared. */
+static int launch_keyword(PyObject *key)
+{
+    PyObject *const names[] = {str_grid, str_block, str_shared_mem, str_cluster, str_stream};
+    for (int i = 0; i < KW_OTHER; i++)
+        if (key == names[i])
+            return i;
+    for (int i = 0; i < KW_OTHER; i++)
+        if (PyUnicode_Compare(key, names[i]) == 0)
+            return i;
+    return KW_OTHER;
+}
+
 PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     return mg_cu_function_launch_known(function, args, nargs, kwnames, 0, 0, NULL, NULL, NULL, 0);
@@ -2098,18 +2114,18 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t i = 0; i < nkw; i++) {
         PyObject *key = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
-        /* Keywords from call sites are interned: identity settles it. */
-        if (key == str_grid || PyUnicode_Compare(key, str_grid) == 0) {
+        int keyword = launch_keyword(key);
+        if (keyword == KW_GRID) {
             if (parse_dims(self, value, "grid", grid, &ran_python) < 0)
                 goto error;
             have_grid = 1;
         }
-        else if (key == str_block || PyUnicode_Compare(key, str_block) == 0) {
+        else if (keyword == KW_BLOCK) {
             if (parse_dims(self, value, "block", block, &ran_python) < 0)
                 goto error;
             have_block = 1;
         }
-        else if (key == str_shared_mem || PyUnicode_Compare(key, str_shared_mem) == 0) {
+        else if (keyword == KW_SHARED_MEM) {
             int overflow = 0;
             long long n = PyLong_Check(value) ? PyLong_AsLongLongAndOverflow(value, &overflow) : -1;
             if (!PyLong_Check(value) || overflow || n < 0 || n > (long long)UINT32_MAX) {
@@ -2118,14 +2134,14 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
             }
             shared_mem = (unsigned long long)n;
         }
-        else if (key == str_cluster || PyUnicode_Compare(key, str_cluster) == 0) {
+        else if (keyword == KW_CLUSTER) {
             if (value != Py_None) {
                 if (parse_dims(self, value, "cluster", cluster, &ran_python) < 0)
                     goto error;
                 have_cluster = 1;
             }
         }
-        else if (key == str_stream || PyUnicode_Compare(key, str_stream) == 0) {
+        else if (keyword == KW_STREAM) {
             ran_python |= value != Py_None && !PyObject_TypeCheck(value, mg_cu_Stream_type) && !PyLong_Check(value);
             if (!mg_cu_stream_converter(value, &stream))
                 goto error;
