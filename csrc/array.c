@@ -1793,12 +1793,14 @@ static PyObject *str_is_cuda, *str_is_cpu, *str_data_ptr, *str_dtype_attr, *str_
                 *str_get_device, *str_module, *str_is_contiguous, *str_data, *str_ptr, *str_device_id,
                 *str_c_contiguous, *str_strides, *str_get_current_stream, *str_export_version,
                 *str_cupy_cuda, *str_cupy_util, *str_is_ready, *str_block_until_ready,
-                *str_unsafe_buffer_pointer, *str_is_deleted, *str_aval, *str_ndim, *str_size,
+                *str_unsafe_buffer_pointer, *str_is_deleted, *str_aval, *str_ndim,
                 *str_torch_function, *str_torch_dispatch, *str_torch_c, *str_disabled_torch_function,
                 *str_torch_utils_dlpack, *str_to_dlpack, *str_dlpack_exchange, *str_pyx_capi,
-                *str_cupy_backends_stream, *str_get_current_stream_ptr, *str_is_ptds_enabled;
+                *str_cupy_backends_stream, *str_get_current_stream_ptr, *str_get_stream_ptr,
+                *str_is_ptds_enabled;
 /* The C signatures CuPy's stream module gives the functions behind its current stream. */
 #define CUPY_STREAM_PTR_SIGNATURE "intptr_t (void)"
+#define CUPY_DEVICE_STREAM_PTR_SIGNATURE "intptr_t (int)"
 #define CUPY_PTDS_SIGNATURE "int (void)"
 /* torch.Tensor once an instance was seen (strong): torch is never imported here. */
 static PyTypeObject *torch_tensor_type;
@@ -1929,8 +1931,8 @@ enum { READER_GENERIC, READER_TORCH, READER_CUPY, READER_JAX };
  * the lookup; None where the attribute is looked up as usual. */
 enum { TORCH_EXCHANGE, TORCH_TO_DLPACK, TORCH_IS_CUDA, TORCH_IS_CPU, TORCH_DTYPE, TORCH_SHAPE, TORCH_PLAN };
 enum {
-    CUPY_CURRENT_STREAM, CUPY_SETTINGS, CUPY_STREAM_PTR, CUPY_PTDS, CUPY_DATA, CUPY_DTYPE, CUPY_NDIM, CUPY_SIZE,
-    CUPY_SHAPE, CUPY_C_CONTIGUOUS, CUPY_STRIDES, CUPY_PLAN
+    CUPY_CURRENT_STREAM, CUPY_SETTINGS, CUPY_STREAM_PTR, CUPY_DEVICE_STREAM_PTR, CUPY_PTDS, CUPY_DATA, CUPY_DTYPE,
+    CUPY_NDIM, CUPY_SHAPE, CUPY_C_CONTIGUOUS, CUPY_STRIDES, CUPY_PLAN
 };
 
 typedef struct {
@@ -1989,25 +1991,54 @@ static unsigned int type_version(PyTypeObject *type)
 
 /* The data descriptor that attribute lookup finds for `name` on `type`,
  * where calling it is all PyObject_GetAttr would do: a C getter or member
- * (a data descriptor, which an instance's __dict__ cannot hide) on a type
- * whose attribute lookup is the usual one. New reference; None otherwise. */
-static PyObject *data_descriptor(PyTypeObject *type, PyObject *name)
+ * (a data descriptor, which an instance's __dict__ cannot hide; not one
+ * whose reads raise an audit event) on a type whose attribute lookup is the
+ * usual one. Borrowed; NULL otherwise. */
+static PyObject *c_descriptor(PyTypeObject *type, PyObject *name)
 {
     if (type->tp_getattro == PyObject_GenericGetAttr) {
-        PyObject *descr = _PyType_Lookup(type, name);   /* borrowed; runs no Python code */
-        if (descr != NULL && (Py_IS_TYPE(descr, &PyGetSetDescr_Type) || Py_IS_TYPE(descr, &PyMemberDescr_Type)))
-            return Py_NewRef(descr);
+        PyObject *descr = _PyType_Lookup(type, name);   /* runs no Python code */
+        if (descr != NULL && (Py_IS_TYPE(descr, &PyGetSetDescr_Type) ||
+                              (Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+                               !(((PyMemberDescrObject *)descr)->d_member->flags & READ_RESTRICTED))))
+            return descr;
     }
-    return Py_NewRef(Py_None);
+    return NULL;
 }
 
-/* obj.<name>, through the plan's descriptor in `slot` where it has one. */
+/* c_descriptor as a plan keeps it: a new reference, None where there is none. */
+static PyObject *data_descriptor(PyTypeObject *type, PyObject *name)
+{
+    PyObject *descr = c_descriptor(type, name);
+    return Py_NewRef(descr != NULL ? descr : Py_None);
+}
+
+/* What c_descriptor `descr`, found on the type of `obj`, reads of `obj`: its
+ * C getter or member, called without the type check the descriptor would
+ * make first, which that lookup settled. */
+static PyObject *read_descriptor(PyObject *descr, PyObject *obj)
+{
+    if (Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
+        PyGetSetDef *getset = ((PyGetSetDescrObject *)descr)->d_getset;
+        return getset->get(obj, getset->closure);
+    }
+    return PyMember_GetOne((const char *)obj, ((PyMemberDescrObject *)descr)->d_member);
+}
+
+/* obj.<name>, through its type's C getter or member where it has one: for
+ * an object whose type no plan keeps (the lookup costs a little). */
+static PyObject *get_attr(PyObject *obj, PyObject *name)
+{
+    PyObject *descr = c_descriptor(Py_TYPE(obj), name);
+    return descr != NULL ? read_descriptor(descr, obj) : PyObject_GetAttr(obj, name);
+}
+
+/* obj.<name>, through the plan's descriptor in `slot` where it has one (the
+ * plan is that of `obj`'s type, whose lookup found the descriptor). */
 static PyObject *plan_get(PyObject *obj, PyObject *plan, int slot, PyObject *name)
 {
     PyObject *descr = PyTuple_GET_ITEM(plan, slot);
-    if (descr != Py_None)
-        return Py_TYPE(descr)->tp_descr_get(descr, obj, (PyObject *)Py_TYPE(obj));
-    return PyObject_GetAttr(obj, name);
+    return descr != Py_None ? read_descriptor(descr, obj) : PyObject_GetAttr(obj, name);
 }
 
 /* Attribute `name` of the module `module_name` if that module was imported
@@ -2127,7 +2158,9 @@ static PyObject *cython_function(PyObject *module, PyObject *name, const char *s
 
 /* READER_CUPY's plan for `type`: CuPy's get_current_stream and settings
  * module (cupy._util), looked up without importing anything; the C
- * functions behind get_current_stream's pointer, where CuPy exports them;
+ * functions behind get_current_stream's pointer (the current device's,
+ * one device's, and whether the null stream is per thread), where CuPy
+ * exports them;
  * and the descriptors of the arrays' attributes. A new reference; None
  * where CuPy lacks get_current_stream (its arrays are then read through
  * their protocol); NULL on an error that must propagate. */
@@ -2149,10 +2182,13 @@ static PyObject *cupy_plan(PyTypeObject *type)
     PyTuple_SET_ITEM(plan, CUPY_CURRENT_STREAM, current_stream);
     PyTuple_SET_ITEM(plan, CUPY_SETTINGS, settings);
     PyObject *stream_ptr = cython_function(str_cupy_backends_stream, str_get_current_stream_ptr, CUPY_STREAM_PTR_SIGNATURE);
-    PyObject *ptds = stream_ptr != NULL ? cython_function(str_cupy_backends_stream, str_is_ptds_enabled,
-                                                          CUPY_PTDS_SIGNATURE) : NULL;
+    PyObject *device_stream_ptr = stream_ptr != NULL ? cython_function(str_cupy_backends_stream, str_get_stream_ptr,
+                                                                       CUPY_DEVICE_STREAM_PTR_SIGNATURE) : NULL;
+    PyObject *ptds = device_stream_ptr != NULL ? cython_function(str_cupy_backends_stream, str_is_ptds_enabled,
+                                                                 CUPY_PTDS_SIGNATURE) : NULL;
     if (ptds == NULL) {
         Py_XDECREF(stream_ptr);
+        Py_XDECREF(device_stream_ptr);
         Py_DECREF(plan);
         return NULL;
     }
@@ -2161,31 +2197,40 @@ static PyObject *cupy_plan(PyTypeObject *type)
         Py_SETREF(ptds, Py_NewRef(Py_None));
     }
     PyTuple_SET_ITEM(plan, CUPY_STREAM_PTR, stream_ptr);
+    PyTuple_SET_ITEM(plan, CUPY_DEVICE_STREAM_PTR, device_stream_ptr);
     PyTuple_SET_ITEM(plan, CUPY_PTDS, ptds);
-    PyObject *const names[] = {str_data, str_dtype_attr, str_ndim, str_size, str_shape, str_c_contiguous,
-                               str_strides, NULL};
+    PyObject *const names[] = {str_data, str_dtype_attr, str_ndim, str_shape, str_c_contiguous, str_strides, NULL};
     plan_descriptors(plan, type, CUPY_DATA, names);
     return plan;
 }
 
-/* 0, or -1 only for an exception that is not an Exception. */
-static int reader_of(PyTypeObject *type, reader_info *info)
+/* The reader of `type` where the type was classified and has not changed
+ * since: 1 with `info` filled, else 0 with `info->plan` NULL. */
+static int known_reader(PyTypeObject *type, reader_info *info)
 {
     info->plan = NULL;
     info->type = type;
     info->readonly = -1;
     unsigned int version = type->tp_version_tag;
-    int slot = type_slot(type);   /* where the type changed since, it is classified again in its slot */
-    if (slot >= 0 && version != 0 && type_readers[slot].version == version) {
-        type_reader *r = &type_readers[slot];
-        info->reader = r->reader;
-        info->readonly = r->readonly;
-        info->plan = Py_XNewRef(r->plan);
+    int slot = type_slot(type);
+    if (slot < 0 || version == 0 || type_readers[slot].version != version)
         return 0;
-    }
+    type_reader *r = &type_readers[slot];
+    info->reader = r->reader;
+    info->readonly = r->readonly;
+    info->plan = Py_XNewRef(r->plan);
+    return 1;
+}
+
+/* 0, or -1 only for an exception that is not an Exception. */
+static int reader_of(PyTypeObject *type, reader_info *info)
+{
+    if (known_reader(type, info))
+        return 0;
+    int slot = type_slot(type);   /* a type that changed since is classified again in its slot */
     int reader = READER_GENERIC;
     PyObject *plan = NULL;   /* NULL: the reader has none */
-    version = type_version(type);
+    unsigned int version = type_version(type);
     if (is_torch_tensor(type)) {
         if ((plan = torch_plan(type)) == NULL)
             return -1;
@@ -2306,7 +2351,7 @@ static int take_int(PyObject *value, long long *out)
     if (ok)
         *out = PyLong_AsLongLong(value);
     Py_DECREF(value);
-    return ok && !PyErr_Occurred() ? 0 : -1;
+    return ok && (*out != -1 || !PyErr_Occurred()) ? 0 : -1;
 }
 
 /* An int attribute (or, with `call`, method result) of `obj`, as take_int. */
@@ -2486,20 +2531,48 @@ static int cupy_stream(const reader_info *info, mg_foreign_memo *memo)
     if (memo->cupy_stream_read)
         return 0;
     long long version, handle;
-    if (read_int(PyTuple_GET_ITEM(info->plan, CUPY_SETTINGS), str_export_version, 0, &version) < 0)
+    PyObject *settings = PyTuple_GET_ITEM(info->plan, CUPY_SETTINGS);
+    /* A plain module's attribute is its dict's entry: read there, without the lookup around it */
+    PyObject *exported = PyModule_CheckExact(settings) ? PyDict_GetItemWithError(PyModule_GetDict(settings),
+                                                                                  str_export_version) : NULL;
+    if (exported == NULL && PyErr_Occurred())
+        return -1;
+    if (take_int(exported != NULL ? Py_NewRef(exported) : PyObject_GetAttr(settings, str_export_version),
+                 &version) < 0)
         return -1;
     memo->cupy_wait = version == 3;
     memo->cupy_stream = NULL;
     PyObject *stream_ptr = PyTuple_GET_ITEM(info->plan, CUPY_STREAM_PTR);
+    PyObject *device_stream_ptr = PyTuple_GET_ITEM(info->plan, CUPY_DEVICE_STREAM_PTR);
     if (version == 3 && stream_ptr != Py_None) {
-        intptr_t (*current)(void) = (intptr_t (*)(void))PyCapsule_GetPointer(stream_ptr, CUPY_STREAM_PTR_SIGNATURE);
-        int (*ptds)(void) = (int (*)(void))PyCapsule_GetPointer(PyTuple_GET_ITEM(info->plan, CUPY_PTDS),
-                                                                CUPY_PTDS_SIGNATURE);
-        intptr_t pointer = current != NULL && ptds != NULL ? current() : 0;
-        if (current == NULL || ptds == NULL || PyErr_Occurred())
+        intptr_t pointer;
+        if (device_stream_ptr != Py_None && mg_cu_sole_device() == 0) {
+            /* With one GPU, CuPy's current device is device 0: its stream there is the current
+             * one, found without asking the CUDA runtime which device is current */
+            intptr_t (*of_device)(int) = (intptr_t (*)(int))PyCapsule_GetPointer(device_stream_ptr,
+                                                                                CUPY_DEVICE_STREAM_PTR_SIGNATURE);
+            if (of_device == NULL)
+                return -1;
+            pointer = of_device(0);
+        }
+        else {
+            intptr_t (*current)(void) = (intptr_t (*)(void))PyCapsule_GetPointer(stream_ptr,
+                                                                                CUPY_STREAM_PTR_SIGNATURE);
+            if (current == NULL)
+                return -1;
+            pointer = current();
+        }
+        if (PyErr_Occurred())
             return -1;
-        /* CuPy's null stream is the per-thread default stream where CuPy was told to use that */
-        memo->cupy_stream = (CUstream)(pointer != 0 ? pointer : ptds() ? (intptr_t)CU_STREAM_PER_THREAD : 0);
+        if (pointer == 0) {
+            /* CuPy's null stream is the per-thread default stream where CuPy was told to use that */
+            int (*ptds)(void) = (int (*)(void))PyCapsule_GetPointer(PyTuple_GET_ITEM(info->plan, CUPY_PTDS),
+                                                                    CUPY_PTDS_SIGNATURE);
+            if (ptds == NULL)
+                return -1;
+            pointer = ptds() ? (intptr_t)CU_STREAM_PER_THREAD : 0;
+        }
+        memo->cupy_stream = (CUstream)pointer;
     }
     else if (version == 3) {
         PyObject *stream = PyObject_CallNoArgs(PyTuple_GET_ITEM(info->plan, CUPY_CURRENT_STREAM));
@@ -2518,36 +2591,54 @@ static int cupy_stream(const reader_info *info, mg_foreign_memo *memo)
     return 0;
 }
 
+/* The DType of `value`, a NumPy dtype read from an array: 0, or -1 (with
+ * or without an error set) where it is no dtype or one mlirgpu lacks. The
+ * dtype read last is kept (a strong reference: its address names no other
+ * object while kept) with its DType, as launch after launch reads the same
+ * one; a NumPy dtype never changes what dtype_from_descr reads. */
+static PyObject *last_descr;
+static mg_dtype *last_descr_dtype;
+
+static int numpy_dtype(PyObject *value, mg_dtype **out)
+{
+    if (value == last_descr) {
+        *out = last_descr_dtype;
+        return 0;
+    }
+    if (!PyArray_DescrCheck(value) || dtype_from_descr((PyArray_Descr *)value, out) < 0)
+        return -1;
+    Py_XSETREF(last_descr, Py_NewRef(value));
+    last_descr_dtype = *out;
+    return 0;
+}
+
 /* A CuPy array: data.ptr and the stream, and for a signature dtype, shape
- * (a 1-D array's from its size, which CuPy keeps as a number where the
- * shape is a tuple built on each read), _c_contiguous (strides only when
- * not) and, with more than one GPU, data.device_id, as the slow path would
- * read them from its __cuda_array_interface__. */
+ * (a 1-D array's from len(), which makes no object, where the shape is a
+ * tuple built on each read), _c_contiguous (strides only when not) and,
+ * with more than one GPU, data.device_id, as the slow path would read them
+ * from its __cuda_array_interface__. */
 static int cupy_read(PyObject *obj, const reader_info *info, mg_foreign *out, int full, mg_foreign_memo *memo)
 {
     PyObject *plan = info->plan, *data = NULL, *value = NULL;
     long long number;
     int count;
-    if ((data = plan_get(obj, plan, CUPY_DATA, str_data)) == NULL || read_int(data, str_ptr, 0, &number) < 0)
+    if ((data = plan_get(obj, plan, CUPY_DATA, str_data)) == NULL || take_int(get_attr(data, str_ptr), &number) < 0)
         goto fallback;
     out->ptr = (CUdeviceptr)(unsigned long long)number;
     if (full) {
         if ((out->device = mg_cu_sole_device()) < 0) {
-            if (read_int(data, str_device_id, 0, &number) < 0 || number < 0 || number > INT32_MAX)
+            if (take_int(get_attr(data, str_device_id), &number) < 0 || number < 0 || number > INT32_MAX)
                 goto fallback;
             out->device = (int)number;
         }
-        if ((value = plan_get(obj, plan, CUPY_DTYPE, str_dtype_attr)) == NULL || !PyArray_DescrCheck(value) ||
-            dtype_from_descr((PyArray_Descr *)value, &out->dtype) < 0)
+        if ((value = plan_get(obj, plan, CUPY_DTYPE, str_dtype_attr)) == NULL || numpy_dtype(value, &out->dtype) < 0)
             goto fallback;
         if (take_int(plan_get(obj, plan, CUPY_NDIM, str_ndim), &number) < 0)
             goto fallback;
         if (number == 1) {
-            if (take_int(plan_get(obj, plan, CUPY_SIZE, str_size), &number) < 0 || number < 0 ||
-                number > PY_SSIZE_T_MAX)
+            if ((out->shape[0] = PyObject_Length(obj)) < 0)
                 goto fallback;
             out->ndim = 1;
-            out->shape[0] = (Py_ssize_t)number;
         }
         else {
             Py_SETREF(value, plan_get(obj, plan, CUPY_SHAPE, str_shape));
@@ -2557,7 +2648,9 @@ static int cupy_read(PyObject *obj, const reader_info *info, mg_foreign *out, in
         Py_SETREF(value, plan_get(obj, plan, CUPY_C_CONTIGUOUS, str_c_contiguous));
         if (value == Py_True) {
             Py_ssize_t size;
-            if (c_strides(out->ndim, out->shape, out->dtype->itemsize, out->strides, &size) < 0)
+            if (out->ndim == 1)
+                out->strides[0] = out->dtype->itemsize;
+            else if (c_strides(out->ndim, out->shape, out->dtype->itemsize, out->strides, &size) < 0)
                 goto fallback;
         }
         else {
@@ -2565,7 +2658,8 @@ static int cupy_read(PyObject *obj, const reader_info *info, mg_foreign *out, in
             if (value == NULL || read_ints(value, out->strides, &count) < 0 || count != out->ndim)
                 goto fallback;
         }
-        out->contiguous = foreign_contiguous(out);
+        /* C strides are contiguous by construction */
+        out->contiguous = value == Py_True || foreign_contiguous(out);
     }
     if (cupy_stream(info, memo) < 0)
         goto fallback;
@@ -2756,7 +2850,7 @@ static int jax_read(PyObject *obj, reader_info *info, mg_foreign *out)
     if ((out->readonly = jax_readonly(obj, info)) < 0 || (aval = PyObject_GetAttr(obj, str_aval)) == NULL)
         goto fallback;
     Py_SETREF(value, PyObject_GetAttr(aval, str_dtype_attr));
-    if (value == NULL || !PyArray_DescrCheck(value) || dtype_from_descr((PyArray_Descr *)value, &out->dtype) < 0)
+    if (value == NULL || numpy_dtype(value, &out->dtype) < 0)
         goto fallback;
     Py_SETREF(value, PyObject_GetAttr(aval, str_shape));
     if (value == NULL || read_ints(value, out->shape, &out->ndim) < 0 ||
@@ -2843,18 +2937,20 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_mem
     out->readonly = 0;
     out->wait = 0;
     out->producer = NULL;
-    int library = mg_array_library_type(Py_TYPE(obj));
-    if (!library && PyObject_TypeCheck(obj, mg_array_type)) {
-        fill_from_array((mg_array *)obj, out);
-        return 1;
-    }
-    if (!library && PyArray_Check(obj)) {
-        fill_from_numpy((PyArrayObject *)obj, out);
-        return 1;
-    }
     reader_info info;
-    if (reader_of(Py_TYPE(obj), &info) < 0)
-        return -1;
+    /* A torch, CuPy or JAX array's type is known: the checks below are for the rest. */
+    if (!known_reader(Py_TYPE(obj), &info) || info.reader == READER_GENERIC) {
+        if (PyObject_TypeCheck(obj, mg_array_type)) {
+            fill_from_array((mg_array *)obj, out);
+            return 1;
+        }
+        if (PyArray_Check(obj)) {
+            fill_from_numpy((PyArrayObject *)obj, out);
+            return 1;
+        }
+        if (reader_of(Py_TYPE(obj), &info) < 0)
+            return -1;
+    }
     int status = 0;
     if (info.reader == READER_TORCH)
         status = torch_read(obj, info.plan, out, full);
@@ -3389,7 +3485,7 @@ int mg_array_init(PyObject *module)
         intern(&str_is_ready, "is_ready") < 0 || intern(&str_block_until_ready, "block_until_ready") < 0 ||
         intern(&str_unsafe_buffer_pointer, "unsafe_buffer_pointer") < 0 ||
         intern(&str_is_deleted, "is_deleted") < 0 || intern(&str_aval, "aval") < 0 ||
-        intern(&str_ndim, "ndim") < 0 || intern(&str_size, "size") < 0 ||
+        intern(&str_ndim, "ndim") < 0 ||
         intern(&str_torch_function, "__torch_function__") < 0 ||
         intern(&str_torch_dispatch, "__torch_dispatch__") < 0 || intern(&str_torch_c, "torch._C") < 0 ||
         intern(&str_disabled_torch_function, "_disabled_torch_function_impl") < 0 ||
@@ -3397,6 +3493,7 @@ int mg_array_init(PyObject *module)
         intern(&str_dlpack_exchange, "__dlpack_c_exchange_api__") < 0 ||
         intern(&str_pyx_capi, "__pyx_capi__") < 0 || intern(&str_cupy_backends_stream, "cupy_backends.cuda.stream") < 0 ||
         intern(&str_get_current_stream_ptr, "get_current_stream_ptr") < 0 ||
+        intern(&str_get_stream_ptr, "get_stream_ptr") < 0 ||
         intern(&str_is_ptds_enabled, "is_ptds_enabled") < 0)
         return -1;
     if ((torch_dtypes = PyDict_New()) == NULL)

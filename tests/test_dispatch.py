@@ -903,9 +903,10 @@ class ndarray:
     @property
     def ndim(self):
         return len(self.shape)
-    @property
-    def size(self):
-        return int(np.prod(self.shape))
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
     @property
     def __cuda_array_interface__(self):
         ndarray.cai_reads += 1
@@ -965,17 +966,16 @@ def test_a_type_that_gains_or_loses_the_protocol_is_read_again():
 def test_cupy_like_arrays_are_read_through_their_types_attributes():
     """Attributes held in slots (C-level descriptors, as CuPy's are) are read
     through the descriptor found once per type, and a class that changes is
-    looked up again; a 1-D array's shape comes from its size, with no tuple."""
+    looked up again; a 1-D array's shape comes from len(), with no tuple."""
     out = run_json(FAKE_CUPY + '''
 import json
 import mlirgpu._mlirgpu as C
 class Slotted(ndarray):
-    __slots__ = ("dtype", "_c_contiguous", "data", "strides", "_shape", "size")
+    __slots__ = ("dtype", "_c_contiguous", "data", "strides", "_shape")
     shape_reads = 0
     def __init__(self, ptr, shape, dtype=np.float32):
         self.dtype, self._shape, self._c_contiguous = np.dtype(dtype), tuple(shape), True
         self.data = MemoryPointer(ptr, 0)
-        self.size = int(np.prod(shape))
     @property
     def shape(self):
         Slotted.shape_reads += 1
@@ -983,6 +983,8 @@ class Slotted(ndarray):
     @property
     def ndim(self):
         return len(self._shape)
+    def __len__(self):
+        return self._shape[0]
 Slotted.__module__ = "cupy._core.core"
 sig = lambda *a: [list(map(str, s)) for s in C.Dispatcher(lambda a, k: None, "k").signature(a)]
 out = {"one_d": sig(Slotted(4096, (12,)))}
@@ -1047,24 +1049,35 @@ print(json.dumps(out))
 
 
 @pytest.mark.usefixtures("fake_driver")
-def test_cupy_like_arrays_read_the_current_stream_through_cupys_c_functions(fake_libcuda):
+@pytest.mark.parametrize("devices, exports_get_stream_ptr", [(1, True), (1, False), (2, True)])
+def test_cupy_like_arrays_read_the_current_stream_through_cupys_c_functions(fake_libcuda, monkeypatch, devices,
+                                                                             exports_get_stream_ptr):
     """Where CuPy's stream module exports its C functions (Cython's
     __pyx_capi__), the current stream's pointer comes from them, not from a
-    Stream object; a null stream is the per-thread default stream where
-    CuPy was told to use that one."""
-    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_CUPY + cupy_stream_prelude(fake_libcuda) + '''
+    Stream object: with one GPU, from get_stream_ptr(0) where CuPy has it
+    (device 0 is then the current one), else from get_current_stream_ptr;
+    a null stream is the per-thread default stream where CuPy was told to
+    use that one."""
+    monkeypatch.setenv("FAKE_CUDA_DEVICES", str(devices))
+    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_CUPY + cupy_stream_prelude(fake_libcuda) + f'''
 import types
-ptds, c_calls = [0], [0]
+ptds, c_calls, device_calls = [0], [0], []
 def current_ptr():
     c_calls[0] += 1
     return current[0].ptr
+def device_ptr(device):
+    device_calls.append(device)
+    return current[0].ptr
 CURRENT, PTDS = ctypes.CFUNCTYPE(ctypes.c_ssize_t)(current_ptr), ctypes.CFUNCTYPE(ctypes.c_int)(lambda: ptds[0])
+OF_DEVICE = ctypes.CFUNCTYPE(ctypes.c_ssize_t, ctypes.c_int)(device_ptr)
 capsule_new = ctypes.pythonapi.PyCapsule_New
 capsule_new.restype, capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-NAMES = (b"intptr_t (void)", b"int (void)")
+capsule = lambda function, signature: capsule_new(ctypes.cast(function, ctypes.c_void_p).value, signature, None)
 backends = types.ModuleType("cupy_backends.cuda.stream")
-backends.__pyx_capi__ = {"get_current_stream_ptr": capsule_new(ctypes.cast(CURRENT, ctypes.c_void_p).value, NAMES[0], None),
-                          "is_ptds_enabled": capsule_new(ctypes.cast(PTDS, ctypes.c_void_p).value, NAMES[1], None)}
+backends.__pyx_capi__ = {{"get_current_stream_ptr": capsule(CURRENT, b"intptr_t (void)"),
+                          "is_ptds_enabled": capsule(PTDS, b"int (void)")}}
+if {exports_get_stream_ptr}:
+    backends.__pyx_capi__["get_stream_ptr"] = capsule(OF_DEVICE, b"intptr_t (int)")
 sys.modules["cupy_backends.cuda.stream"] = backends
 before = stream_reads[0]
 for path, launch in (("function", record), ("dispatcher", d)):
@@ -1078,14 +1091,18 @@ for path, launch in (("function", record), ("dispatcher", d)):
     launch(buf, np.uint32(3), *arrays, grid=1, block=1)
     out[path + "_per_thread"] = waits()
     ptds[0] = 0
-out["c_calls"], out["stream_object_reads"] = c_calls[0], stream_reads[0] - before
+out["c_calls"], out["device_calls"], out["stream_object_reads"] = c_calls[0], device_calls, stream_reads[0] - before
 print(json.dumps(out))
 ''')
     for path in ("function", "dispatcher"):
         assert out[path + "_null"] == []
         assert out[path + "_producer"] == ["cuEventRecord", "cuStreamWaitEvent"]
         assert out[path + "_per_thread"] == ["cuEventRecord", "cuStreamWaitEvent"]
-    assert out["c_calls"] >= 6 and out["stream_object_reads"] == 0
+    assert out["stream_object_reads"] == 0
+    if devices == 1 and exports_get_stream_ptr:
+        assert out["c_calls"] == 0 and len(out["device_calls"]) >= 6 and set(out["device_calls"]) == {0}
+    else:
+        assert out["c_calls"] >= 6 and out["device_calls"] == []
 
 
 # ---------------------------------------------------------------------------
