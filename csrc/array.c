@@ -1927,8 +1927,8 @@ enum { READER_GENERIC, READER_TORCH, READER_CUPY, READER_JAX };
 
 /* A reader's plan: a tuple of what it calls, found once per type. A
  * descriptor slot holds the C getter (or member) that attribute lookup on
- * the type finds, called directly as PyObject_GetAttr would call it after
- * the lookup; None where the attribute is looked up as usual. */
+ * the type finds, which read_descriptor calls directly; None where the
+ * attribute is looked up as usual. */
 enum { TORCH_EXCHANGE, TORCH_TO_DLPACK, TORCH_IS_CUDA, TORCH_IS_CPU, TORCH_DTYPE, TORCH_SHAPE, TORCH_PLAN };
 enum {
     CUPY_CURRENT_STREAM, CUPY_SETTINGS, CUPY_STREAM_PTR, CUPY_DEVICE_STREAM_PTR, CUPY_PTDS, CUPY_DATA, CUPY_DTYPE,
@@ -2160,8 +2160,7 @@ static PyObject *cython_function(PyObject *module, PyObject *name, const char *s
  * module (cupy._util), looked up without importing anything; the C
  * functions behind get_current_stream's pointer (the current device's,
  * one device's, and whether the null stream is per thread), where CuPy
- * exports them;
- * and the descriptors of the arrays' attributes. A new reference; None
+ * exports them; and the descriptors of the arrays' attributes. A new reference; None
  * where CuPy lacks get_current_stream (its arrays are then read through
  * their protocol); NULL on an error that must propagate. */
 static PyObject *cupy_plan(PyTypeObject *type)
