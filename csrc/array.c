@@ -1797,7 +1797,7 @@ static PyObject *str_is_cuda, *str_is_cpu, *str_data_ptr, *str_dtype_attr, *str_
                 *str_torch_function, *str_torch_dispatch, *str_torch_c, *str_disabled_torch_function,
                 *str_torch_utils_dlpack, *str_to_dlpack, *str_dlpack_exchange, *str_pyx_capi,
                 *str_cupy_backends_stream, *str_get_current_stream_ptr, *str_get_stream_ptr,
-                *str_is_ptds_enabled;
+                *str_is_ptds_enabled, *str_memory_pointer;
 /* The C signatures CuPy's stream module gives the functions behind its current stream. */
 #define CUPY_STREAM_PTR_SIGNATURE "intptr_t (void)"
 #define CUPY_DEVICE_STREAM_PTR_SIGNATURE "intptr_t (int)"
@@ -1925,21 +1925,57 @@ static int is_jax_array(PyTypeObject *type)
  * reads pointer, dtype, shape, strides and device anew. */
 enum { READER_GENERIC, READER_TORCH, READER_CUPY, READER_JAX };
 
-/* A reader's plan: a tuple of what it calls, found once per type. A
- * descriptor slot holds the C getter (or member) that attribute lookup on
- * the type finds, which read_descriptor calls directly; None where the
- * attribute is looked up as usual. */
-enum { TORCH_EXCHANGE, TORCH_TO_DLPACK, TORCH_IS_CUDA, TORCH_IS_CPU, TORCH_DTYPE, TORCH_SHAPE, TORCH_PLAN };
-enum {
-    CUPY_CURRENT_STREAM, CUPY_SETTINGS, CUPY_STREAM_PTR, CUPY_DEVICE_STREAM_PTR, CUPY_PTDS, CUPY_DATA, CUPY_DTYPE,
-    CUPY_NDIM, CUPY_SHAPE, CUPY_C_CONTIGUOUS, CUPY_STRIDES, CUPY_PLAN
-};
+/* One attribute of a plan's type, read as attribute lookup on that type
+ * would read it: through the C getter or member the lookup finds, called
+ * directly (without the descriptor's own type check, which the lookup
+ * settled), or else looked up as usual. */
+typedef struct {
+    PyObject *name;            /* one of this file's interned names */
+    getter get;                /* a getset descriptor's getter, with its closure */
+    void *closure;
+    PyMemberDef *member;       /* or a member descriptor's definition */
+} plan_attr;
+
+/* READER_TORCH's plan, see torch_plan. */
+typedef struct {
+    const DLPackExchangeAPI *exchange;   /* or NULL */
+    PyObject *to_dlpack;                 /* or NULL */
+    plan_attr is_cuda, is_cpu, dtype, shape;
+} torch_reads;
+
+/* READER_CUPY's plan, see cupy_plan. */
+typedef struct {
+    PyObject *current_stream;
+    PyObject *settings;
+    PyObject *settings_dict;             /* its dict where it is a plain module, else NULL */
+    intptr_t (*stream_ptr)(void);        /* NULL where CuPy does not export them */
+    intptr_t (*device_stream_ptr)(int);
+    int (*ptds)(void);
+    plan_attr data, dtype, ndim, shape, c_contiguous, strides;
+    PyTypeObject *pointer_type;          /* cupy.cuda.MemoryPointer, and its version tag; or NULL */
+    unsigned int pointer_version;
+    plan_attr ptr, device_id;
+} cupy_reads;
+
+/* What a reader calls, found once per type and kept by a capsule (the
+ * plan object), which releases `kept` with it. Every object the fields
+ * name is borrowed from `kept`. */
+#define PLAN_KEPT 16   /* CuPy's plan keeps 14 */
+typedef struct {
+    PyObject *kept[PLAN_KEPT];
+    int nkept;
+    union {
+        torch_reads torch;
+        cupy_reads cupy;
+    };
+} reader_plan;
 
 typedef struct {
     PyTypeObject *type;        /* strong; NULL: a free slot */
     unsigned int version;      /* type->tp_version_tag when classified */
     int reader;
-    PyObject *plan;            /* strong: READER_TORCH's and READER_CUPY's tuple, else NULL */
+    PyObject *plan;            /* strong: READER_TORCH's and READER_CUPY's plan object, else NULL */
+    const reader_plan *reads;  /* what `plan` keeps */
     int readonly;              /* JAX: whether its CAI exports arrays read-only; -1 until one was read */
 } type_reader;
 
@@ -1972,6 +2008,7 @@ typedef struct {
     PyTypeObject *type;        /* borrowed from the object being read */
     int reader, readonly;
     PyObject *plan;
+    const reader_plan *reads;  /* what `plan` keeps, or NULL */
 } reader_info;
 
 static void reader_info_release(reader_info *info)
@@ -2006,13 +2043,6 @@ static PyObject *c_descriptor(PyTypeObject *type, PyObject *name)
     return NULL;
 }
 
-/* c_descriptor as a plan keeps it: a new reference, None where there is none. */
-static PyObject *data_descriptor(PyTypeObject *type, PyObject *name)
-{
-    PyObject *descr = c_descriptor(type, name);
-    return Py_NewRef(descr != NULL ? descr : Py_None);
-}
-
 /* What c_descriptor `descr`, found on the type of `obj`, reads of `obj`: its
  * C getter or member, called without the type check the descriptor would
  * make first, which that lookup settled. */
@@ -2031,14 +2061,6 @@ static PyObject *get_attr(PyObject *obj, PyObject *name)
 {
     PyObject *descr = c_descriptor(Py_TYPE(obj), name);
     return descr != NULL ? read_descriptor(descr, obj) : PyObject_GetAttr(obj, name);
-}
-
-/* obj.<name>, through the plan's descriptor in `slot` where it has one (the
- * plan is that of `obj`'s type, whose lookup found the descriptor). */
-static PyObject *plan_get(PyObject *obj, PyObject *plan, int slot, PyObject *name)
-{
-    PyObject *descr = PyTuple_GET_ITEM(plan, slot);
-    return descr != Py_None ? read_descriptor(descr, obj) : PyObject_GetAttr(obj, name);
 }
 
 /* Attribute `name` of the module `module_name` if that module was imported
@@ -2066,11 +2088,64 @@ static int clear_exception(void)
     return 0;
 }
 
-/* Fills `plan`'s descriptor slots from `names` (NULL-terminated, slot by slot from `first`). */
-static void plan_descriptors(PyObject *plan, PyTypeObject *type, int first, PyObject *const *names)
+#define PLAN_CAPSULE "mlirgpu reader plan"
+
+static void plan_destroy(PyObject *capsule)
 {
-    for (int i = 0; names[i] != NULL; i++)
-        PyTuple_SET_ITEM(plan, first + i, data_descriptor(type, names[i]));
+    reader_plan *plan = PyCapsule_GetPointer(capsule, PLAN_CAPSULE);
+    for (int i = 0; i < plan->nkept; i++)
+        Py_DECREF(plan->kept[i]);
+    PyMem_Free(plan);
+}
+
+/* An empty plan: its object (a new reference; NULL on error) and, in *out, what it keeps. */
+static PyObject *plan_new(reader_plan **out)
+{
+    reader_plan *plan = PyMem_Calloc(1, sizeof *plan);
+    if (plan == NULL)
+        return PyErr_NoMemory();
+    PyObject *capsule = PyCapsule_New(plan, PLAN_CAPSULE, plan_destroy);
+    if (capsule == NULL)
+        PyMem_Free(plan);
+    *out = plan;
+    return capsule;
+}
+
+/* `obj` (a new reference, stolen), kept by `plan`: borrowed, or NULL
+ * where `obj` is NULL or None, or the plan is full (nothing is kept). */
+static PyObject *plan_keep(reader_plan *plan, PyObject *obj)
+{
+    if (obj == NULL || obj == Py_None || plan->nkept == PLAN_KEPT) {
+        Py_XDECREF(obj);
+        return NULL;
+    }
+    return plan->kept[plan->nkept++] = obj;
+}
+
+/* `type`'s attribute `name` as `plan` reads it (see plan_attr). */
+static void plan_attr_find(reader_plan *plan, plan_attr *attr, PyTypeObject *type, PyObject *name)
+{
+    *attr = (plan_attr){name, NULL, NULL, NULL};
+    PyObject *descr = c_descriptor(type, name);
+    if (descr == NULL || plan_keep(plan, Py_NewRef(descr)) == NULL)
+        return;
+    if (Py_IS_TYPE(descr, &PyGetSetDescr_Type) && ((PyGetSetDescrObject *)descr)->d_getset->get != NULL) {
+        attr->get = ((PyGetSetDescrObject *)descr)->d_getset->get;
+        attr->closure = ((PyGetSetDescrObject *)descr)->d_getset->closure;
+    }
+    else if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        attr->member = ((PyMemberDescrObject *)descr)->d_member;
+    }
+}
+
+/* `obj`'s attribute, `obj` being of the type `attr` was found on. */
+static inline PyObject *plan_attr_read(const plan_attr *attr, PyObject *obj)
+{
+    if (attr->get != NULL)
+        return attr->get(obj, attr->closure);
+    if (attr->member != NULL)
+        return PyMember_GetOne((const char *)obj, attr->member);
+    return PyObject_GetAttr(obj, attr->name);
 }
 
 /* Whether `type`'s tensors may be read around torch's Python layer: the
@@ -2115,28 +2190,34 @@ static PyObject *exchange_table(PyTypeObject *type)
  * (nothing is imported here); None where a reader may not use them. */
 static PyObject *torch_plan(PyTypeObject *type)
 {
-    PyObject *plan = PyTuple_New(TORCH_PLAN);
-    if (plan == NULL)
-        return NULL;
     int plain = torch_plain(type);
     PyObject *exchange = plain > 0 ? exchange_table(type) : Py_NewRef(Py_None);
     if (plain < 0 || exchange == NULL) {
-        Py_DECREF(plan);
         Py_XDECREF(exchange);
         return NULL;
     }
+    reader_plan *plan;
+    PyObject *object = plan_new(&plan);
+    if (object == NULL) {
+        Py_DECREF(exchange);
+        return NULL;
+    }
+    torch_reads *t = &plan->torch;
+    if ((exchange = plan_keep(plan, exchange)) != NULL)
+        t->exchange = PyCapsule_GetPointer(exchange, MG_DLPACK_EXCHANGE_NAME);
     PyObject *exporter = plain ? imported_attr(str_torch_utils_dlpack, str_to_dlpack) : NULL;
     if (exporter != NULL && !PyCallable_Check(exporter))
         Py_CLEAR(exporter);
-    PyTuple_SET_ITEM(plan, TORCH_EXCHANGE, exchange);
-    PyTuple_SET_ITEM(plan, TORCH_TO_DLPACK, exporter != NULL ? exporter : Py_NewRef(Py_None));
-    PyObject *const names[] = {str_is_cuda, str_is_cpu, str_dtype_attr, str_shape, NULL};
-    plan_descriptors(plan, type, TORCH_IS_CUDA, names);
+    t->to_dlpack = plan_keep(plan, exporter);
+    plan_attr_find(plan, &t->is_cuda, type, str_is_cuda);
+    plan_attr_find(plan, &t->is_cpu, type, str_is_cpu);
+    plan_attr_find(plan, &t->dtype, type, str_dtype_attr);
+    plan_attr_find(plan, &t->shape, type, str_shape);
     if (clear_exception() < 0) {
-        Py_DECREF(plan);
+        Py_DECREF(object);
         return NULL;
     }
-    return plan;
+    return object;
 }
 
 /* The C function Cython module `module` exports as `name` (its
@@ -2156,13 +2237,21 @@ static PyObject *cython_function(PyObject *module, PyObject *name, const char *s
     return clear_exception() < 0 ? NULL : Py_NewRef(Py_None);
 }
 
+/* The C function behind `capsule` (from cython_function, stolen), kept by `plan`; NULL where there is none. */
+static void *plan_function(reader_plan *plan, PyObject *capsule, const char *signature)
+{
+    capsule = plan_keep(plan, capsule);
+    return capsule != NULL ? PyCapsule_GetPointer(capsule, signature) : NULL;
+}
+
 /* READER_CUPY's plan for `type`: CuPy's get_current_stream and settings
  * module (cupy._util), looked up without importing anything; the C
  * functions behind get_current_stream's pointer (the current device's,
  * one device's, and whether the null stream is per thread), where CuPy
- * exports them; and the descriptors of the arrays' attributes. A new reference; None
- * where CuPy lacks get_current_stream (its arrays are then read through
- * their protocol); NULL on an error that must propagate. */
+ * exports them; how the arrays' attributes are read, and those of
+ * cupy.cuda.MemoryPointer, the type of their `data`. A new reference;
+ * None where CuPy lacks get_current_stream (its arrays are then read
+ * through their protocol); NULL on an error that must propagate. */
 static PyObject *cupy_plan(PyTypeObject *type)
 {
     PyObject *current_stream = imported_attr(str_cupy_cuda, str_get_current_stream);
@@ -2172,35 +2261,55 @@ static PyObject *cupy_plan(PyTypeObject *type)
         Py_XDECREF(settings);
         return clear_exception() < 0 ? NULL : Py_NewRef(Py_None);
     }
-    PyObject *plan = PyTuple_New(CUPY_PLAN);
-    if (plan == NULL) {
+    reader_plan *plan;
+    PyObject *object = plan_new(&plan);
+    if (object == NULL) {
         Py_DECREF(current_stream);
         Py_DECREF(settings);
         return NULL;
     }
-    PyTuple_SET_ITEM(plan, CUPY_CURRENT_STREAM, current_stream);
-    PyTuple_SET_ITEM(plan, CUPY_SETTINGS, settings);
+    cupy_reads *c = &plan->cupy;
+    c->current_stream = plan_keep(plan, current_stream);
+    c->settings = plan_keep(plan, settings);
+    /* A module's dict stays the same object for the module's life */
+    c->settings_dict = PyModule_CheckExact(settings) ? PyModule_GetDict(settings) : NULL;
     PyObject *stream_ptr = cython_function(str_cupy_backends_stream, str_get_current_stream_ptr, CUPY_STREAM_PTR_SIGNATURE);
     PyObject *device_stream_ptr = stream_ptr != NULL ? cython_function(str_cupy_backends_stream, str_get_stream_ptr,
                                                                        CUPY_DEVICE_STREAM_PTR_SIGNATURE) : NULL;
     PyObject *ptds = device_stream_ptr != NULL ? cython_function(str_cupy_backends_stream, str_is_ptds_enabled,
                                                                  CUPY_PTDS_SIGNATURE) : NULL;
-    if (ptds == NULL) {
+    PyObject *pointer_type = ptds != NULL ? imported_attr(str_cupy_cuda, str_memory_pointer) : NULL;
+    if (pointer_type == NULL && clear_exception() < 0) {
         Py_XDECREF(stream_ptr);
         Py_XDECREF(device_stream_ptr);
-        Py_DECREF(plan);
+        Py_XDECREF(ptds);
+        Py_DECREF(object);
         return NULL;
     }
-    if (stream_ptr == Py_None || ptds == Py_None) {   /* both or neither: a null stream means one of two */
-        Py_SETREF(stream_ptr, Py_NewRef(Py_None));
-        Py_SETREF(ptds, Py_NewRef(Py_None));
+    c->stream_ptr = plan_function(plan, stream_ptr, CUPY_STREAM_PTR_SIGNATURE);
+    c->device_stream_ptr = plan_function(plan, device_stream_ptr, CUPY_DEVICE_STREAM_PTR_SIGNATURE);
+    c->ptds = plan_function(plan, ptds, CUPY_PTDS_SIGNATURE);
+    if (c->stream_ptr == NULL || c->ptds == NULL) {   /* both or neither: a null stream means one of two */
+        c->stream_ptr = NULL;
+        c->ptds = NULL;
     }
-    PyTuple_SET_ITEM(plan, CUPY_STREAM_PTR, stream_ptr);
-    PyTuple_SET_ITEM(plan, CUPY_DEVICE_STREAM_PTR, device_stream_ptr);
-    PyTuple_SET_ITEM(plan, CUPY_PTDS, ptds);
-    PyObject *const names[] = {str_data, str_dtype_attr, str_ndim, str_shape, str_c_contiguous, str_strides, NULL};
-    plan_descriptors(plan, type, CUPY_DATA, names);
-    return plan;
+    plan_attr_find(plan, &c->data, type, str_data);
+    plan_attr_find(plan, &c->dtype, type, str_dtype_attr);
+    plan_attr_find(plan, &c->ndim, type, str_ndim);
+    plan_attr_find(plan, &c->shape, type, str_shape);
+    plan_attr_find(plan, &c->c_contiguous, type, str_c_contiguous);
+    plan_attr_find(plan, &c->strides, type, str_strides);
+    /* A type without a version tag could change unseen: its instances are looked up */
+    if (pointer_type != NULL && PyType_Check(pointer_type) &&
+        (c->pointer_version = type_version((PyTypeObject *)pointer_type)) != 0)
+        pointer_type = plan_keep(plan, pointer_type);
+    else
+        Py_CLEAR(pointer_type);
+    if ((c->pointer_type = (PyTypeObject *)pointer_type) != NULL) {
+        plan_attr_find(plan, &c->ptr, c->pointer_type, str_ptr);
+        plan_attr_find(plan, &c->device_id, c->pointer_type, str_device_id);
+    }
+    return object;
 }
 
 /* The reader of `type` where the type was classified and has not changed
@@ -2208,6 +2317,7 @@ static PyObject *cupy_plan(PyTypeObject *type)
 static int known_reader(PyTypeObject *type, reader_info *info)
 {
     info->plan = NULL;
+    info->reads = NULL;
     info->type = type;
     info->readonly = -1;
     unsigned int version = type->tp_version_tag;
@@ -2218,6 +2328,7 @@ static int known_reader(PyTypeObject *type, reader_info *info)
     info->reader = r->reader;
     info->readonly = r->readonly;
     info->plan = Py_XNewRef(r->plan);
+    info->reads = r->reads;
     return 1;
 }
 
@@ -2253,8 +2364,10 @@ static int reader_of(PyTypeObject *type, reader_info *info)
         info->reader = READER_GENERIC;
         return 0;
     }
+    const reader_plan *reads = plan != NULL ? PyCapsule_GetPointer(plan, PLAN_CAPSULE) : NULL;
     info->reader = reader;
     info->plan = Py_XNewRef(plan);
+    info->reads = reads;
     if (version == 0) {   /* CPython ran out of tags: classified on every call */
         Py_XDECREF(plan);
         return 0;
@@ -2267,7 +2380,7 @@ static int reader_of(PyTypeObject *type, reader_info *info)
         type_readers_next = (type_readers_next + 1) % TYPE_READERS;
     }
     type_reader old = type_readers[slot];
-    type_readers[slot] = (type_reader){(PyTypeObject *)Py_NewRef((PyObject *)type), version, reader, plan, -1};
+    type_readers[slot] = (type_reader){(PyTypeObject *)Py_NewRef((PyObject *)type), version, reader, plan, reads, -1};
     /* Released last: a type's deallocation may run code. */
     Py_XDECREF(old.type);
     Py_XDECREF(old.plan);
@@ -2414,15 +2527,15 @@ static int dl_read(const DLTensor *t, mg_dtype *dtype, mg_foreign *out)
  * dtype is torch's own. 1 filled; 0 read the attributes instead (a tensor
  * to_dlpack refuses, or one neither on a GPU nor on the host), with any
  * error left for reader_fallback. */
-static int torch_read_dlpack(PyObject *obj, PyObject *plan, mg_foreign *out)
+static int torch_read_dlpack(PyObject *obj, const torch_reads *t, mg_foreign *out)
 {
-    PyObject *value = plan_get(obj, plan, TORCH_DTYPE, str_dtype_attr);
+    PyObject *value = plan_attr_read(&t->dtype, obj);
     mg_dtype *dtype;
     int found = value == NULL ? -1 : torch_dtype(value, &dtype);
     Py_XDECREF(value);
     if (found <= 0)
         return 0;
-    PyObject *capsule = PyObject_CallOneArg(PyTuple_GET_ITEM(plan, TORCH_TO_DLPACK), obj);
+    PyObject *capsule = PyObject_CallOneArg(t->to_dlpack, obj);
     if (capsule == NULL)
         return 0;
     int status = 0;
@@ -2446,34 +2559,32 @@ static int torch_read_dlpack(PyObject *obj, PyObject *plan, mg_foreign *out)
  * is_cuda, data_ptr(), and for a signature dtype, shape, is_contiguous()
  * (stride() only when it is not) and, where the process sees more than one
  * GPU, get_device(). */
-static int torch_read(PyObject *obj, PyObject *plan, mg_foreign *out, int full)
+static int torch_read(PyObject *obj, const torch_reads *t, mg_foreign *out, int full)
 {
     PyObject *value = NULL;
     mg_dtype *dtype = NULL;
     long long number;
     int count;
-    PyObject *exchange = PyTuple_GET_ITEM(plan, TORCH_EXCHANGE);
-    if (exchange != Py_None) {
-        const DLPackExchangeAPI *api = PyCapsule_GetPointer(exchange, MG_DLPACK_EXCHANGE_NAME);
-        DLTensor t;
-        /* t's shape and strides are torch's own: read before any Python code runs */
-        if (api != NULL && api->dltensor_from_py_object_no_sync(obj, &t) == 0 && dtype_from_dl(t.dtype, &dtype) == 0 &&
-            dl_read(&t, dtype, out))
+    if (t->exchange != NULL) {
+        DLTensor tensor;
+        /* The tensor's shape and strides are torch's own: read before any Python code runs */
+        if (t->exchange->dltensor_from_py_object_no_sync(obj, &tensor) == 0 &&
+            dtype_from_dl(tensor.dtype, &dtype) == 0 && dl_read(&tensor, dtype, out))
             return 1;
         if (reader_fallback(out) < 0)
             return -1;
     }
-    else if (full && PyTuple_GET_ITEM(plan, TORCH_TO_DLPACK) != Py_None) {
-        if (torch_read_dlpack(obj, plan, out))
+    else if (full && t->to_dlpack != NULL) {
+        if (torch_read_dlpack(obj, t, out))
             return 1;
         if (reader_fallback(out) < 0)
             return -1;
     }
-    if ((value = plan_get(obj, plan, TORCH_IS_CUDA, str_is_cuda)) == NULL)
+    if ((value = plan_attr_read(&t->is_cuda, obj)) == NULL)
         goto fallback;
     if (value != Py_True) {
         /* meta, mps, xpu...: the slow path names what they are */
-        Py_SETREF(value, plan_get(obj, plan, TORCH_IS_CPU, str_is_cpu));
+        Py_SETREF(value, plan_attr_read(&t->is_cpu, obj));
         if (value != Py_True)
             goto fallback;
         out->host = 1;
@@ -2485,11 +2596,11 @@ static int torch_read(PyObject *obj, PyObject *plan, mg_foreign *out, int full)
     out->ptr = (CUdeviceptr)(unsigned long long)number;
     if (!full)
         goto done;
-    Py_SETREF(value, plan_get(obj, plan, TORCH_DTYPE, str_dtype_attr));
+    Py_SETREF(value, plan_attr_read(&t->dtype, obj));
     if (value == NULL || torch_dtype(value, &dtype) <= 0)
         goto fallback;
     out->dtype = dtype;
-    Py_SETREF(value, plan_get(obj, plan, TORCH_SHAPE, str_shape));
+    Py_SETREF(value, plan_attr_read(&t->shape, obj));
     if (value == NULL || read_ints(value, out->shape, &out->ndim) < 0)
         goto fallback;
     Py_SETREF(value, call_method(obj, str_is_contiguous));
@@ -2525,56 +2636,34 @@ fallback:
  * or none when CUDA_ARRAY_INTERFACE_EXPORT_VERSION is 2. Read once per call
  * (memo): every CuPy array of a call names the same stream. 0, or -1 to
  * take the slow path. */
-static int cupy_stream(const reader_info *info, mg_foreign_memo *memo)
+static int cupy_stream(const cupy_reads *c, mg_foreign_memo *memo)
 {
     if (memo->cupy_stream_read)
         return 0;
     long long version, handle;
-    PyObject *settings = PyTuple_GET_ITEM(info->plan, CUPY_SETTINGS);
     /* A plain module's attribute is its dict's entry: read there, without the lookup around it */
-    PyObject *exported = PyModule_CheckExact(settings) ? PyDict_GetItemWithError(PyModule_GetDict(settings),
-                                                                                  str_export_version) : NULL;
+    PyObject *exported = c->settings_dict != NULL ? PyDict_GetItemWithError(c->settings_dict, str_export_version) : NULL;
     if (exported == NULL && PyErr_Occurred())
         return -1;
-    if (take_int(exported != NULL ? Py_NewRef(exported) : PyObject_GetAttr(settings, str_export_version),
+    if (take_int(exported != NULL ? Py_NewRef(exported) : PyObject_GetAttr(c->settings, str_export_version),
                  &version) < 0)
         return -1;
     memo->cupy_wait = version == 3;
     memo->cupy_stream = NULL;
-    PyObject *stream_ptr = PyTuple_GET_ITEM(info->plan, CUPY_STREAM_PTR);
-    PyObject *device_stream_ptr = PyTuple_GET_ITEM(info->plan, CUPY_DEVICE_STREAM_PTR);
-    if (version == 3 && stream_ptr != Py_None) {
-        intptr_t pointer;
-        if (device_stream_ptr != Py_None && mg_cu_sole_device() == 0) {
-            /* With one GPU, CuPy's current device is device 0: its stream there is the current
-             * one, found without asking the CUDA runtime which device is current */
-            intptr_t (*of_device)(int) = (intptr_t (*)(int))PyCapsule_GetPointer(device_stream_ptr,
-                                                                                CUPY_DEVICE_STREAM_PTR_SIGNATURE);
-            if (of_device == NULL)
-                return -1;
-            pointer = of_device(0);
-        }
-        else {
-            intptr_t (*current)(void) = (intptr_t (*)(void))PyCapsule_GetPointer(stream_ptr,
-                                                                                CUPY_STREAM_PTR_SIGNATURE);
-            if (current == NULL)
-                return -1;
-            pointer = current();
-        }
+    if (version == 3 && c->stream_ptr != NULL) {
+        /* With one GPU, CuPy's current device is device 0: its stream there is the current
+         * one, found without asking the CUDA runtime which device is current */
+        intptr_t pointer = c->device_stream_ptr != NULL && mg_cu_sole_device() == 0 ? c->device_stream_ptr(0)
+                                                                                     : c->stream_ptr();
         if (PyErr_Occurred())
             return -1;
-        if (pointer == 0) {
-            /* CuPy's null stream is the per-thread default stream where CuPy was told to use that */
-            int (*ptds)(void) = (int (*)(void))PyCapsule_GetPointer(PyTuple_GET_ITEM(info->plan, CUPY_PTDS),
-                                                                    CUPY_PTDS_SIGNATURE);
-            if (ptds == NULL)
-                return -1;
-            pointer = ptds() ? (intptr_t)CU_STREAM_PER_THREAD : 0;
-        }
+        /* CuPy's null stream is the per-thread default stream where CuPy was told to use that */
+        if (pointer == 0 && c->ptds())
+            pointer = (intptr_t)CU_STREAM_PER_THREAD;
         memo->cupy_stream = (CUstream)pointer;
     }
     else if (version == 3) {
-        PyObject *stream = PyObject_CallNoArgs(PyTuple_GET_ITEM(info->plan, CUPY_CURRENT_STREAM));
+        PyObject *stream = PyObject_CallNoArgs(c->current_stream);
         if (stream == NULL)
             return -1;
         int status = read_int(stream, str_ptr, 0, &handle);
@@ -2616,23 +2705,29 @@ static int numpy_dtype(PyObject *value, mg_dtype **out)
  * tuple built on each read), _c_contiguous (strides only when not) and,
  * with more than one GPU, data.device_id, as the slow path would read them
  * from its __cuda_array_interface__. */
-static int cupy_read(PyObject *obj, const reader_info *info, mg_foreign *out, int full, mg_foreign_memo *memo)
+static int cupy_read(PyObject *obj, const cupy_reads *c, mg_foreign *out, int full, mg_foreign_memo *memo)
 {
-    PyObject *plan = info->plan, *data = NULL, *value = NULL;
+    PyObject *data, *value = NULL;
     long long number;
     int count;
-    if ((data = plan_get(obj, plan, CUPY_DATA, str_data)) == NULL || take_int(get_attr(data, str_ptr), &number) < 0)
+    if ((data = plan_attr_read(&c->data, obj)) == NULL)
+        goto fallback;
+    /* A MemoryPointer, as CuPy's arrays have, is read as the plan found; anything else is looked up */
+    const plan_attr *ptr = Py_IS_TYPE(data, c->pointer_type) && c->pointer_type->tp_version_tag == c->pointer_version
+                         ? &c->ptr : NULL;
+    if (take_int(ptr != NULL ? plan_attr_read(ptr, data) : get_attr(data, str_ptr), &number) < 0)
         goto fallback;
     out->ptr = (CUdeviceptr)(unsigned long long)number;
     if (full) {
         if ((out->device = mg_cu_sole_device()) < 0) {
-            if (take_int(get_attr(data, str_device_id), &number) < 0 || number < 0 || number > INT32_MAX)
+            if (take_int(ptr != NULL ? plan_attr_read(&c->device_id, data) : get_attr(data, str_device_id),
+                         &number) < 0 || number < 0 || number > INT32_MAX)
                 goto fallback;
             out->device = (int)number;
         }
-        if ((value = plan_get(obj, plan, CUPY_DTYPE, str_dtype_attr)) == NULL || numpy_dtype(value, &out->dtype) < 0)
+        if ((value = plan_attr_read(&c->dtype, obj)) == NULL || numpy_dtype(value, &out->dtype) < 0)
             goto fallback;
-        if (take_int(plan_get(obj, plan, CUPY_NDIM, str_ndim), &number) < 0)
+        if (take_int(plan_attr_read(&c->ndim, obj), &number) < 0)
             goto fallback;
         if (number == 1) {
             if ((out->shape[0] = PyObject_Length(obj)) < 0)
@@ -2640,11 +2735,11 @@ static int cupy_read(PyObject *obj, const reader_info *info, mg_foreign *out, in
             out->ndim = 1;
         }
         else {
-            Py_SETREF(value, plan_get(obj, plan, CUPY_SHAPE, str_shape));
+            Py_SETREF(value, plan_attr_read(&c->shape, obj));
             if (value == NULL || read_ints(value, out->shape, &out->ndim) < 0)
                 goto fallback;
         }
-        Py_SETREF(value, plan_get(obj, plan, CUPY_C_CONTIGUOUS, str_c_contiguous));
+        Py_SETREF(value, plan_attr_read(&c->c_contiguous, obj));
         if (value == Py_True) {
             Py_ssize_t size;
             if (out->ndim == 1)
@@ -2653,18 +2748,18 @@ static int cupy_read(PyObject *obj, const reader_info *info, mg_foreign *out, in
                 goto fallback;
         }
         else {
-            Py_SETREF(value, plan_get(obj, plan, CUPY_STRIDES, str_strides));
+            Py_SETREF(value, plan_attr_read(&c->strides, obj));
             if (value == NULL || read_ints(value, out->strides, &count) < 0 || count != out->ndim)
                 goto fallback;
         }
         /* C strides are contiguous by construction */
         out->contiguous = value == Py_True || foreign_contiguous(out);
     }
-    if (cupy_stream(info, memo) < 0)
+    if (cupy_stream(c, memo) < 0)
         goto fallback;
     out->wait = memo->cupy_wait;
     out->producer = memo->cupy_stream;
-    Py_XDECREF(data);
+    Py_DECREF(data);
     Py_XDECREF(value);
     return 1;
 fallback:
@@ -2952,9 +3047,9 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_mem
     }
     int status = 0;
     if (info.reader == READER_TORCH)
-        status = torch_read(obj, info.plan, out, full);
+        status = torch_read(obj, &info.reads->torch, out, full);
     else if (info.reader == READER_CUPY)
-        status = cupy_read(obj, &info, out, full, memo);
+        status = cupy_read(obj, &info.reads->cupy, out, full, memo);
     else if (info.reader == READER_JAX)
         status = jax_read(obj, &info, out);
     reader_info_release(&info);
@@ -3493,7 +3588,7 @@ int mg_array_init(PyObject *module)
         intern(&str_pyx_capi, "__pyx_capi__") < 0 || intern(&str_cupy_backends_stream, "cupy_backends.cuda.stream") < 0 ||
         intern(&str_get_current_stream_ptr, "get_current_stream_ptr") < 0 ||
         intern(&str_get_stream_ptr, "get_stream_ptr") < 0 ||
-        intern(&str_is_ptds_enabled, "is_ptds_enabled") < 0)
+        intern(&str_is_ptds_enabled, "is_ptds_enabled") < 0 || intern(&str_memory_pointer, "MemoryPointer") < 0)
         return -1;
     if ((torch_dtypes = PyDict_New()) == NULL)
         return -1;

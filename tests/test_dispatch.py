@@ -1003,6 +1003,40 @@ print(json.dumps(out))
     assert out["changed"] == [["array", "mlirgpu.f16", "(12,)", "None", "0"]]
 
 
+@pytest.mark.usefixtures("fake_driver")
+def test_cupy_like_memory_pointers_are_read_through_the_type_cupy_exports():
+    """A `data` of the type CuPy exports as cupy.cuda.MemoryPointer is read
+    through that type's descriptors, found along with the array type's; a
+    change to that type is seen at the next launch, and a `data` of any
+    other type is looked up."""
+    out = run_json(FAKE_DRIVER_PRELUDE + FAKE_CUPY + '''
+class Pointer:
+    __slots__ = ("ptr", "device_id")
+    def __init__(self, ptr, device_id):
+        self.ptr, self.device_id = ptr, device_id
+cupy.cuda.MemoryPointer = Pointer
+buf, a, b, c = C.zeros(8, C.u64), C.empty(4), C.empty(4), C.empty(4)
+def arrays(pointer_type):
+    made = [ndarray(int(x.ptr), (4,)) for x in (a, b, c)]
+    for x in made:
+        x.data = pointer_type(x.data.ptr, 0)
+    return made
+d, _ = registering(record)
+def launched(*arrays):
+    d(buf, np.uint32(3), *arrays, grid=1, block=1)
+    return [int(x) for x in buf.get()[:3]]
+out["slotted"] = launched(*arrays(Pointer))
+out["other"] = launched(*arrays(MemoryPointer))
+kept = arrays(Pointer)
+Pointer.ptr = property(lambda self: int(c.ptr))   # the type changes: read anew
+out["changed"] = launched(*kept)
+print(json.dumps(out))
+''')
+    pointers = out["slotted"]
+    assert len(set(pointers)) == 3 and out["other"] == pointers
+    assert out["changed"] == [pointers[2]] * 3
+
+
 def cupy_stream_prelude(fake_libcuda):
     """Code that gives the CuPy stream tests waits() (the stream-ordering
     calls the fake driver saw since the last call), three CuPy-like arrays,
