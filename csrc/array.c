@@ -2314,7 +2314,7 @@ static PyObject *cupy_plan(PyTypeObject *type)
 
 /* The reader of `type` where the type was classified and has not changed
  * since: 1 with `info` filled, else 0 with `info->plan` NULL. */
-static int known_reader(PyTypeObject *type, reader_info *info)
+static inline int known_reader(PyTypeObject *type, reader_info *info)
 {
     info->plan = NULL;
     info->reads = NULL;
@@ -2455,7 +2455,7 @@ static PyObject *call_method(PyObject *obj, PyObject *name)
 
 /* The int `value` (a new reference, consumed; NULL passes an error on): 0,
  * or -1 on anything else with the error (if any) left for the caller's fallback. */
-static int take_int(PyObject *value, long long *out)
+static inline int take_int(PyObject *value, long long *out)
 {
     if (value == NULL)
         return -1;
@@ -3020,8 +3020,16 @@ static void fill_from_numpy(PyArrayObject *a, mg_foreign *out)
     memcpy(out->strides, PyArray_STRIDES(a), (size_t)out->ndim * sizeof out->strides[0]);
 }
 
-static int foreign_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_memo *memo)
+/* `library`: only an array of a type known to be torch's, CuPy's or JAX's
+ * is read, anything else gives MG_NOT_LIBRARY. */
+static int foreign_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_memo *memo, int library)
 {
+    reader_info info;
+    int known = known_reader(Py_TYPE(obj), &info) && info.reader != READER_GENERIC;
+    if (library && !known) {
+        reader_info_release(&info);
+        return MG_NOT_LIBRARY;
+    }
     out->view = NULL;
     out->dtype = NULL;
     out->ndim = 0;
@@ -3031,9 +3039,9 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_mem
     out->readonly = 0;
     out->wait = 0;
     out->producer = NULL;
-    reader_info info;
     /* A torch, CuPy or JAX array's type is known: the checks below are for the rest. */
-    if (!known_reader(Py_TYPE(obj), &info) || info.reader == READER_GENERIC) {
+    if (!known) {
+        reader_info_release(&info);
         if (PyObject_TypeCheck(obj, mg_array_type)) {
             fill_from_array((mg_array *)obj, out);
             return 1;
@@ -3080,12 +3088,17 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_mem
 
 int mg_array_foreign_info(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo)
 {
-    return foreign_read(obj, out, 1, memo);
+    return foreign_read(obj, out, 1, memo, 0);
+}
+
+int mg_array_library_info(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo)
+{
+    return foreign_read(obj, out, 1, memo, 1);
 }
 
 int mg_array_foreign_pointer(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo)
 {
-    return foreign_read(obj, out, 0, memo);
+    return foreign_read(obj, out, 0, memo, 0);
 }
 
 int mg_dtype_of_scalar(PyObject *obj, mg_dtype **out)

@@ -140,6 +140,13 @@ int mg_array_library_type(PyTypeObject *type);
  * holds `obj` (which keeps the memory alive) until then. */
 int mg_array_foreign_info(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo);
 
+/* mg_array_foreign_info for an array of a type seen to be torch's, CuPy's
+ * or JAX's (as mg_array_library_type tells), read without the checks
+ * other objects need; MG_NOT_LIBRARY for anything else, with nothing set
+ * and no Python code run. */
+#define MG_NOT_LIBRARY (-2)
+int mg_array_library_info(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo);
+
 /* The same, but only ptr, host, view and wait/producer are filled (and
  * device, dtype and shape only where they come free): what a Function
  * launch needs. Neither orders any stream: the launch, which knows its

@@ -85,7 +85,10 @@ static void mark_unlaunchable(sig_builder *b, Py_ssize_t i, int kind)
 static int read_other(sig_builder *b, Py_ssize_t i, PyObject *arg)
 {
     mg_dtype *dtype;
-    if (!mg_array_library_type(Py_TYPE(arg))) {   /* a torch, CuPy or JAX array skips the scalar checks */
+    mg_foreign info;
+    /* A torch, CuPy or JAX array is read at once, skipping the scalar checks */
+    int found = mg_array_library_info(arg, &info, &b->memo);
+    if (found == MG_NOT_LIBRARY) {
         if (mg_dtype_of_scalar(arg, &dtype)) {
             b->words[b->n++] = SIG_NUMPY | (uint64_t)dtype->id << 8;
             return 0;
@@ -98,9 +101,8 @@ static int read_other(sig_builder *b, Py_ssize_t i, PyObject *arg)
             b->words[b->n++] = SIG_FLOAT;
             return 0;
         }
+        found = mg_array_foreign_info(arg, &info, &b->memo);
     }
-    mg_foreign info;
-    int found = mg_array_foreign_info(arg, &info, &b->memo);
     if (found <= 0) {
         if (found < 0) {
             if (!PyErr_ExceptionMatches(PyExc_Exception))
