@@ -1,6 +1,6 @@
 """Host time per launch of a trivial kernel with three array arguments.
 
-    python benchmarks/launch_overhead.py [--launches N] [--repeats R] [--batch B]
+    python benchmarks/launch_overhead.py [--launches N] [--repeats R] [--batch B] [--library NAME ...]
 
 Each path launches the same work (C[i] = A[i] + B[i] on 1024 float32, 4
 blocks of 256 threads). Two figures, each the median of R runs:
@@ -26,6 +26,11 @@ median of the two rows' differences within each run (host figures).
 Peers, each where importable: CuPy RawKernel, a torch in-place add, Triton,
 and cuLaunchKernel called from C (benchmarks/launch_floor.c, built with gcc
 when the toolkit's headers are there), the floor under every Python path.
+
+--library torch|cupy|jax (repeatable) measures only those libraries' rows,
+with their own peers (torch: the in-place add and Triton; CuPy: RawKernel),
+beside the DeviceArray rows and the C floor: a run short enough to repeat
+several times, as on a busy host the figures move from one run to the next.
 """
 import argparse
 import os
@@ -255,7 +260,10 @@ def main():
     parser.add_argument("--launches", type=int, default=10000)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--library", action="append", choices=("torch", "cupy", "jax"),
+                        help="measure only this library's arrays (repeatable; default: every importable one)")
     args = parser.parse_args()
+    wanted = set(args.library or ("torch", "cupy", "jax"))
     if not mg.cuda.is_available():
         raise SystemExit("launch_overhead.py needs a CUDA GPU")
     measure = (args.launches, args.repeats, args.batch)
@@ -270,25 +278,28 @@ def main():
                               lambda c: np.testing.assert_array_equal(c.get(), 2 * host)), sync)
     paths["mlirgpu Function (DeviceArray args)"] = (launch, sync)
     libraries = {}
-    try:
-        import torch
-        t = torch.arange(N_ELEMENTS, dtype=torch.float32, device="cuda")
-        libraries["torch tensor"] = ((t, t.clone(), torch.empty_like(t)),
-                                     lambda c: np.testing.assert_array_equal(c.cpu().numpy(), 2 * host))
-    except ImportError as missing:
-        print(f"torch: not importable ({missing})")
-    try:
-        import cupy
-        x = cupy.asarray(host)
-        libraries["CuPy array"] = ((x, x.copy(), cupy.empty_like(x)),
-                                   lambda c: np.testing.assert_array_equal(cupy.asnumpy(c), 2 * host))
-    except ImportError as missing:
-        print(f"CuPy: not importable ({missing})")
-    try:
-        libraries["JAX arrays, DeviceArray out"] = (
-            jax_arrays(host), lambda c: np.testing.assert_array_equal(c.get(), 2 * host))
-    except ImportError as missing:
-        print(f"JAX: not importable ({missing})")
+    if "torch" in wanted:
+        try:
+            import torch
+            t = torch.arange(N_ELEMENTS, dtype=torch.float32, device="cuda")
+            libraries["torch tensor"] = ((t, t.clone(), torch.empty_like(t)),
+                                         lambda c: np.testing.assert_array_equal(c.cpu().numpy(), 2 * host))
+        except ImportError as missing:
+            print(f"torch: not importable ({missing})")
+    if "cupy" in wanted:
+        try:
+            import cupy
+            x = cupy.asarray(host)
+            libraries["CuPy array"] = ((x, x.copy(), cupy.empty_like(x)),
+                                       lambda c: np.testing.assert_array_equal(cupy.asnumpy(c), 2 * host))
+        except ImportError as missing:
+            print(f"CuPy: not importable ({missing})")
+    if "jax" in wanted:
+        try:
+            libraries["JAX arrays, DeviceArray out"] = (
+                jax_arrays(host), lambda c: np.testing.assert_array_equal(c.get(), 2 * host))
+        except ImportError as missing:
+            print(f"JAX: not importable ({missing})")
     # JAX arrays are read-only to kernels: a Function that says it stores to its third array only
     stores_c = mg.cuda.load_module(cubin).get_function("add", params=["ptr", "ptr", "ptr"], stores=[2])
     for library, (arrays, check) in libraries.items():
@@ -303,8 +314,11 @@ def main():
         def function_launch(arrays=arrays, function=stores_c if library.startswith("JAX") else kernel):
             function(*arrays, grid=(N_ELEMENTS // 256,), block=(256,))
         paths[f"mlirgpu Function ({library} args)"] = (function_launch, sync)
-    for name, runner in (("CuPy RawKernel", cupy_runner), ("torch in-place add", torch_runner),
-                         ("Triton", triton_runner)):
+    peers = (("CuPy RawKernel", cupy_runner, "cupy"), ("torch in-place add", torch_runner, "torch"),
+             ("Triton", triton_runner, "torch"))
+    for name, runner, library in peers:
+        if library not in wanted:
+            continue
         try:
             paths[name] = runner()
         except ImportError as missing:
