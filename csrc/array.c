@@ -2043,24 +2043,39 @@ static PyObject *c_descriptor(PyTypeObject *type, PyObject *name)
     return NULL;
 }
 
-/* What c_descriptor `descr`, found on the type of `obj`, reads of `obj`: its
- * C getter or member, called without the type check the descriptor would
- * make first, which that lookup settled. */
-static PyObject *read_descriptor(PyObject *descr, PyObject *obj)
+/* `attr` for `name`, whose c_descriptor on the type is `descr` (or NULL):
+ * its getter or member, called without the type check the descriptor would
+ * make first, which that lookup settled; looked up as usual where there is
+ * none, or the getter is missing (a write-only attribute). */
+static void plan_attr_set(plan_attr *attr, PyObject *descr, PyObject *name)
 {
-    if (Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
-        PyGetSetDef *getset = ((PyGetSetDescrObject *)descr)->d_getset;
-        return getset->get(obj, getset->closure);
+    *attr = (plan_attr){name, NULL, NULL, NULL};
+    if (descr != NULL && Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
+        attr->get = ((PyGetSetDescrObject *)descr)->d_getset->get;
+        attr->closure = ((PyGetSetDescrObject *)descr)->d_getset->closure;
     }
-    return PyMember_GetOne((const char *)obj, ((PyMemberDescrObject *)descr)->d_member);
+    else if (descr != NULL) {
+        attr->member = ((PyMemberDescrObject *)descr)->d_member;
+    }
+}
+
+/* `obj`'s attribute, `obj` being of the type `attr` was found on. */
+static inline PyObject *plan_attr_read(const plan_attr *attr, PyObject *obj)
+{
+    if (attr->get != NULL)
+        return attr->get(obj, attr->closure);
+    if (attr->member != NULL)
+        return PyMember_GetOne((const char *)obj, attr->member);
+    return PyObject_GetAttr(obj, attr->name);
 }
 
 /* obj.<name>, through its type's C getter or member where it has one: for
  * an object whose type no plan keeps (the lookup costs a little). */
 static PyObject *get_attr(PyObject *obj, PyObject *name)
 {
-    PyObject *descr = c_descriptor(Py_TYPE(obj), name);
-    return descr != NULL ? read_descriptor(descr, obj) : PyObject_GetAttr(obj, name);
+    plan_attr attr;
+    plan_attr_set(&attr, c_descriptor(Py_TYPE(obj), name), name);
+    return plan_attr_read(&attr, obj);
 }
 
 /* Attribute `name` of the module `module_name` if that module was imported
@@ -2125,27 +2140,8 @@ static PyObject *plan_keep(reader_plan *plan, PyObject *obj)
 /* `type`'s attribute `name` as `plan` reads it (see plan_attr). */
 static void plan_attr_find(reader_plan *plan, plan_attr *attr, PyTypeObject *type, PyObject *name)
 {
-    *attr = (plan_attr){name, NULL, NULL, NULL};
     PyObject *descr = c_descriptor(type, name);
-    if (descr == NULL || plan_keep(plan, Py_NewRef(descr)) == NULL)
-        return;
-    if (Py_IS_TYPE(descr, &PyGetSetDescr_Type) && ((PyGetSetDescrObject *)descr)->d_getset->get != NULL) {
-        attr->get = ((PyGetSetDescrObject *)descr)->d_getset->get;
-        attr->closure = ((PyGetSetDescrObject *)descr)->d_getset->closure;
-    }
-    else if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-        attr->member = ((PyMemberDescrObject *)descr)->d_member;
-    }
-}
-
-/* `obj`'s attribute, `obj` being of the type `attr` was found on. */
-static inline PyObject *plan_attr_read(const plan_attr *attr, PyObject *obj)
-{
-    if (attr->get != NULL)
-        return attr->get(obj, attr->closure);
-    if (attr->member != NULL)
-        return PyMember_GetOne((const char *)obj, attr->member);
-    return PyObject_GetAttr(obj, attr->name);
+    plan_attr_set(attr, descr != NULL && plan_keep(plan, Py_NewRef(descr)) != NULL ? descr : NULL, name);
 }
 
 /* Whether `type`'s tensors may be read around torch's Python layer: the
