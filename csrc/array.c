@@ -1995,13 +1995,6 @@ static int type_slot(PyTypeObject *type)
     return -1;
 }
 
-int mg_array_library_type(PyTypeObject *type)
-{
-    unsigned int version = type->tp_version_tag;
-    int i = type_slot(type);
-    return i >= 0 && version != 0 && type_readers[i].version == version && type_readers[i].reader != READER_GENERIC;
-}
-
 /* One type's reader, with a new reference to its plan (or NULL): the
  * caller releases it, as reading an array may run code that evicts the slot. */
 typedef struct {
@@ -3087,9 +3080,9 @@ int mg_array_foreign_info(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo)
     return foreign_read(obj, out, 1, memo, 0);
 }
 
-int mg_array_library_info(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo)
+int mg_array_library_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_memo *memo)
 {
-    return foreign_read(obj, out, 1, memo, 1);
+    return foreign_read(obj, out, full, memo, 1);
 }
 
 int mg_array_foreign_pointer(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo)

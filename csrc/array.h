@@ -125,11 +125,6 @@ typedef struct {
     CUstream cupy_stream;
 } mg_foreign_memo;
 
-/* 1 when arrays of `type` were seen to be torch's, CuPy's or JAX's (read by
- * their attributes): neither DeviceArrays, NumPy arrays nor scalars. A
- * lookup that runs no Python code. */
-int mg_array_library_type(PyTypeObject *type);
-
 /* Fills `out` for a device or host array: 1; 0 when `obj` is no array
  * (it has neither __cuda_array_interface__ nor __dlpack__, and is not a
  * NumPy array or tensor), nothing set; -1 with the protocol's error
@@ -140,18 +135,20 @@ int mg_array_library_type(PyTypeObject *type);
  * holds `obj` (which keeps the memory alive) until then. */
 int mg_array_foreign_info(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo);
 
-/* mg_array_foreign_info for an array of a type seen to be torch's, CuPy's
- * or JAX's (as mg_array_library_type tells), read without the checks
- * other objects need; MG_NOT_LIBRARY for anything else, with nothing set
- * and no Python code run. */
-#define MG_NOT_LIBRARY (-2)
-int mg_array_library_info(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo);
 
 /* The same, but only ptr, host, view and wait/producer are filled (and
  * device, dtype and shape only where they come free): what a Function
  * launch needs. Neither orders any stream: the launch, which knows its
  * stream, waits for `producer` where `wait` is set. */
 int mg_array_foreign_pointer(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo);
+
+/* mg_array_foreign_info (`full`) or mg_array_foreign_pointer (not `full`)
+ * for an array of a type seen to be torch's, CuPy's or JAX's, read without
+ * the checks other objects need; MG_NOT_LIBRARY for anything else (a
+ * DeviceArray, a NumPy array or scalar, a Python scalar, an unknown type),
+ * with nothing set and no Python code run. */
+#define MG_NOT_LIBRARY (-2)
+int mg_array_library_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_memo *memo);
 
 static inline void mg_foreign_release(mg_foreign *info) { Py_CLEAR(info->view); }
 

@@ -87,7 +87,7 @@ static int read_other(sig_builder *b, Py_ssize_t i, PyObject *arg)
     mg_dtype *dtype;
     mg_foreign info;
     /* A torch, CuPy or JAX array is read at once, skipping the scalar checks */
-    int found = mg_array_library_info(arg, &info, &b->memo);
+    int found = mg_array_library_read(arg, &info, 1, &b->memo);
     if (found == MG_NOT_LIBRARY) {
         if (mg_dtype_of_scalar(arg, &dtype)) {
             b->words[b->n++] = SIG_NUMPY | (uint64_t)dtype->id << 8;

@@ -1981,17 +1981,29 @@ static int pack_numpy_scalar(mg_function *self, Py_ssize_t index, PyObject *valu
     return 0;
 }
 
-/* Any other array: a torch tensor read through its attributes, or an object
- * exposing __cuda_array_interface__ or __dlpack__ (a view, which *view
- * receives and the caller keeps alive until the launch returned). A
- * producer stream the launch must wait for is added to `waits`. */
-static int pack_foreign_array(mg_function *self, Py_ssize_t index, PyObject *value, uint64_t *slot, PyObject **view,
-                              CUstream *waits, int *nwaits, int *ndim, Py_ssize_t *shape, mg_foreign_memo *memo)
+/* Any other argument: a torch, CuPy or JAX array read through its
+ * attributes, a NumPy scalar, or an object exposing __cuda_array_interface__
+ * or __dlpack__ (a view, which *view receives and the caller keeps alive
+ * until the launch returned). A producer stream the launch must wait for is
+ * added to `waits`. 1 for an array, 0 for a scalar, -1 with an error set. */
+static int pack_other(mg_function *self, Py_ssize_t index, int kind, PyObject *value, uint64_t *slot,
+                      PyObject **view, CUstream *waits, int *nwaits, int *ndim, Py_ssize_t *shape,
+                      mg_foreign_memo *memo)
 {
     mg_foreign info;
     /* The shape too where the kernel takes extents of this array. */
-    int found = self->nparams >= 0 && self->extents[index] ? mg_array_foreign_info(value, &info, memo)
-                                                           : mg_array_foreign_pointer(value, &info, memo);
+    int full = self->nparams >= 0 && self->extents[index];
+    /* A torch, CuPy or JAX array is read at once, skipping the scalar checks. */
+    int found = mg_array_library_read(value, &info, full, memo);
+    if (found == MG_NOT_LIBRARY) {
+        int numpy_scalar = PyArray_IsScalar(value, Generic);
+        if (kind == KIND_PTR && (numpy_scalar || PyLong_Check(value) || PyFloat_Check(value)))
+            return launch_error(self, "argument %zd is a pointer: expected a device array, got %.100s",
+                                index, Py_TYPE(value)->tp_name);
+        if (numpy_scalar)
+            return pack_numpy_scalar(self, index, value, slot);
+        found = full ? mg_array_foreign_info(value, &info, memo) : mg_array_foreign_pointer(value, &info, memo);
+    }
     if (found < 0)
         return -1;
     if (found == 0) {
@@ -2018,7 +2030,7 @@ static int pack_foreign_array(mg_function *self, Py_ssize_t index, PyObject *val
     *view = info.view;   /* the reference moves to the caller */
     if (info.wait)
         waits[(*nwaits)++] = info.producer;
-    return 0;
+    return 1;
 }
 
 _Static_assert(sizeof(mg_cu_extents) == MG_MAX_NDIM * sizeof(Py_ssize_t), "mg_cu_extents holds MG_MAX_NDIM extents");
@@ -2257,22 +2269,12 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
                 goto error;
             continue;
         }
-        /* A torch, CuPy or JAX array skips the scalar checks. */
-        int library = mg_array_library_type(Py_TYPE(arg));
-        int is_scalar = !library && (PyArray_IsScalar(arg, Generic) || PyLong_Check(arg) || PyFloat_Check(arg));
-        if (kind == KIND_PTR && is_scalar) {
-            launch_error(self, "argument %zd is a pointer: expected a device array, got %.100s",
-                         i, Py_TYPE(arg)->tp_name);
-            goto error;
-        }
-        if (!library && PyArray_IsScalar(arg, Generic)) {
-            if (pack_numpy_scalar(self, i, arg, slot) < 0)
-                goto error;
-            continue;
-        }
         PyObject *view = NULL;
-        if (pack_foreign_array(self, i, arg, slot, &view, waits, &nwaits, &ndim, shape, &memo) < 0)
+        int packed = pack_other(self, i, kind, arg, slot, &view, waits, &nwaits, &ndim, shape, &memo);
+        if (packed < 0)
             goto error;
+        if (packed == 0)
+            continue;
         if (view != NULL)
             views[nviews++] = view;
         arrays |= (uint64_t)1 << i;

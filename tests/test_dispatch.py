@@ -804,6 +804,30 @@ print(json.dumps(out))
 
 
 @pytest.mark.usefixtures("fake_driver")
+def test_function_pointer_parameters_take_library_arrays_and_refuse_scalars():
+    out = run_json(FAKE_DRIVER_PRELUDE + '''
+buf, a = C.zeros(8, C.u64), C.empty(4)
+t = Tensor(123456, (4,), (1,))
+for launch in ("first", "known"):     # the type is classified by the first launch, then known
+    typed(buf, 3, t, a, t, 1.0, grid=1, block=1)
+    out[launch] = [int(x) for x in buf.get()[:3]]
+for name, scalar in (("numpy", np.float32(1)), ("int", 7), ("float", 2.5)):
+    try:
+        typed(buf, 3, a, scalar, a, 1.0, grid=1, block=1)
+        out[name] = "launched"
+    except C.LaunchError as e:
+        out[name] = str(e)
+record(buf, np.uint32(2), t, np.int64(99), grid=1, block=1)   # no signature: a NumPy scalar by its dtype
+out["untyped"] = [int(x) for x in buf.get()[:2]]
+print(json.dumps(out))
+''')
+    assert out["first"] == out["known"] == [123456, out["first"][1], 123456]
+    for name, type_name in (("numpy", "numpy.float32"), ("int", "int"), ("float", "float")):
+        assert f"argument 3 is a pointer: expected a device array, got {type_name}" in out[name]
+    assert out["untyped"] == [123456, 99]
+
+
+@pytest.mark.usefixtures("fake_driver")
 def test_function_launch_reads_torch_like_tensors_without_cai():
     out = run_json(FAKE_DRIVER_PRELUDE + '''
 buf = C.zeros(8, C.u64)
