@@ -2207,8 +2207,9 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
         nslots++;
         int ndim = 0;
         Py_ssize_t shape[MG_MAX_NDIM];
-        if (kind == KIND_TENSOR_MAP || (kind == KIND_ANY && PyObject_TypeCheck(arg, mg_cu_TensorMap_type))) {
-            if (!PyObject_TypeCheck(arg, mg_cu_TensorMap_type)) {
+        int is_map = Py_IS_TYPE(arg, mg_cu_TensorMap_type);   /* TensorMap has no subclasses */
+        if (kind == KIND_TENSOR_MAP || (kind == KIND_ANY && is_map)) {
+            if (!is_map) {
                 launch_error(self, "argument %zd is a tensor map: expected an mlirgpu.TensorMap, got %.100s",
                              i, Py_TYPE(arg)->tp_name);
                 goto error;
@@ -2224,7 +2225,7 @@ PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args,
             arrays |= (uint64_t)1 << i;
             continue;
         }
-        if (kind == KIND_TENSOR_MAP || PyObject_TypeCheck(arg, mg_cu_TensorMap_type)) {
+        if (is_map) {
             launch_error(self, "argument %zd is not a tensor map parameter, got an mlirgpu.TensorMap", i);
             goto error;
         }

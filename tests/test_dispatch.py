@@ -828,6 +828,31 @@ print(json.dumps(out))
 
 
 @pytest.mark.usefixtures("fake_driver")
+def test_function_tensor_map_parameters_take_only_tensor_maps():
+    out = run_json(FAKE_DRIVER_PRELUDE + '''
+import mlirgpu as mg
+mg.set_backend("cpu")
+host_map = mg.tensor_map(np.zeros((64, 64), np.float16), box=(8, 8), swizzle="none")
+mapped = module.get_function("record_params", params=["ptr", C.u32, "tensormap"])
+buf, a = C.zeros(8, C.u64), C.empty(4)
+for name, function, args in (("array_for_map", mapped, (buf, 1, a)),
+                             ("map_for_pointer", typed, (buf, 3, host_map, a, a, 1.0)),
+                             ("host_map", mapped, (buf, 1, host_map)),
+                             ("host_map_untyped", record, (buf, np.uint32(1), host_map))):
+    try:
+        function(*args, grid=1, block=1)
+        out[name] = "launched"
+    except C.LaunchError as e:
+        out[name] = str(e)
+print(json.dumps(out))
+''')
+    assert "argument 2 is a tensor map: expected an mlirgpu.TensorMap, got mlirgpu.DeviceArray" in out["array_for_map"]
+    assert "argument 2 is not a tensor map parameter, got an mlirgpu.TensorMap" in out["map_for_pointer"]
+    for name in ("host_map", "host_map_untyped"):
+        assert "argument 2 is a tensor map made for the CPU backend" in out[name]
+
+
+@pytest.mark.usefixtures("fake_driver")
 def test_function_launch_reads_torch_like_tensors_without_cai():
     out = run_json(FAKE_DRIVER_PRELUDE + '''
 buf = C.zeros(8, C.u64)
