@@ -1365,6 +1365,20 @@ static PyObject *cai_item(PyObject *cai, const char *key, int required)
     return value;
 }
 
+/* Whether `cai` gives the dtype only as raw bytes (a "V" typestr, as torch
+ * exports bfloat16) and `obj` has __dlpack__, whose dtype codes can name it:
+ * such an array is read through DLPack instead. */
+static int cai_untyped(PyObject *obj, PyObject *cai)
+{
+    PyObject *typestr = PyDict_Check(cai) ? cai_item(cai, "typestr", 0) : NULL;
+    const char *text = typestr != NULL && PyUnicode_Check(typestr) ? PyUnicode_AsUTF8(typestr) : NULL;
+    if (text == NULL) {
+        PyErr_Clear();   /* the interface's own reading says what is wrong with it */
+        return 0;
+    }
+    return text[0] != '\0' && text[1] == 'V' && PyObject_HasAttr(obj, str_dlpack);
+}
+
 static int int_tuple(PyObject *obj, const char *what, Py_ssize_t *out, int max, int *count, int nonneg)
 {
     if (!PyTuple_Check(obj)) {
@@ -1702,9 +1716,10 @@ PyObject *mg_array_asarray(PyObject *obj)
         return view_from_capsule(obj);
     PyObject *cai = PyObject_GetAttr(obj, str_cai);
     if (cai != NULL) {
-        PyObject *view = view_from_cai(obj, cai);
+        int untyped = cai_untyped(obj, cai);
+        PyObject *view = untyped ? NULL : view_from_cai(obj, cai);
         Py_DECREF(cai);
-        return view;
+        return untyped ? view_from_dlpack(obj) : view;
     }
     if (!PyErr_ExceptionMatches(PyExc_Exception))
         return NULL;
@@ -3055,16 +3070,21 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_mem
     /* The protocols, without asking for __cuda_array_interface__ twice:
      * producers such as torch build the dict anew on every access. */
     PyObject *cai = PyObject_GetAttr(obj, str_cai);
-    if (cai != NULL) {
+    if (cai != NULL && !cai_untyped(obj, cai)) {
         status = cai_read(cai, out, full);
         Py_DECREF(cai);
         return status;
     }
-    if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-        return -1;
-    PyErr_Clear();
-    if (!PyObject_HasAttr(obj, str_dlpack))
-        return 0;
+    if (cai != NULL) {
+        Py_DECREF(cai);
+    }
+    else {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        if (!PyObject_HasAttr(obj, str_dlpack))
+            return 0;
+    }
     PyObject *view = view_from_dlpack(obj);
     if (view == NULL)
         return -1;

@@ -853,6 +853,36 @@ print(json.dumps(out))
 
 
 @pytest.mark.usefixtures("fake_driver")
+def test_arrays_whose_cai_gives_raw_bytes_are_read_through_dlpack():
+    """torch exports bfloat16 with the typestr "<V2" (raw bytes): its
+    __dlpack__ names the dtype."""
+    out = run_json(FAKE_DRIVER_PRELUDE + '''
+backing = C.empty(4, C.bf16)
+class Untyped:
+    def __init__(self, dlpack=True):
+        self.__cuda_array_interface__ = {"shape": (4,), "typestr": "<V2", "data": (backing.ptr, False), "version": 3}
+        if dlpack:
+            self.__dlpack__, self.__dlpack_device__ = backing.__dlpack__, backing.__dlpack_device__
+view = C.asarray(Untyped())
+out["asarray"] = [str(view.dtype), view.ptr == backing.ptr, view.shape]
+d = C.Dispatcher(lambda a, k: None, "k")
+out["signature"] = str(d.signature((Untyped(),))[0][1])
+buf = C.zeros(8, C.u64)
+record(buf, np.uint32(1), Untyped(), grid=1, block=1)
+out["launched"] = int(buf.get()[0]) == backing.ptr
+try:
+    C.asarray(Untyped(dlpack=False))
+except TypeError as e:
+    out["no_dlpack"] = str(e)
+print(json.dumps(out))
+''')
+    assert out["asarray"] == ["mlirgpu.bf16", True, [4]]
+    assert out["signature"] == "mlirgpu.bf16"
+    assert out["launched"]
+    assert "typestr '<V2' is not an mlirgpu dtype" in out["no_dlpack"]
+
+
+@pytest.mark.usefixtures("fake_driver")
 def test_function_launch_reads_torch_like_tensors_without_cai():
     out = run_json(FAKE_DRIVER_PRELUDE + '''
 buf = C.zeros(8, C.u64)
