@@ -415,3 +415,38 @@ print("refused")
     if "JAX has no GPU here" in proc.stdout:
         pytest.skip("JAX has no GPU here")
     assert "refused" in proc.stdout
+
+
+def test_bfloat16_arrays_of_torch_and_jax_launch_and_are_viewed():
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    # In a process of its own, so that the bfloat16 array is the first JAX array mlirgpu reads.
+    proc = assert_isolated('''
+import os
+os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+import jax, jax.numpy as jnp, torch
+import mlirgpu as mg
+from mlirgpu import block_dim, block_idx, thread_idx
+if not any(device.platform == "gpu" for device in jax.devices()):
+    print("JAX has no GPU here")
+    raise SystemExit
+n = mg.generics("n")
+
+@mg.kernel
+def copy(a: mg.memref[n, mg.bf16], c: mg.memref[n, mg.bf16]):
+    i = block_idx.x * block_dim.x + thread_idx.x
+    if i < n:
+        c[i] = a[i]
+
+a = jnp.arange(256, dtype=jnp.bfloat16)
+c = torch.zeros(256, dtype=torch.bfloat16, device="cuda")
+copy(a, c, grid=1, block=256)
+assert torch.equal(c.cpu(), torch.arange(256).to(torch.bfloat16)), c
+for x in (a, c):
+    view = mg.asarray(x)
+    assert view.dtype == mg.bf16 and view.shape == (256,), view
+print("bf16 arrays ok")
+''', "")
+    if "JAX has no GPU here" in proc.stdout:
+        pytest.skip("JAX has no GPU here")
+    assert "bf16 arrays ok" in proc.stdout
