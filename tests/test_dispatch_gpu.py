@@ -378,12 +378,12 @@ def test_jax_arrays_launch_mlirgpu_kernels():
         add(a, c, b, grid=(N + 255) // 256, block=256)
 
 
-def test_a_donated_jax_array_is_refused_without_a_crash():
-    pytest.importorskip("jax")
-    # In a process of its own: JAX's own is_ready() crashes the interpreter on a deleted array.
-    proc = assert_isolated('''
+# The start of a script for a process of its own: JAX on the GPU (or a line
+# saying there is none) and `copy`, a kernel copying a 1-D array of `dtype`.
+JAX_COPY = '''
+import os
+os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
 import jax, jax.numpy as jnp
-import numpy as np
 import mlirgpu as mg
 from mlirgpu import block_dim, block_idx, thread_idx
 if not any(device.platform == "gpu" for device in jax.devices()):
@@ -392,11 +392,18 @@ if not any(device.platform == "gpu" for device in jax.devices()):
 n = mg.generics("n")
 
 @mg.kernel
-def copy(a: mg.memref[n, mg.f32], c: mg.memref[n, mg.f32]):
+def copy(a: mg.memref[n, mg.{dtype}], c: mg.memref[n, mg.{dtype}]):
     i = block_idx.x * block_dim.x + thread_idx.x
     if i < n:
         c[i] = a[i]
+'''
 
+
+def test_a_donated_jax_array_is_refused_without_a_crash():
+    pytest.importorskip("jax")
+    # In a process of its own: JAX's own is_ready() crashes the interpreter on a deleted array.
+    proc = assert_isolated(JAX_COPY.format(dtype="f32") + '''
+import numpy as np
 a, c = jnp.arange(256, dtype=jnp.float32), mg.empty(256, mg.f32)
 copy(a, c, grid=1, block=256)                     # seen once: its reads are kept
 step = jax.jit(lambda x: x + 1, donate_argnums=0)
@@ -421,23 +428,8 @@ def test_bfloat16_arrays_of_torch_and_jax_launch_and_are_viewed():
     pytest.importorskip("torch")
     pytest.importorskip("jax")
     # In a process of its own, so that the bfloat16 array is the first JAX array mlirgpu reads.
-    proc = assert_isolated('''
-import os
-os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-import jax, jax.numpy as jnp, torch
-import mlirgpu as mg
-from mlirgpu import block_dim, block_idx, thread_idx
-if not any(device.platform == "gpu" for device in jax.devices()):
-    print("JAX has no GPU here")
-    raise SystemExit
-n = mg.generics("n")
-
-@mg.kernel
-def copy(a: mg.memref[n, mg.bf16], c: mg.memref[n, mg.bf16]):
-    i = block_idx.x * block_dim.x + thread_idx.x
-    if i < n:
-        c[i] = a[i]
-
+    proc = assert_isolated(JAX_COPY.format(dtype="bf16") + '''
+import torch
 a = jnp.arange(256, dtype=jnp.bfloat16)
 c = torch.zeros(256, dtype=torch.bfloat16, device="cuda")
 copy(a, c, grid=1, block=256)
