@@ -135,7 +135,6 @@ typedef struct {
  * holds `obj` (which keeps the memory alive) until then. */
 int mg_array_foreign_info(PyObject *obj, mg_foreign *out, mg_foreign_memo *memo);
 
-
 /* The same, but only ptr, host, view and wait/producer are filled (and
  * device, dtype and shape only where they come free): what a Function
  * launch needs. Neither orders any stream: the launch, which knows its
