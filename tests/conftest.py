@@ -5,8 +5,13 @@ takes the `backend` fixture runs once per backend: "cpu" everywhere, "cuda"
 (gpu-marked) where there is a GPU, with the same assertions; `size` picks its
 problem size per backend where the GPU's would be too slow on the CPU.
 
+Tests marked `device_memory` read the free memory of the whole GPU, which the
+session's other processes (pytest -n) change as they allocate: each runs while
+no other test of the session runs.
+
 The whole session compiles into a cache directory of its own (MLIRGPU_CACHE_DIR,
 removed at the end), so the tests neither read nor fill the user's cache."""
+import fcntl
 import os
 import shutil
 import subprocess
@@ -18,17 +23,55 @@ from backends import current_backend
 from mlirgpu import compiler, ir
 
 _cache_dir = None
+# The file whose locks keep device_memory tests apart from the rest: made by the
+# process that starts the workers (pytest -n), which removes it at the end, and
+# opened by each worker. Byte 0 is a turnstile, byte 1 the lock a test holds,
+# shared or, for a device_memory test, alone: a test takes the turnstile before
+# the lock, so one waiting to run alone is not passed by tests that come later.
+_lock_path = None
+_lock = None
 
 
 def pytest_configure(config):
-    global _cache_dir
+    global _cache_dir, _lock_path, _lock
     _cache_dir = tempfile.mkdtemp(prefix="mlirgpu-test-cache-")
     os.environ["MLIRGPU_CACHE_DIR"] = _cache_dir
+    worker = getattr(config, "workerinput", None)
+    if worker is None:
+        fd, _lock_path = tempfile.mkstemp(prefix="mlirgpu-test-", suffix=".lock")
+        os.close(fd)
+    elif "mlirgpu_lock" in worker:
+        _lock = os.open(worker["mlirgpu_lock"], os.O_RDWR)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["mlirgpu_lock"] = _lock_path
 
 
 def pytest_unconfigure(config):
     if _cache_dir is not None:
         shutil.rmtree(_cache_dir, ignore_errors=True)
+    if _lock_path is not None:
+        os.unlink(_lock_path)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if _lock is None:   # no other process of the session runs tests
+        yield
+        return
+    alone = item.get_closest_marker("device_memory") is not None
+    fcntl.lockf(_lock, fcntl.LOCK_EX, 1, 0)
+    fcntl.lockf(_lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH, 1, 1)
+    if not alone:
+        fcntl.lockf(_lock, fcntl.LOCK_UN, 1, 0)
+    try:
+        yield
+    finally:
+        fcntl.lockf(_lock, fcntl.LOCK_UN, 1, 1)
+        if alone:
+            fcntl.lockf(_lock, fcntl.LOCK_UN, 1, 0)
 
 
 def pytest_collection_modifyitems(config, items):

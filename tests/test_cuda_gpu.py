@@ -441,6 +441,7 @@ def test_get_orders_after_the_last_stream(module):
     assert x.get()[0] == 5.0          # copied on s, after the kernel
 
 
+@pytest.mark.device_memory
 def test_alloc_free_cycles_do_not_leak():
     device = cuda.Device(0)
     C.empty(1 << 20, C.u8)

@@ -57,6 +57,7 @@ def test_the_two_matmuls_overlap():
     assert start3 >= max(end1, end2) - 1e-3                        # the add waited for both
 
 
+@pytest.mark.device_memory
 def test_every_runtime_operation(program):
     np.testing.assert_array_equal(program("filled", 1000, 1.5, 128), np.full(1000, 1.5, np.float32))
     a, b = program("memsets", 777)
@@ -123,6 +124,7 @@ def test_a_gpu_launch_body_is_outlined_and_runs():
     np.testing.assert_array_equal(prog("doubled_in_place", a), 2 * a)
 
 
+@pytest.mark.device_memory
 def test_many_calls_do_not_grow_device_or_host_memory(program):
     prog = mg.HostProgram(two_matmuls_program(64, 128, 64))
     A, B = inputs(64, 128, 64)

@@ -322,6 +322,7 @@ def test_the_legacy_stream_cannot_be_captured():
             mg.graph(stream)
 
 
+@pytest.mark.device_memory
 def test_graphs_do_not_leak_device_memory():
     device = mg.cuda.Device(0)
     n = 1 << 20
