@@ -355,17 +355,6 @@ static void table_clear(mg_dispatcher *self)
 /* Dispatcher                                                              */
 /* ---------------------------------------------------------------------- */
 
-static PyObject *str_grid, *str_block, *str_shared_mem, *str_stream;
-
-/* Launch keywords from a call site are interned: identity settles it. */
-static int is_launch_keyword(PyObject *key)
-{
-    if (key == str_grid || key == str_block || key == str_shared_mem || key == str_stream)
-        return 1;
-    return PyUnicode_Compare(key, str_grid) == 0 || PyUnicode_Compare(key, str_block) == 0 ||
-           PyUnicode_Compare(key, str_shared_mem) == 0 || PyUnicode_Compare(key, str_stream) == 0;
-}
-
 /* miss(args_tuple, kwargs_dict). */
 static PyObject *call_miss(mg_dispatcher *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -393,7 +382,7 @@ static PyObject *dispatcher_vectorcall(PyObject *callable, PyObject *const *args
         return call_miss(self, args, nargs, kwnames);
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t i = 0; i < nkw; i++)
-        if (!is_launch_keyword(PyTuple_GET_ITEM(kwnames, i)))
+        if (!mg_cu_is_launch_keyword(PyTuple_GET_ITEM(kwnames, i)))
             return call_miss(self, args, nargs, kwnames);
 
     sig_builder b;
@@ -642,7 +631,8 @@ static PyGetSetDef dispatcher_getset[] = {
 };
 
 static PyType_Slot dispatcher_slots[] = {
-    {Py_tp_doc, "Dispatcher(miss, name): call it as d(*args, grid=, block=, shared_mem=0, stream=None). A call "
+    {Py_tp_doc, "Dispatcher(miss, name): call it as d(*args, grid=, block=, shared_mem=0, stream=None, "
+                "cluster=None). A call "
                 "whose argument signature was registered launches the stored Function from C; any other "
                 "returns miss(args, kwargs)."},
     {Py_tp_new, dispatcher_new},
@@ -665,17 +655,8 @@ static PyType_Spec dispatcher_spec = {
     .slots = dispatcher_slots,
 };
 
-static int intern(PyObject **slot, const char *text)
-{
-    *slot = PyUnicode_InternFromString(text);
-    return *slot == NULL ? -1 : 0;
-}
-
 int mg_dispatch_init(PyObject *module)
 {
-    if (intern(&str_grid, "grid") < 0 || intern(&str_block, "block") < 0 ||
-        intern(&str_shared_mem, "shared_mem") < 0 || intern(&str_stream, "stream") < 0)
-        return -1;
     mg_Dispatcher_type = mg_add_type(module, &dispatcher_spec, NULL);
     return mg_Dispatcher_type == NULL ? -1 : 0;
 }

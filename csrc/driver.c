@@ -2093,6 +2093,11 @@ static int launch_keyword(PyObject *key)
     return KW_OTHER;
 }
 
+int mg_cu_is_launch_keyword(PyObject *key)
+{
+    return launch_keyword(key) != KW_OTHER;
+}
+
 PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     return mg_cu_function_launch_known(function, args, nargs, kwnames, 0, 0, NULL, NULL, NULL, 0);

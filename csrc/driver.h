@@ -233,9 +233,12 @@ int mg_cu_function_nparams(PyObject *function);
 #define MG_CU_MAX_ARGS 64
 
 /* A launch with Python arguments, exactly as func(*args, grid=, block=,
- * shared_mem=, stream=): Py_None or NULL on error. */
+ * shared_mem=, cluster=, stream=): Py_None or NULL on error. */
 PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args,
                                 Py_ssize_t nargs, PyObject *kwnames);
+
+/* Whether `key` is one of those launch keywords. */
+int mg_cu_is_launch_keyword(PyObject *key);
 
 /* The shape of one array argument, as the caller read it. */
 typedef Py_ssize_t mg_cu_extents[8];

@@ -142,6 +142,7 @@ def test_miss_then_hits():
         assert d(*args, grid=1, block=32) == ("hit", 3, ("block", "grid"))
     assert d(HostCAI(ptr=8192), 7, -1.5, grid=2, block=64, shared_mem=0, stream=None) == \
         ("hit", 3, ("block", "grid", "shared_mem", "stream"))
+    assert d(HostCAI(), 3, 2.0, grid=2, block=64, cluster=(2, 1, 1))[0] == "hit"
     assert len(miss.calls) == 1
 
 
@@ -1159,6 +1160,25 @@ print(json.dumps(out))
         assert out[path + "_producer"] == ["cuEventRecord", "cuStreamWaitEvent"]
         assert out[path + "_pointers"]
     assert out["cai_reads"] == 0
+
+
+@pytest.mark.usefixtures("fake_driver")
+def test_cluster_launches_hit_and_launch_clusters(fake_libcuda):
+    out = run_json(FAKE_DRIVER_PRELUDE + f'''
+import ctypes
+fake = ctypes.CDLL({fake_libcuda!r})
+fake.fake_log.restype = ctypes.c_char_p
+d, misses = registering(record)
+buf = C.zeros(8, C.u64)
+fake.fake_log_clear()
+for _ in range(3):
+    d(buf, np.uint32(0), grid=4, block=32, cluster=(2, 1, 1))
+out["launches"] = [line for line in fake.fake_log().decode().splitlines() if line.startswith("cuLaunchKernel")]
+out["misses"] = len(misses)
+print(json.dumps(out))
+''')
+    assert out["misses"] == 1
+    assert [line for line in out["launches"] if "cluster=2,1,1" in line] == ["cuLaunchKernelEx cluster=2,1,1"] * 3
 
 
 @pytest.mark.usefixtures("fake_driver")

@@ -74,7 +74,7 @@ def test_help_says_how_to_launch():
 def test_signature_and_module():
     assert scale.__module__ == __name__
     assert str(inspect.signature(scale)) == ("(x: mg.memref[N, f32], a: numpy.float32, *, grid, block, "
-                                             "shared_mem=0, stream=None)")
+                                             "shared_mem=0, stream=None, cluster=None)")
     assert "def scale" in inspect.getsource(scale)
 
 

@@ -256,7 +256,7 @@ class Kernel(_mlirgpu.Dispatcher):
 
 _LAUNCH_KEYWORDS = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
                     for name, default in (("grid", inspect.Parameter.empty), ("block", inspect.Parameter.empty),
-                                          ("shared_mem", 0), ("stream", None))]
+                                          ("shared_mem", 0), ("stream", None), ("cluster", None))]
 
 
 def _launch_doc(kernel, doc):
@@ -267,10 +267,11 @@ def _launch_doc(kernel, doc):
     lines += [f"An mlirgpu kernel. Launch it with one argument per parameter and the launch shape:",
               "",
               f"    {name}({params}, grid=(blocks_x, blocks_y, blocks_z), block=(threads_x, threads_y, threads_z),",
-              f"    {' ' * len(name)} shared_mem=0, stream=None)",
+              f"    {' ' * len(name)} shared_mem=0, stream=None, cluster=None)",
               "",
               "grid and block take 1 to 3 ints; arrays are mg.DeviceArray, NumPy arrays (copied in and back),",
-              "or objects with __cuda_array_interface__ or __dlpack__; scalars are Python or NumPy numbers."]
+              "or objects with __cuda_array_interface__ or __dlpack__; scalars are Python or NumPy numbers.",
+              "cluster=(x, y, z) launches thread-block clusters of that shape (on a GPU that has them)."]
     if kernel.generics:
         lines += ["", f"Generics ({', '.join(kernel.generics)}) are taken from the arguments' shapes and dtypes;",
                   f"{name}[{', '.join(kernel.generics)}] gives a specialization with .ir(), .ptx(), .cubin()."]
