@@ -22,6 +22,7 @@
 #include <mlir-c/ExecutionEngine.h>
 #include <mlir-c/Target/LLVMIR.h>
 #include <llvm-c/Core.h>
+#include <llvm-c/TargetMachine.h>
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -254,9 +255,73 @@ typedef struct {
     MlirExecutionEngine engine;
 } creation;
 
+/* Whether the llvm.func `op` names the CPU features to compile it for: a
+ * target_features attribute, or "target-features" among its passthrough
+ * attributes (`passthrough`, of `count` entries). */
+static int names_features(MlirOperation op, MlirAttribute passthrough, intptr_t count)
+{
+    MlirStringRef features = mlirStringRefCreateFromCString("target_features");
+    if (!mlirAttributeIsNull(mlirOperationGetInherentAttributeByName(op, features)))
+        return 1;
+    for (intptr_t i = 0; i < count; i++) {
+        MlirAttribute entry = mlirArrayAttrGetElement(passthrough, i);
+        if (mlirAttributeIsAArray(entry) && mlirArrayAttrGetNumElements(entry) == 2 &&
+            mlirAttributeIsAString(mlirArrayAttrGetElement(entry, 0)) &&
+            ref_equals(mlirStringAttrGetValue(mlirArrayAttrGetElement(entry, 0)), "target-features"))
+            return 1;
+    }
+    return 0;
+}
+
+/* Where the CPU has AVX512-BF16 or AVX-NE-CONVERT, LLVM compiles an f32 to
+ * bf16 conversion (and integer operations that round the same way, which it
+ * recognizes) to vcvtneps2bf16, which flushes subnormal inputs to zero where
+ * IEEE rounding and the GPU keep them. Each function that names no CPU
+ * features of its own is compiled for the host's without those two: a
+ * passthrough attribute, which becomes an LLVM function attribute. */
+static void exact_bf16_conversions(MlirModule module)
+{
+    static const char without[] = ",-avx512bf16,-avxneconvert";
+    char *host = LLVMGetHostCPUFeatures();
+    size_t length = host != NULL ? strlen(host) : 0;
+    char *features = malloc(length + sizeof without);
+    MlirAttribute *entries = NULL;
+    if (features == NULL)
+        goto done;   /* the engine is still built, with LLVM's choice of instructions */
+    memcpy(features, host != NULL ? host : "", length);
+    memcpy(features + length, without, sizeof without);
+    MlirContext context = mlirModuleGetContext(module);
+    MlirAttribute pair[2] = {mlirStringAttrGet(context, mlirStringRefCreateFromCString("target-features")),
+                             mlirStringAttrGet(context, mlirStringRefCreateFromCString(features))};
+    MlirStringRef name = mlirStringRefCreateFromCString("passthrough");
+    for (MlirOperation op = mlirBlockGetFirstOperation(mlirModuleGetBody(module)); !mlirOperationIsNull(op);
+         op = mlirOperationGetNextInBlock(op)) {
+        if (!is_llvm_func(op))
+            continue;
+        MlirAttribute passthrough = mlirOperationGetInherentAttributeByName(op, name);
+        intptr_t count = !mlirAttributeIsNull(passthrough) && mlirAttributeIsAArray(passthrough)
+                       ? mlirArrayAttrGetNumElements(passthrough) : 0;
+        if (names_features(op, passthrough, count))
+            continue;
+        MlirAttribute *grown = realloc(entries, (size_t)(count + 1) * sizeof *entries);
+        if (grown == NULL)
+            goto done;
+        entries = grown;
+        for (intptr_t i = 0; i < count; i++)
+            entries[i] = mlirArrayAttrGetElement(passthrough, i);
+        entries[count] = mlirArrayAttrGet(context, 2, pair);
+        mlirOperationSetInherentAttributeByName(op, name, mlirArrayAttrGet(context, count + 1, entries));
+    }
+done:
+    free(entries);
+    free(features);
+    LLVMDisposeMessage(host);
+}
+
 static void create_body(void *arg)
 {
     creation *c = arg;
+    exact_bf16_conversions(c->module);
     /* Position-independent code: with the small code model a JIT'd call
      * reaches +-2 GB only, and a process holding a CUDA context has reserved
      * so much address space that the JIT's memory can land farther than that

@@ -473,3 +473,35 @@ def test_engines_do_not_leak():
             ExecutionEngine(lowered(MISSING))
 
     assert growth(engine_cycle, 40, 5) < 16 * MB
+
+
+BF16 = """
+func.func @to_bf16(%x: f32) -> i16 attributes {llvm.emit_c_interface, passthrough = ["noinline"]} {
+  %y = arith.truncf %x : f32 to bf16
+  %z = arith.bitcast %y : bf16 to i16
+  return %z : i16
+}
+func.func @own_features(%x: f32) -> i16 attributes {llvm.emit_c_interface,
+                                                    passthrough = [["target-features", "+sse2"]]} {
+  %y = arith.truncf %x : f32 to bf16
+  %z = arith.bitcast %y : bf16 to i16
+  return %z : i16
+}
+"""
+
+
+@pytest.mark.parametrize("opt_level", [0, 2, 3])
+def test_f32_to_bf16_keeps_subnormals(opt_level):
+    """On a CPU with AVX512-BF16, LLVM's own choice of instruction would flush
+    1e-40 to zero; the engine rounds it as IEEE and the GPU do, to the smallest
+    bf16, in a function with passthrough attributes of its own too. A function
+    that names its own CPU features is compiled for those."""
+    engine = ExecutionEngine(lowered(BF16), opt_level=opt_level)
+    def bits(function, value):
+        (result,) = engine.invoke(function, [np.float32(value).tobytes()], [("scalar", "i16")])
+        return int(result) & 0xFFFF
+
+    for value, expected in ((1e-40, 0x0001), (-1e-45, 0x8000), (1.0, 0x3F80), (1 + 2**-8, 0x3F80),
+                            (1 + 3 * 2**-8, 0x3F82)):
+        assert bits("to_bf16", value) == expected, value
+    assert bits("own_features", 1.0) == 0x3F80
