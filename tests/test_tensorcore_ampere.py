@@ -17,7 +17,7 @@ import mlirgpu.compiler
 from mlirgpu import layout, thread_idx
 from mlirgpu.language import mma as mma_module
 
-from checks import PYTHON_DIR
+from checks import PYTHON_DIR, assert_isolated
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -403,6 +403,17 @@ def wrong_select(out: mg.memref[32, mg.f32]):
     a = mg.mma.ldmatrix(s, (t * 8,), 4)
     d = mg.mma.sync(mg.mma.M16N8K16_F16, a, pair.select(0, 1, 2, 3), mg.mma.zeros(mg.mma.M16N8K16_F16))
     out[t] = d[0]
+
+
+def test_the_error_names_the_atoms_fragment_whatever_was_traced_before():
+    """Fragments of one layout share a class, made by whichever traced one
+    first: here an ldmatrix fragment with B's layout (in wrong_dtype, f16)
+    comes before any mma.sync of f16, in a fresh interpreter."""
+    assert_isolated("""
+        from test_tensorcore_ampere import compile_error, wrong_dtype, wrong_layout
+        compile_error(wrong_dtype)
+        print(compile_error(wrong_layout))
+        """, "which does not match the B fragment of mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32:")
 
 
 def test_selected_values_that_are_not_a_b_fragment():

@@ -196,9 +196,11 @@ def _operand(atom, operand, value):
     if not isinstance(value, (list, tuple)):
         raise CompileError(f"{name} is a fragment (a list of traced values), not {type(value).__name__}")
     if isinstance(value, Fragment) and type(value).coordinates != kind.coordinates:
+        # kind.description may be another fragment's of the same layout, traced first: the atom is named here
         raise CompileError(f"{name} has the layout of {value.description}, which does not match "
-                           f"{kind.description}: lane 0 holds {_show(type(value).coordinates)} where the "
-                           f"atom wants {_show(kind.coordinates)} (row, col)")
+                           f"the {operand.upper()} fragment of {atom.name}: lane 0 holds "
+                           f"{_show(type(value).coordinates)} where the atom wants {_show(kind.coordinates)} "
+                           f"(row, col)")
     count = len(kind.coordinates[0])
     if len(value) != count:
         raise CompileError(f"{name} of {atom.name} holds {count} values a lane, got {len(value)}")
