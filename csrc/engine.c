@@ -293,6 +293,7 @@ static void exact_bf16_conversions(MlirModule module)
     MlirContext context = mlirModuleGetContext(module);
     MlirAttribute pair[2] = {mlirStringAttrGet(context, mlirStringRefCreateFromCString("target-features")),
                              mlirStringAttrGet(context, mlirStringRefCreateFromCString(features))};
+    MlirAttribute entry = mlirArrayAttrGet(context, 2, pair);
     MlirStringRef name = mlirStringRefCreateFromCString("passthrough");
     for (MlirOperation op = mlirBlockGetFirstOperation(mlirModuleGetBody(module)); !mlirOperationIsNull(op);
          op = mlirOperationGetNextInBlock(op)) {
@@ -309,7 +310,7 @@ static void exact_bf16_conversions(MlirModule module)
         entries = grown;
         for (intptr_t i = 0; i < count; i++)
             entries[i] = mlirArrayAttrGetElement(passthrough, i);
-        entries[count] = mlirArrayAttrGet(context, 2, pair);
+        entries[count] = entry;
         mlirOperationSetInherentAttributeByName(op, name, mlirArrayAttrGet(context, count + 1, entries));
     }
 done:
