@@ -20,7 +20,8 @@ from .._mlirgpu import CompileError
 from ..language import core as lang
 from ..language.generics import Generic
 from ..language.target import Target
-from .rewrite import HELPERS, code_objects
+from .control_flow import HELPERS
+from .rewrite import code_objects
 
 __all__ = ["Trace", "instantiate", "tracing", "trace_error"]
 
