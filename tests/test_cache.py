@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import mlirgpu
-from mlirgpu.compiler import cache
+from mlirgpu.compiler import cache, fingerprints, log, toolkit
 from mlirgpu.compiler.cache import CacheInfo, CacheKey, CompileCache, fingerprint, fingerprint_globals
 from checks import PYTHON_DIR
 
@@ -219,9 +219,9 @@ def test_mlirgpu_log_cache_logs_disk_hits_only(tmp_path, monkeypatch, caplog):
 def test_log_lines_reach_stderr_when_nothing_handles_them(tmp_path, monkeypatch, capsys):
     """A notebook user who sets MLIRGPU_LOG and configures no logging sees the lines."""
     monkeypatch.setenv("MLIRGPU_LOG", "compile")
-    monkeypatch.setattr(cache.logger, "propagate", False)
-    monkeypatch.setattr(cache.logger, "handlers", [])
-    monkeypatch.setattr(cache.logger, "level", logging.NOTSET)
+    monkeypatch.setattr(log.logger, "propagate", False)
+    monkeypatch.setattr(log.logger, "handlers", [])
+    monkeypatch.setattr(log.logger, "level", logging.NOTSET)
     CompileCache(tmp_path, disk=False).get_or_compile(make_key(), Compiler(make_key()))
     assert "mlirgpu: compiling mod.kernel [" in capsys.readouterr().err
 
@@ -636,7 +636,7 @@ def _generator():
     object(), Opaque(), {1, 2}, frozenset(), _generator(), Opaque().__init__, Compiler(None).__call__,
     "bound".upper, [1, object()],
     {"a": {1}}, np.array(["a", "b"]), np.array([None], dtype=object),
-    np.zeros(cache.MAX_ARRAY_BYTES // 8 + 1),
+    np.zeros(fingerprints.MAX_ARRAY_BYTES // 8 + 1),
     np.ma.masked_array([1.0]), bytearray(b"x"),
 ], ids=lambda v: type(v).__name__)
 def test_unsupported_values_raise_type_error(value):
@@ -676,14 +676,14 @@ def test_environment():
 
 
 def test_cuda_version_sources(tmp_path):
-    assert cache._cuda_version(str(tmp_path)) == "unknown"
+    assert toolkit.cuda_version(str(tmp_path)) == "unknown"
     (tmp_path / "include").mkdir()
     (tmp_path / "include" / "cuda.h").write_text("#pragma once\n#define CUDA_VERSION 12080\n")
-    assert cache._cuda_version(str(tmp_path)) == "12.8"
+    assert toolkit.cuda_version(str(tmp_path)) == "12.8"
     (tmp_path / "dist-info" / "nvidia_cuda_nvcc-13.0.88.dist-info").mkdir(parents=True)
-    assert cache._cuda_version(str(tmp_path)) == "13.0.88"
+    assert toolkit.cuda_version(str(tmp_path)) == "13.0.88"
     (tmp_path / "version.json").write_text(json.dumps({"cuda": {"name": "CUDA SDK", "version": "12.4.1"}}))
-    assert cache._cuda_version(str(tmp_path)) == "12.4.1"
+    assert toolkit.cuda_version(str(tmp_path)) == "12.4.1"
 
 
 def test_an_entry_records_key_and_versions(tmp_path):

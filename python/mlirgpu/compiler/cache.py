@@ -1,248 +1,36 @@
 """The compilation cache: one cubin per specialization, in memory and on disk.
 
-A specialization is named by a `CacheKey`, an ordered set of named string
-parts (kernel, source, globals, generics, chip, options). `CompileCache`
-answers `get_or_compile(key, compile_fn)` from a dict first, then from a
-file under MLIRGPU_CACHE_DIR (default ~/.cache/mlirgpu), and only then calls
+A specialization is named by a `CacheKey` (cache_key.py), an ordered set of
+named string parts (kernel, source, globals, generics, chip, options; the
+globals part is made by fingerprints.py). `CompileCache` answers
+`get_or_compile(key, compile_fn)` from a dict first, then from a file under
+MLIRGPU_CACHE_DIR (default ~/.cache/mlirgpu), and only then calls
 `compile_fn`. Files are written atomically (temp file, fsync, os.replace), so
 processes may share the directory without locks; each carries the key, the
 versions of mlirgpu, MLIR and CUDA, and the payload's length and sha256, and a
 file that does not match is recompiled and overwritten, never trusted.
 
-MLIRGPU_LOG (comma-separated) turns on logging through the "mlirgpu" logger:
-`compile` logs each compile with what changed since the kernel's previous
-compile; `cache` logs disk hits, corrupt entries and a cache directory that
-cannot be written. See docs/design/compile_cache.md.
+With MLIRGPU_LOG=compile each compile is logged with what changed since the
+kernel's previous compile; with MLIRGPU_LOG=cache, disk hits, corrupt
+entries and a cache directory that cannot be written (log.py). See
+docs/design/compile_cache.md.
 """
 import hashlib
 import json
-import logging
 import os
 import struct
-import sys
 import threading
-import types
 from collections import namedtuple
 from pathlib import Path
 
-import numpy
-
 from .. import _mlirgpu
-from .._mlirgpu import DType
+from .cache_key import CacheKey, label, recompile_reason
+# Re-exported: the cache's documented API names them here.
+from .fingerprints import fingerprint, fingerprint_globals
+from .log import log
 
 __all__ = ["CacheInfo", "CacheKey", "CompileCache", "cache_clear", "cache_info", "default_cache", "environment",
            "fingerprint", "fingerprint_globals"]
-
-# ---------------------------------------------------------------------------
-# Fingerprints of the values a kernel reads as globals or closure cells
-# ---------------------------------------------------------------------------
-
-# A global array becomes a constant of the kernel; CUDA's constant bank is
-# 64 KiB, and anything larger should be a kernel argument instead.
-MAX_ARRAY_BYTES = 64 * 1024
-_ARRAY_KINDS = "biufc"
-
-
-def fingerprint(value):
-    """A canonical string for a value a kernel may read as a global or closure
-    variable: equal values give equal strings in every process, different
-    values (or types: 1, 1.0, True, numpy.int32(1)) give different ones.
-
-    Supported: None, bool, int, float, complex, str, bytes; tuples, lists and
-    dicts of supported values; numpy scalars, dtypes, ufuncs and arrays of
-    numbers up to MAX_ARRAY_BYTES; mlirgpu dtypes; Python functions (module,
-    qualname and a hash of the code object); builtin functions, classes and
-    modules (by name). Anything else raises TypeError.
-    """
-    return _fingerprint(value, set())
-
-
-def _fingerprint(value, active):
-    kind = type(value)
-    if value is None or kind is bool or kind is int or kind is float or kind is complex:
-        return repr(value)
-    if kind is str or kind is bytes:
-        return repr(value)
-    if isinstance(value, DType):
-        return f"mlirgpu.{value.name}"
-    if isinstance(value, numpy.generic):
-        return f"numpy.{kind.__name__}({value.item()!r})"
-    if isinstance(value, numpy.dtype):
-        return f"numpy.dtype({value.str!r})" if value.fields is None else f"numpy.dtype({value.descr!r})"
-    if kind is numpy.ndarray:
-        return _fingerprint_array(value)
-    if kind in (tuple, list, dict):
-        if id(value) in active:
-            raise TypeError(f"cannot fingerprint a {kind.__name__} that contains itself")
-        active.add(id(value))
-        try:
-            if kind is dict:
-                items = sorted(f"{_fingerprint(k, active)}: {_fingerprint(v, active)}"
-                               for k, v in value.items())
-                return "{" + ", ".join(items) + "}"
-            items = [_fingerprint(v, active) for v in value]
-            if kind is tuple:
-                return "(" + ", ".join(items) + (",)" if len(items) == 1 else ")")
-            return "[" + ", ".join(items) + "]"
-        finally:
-            active.discard(id(value))
-    if kind is types.FunctionType:
-        return f"function {value.__module__}.{value.__qualname__} code:{_code_digest(value.__code__)}"
-    # A builtin bound to an object ("abc".upper) is as unknown as the object.
-    if kind is types.BuiltinFunctionType and type(value.__self__) in (type(None), types.ModuleType):
-        return f"builtin {getattr(value, '__module__', None)}.{value.__qualname__}"
-    if kind is numpy.ufunc:
-        return f"numpy.ufunc {value.__name__}"
-    if isinstance(value, type):
-        return f"class {value.__module__}.{value.__qualname__}"
-    if kind is types.ModuleType:
-        return f"module {value.__name__}"
-    # Layouts, swizzles and MMA atoms are immutable compile-time integers, shown whole by their repr.
-    if kind.__module__.startswith("mlirgpu.layout."):
-        return f"{kind.__module__}.{kind.__qualname__} {value!r}"
-    raise TypeError(f"cannot fingerprint a value of type {kind.__module__}.{kind.__qualname__}")
-
-
-def _fingerprint_array(array):
-    if array.dtype.kind not in _ARRAY_KINDS:
-        raise TypeError(f"cannot fingerprint a numpy array of dtype {array.dtype} (numbers only)")
-    if array.nbytes > MAX_ARRAY_BYTES:
-        raise TypeError(f"cannot fingerprint a numpy array of {array.nbytes} bytes (at most "
-                        f"{MAX_ARRAY_BYTES}): pass it to the kernel as an argument")
-    data = hashlib.sha256(numpy.ascontiguousarray(array).tobytes()).hexdigest()
-    return f"numpy.ndarray({array.dtype.str!r}, {array.shape!r}, sha256:{data})"
-
-
-def _code_digest(code):
-    """sha256 of what a code object does, not where it is: positions, file
-    names and line tables are left out (they do not reach the cubin), and
-    marshal is not used (its bytes depend on reference counts)."""
-    digest = hashlib.sha256()
-    _hash_code(code, digest)
-    return digest.hexdigest()
-
-
-def _hash_code(code, digest):
-    digest.update(repr((code.co_name, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
-                        code.co_flags, code.co_names, code.co_varnames, code.co_freevars,
-                        code.co_cellvars)).encode())
-    digest.update(code.co_code)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            digest.update(b"<code>")
-            _hash_code(const, digest)
-        elif isinstance(const, frozenset):
-            digest.update(("frozenset" + repr(sorted(repr(c) for c in const))).encode())
-        else:
-            digest.update((type(const).__name__ + ":" + repr(const) + "\0").encode())
-
-
-def fingerprint_globals(values):
-    """(digest, details) for the globals and closure values a kernel reads,
-    given as a mapping name -> value: digest is the sha256 of their
-    fingerprints, details maps each name to a readable form (for the reason
-    a recompile logs). Raises TypeError naming the value it cannot fingerprint."""
-    digest = hashlib.sha256()
-    details = {}
-    for name in sorted(values):
-        try:
-            text = fingerprint(values[name])
-        except TypeError as error:
-            raise TypeError(f"global {name!r}: {error}") from None
-        digest.update(f"{len(name)}:{name}{len(text)}:{text}".encode())
-        details[name] = text if len(text) <= 80 else text[:77] + "..."
-    return digest.hexdigest(), details
-
-
-# ---------------------------------------------------------------------------
-# Keys
-# ---------------------------------------------------------------------------
-
-class CacheKey:
-    """The name of one specialization: an ordered mapping of part names to
-    strings, e.g. {"kernel": "mod.qualname", "source": <sha256>, "globals":
-    <sha256>, "generics": "M=256,dtype=f32", "chip": "sm_90a", "options":
-    "opt_level=3"}. `digest` (sha256, hex) covers the parts in order.
-    `details` (part -> {name: readable value}) only explains recompiles; it is
-    not part of the digest or of equality."""
-
-    __slots__ = ("parts", "details", "digest")
-
-    def __init__(self, parts, details=None):
-        parts = dict(parts)
-        for name, value in parts.items():
-            if not isinstance(name, str) or not name or not isinstance(value, str):
-                raise TypeError(f"CacheKey parts map non-empty str to str, got {name!r}: {value!r}")
-        clean = {}
-        for part, mapping in (details or {}).items():
-            if part not in parts:
-                raise ValueError(f"CacheKey details for {part!r}, which is not a part ({', '.join(parts)})")
-            clean[part] = {str(k): str(v) for k, v in mapping.items()}
-        digest = hashlib.sha256(b"mlirgpu-cache-key-1\0")
-        # Length prefixes make the encoding injective: no two keys share bytes.
-        for name, value in parts.items():
-            n, v = name.encode(), value.encode()
-            digest.update(b"%d:%s%d:%s" % (len(n), n, len(v), v))
-        object.__setattr__(self, "parts", types.MappingProxyType(parts))
-        object.__setattr__(self, "details", types.MappingProxyType(clean))
-        object.__setattr__(self, "digest", digest.hexdigest())
-
-    def __setattr__(self, name, value):
-        raise AttributeError("CacheKey is immutable")
-
-    @property
-    def kernel(self):
-        """The "kernel" part, or "" where there is none."""
-        return self.parts.get("kernel", "")
-
-    def __eq__(self, other):
-        return isinstance(other, CacheKey) and self.digest == other.digest
-
-    def __hash__(self):
-        return hash(self.digest)
-
-    def __repr__(self):
-        return f"CacheKey({dict(self.parts)!r})"
-
-
-# ---------------------------------------------------------------------------
-# Logging
-# ---------------------------------------------------------------------------
-
-logger = logging.getLogger("mlirgpu")
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever sys.stderr is at the time (notebooks replace it)."""
-
-    def __init__(self):
-        super().__init__()
-        self.setFormatter(logging.Formatter("%(message)s"))
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value):
-        pass
-
-
-def _log_enabled(*topics):
-    words = {w.strip() for w in os.environ.get("MLIRGPU_LOG", "").split(",")}
-    return bool(words & ({"all"} | set(topics)))
-
-
-def log(topics, message):
-    """Log at INFO when MLIRGPU_LOG names one of topics (read at each call)."""
-    if not _log_enabled(*topics):
-        return
-    if logger.level == logging.NOTSET:
-        logger.setLevel(logging.INFO)    # the user asked for these lines by setting MLIRGPU_LOG
-    if not logger.hasHandlers():
-        logger.addHandler(_StderrHandler())
-    logger.info(message)
-
 
 # ---------------------------------------------------------------------------
 # The environment an entry was compiled in
@@ -299,31 +87,6 @@ def _mlir_version():
     return version, ",".join(builds)
 
 
-def _cuda_version(cuda_home):
-    """The toolkit's version: version.json, else the nvcc wheel's dist-info,
-    else CUDA_VERSION in cuda.h, else "unknown"."""
-    try:
-        with open(os.path.join(cuda_home, "version.json")) as f:
-            return str(json.load(f)["cuda"]["version"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    try:
-        for name in sorted(os.listdir(os.path.join(cuda_home, "dist-info"))):
-            if name.startswith("nvidia_cuda_nvcc-") and name.endswith(".dist-info"):
-                return name[len("nvidia_cuda_nvcc-"):-len(".dist-info")]
-    except OSError:
-        pass
-    try:
-        with open(os.path.join(cuda_home, "include", "cuda.h")) as f:
-            for line in f:
-                if line.startswith("#define CUDA_VERSION "):
-                    number = int(line.split()[2])
-                    return f"{number // 1000}.{number % 1000 // 10}"
-    except (OSError, ValueError, IndexError):
-        pass
-    return "unknown"
-
-
 def environment():
     """The versions every entry records and must match to be used (computed
     once per process): mlirgpu, mlirgpu_build, mlir, mlir_build, cuda."""
@@ -335,14 +98,7 @@ def environment():
 
             mlir, mlir_build = _mlir_version()
             # Without ptxas an entry holds PTX, not a cubin: never the same entry.
-            cuda = _cuda_version(toolkit.PTXAS.home) if toolkit.PTXAS else "none: PTX for the driver's JIT"
-            if toolkit.PTXAS and toolkit.PTXAS.source == "nvidia-cuda-nvcc wheel":
-                import importlib.metadata  # here: importing it costs more than the rest of mlirgpu's modules
-
-                try:
-                    cuda = importlib.metadata.version("nvidia-cuda-nvcc-cu12")
-                except importlib.metadata.PackageNotFoundError:
-                    pass
+            cuda = toolkit.PTXAS.version() if toolkit.PTXAS else "none: PTX for the driver's JIT"
             _environment = {"mlirgpu": __version__,
                             "mlirgpu_build": _package_build(), "mlir": mlir, "mlir_build": mlir_build,
                             "cuda": cuda}
@@ -397,67 +153,6 @@ def _decode_entry(data, key, env):
     if hashlib.sha256(payload).hexdigest() != sha:
         return None, "payload sha256 mismatch"
     return bytes(payload), None
-
-
-# ---------------------------------------------------------------------------
-# Why a kernel is compiled again
-# ---------------------------------------------------------------------------
-
-def _pairs(text):
-    """{"M": "256", ...} for "M=256,K=128", or None if text is not that shape."""
-    items = {}
-    for item in text.split(","):
-        name, eq, value = item.partition("=")
-        if not eq or not name or name in items:
-            return None
-        items[name] = value
-    return items
-
-
-def _describe(part, old, new, old_details, new_details):
-    if old_details is not None and new_details is not None:
-        names = list(old_details) + [n for n in new_details if n not in old_details]
-        changes = [f"{n}: {old_details.get(n, '<unset>')} -> {new_details.get(n, '<unset>')}"
-                   for n in names if old_details.get(n) != new_details.get(n)]
-        return f"{part} changed ({', '.join(changes)})" if changes else f"{part} changed"
-    old_items, new_items = _pairs(old), _pairs(new)
-    if old_items is not None and new_items is not None:
-        names = list(old_items) + [n for n in new_items if n not in old_items]
-        changes = []
-        for n in names:
-            if n not in new_items:
-                changes.append(f"{n}={old_items[n]} removed")
-            elif n not in old_items:
-                changes.append(f"{n}={new_items[n]} added")
-            elif old_items[n] != new_items[n]:
-                changes.append(f"{n}={old_items[n]} -> {n}={new_items[n]}")
-        return f"{part} changed ({', '.join(changes)})"
-    is_digest = len(new) >= 32 and all(c in "0123456789abcdef" for c in new)
-    if len(old) <= 40 and len(new) <= 40 and not is_digest:
-        return f"{part} changed ({old} -> {new})"
-    return f"{part} changed"
-
-
-def _reason(previous, key):
-    if previous is None:
-        return "first compile"
-    if previous == key:
-        return "not cached (key unchanged since its last use)"
-    reasons = []
-    for part, value in key.parts.items():
-        if part not in previous.parts:
-            reasons.append(f"{part} added")
-        elif previous.parts[part] != value:
-            reasons.append(_describe(part, previous.parts[part], value,
-                                     previous.details.get(part), key.details.get(part)))
-    reasons += [f"{part} removed" for part in previous.parts if part not in key.parts]
-    return "; ".join(reasons)
-
-
-def _label(key):
-    shown = [f"{part} {key.parts[part]}" for part in ("generics", "chip") if part in key.parts]
-    name = key.kernel or key.digest[:16]
-    return f"{name} [{', '.join(shown)}]" if shown else name
 
 
 # ---------------------------------------------------------------------------
@@ -537,11 +232,11 @@ class CompileCache:
                     self._memory[key.digest] = payload
                     self._count("disk_hits")
                     self._last[key.kernel] = key
-                    log(("cache",), f"mlirgpu: loaded {_label(key)} from the disk cache")
+                    log(("cache",), f"mlirgpu: loaded {label(key)} from the disk cache")
                     return payload
             with self._lock:
-                reason = _reason(self._last.get(key.kernel), key)
-            log(("compile",), f"mlirgpu: compiling {_label(key)} because: {reason}")
+                reason = recompile_reason(self._last.get(key.kernel), key)
+            log(("compile",), f"mlirgpu: compiling {label(key)} because: {reason}")
             payload = compile_fn()
             if not isinstance(payload, (bytes, bytearray, memoryview)):
                 raise TypeError(f"compile_fn must return bytes, not {type(payload).__name__}")
@@ -566,7 +261,7 @@ class CompileCache:
         payload, problem = _decode_entry(data, key, environment())
         if problem is not None:
             self._count("corrupt")
-            log(("cache", "compile"), f"mlirgpu: corrupt entry {path} for {_label(key)} ({problem}); "
+            log(("cache", "compile"), f"mlirgpu: corrupt entry {path} for {label(key)} ({problem}); "
                  "recompiling")
         return payload
 

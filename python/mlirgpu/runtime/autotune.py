@@ -32,7 +32,8 @@ from .. import cuda
 from .._mlirgpu import CompileError, CudaError, DeviceArray, DType, Event, LaunchError
 from .backend import asarray, empty, on_cpu, to_device
 from .compiled import default_chip
-from ..compiler.cache import default_directory, log
+from ..compiler.cache import default_directory
+from ..compiler.log import log
 from .kernel import Kernel, check_generic_value, show
 
 __all__ = ["autotune", "Autotuner", "WARMUP", "REPEAT"]
