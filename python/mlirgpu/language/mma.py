@@ -44,7 +44,7 @@ since the last one and `wait_group(n)` waits until at most n groups are
 still in flight. A copy with `valid` false reads nothing and fills its
 destination with zeros (the predication of a tile's edges).
 
-`tile(memref, layout)` indexes a 1-d shared array through a layout
+`tile(memref, layout)` (layout_index.py) indexes a 1-d shared array through a layout
 (mlirgpu.layout: a Layout, or a swizzled ComposedLayout): `t[r, c]` is
 memref[layout(r, c)], computed at trace time for Python ints and emitted as
 index arithmetic (multiplications, divisions, xors) for traced coordinates.
@@ -57,9 +57,9 @@ commit_group and wait_group have nothing left to wait for.
 """
 from .. import ir
 from .._mlirgpu import CompileError
-from ..layout import ComposedLayout, Layout, Swizzle
 from ..layout.mma import M16N8K16_BF16, M16N8K16_F16, M16N8K8_TF32, MMAAtom
 from . import core as lang
+from .layout_index import Tile, layout_index, tile
 from .shared import SharedMemRef
 
 __all__ = ["M16N8K16_F16", "M16N8K16_BF16", "M16N8K8_TF32", "Fragment", "zeros", "fragment", "coordinate",
@@ -226,127 +226,7 @@ def sync(atom, a, b, c):
 
 
 # ---------------------------------------------------------------------------
-# Indexing through layouts
-
-def _flat(shape, stride):
-    if isinstance(shape, tuple):
-        out = []
-        for s, d in zip(shape, stride):
-            out.extend(_flat(s, d))
-        return out
-    return [(shape, stride)]
-
-
-def _mode_index(shape, stride, coord):
-    """A (possibly traced) integer coordinate into one mode, times its strides."""
-    if isinstance(coord, int) and not isinstance(coord, bool):
-        return Layout(shape, stride)(coord)
-    flat = _flat(shape, stride)
-    index, rest = 0, coord
-    for k, (s, d) in enumerate(flat):
-        part = rest if k == len(flat) - 1 else rest % s
-        if k < len(flat) - 1:
-            rest = rest // s
-        if s != 1 and d != 0:
-            index = index + part * d
-    return index
-
-
-def layout_index(layout, *coord):
-    """`layout` (a Layout, a Swizzle-composed layout, or a Swizzle) applied
-    to `coord`, one integer per mode (or one for the whole layout): a Python
-    int where every coordinate is, else a traced index."""
-    coord = [lang.as_index(c, "a layout coordinate") if isinstance(c, lang.Scalar) else c for c in coord]
-    for c in coord:
-        if not isinstance(c, lang.Scalar) and (not isinstance(c, int) or isinstance(c, bool)):
-            raise CompileError(f"a layout coordinate is an int or a traced integer, not {type(c).__name__}")
-    if isinstance(layout, Swizzle):
-        if len(coord) != 1:
-            raise CompileError("a swizzle maps one index")
-        return _swizzle(layout, coord[0])
-    if isinstance(layout, ComposedLayout):
-        inner = layout_index(layout.inner, *coord)
-        return layout_index(layout.outer, inner + layout.offset if layout.offset else inner)
-    if not isinstance(layout, Layout):
-        raise CompileError(f"not a layout: {layout!r}")
-    if all(isinstance(c, int) for c in coord):
-        try:
-            return layout(*coord)
-        except (TypeError, ValueError, IndexError) as error:
-            raise CompileError(f"cannot index {layout} at {tuple(coord)}: {error}") from error
-    if len(coord) == 1:
-        return _mode_index(layout.shape, layout.stride, coord[0])
-    if len(coord) != layout.rank:
-        raise CompileError(f"the layout {layout} has {layout.rank} modes, got {len(coord)} coordinates")
-    shapes = layout.shape if isinstance(layout.shape, tuple) else (layout.shape,)
-    strides = layout.stride if isinstance(layout.stride, tuple) else (layout.stride,)
-    index = 0
-    for s, d, c in zip(shapes, strides, coord):
-        index = index + _mode_index(s, d, c)
-    return index
-
-
-def _swizzle(swizzle, index):
-    if isinstance(index, int):
-        return swizzle(index)
-    moved = index & swizzle.source_mask
-    moved = moved >> swizzle.shift if swizzle.shift >= 0 else moved << -swizzle.shift
-    return index ^ moved
-
-
-class Tile:
-    """A 1-d memref seen through a layout: `t[coord]` loads and stores
-    memref[layout(coord)]; `t.index(*coord)` is the index itself."""
-
-    __slots__ = ("memref", "layout", "offset")
-
-    def __init__(self, memref, layout, offset=0):
-        self.memref, self.layout, self.offset = memref, layout, offset
-
-    def index(self, *coord):
-        index = layout_index(self.layout, *coord)
-        return index if isinstance(self.offset, int) and self.offset == 0 else index + self.offset
-
-    def at(self, offset):
-        """The same layout starting `offset` elements further (another stage of a buffer)."""
-        return Tile(self.memref, self.layout, self.offset + offset)
-
-    def __getitem__(self, coord):
-        coord = coord if isinstance(coord, tuple) else (coord,)
-        return self.memref[self.index(*coord)]
-
-    def __setitem__(self, coord, value):
-        coord = coord if isinstance(coord, tuple) else (coord,)
-        self.memref[self.index(*coord)] = value
-
-    def __repr__(self):
-        return f"<tile {self.layout} of {self.memref!r}>"
-
-
-def tile(memref, layout):
-    """`memref` (1-d, usually shared memory) indexed through `layout`."""
-    if not isinstance(memref, lang.MemRef) or len(memref.shape) != 1:
-        raise CompileError(f"mg.mma.tile views a 1-d memref, not {memref!r}")
-    if not isinstance(layout, (Layout, ComposedLayout)):
-        raise CompileError(f"mg.mma.tile takes a Layout or a swizzled ComposedLayout, not {layout!r}")
-    cosize = _cosize(layout)
-    length = memref.extents[0]  # None for dynamic shared memory, whose length is the launch's
-    if length is not None and cosize > length:
-        raise CompileError(f"the layout {layout} reaches index {cosize - 1}, past the memref's "
-                           f"{length} elements")
-    return Tile(memref, layout)
-
-
-def _cosize(layout):
-    if isinstance(layout, ComposedLayout):
-        top = layout.offset + _cosize(layout.inner) - 1
-        if isinstance(layout.outer, Swizzle):
-            # A swizzle changes the bits below its source bits' top: the index stays under that power of two.
-            bits = layout.outer.source_mask | layout.outer.target_mask
-            return (top | bits) + 1
-        return layout.outer.cosize
-    return layout.cosize
-
+# Where ldmatrix and cp.async read and write
 
 def _place(where, index, what):
     """(memref, indices) of `where` (a memref or a Tile) at `index`."""

@@ -10,6 +10,8 @@ public because coordinates are integer tuples too.
 (2, 3, 4, 5, 6)
 """
 import operator
+from collections.abc import Sequence
+from typing import SupportsIndex, TypeAlias, TypeVar, Union
 
 __all__ = [
     "is_int",
@@ -24,20 +26,29 @@ __all__ = [
     "shape_div",
     "idx2crd",
     "crd2idx",
+    "IntTuple",
+    "IntTupleLike",
 ]
 
+#: An integer, or a tuple of integer tuples: a shape, a stride or a coordinate.
+IntTuple: TypeAlias = Union[int, tuple["IntTuple", ...]]
+#: What as_int_tuple accepts: integer-like objects, and lists or tuples of them.
+IntTupleLike: TypeAlias = Union[SupportsIndex, Sequence["IntTupleLike"]]
+# A traced integer of the kernel language, which crd2idx computes with as with an int.
+_Traced = TypeVar("_Traced")
 
-def is_int(x):
+
+def is_int(x: object) -> bool:
     """True for an integer (bool excluded): `is_int(3)` is True, `is_int((3,))` False."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def is_tuple(x):
+def is_tuple(x: object) -> bool:
     """True for a tuple: `is_tuple((2, 3))` is True, `is_tuple(2)` False."""
     return isinstance(x, tuple)
 
 
-def as_int_tuple(x, what="value"):
+def as_int_tuple(x: IntTupleLike, what: str = "value") -> IntTuple:
     """`x` as an integer tuple: lists become tuples, integer-like objects
     (NumPy integers) become ints; anything else raises TypeError.
 
@@ -56,7 +67,7 @@ def as_int_tuple(x, what="value"):
         ) from None
 
 
-def product(t):
+def product(t: IntTuple) -> int:
     """The product of all integers in `t`: `product((2, (3, 4)))` is 24."""
     if is_tuple(t):
         result = 1
@@ -66,7 +77,7 @@ def product(t):
     return t
 
 
-def flatten(t):
+def flatten(t: IntTuple) -> tuple[int, ...]:
     """The integers of `t` in order, as one flat tuple: `flatten((2, (3, 4)))` is (2, 3, 4).
     An integer flattens to a 1-tuple."""
     if is_tuple(t):
@@ -74,19 +85,19 @@ def flatten(t):
     return (t,)
 
 
-def rank(t):
+def rank(t: IntTuple) -> int:
     """The number of top-level modes: `rank((2, (3, 4)))` is 2, `rank(5)` is 1."""
     return len(t) if is_tuple(t) else 1
 
 
-def depth(t):
+def depth(t: IntTuple) -> int:
     """The nesting depth: `depth(5)` is 0, `depth((2, 3))` is 1, `depth((2, (3, 4)))` is 2."""
     if is_tuple(t):
         return 1 + max((depth(e) for e in t), default=0)
     return 0
 
 
-def congruent(a, b):
+def congruent(a: IntTuple, b: IntTuple) -> bool:
     """True when `a` and `b` have the same tree structure:
     `congruent((2, (3, 4)), (1, (2, 6)))` is True, `congruent((2, 3), 6)` False."""
     if is_tuple(a) and is_tuple(b):
@@ -94,7 +105,7 @@ def congruent(a, b):
     return not is_tuple(a) and not is_tuple(b)
 
 
-def prefix_product(shape, init=1):
+def prefix_product(shape: IntTuple, init: int = 1) -> IntTuple:
     """Column-major (compact, first mode fastest) strides for `shape`,
     congruent with it: `prefix_product((2, (3, 4)))` is (1, (2, 6))."""
     if is_tuple(shape):
@@ -106,7 +117,7 @@ def prefix_product(shape, init=1):
     return init
 
 
-def shape_div(a, b):
+def shape_div(a: IntTuple, b: IntTuple) -> IntTuple:
     """Divide shape `a` by `b` from the left, mode by mode: the shape that is
     left of `a` after its first `b` elements (column-major).
 
@@ -133,7 +144,7 @@ def shape_div(a, b):
     return (a + b - 1) // b
 
 
-def idx2crd(index, shape):
+def idx2crd(index: int, shape: IntTuple) -> IntTuple:
     """The natural coordinate (congruent with `shape`) of a linear index, with
     the first mode running fastest (column-major, as CuTe counts).
 
@@ -155,7 +166,7 @@ def idx2crd(index, shape):
     return index
 
 
-def crd2idx(coord, shape, stride=None):
+def crd2idx(coord: IntTuple | _Traced, shape: IntTuple, stride: IntTuple | None = None) -> int | _Traced:
     """The index of a coordinate: the inner product of the natural coordinate
     with `stride` (column-major strides of `shape` when omitted).
 
@@ -169,24 +180,43 @@ def crd2idx(coord, shape, stride=None):
     5
     >>> crd2idx((1, 1), ((2, 2), 4), ((1, 4), 2))
     3
+
+    The coordinate's integers are only combined with +, *, // and %, so a
+    traced integer of the kernel language goes through this same function
+    (mg.mma.layout_index) and becomes index arithmetic. Terms that are 0
+    whatever the coordinate (a stride of 0, a size-1 mode before the last)
+    are left out rather than added, so that they emit no operations there.
     """
     if stride is None:
         stride = prefix_product(shape)
     if is_tuple(coord):
         if not is_tuple(shape) or len(coord) != len(shape):
             raise ValueError(f"coordinate {_fmt(coord)} does not match shape {_fmt(shape)}")
-        return sum(crd2idx(c, s, d) for c, s, d in zip(coord, shape, stride))
+        result = 0
+        for c, s, d in zip(coord, shape, stride):
+            result = _plus(result, crd2idx(c, s, d))
+        return result
     if is_tuple(shape):
         result = 0
         for i, (s, d) in enumerate(zip(shape, stride)):
             if i == len(shape) - 1:
-                result += crd2idx(coord, s, d)
+                result = _plus(result, crd2idx(coord, s, d))
             else:
                 n = product(s)
-                result += crd2idx(coord % n, s, d)
-                coord //= n
+                if n != 1:
+                    result = _plus(result, crd2idx(coord % n, s, d))
+                    coord //= n
         return result
-    return coord * stride
+    return 0 if stride == 0 else coord * stride
+
+
+def _plus(a, b):
+    """a + b, where an int 0 on either side is left out instead of added."""
+    if is_int(b) and b == 0:
+        return a
+    if is_int(a) and a == 0:
+        return b
+    return a + b
 
 
 def _fmt(t):

@@ -11,8 +11,18 @@ offsets (`Swizzle(3, 3, 3)` on indices of 2-byte elements).
 >>> [sw(i) for i in (0, 16, 128, 144, 1024)]
 [0, 16, 144, 128, 1024]
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, TypeVar
+
 from .core import Layout, _as_layout
-from .inttuple import is_int
+from .inttuple import IntTuple, IntTupleLike, is_int
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# An int, or a traced integer of the kernel language (which has &, >>, << and ^ too).
+_Traced = TypeVar("_Traced")
 
 __all__ = ["Swizzle", "ComposedLayout"]
 
@@ -33,7 +43,7 @@ class Swizzle:
 
     __slots__ = ("bits", "base", "shift")
 
-    def __init__(self, bits, base, shift):
+    def __init__(self, bits: int, base: int, shift: int) -> None:
         for name, v in (("bits", bits), ("base", base), ("shift", shift)):
             if not is_int(v):
                 raise TypeError(f"Swizzle's {name} must be an integer, not {type(v).__name__}")
@@ -49,18 +59,24 @@ class Swizzle:
         self.shift = shift
 
     @property
-    def source_mask(self):
+    def source_mask(self) -> int:
         """The bits read: `Swizzle(3, 4, 3).source_mask` is 0b1110000000 (bits 7-9)."""
         return ((1 << self.bits) - 1) << (self.base + max(0, self.shift))
 
     @property
-    def target_mask(self):
+    def target_mask(self) -> int:
         """The bits changed: `Swizzle(3, 4, 3).target_mask` is 0b1110000 (bits 4-6)."""
         return ((1 << self.bits) - 1) << (self.base - min(0, self.shift))
 
-    def __call__(self, index):
+    def __call__(self, index: int) -> int:
         if not is_int(index):
             raise TypeError(f"a swizzle maps an integer index, not {type(index).__name__}")
+        return self.apply(index)
+
+    def apply(self, index: _Traced) -> _Traced:
+        """The swizzle of `index` without checking that it is an int: it is
+        only combined with &, shifts and ^, so a traced integer of the kernel
+        language (mg.mma.layout_index) goes through this same function."""
         moved = index & self.source_mask
         moved = moved >> self.shift if self.shift >= 0 else moved << -self.shift
         return index ^ moved
@@ -98,7 +114,7 @@ class ComposedLayout:
 
     __slots__ = ("outer", "offset", "inner")
 
-    def __init__(self, outer, offset, inner):
+    def __init__(self, outer: Swizzle | Layout, offset: int, inner: Layout | int) -> None:
         if not isinstance(outer, (Swizzle, Layout)):
             raise TypeError(f"ComposedLayout's outer function must be a Swizzle or a Layout, not {type(outer).__name__}")
         if not is_int(offset):
@@ -108,17 +124,17 @@ class ComposedLayout:
         self.inner = _as_layout(inner, "ComposedLayout's inner layout")
 
     @property
-    def shape(self):
+    def shape(self) -> IntTuple:
         """The inner layout's shape: `ComposedLayout(Swizzle(1, 0, 1), 0, Layout((2, 4))).shape` is (2, 4)."""
         return self.inner.shape
 
     @property
-    def size(self):
+    def size(self) -> int:
         """The inner layout's size: 8 for `ComposedLayout(Swizzle(1, 0, 1), 0, Layout((2, 4)))`."""
         return self.inner.size
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         """The inner layout's rank: 2 for `ComposedLayout(Swizzle(1, 0, 1), 0, Layout((2, 4)))`."""
         return self.inner.rank
 
@@ -128,17 +144,17 @@ class ComposedLayout:
     def __iter__(self):
         return (self[i] for i in range(self.inner.rank))
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int | slice) -> ComposedLayout:
         """Mode i, still swizzled: ComposedLayout(outer, offset, inner[i])."""
         return ComposedLayout(self.outer, self.offset, self.inner[i])
 
-    def __call__(self, *coord):
+    def __call__(self, *coord: IntTupleLike) -> int:
         index = self.inner(*coord)
         if isinstance(index, Layout):
             raise TypeError("slicing a swizzled layout is not supported; slice its inner layout")
         return self.outer(self.offset + index)
 
-    def indices(self):
+    def indices(self) -> list[int]:
         """All indices, in column-major order of coordinates.
 
         >>> ComposedLayout(Swizzle(1, 0, 1), 0, Layout(4, 1)).indices()
@@ -160,7 +176,7 @@ class ComposedLayout:
     def __repr__(self):
         return f"ComposedLayout({self.outer!r}, {self.offset!r}, {self.inner!r})"
 
-    def show(self, figure=False):
+    def show(self, figure: bool = False) -> Figure | None:
         """Draw the indices as a grid, like `Layout.show`.
 
         >>> from mlirgpu.layout import composition, row_major
