@@ -10,8 +10,12 @@ answers a question about the function.
 >>> print(L, L(3, 5), L.size, L.cosize)
 (4,8):(8,1) 29 32 32
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, TypeAlias, Union
+
 from . import inttuple
-from .inttuple import _fmt, as_int_tuple, congruent, is_int, is_tuple, prefix_product, product
+from .inttuple import IntTuple, IntTupleLike, _fmt, as_int_tuple, congruent, is_int, is_tuple, prefix_product, product
 
 __all__ = [
     "Layout",
@@ -35,6 +39,16 @@ __all__ = [
     "blocked_product",
     "raked_product",
 ]
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from .swizzle import ComposedLayout, Swizzle
+
+#: A coordinate of a layout: integers, nested tuples of them, and None where a mode is left free (a slice).
+Coordinate: TypeAlias = Union[int, None, tuple["Coordinate", ...], list["Coordinate"]]
+#: A composition's or a divide's right-hand side: a layout, n (meaning n:1), or one of those per mode.
+Tiler: TypeAlias = Union["Layout", int, tuple[Union["Tiler", None], ...]]
 
 
 class Layout:
@@ -69,7 +83,7 @@ class Layout:
 
     __slots__ = ("_shape", "_stride")
 
-    def __init__(self, shape, stride=None):
+    def __init__(self, shape: IntTupleLike, stride: IntTupleLike | None = None) -> None:
         shape = as_int_tuple(shape, "shape")
         for s in inttuple.flatten(shape):
             if s < 1:
@@ -91,22 +105,22 @@ class Layout:
     # -- what it is ---------------------------------------------------------
 
     @property
-    def shape(self):
+    def shape(self) -> IntTuple:
         """The shape, an integer or a nested tuple: `Layout((4, 8), (8, 1)).shape` is (4, 8)."""
         return self._shape
 
     @property
-    def stride(self):
+    def stride(self) -> IntTuple:
         """The stride, congruent with the shape: `Layout((4, 8), (8, 1)).stride` is (8, 1)."""
         return self._stride
 
     @property
-    def size(self):
+    def size(self) -> int:
         """How many coordinates: `Layout((4, 8)).size` is 32."""
         return product(self._shape)
 
     @property
-    def cosize(self):
+    def cosize(self) -> int:
         """One past the largest index: `Layout((4, 8), (8, 1)).cosize` is 32,
         `Layout(4, 2).cosize` is 7."""
         return 1 + sum(
@@ -114,12 +128,12 @@ class Layout:
         )
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         """How many top-level modes: `Layout(((2, 2), 4)).rank` is 2, `Layout(8).rank` is 1."""
         return inttuple.rank(self._shape)
 
     @property
-    def depth(self):
+    def depth(self) -> int:
         """How deeply the shape nests: `Layout(8).depth` is 0, `Layout((4, 8)).depth` 1,
         `Layout(((2, 2), 4)).depth` 2."""
         return inttuple.depth(self._shape)
@@ -132,7 +146,7 @@ class Layout:
     def __iter__(self):
         return (self[i] for i in range(self.rank))
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int | slice) -> Layout:
         """Mode `i` as a layout, or a range of modes (`L[1:]`) as one layout.
 
         >>> L = Layout(((2, 2), 4), ((1, 4), 2))
@@ -151,7 +165,7 @@ class Layout:
 
     # -- as a function ------------------------------------------------------
 
-    def __call__(self, *coord):
+    def __call__(self, *coord: Coordinate) -> int | Layout:
         if not coord:
             raise TypeError("a layout is called with a coordinate: L(i), L(i, j) or L((i, j))")
         coord = coord[0] if len(coord) == 1 else coord
@@ -160,17 +174,17 @@ class Layout:
         coord = as_int_tuple(coord, "coordinate")
         return inttuple.crd2idx(coord, self._shape, self._stride)
 
-    def crd2idx(self, coord):
+    def crd2idx(self, coord: IntTupleLike) -> int:
         """The index of `coord`: the same as calling the layout.
         `Layout((4, 8), (8, 1)).crd2idx((3, 5))` is 29."""
         return inttuple.crd2idx(as_int_tuple(coord, "coordinate"), self._shape, self._stride)
 
-    def idx2crd(self, index):
+    def idx2crd(self, index: int) -> IntTuple:
         """The natural coordinate of the `index`-th element in column-major
         order: `Layout((4, 8), (8, 1)).idx2crd(7)` is (3, 1)."""
         return inttuple.idx2crd(index, self._shape)
 
-    def indices(self):
+    def indices(self) -> list[int]:
         """All indices, in column-major order of coordinates.
 
         >>> Layout((2, 3), (3, 1)).indices()
@@ -196,7 +210,7 @@ class Layout:
 
     # -- pictures (in .show) -------------------------------------------------
 
-    def show(self, figure=False):
+    def show(self, figure: bool = False) -> Figure | None:
         """Draw the layout: a grid of indices printed as text, or with
         `figure=True` a matplotlib Figure (returned). Rank-2 layouts draw as
         a grid of rows (mode 0) by columns (mode 1); rank-1 layouts as one row.
@@ -284,7 +298,7 @@ def _unflatten(flat, structure):
 # -- building layouts ---------------------------------------------------------
 
 
-def make_layout(*modes):
+def make_layout(*modes: Layout | int) -> Layout:
     """The layout whose i-th mode is the i-th argument (concatenation).
 
     >>> print(make_layout(Layout(4, 1), Layout((2, 3), (4, 8))))
@@ -294,7 +308,7 @@ def make_layout(*modes):
     return Layout(tuple(m.shape for m in modes), tuple(m.stride for m in modes))
 
 
-def column_major(shape):
+def column_major(shape: IntTupleLike) -> Layout:
     """The compact layout of `shape` whose first mode runs fastest (Fortran
     order, CuTe's default; the same as `Layout(shape)`).
 
@@ -304,7 +318,7 @@ def column_major(shape):
     return Layout(shape)
 
 
-def row_major(shape):
+def row_major(shape: IntTupleLike) -> Layout:
     """The compact layout of `shape` whose last mode runs fastest (C order,
     NumPy's default); nested modes too run last-fastest.
 
@@ -321,7 +335,7 @@ def row_major(shape):
     return Layout(shape, _unflatten(strides, shape))
 
 
-def make_ordered_layout(shape, order):
+def make_ordered_layout(shape: IntTupleLike, order: IntTupleLike) -> Layout:
     """The compact layout of `shape` whose modes run in the given `order`:
     the mode with the smallest order is fastest (stride 1), then the next.
     `order` has one integer per integer of `shape` (flat or nested like it).
@@ -342,7 +356,7 @@ def make_ordered_layout(shape, order):
     return Layout(shape, _unflatten(strides, shape))
 
 
-def flatten(x):
+def flatten(x: Layout | IntTuple) -> Layout | tuple[int, ...]:
     """A layout with its modes flattened to depth 1 (same function), or the
     integers of an integer tuple as one flat tuple.
 
@@ -356,7 +370,7 @@ def flatten(x):
     return inttuple.flatten(x)
 
 
-def append(layout, mode=None):
+def append(layout: Layout, mode: Layout | int | None = None) -> Layout:
     """`layout` with one more mode at the end (`1:0`, a trivial mode, by default).
 
     >>> print(append(Layout(4, 1), Layout(3, 4)))
@@ -366,7 +380,7 @@ def append(layout, mode=None):
     return make_layout(*layout, mode)
 
 
-def prepend(layout, mode=None):
+def prepend(layout: Layout, mode: Layout | int | None = None) -> Layout:
     """`layout` with one more mode at the front (`1:0` by default).
 
     >>> print(prepend(Layout(4, 1), Layout(3, 4)))
@@ -386,7 +400,7 @@ def _pad(layout, rank):
 # -- the algebra ---------------------------------------------------------------
 
 
-def coalesce(layout, profile=None):
+def coalesce(layout: Layout | int, profile: IntTuple | None = None) -> Layout:
     """The simplest layout with the same function and size: modes of extent
     1 dropped, neighbours that run on as one (s0:d0, s1:s0*d0) merged.
 
@@ -422,7 +436,7 @@ def coalesce(layout, profile=None):
     return Layout(tuple(shapes), tuple(strides))
 
 
-def composition(a, b):
+def composition(a: Layout | int | Swizzle | ComposedLayout, b: Tiler | None) -> Layout | ComposedLayout:
     """The layout R = a o b with R(c) = a(b(c)) for every coordinate c of b
     whose index b(c) lies in a's domain [0, a.size) (R has b's shape).
 
@@ -522,7 +536,7 @@ def _compose_mode(a, b, shapes, strides, rest_shape, rest_stride, digits):
     return Layout(tuple(out_shape), tuple(out_stride))
 
 
-def complement(layout, cotarget=None):
+def complement(layout: Layout | int, cotarget: IntTuple | None = None) -> Layout:
     """The layout of the indices `layout` leaves out: a layout C, ordered by
     increasing stride, such that `make_layout(layout, C)` is one-to-one and
     covers [0, cotarget) (cotarget defaults to layout's cosize; a shape means
@@ -563,7 +577,7 @@ def complement(layout, cotarget=None):
     return coalesce(Layout(tuple(out_shape), tuple(out_stride)))
 
 
-def right_inverse(layout):
+def right_inverse(layout: Layout | int) -> Layout:
     """A layout R with `layout(R(i)) == i` for every i < R.size, as large as
     such a compact inverse can be.
 
@@ -590,7 +604,7 @@ def right_inverse(layout):
     return coalesce(Layout(tuple(out_shape), tuple(out_stride)))
 
 
-def left_inverse(layout):
+def left_inverse(layout: Layout | int) -> Layout:
     """A layout L with `L(layout(i)) == i` for every i < layout.size, for a
     one-to-one `layout`.
 
@@ -605,7 +619,7 @@ def left_inverse(layout):
     return right_inverse(make_layout(layout, complement(layout)))
 
 
-def logical_divide(layout, tiler):
+def logical_divide(layout: Layout | ComposedLayout, tiler: Tiler) -> Layout | ComposedLayout:
     """Split `layout` into tiles: mode 0 of the result is the first tile (the
     elements `tiler` picks), mode 1 runs over the tiles.
 
@@ -654,7 +668,7 @@ def _zip_tiles(divided, tiler):
     return make_layout(make_layout(*tiles), make_layout(*rests))
 
 
-def zipped_divide(layout, tiler):
+def zipped_divide(layout: Layout | ComposedLayout, tiler: Tiler) -> Layout | ComposedLayout:
     """`logical_divide` with the tile modes gathered into mode 0 and the rest
     into mode 1: ((tile), (rest)), so `result(None, k)` is the k-th tile.
 
@@ -669,7 +683,7 @@ def zipped_divide(layout, tiler):
     return _zip_tiles(logical_divide(layout, tiler), tiler)
 
 
-def tiled_divide(layout, tiler):
+def tiled_divide(layout: Layout | ComposedLayout, tiler: Tiler) -> Layout | ComposedLayout:
     """`zipped_divide` with the rest modes unpacked: ((tile), rest0, rest1, ...).
 
     >>> print(tiled_divide(Layout((9, (4, 8)), (59, (13, 1))), (Layout(3, 3), Layout((2, 4), (1, 8)))))
@@ -682,7 +696,7 @@ def tiled_divide(layout, tiler):
     return make_layout(z[0], *z[1])
 
 
-def flat_divide(layout, tiler):
+def flat_divide(layout: Layout | ComposedLayout, tiler: Tiler) -> Layout | ComposedLayout:
     """`zipped_divide` with both parts unpacked: (tile0, tile1, ..., rest0, rest1, ...).
 
     >>> print(flat_divide(Layout((9, (4, 8)), (59, (13, 1))), (Layout(3, 3), Layout((2, 4), (1, 8)))))
@@ -695,7 +709,7 @@ def flat_divide(layout, tiler):
     return make_layout(*z[0], *z[1])
 
 
-def logical_product(block, tiler):
+def logical_product(block: Layout | int, tiler: Tiler) -> Layout:
     """Repeat `block` as `tiler` says: mode 0 of the result is the block,
     mode 1 the layout of the copies (`tiler` composed with the block's
     complement, so copies never overlap).
@@ -722,7 +736,7 @@ def _zipped_product(block, tiler):
     return list(product_[0]), list(product_[1])
 
 
-def blocked_product(block, tiler):
+def blocked_product(block: Layout | int, tiler: Layout | int) -> Layout:
     """Repeat `block` as `tiler` says, mode by mode, block fastest: mode i of
     the result is (block mode i, tiler mode i), so the copies sit side by
     side as whole blocks. Each mode comes out coalesced.
@@ -737,7 +751,7 @@ def blocked_product(block, tiler):
     return coalesce(result, (1,) * result.rank)
 
 
-def raked_product(block, tiler):
+def raked_product(block: Layout | int, tiler: Layout | int) -> Layout:
     """Like `blocked_product` with the copies fastest: mode i is (tiler mode
     i, block mode i), so the copies interleave element by element. Each mode
     comes out coalesced.

@@ -42,39 +42,40 @@ class MMAAtom:
 
     __slots__ = ("name", "shape", "a_type", "b_type", "c_type", "a", "b", "c")
 
-    def __init__(self, name, shape, a_type, b_type, c_type, a, b, c):
+    def __init__(self, name: str, shape: tuple[int, int, int], a_type: str, b_type: str, c_type: str, a: Layout,
+                 b: Layout, c: Layout) -> None:
         self.name = name
         self.shape = shape
         self.a_type, self.b_type, self.c_type = a_type, b_type, c_type
         self.a, self.b, self.c = a, b, c
 
     @property
-    def a_tile(self):
+    def a_tile(self) -> tuple[int, int]:
         """(rows, columns) of A's tile: (M, K), (16, 16) for m16n8k16."""
         return (self.shape[0], self.shape[2])
 
     @property
-    def b_tile(self):
+    def b_tile(self) -> tuple[int, int]:
         """(rows, columns) of B's tile: (N, K), (8, 16) for m16n8k16."""
         return (self.shape[1], self.shape[2])
 
     @property
-    def c_tile(self):
+    def c_tile(self) -> tuple[int, int]:
         """(rows, columns) of C's and D's tile: (M, N), (16, 8) for m16n8k16."""
         return (self.shape[0], self.shape[1])
 
-    def a_coordinate(self, lane, value):
+    def a_coordinate(self, lane: int, value: int) -> tuple[int, int]:
         """(row, k) of A that register value `value` of `lane` holds:
         `M16N8K16_F16.a_coordinate(5, 2)` is (9, 2)."""
         return _coordinate(self.a, self.shape[0], lane, value)
 
-    def b_coordinate(self, lane, value):
+    def b_coordinate(self, lane: int, value: int) -> tuple[int, int]:
         """(n, k) of B (row n of the N x K tile, i.e. column n of the
         K x N matrix) that register value `value` of `lane` holds:
         `M16N8K16_F16.b_coordinate(5, 3)` is (1, 11)."""
         return _coordinate(self.b, self.shape[1], lane, value)
 
-    def c_coordinate(self, lane, value):
+    def c_coordinate(self, lane: int, value: int) -> tuple[int, int]:
         """(row, column) of C/D that accumulator `value` of `lane` holds:
         `M16N8K16_F16.c_coordinate(31, 3)` is (15, 7)."""
         return _coordinate(self.c, self.shape[0], lane, value)
@@ -150,7 +151,7 @@ class LdmatrixAtom:
 
     __slots__ = ("count", "transpose", "tile", "source", "destination")
 
-    def __init__(self, count, transpose, tile, source, destination):
+    def __init__(self, count: int, transpose: bool, tile: tuple[int, int], source: Layout, destination: Layout) -> None:
         self.count = count
         self.transpose = transpose
         self.tile = tile
@@ -158,7 +159,7 @@ class LdmatrixAtom:
         self.destination = destination
 
     @property
-    def instruction(self):
+    def instruction(self) -> str:
         """The PTX mnemonic: `ldmatrix(4, transpose=True).instruction` is
         'ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16'."""
         trans = ".trans" if self.transpose else ""
@@ -168,7 +169,7 @@ class LdmatrixAtom:
         return f"<LdmatrixAtom {self.instruction}>"
 
 
-def ldmatrix(count, transpose=False):
+def ldmatrix(count: int, transpose: bool = False) -> LdmatrixAtom:
     """The layouts of ldmatrix .x1, .x2 or .x4 (`count` matrices), optionally .trans.
 
     >>> atom = ldmatrix(4)

@@ -11,8 +11,17 @@ asking for a figure raises ImportError saying what to install.
  0 |  0  1  2  3
  1 |  4  5  6  7
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from .core import Layout  # the docstrings' examples draw Layouts
 from .inttuple import as_int_tuple, product
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from .swizzle import ComposedLayout
 
 __all__ = ["grid", "tv_grid", "show", "show_tv", "layout_figure", "tv_figure"]
 
@@ -52,7 +61,7 @@ def _text(title, cells):
     return "\n".join(lines)
 
 
-def grid(layout):
+def grid(layout: Layout | ComposedLayout) -> str:
     """The text picture of a rank-1 or rank-2 layout (or swizzled layout):
     its string form, then a grid whose cell (r, c) holds `layout(r, c)`.
 
@@ -93,7 +102,7 @@ def _tile_shape(tile_shape):
     return tile_shape
 
 
-def tv_grid(tv_layout, tile_shape):
+def tv_grid(tv_layout: Layout, tile_shape: tuple[int, int]) -> str:
     """The text picture of a thread-value layout: `tv_layout` maps
     (thread, value) to the column-major index of a cell of a
     `tile_shape = (rows, columns)` tile; each cell shows T<thread>V<value>
@@ -141,7 +150,7 @@ def _draw(ax, r, c, text, colour):
 _PALETTE = ["#ffffff", "#e0e0e0", "#ffd8d8", "#d8ffd8", "#d8d8ff", "#ffffd0", "#ffd8ff", "#d0ffff"]
 
 
-def layout_figure(layout):
+def layout_figure(layout: Layout | ComposedLayout) -> Figure:
     """A matplotlib Figure of the grid of indices of a rank-1 or rank-2
     layout, cells shaded by index modulo 8: `layout_figure(Layout((4, 8))).savefig("layout.png")`."""
     cells = _cells(layout)
@@ -153,7 +162,7 @@ def layout_figure(layout):
     return fig
 
 
-def tv_figure(tv_layout, tile_shape):
+def tv_figure(tv_layout: Layout, tile_shape: tuple[int, int]) -> Figure:
     """A matplotlib Figure of a thread-value layout: cells labelled T#V#,
     coloured by thread: `tv_figure(mma.M16N8K16_F16.c, (16, 8))`."""
     rows, cols = _tile_shape(tile_shape)
@@ -172,7 +181,7 @@ def tv_figure(tv_layout, tile_shape):
     return fig
 
 
-def show(layout, figure=False):
+def show(layout: Layout | ComposedLayout, figure: bool = False) -> Figure | None:
     """Print the text picture of `layout` (see `grid`), or with
     `figure=True` return a matplotlib Figure of it.
 
@@ -187,7 +196,7 @@ def show(layout, figure=False):
     print(grid(layout))
 
 
-def show_tv(tv_layout, tile_shape, figure=False):
+def show_tv(tv_layout: Layout, tile_shape: tuple[int, int], figure: bool = False) -> Figure | None:
     """Print the text picture of a thread-value layout (see `tv_grid`), or
     with `figure=True` return a matplotlib Figure, cells coloured by thread.
 

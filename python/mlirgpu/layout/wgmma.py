@@ -54,7 +54,7 @@ def _mode(swizzle):
     return SWIZZLES[swizzle]
 
 
-def swizzle_for(swizzle, element_bytes):
+def swizzle_for(swizzle: str, element_bytes: int) -> Swizzle | None:
     """The `Swizzle` (in element units) of a swizzle mode, None for interleave.
 
     >>> print(swizzle_for("128B", 2), swizzle_for("64B", 4))
@@ -66,7 +66,8 @@ def swizzle_for(swizzle, element_bytes):
     return Swizzle(bits, 4 - _log2_element(element_bytes), 3)
 
 
-def tile_layout(shape, element_bytes, swizzle="128B", major="K"):
+def tile_layout(shape: tuple[int, int], element_bytes: int, swizzle: str = "128B",
+                major: str = "K") -> Layout | ComposedLayout:
     """The canonical shared-memory layout of an (MN, K) operand tile.
 
     K-major: rows of `width` bytes (the swizzle's, 16 for interleave) along
@@ -112,7 +113,8 @@ class Descriptor:
 
     __slots__ = ("swizzle", "major", "leading_byte_offset", "stride_byte_offset", "k_offsets")
 
-    def __init__(self, swizzle, major, leading_byte_offset, stride_byte_offset, k_offsets):
+    def __init__(self, swizzle: str, major: str, leading_byte_offset: int, stride_byte_offset: int,
+                 k_offsets: tuple[int, ...]) -> None:
         self.swizzle = swizzle
         self.major = major
         self.leading_byte_offset = leading_byte_offset
@@ -120,11 +122,11 @@ class Descriptor:
         self.k_offsets = k_offsets
 
     @property
-    def layout_type(self):
+    def layout_type(self) -> int:
         """Bits 62-63: 0 interleave, 1 128B, 2 64B, 3 32B swizzle (`SWIZZLES[name][1]`)."""
         return SWIZZLES[self.swizzle][1]
 
-    def encode(self, start_address, base_offset=0):
+    def encode(self, start_address: int, base_offset: int = 0) -> int:
         """The 64-bit descriptor for a tile at shared-memory byte address
         `start_address` (a multiple of 16): see `encode`."""
         return encode(start_address, self.leading_byte_offset, self.stride_byte_offset, self.layout_type, base_offset)
@@ -136,7 +138,8 @@ class Descriptor:
         )
 
 
-def encode(start_address, leading_byte_offset, stride_byte_offset, layout_type, base_offset=0):
+def encode(start_address: int, leading_byte_offset: int, stride_byte_offset: int, layout_type: int,
+           base_offset: int = 0) -> int:
     """Pack the fields: start address >> 4 in bits 0-13, LBO >> 4 in 16-29,
     SBO >> 4 in 32-45, base offset in 49-51, layout type in 62-63.
 
@@ -163,7 +166,7 @@ def encode(start_address, leading_byte_offset, stride_byte_offset, layout_type, 
     )
 
 
-def decode(value):
+def decode(value: int) -> dict[str, int]:
     """The fields of a 64-bit descriptor, in bytes (the inverse of `encode`).
 
     >>> decode(0x4000004000010040)
@@ -200,7 +203,7 @@ def _split(layout, element_bytes):
     )
 
 
-def descriptor(layout, element_bytes, major="K"):
+def descriptor(layout: Layout | ComposedLayout, element_bytes: int, major: str = "K") -> Descriptor:
     """The descriptor fields of a shared-memory operand tile.
 
     `layout` maps (MN, K) coordinates of the tile to element offsets, with
