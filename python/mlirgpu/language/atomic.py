@@ -24,6 +24,8 @@ sync scopes, which the NVPTX back end writes as PTX `atom.acquire.gpu`,
 maxNum/minNum (a NaN operand loses); PTX has no float atomic max/min, so they
 become a compare-and-swap loop.
 """
+from __future__ import annotations
+
 from .. import ir
 from .._mlirgpu import CompileError
 from . import core as lang
@@ -76,37 +78,44 @@ def _rmw(what, memref, index, value, kinds, order, scope):
     return lang.target().atomic_rmw(kind, pointer, value, order, scope, space)
 
 
-def add(memref, index, value, *, order="relaxed", scope="gpu"):
+def add(memref: lang.MemRef, index: lang.Indices, value: lang.Number, *, order: str = "relaxed",
+        scope: str = "gpu") -> lang.Scalar:
     """memref[index] += value, atomically; returns the old value."""
     return _rmw("add", memref, index, value, ("fadd", "add", "add"), order, scope)
 
 
-def max(memref, index, value, *, order="relaxed", scope="gpu"):
+def max(memref: lang.MemRef, index: lang.Indices, value: lang.Number, *, order: str = "relaxed",
+        scope: str = "gpu") -> lang.Scalar:
     """memref[index] = max(memref[index], value), atomically; returns the old value."""
     return _rmw("max", memref, index, value, ("fmax", "max", "umax"), order, scope)
 
 
-def min(memref, index, value, *, order="relaxed", scope="gpu"):
+def min(memref: lang.MemRef, index: lang.Indices, value: lang.Number, *, order: str = "relaxed",
+        scope: str = "gpu") -> lang.Scalar:
     """memref[index] = min(memref[index], value), atomically; returns the old value."""
     return _rmw("min", memref, index, value, ("fmin", "min", "umin"), order, scope)
 
 
-def exchange(memref, index, value, *, order="relaxed", scope="gpu"):
+def exchange(memref: lang.MemRef, index: lang.Indices, value: lang.Number, *, order: str = "relaxed",
+             scope: str = "gpu") -> lang.Scalar:
     """memref[index] = value, atomically; returns the old value (CUDA's atomicExch)."""
     return _rmw("exchange", memref, index, value, ("xchg", "xchg", "xchg"), order, scope)
 
 
-def and_(memref, index, value, *, order="relaxed", scope="gpu"):
+def and_(memref: lang.MemRef, index: lang.Indices, value: lang.Number, *, order: str = "relaxed",
+         scope: str = "gpu") -> lang.Scalar:
     """memref[index] &= value (integers), atomically; returns the old value."""
     return _rmw("and_", memref, index, value, (None, "and", "and"), order, scope)
 
 
-def or_(memref, index, value, *, order="relaxed", scope="gpu"):
+def or_(memref: lang.MemRef, index: lang.Indices, value: lang.Number, *, order: str = "relaxed",
+        scope: str = "gpu") -> lang.Scalar:
     """memref[index] |= value (integers), atomically; returns the old value."""
     return _rmw("or_", memref, index, value, (None, "or", "or"), order, scope)
 
 
-def xor(memref, index, value, *, order="relaxed", scope="gpu"):
+def xor(memref: lang.MemRef, index: lang.Indices, value: lang.Number, *, order: str = "relaxed",
+        scope: str = "gpu") -> lang.Scalar:
     """memref[index] ^= value (integers), atomically; returns the old value."""
     return _rmw("xor", memref, index, value, (None, "xor", "xor"), order, scope)
 
@@ -115,7 +124,8 @@ def xor(memref, index, value, *, order="relaxed", scope="gpu"):
 _FAILURE_ORDERS = {"relaxed": "relaxed", "acquire": "acquire", "release": "relaxed", "acq_rel": "acquire"}
 
 
-def cas(memref, index, expected, desired, *, order="relaxed", scope="gpu"):
+def cas(memref: lang.MemRef, index: lang.Indices, expected: lang.Number, desired: lang.Number, *, order: str = "relaxed",
+        scope: str = "gpu") -> lang.Scalar:
     """Compare and swap: if memref[index] equals `expected`, store `desired`;
     atomically; returns the old value (CUDA's atomicCAS; the swap happened
     iff the result equals `expected`). Integer elements only, as atomicCAS."""
@@ -140,7 +150,7 @@ def _alignment(memref):
     return ir.Attribute.integer(memref.dtype.itemsize, ir.Type.integer(64))
 
 
-def load(memref, index, *, order="acquire", scope="gpu"):
+def load(memref: lang.MemRef, index: lang.Indices, *, order: str = "acquire", scope: str = "gpu") -> lang.Scalar:
     """memref[index], read atomically ("relaxed" or "acquire", the default)."""
     _check("load", order, scope, ("relaxed", "acquire"))
     pointer, _ = _pointer("load", memref, index)
@@ -149,7 +159,7 @@ def load(memref, index, *, order="acquire", scope="gpu"):
     return lang.Scalar(op.result, memref.dtype)
 
 
-def store(memref, index, value, *, order="release", scope="gpu"):
+def store(memref: lang.MemRef, index: lang.Indices, value: lang.Number, *, order: str = "release", scope: str = "gpu") -> None:
     """memref[index] = value, written atomically ("relaxed" or "release", the default)."""
     _check("store", order, scope, ("relaxed", "release"))
     pointer, _ = _pointer("store", memref, index)

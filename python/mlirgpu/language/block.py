@@ -17,6 +17,8 @@ the totals, and every thread reads its result back. Each call site has its
 own 64 elements of shared memory; two barriers order them, so a call may
 sit in a loop without another mg.syncthreads around it.
 """
+from __future__ import annotations
+
 import contextlib
 
 from .. import ir
@@ -49,7 +51,7 @@ def _threads():
     return linear, linear % warp.WARP_SIZE, linear // warp.WARP_SIZE, (bx * by * bz + 31) // warp.WARP_SIZE
 
 
-def reduce(value, op):
+def reduce(value: lang.Number, op: str) -> lang.Scalar:
     """`value` combined over every thread of the block with `op`; every
     thread gets the result (CUB's BlockReduce, then a broadcast)."""
     value = warp.check_reduction("mg.block.reduce", value, op)
@@ -69,7 +71,7 @@ def reduce(value, op):
     return scratch[_MAX_WARPS]
 
 
-def scan(value, op, exclusive=False):
+def scan(value: lang.Number, op: str, exclusive: bool = False) -> lang.Scalar:
     """`value` of threads 0..t combined with `op` in thread t (inclusive), or
     of threads 0..t-1 with `exclusive=True` (the identity in thread 0: 0 for
     "add", the lowest value for "max", ...) (CUB's BlockScan)."""

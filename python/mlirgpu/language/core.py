@@ -16,9 +16,13 @@ Type rules (docs/language.md):
 - Memref indices are `index`; integer-typed indices are converted with
   arith.index_cast (lossless for the sizes a GPU addresses).
 """
+from __future__ import annotations
+
 import builtins
 import contextlib
 import threading
+from collections.abc import Iterable, Sequence
+from typing import NoReturn, TypeAlias, Union
 
 import numpy as np
 
@@ -28,6 +32,13 @@ from .._mlirgpu import (CompileError, DType, bf16, bool_, f8e4m3, f8e5m2, f16, f
 
 __all__ = ["Scalar", "MemRef", "constant", "cast", "thread_idx", "block_idx", "block_dim", "grid_dim",
            "range_", "static_range", "select", "element_pointer", "address_space"]
+
+#: An operand: a traced scalar, or a Python number (a constant of the other operand's type).
+Number: TypeAlias = Union["Scalar", bool, int, float]
+#: An index: a traced integer or a Python int.
+Index: TypeAlias = Union["Scalar", int]
+#: A memref's indices: one Index per dimension (a lone one for a 1-d memref).
+Indices: TypeAlias = Union[Index, tuple[Index, ...]]
 
 # The kinds of memory access a Target may check (Target.check_access).
 LOAD, STORE, ATOMIC, VECTOR_LOAD, VECTOR_STORE = range(5)
@@ -214,7 +225,7 @@ class Scalar:
 
     __slots__ = ("value", "dtype")
 
-    def __init__(self, value, dtype):
+    def __init__(self, value: ir.Value, dtype: DType) -> None:
         self.value, self.dtype = value, dtype
 
     def __repr__(self):
@@ -315,7 +326,7 @@ def is_python_number(x):
     return isinstance(x, (bool, int, float, np.generic)) and not isinstance(x, Scalar)
 
 
-def constant(value, dtype):
+def constant(value: bool | int | float, dtype: DType) -> Scalar:
     """`value` as a traced constant of `dtype`.
 
     For example::
@@ -463,7 +474,7 @@ def _compare(a, b, how):
     return Scalar(op.result, bool_)
 
 
-def select(condition, if_true, if_false):
+def select(condition: Scalar, if_true: Number, if_false: Number) -> Scalar:
     """`if_true` where `condition` holds, else `if_false` (arith.select).
 
     For example::
@@ -476,7 +487,7 @@ def select(condition, if_true, if_false):
     return Scalar(emit("arith.select", [condition, a, b], [a.value.type]).result, a.dtype)
 
 
-def cast(value, dtype):
+def cast(value: Number, dtype: DType) -> Scalar:
     """`value` converted to `dtype` (arith casts; floats to ints truncate toward zero).
 
     For example::
@@ -567,11 +578,12 @@ class MemRef:
 
     __slots__ = ("value", "dtype", "extents", "name", "readonly")
 
-    def __init__(self, value, dtype, shape, name=None, readonly=False):
+    def __init__(self, value: ir.Value, dtype: DType, shape: Iterable[int | None], name: str | None = None,
+                 readonly: bool = False) -> None:
         self.value, self.dtype, self.extents, self.name = value, dtype, tuple(shape), name
         self.readonly = readonly
 
-    def check_writable(self, what):
+    def check_writable(self, what: str) -> None:
         if self.readonly:
             raise CompileError(f"{what} to {self.name!r}, which is declared .readonly()")
 
@@ -579,14 +591,14 @@ class MemRef:
         return f"<traced memref {'x'.join('?' if d is None else str(d) for d in self.extents)}x{self.dtype.name}>"
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[Index, ...]:
         """The sizes: a Python int where static, a traced index (memref.dim) where dynamic."""
         return tuple(d if d is not None else
                      Scalar(emit("memref.dim", [self.value, constant(k, index)], [ir.Type.index()]).result, index)
                      for k, d in enumerate(self.extents))
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return len(self.extents)
 
     def _indices(self, key):
@@ -597,7 +609,7 @@ class MemRef:
             raise CompileError("slices of a memref are only supported for 1-d shared memory (s[a:b])")
         return [as_index(k) for k in key]
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Indices) -> Scalar:
         indices = self._indices(key)
         target().check_access(self, indices, LOAD)
         return Scalar(emit("memref.load", [self.value, *indices], [ir_type(self.dtype)]).result, self.dtype)
@@ -647,7 +659,7 @@ grid_dim = _Dim3("gpu.grid_dim", "grid_dim")
 # ---------------------------------------------------------------------------
 # Loops the tracer rewrites
 
-def range_(*bounds, iter_args=None):
+def range_(*bounds: Index, iter_args: Sequence[Number] | None = None) -> NoReturn:
     """`for k in mg.range_(lo, hi, step)` (bounds traced or Python ints) becomes scf.for;
     `for k, acc in mg.range_(n, iter_args=[acc]): ...; acc = yield acc` is the
     explicit loop-carried form. Only valid as the iterable of a for statement
@@ -664,7 +676,7 @@ def range_(*bounds, iter_args=None):
     raise CompileError("mg.range_ can only be the iterable of a `for` statement in an @mg.kernel")
 
 
-def static_range(*args):
+def static_range(*args: int) -> range:
     """A Python range that the tracer unrolls: bounds must be Python ints.
 
     For example::
@@ -697,13 +709,13 @@ def python_range_args(args):
 _ADDRESS_SPACES = {"#gpu.address_space<workgroup>": 3, "#gpu.address_space<global>": 1}
 
 
-def address_space(memref):
+def address_space(memref: MemRef) -> int:
     """The LLVM address space of a memref's type (3 for shared memory on the GPU, else 0)."""
     text = str(memref.value.type)
     return next((space for name, space in _ADDRESS_SPACES.items() if name in text), 0)
 
 
-def element_pointer(memref, indices):
+def element_pointer(memref: MemRef, indices: Sequence[Scalar]) -> tuple[ir.Value, int]:
     """(pointer, address space): an !llvm.ptr to memref[indices] (`indices` as
     index Scalars), the aligned base pointer plus the element's offset from
     the memref's strided metadata. A memref of no memory space is global

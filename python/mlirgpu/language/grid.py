@@ -31,6 +31,8 @@ its counter, each of them waits for the one before, whatever its stream
 (an event: csrc/driver.c); on the CPU backend every thread of the grid runs
 at once, as fibers, and the runtime releases them all at the barrier.
 """
+from __future__ import annotations
+
 from .. import ir
 from . import atomic
 from . import core as lang
@@ -46,7 +48,7 @@ COUNTER = "__mg_grid_barrier"
 _FLIP = 0x80000000  # the counter's top bit, which flips once per barrier
 
 
-def sync():
+def sync() -> None:
     """Wait until every thread of the grid gets here, with every write before
     it visible to every thread after it (CUDA's grid.sync()). The kernel is
     launched cooperatively (every block resident at once).

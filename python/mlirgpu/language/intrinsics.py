@@ -7,13 +7,20 @@ and stores, printf.
     mg.vstore(B, (i, j), v * 2.0)        # vector.store
     mg.printf("%d: %f\\n", i, x)          # gpu.printf (vprintf)
 """
+from __future__ import annotations
+
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import ir
 from .._mlirgpu import CompileError
 from . import core as lang
+
+if TYPE_CHECKING:
+    from .._mlirgpu import DType
 
 __all__ = ["syncthreads", "threadfence", "threadfence_block", "threadfence_system", "vload", "vstore", "Vector",
            "load", "store", "LOAD_HINTS", "STORE_HINTS", "printf"]
@@ -22,7 +29,7 @@ __all__ = ["syncthreads", "threadfence", "threadfence_block", "threadfence_syste
 # ---------------------------------------------------------------------------
 # Barriers
 
-def syncthreads():
+def syncthreads() -> None:
     """Wait until every thread of the block gets here, and make their shared
     and global memory writes visible to each other (gpu.barrier; CUDA's
     __syncthreads). Every thread of the block must reach the same call.
@@ -39,7 +46,7 @@ def syncthreads():
 # ---------------------------------------------------------------------------
 # Fences (docs/language_more.md, "The memory model")
 
-def threadfence():
+def threadfence() -> None:
     """Order this thread's memory accesses for every thread of the device:
     all its writes before the fence are seen by any thread that sees a write
     after it (CUDA's __threadfence; PTX membar.gl).
@@ -53,7 +60,7 @@ def threadfence():
     lang.target().fence("gpu")
 
 
-def threadfence_block():
+def threadfence_block() -> None:
     """As mg.threadfence, among the threads of the block (__threadfence_block; membar.cta).
 
     For example::
@@ -64,7 +71,7 @@ def threadfence_block():
     lang.target().fence("cta")
 
 
-def threadfence_system():
+def threadfence_system() -> None:
     """As mg.threadfence, also for the host and peer devices (__threadfence_system; membar.sys).
 
     For example::
@@ -86,7 +93,7 @@ class Vector:
 
     __slots__ = ("value", "dtype", "length")
 
-    def __init__(self, value, dtype, length):
+    def __init__(self, value: ir.Value, dtype: DType, length: int) -> None:
         self.value, self.dtype, self.length = value, dtype, length
 
     def __repr__(self):
@@ -108,7 +115,7 @@ class Vector:
             raise CompileError(f"index {k} is out of range for a vector of {self.length}")
         return k % self.length
 
-    def __getitem__(self, k):
+    def __getitem__(self, k: int) -> lang.Scalar:
         op = lang.emit("vector.extract", [self.value], [lang.ir_type(self.dtype)], attributes={
             "static_position": ir.Attribute.dense_i64_array([self._position(k)])})
         return lang.Scalar(op.result, self.dtype)
@@ -119,7 +126,7 @@ class Vector:
     def __iter__(self):
         return (self[k] for k in range(self.length))
 
-    def insert(self, k, value):
+    def insert(self, k: int, value: lang.Number) -> Vector:
         """This vector with lane k replaced by `value` (vector.insert)."""
         value = lang.coerce(value, self.dtype, "the vector's element type")
         op = lang.emit("vector.insert", [value, self.value], [self.value.type], attributes={
@@ -204,7 +211,7 @@ def _vector_access(what, memref, index, length):
     return indices, vector_type, ir.Attribute.integer(target.vector_alignment(dtype, nbytes))
 
 
-def vload(memref, index, length, cache=None):
+def vload(memref: lang.MemRef, index: lang.Indices, length: int, cache: str | None = None) -> Vector:
     """`length` consecutive elements along the innermost dimension, from
     `index` (an index or a tuple of indices), as a Vector (vector.load).
 
@@ -225,7 +232,8 @@ def vload(memref, index, length, cache=None):
     return Vector(op.result, memref.dtype, length)
 
 
-def vstore(memref, index, vector, cache=None):
+def vstore(memref: lang.MemRef, index: lang.Indices, vector: Vector | Sequence[lang.Number],
+           cache: str | None = None) -> None:
     """Store a Vector (or a tuple/list of values) at `index` along the
     innermost dimension (vector.store); aligned as for mg.vload. `cache` is
     a store hint, as for mg.store.
@@ -278,7 +286,7 @@ def _hint(what, cache, hints, memref):
     return cache
 
 
-def load(memref, index, cache=None):
+def load(memref: lang.MemRef, index: lang.Indices, cache: str | None = None) -> lang.Scalar:
     """memref[index], with a cache hint (LOAD_HINTS): "readonly" reads through
     the read-only data cache (PTX ld.global.nc, CUDA's __ldg: the array must
     not change during the kernel), "streaming" marks the line as used once
@@ -303,7 +311,7 @@ def load(memref, index, cache=None):
     return lang.target().hinted_load(memref, indices, None, _hint("mg.load", cache, LOAD_HINTS, memref))
 
 
-def store(memref, index, value, cache=None):
+def store(memref: lang.MemRef, index: lang.Indices, value: lang.Number, cache: str | None = None) -> None:
     """memref[index] = value, with a cache hint (STORE_HINTS): "streaming"
     (st.global.cs, CUDA's __stcs: data not read again soon), "write_through"
     (st.global.wt), "evict_first", "evict_last", "no_allocate". None is a
@@ -360,7 +368,7 @@ def _printf_value(value):
     return value
 
 
-def printf(format, *values):
+def printf(format: str, *values: lang.Number) -> None:
     """Print from every thread that runs it (gpu.printf, CUDA's printf):
     the output reaches the process's stdout when the host synchronizes.
     `format` is a Python str with C conversions (%d %u %ld %f %e %g %x %c %%);

@@ -19,6 +19,8 @@ On the CPU backend the approximate forms compute what the accurate ones do
 (the host has no such instructions); results agree within the GPU's
 documented error of the approximations.
 """
+from __future__ import annotations
+
 from .. import ir
 from .._mlirgpu import CompileError
 from . import core as lang
@@ -67,7 +69,7 @@ fast_exp, fast_exp2, fast_log, fast_log2, fast_sin, fast_cos = (
     _float_unary(f"fast_{n}", True, n) for n in ("exp", "exp2", "log", "log2", "sin", "cos"))
 
 
-def trunc(x):
+def trunc(x: lang.Number) -> lang.Scalar:
     """x rounded toward zero (floor or ceil by sign: NVVM has no lowering for math.trunc)."""
     x = _float_operand(x, "mg.math.trunc")
     if isinstance(x, Vector):
@@ -92,26 +94,26 @@ def _binary(a, b, what, floats=True):
     return a, b
 
 
-def pow(x, y):
+def pow(x: lang.Number, y: lang.Number) -> lang.Scalar:
     """x ** y (math.powf)."""
     x, y = _binary(x, y, "mg.math.pow")
     return _wrap(lang.emit("math.powf", [x.value, y.value], [x.value.type], _flags()).result, x)
 
 
-def fast_pow(x, y):
+def fast_pow(x: lang.Number, y: lang.Number) -> lang.Scalar:
     """x ** y, approximate (CUDA's __powf)."""
     x, y = _binary(x, y, "mg.math.fast_pow")
     return _wrap(lang.emit("math.powf", [x.value, y.value], [x.value.type], _flags(True)).result, x)
 
 
-def fast_div(x, y):
+def fast_div(x: lang.Number, y: lang.Number) -> lang.Scalar:
     """x / y, approximate (CUDA's __fdividef: div.approx.f32 on the GPU)."""
     x, y = _binary(x, y, "mg.math.fast_div")
     fast = {"fastmath": ir.Attribute.parse("#arith.fastmath<fast>")}
     return _wrap(lang.emit("arith.divf", [x.value, y.value], [x.value.type], fast).result, x)
 
 
-def rcp_approx(x):
+def rcp_approx(x: lang.Number) -> lang.Scalar:
     """1 / x, approximate: PTX rcp.approx.ftz.f32 on the GPU (f32 only)."""
     x = _float_operand(x, "mg.math.rcp_approx")
     if x.dtype != lang.f32:
@@ -121,12 +123,12 @@ def rcp_approx(x):
     return lang.target().reciprocal_approx(x)
 
 
-def atan2(y, x):
+def atan2(y: lang.Number, x: lang.Number) -> lang.Scalar:
     y, x = _binary(y, x, "mg.math.atan2")
     return _wrap(lang.emit("math.atan2", [y.value, x.value], [x.value.type], _flags()).result, x)
 
 
-def fma(a, b, c):
+def fma(a: lang.Number, b: lang.Number, c: lang.Number) -> lang.Scalar:
     """a * b + c, rounded once (math.fma)."""
     a, b = _binary(a, b, "mg.math.fma")
     if isinstance(a, Vector):
@@ -136,7 +138,7 @@ def fma(a, b, c):
     return _wrap(lang.emit("math.fma", [a.value, b.value, c.value], [a.value.type], _flags()).result, a)
 
 
-def abs(x):
+def abs(x: lang.Scalar | Vector) -> lang.Scalar | Vector:
     if not isinstance(x, (lang.Scalar, Vector)):
         raise CompileError("mg.math.abs takes a traced value")
     if lang.is_float(x.dtype):
@@ -157,11 +159,11 @@ def _minmax(a, b, which):
     return _wrap(lang.emit(f"arith.{name}", [a.value, b.value], [a.value.type]).result, a)
 
 
-def min(a, b):
+def min(a: lang.Number | Vector, b: lang.Number | Vector) -> lang.Scalar | Vector:
     """The smaller of two values (floats: the non-NaN one)."""
     return _minmax(a, b, "min")
 
 
-def max(a, b):
+def max(a: lang.Number | Vector, b: lang.Number | Vector) -> lang.Scalar | Vector:
     """The larger of two values (floats: the non-NaN one)."""
     return _minmax(a, b, "max")

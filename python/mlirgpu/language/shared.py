@@ -21,11 +21,17 @@ zero-sized global that the NVPTX back end demotes to a one-byte static
 variable (ptxas warns of out-of-bound accesses, and the buffer may then
 overlap static shared arrays).
 """
+from __future__ import annotations
+
 import sys
+from typing import TYPE_CHECKING
 
 from .. import ir
 from .._mlirgpu import CompileError
 from . import core as lang
+
+if TYPE_CHECKING:
+    from .._mlirgpu import DType
 
 __all__ = ["array", "dynamic", "size", "address", "SharedMemRef", "STATIC_LIMIT"]
 
@@ -49,7 +55,7 @@ class SharedMemRef(lang.MemRef):
         dims = "x".join("?" if d is None else str(d) for d in self.extents)
         return f"<traced shared memref {dims}x{self.dtype.name}>"
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: lang.Indices | slice) -> lang.Scalar | SharedMemRef:
         if isinstance(key, slice):
             return self._slice(key)
         return super().__getitem__(key)
@@ -151,7 +157,7 @@ def _call_site():
     return (frame.f_code, frame.f_lasti) if frame is not None else None
 
 
-def array(shape, dtype):
+def array(shape: int | tuple[int, ...], dtype: DType) -> SharedMemRef:
     """A static shared-memory array of `shape` (ints) and `dtype`, one per
     call site, visible to every thread of the block."""
     site = _call_site()
@@ -175,7 +181,7 @@ def array(shape, dtype):
     return SharedMemRef(lang.target().static_shared_value(name, type_text), dtype, shape, "shared")
 
 
-def dynamic(dtype):
+def dynamic(dtype: DType) -> SharedMemRef:
     """The launch's dynamic shared memory (`shared_mem=` bytes) as a 1-d
     array of `dtype`, 16-byte aligned; every call views the same bytes."""
     dtype = lang.as_dtype(dtype)
@@ -186,7 +192,7 @@ def dynamic(dtype):
     return SharedMemRef(view, dtype, (None,), "shared")
 
 
-def size(memref):
+def size(memref: lang.MemRef) -> lang.Scalar:
     """The number of elements of a 1-d memref as a traced index (memref.dim)."""
     if not isinstance(memref, lang.MemRef):
         raise CompileError(f"mg.shared.size takes a memref, not {type(memref).__name__}")
@@ -196,7 +202,7 @@ def size(memref):
     return lang.Scalar(op.result, lang.index)
 
 
-def address(memref, offset=0):
+def address(memref: SharedMemRef, offset: lang.Index = 0) -> lang.Scalar:
     """The shared-memory address (u32, in the shared window, as PTX's
     `.shared` instructions and wgmma descriptors take it) of element
     `offset` (an int or traced integer, in the memref's elements, counted

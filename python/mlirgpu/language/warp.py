@@ -25,6 +25,8 @@ multiple of 32.
 the result: PTX's redux.sync for 32-bit integers (sm_80 and newer), a
 butterfly of five shuffles otherwise.
 """
+from __future__ import annotations
+
 from .._mlirgpu import CompileError
 from . import core as lang
 
@@ -65,27 +67,27 @@ def mode_name(mode):
     return {"xor": "shfl_xor", "down": "shfl_down", "up": "shfl_up", "idx": "shfl_idx"}[mode]
 
 
-def shfl_xor(value, lane_mask, width=WARP_SIZE):
+def shfl_xor(value: lang.Scalar, lane_mask: lang.Index, width: int = WARP_SIZE) -> lang.Scalar:
     """The value of lane (this lane ^ lane_mask) (CUDA __shfl_xor_sync)."""
     return _shuffle("xor", value, lane_mask, width, "a shuffle's lane mask")
 
 
-def shfl_down(value, delta, width=WARP_SIZE):
+def shfl_down(value: lang.Scalar, delta: lang.Index, width: int = WARP_SIZE) -> lang.Scalar:
     """The value of lane (this lane + delta) (CUDA __shfl_down_sync)."""
     return _shuffle("down", value, delta, width, "a shuffle's delta")
 
 
-def shfl_up(value, delta, width=WARP_SIZE):
+def shfl_up(value: lang.Scalar, delta: lang.Index, width: int = WARP_SIZE) -> lang.Scalar:
     """The value of lane (this lane - delta) (CUDA __shfl_up_sync)."""
     return _shuffle("up", value, delta, width, "a shuffle's delta")
 
 
-def shfl_idx(value, lane, width=WARP_SIZE):
+def shfl_idx(value: lang.Scalar, lane: lang.Index, width: int = WARP_SIZE) -> lang.Scalar:
     """The value of lane `lane` of this lane's segment (CUDA __shfl_sync)."""
     return _shuffle("idx", value, lane, width, "a shuffle's source lane")
 
 
-def lane_id():
+def lane_id() -> lang.Scalar:
     """This thread's lane in its warp, 0..31, as index (gpu.lane_id)."""
     return lang.target().lane_id()
 
@@ -99,17 +101,17 @@ def _predicate(pred, what):
     return pred
 
 
-def ballot(pred):
+def ballot(pred: lang.Scalar | bool) -> lang.Scalar:
     """A u32 whose bit k is lane k's `pred` (CUDA __ballot_sync)."""
     return lang.target().vote("ballot", _predicate(pred, "ballot"))
 
 
-def any(pred):
+def any(pred: lang.Scalar | bool) -> lang.Scalar:
     """Whether `pred` holds in any lane of the warp (CUDA __any_sync)."""
     return lang.target().vote("any", _predicate(pred, "any"))
 
 
-def all(pred):
+def all(pred: lang.Scalar | bool) -> lang.Scalar:
     """Whether `pred` holds in every lane of the warp (CUDA __all_sync)."""
     return lang.target().vote("all", _predicate(pred, "all"))
 
@@ -155,7 +157,7 @@ def identity(op, dtype):
     return lang.constant(lowest if op == "max" else highest, dtype)
 
 
-def reduce(value, op):
+def reduce(value: lang.Number, op: str) -> lang.Scalar:
     """`value` combined over the 32 lanes of the warp with `op` ("add", "max",
     "min", "and", "or", "xor"); every lane gets the result."""
     value = check_reduction("mg.warp.reduce", value, op)
