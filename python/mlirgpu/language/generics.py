@@ -8,6 +8,8 @@ specialization of the kernel; `mg.memref[...]` annotates an array parameter
 with its sizes (ints or generics) and element type (a dtype or a generic).
 PEP 695 type parameters (`def f[M, N](...)`) are generics too.
 """
+from __future__ import annotations
+
 import typing
 
 import numpy as np
@@ -26,7 +28,7 @@ class Generic:
     __slots__ = ("name", "order")
     _made = 0
 
-    def __init__(self, name):
+    def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"a generic's name must be an identifier, got {name!r}")
         self.name = name
@@ -37,7 +39,7 @@ class Generic:
         return f"mg.generic({self.name})"
 
 
-def generics(names):
+def generics(names: str) -> Generic | tuple[Generic, ...]:
     """Make the symbolic sizes and element types of a kernel.
 
     Several names give a tuple, one name gives that one generic (as
@@ -59,7 +61,7 @@ def generics(names):
     return made[0] if len(made) == 1 else made
 
 
-def as_element_type(entry):
+def as_element_type(entry: object) -> object:
     """A dtype given as an mlirgpu dtype or a NumPy one (np.float32,
     np.dtype('f4')), as an mlirgpu dtype; anything else is returned as is."""
     if isinstance(entry, np.dtype) or (isinstance(entry, type) and issubclass(entry, np.generic)):
@@ -70,7 +72,7 @@ def as_element_type(entry):
     return entry
 
 
-def is_symbol(x):
+def is_symbol(x: object) -> bool:
     return isinstance(x, Generic) or isinstance(x, typing.TypeVar)
 
 
@@ -80,7 +82,7 @@ class MemRefType:
     `A.shape[d]`, and no new compile for a new size), the element type a
     dtype or a generic."""
 
-    def __init__(self, params):
+    def __init__(self, params: object) -> None:
         params = params if isinstance(params, tuple) else (params,)
         if len(params) < 2:
             raise CompileError("mg.memref[...] takes the sizes and then the element type, e.g. mg.memref[M, K, mg.f32]")
@@ -97,7 +99,7 @@ class MemRefType:
         self.shape, self.dtype = tuple(shape), dtype
         self.is_readonly = self.is_noalias = False
 
-    def readonly(self):
+    def readonly(self) -> MemRefType:
         """This annotation for an array the kernel only reads and that no other
         parameter aliases (CUDA's `const T* __restrict__`): loads through it
         may use the read-only data cache (PTX ld.global.nc), and storing to
@@ -106,7 +108,7 @@ class MemRefType:
         copy.is_readonly = True
         return copy
 
-    def noalias(self):
+    def noalias(self) -> MemRefType:
         """This annotation for an array no other parameter aliases (CUDA's
         `T* __restrict__`): LLVM may reorder and combine its accesses."""
         copy = MemRefType(self.shape + (self.dtype,))
@@ -137,11 +139,11 @@ class memref:
             out[mg.thread_idx.y, mg.thread_idx.x] = value
     """
 
-    def __class_getitem__(cls, params):
+    def __class_getitem__(cls, params: object) -> MemRefType:
         return MemRefType(params)
 
 
-def symbol_name(symbol):
+def symbol_name(symbol: Generic | typing.TypeVar) -> str:
     """The name of a generic (or PEP 695 type parameter)."""
     return symbol.name if isinstance(symbol, Generic) else symbol.__name__
 

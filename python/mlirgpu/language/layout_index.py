@@ -7,6 +7,8 @@ tracing; with traced ones the same functions of mlirgpu.layout (the
 layout's crd2idx, the swizzle's bit operations) run on the traced values and
 emit index arithmetic.
 """
+from __future__ import annotations
+
 from .._mlirgpu import CompileError
 from ..layout import ComposedLayout, Layout, Swizzle
 from ..layout.inttuple import crd2idx
@@ -15,7 +17,7 @@ from . import core as lang
 __all__ = ["layout_index", "Tile", "tile"]
 
 
-def layout_index(layout, *coord):
+def layout_index(layout: Layout | ComposedLayout | Swizzle, *coord: lang.Index) -> lang.Index:
     """`layout` (a Layout, a Swizzle-composed layout, or a Swizzle) applied
     to `coord`, one integer per mode (or one for the whole layout): a Python
     int where every coordinate is, else a traced index."""
@@ -50,22 +52,22 @@ class Tile:
 
     __slots__ = ("memref", "layout", "offset")
 
-    def __init__(self, memref, layout, offset=0):
+    def __init__(self, memref: lang.MemRef, layout: Layout | ComposedLayout, offset: lang.Index = 0) -> None:
         self.memref, self.layout, self.offset = memref, layout, offset
 
-    def index(self, *coord):
+    def index(self, *coord: lang.Index) -> lang.Index:
         index = layout_index(self.layout, *coord)
         return index if isinstance(self.offset, int) and self.offset == 0 else index + self.offset
 
-    def at(self, offset):
+    def at(self, offset: lang.Index) -> Tile:
         """The same layout starting `offset` elements further (another stage of a buffer)."""
         return Tile(self.memref, self.layout, self.offset + offset)
 
-    def __getitem__(self, coord):
+    def __getitem__(self, coord: lang.Index | tuple[lang.Index, ...]) -> lang.Scalar:
         coord = coord if isinstance(coord, tuple) else (coord,)
         return self.memref[self.index(*coord)]
 
-    def __setitem__(self, coord, value):
+    def __setitem__(self, coord: lang.Index | tuple[lang.Index, ...], value: lang.Number) -> None:
         coord = coord if isinstance(coord, tuple) else (coord,)
         self.memref[self.index(*coord)] = value
 
@@ -73,7 +75,7 @@ class Tile:
         return f"<tile {self.layout} of {self.memref!r}>"
 
 
-def tile(memref, layout):
+def tile(memref: lang.MemRef, layout: Layout | ComposedLayout) -> Tile:
     """`memref` (1-d, usually shared memory) indexed through `layout`."""
     if not isinstance(memref, lang.MemRef) or len(memref.shape) != 1:
         raise CompileError(f"mg.mma.tile views a 1-d memref, not {memref!r}")

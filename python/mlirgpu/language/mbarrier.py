@@ -20,6 +20,8 @@ In a cluster launch, `arrive_cluster(index, rank)` arrives on barrier
 that is how the blocks that share a multicast tile tell each other's
 producer that they are done with it.
 """
+from __future__ import annotations
+
 from .. import ir
 from .._mlirgpu import CompileError
 from . import core as lang
@@ -42,7 +44,7 @@ class Barriers:
     """`count` mbarriers (8 bytes each) in shared memory; every method takes
     the barrier's index (an int or a traced integer)."""
 
-    def __init__(self, memref, count):
+    def __init__(self, memref: shared.SharedMemRef, count: int) -> None:
         self.memref, self.count = memref, count
 
     def __repr__(self):
@@ -55,20 +57,20 @@ class Barriers:
         if isinstance(index, int) and not isinstance(index, bool) and not 0 <= index < self.count:
             raise CompileError(f"mbarrier index {index} is out of range: there are {self.count}")
 
-    def address(self, index):
+    def address(self, index: lang.Index) -> lang.Scalar:
         """The u32 shared-memory address of barrier `index`."""
         self._check(index)
         return shared.address(self.memref, index)
 
-    def init(self, index, arrivals):
+    def init(self, index: lang.Index, arrivals: lang.Index) -> None:
         """Barrier `index` expects `arrivals` arrivals per phase (one thread initialises it)."""
         lang.target().mbarrier_init(self.address(index), _i32(arrivals, "the arrival count"))
 
-    def arrive(self, index):
+    def arrive(self, index: lang.Index) -> None:
         """One arrival of the calling thread."""
         lang.target().mbarrier_arrive(self.address(index))
 
-    def arrive_cluster(self, index, rank):
+    def arrive_cluster(self, index: lang.Index, rank: lang.Index) -> None:
         """One arrival of the calling thread on barrier `index` of the block
         of rank `rank` (an int or traced integer) in the cluster: PTX mapa to
         that block's address of the barrier, then mbarrier.arrive on it with
@@ -82,23 +84,23 @@ class Barriers:
                               "constraints": ir.Attribute.string("r,r,~{memory}"),
                               "has_side_effects": ir.Attribute.unit()})
 
-    def arrive_expect_tx(self, index, nbytes):
+    def arrive_expect_tx(self, index: lang.Index, nbytes: lang.Index) -> None:
         """One arrival, and `nbytes` more transaction bytes the phase waits for."""
         lang.target().mbarrier_arrive(self.address(index), _i32(nbytes, "the byte count"))
 
-    def wait(self, index, phase):
+    def wait(self, index: lang.Index, phase: lang.Index) -> None:
         """Until the phase of parity `phase` (0 or 1, an int or traced integer) completes."""
         lang.target().mbarrier_wait(self.address(index), _i32(phase, "the phase parity"))
 
 
-def array(count):
+def array(count: int) -> Barriers:
     """`count` mbarriers in static shared memory, one set per call site."""
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 1024:
         raise CompileError(f"mg.mbarrier.array takes a count from 1 to 1024, not {count!r}")
     return Barriers(shared.array((count,), lang.u64), count)
 
 
-def fence_init():
+def fence_init() -> None:
     """Makes the barriers this thread initialised visible to the other
     threads of the cluster and to the copy engine (fence.mbarrier_init)."""
     lang.target().mbarrier_fence_init()

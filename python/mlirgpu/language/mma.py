@@ -55,6 +55,10 @@ backend they run with the hardware's fragment semantics (the warp's lanes
 meet at a warp barrier, as for shuffles); cp.async copies there at once, so
 commit_group and wait_group have nothing left to wait for.
 """
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
 from .. import ir
 from .._mlirgpu import CompileError
 from ..layout.mma import M16N8K16_BF16, M16N8K16_F16, M16N8K8_TF32, MMAAtom
@@ -106,7 +110,7 @@ class Fragment(list):
     dtype = None
     description = "a fragment"
 
-    def select(self, *values):
+    def select(self, *values: int) -> Fragment:
         """The fragment of the values at positions `values`, in that order,
         with their layout (moved so its tile starts at (0, 0))."""
         if any(not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < len(self) for v in values):
@@ -150,13 +154,13 @@ def _check_atom(atom):
     return atom
 
 
-def zeros(atom):
+def zeros(atom: MMAAtom) -> Fragment:
     """This lane's accumulators of `atom`, all 0.0 (a C fragment)."""
     kind = _atom_fragment_type(_check_atom(atom), "c")
     return kind(lang.constant(0.0, kind.dtype) for _ in range(len(kind.coordinates[0])))
 
 
-def fragment(atom, operand, values):
+def fragment(atom: MMAAtom, operand: str, values: Iterable[lang.Number]) -> Fragment:
     """The `operand` ("a", "b" or "c") fragment of `atom` made of `values`
     (traced values or Python numbers, in the atom's register order)."""
     _check_atom(atom)
@@ -171,7 +175,7 @@ def fragment(atom, operand, values):
     return kind(lang.coerce(v, kind.dtype, f"the {operand.upper()} fragment of {atom.name}") for v in values)
 
 
-def coordinate(atom, operand, value):
+def coordinate(atom: MMAAtom, operand: str, value: int) -> tuple[lang.Scalar, lang.Scalar]:
     """(row, col) of the element of `operand`'s tile ("a": M x K, "b": N x K,
     "c": M x N) that `value` of this lane holds, as traced indices."""
     _check_atom(atom)
@@ -216,7 +220,7 @@ def _show(table):
     return " ".join(f"({r},{c})" for r, c in table[0])
 
 
-def sync(atom, a, b, c):
+def sync(atom: MMAAtom, a: Sequence[lang.Number], b: Sequence[lang.Number], c: Sequence[lang.Number]) -> Fragment:
     """D = A @ B + C over the warp's fragments (PTX mma.sync.aligned): returns
     this lane's D, a C fragment of `atom`. Every lane of the warp must call it."""
     _check_atom(atom)
@@ -249,7 +253,8 @@ def _is_shared(memref):
 # ---------------------------------------------------------------------------
 # ldmatrix
 
-def ldmatrix(source, index, count=4, transpose=False, blocks=None, order="column"):
+def ldmatrix(source: lang.MemRef | Tile, index: lang.Indices, count: int = 4, transpose: bool = False,
+             blocks: tuple[int, int] | None = None, order: str = "column") -> Fragment:
     """ldmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16: lanes 8j .. 8j+7
     give, at `index` of `source` (a shared memref or tile of 16-bit
     elements), the rows of matrix j. Returns this lane's 2 * count values
@@ -289,7 +294,8 @@ def ldmatrix(source, index, count=4, transpose=False, blocks=None, order="column
 # ---------------------------------------------------------------------------
 # cp.async
 
-def cp_async(destination, destination_index, source, source_index, nbytes=16, valid=None):
+def cp_async(destination: lang.MemRef | Tile, destination_index: lang.Indices, source: lang.MemRef | Tile,
+             source_index: lang.Indices, nbytes: int = 16, valid: lang.Scalar | bool | None = None) -> None:
     """Copies `nbytes` (4, 8 or 16) from global `source` at `source_index`
     to shared `destination` at `destination_index` (each a memref or a
     tile; both addresses aligned to nbytes), asynchronously: it lands by the
@@ -318,12 +324,12 @@ def cp_async(destination, destination_index, source, source_index, nbytes=16, va
     lang.target().async_copy(dst, dst_indices, src, src_indices, elements, valid)
 
 
-def commit_group():
+def commit_group() -> None:
     """Closes the group of the cp.async copies this thread issued since the last commit_group."""
     lang.target().async_commit()
 
 
-def wait_group(n=0):
+def wait_group(n: int = 0) -> None:
     """Waits until at most `n` (a Python int) of this thread's committed groups are still in flight."""
     if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < 256:
         raise CompileError(f"wait_group takes a Python int 0..255, not {n!r}")

@@ -27,10 +27,18 @@ at the same offset, and counts its bytes on the barrier of the same index
 in each of them: blocks that need the same tile load a part of it each and
 share the rest (PTX .multicast::cluster).
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from .._mlirgpu import CompileError
 from . import core as lang
 from . import shared
 from .mbarrier import Barriers
+
+if TYPE_CHECKING:
+    from .. import ir
 
 # The gpu.func attribute listing its tensor-map parameters: MLIR's gpu-to-nvvm
 # conversion keeps function attributes but drops `llvm.byval` on arguments, so
@@ -47,7 +55,7 @@ class TensorMapValue:
 
     __slots__ = ("value", "name")
 
-    def __init__(self, value, name=None):
+    def __init__(self, value: ir.Value, name: str | None = None) -> None:
         self.value, self.name = value, name
 
     def __repr__(self):
@@ -78,7 +86,8 @@ def _map(tensor_map):
     return tensor_map.value
 
 
-def load(tensor_map, destination, coords, barriers, barrier=0, offset=0, multicast=None):
+def load(tensor_map: TensorMapValue, destination: shared.SharedMemRef, coords: lang.Index | Sequence[lang.Index], barriers: Barriers,
+         barrier: lang.Index = 0, offset: lang.Index = 0, multicast: lang.Index | None = None) -> None:
     """Starts copying the box at `coords` of the tensor map's array into the
     shared memref `destination` (from element `offset`); barrier `barrier`
     of `barriers` counts its bytes as they land. `multicast`: a mask of the
@@ -104,7 +113,8 @@ def load(tensor_map, destination, coords, barriers, barrier=0, offset=0, multica
     lang.target().tma_load(descriptor, shared.address(destination, offset), values, barriers.address(barrier), mask)
 
 
-def store(tensor_map, source, coords, offset=0):
+def store(tensor_map: TensorMapValue, source: shared.SharedMemRef, coords: lang.Index | Sequence[lang.Index],
+          offset: lang.Index = 0) -> None:
     """Starts copying the shared memref `source` (from element `offset`) to
     the box at `coords` of the tensor map's array. Shared memory written by
     ordinary stores needs `fence_proxy_async()` and a barrier first; the
@@ -114,12 +124,12 @@ def store(tensor_map, source, coords, offset=0):
     lang.target().tma_store(descriptor, shared.address(source, offset), _coordinates(coords))
 
 
-def commit_group():
+def commit_group() -> None:
     """Closes the group of TMA stores this thread started (cp.async.bulk.commit_group)."""
     lang.target().tma_commit()
 
 
-def wait_group(pending=0, *, read=False):
+def wait_group(pending: int = 0, *, read: bool = False) -> None:
     """Until at most `pending` groups of this thread's stores are in flight;
     `read=True` waits only until their shared memory has been read (so it
     may be reused), not until the global writes are done."""
@@ -128,7 +138,7 @@ def wait_group(pending=0, *, read=False):
     lang.target().tma_wait(pending, read)
 
 
-def fence_proxy_async():
+def fence_proxy_async() -> None:
     """Orders this thread's ordinary shared-memory writes before later reads
     by the copy engine and the tensor cores (fence.proxy.async.shared::cta);
     a barrier after it extends that to the other threads' writes."""

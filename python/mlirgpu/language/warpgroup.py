@@ -22,6 +22,8 @@ warpgroup's steps do not wait for the others:
 Clusters (a launch's `cluster=(x, y, z)`): `cluster_rank()` is the block's
 rank in its cluster, `cluster_sync()` a barrier over the cluster's blocks.
 """
+from __future__ import annotations
+
 from .. import ir
 from .._mlirgpu import CompileError
 from . import core as lang
@@ -31,17 +33,17 @@ __all__ = ["SIZE", "index", "thread_index", "set_max_registers", "barrier", "arr
 SIZE = 128
 
 
-def index():
+def index() -> lang.Scalar:
     """The calling thread's warpgroup in its block (thread_idx.x // 128, as i32)."""
     return lang.cast(lang.thread_idx.x, lang.i32) // SIZE
 
 
-def thread_index():
+def thread_index() -> lang.Scalar:
     """The calling thread's index in its warpgroup (0-127, as i32)."""
     return lang.cast(lang.thread_idx.x, lang.i32) % SIZE
 
 
-def set_max_registers(count, *, increase):
+def set_max_registers(count: int, *, increase: bool) -> None:
     """setmaxnreg (sm_90a): this warpgroup's threads release registers down
     to `count` (increase=False) or claim them up to `count` (increase=True),
     a multiple of 8 from 24 to 256. All warps of the warpgroup must run it;
@@ -64,7 +66,7 @@ def _barrier_operands(barrier_id, threads):
     return [lang.cast(barrier_id, lang.i32), lang.constant(threads, lang.i32)]
 
 
-def barrier(barrier_id, threads=SIZE):
+def barrier(barrier_id: lang.Index, threads: int = SIZE) -> None:
     """Named barrier `barrier_id` (1 to 15, an int or traced integer; 0 is
     the block's `syncthreads`): waits until `threads` threads (a multiple of
     32, by default one warpgroup) have reached it, and orders their shared
@@ -73,21 +75,21 @@ def barrier(barrier_id, threads=SIZE):
     lang.target().named_barrier(*_barrier_operands(barrier_id, threads), wait=True)
 
 
-def arrive(barrier_id, threads=SIZE):
+def arrive(barrier_id: lang.Index, threads: int = SIZE) -> None:
     """Arrives at named barrier `barrier_id` without waiting (PTX bar.arrive
     id, threads): one warpgroup signals another that waits on it with
     `barrier(barrier_id, threads)`, counting both sides' threads."""
     lang.target().named_barrier(*_barrier_operands(barrier_id, threads), wait=False)
 
 
-def cluster_rank():
+def cluster_rank() -> lang.Scalar:
     """The block's rank in its thread-block cluster (%cluster_ctarank, as i32)."""
     lang.target().require_gpu("mg.warpgroup.cluster_rank")
     return lang.Scalar(lang.emit("nvvm.read.ptx.sreg.cluster.ctarank", results=[ir.Type.integer(32)]).result,
                        lang.i32)
 
 
-def cluster_sync():
+def cluster_sync() -> None:
     """A barrier over every thread of every block of the cluster (barrier.cluster.arrive + wait)."""
     lang.target().require_gpu("mg.warpgroup.cluster_sync")
     lang.emit("nvvm.cluster.arrive", attributes={"aligned": ir.Attribute.unit()})

@@ -25,10 +25,19 @@ column) of the 64 x N tile each one is. The CPU backend runs wgmma too:
 each thread's accumulators from the operands it reads through the
 descriptors, as the hardware lays them out.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from .._mlirgpu import CompileError
 from ..layout import wgmma as wgmma_layout
 from . import core as lang
 from . import shared
+
+if TYPE_CHECKING:
+    from .._mlirgpu import DType
+    from ..layout import ComposedLayout, Layout
 
 __all__ = ["Descriptor", "descriptor", "mma", "zeros", "fence", "commit_group", "wait_group",
            "accumulator_coordinates"]
@@ -41,14 +50,15 @@ class Descriptor:
 
     __slots__ = ("value", "dtype", "major", "fields")
 
-    def __init__(self, value, dtype, major, fields):
+    def __init__(self, value: lang.Scalar, dtype: DType, major: str, fields: wgmma_layout.Descriptor) -> None:
         self.value, self.dtype, self.major, self.fields = value, dtype, major, fields
 
     def __repr__(self):
         return f"<traced wgmma descriptor {self.fields!r}>"
 
 
-def descriptor(tile, layout, *, offset=0, k_block=0, major="K"):
+def descriptor(tile: shared.SharedMemRef, layout: Layout | ComposedLayout, *, offset: lang.Index = 0, k_block: int = 0,
+               major: str = "K") -> Descriptor:
     """The descriptor of the operand tile at element `offset` of the shared
     memref `tile`, laid out as `layout` (over the tile's (MN, K)
     coordinates, a swizzle composed on top for the swizzled modes), for the
@@ -74,7 +84,7 @@ def descriptor(tile, layout, *, offset=0, k_block=0, major="K"):
     return Descriptor(start | lang.constant(constant_part, lang.u64), tile.dtype, major, fields)
 
 
-def zeros(n):
+def zeros(n: int) -> list[lang.Scalar]:
     """A zero accumulator of an m64nNk16 f32 wgmma: N/2 traced f32 values."""
     _check_n(n)
     zero = lang.constant(0.0, lang.f32)
@@ -86,7 +96,7 @@ def _check_n(n):
         raise CompileError(f"a wgmma's N is a multiple of 8 from 8 to 256, not {n!r}")
 
 
-def mma(acc, a, b, *, n):
+def mma(acc: Sequence[lang.Number], a: Descriptor, b: Descriptor, *, n: int) -> list[lang.Scalar]:
     """acc + A @ B for one m64nNk16 wgmma (m64nNk32 for 8-bit floats; f32
     accumulate) of the descriptors `a` (64 x k, K-major) and `b` (N x k,
     K-major, or MN-major for f16 and bf16); returns the new accumulator.
@@ -108,17 +118,17 @@ def mma(acc, a, b, *, n):
                                    _INPUTS[b.dtype], b.major)
 
 
-def fence():
+def fence() -> None:
     """Orders register and shared-memory accesses before the wgmmas that follow (wgmma.fence)."""
     lang.target().wgmma_fence()
 
 
-def commit_group():
+def commit_group() -> None:
     """Closes the group of wgmmas issued since the last commit."""
     lang.target().wgmma_commit()
 
 
-def wait_group(pending=0, accumulator=None):
+def wait_group(pending: int = 0, accumulator: Sequence[lang.Number] | None = None) -> list[lang.Scalar] | None:
     """Until at most `pending` (a Python int) committed groups are in flight.
 
     Given the accumulator that those groups write, returns it as the wait's
@@ -133,7 +143,7 @@ def wait_group(pending=0, accumulator=None):
     return lang.target().wgmma_wait(pending, values)
 
 
-def accumulator_coordinates(register, lane_in_warpgroup):
+def accumulator_coordinates(register: int, lane_in_warpgroup: lang.Index) -> tuple[lang.Index, lang.Index]:
     """(row, column) in the 64 x N tile of accumulator value `register`
     (a Python int) held by thread `lane_in_warpgroup` (0-127, traced or int):
     warp w holds rows 16w..16w+15; each group of four values covers 8
