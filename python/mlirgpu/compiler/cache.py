@@ -15,12 +15,15 @@ kernel's previous compile; with MLIRGPU_LOG=cache, disk hits, corrupt
 entries and a cache directory that cannot be written (log.py). See
 docs/design/compile_cache.md.
 """
+from __future__ import annotations
+
 import hashlib
 import json
 import os
 import struct
 import threading
 from collections import namedtuple
+from collections.abc import Callable
 from pathlib import Path
 
 from .. import _mlirgpu
@@ -87,7 +90,7 @@ def _mlir_version():
     return version, ",".join(builds)
 
 
-def environment():
+def environment() -> dict[str, str]:
     """The versions every entry records and must match to be used (computed
     once per process): mlirgpu, mlirgpu_build, mlir, mlir_build, cuda."""
     global _environment
@@ -166,7 +169,7 @@ compiled); compiles: compile_fn calls that returned; disk_writes: entries
 written; corrupt: disk entries found invalid (and recompiled)."""
 
 
-def default_directory():
+def default_directory() -> Path:
     return Path(os.environ.get("MLIRGPU_CACHE_DIR") or Path.home() / ".cache" / "mlirgpu")
 
 
@@ -176,7 +179,7 @@ class CompileCache:
     write). With disk=False, or where the directory cannot be created or
     written, the cache keeps to memory."""
 
-    def __init__(self, directory=None, *, disk=True):
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *, disk: bool = True) -> None:
         self.directory = Path(directory) if directory is not None else default_directory()
         self.disk = bool(disk)
         self._memory = {}
@@ -194,12 +197,12 @@ class CompileCache:
         with self._lock:
             self._counts[field] += 1
 
-    def info(self):
+    def info(self) -> CacheInfo:
         """A CacheInfo of this cache's counters."""
         with self._lock:
             return CacheInfo(**self._counts)
 
-    def path(self, key):
+    def path(self, key: CacheKey) -> Path:
         """The file that holds key's entry. Its name covers the environment
         too, so installations of different versions share a directory
         without overwriting each other's entries."""
@@ -207,7 +210,7 @@ class CompileCache:
         name = hashlib.sha256(f"{key.digest}\0{env}".encode()).hexdigest()
         return self.directory / (name + _SUFFIX)
 
-    def get_or_compile(self, key, compile_fn):
+    def get_or_compile(self, key: CacheKey, compile_fn: Callable[[], bytes | bytearray | memoryview]) -> bytes:
         """key's payload: from memory, else from disk, else compile_fn()
         (which must return bytes), kept in memory and written to disk."""
         if not isinstance(key, CacheKey):
@@ -288,7 +291,7 @@ class CompileCache:
             return
         self._count("disk_writes")
 
-    def clear(self, memory=True, disk=False):
+    def clear(self, memory: bool = True, disk: bool = False) -> None:
         """Forget the in-memory entries and/or delete this cache's files (its
         entries and stray temporary files; nothing else in the directory).
         Counters are kept."""
@@ -312,7 +315,7 @@ _default = None
 _default_lock = threading.Lock()
 
 
-def default_cache():
+def default_cache() -> CompileCache:
     """The process's CompileCache (created at the first call, from
     MLIRGPU_CACHE_DIR as it is then)."""
     global _default
@@ -322,7 +325,7 @@ def default_cache():
         return _default
 
 
-def cache_info():
+def cache_info() -> CacheInfo:
     """CacheInfo of the process's default cache.
 
     For example::
@@ -332,7 +335,7 @@ def cache_info():
     return default_cache().info()
 
 
-def cache_clear(memory=True, disk=False):
+def cache_clear(memory: bool = True, disk: bool = False) -> None:
     """Clear the process's default cache: its memory and/or its disk entries.
 
     For example::

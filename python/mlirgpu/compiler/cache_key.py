@@ -1,7 +1,10 @@
 """Cache keys: the name of one specialization, and why a kernel whose key
 changed is compiled again (the reason MLIRGPU_LOG=compile prints)."""
+from __future__ import annotations
+
 import hashlib
 import types
+from collections.abc import Mapping
 
 __all__ = ["CacheKey", "recompile_reason", "label"]
 
@@ -16,7 +19,7 @@ class CacheKey:
 
     __slots__ = ("parts", "details", "digest")
 
-    def __init__(self, parts, details=None):
+    def __init__(self, parts: Mapping[str, str], details: Mapping[str, Mapping[str, object]] | None = None) -> None:
         parts = dict(parts)
         for name, value in parts.items():
             if not isinstance(name, str) or not name or not isinstance(value, str):
@@ -39,7 +42,7 @@ class CacheKey:
         raise AttributeError("CacheKey is immutable")
 
     @property
-    def kernel(self):
+    def kernel(self) -> str:
         """The "kernel" part, or "" where there is none."""
         return self.parts.get("kernel", "")
 
@@ -88,7 +91,7 @@ def _describe(part, old, new, old_details, new_details):
     return f"{part} changed"
 
 
-def recompile_reason(previous, key):
+def recompile_reason(previous: CacheKey | None, key: CacheKey) -> str:
     if previous is None:
         return "first compile"
     if previous == key:
@@ -104,7 +107,7 @@ def recompile_reason(previous, key):
     return "; ".join(reasons)
 
 
-def label(key):
+def label(key: CacheKey) -> str:
     shown = [f"{part} {key.parts[part]}" for part in ("generics", "chip") if part in key.parts]
     name = key.kernel or key.digest[:16]
     return f"{name} [{', '.join(shown)}]" if shown else name

@@ -4,8 +4,11 @@ A fingerprint is a canonical string: equal values give equal strings in
 every process, so a kernel's compile-cache key can name the globals it read.
 See docs/design/compile_cache.md for what each kind of value gives.
 """
+from __future__ import annotations
+
 import hashlib
 import types
+from collections.abc import Mapping
 
 import numpy
 
@@ -19,7 +22,7 @@ MAX_ARRAY_BYTES = 64 * 1024
 _ARRAY_KINDS = "biufc"
 
 
-def fingerprint(value):
+def fingerprint(value: object) -> str:
     """A canonical string for a value a kernel may read as a global or closure
     variable: equal values give equal strings in every process, different
     values (or types: 1, 1.0, True, numpy.int32(1)) give different ones.
@@ -113,7 +116,7 @@ def _hash_code(code, digest):
             digest.update((type(const).__name__ + ":" + repr(const) + "\0").encode())
 
 
-def fingerprint_globals(values):
+def fingerprint_globals(values: Mapping[str, object]) -> tuple[str, dict[str, str]]:
     """(digest, details) for the globals and closure values a kernel reads,
     given as a mapping name -> value: digest is the sha256 of their
     fingerprints, details maps each name to a readable form (for the reason

@@ -2,9 +2,12 @@
 MLIRGPU_LOG (comma-separated, or "all") names: `compile` (each compile and
 why), `cache` (disk hits, corrupt entries, a directory that cannot be
 written), `autotune` (what the tuner tried and chose)."""
+from __future__ import annotations
+
 import logging
 import os
 import sys
+from collections.abc import Iterable
 
 __all__ = ["log", "logger"]
 
@@ -32,7 +35,7 @@ def _log_enabled(*topics):
     return bool(words & ({"all"} | set(topics)))
 
 
-def log(topics, message):
+def log(topics: Iterable[str], message: str) -> None:
     """Log at INFO when MLIRGPU_LOG names one of topics (read at each call)."""
     if not _log_enabled(*topics):
         return

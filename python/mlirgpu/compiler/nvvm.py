@@ -20,6 +20,8 @@ Each stage runs in an MLIR context of its own (the module passes between
 stages as text with its locations) and without the GIL, so threads compile
 in parallel.
 """
+from __future__ import annotations
+
 import linecache
 import os
 import re
@@ -67,7 +69,7 @@ class Target:
         target = mg.Target("sm_90a", features="+ptx80", opt_level=3)
     """
 
-    def __init__(self, chip="sm_90a", features=None, opt_level=3):
+    def __init__(self, chip: str = "sm_90a", features: str | None = None, opt_level: int = 3) -> None:
         if not isinstance(chip, str):
             raise CompileError(f"chip must be a str such as 'sm_90a', not {type(chip).__name__}")
         if chip not in CHIPS:
@@ -254,7 +256,8 @@ class Compilation:
         ptx, cubin = stages.ptx, stages.cubin
     """
 
-    def __init__(self, module, chip="sm_90a", *, features=None, opt_level=3, bare_pointers=True, lineinfo=True):
+    def __init__(self, module: ir.Module, chip: str = "sm_90a", *, features: str | None = None, opt_level: int = 3,
+                 bare_pointers: bool = True, lineinfo: bool = True) -> None:
         if not isinstance(module, ir.Module):
             raise TypeError(f"expected an mlirgpu.ir.Module, not {type(module).__name__}")
         self.target = Target(chip, features, opt_level)
@@ -291,11 +294,11 @@ class Compilation:
         return str(ir.Module.parse(text, context=context))
 
     @_stage
-    def outlined(self):
+    def outlined(self) -> str:
         return self._printed(self._outlined)
 
     @_stage
-    def nvvm(self):
+    def nvvm(self) -> str:
         return self._printed(self._nvvm)
 
     def _binary(self, fmt, stage):
@@ -325,7 +328,7 @@ class Compilation:
             raise CompileError(NO_PTXAS)
         return self._binary("bin", "cubin")
 
-    def objects(self, stage):
+    def objects(self, stage: str) -> dict[str, str | bytes]:
         """{gpu.module name: artifact} for 'llvm_ir', 'ptx' or 'cubin'."""
         if stage not in ("llvm_ir", "ptx", "cubin"):
             raise ValueError(f"objects() takes 'llvm_ir', 'ptx' or 'cubin', not {stage!r}")
@@ -343,18 +346,18 @@ class Compilation:
     cubin = property(lambda self: self._single("cubin"), doc="cubin (ELF) bytes.")
 
     @property
-    def image(self):
+    def image(self) -> bytes:
         """What a GPU loads: the cubin (bytes), else the PTX as bytes."""
         return self.cubin if self._toolkit else self.ptx.encode()
 
-    def stage(self, name):
+    def stage(self, name: str) -> str | bytes:
         """A stage by name, one of STAGES."""
         if name not in STAGES:
             raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
         return getattr(self, name)
 
 
-def compile_ptx(module, chip="sm_90a", **options):
+def compile_ptx(module: ir.Module, chip: str = "sm_90a", **options: str | int | bool | None) -> str:
     """PTX text of the module's only gpu.module. Needs no GPU.
 
     For example::
@@ -364,7 +367,7 @@ def compile_ptx(module, chip="sm_90a", **options):
     return Compilation(module, chip, **options).ptx
 
 
-def compile_cubin(module, chip="sm_90a", **options):
+def compile_cubin(module: ir.Module, chip: str = "sm_90a", **options: str | int | bool | None) -> bytes:
     """cubin bytes of the module's only gpu.module (needs ptxas: see mlirgpu.compiler.toolkit). Needs no GPU.
 
     For example::

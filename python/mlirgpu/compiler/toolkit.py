@@ -13,6 +13,8 @@ explicit choice, an empty one included); else /usr/local/cuda (the toolkit
 mlirgpu was built for), then the `nvidia-cuda-nvcc-cu12` wheel's ptxas, then
 ptxas on PATH.
 """
+from __future__ import annotations
+
 import importlib.util
 import json
 import os
@@ -29,7 +31,7 @@ class Toolkit(NamedTuple):
     ptxas: str
     source: str   # "CUDA_HOME", "toolkit", "nvidia-cuda-nvcc wheel" or "PATH"
 
-    def version(self):
+    def version(self) -> str:
         """The CUDA version of this ptxas: the nvcc wheel's own version for
         the wheel's ptxas, else cuda_version(home)."""
         if self.source == "nvidia-cuda-nvcc wheel":
@@ -60,7 +62,7 @@ def _nvcc_wheel():
     return None
 
 
-def find():
+def find() -> Toolkit | None:
     """The Toolkit whose ptxas makes cubins, or None (PTX to the driver's JIT)."""
     home = os.environ.get("CUDA_HOME")
     if home is not None:
@@ -76,7 +78,7 @@ def find():
     return found
 
 
-def cuda_version(cuda_home):
+def cuda_version(cuda_home: str) -> str:
     """The version of the CUDA toolkit in `cuda_home`: version.json, else
     the nvcc wheel's dist-info, else CUDA_VERSION in cuda.h, else "unknown"."""
     try:

@@ -5,11 +5,14 @@ func.func of the kernel's module and called with func.call.
     def axpy(a, x, y):                   # func.func in the gpu.module, per argument types
         return a * x + y
 """
+from __future__ import annotations
+
 import ast
 import functools
 import inspect
 import linecache
 import textwrap
+import types
 
 from .. import ir
 from .._mlirgpu import CompileError
@@ -26,7 +29,7 @@ class DeviceFunction:
 
     __mlirgpu__ = True  # tracer._call lets traced values into it
 
-    def __init__(self, function):
+    def __init__(self, function: types.FunctionType) -> None:
         if not inspect.isfunction(function):
             raise TypeError(f"@mg.func decorates a function, not {type(function).__name__}")
         self.function = function
@@ -234,7 +237,7 @@ def _argument_key(function, name, value):
                        f"{type(value).__name__}; device functions take traced scalars, memrefs and Python numbers")
 
 
-def func(function):
+def func(function: types.FunctionType) -> DeviceFunction:
     """`@mg.func`: a device function callable from kernels and from other
     device functions, traced per argument types (Python numbers are
     constants of the specialization) into a private func.func.

@@ -1,13 +1,20 @@
 """Pass pipelines over modules (MLIR's textual pipeline syntax)."""
+from __future__ import annotations
+
 import sys
+from typing import TYPE_CHECKING, TextIO
 
 from .._mlirgpu import PassManager
+
+if TYPE_CHECKING:
+    from .._mlirgpu import Module, Operation
 
 __all__ = ["PassManager", "run"]
 
 
-def run(module, pipeline, *, print_ir_before_all=False, print_ir_after_all=False, timing=False,
-        verify_each=True, file=None):
+def run(module: Module | Operation, pipeline: str, *, print_ir_before_all: bool = False,
+        print_ir_after_all: bool = False, timing: bool = False, verify_each: bool = True,
+        file: TextIO | None = None) -> str:
     """Run `pipeline` on `module` in place.
 
     The IR dumps and timing report, when asked for, are written to `file`
