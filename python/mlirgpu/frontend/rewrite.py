@@ -12,6 +12,8 @@ Each loop body and branch becomes a nested function that takes the
 variables it assigns and returns their new values. The `__mg_*` names are
 control_flow.HELPERS, which decide at trace time what each statement builds.
 """
+from __future__ import annotations
+
 import ast
 import inspect
 import linecache
@@ -297,7 +299,7 @@ def _guards_to_else(statements):
     return statements
 
 
-def source_unavailable(function, error):
+def source_unavailable(function: types.FunctionType, error: Exception) -> CompileError:
     """The CompileError for a function whose source Python did not keep."""
     where = function.__code__.co_filename
     return CompileError(
@@ -307,7 +309,7 @@ def source_unavailable(function, error):
         f"cell, IPython, or the Python 3.13+ REPL.")
 
 
-def rewrite(function, returns=False):
+def rewrite(function: types.FunctionType, returns: bool = False) -> tuple[types.CodeType, list[str], list[str], str]:
     """(code, free names, generic parameter names, filename) of the rewritten
     function: running `code` defines `__mg_make(*free)`, which returns the
     rewritten function given values for its free names (closure variables
@@ -352,5 +354,5 @@ def rewrite(function, returns=False):
     return code, free, generic_params, filename
 
 
-def code_objects(function_code):
+def code_objects(function_code: types.CodeType) -> set[types.CodeType]:
     return set(_code_objects(function_code))

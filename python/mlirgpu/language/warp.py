@@ -27,8 +27,13 @@ butterfly of five shuffles otherwise.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .._mlirgpu import CompileError
 from . import core as lang
+
+if TYPE_CHECKING:
+    from .._mlirgpu import DType
 
 __all__ = ["WARP_SIZE", "shfl_xor", "shfl_down", "shfl_up", "shfl_idx", "lane_id", "ballot", "any", "all",
            "reduce", "REDUCTIONS", "combine", "identity"]
@@ -133,7 +138,7 @@ def check_reduction(what, value, op):
     return value
 
 
-def combine(op, a, b):
+def combine(op: str, a: lang.Number, b: lang.Number) -> lang.Scalar:
     """a `op` b, for op in REDUCTIONS."""
     from . import math
     if op == "add":
@@ -145,7 +150,7 @@ def combine(op, a, b):
     return a & b if op == "and" else a | b if op == "or" else a ^ b
 
 
-def identity(op, dtype):
+def identity(op: str, dtype: DType) -> lang.Scalar:
     """The value x with combine(op, x, y) == y for every y of `dtype`, as a constant."""
     if op in ("add", "or", "xor"):
         return lang.constant(0, dtype)
