@@ -28,9 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import cuda
 from .._mlirgpu import CompileError, CudaError, DeviceArray, DType, Event, LaunchError
-from .backend import asarray, empty, on_cpu, to_device
+from .backend import asarray, current, empty, to_device
 from .compiled import default_chip
 from ..compiler.cache import default_directory, log
 from .kernel import Kernel, check_generic_value, show
@@ -334,16 +333,7 @@ def _launch_shape(values, grid, block, shared_mem):
 def _gpu_name():
     """The current GPU's name, which keys the recorded choices; None on the
     CPU backend, where nothing is timed."""
-    if on_cpu():
-        return None
-    ordinal = cuda.current_device()
-    name = _gpu_names.get(ordinal)
-    if name is None:
-        name = _gpu_names[ordinal] = cuda.Device(ordinal).name
-    return name
-
-
-_gpu_names = {}
+    return current().tuning_device()
 
 
 def _tuning_arguments(kernel, args, stream):

@@ -11,21 +11,31 @@ mg.grid.sync()); lowering and JIT-compiling run in MLIR contexts of their
 own, without the GIL. docs/design/cpu_backend.md has the design.
 
     mlirgpu.cpu.run(spec, [A, B, C], grid=(4, 4), block=(16, 16))
+
+CpuBackend is the backend object (runtime/backend.py) that launches so.
 """
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import _mlirgpu, ir
-from .._mlirgpu import LaunchError, TensorMap, lower
+from .._mlirgpu import DeviceArray, LaunchError, Stream, TensorMap, lower
 from ..compiler.cpu import PIPELINE, HostTarget, checks_from_environment
+from .backend import Backend
 from .compiled import stored_params
 from .scalars import scalar_bytes
+
+if TYPE_CHECKING:
+    from .kernel import Specialization
+    from .vectorize import _Plan
 
 TENSOR_MAP_BYTES = 128  # a CUtensorMap's, which a host tensor map fills (csrc/cpu.h)
 
 __all__ = ["PIPELINE", "host_module", "lowered_module", "stored_params", "engine", "run",
-           "max_cooperative_grid_blocks"]
+           "max_cooperative_grid_blocks", "CpuBackend"]
 
 
 # Runtime calls that switch fibers (or, for a failed bounds check, never return).
@@ -152,3 +162,45 @@ def compiled_stores(spec, checks=None):
     """stored_params of the spec's host trace (made once per set of checks)."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
     return _cached(spec, "_cpu_stores", checks, lambda: stored_params(host_module(spec, checks), spec.name))
+
+
+def _host_view(name: str, arg: Any) -> np.ndarray:
+    """A NumPy view of an array argument of a CPU launch (zero copy): a NumPy
+    array as is, a host DeviceArray or host DLPack object through DLPack."""
+    if isinstance(arg, np.ndarray):
+        return arg
+    if isinstance(arg, DeviceArray) and not arg.is_host:
+        raise LaunchError(f"parameter {name!r} is a DeviceArray in CUDA memory, but the backend is 'cpu': "
+                          f"copy it with .get() or use mg.set_backend('cuda')")
+    try:
+        if not isinstance(arg, DeviceArray) and arg.__dlpack_device__()[0] not in (1, 3):  # kDLCPU, kDLCUDAHost
+            raise TypeError("device memory")
+        return np.from_dlpack(arg)
+    except (AttributeError, TypeError, BufferError, RuntimeError) as error:
+        raise LaunchError(f"parameter {name!r}: the CPU backend takes host arrays (DeviceArray, NumPy, host "
+                          f"DLPack), not {type(arg).__name__} ({error})") from None
+
+
+class CpuBackend(Backend):
+    """Kernels run on the host through run(), each launch to completion;
+    arrays live in host memory, and nothing is timed."""
+
+    name, host, captures_graphs, dispatches_in_c = "cpu", True, False, False
+
+    def launch(self, spec: Specialization, args: list, grid: Any, block: Any, shared_mem: int,
+               stream: Stream | None, cluster: Any) -> None:
+        if cluster is not None:
+            raise LaunchError(f"{spec.name} is launched in clusters of {tuple(cluster)}, which only the GPU "
+                              f"has: use mg.set_backend('cuda')")
+        # The launch runs to completion: `stream` has nothing to order.
+        run(spec, [_host_view(p.name, a) if shape is not None else a
+                   for (p, shape, _), a in zip(spec._param_types(), args)], grid, block, shared_mem)
+
+    def max_cooperative_grid_blocks(self, spec: Specialization, block: Any, shared_mem: int) -> int:
+        return max_cooperative_grid_blocks(block)
+
+    def tuning_device(self) -> None:
+        return None
+
+    def run_vectorized(self, plan: _Plan, stream: Stream | None) -> Any:
+        return plan.run_cpu()

@@ -24,8 +24,7 @@ from ..frontend import rewrite as tracer
 from ..frontend.kernel import trace_kernel
 from ..language import core as lang
 from ..language.generics import Generic, MemRefType, as_element_type, is_symbol, symbol_name
-from . import cpu
-from .backend import _kernels as _backend_kernels, on_cpu
+from .backend import _kernels as _backend_kernels, current
 from .compiled import CompiledModule, read_values, source_digest, stored_params
 
 __all__ = ["kernel", "Kernel", "Specialization"]
@@ -243,10 +242,7 @@ class Kernel(_mlirgpu.Dispatcher):
 
     def _miss(self, args, kwargs):
         spec = self.specialize(self.bind(args))
-        if on_cpu():
-            spec.launch(args, **kwargs)
-            return
-        if not any(isinstance(a, np.ndarray) for a in args):
+        if current().dispatches_in_c and not any(isinstance(a, np.ndarray) for a in args):
             try:
                 self.register(args, spec.function_for(args))
             except ValueError:
@@ -325,7 +321,7 @@ def _array_shape_dtype(name, arg):
             raise LaunchError(f"parameter {name!r}: NumPy dtype {arg.dtype} has no mlirgpu dtype") from None
     elif _offers(arg, "__cuda_array_interface__") or _offers(arg, "__dlpack__"):
         # On the CPU backend a DLPack object (a CPU tensor) is read as host memory.
-        host = on_cpu() and not _offers(arg, "__cuda_array_interface__")
+        host = current().host and not _offers(arg, "__cuda_array_interface__")
         try:
             array = _mlirgpu.asarray(arg, host=host)
         except (TypeError, ValueError) as error:
@@ -370,23 +366,6 @@ def _any_readonly(args):
             except (TypeError, ValueError):
                 pass   # not an array the launch takes: it says so itself
     return False
-
-
-def _host_view(name, arg):
-    """A NumPy view of an array argument of a CPU launch (zero copy): a NumPy
-    array as is, a host DeviceArray or host DLPack object through DLPack."""
-    if isinstance(arg, np.ndarray):
-        return arg
-    if isinstance(arg, DeviceArray) and not arg.is_host:
-        raise LaunchError(f"parameter {name!r} is a DeviceArray in CUDA memory, but the backend is 'cpu': "
-                          f"copy it with .get() or use mg.set_backend('cuda')")
-    try:
-        if not isinstance(arg, DeviceArray) and arg.__dlpack_device__()[0] not in (1, 3):  # kDLCPU, kDLCUDAHost
-            raise TypeError("device memory")
-        return np.from_dlpack(arg)
-    except (AttributeError, TypeError, BufferError, RuntimeError) as error:
-        raise LaunchError(f"parameter {name!r}: the CPU backend takes host arrays (DeviceArray, NumPy, host "
-                          f"DLPack), not {type(arg).__name__} ({error})") from None
 
 
 def _check_scalar(p, arg, bound, bind_one):
@@ -574,7 +553,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         unknown = set(kwargs) - {"grid", "block", "shared_mem", "stream", "cluster"}
         if unknown:
             raise TypeError(f"{self!r}: unknown launch keyword {sorted(unknown)[0]!r}")
-        if not on_cpu() and not any(isinstance(a, np.ndarray) for a in args):
+        if current().dispatches_in_c and not any(isinstance(a, np.ndarray) for a in args):
             try:
                 self.register(args, self.function_for(args))
             except ValueError:
@@ -586,30 +565,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         `cluster=(x, y, z)` launches thread-block clusters of that shape."""
         if grid is None or block is None:
             raise LaunchError(f"launching {self.name} needs grid= and block=")
-        if on_cpu():
-            if cluster is not None:
-                raise LaunchError(f"{self.name} is launched in clusters of {tuple(cluster)}, which only the GPU "
-                                  f"has: use mg.set_backend('cuda')")
-            # The CPU backend runs the launch to completion: `stream` has nothing to order.
-            cpu.run(self, [_host_view(p.name, a) if shape is not None else a
-                           for (p, shape, _), a in zip(self._param_types(), args)], grid, block, shared_mem)
-            return
-        device = self._launch_device(args)
-        # Loaded and launched on the arrays' device, which is current meanwhile (NumPy arrays go there).
-        with _on_device(device):
-            function = self.function(_any_readonly(args))
-            host = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
-            if host:
-                args = list(args)
-                for i, a in host:
-                    args[i] = _mlirgpu.to_device(a, stream=stream)
-            if cluster is None:
-                function(*args, grid=grid, block=block, shared_mem=shared_mem, stream=stream)
-            else:
-                function(*args, grid=grid, block=block, shared_mem=shared_mem, stream=stream, cluster=cluster)
-            for i, a in host:
-                # NumPy arrays are copied in, and back after the launch.
-                np.copyto(a, args[i].get(stream=stream))
+        current().launch(self, args, grid, block, shared_mem, stream, cluster)
 
     def max_cooperative_grid_blocks(self, block, shared_mem=0):
         """The most blocks of `block` threads (an int or a tuple) with
@@ -622,14 +578,19 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
             blocks = spec.max_cooperative_grid_blocks(256)
             spec(X, out, grid=blocks, block=256)
         """
-        if on_cpu():
-            return cpu.max_cooperative_grid_blocks(block)
-        return self.function().max_cooperative_grid_blocks(block, shared_mem=shared_mem)
+        return current().max_cooperative_grid_blocks(self, block, shared_mem)
+
+    @contextlib.contextmanager
+    def loaded(self, args):
+        """The kernel loaded on the device of the array arguments `args`, that
+        device the thread's current one until the with-block ends."""
+        with _on_device(self._launch_device(args)):
+            yield self.function(_any_readonly(args))
 
     def function_for(self, args):
         """The kernel loaded on the device of the array arguments `args`."""
-        with _on_device(self._launch_device(args)):
-            return self.function(_any_readonly(args))
+        with self.loaded(args) as function:
+            return function
 
     def _launch_device(self, args):
         """The device the arrays among `args` live on (None: no device

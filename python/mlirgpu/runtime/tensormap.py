@@ -22,7 +22,7 @@ import numpy as np
 from .. import _mlirgpu
 from .._mlirgpu import DeviceArray, TensorMap, bf16, f8e4m3, f8e5m2, f16, f32, f64, i32, i64, u8, u16, u32, u64
 from ..layout import ComposedLayout, Layout, Swizzle
-from .backend import on_cpu
+from .backend import current
 
 __all__ = ["TensorMap", "tensor_map", "encode_arguments", "box_layout", "SWIZZLE_BYTES"]
 
@@ -182,7 +182,7 @@ def tensor_map(array, box, swizzle="128B", *, element_strides=None, oob_fill="ze
         a_map = mg.tensor_map(A, box=(128, 64), swizzle="128B")   # 128 x 64 tiles, 128-byte swizzle
         kernel(a_map, C, grid=..., block=..., shared_mem=...)     # a parameter annotated mg.TensorMap
     """
-    host = on_cpu()
+    host = current().host
     if host and isinstance(array, np.ndarray):
         # In place (NumPy's bfloat16 has no DLPack type to view it through).
         where = (array.shape, array.strides, _mlirgpu.dtype(array.dtype), array.ctypes.data)

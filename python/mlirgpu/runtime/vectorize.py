@@ -39,7 +39,7 @@ from ..frontend.function import at_return
 from ..frontend.trace import tracing
 from ..ir import passes
 from ..language import core as lang
-from .backend import empty, on_cpu
+from .backend import Backend, current, empty
 from .compiled import CompiledModule
 from .host_program import HostProgram
 from .scalars import scalar_bytes
@@ -248,10 +248,7 @@ class Vectorized:
 
     # -- calling -----------------------------------------------------------
     def __call__(self, *args, out=None, dtype=None, stream=None):
-        plan = self._plan(args, out, dtype)
-        if on_cpu():
-            return plan.run_cpu()
-        return plan.run_gpu(stream)
+        return current().run_vectorized(self._plan(args, out, dtype), stream)
 
     def _plan(self, args, out, dtype=None):
         if len(args) != self.nin:
@@ -299,8 +296,8 @@ class _Plan:
     def __init__(self, vectorized, args, out, dtype=None):
         self.vectorized = v = vectorized
         self.dtype = dtype
-        cpu = on_cpu()
-        self.arguments = [self._classify(v.names[i], i, a, cpu) for i, a in enumerate(args)]
+        backend = current()
+        self.arguments = [self._classify(v.names[i], i, a, backend) for i, a in enumerate(args)]
         arrays = [a for a in self.arguments if a.is_array]
         try:
             self.shape = tuple(np.broadcast_shapes(*[a.shape for a in arrays])) if arrays else ()
@@ -314,7 +311,7 @@ class _Plan:
         self.out = self._check_out(out)
 
     @staticmethod
-    def _classify(name, index, value, cpu):
+    def _classify(name, index, value, backend: Backend):
         if isinstance(value, (bool, int, float)):
             return _Argument(index, value, None, False, weak=True)
         if isinstance(value, np.generic):
@@ -324,12 +321,12 @@ class _Plan:
         if isinstance(value, np.ndarray):
             return _Argument(index, value, _array_dtype(name, value.dtype), True, shape=value.shape)
         if isinstance(value, DeviceArray):
-            if value.is_host != cpu:
+            if value.is_host != backend.host:
                 where = "host memory (made on the CPU backend)" if value.is_host else "CUDA memory"
                 raise LaunchError(f"argument {name!r} is a DeviceArray in {where}, but the backend is "
-                                  f"{'cpu' if cpu else 'cuda'}")
+                                  f"{backend.name}")
             return _Argument(index, value, value.dtype, True, shape=value.shape, on_device=True)
-        if cpu:
+        if backend.host:
             try:
                 view = np.from_dlpack(value)
             except (AttributeError, TypeError, BufferError, RuntimeError) as error:
@@ -397,7 +394,7 @@ class _Plan:
             raise LaunchError(f"{v.__qualname__} has {len(self.outputs)} outputs; out= gives {len(outs)}")
         checked = []
         for k, (o, dtype) in enumerate(zip(outs, self.outputs)):
-            a = self._classify(f"out[{k}]", -1, o, on_cpu())
+            a = self._classify(f"out[{k}]", -1, o, current())
             if not a.is_array:
                 raise LaunchError(f"out[{k}] must be an array, not {type(o).__name__}")
             if a.shape != self.shape:
