@@ -65,3 +65,15 @@ def test_current_is_the_chosen_backend_object():
         assert isinstance(backend.current(), CpuBackend)
         assert backend.current() is backend.current()
         assert backend.current().name == mg.backend() == "cpu"
+
+
+def test_the_lowerings_sit_side_by_side_and_only_mg_target_is_a_target():
+    from mlirgpu.targets.cpu import CpuLowering
+    from mlirgpu.targets.gpu import GpuLowering
+
+    assert issubclass(CpuLowering, GpuLowering)
+    package = Path(mg.__file__).resolve().parent
+    named = [f"{path.relative_to(package)}" for path in package.rglob("*.py")
+             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef) and node.name == "Target"]
+    assert named == ["compiler/nvvm.py"]
+    assert mg.Target.__module__ == "mlirgpu.compiler.nvvm"

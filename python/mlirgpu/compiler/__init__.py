@@ -1,6 +1,6 @@
 """From MLIR to machine code: the NVVM pipeline to PTX and cubin
-(nvvm.py), where ptxas comes from (toolkit.py), the CPU target's lowering
-(cpu.py), and the compile cache (cache.py)."""
+(nvvm.py), where ptxas comes from (toolkit.py), the CPU target's pass
+pipeline (cpu.py), and the compile cache (cache.py)."""
 from .nvvm import CHIPS, CUDA_HOME, STAGES, Compilation, Target, compile_cubin, compile_ptx
 
 __all__ = ["CHIPS", "CUDA_HOME", "STAGES", "Compilation", "Target", "compile_cubin", "compile_ptx"]

@@ -29,7 +29,7 @@ from .._mlirgpu import (CompileError, DType, bf16, bool_, f8e4m3, f8e5m2, f16, f
 __all__ = ["Scalar", "MemRef", "constant", "cast", "thread_idx", "block_idx", "block_dim", "grid_dim",
            "range_", "static_range", "select", "element_pointer", "address_space"]
 
-# The kinds of memory access a Target may check (Target.check_access).
+# The kinds of memory access a lowering may check (GpuLowering.check_access in mlirgpu.targets).
 LOAD, STORE, ATOMIC, VECTOR_LOAD, VECTOR_STORE = range(5)
 
 FLOATS = (f16, bf16, f32, f64)
@@ -93,7 +93,7 @@ def location():
 
 
 def target():
-    """The Target (language/target.py) the code being traced is for."""
+    """The lowering (mlirgpu.targets) the code being traced is for."""
     return current_trace().target
 
 

@@ -1,7 +1,7 @@
 """The CPU backend: kernels run on the host, JIT-compiled through MLIR's ExecutionEngine.
 
 A Specialization is traced a second time, for the CPU target
-(mlirgpu.compiler.cpu.HostTarget): a `func.func` with `llvm.emit_c_interface`
+(mlirgpu.targets.cpu.CpuLowering): a `func.func` with `llvm.emit_c_interface`
 whose arguments are the kernel's followed by thread, block, block_dim and
 grid_dim x/y/z as `index`, with `mg.syncthreads()` and the other device
 features calls of the runtime. It is lowered to the llvm dialect in-process
@@ -23,7 +23,8 @@ import numpy as np
 
 from .. import _mlirgpu, ir
 from .._mlirgpu import DeviceArray, LaunchError, Stream, TensorMap, lower
-from ..compiler.cpu import PIPELINE, HostTarget, checks_from_environment
+from ..compiler.cpu import PIPELINE
+from ..targets.cpu import CpuLowering, checks_from_environment
 from .backend import Backend
 from .compiled import stored_params
 from .scalars import scalar_bytes
@@ -57,7 +58,7 @@ def host_module(spec, checks=None):
     """The kernel traced for the host: func.func @<name> and the runtime
     functions it calls. `checks` defaults to MLIRGPU_CHECK's, read now."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
-    return _cached(spec, "_cpu_modules", checks, lambda: spec.trace(HostTarget(checks)))
+    return _cached(spec, "_cpu_modules", checks, lambda: spec.trace(CpuLowering(checks)))
 
 
 def _lowered(spec, checks):
