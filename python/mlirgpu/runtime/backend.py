@@ -39,6 +39,7 @@ _current = None   # the current Backend, made at first use
 _kernels = weakref.WeakSet()
 
 Shape = int | tuple[int, ...]   # an array's shape, or the length of a 1-d one
+Dims = int | tuple[int, ...]    # a launch's grid, block or cluster: 1 to 3 sizes
 
 
 class Backend(abc.ABC):
@@ -75,12 +76,12 @@ class Backend(abc.ABC):
         return _mlirgpu.pinned_zeros(shape, dtype, host=self.host)
 
     @abc.abstractmethod
-    def launch(self, spec: Specialization, args: list, grid: Any, block: Any, shared_mem: int,
-               stream: Stream | None, cluster: Any) -> None:
+    def launch(self, spec: Specialization, args: list, grid: Dims, block: Dims, shared_mem: int,
+               stream: Stream | None, cluster: Dims | None) -> None:
         """Launches `spec` with arguments already checked against it."""
 
     @abc.abstractmethod
-    def max_cooperative_grid_blocks(self, spec: Specialization, block: Any, shared_mem: int) -> int:
+    def max_cooperative_grid_blocks(self, spec: Specialization, block: Dims, shared_mem: int) -> int:
         """The most blocks of `block` threads of `spec` that can run at once."""
 
     @abc.abstractmethod

@@ -17,6 +17,7 @@ CpuBackend is the backend object (runtime/backend.py) that launches so.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from .. import _mlirgpu, ir
 from .._mlirgpu import DeviceArray, LaunchError, Stream, TensorMap, lower
 from ..compiler.cpu import PIPELINE
 from ..targets.cpu import CpuLowering, checks_from_environment
-from .backend import Backend
+from .backend import Backend, Dims
 from .compiled import stored_params
 from .scalars import scalar_bytes
 
@@ -54,7 +55,7 @@ def _cached(spec, attribute, checks, make):
     return value
 
 
-def host_module(spec, checks=None):
+def host_module(spec: Specialization, checks: Iterable[str] | None = None) -> ir.Module:
     """The kernel traced for the host: func.func @<name> and the runtime
     functions it calls. `checks` defaults to MLIRGPU_CHECK's, read now."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
@@ -67,7 +68,7 @@ def _lowered(spec, checks):
     return lower(host_module(spec, checks), PIPELINE)
 
 
-def lowered_module(spec, checks=None):
+def lowered_module(spec: Specialization, checks: Iterable[str] | None = None) -> ir.Module:
     """host_module(spec, checks) lowered to the llvm dialect: a new Module in its context."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
     return ir.Module.parse(_lowered(spec, checks), context=host_module(spec, checks).context)
@@ -77,7 +78,7 @@ def _calls(module, names):
     return any(op.name == "func.call" and op.get_attribute("callee").value in names for op in module.walk())
 
 
-def max_cooperative_grid_blocks(block):
+def max_cooperative_grid_blocks(block: Dims) -> int:
     """The most blocks of `block` threads (an int or a tuple) a kernel that
     calls mg.grid.sync() can launch on the CPU backend: all their threads run
     at once, as fibers, up to a fixed number."""
@@ -85,7 +86,7 @@ def max_cooperative_grid_blocks(block):
     return _mlirgpu.CPU_MAX_COOPERATIVE_THREADS // threads
 
 
-def engine(spec, checks=None):
+def engine(spec: Specialization, checks: Iterable[str] | None = None) -> _mlirgpu.CpuEngine:
     """The spec's CpuEngine (made once per Specialization and set of checks)."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
     return _cached(spec, "_cpu_engines", checks, lambda: _make_engine(spec, checks))
@@ -111,7 +112,7 @@ def _make_engine(spec, checks):
                               static_shared=attributes["mg.cpu.static_shared"].value)
 
 
-def run(spec, args, grid, block, shared_mem=0):
+def run(spec: Specialization, args: list, grid: Dims, block: Dims, shared_mem: int = 0) -> None:
     """Runs the Specialization `spec` on the host over NumPy arrays (written
     in place) and Python/NumPy scalars, with the GPU's grid and block."""
     params = spec._param_types()
@@ -159,7 +160,7 @@ def run(spec, args, grid, block, shared_mem=0):
             np.copyto(original, copy)
 
 
-def compiled_stores(spec, checks=None):
+def compiled_stores(spec: Specialization, checks: Iterable[str] | None = None) -> set[int]:
     """stored_params of the spec's host trace (made once per set of checks)."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
     return _cached(spec, "_cpu_stores", checks, lambda: stored_params(host_module(spec, checks), spec.name))
@@ -188,8 +189,8 @@ class CpuBackend(Backend):
 
     name, host, captures_graphs, dispatches_in_c = "cpu", True, False, False
 
-    def launch(self, spec: Specialization, args: list, grid: Any, block: Any, shared_mem: int,
-               stream: Stream | None, cluster: Any) -> None:
+    def launch(self, spec: Specialization, args: list, grid: Dims, block: Dims, shared_mem: int,
+               stream: Stream | None, cluster: Dims | None) -> None:
         if cluster is not None:
             raise LaunchError(f"{spec.name} is launched in clusters of {tuple(cluster)}, which only the GPU "
                               f"has: use mg.set_backend('cuda')")
@@ -197,7 +198,7 @@ class CpuBackend(Backend):
         run(spec, [_host_view(p.name, a) if shape is not None else a
                    for (p, shape, _), a in zip(spec._param_types(), args)], grid, block, shared_mem)
 
-    def max_cooperative_grid_blocks(self, spec: Specialization, block: Any, shared_mem: int) -> int:
+    def max_cooperative_grid_blocks(self, spec: Specialization, block: Dims, shared_mem: int) -> int:
         return max_cooperative_grid_blocks(block)
 
     def tuning_device(self) -> None:

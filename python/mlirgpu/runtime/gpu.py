@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import _mlirgpu, cuda
 from .._mlirgpu import Stream
-from .backend import Backend
+from .backend import Backend, Dims
 
 if TYPE_CHECKING:
     from .kernel import Specialization
@@ -25,8 +25,8 @@ _device_names = {}   # ordinal -> name: asking the driver each launch of a tuned
 class CudaBackend(Backend):
     name, host, captures_graphs, dispatches_in_c = "cuda", False, True, True
 
-    def launch(self, spec: Specialization, args: list, grid: Any, block: Any, shared_mem: int,
-               stream: Stream | None, cluster: Any) -> None:
+    def launch(self, spec: Specialization, args: list, grid: Dims, block: Dims, shared_mem: int,
+               stream: Stream | None, cluster: Dims | None) -> None:
         # Loaded and launched on the arrays' device, which is current meanwhile (NumPy arrays go there).
         with spec.loaded(args) as function:
             host = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
@@ -42,7 +42,7 @@ class CudaBackend(Backend):
                 # NumPy arrays are copied in, and back after the launch.
                 np.copyto(a, args[i].get(stream=stream))
 
-    def max_cooperative_grid_blocks(self, spec: Specialization, block: Any, shared_mem: int) -> int:
+    def max_cooperative_grid_blocks(self, spec: Specialization, block: Dims, shared_mem: int) -> int:
         return spec.function().max_cooperative_grid_blocks(block, shared_mem=shared_mem)
 
     def tuning_device(self) -> str:

@@ -13,19 +13,26 @@ static shapes of the gpu.func's memrefs, a dtype generic their element type,
 and inside the body the generic's name evaluates to its value (so
 `range(K)` has a constant bound and `mg.constant(1.0, dtype)` a concrete type).
 """
+from __future__ import annotations
+
 import contextlib
 import inspect
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import _mlirgpu, cuda, ir
-from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError, TensorMap
+from .._mlirgpu import CompileError, DeviceArray, DType, Function, LaunchError, Stream, TensorMap
 from ..frontend import rewrite as tracer
 from ..frontend.kernel import trace_kernel
 from ..language import core as lang
 from ..language.generics import Generic, MemRefType, as_element_type, is_symbol, symbol_name
-from .backend import _kernels as _backend_kernels, current
+from .backend import Dims, _kernels as _backend_kernels, current
 from .compiled import CompiledModule, read_values, source_digest, stored_params
+
+if TYPE_CHECKING:
+    from ..targets.gpu import GpuLowering
 
 __all__ = ["kernel", "Kernel", "Specialization"]
 
@@ -135,7 +142,7 @@ class Kernel(_mlirgpu.Dispatcher):
         return f"<mlirgpu kernel {self.__qualname__}[{', '.join(self.generics)}]>"
 
     # -- specializations -------------------------------------------------
-    def __getitem__(self, values):
+    def __getitem__(self, values: Any) -> Specialization:
         values = values if isinstance(values, tuple) else (values,)
         # kernel[blocks, threads](...) is how Numba launches; here brackets give generics.
         numba_style = (" (to launch, pass the launch shape as keywords: "
@@ -152,16 +159,16 @@ class Kernel(_mlirgpu.Dispatcher):
             bound[name] = check_generic_value(name, value, self.dtype_generics())
         return self.specialize(bound)
 
-    def dynamic_extents(self):
+    def dynamic_extents(self) -> list[list[int]]:
         """Per parameter, the dimensions annotated None (sizes known only at launch)."""
         return [[d for d, size in enumerate(p.memref.shape) if size is None] if p.memref else []
                 for p in self.parameters]
 
-    def argument_generics(self):
+    def argument_generics(self) -> set[str]:
         """The generics the parameters' annotations name: those a launch binds from its arguments."""
         return {symbol_name(s) for p in self.parameters for s in p.symbols()}
 
-    def dtype_generics(self):
+    def dtype_generics(self) -> set[str]:
         names = set()
         for p in self.parameters:
             entry = p.memref.dtype if p.memref else p.dtype
@@ -169,29 +176,29 @@ class Kernel(_mlirgpu.Dispatcher):
                 names.add(symbol_name(entry))
         return names
 
-    def specialize(self, bound):
+    def specialize(self, bound: dict[str, Any]) -> Specialization:
         key = tuple(bound[name] for name in self.generics)
         spec = self._specializations.get(key)
         if spec is None:
             spec = self._specializations[key] = Specialization(self, dict(bound))
         return spec
 
-    def rewritten(self):
+    def rewritten(self) -> tuple:
         if self._rewritten is None:
             self._rewritten = tracer.rewrite(self.function)
         return self._rewritten
 
-    def source_digest(self):
+    def source_digest(self) -> str:
         """sha256 of the kernel's source."""
         return source_digest(self.function)
 
-    def read_values(self):
+    def read_values(self) -> dict[str, Any]:
         """The globals and closure variables the kernel's code names, except
         its generics: what a compile depends on besides the source."""
         return read_values(self.function)
 
     # -- launching -------------------------------------------------------
-    def bind(self, args, unbound=()):
+    def bind(self, args: Iterable, unbound: Iterable[str] = ()) -> dict[str, Any]:
         """The generic values the arguments imply; LaunchError on a mismatch.
         Generics named in `unbound` may stay unbound: mg.autotune's configs give them."""
         if len(args) != len(self.parameters):
@@ -274,11 +281,11 @@ def _launch_doc(kernel, doc):
     return "\n".join(lines)
 
 
-def show(value):
+def show(value: Any) -> str:
     return value.name if isinstance(value, DType) else repr(value)
 
 
-def check_generic_value(name, value, dtype_generics):
+def check_generic_value(name: str, value: Any, dtype_generics: set[str]) -> int | DType:
     if name in dtype_generics:
         if not isinstance(value, DType):
             try:
@@ -391,7 +398,8 @@ def _check_scalar(p, arg, bound, bind_one):
             raise LaunchError(f"parameter {p.name!r} is {want.name}: {int(arg)} is out of its range {lo}..{hi}")
 
 
-def kernel(function=None, *, generics=None, max_threads=None, min_blocks=None, fastmath=False):
+def kernel(function: Callable | None = None, *, generics: Iterable | None = None, max_threads: int | None = None,
+           min_blocks: int | None = None, fastmath: bool = False) -> Kernel | Callable[[Callable], Kernel]:
     """`@mg.kernel` or `@mg.kernel(generics=(M, K, N, dtype), max_threads=256, min_blocks=2, fastmath=True)`.
 
     `max_threads` and `min_blocks` are CUDA's `__launch_bounds__`: the most
@@ -460,17 +468,17 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         return f"<{self.kernel.__qualname__}[{', '.join(f'{k}={show(v)}' for k, v in self.values.items())}]>"
 
     @property
-    def name(self):
+    def name(self) -> str:
         return self.kernel.function.__name__
 
     @property
-    def source_function(self):
+    def source_function(self) -> Callable:
         return self.kernel.function
 
-    def gpu_module(self):
+    def gpu_module(self) -> ir.Module:
         return self.module()
 
-    def module(self):
+    def module(self) -> ir.Module:
         """The traced module (gpu.module @kernels holding gpu.func @<name>)."""
         if self._module is None:
             self._module = self.trace()
@@ -488,7 +496,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                 result.append((p, None, dtype))
         return result
 
-    def trace(self, target=None):
+    def trace(self, target: GpuLowering | None = None) -> ir.Module:
         """The kernel traced into a module for `target` (default: the GPU's
         gpu.module @kernels holding gpu.func @<name>)."""
         kernel = self.kernel
@@ -498,7 +506,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                             qualifiers=[(p.memref.is_readonly, p.memref.is_noalias) if p.memref else (False, False)
                                         for p in kernel.parameters])
 
-    def ir(self):
+    def ir(self) -> str:
         """The gpu-dialect module, with the user's file:line locations."""
         return self.module().print(debug_info=True)
 
@@ -511,23 +519,23 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
             bounds["nvvm.minctasm"] = ir.Attribute.integer(kernel.min_blocks, ir.Type.integer(32))
         return bounds
 
-    def cache_fields(self):
+    def cache_fields(self) -> tuple[str, str]:
         kernel = self.kernel
         return (",".join(f"{k}={show(v)}" for k, v in self.values.items()),
                 f"opt_level=3,bare_pointers=1,max_threads={kernel.max_threads},min_blocks={kernel.min_blocks},"
                 f"fastmath={int(kernel.fastmath)}")
 
-    def function_params(self):
+    def function_params(self) -> list:
         # An array with dynamic extents: its pointer, then those extents (the launch reads them off the
         # array); a tensor map: its 128 bytes, by value.
         return [("tensormap" if dtype is TensorMap else dtype) if shape is None else
                 ("ptr", tuple(d for d, size in enumerate(shape) if size is None)) if None in shape else "ptr"
                 for _, shape, dtype in self._param_types()]
 
-    def stored_params(self):
+    def stored_params(self) -> set[int]:
         return stored_params(self.module(), self.name)
 
-    def function(self, exact_stores=False):
+    def function(self, exact_stores: bool = False) -> Function:
         """The kernel loaded on the current device, allowed all the dynamic
         shared memory the device gives a block: past 48 KB a kernel must opt
         in, and every launch, the C dispatcher's too, may ask for more."""
@@ -560,14 +568,15 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                 pass  # arguments the dispatcher cannot classify: this path serves them each time
         self.launch(args, **kwargs)
 
-    def launch(self, args, grid=None, block=None, shared_mem=0, stream=None, cluster=None):
+    def launch(self, args: list, grid: Dims | None = None, block: Dims | None = None, shared_mem: int = 0,
+               stream: Stream | None = None, cluster: Dims | None = None) -> None:
         """Launches with arguments already checked against this specialization;
         `cluster=(x, y, z)` launches thread-block clusters of that shape."""
         if grid is None or block is None:
             raise LaunchError(f"launching {self.name} needs grid= and block=")
         current().launch(self, args, grid, block, shared_mem, stream, cluster)
 
-    def max_cooperative_grid_blocks(self, block, shared_mem=0):
+    def max_cooperative_grid_blocks(self, block: Dims, shared_mem: int = 0) -> int:
         """The most blocks of `block` threads (an int or a tuple) with
         `shared_mem` bytes of dynamic shared memory that can run at once: the
         largest grid a launch of a kernel that calls mg.grid.sync() may have
@@ -581,13 +590,13 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         return current().max_cooperative_grid_blocks(self, block, shared_mem)
 
     @contextlib.contextmanager
-    def loaded(self, args):
+    def loaded(self, args: list) -> Iterator[Function]:
         """The kernel loaded on the device of the array arguments `args`, that
         device the thread's current one until the with-block ends."""
         with _on_device(self._launch_device(args)):
             yield self.function(_any_readonly(args))
 
-    def function_for(self, args):
+    def function_for(self, args: list) -> Function:
         """The kernel loaded on the device of the array arguments `args`."""
         with self.loaded(args) as function:
             return function

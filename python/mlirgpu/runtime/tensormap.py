@@ -17,6 +17,10 @@ bare CUDA_ERROR_INVALID_VALUE. `map.layout` is the box as it lands in
 shared memory: a row-major layout with the swizzle composed on top
 (mlirgpu.layout), the layout that wgmma descriptors are computed from.
 """
+from __future__ import annotations
+
+from typing import Any
+
 import numpy as np
 
 from .. import _mlirgpu
@@ -49,7 +53,7 @@ class TensorMapInfo:
             setattr(self, name, fields[name])
 
     @property
-    def box_bytes(self):
+    def box_bytes(self) -> int:
         """Bytes one copy of the box writes to shared memory (the mbarrier's expected transaction count)."""
         count = self.dtype.itemsize
         for b, s in zip(self.box, self.element_strides):
@@ -57,7 +61,7 @@ class TensorMapInfo:
         return count
 
     @property
-    def layout(self):
+    def layout(self) -> Layout | ComposedLayout:
         return box_layout(self.box, self.dtype, self.swizzle)
 
     def __repr__(self):
@@ -81,8 +85,10 @@ def _ints(value, what, rank):
     return value
 
 
-def encode_arguments(shape, strides, dtype, address, box, swizzle="128B", element_strides=None, oob_fill="zero",
-                     interleave=None, l2_promotion="128B"):
+def encode_arguments(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any, address: int,
+                     box: int | tuple[int, ...], swizzle: str | None = "128B",
+                     element_strides: int | tuple[int, ...] | None = None, oob_fill: str = "zero",
+                     interleave: str | None = None, l2_promotion: str | None = "128B") -> dict[str, Any]:
     """The arguments of cuTensorMapEncodeTiled for an array of `shape` and
     byte `strides` (C order) at `address`, and its TensorMapInfo: a dict
     ready for `TensorMap(owner, **arguments)`. ValueError for what the
@@ -143,7 +149,7 @@ def encode_arguments(shape, strides, dtype, address, box, swizzle="128B", elemen
     }
 
 
-def box_layout(box, dtype, swizzle):
+def box_layout(box: tuple[int, ...], dtype: Any, swizzle: str | None) -> Layout | ComposedLayout:
     """The shared-memory layout (in elements) of a box a TMA copy writes:
     row-major, with the swizzle on top for the swizzled modes.
 
@@ -166,8 +172,9 @@ def box_layout(box, dtype, swizzle):
     return ComposedLayout(Swizzle(bits, base, 3), 0, plain)
 
 
-def tensor_map(array, box, swizzle="128B", *, element_strides=None, oob_fill="zero", interleave=None,
-               l2_promotion="128B"):
+def tensor_map(array: Any, box: int | tuple[int, ...], swizzle: str | None = "128B", *,
+               element_strides: int | tuple[int, ...] | None = None, oob_fill: str = "zero",
+               interleave: str | None = None, l2_promotion: str | None = "128B") -> TensorMap:
     """A TensorMap for TMA copies of `box`-shaped tiles of `array` (a
     DeviceArray or any CUDA array object; sizes in the array's order). The
     map keeps the array alive. See encode_arguments for the checks.

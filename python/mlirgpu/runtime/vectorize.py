@@ -23,15 +23,19 @@ On the GPU the "direct" mapping (elementwise.py) runs by default; the
 On the CPU backend the linalg.generic is lowered to loops and run by MLIR's
 ExecutionEngine. docs/vectorize.md has the rules.
 """
+from __future__ import annotations
+
 import functools
 import inspect
 import math
 import re
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from .. import _mlirgpu, cuda, ir
-from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError
+from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError, Stream
 from ..compiler.cpu import PIPELINE
 from ..frontend import elementwise
 from ..frontend import rewrite as tracer
@@ -52,7 +56,8 @@ _VECTOR_BYTES = 16  # the widest GPU access (ld.global.v4.f32)
 _CPU_LOOPS = "builtin.module(func.func(convert-linalg-to-loops))"
 
 
-def vectorize(signatures=None, *, mapping="direct", threads=1024, unroll=1):
+def vectorize(signatures: Callable | str | Sequence[str] | None = None, *, mapping: str = "direct", threads: int = 1024,
+              unroll: int = 1) -> Vectorized | Callable[[Callable], Vectorized]:
     """`@mg.vectorize`, `@mg.vectorize(["f32(f32, f32)", ...])` or
     `@mg.vectorize(mapping="parallel-loops")`.
 
@@ -210,7 +215,8 @@ class Vectorized:
         return outputs
 
     # -- specializations ----------------------------------------------------
-    def specialization(self, inputs, declared=None, rank=None, width=None):
+    def specialization(self, inputs: Sequence[tuple[DType, bool]], declared: Sequence[DType] | None = None,
+                       rank: int | None = None, width: int | None = None) -> ElementwiseSpecialization:
         """The ElementwiseSpecialization for `inputs` ((dtype, is_array) each):
         contiguous arrays (rank None) read `width` elements at a time (default:
         16 bytes' worth), or strided arrays of `rank` dimensions."""
@@ -225,7 +231,7 @@ class Vectorized:
                                                                           width)
         return spec
 
-    def __getitem__(self, dtypes):
+    def __getitem__(self, dtypes: Any) -> ElementwiseSpecialization:
         """vec[mg.f32, mg.f32] (every input an array of that dtype) or vec["f32(f32, f32)"]."""
         if isinstance(dtypes, str):
             signature = Signature(dtypes)
@@ -241,13 +247,13 @@ class Vectorized:
         except (TypeError, ValueError) as error:
             raise CompileError(f"{self.__qualname__}[...] takes dtypes: {error}") from None
 
-    def specialize(self, *args, out=None):
+    def specialize(self, *args: Any, out: Any = None) -> ElementwiseSpecialization:
         """The specialization a call with these arguments would run (for arrays
         whose memory is aligned for vector access)."""
         return self._plan(args, out).specialization()
 
     # -- calling -----------------------------------------------------------
-    def __call__(self, *args, out=None, dtype=None, stream=None):
+    def __call__(self, *args: Any, out: Any = None, dtype: Any = None, stream: Stream | None = None) -> Any:
         return current().run_vectorized(self._plan(args, out, dtype), stream)
 
     def _plan(self, args, out, dtype=None):
@@ -435,7 +441,7 @@ class _Plan:
         return results[0] if len(results) == 1 else tuple(results)
 
     # -- the CPU backend ---------------------------------------------------
-    def run_cpu(self):
+    def run_cpu(self) -> Any:
         if self.out is not None:
             outs = [a.value for a in self.out]
         elif self.on_device:
@@ -462,7 +468,7 @@ class _Plan:
         return self._result(outs)
 
     # -- the GPU -----------------------------------------------------------
-    def run_gpu(self, stream):
+    def run_gpu(self, stream: Stream | None) -> Any:
         device = {a.index: _mlirgpu.to_device(a.value, stream=stream) if isinstance(a.value, np.ndarray)
                   else a.value for a in self.arguments if a.is_array}
         if self.out is None:
@@ -632,7 +638,7 @@ class ElementwiseSpecialization(CompiledModule):
                 self._gpu = module
         return self._gpu
 
-    def ir(self, stage="linalg"):
+    def ir(self, stage: str = "linalg") -> str:
         """The IR, with the function's file:line locations: "linalg" (the
         linalg.generic) or "gpu" (what the mapping makes of it)."""
         if stage not in ("linalg", "gpu"):
@@ -647,7 +653,7 @@ class ElementwiseSpecialization(CompiledModule):
                            f"threads={v.threads},unroll={v.unroll}")
 
     # -- running -----------------------------------------------------------
-    def cpu_engine(self):
+    def cpu_engine(self) -> _mlirgpu.ExecutionEngine:
         """The linalg form lowered to loops and JIT-compiled for the host."""
         if self._engine is None:
             module = self.linalg().clone()
@@ -695,7 +701,7 @@ class ElementwiseSpecialization(CompiledModule):
             grid = min(-(-total // v.threads), _resident_blocks(_current_device(), v.threads))
         self.function()(*args, grid=grid, block=v.threads, stream=stream)
 
-    def program(self):
+    def program(self) -> HostProgram:
         """The parallel-loops mapping's module as an mlirgpu.HostProgram, on the current device."""
         device = cuda.current_device()
         program = self._programs.get(device)
