@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -198,7 +198,7 @@ class Kernel(_mlirgpu.Dispatcher):
         return read_values(self.function)
 
     # -- launching -------------------------------------------------------
-    def bind(self, args: Iterable, unbound: Iterable[str] = ()) -> dict[str, Any]:
+    def bind(self, args: Sequence, unbound: Iterable[str] = ()) -> dict[str, Any]:
         """The generic values the arguments imply; LaunchError on a mismatch.
         Generics named in `unbound` may stay unbound: mg.autotune's configs give them."""
         if len(args) != len(self.parameters):
