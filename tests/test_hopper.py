@@ -711,12 +711,12 @@ def test_misuse_is_a_compile_error(body, message, tmp_path):
 
 
 def test_the_cpu_backend_refuses_cluster_operations_and_runs_the_others():
-    from mlirgpu.compiler.cpu import HostTarget
+    from mlirgpu.targets.cpu import CpuLowering
     for kernel, what in ((multicast_share, "mg.warpgroup.cluster_rank"), (specialized, "mg.warpgroup.cluster_rank")):
         with pytest.raises(mg.CompileError, match=re.escape(what) + " runs only on the GPU"):
-            kernel.specialize({}).trace(target=HostTarget())
+            kernel.specialize({}).trace(target=CpuLowering())
     for kernel in (store_tile, named_barriers, tile_mma):
-        kernel.specialize({}).trace(target=HostTarget())
+        kernel.specialize({}).trace(target=CpuLowering())
 
 
 def test_a_tensor_map_parameter_needs_a_tensor_map():

@@ -7,8 +7,9 @@ The package is layered; each layer imports only the ones above it here:
     ir         MLIR objects and pass pipelines, over MLIR's C API
     layout     the layout algebra (pure integer functions, used by the language)
     language   what kernels are written with (knows no backend)
+    targets    what the language becomes on the GPU and on the host (the lowerings)
     frontend   Python source to MLIR: the rewrite, the trace, device functions
-    compiler   MLIR to PTX and cubin, the CPU target's lowering, the compile cache
+    compiler   MLIR to PTX and cubin, the CPU target's pipeline, the compile cache
     runtime    backends, arrays, launches, vectorize, autotune, host programs
 
 Everything a user needs is exported here (see __all__). `import mlirgpu`

@@ -14,7 +14,7 @@ from .. import ir
 from .._mlirgpu import CompileError, MLIRError, TensorMap
 from ..language import core as lang
 from ..language import tma
-from ..language.target import Target
+from ..targets.gpu import GpuLowering
 from .trace import tracing
 
 __all__ = ["trace_kernel"]
@@ -28,7 +28,7 @@ def trace_kernel(function, rewritten, name, params, generic_values, *, target=No
     MLIR's `fast` flags. `qualifiers` gives per parameter (readonly,
     noalias): LLVM's readonly and noalias on its pointer."""
     qualifiers = qualifiers or [(False, False)] * len(params)
-    target = target or Target()
+    target = target or GpuLowering()
     location = ir.Location.file(rewritten[3], function.__code__.co_firstlineno, 0)
     with ir.Context.current():
         module = ir.Module.create(location=location)

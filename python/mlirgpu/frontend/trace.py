@@ -19,7 +19,7 @@ from .. import ir
 from .._mlirgpu import CompileError
 from ..language import core as lang
 from ..language.generics import Generic
-from ..language.target import Target
+from ..targets.gpu import GpuLowering
 from .control_flow import HELPERS
 from .rewrite import code_objects
 
@@ -86,7 +86,7 @@ def tracing(function, rewritten, generic_values=None, *, target=None, module_sta
     instance.__globals__.update({name: generic_values[value.name] for name, value in function.__globals__.items()
                                  if isinstance(value, Generic) and value.name in generic_values})
     codes = code_objects(instance.__code__)
-    trace = Trace(instance, codes, filename, function.__code__.co_firstlineno, target or Target(),
+    trace = Trace(instance, codes, filename, function.__code__.co_firstlineno, target or GpuLowering(),
                   {} if module_state is None else module_state, generic_values)
     try:
         with trace:

@@ -4,7 +4,7 @@ Traced scalars and memrefs with their operators, constants and casts, thread
 and block indices, loops, barriers, vector accesses and printf, and the
 namespaces `math`, `atomic`, `warp`, `block`, `grid`, `shared` and `mma`, and Hopper's
 `tma`, `mbarrier`, `wgmma` and `warpgroup`. It builds IR for whichever
-`Target` the trace is for, and knows nothing of how or where kernels run.
+lowering (mlirgpu.targets) the trace is for, and knows nothing of how or where kernels run.
 """
 from . import atomic, block, grid, math, mbarrier, mma, shared, tma, warp, warpgroup, wgmma
 from .core import (block_dim, block_idx, cast, constant, grid_dim, range_, select, static_range,

@@ -29,9 +29,11 @@ from __future__ import annotations
 from .. import ir
 from .._mlirgpu import CompileError
 from . import core as lang
-from .target import ORDERINGS
 
 __all__ = ["add", "max", "min", "exchange", "and_", "or_", "xor", "cas", "load", "store", "ORDERS", "SCOPES"]
+
+# C++ memory orders as LLVM's AtomicOrdering (monotonic is C++'s relaxed).
+ORDERINGS = {"relaxed": 2, "acquire": 4, "release": 5, "acq_rel": 6, "seq_cst": 7}
 
 ORDERS = ("relaxed", "acquire", "release", "acq_rel")
 SCOPES = ("cta", "gpu", "sys")

@@ -40,7 +40,7 @@ Index: TypeAlias = Union["Scalar", int]
 #: A memref's indices: one Index per dimension (a lone one for a 1-d memref).
 Indices: TypeAlias = Union[Index, tuple[Index, ...]]
 
-# The kinds of memory access a Target may check (Target.check_access).
+# The kinds of memory access a lowering may check (GpuLowering.check_access in mlirgpu.targets).
 LOAD, STORE, ATOMIC, VECTOR_LOAD, VECTOR_STORE = range(5)
 
 FLOATS = (f16, bf16, f32, f64)
@@ -104,7 +104,7 @@ def location():
 
 
 def target():
-    """The Target (language/target.py) the code being traced is for."""
+    """The lowering (mlirgpu.targets) the code being traced is for."""
     return current_trace().target
 
 

@@ -20,17 +20,21 @@ compiles and launches is used. The configs compile concurrently (a thread
 pool: compiling runs without the GIL) before the first is timed.
 docs/design/autotune.md has the details.
 """
+from __future__ import annotations
+
 import json
 import os
 import re
 import sys
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from .. import cuda
-from .._mlirgpu import CompileError, CudaError, DeviceArray, DType, Event, LaunchError
-from .backend import asarray, empty, on_cpu, to_device
+from .._mlirgpu import CompileError, CudaError, DeviceArray, DType, Event, LaunchError, Stream
+from .backend import Dims, asarray, current, empty, to_device
 from .compiled import default_chip
 from ..compiler.cache import default_directory
 from ..compiler.log import log
@@ -45,7 +49,8 @@ _SKIPPED = (CompileError, LaunchError, CudaError)   # a config that cannot run h
 _SUFFIX = ".autotune.json"
 
 
-def autotune(configs, key, *, warmup=WARMUP, repeat=REPEAT, progress=True):
+def autotune(configs: Sequence[dict[str, Any]], key: Sequence[str], *, warmup: int = WARMUP, repeat: int = REPEAT,
+             progress: bool = True) -> Callable[[Kernel], Autotuner]:
     """`@mg.autotune(configs=[{...}, ...], key=["M", "N", "K"])` over an `@mg.kernel`.
     `progress=False` silences the progress bar.
 
@@ -107,7 +112,8 @@ class Autotuner:
     def __repr__(self):
         return f"<mlirgpu autotune {self.kernel.__qualname__}: {len(self.configs)} configs, key {self.key}>"
 
-    def __call__(self, *args, grid, block, shared_mem=0, stream=None):
+    def __call__(self, *args: Any, grid: Dims | Callable[[dict], Dims], block: Dims | Callable[[dict], Dims],
+                 shared_mem: int | Callable[[dict], int] = 0, stream: Stream | None = None) -> None:
         """Launches the kernel as `kernel(*args, ...)` does, with the key's
         config; `grid`, `block` and `shared_mem` may be callables of the dict
         of every generic's value."""
@@ -127,7 +133,7 @@ class Autotuner:
         values = {**bound, **config}
         self.kernel.specialize(values).launch(args, *_launch_shape(values, grid, block, shared_mem), stream)
 
-    def best(self, **key_values):
+    def best(self, **key_values: Any) -> dict[str, Any] | None:
         """The config chosen for these key values on the current GPU (from
         this process, else from the cache directory) or, on the CPU backend,
         in this process; None where none has been chosen yet."""
@@ -144,7 +150,7 @@ class Autotuner:
             config = self._load(gpu, key)
         return config
 
-    def path(self):
+    def path(self) -> Path:
         """The file in the cache directory that holds this kernel's choices:
         named after the kernel and the sha256 of its source."""
         kernel = self.kernel
@@ -335,16 +341,7 @@ def _launch_shape(values, grid, block, shared_mem):
 def _gpu_name():
     """The current GPU's name, which keys the recorded choices; None on the
     CPU backend, where nothing is timed."""
-    if on_cpu():
-        return None
-    ordinal = cuda.current_device()
-    name = _gpu_names.get(ordinal)
-    if name is None:
-        name = _gpu_names[ordinal] = cuda.Device(ordinal).name
-    return name
-
-
-_gpu_names = {}
+    return current().tuning_device()
 
 
 def _tuning_arguments(kernel, args, stream):

@@ -1,7 +1,7 @@
 """The CPU backend: kernels run on the host, JIT-compiled through MLIR's ExecutionEngine.
 
 A Specialization is traced a second time, for the CPU target
-(mlirgpu.compiler.cpu.HostTarget): a `func.func` with `llvm.emit_c_interface`
+(mlirgpu.targets.cpu.CpuLowering): a `func.func` with `llvm.emit_c_interface`
 whose arguments are the kernel's followed by thread, block, block_dim and
 grid_dim x/y/z as `index`, with `mg.syncthreads()` and the other device
 features calls of the runtime. It is lowered to the llvm dialect in-process
@@ -11,21 +11,33 @@ mg.grid.sync()); lowering and JIT-compiling run in MLIR contexts of their
 own, without the GIL. docs/design/cpu_backend.md has the design.
 
     mlirgpu.cpu.run(spec, [A, B, C], grid=(4, 4), block=(16, 16))
+
+CpuBackend is the backend object (runtime/backend.py) that launches so.
 """
+from __future__ import annotations
+
 import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import _mlirgpu, ir
-from .._mlirgpu import LaunchError, TensorMap, lower
-from ..compiler.cpu import PIPELINE, HostTarget, checks_from_environment
+from .._mlirgpu import DeviceArray, LaunchError, Stream, TensorMap, lower
+from ..compiler.cpu import PIPELINE
+from ..targets.cpu import CpuLowering, checks_from_environment
+from .backend import Backend, Dims
 from .compiled import stored_params
 from .scalars import scalar_bytes
+
+if TYPE_CHECKING:
+    from .kernel import Specialization
+    from .vectorize import _Plan
 
 TENSOR_MAP_BYTES = 128  # a CUtensorMap's, which a host tensor map fills (csrc/cpu.h)
 
 __all__ = ["PIPELINE", "host_module", "lowered_module", "stored_params", "engine", "run",
-           "max_cooperative_grid_blocks"]
+           "max_cooperative_grid_blocks", "CpuBackend"]
 
 
 # Runtime calls that switch fibers (or, for a failed bounds check, never return).
@@ -43,11 +55,11 @@ def _cached(spec, attribute, checks, make):
     return value
 
 
-def host_module(spec, checks=None):
+def host_module(spec: Specialization, checks: Iterable[str] | None = None) -> ir.Module:
     """The kernel traced for the host: func.func @<name> and the runtime
     functions it calls. `checks` defaults to MLIRGPU_CHECK's, read now."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
-    return _cached(spec, "_cpu_modules", checks, lambda: spec.trace(HostTarget(checks)))
+    return _cached(spec, "_cpu_modules", checks, lambda: spec.trace(CpuLowering(checks)))
 
 
 def _lowered(spec, checks):
@@ -56,7 +68,7 @@ def _lowered(spec, checks):
     return lower(host_module(spec, checks), PIPELINE)
 
 
-def lowered_module(spec, checks=None):
+def lowered_module(spec: Specialization, checks: Iterable[str] | None = None) -> ir.Module:
     """host_module(spec, checks) lowered to the llvm dialect: a new Module in its context."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
     return ir.Module.parse(_lowered(spec, checks), context=host_module(spec, checks).context)
@@ -66,7 +78,7 @@ def _calls(module, names):
     return any(op.name == "func.call" and op.get_attribute("callee").value in names for op in module.walk())
 
 
-def max_cooperative_grid_blocks(block):
+def max_cooperative_grid_blocks(block: Dims) -> int:
     """The most blocks of `block` threads (an int or a tuple) a kernel that
     calls mg.grid.sync() can launch on the CPU backend: all their threads run
     at once, as fibers, up to a fixed number."""
@@ -74,7 +86,7 @@ def max_cooperative_grid_blocks(block):
     return _mlirgpu.CPU_MAX_COOPERATIVE_THREADS // threads
 
 
-def engine(spec, checks=None):
+def engine(spec: Specialization, checks: Iterable[str] | None = None) -> _mlirgpu.CpuEngine:
     """The spec's CpuEngine (made once per Specialization and set of checks)."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
     return _cached(spec, "_cpu_engines", checks, lambda: _make_engine(spec, checks))
@@ -100,7 +112,7 @@ def _make_engine(spec, checks):
                               static_shared=attributes["mg.cpu.static_shared"].value)
 
 
-def run(spec, args, grid, block, shared_mem=0):
+def run(spec: Specialization, args: list, grid: Dims, block: Dims, shared_mem: int = 0) -> None:
     """Runs the Specialization `spec` on the host over NumPy arrays (written
     in place) and Python/NumPy scalars, with the GPU's grid and block."""
     params = spec._param_types()
@@ -148,7 +160,49 @@ def run(spec, args, grid, block, shared_mem=0):
             np.copyto(original, copy)
 
 
-def compiled_stores(spec, checks=None):
+def compiled_stores(spec: Specialization, checks: Iterable[str] | None = None) -> set[int]:
     """stored_params of the spec's host trace (made once per set of checks)."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
     return _cached(spec, "_cpu_stores", checks, lambda: stored_params(host_module(spec, checks), spec.name))
+
+
+def _host_view(name: str, arg: Any) -> np.ndarray:
+    """A NumPy view of an array argument of a CPU launch (zero copy): a NumPy
+    array as is, a host DeviceArray or host DLPack object through DLPack."""
+    if isinstance(arg, np.ndarray):
+        return arg
+    if isinstance(arg, DeviceArray) and not arg.is_host:
+        raise LaunchError(f"parameter {name!r} is a DeviceArray in CUDA memory, but the backend is 'cpu': "
+                          f"copy it with .get() or use mg.set_backend('cuda')")
+    try:
+        if not isinstance(arg, DeviceArray) and arg.__dlpack_device__()[0] not in (1, 3):  # kDLCPU, kDLCUDAHost
+            raise TypeError("device memory")
+        return np.from_dlpack(arg)
+    except (AttributeError, TypeError, BufferError, RuntimeError) as error:
+        raise LaunchError(f"parameter {name!r}: the CPU backend takes host arrays (DeviceArray, NumPy, host "
+                          f"DLPack), not {type(arg).__name__} ({error})") from None
+
+
+class CpuBackend(Backend):
+    """Kernels run on the host through run(), each launch to completion;
+    arrays live in host memory, and nothing is timed."""
+
+    name, host, captures_graphs, dispatches_in_c = "cpu", True, False, False
+
+    def launch(self, spec: Specialization, args: list, grid: Dims, block: Dims, shared_mem: int,
+               stream: Stream | None, cluster: Dims | None) -> None:
+        if cluster is not None:
+            raise LaunchError(f"{spec.name} is launched in clusters of {tuple(cluster)}, which only the GPU "
+                              f"has: use mg.set_backend('cuda')")
+        # The launch runs to completion: `stream` has nothing to order.
+        run(spec, [_host_view(p.name, a) if shape is not None else a
+                   for (p, shape, _), a in zip(spec._param_types(), args)], grid, block, shared_mem)
+
+    def max_cooperative_grid_blocks(self, spec: Specialization, block: Dims, shared_mem: int) -> int:
+        return max_cooperative_grid_blocks(block)
+
+    def tuning_device(self) -> None:
+        return None
+
+    def run_vectorized(self, plan: _Plan, stream: Stream | None) -> Any:
+        return plan.run_cpu()

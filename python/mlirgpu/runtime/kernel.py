@@ -13,20 +13,26 @@ static shapes of the gpu.func's memrefs, a dtype generic their element type,
 and inside the body the generic's name evaluates to its value (so
 `range(K)` has a constant bound and `mg.constant(1.0, dtype)` a concrete type).
 """
+from __future__ import annotations
+
 import contextlib
 import inspect
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import _mlirgpu, cuda, ir
-from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError, TensorMap
+from .._mlirgpu import CompileError, DeviceArray, DType, Function, LaunchError, Stream, TensorMap
 from ..frontend import rewrite as tracer
 from ..frontend.kernel import trace_kernel
 from ..language import core as lang
 from ..language.generics import Generic, MemRefType, as_element_type, is_symbol, symbol_name
-from . import cpu
-from .backend import _kernels as _backend_kernels, on_cpu
+from .backend import Dims, _kernels as _backend_kernels, current
 from .compiled import CompiledModule, read_values, source_digest, stored_params
+
+if TYPE_CHECKING:
+    from ..targets.gpu import GpuLowering
 
 __all__ = ["kernel", "Kernel", "Specialization"]
 
@@ -136,7 +142,7 @@ class Kernel(_mlirgpu.Dispatcher):
         return f"<mlirgpu kernel {self.__qualname__}[{', '.join(self.generics)}]>"
 
     # -- specializations -------------------------------------------------
-    def __getitem__(self, values):
+    def __getitem__(self, values: Any) -> Specialization:
         values = values if isinstance(values, tuple) else (values,)
         # kernel[blocks, threads](...) is how Numba launches; here brackets give generics.
         numba_style = (" (to launch, pass the launch shape as keywords: "
@@ -153,16 +159,16 @@ class Kernel(_mlirgpu.Dispatcher):
             bound[name] = check_generic_value(name, value, self.dtype_generics())
         return self.specialize(bound)
 
-    def dynamic_extents(self):
+    def dynamic_extents(self) -> list[list[int]]:
         """Per parameter, the dimensions annotated None (sizes known only at launch)."""
         return [[d for d, size in enumerate(p.memref.shape) if size is None] if p.memref else []
                 for p in self.parameters]
 
-    def argument_generics(self):
+    def argument_generics(self) -> set[str]:
         """The generics the parameters' annotations name: those a launch binds from its arguments."""
         return {symbol_name(s) for p in self.parameters for s in p.symbols()}
 
-    def dtype_generics(self):
+    def dtype_generics(self) -> set[str]:
         names = set()
         for p in self.parameters:
             entry = p.memref.dtype if p.memref else p.dtype
@@ -170,29 +176,29 @@ class Kernel(_mlirgpu.Dispatcher):
                 names.add(symbol_name(entry))
         return names
 
-    def specialize(self, bound):
+    def specialize(self, bound: dict[str, Any]) -> Specialization:
         key = tuple(bound[name] for name in self.generics)
         spec = self._specializations.get(key)
         if spec is None:
             spec = self._specializations[key] = Specialization(self, dict(bound))
         return spec
 
-    def rewritten(self):
+    def rewritten(self) -> tuple:
         if self._rewritten is None:
             self._rewritten = tracer.rewrite(self.function)
         return self._rewritten
 
-    def source_digest(self):
+    def source_digest(self) -> str:
         """sha256 of the kernel's source."""
         return source_digest(self.function)
 
-    def read_values(self):
+    def read_values(self) -> dict[str, Any]:
         """The globals and closure variables the kernel's code names, except
         its generics: what a compile depends on besides the source."""
         return read_values(self.function)
 
     # -- launching -------------------------------------------------------
-    def bind(self, args, unbound=()):
+    def bind(self, args: Sequence, unbound: Iterable[str] = ()) -> dict[str, Any]:
         """The generic values the arguments imply; LaunchError on a mismatch.
         Generics named in `unbound` may stay unbound: mg.autotune's configs give them."""
         if len(args) != len(self.parameters):
@@ -243,10 +249,7 @@ class Kernel(_mlirgpu.Dispatcher):
 
     def _miss(self, args, kwargs):
         spec = self.specialize(self.bind(args))
-        if on_cpu():
-            spec.launch(args, **kwargs)
-            return
-        if not any(isinstance(a, np.ndarray) for a in args):
+        if current().dispatches_in_c and not any(isinstance(a, np.ndarray) for a in args):
             try:
                 self.register(args, spec.function_for(args))
             except ValueError:
@@ -278,11 +281,11 @@ def _launch_doc(kernel, doc):
     return "\n".join(lines)
 
 
-def show(value):
+def show(value: Any) -> str:
     return value.name if isinstance(value, DType) else repr(value)
 
 
-def check_generic_value(name, value, dtype_generics):
+def check_generic_value(name: str, value: Any, dtype_generics: set[str]) -> int | DType:
     if name in dtype_generics:
         if not isinstance(value, DType):
             try:
@@ -325,7 +328,7 @@ def _array_shape_dtype(name, arg):
             raise LaunchError(f"parameter {name!r}: NumPy dtype {arg.dtype} has no mlirgpu dtype") from None
     elif _offers(arg, "__cuda_array_interface__") or _offers(arg, "__dlpack__"):
         # On the CPU backend a DLPack object (a CPU tensor) is read as host memory.
-        host = on_cpu() and not _offers(arg, "__cuda_array_interface__")
+        host = current().host and not _offers(arg, "__cuda_array_interface__")
         try:
             array = _mlirgpu.asarray(arg, host=host)
         except (TypeError, ValueError) as error:
@@ -372,23 +375,6 @@ def _any_readonly(args):
     return False
 
 
-def _host_view(name, arg):
-    """A NumPy view of an array argument of a CPU launch (zero copy): a NumPy
-    array as is, a host DeviceArray or host DLPack object through DLPack."""
-    if isinstance(arg, np.ndarray):
-        return arg
-    if isinstance(arg, DeviceArray) and not arg.is_host:
-        raise LaunchError(f"parameter {name!r} is a DeviceArray in CUDA memory, but the backend is 'cpu': "
-                          f"copy it with .get() or use mg.set_backend('cuda')")
-    try:
-        if not isinstance(arg, DeviceArray) and arg.__dlpack_device__()[0] not in (1, 3):  # kDLCPU, kDLCUDAHost
-            raise TypeError("device memory")
-        return np.from_dlpack(arg)
-    except (AttributeError, TypeError, BufferError, RuntimeError) as error:
-        raise LaunchError(f"parameter {name!r}: the CPU backend takes host arrays (DeviceArray, NumPy, host "
-                          f"DLPack), not {type(arg).__name__} ({error})") from None
-
-
 def _check_scalar(p, arg, bound, bind_one):
     if isinstance(arg, (np.ndarray, DeviceArray)) or _offers(arg, "__cuda_array_interface__"):
         raise LaunchError(f"parameter {p.name!r} is a scalar, got an array")
@@ -412,7 +398,8 @@ def _check_scalar(p, arg, bound, bind_one):
             raise LaunchError(f"parameter {p.name!r} is {want.name}: {int(arg)} is out of its range {lo}..{hi}")
 
 
-def kernel(function=None, *, generics=None, max_threads=None, min_blocks=None, fastmath=False):
+def kernel(function: Callable | None = None, *, generics: Iterable | None = None, max_threads: int | None = None,
+           min_blocks: int | None = None, fastmath: bool = False) -> Kernel | Callable[[Callable], Kernel]:
     """`@mg.kernel` or `@mg.kernel(generics=(M, K, N, dtype), max_threads=256, min_blocks=2, fastmath=True)`.
 
     `max_threads` and `min_blocks` are CUDA's `__launch_bounds__`: the most
@@ -481,17 +468,17 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         return f"<{self.kernel.__qualname__}[{', '.join(f'{k}={show(v)}' for k, v in self.values.items())}]>"
 
     @property
-    def name(self):
+    def name(self) -> str:
         return self.kernel.function.__name__
 
     @property
-    def source_function(self):
+    def source_function(self) -> Callable:
         return self.kernel.function
 
-    def gpu_module(self):
+    def gpu_module(self) -> ir.Module:
         return self.module()
 
-    def module(self):
+    def module(self) -> ir.Module:
         """The traced module (gpu.module @kernels holding gpu.func @<name>)."""
         if self._module is None:
             self._module = self.trace()
@@ -509,7 +496,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                 result.append((p, None, dtype))
         return result
 
-    def trace(self, target=None):
+    def trace(self, target: GpuLowering | None = None) -> ir.Module:
         """The kernel traced into a module for `target` (default: the GPU's
         gpu.module @kernels holding gpu.func @<name>)."""
         kernel = self.kernel
@@ -519,7 +506,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                             qualifiers=[(p.memref.is_readonly, p.memref.is_noalias) if p.memref else (False, False)
                                         for p in kernel.parameters])
 
-    def ir(self):
+    def ir(self) -> str:
         """The gpu-dialect module, with the user's file:line locations."""
         return self.module().print(debug_info=True)
 
@@ -532,23 +519,23 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
             bounds["nvvm.minctasm"] = ir.Attribute.integer(kernel.min_blocks, ir.Type.integer(32))
         return bounds
 
-    def cache_fields(self):
+    def cache_fields(self) -> tuple[str, str]:
         kernel = self.kernel
         return (",".join(f"{k}={show(v)}" for k, v in self.values.items()),
                 f"opt_level=3,bare_pointers=1,max_threads={kernel.max_threads},min_blocks={kernel.min_blocks},"
                 f"fastmath={int(kernel.fastmath)}")
 
-    def function_params(self):
+    def function_params(self) -> list:
         # An array with dynamic extents: its pointer, then those extents (the launch reads them off the
         # array); a tensor map: its 128 bytes, by value.
         return [("tensormap" if dtype is TensorMap else dtype) if shape is None else
                 ("ptr", tuple(d for d, size in enumerate(shape) if size is None)) if None in shape else "ptr"
                 for _, shape, dtype in self._param_types()]
 
-    def stored_params(self):
+    def stored_params(self) -> set[int]:
         return stored_params(self.module(), self.name)
 
-    def function(self, exact_stores=False):
+    def function(self, exact_stores: bool = False) -> Function:
         """The kernel loaded on the current device, allowed all the dynamic
         shared memory the device gives a block: past 48 KB a kernel must opt
         in, and every launch, the C dispatcher's too, may ask for more."""
@@ -574,44 +561,22 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         unknown = set(kwargs) - {"grid", "block", "shared_mem", "stream", "cluster"}
         if unknown:
             raise TypeError(f"{self!r}: unknown launch keyword {sorted(unknown)[0]!r}")
-        if not on_cpu() and not any(isinstance(a, np.ndarray) for a in args):
+        if current().dispatches_in_c and not any(isinstance(a, np.ndarray) for a in args):
             try:
                 self.register(args, self.function_for(args))
             except ValueError:
                 pass  # arguments the dispatcher cannot classify: this path serves them each time
         self.launch(args, **kwargs)
 
-    def launch(self, args, grid=None, block=None, shared_mem=0, stream=None, cluster=None):
+    def launch(self, args: list, grid: Dims | None = None, block: Dims | None = None, shared_mem: int = 0,
+               stream: Stream | None = None, cluster: Dims | None = None) -> None:
         """Launches with arguments already checked against this specialization;
         `cluster=(x, y, z)` launches thread-block clusters of that shape."""
         if grid is None or block is None:
             raise LaunchError(f"launching {self.name} needs grid= and block=")
-        if on_cpu():
-            if cluster is not None:
-                raise LaunchError(f"{self.name} is launched in clusters of {tuple(cluster)}, which only the GPU "
-                                  f"has: use mg.set_backend('cuda')")
-            # The CPU backend runs the launch to completion: `stream` has nothing to order.
-            cpu.run(self, [_host_view(p.name, a) if shape is not None else a
-                           for (p, shape, _), a in zip(self._param_types(), args)], grid, block, shared_mem)
-            return
-        device = self._launch_device(args)
-        # Loaded and launched on the arrays' device, which is current meanwhile (NumPy arrays go there).
-        with _on_device(device):
-            function = self.function(_any_readonly(args))
-            host = [(i, a) for i, a in enumerate(args) if isinstance(a, np.ndarray)]
-            if host:
-                args = list(args)
-                for i, a in host:
-                    args[i] = _mlirgpu.to_device(a, stream=stream)
-            if cluster is None:
-                function(*args, grid=grid, block=block, shared_mem=shared_mem, stream=stream)
-            else:
-                function(*args, grid=grid, block=block, shared_mem=shared_mem, stream=stream, cluster=cluster)
-            for i, a in host:
-                # NumPy arrays are copied in, and back after the launch.
-                np.copyto(a, args[i].get(stream=stream))
+        current().launch(self, args, grid, block, shared_mem, stream, cluster)
 
-    def max_cooperative_grid_blocks(self, block, shared_mem=0):
+    def max_cooperative_grid_blocks(self, block: Dims, shared_mem: int = 0) -> int:
         """The most blocks of `block` threads (an int or a tuple) with
         `shared_mem` bytes of dynamic shared memory that can run at once: the
         largest grid a launch of a kernel that calls mg.grid.sync() may have
@@ -622,14 +587,19 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
             blocks = spec.max_cooperative_grid_blocks(256)
             spec(X, out, grid=blocks, block=256)
         """
-        if on_cpu():
-            return cpu.max_cooperative_grid_blocks(block)
-        return self.function().max_cooperative_grid_blocks(block, shared_mem=shared_mem)
+        return current().max_cooperative_grid_blocks(self, block, shared_mem)
 
-    def function_for(self, args):
-        """The kernel loaded on the device of the array arguments `args`."""
+    @contextlib.contextmanager
+    def loaded(self, args: list) -> Iterator[Function]:
+        """The kernel loaded on the device of the array arguments `args`, that
+        device the thread's current one until the with-block ends."""
         with _on_device(self._launch_device(args)):
-            return self.function(_any_readonly(args))
+            yield self.function(_any_readonly(args))
+
+    def function_for(self, args: list) -> Function:
+        """The kernel loaded on the device of the array arguments `args`."""
+        with self.loaded(args) as function:
+            return function
 
     def _launch_device(self, args):
         """The device the arrays among `args` live on (None: no device

@@ -10,14 +10,15 @@ stream.
 
 docs/launching.md and docs/design/cuda_runtime.md have the rules: the default stream, copies, graphs, errors.
 """
-from .. import _mlirgpu
-from .._mlirgpu import Graph, f32
-from .backend import on_cpu
+import numpy as np
+
+from .._mlirgpu import DType, Graph, Stream, f32
+from .backend import Shape, current
 
 __all__ = ["Graph", "graph", "pinned_empty", "pinned_zeros"]
 
 
-def pinned_empty(shape, dtype=f32):
+def pinned_empty(shape: Shape, dtype: DType = f32) -> np.ndarray:
     """An uninitialized numpy.ndarray in page-locked host memory
     (cuMemHostAlloc, portable to every context), freed when the last array
     viewing it dies. On the CPU backend, and for zero bytes, ordinary memory.
@@ -28,10 +29,10 @@ def pinned_empty(shape, dtype=f32):
         host[:] = 1.0
         d = mg.to_device(host)                 # an asynchronous copy from pinned memory
     """
-    return _mlirgpu.pinned_empty(shape, dtype, host=on_cpu())
+    return current().pinned_empty(shape, dtype)
 
 
-def pinned_zeros(shape, dtype=f32):
+def pinned_zeros(shape: Shape, dtype: DType = f32) -> np.ndarray:
     """pinned_empty filled with zeros.
 
     For example::
@@ -39,7 +40,7 @@ def pinned_zeros(shape, dtype=f32):
         host = mg.pinned_zeros((1024,), mg.f32)
         d.copy_to_host(host)
     """
-    return _mlirgpu.pinned_zeros(shape, dtype, host=on_cpu())
+    return current().pinned_zeros(shape, dtype)
 
 
 class _NewStream:
@@ -50,7 +51,7 @@ class _NewStream:
 _NEW_STREAM = _NewStream()
 
 
-def graph(stream=_NEW_STREAM):
+def graph(stream: Stream | int | None = _NEW_STREAM) -> Graph:
     """A Graph whose with-block captures the work queued on its stream
     (g.stream; by default a new non-blocking mg.Stream), to run again with
     g.replay(). The legacy default stream (None, 0, mg.cuda.default_stream)
@@ -61,7 +62,7 @@ def graph(stream=_NEW_STREAM):
             kernel(dX, grid=4, block=256, stream=g.stream)
         g.replay()
     """
-    if on_cpu():
+    if not current().captures_graphs:
         raise RuntimeError("mg.graph needs the CUDA backend: on the CPU backend (mg.backend() == 'cpu') "
                            "a launch runs to completion when called, so there is nothing to capture")
     return Graph() if stream is _NEW_STREAM else Graph(stream)

@@ -17,12 +17,16 @@ bare CUDA_ERROR_INVALID_VALUE. `map.layout` is the box as it lands in
 shared memory: a row-major layout with the swizzle composed on top
 (mlirgpu.layout), the layout that wgmma descriptors are computed from.
 """
+from __future__ import annotations
+
+from typing import Any
+
 import numpy as np
 
 from .. import _mlirgpu
 from .._mlirgpu import DeviceArray, TensorMap, bf16, f8e4m3, f8e5m2, f16, f32, f64, i32, i64, u8, u16, u32, u64
 from ..layout import ComposedLayout, Layout, Swizzle
-from .backend import on_cpu
+from .backend import current
 
 __all__ = ["TensorMap", "tensor_map", "encode_arguments", "box_layout", "SWIZZLE_BYTES"]
 
@@ -49,7 +53,7 @@ class TensorMapInfo:
             setattr(self, name, fields[name])
 
     @property
-    def box_bytes(self):
+    def box_bytes(self) -> int:
         """Bytes one copy of the box writes to shared memory (the mbarrier's expected transaction count)."""
         count = self.dtype.itemsize
         for b, s in zip(self.box, self.element_strides):
@@ -57,7 +61,7 @@ class TensorMapInfo:
         return count
 
     @property
-    def layout(self):
+    def layout(self) -> Layout | ComposedLayout:
         return box_layout(self.box, self.dtype, self.swizzle)
 
     def __repr__(self):
@@ -81,8 +85,10 @@ def _ints(value, what, rank):
     return value
 
 
-def encode_arguments(shape, strides, dtype, address, box, swizzle="128B", element_strides=None, oob_fill="zero",
-                     interleave=None, l2_promotion="128B"):
+def encode_arguments(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any, address: int,
+                     box: int | tuple[int, ...], swizzle: str | None = "128B",
+                     element_strides: int | tuple[int, ...] | None = None, oob_fill: str = "zero",
+                     interleave: str | None = None, l2_promotion: str | None = "128B") -> dict[str, Any]:
     """The arguments of cuTensorMapEncodeTiled for an array of `shape` and
     byte `strides` (C order) at `address`, and its TensorMapInfo: a dict
     ready for `TensorMap(owner, **arguments)`. ValueError for what the
@@ -143,7 +149,7 @@ def encode_arguments(shape, strides, dtype, address, box, swizzle="128B", elemen
     }
 
 
-def box_layout(box, dtype, swizzle):
+def box_layout(box: tuple[int, ...], dtype: Any, swizzle: str | None) -> Layout | ComposedLayout:
     """The shared-memory layout (in elements) of a box a TMA copy writes:
     row-major, with the swizzle on top for the swizzled modes.
 
@@ -166,8 +172,9 @@ def box_layout(box, dtype, swizzle):
     return ComposedLayout(Swizzle(bits, base, 3), 0, plain)
 
 
-def tensor_map(array, box, swizzle="128B", *, element_strides=None, oob_fill="zero", interleave=None,
-               l2_promotion="128B"):
+def tensor_map(array: Any, box: int | tuple[int, ...], swizzle: str | None = "128B", *,
+               element_strides: int | tuple[int, ...] | None = None, oob_fill: str = "zero",
+               interleave: str | None = None, l2_promotion: str | None = "128B") -> TensorMap:
     """A TensorMap for TMA copies of `box`-shaped tiles of `array` (a
     DeviceArray or any CUDA array object; sizes in the array's order). The
     map keeps the array alive. See encode_arguments for the checks.
@@ -182,7 +189,7 @@ def tensor_map(array, box, swizzle="128B", *, element_strides=None, oob_fill="ze
         a_map = mg.tensor_map(A, box=(128, 64), swizzle="128B")   # 128 x 64 tiles, 128-byte swizzle
         kernel(a_map, C, grid=..., block=..., shared_mem=...)     # a parameter annotated mg.TensorMap
     """
-    host = on_cpu()
+    host = current().host
     if host and isinstance(array, np.ndarray):
         # In place (NumPy's bfloat16 has no DLPack type to view it through).
         where = (array.shape, array.strides, _mlirgpu.dtype(array.dtype), array.ctypes.data)

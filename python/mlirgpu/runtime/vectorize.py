@@ -23,15 +23,19 @@ On the GPU the "direct" mapping (elementwise.py) runs by default; the
 On the CPU backend the linalg.generic is lowered to loops and run by MLIR's
 ExecutionEngine. docs/vectorize.md has the rules.
 """
+from __future__ import annotations
+
 import functools
 import inspect
 import math
 import re
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from .. import _mlirgpu, cuda, ir
-from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError
+from .._mlirgpu import CompileError, DeviceArray, DType, LaunchError, Stream
 from ..compiler.cpu import PIPELINE
 from ..frontend import elementwise
 from ..frontend import rewrite as tracer
@@ -39,7 +43,7 @@ from ..frontend.function import at_return
 from ..frontend.trace import tracing
 from ..ir import passes
 from ..language import core as lang
-from .backend import empty, on_cpu
+from .backend import Backend, current, empty
 from .compiled import CompiledModule
 from .host_program import HostProgram
 from .scalars import scalar_bytes
@@ -52,7 +56,8 @@ _VECTOR_BYTES = 16  # the widest GPU access (ld.global.v4.f32)
 _CPU_LOOPS = "builtin.module(func.func(convert-linalg-to-loops))"
 
 
-def vectorize(signatures=None, *, mapping="direct", threads=1024, unroll=1):
+def vectorize(signatures: Callable | str | Sequence[str] | None = None, *, mapping: str = "direct", threads: int = 1024,
+              unroll: int = 1) -> Vectorized | Callable[[Callable], Vectorized]:
     """`@mg.vectorize`, `@mg.vectorize(["f32(f32, f32)", ...])` or
     `@mg.vectorize(mapping="parallel-loops")`.
 
@@ -210,7 +215,8 @@ class Vectorized:
         return outputs
 
     # -- specializations ----------------------------------------------------
-    def specialization(self, inputs, declared=None, rank=None, width=None):
+    def specialization(self, inputs: Sequence[tuple[DType, bool]], declared: Sequence[DType] | None = None,
+                       rank: int | None = None, width: int | None = None) -> ElementwiseSpecialization:
         """The ElementwiseSpecialization for `inputs` ((dtype, is_array) each):
         contiguous arrays (rank None) read `width` elements at a time (default:
         16 bytes' worth), or strided arrays of `rank` dimensions."""
@@ -225,7 +231,7 @@ class Vectorized:
                                                                           width)
         return spec
 
-    def __getitem__(self, dtypes):
+    def __getitem__(self, dtypes: Any) -> ElementwiseSpecialization:
         """vec[mg.f32, mg.f32] (every input an array of that dtype) or vec["f32(f32, f32)"]."""
         if isinstance(dtypes, str):
             signature = Signature(dtypes)
@@ -241,17 +247,14 @@ class Vectorized:
         except (TypeError, ValueError) as error:
             raise CompileError(f"{self.__qualname__}[...] takes dtypes: {error}") from None
 
-    def specialize(self, *args, out=None):
+    def specialize(self, *args: Any, out: Any = None) -> ElementwiseSpecialization:
         """The specialization a call with these arguments would run (for arrays
         whose memory is aligned for vector access)."""
         return self._plan(args, out).specialization()
 
     # -- calling -----------------------------------------------------------
-    def __call__(self, *args, out=None, dtype=None, stream=None):
-        plan = self._plan(args, out, dtype)
-        if on_cpu():
-            return plan.run_cpu()
-        return plan.run_gpu(stream)
+    def __call__(self, *args: Any, out: Any = None, dtype: Any = None, stream: Stream | None = None) -> Any:
+        return current().run_vectorized(self._plan(args, out, dtype), stream)
 
     def _plan(self, args, out, dtype=None):
         if len(args) != self.nin:
@@ -299,8 +302,8 @@ class _Plan:
     def __init__(self, vectorized, args, out, dtype=None):
         self.vectorized = v = vectorized
         self.dtype = dtype
-        cpu = on_cpu()
-        self.arguments = [self._classify(v.names[i], i, a, cpu) for i, a in enumerate(args)]
+        backend = current()
+        self.arguments = [self._classify(v.names[i], i, a, backend) for i, a in enumerate(args)]
         arrays = [a for a in self.arguments if a.is_array]
         try:
             self.shape = tuple(np.broadcast_shapes(*[a.shape for a in arrays])) if arrays else ()
@@ -314,7 +317,7 @@ class _Plan:
         self.out = self._check_out(out)
 
     @staticmethod
-    def _classify(name, index, value, cpu):
+    def _classify(name, index, value, backend: Backend):
         if isinstance(value, (bool, int, float)):
             return _Argument(index, value, None, False, weak=True)
         if isinstance(value, np.generic):
@@ -324,12 +327,12 @@ class _Plan:
         if isinstance(value, np.ndarray):
             return _Argument(index, value, _array_dtype(name, value.dtype), True, shape=value.shape)
         if isinstance(value, DeviceArray):
-            if value.is_host != cpu:
+            if value.is_host != backend.host:
                 where = "host memory (made on the CPU backend)" if value.is_host else "CUDA memory"
                 raise LaunchError(f"argument {name!r} is a DeviceArray in {where}, but the backend is "
-                                  f"{'cpu' if cpu else 'cuda'}")
+                                  f"{backend.name}")
             return _Argument(index, value, value.dtype, True, shape=value.shape, on_device=True)
-        if cpu:
+        if backend.host:
             try:
                 view = np.from_dlpack(value)
             except (AttributeError, TypeError, BufferError, RuntimeError) as error:
@@ -397,7 +400,7 @@ class _Plan:
             raise LaunchError(f"{v.__qualname__} has {len(self.outputs)} outputs; out= gives {len(outs)}")
         checked = []
         for k, (o, dtype) in enumerate(zip(outs, self.outputs)):
-            a = self._classify(f"out[{k}]", -1, o, on_cpu())
+            a = self._classify(f"out[{k}]", -1, o, current())
             if not a.is_array:
                 raise LaunchError(f"out[{k}] must be an array, not {type(o).__name__}")
             if a.shape != self.shape:
@@ -438,7 +441,7 @@ class _Plan:
         return results[0] if len(results) == 1 else tuple(results)
 
     # -- the CPU backend ---------------------------------------------------
-    def run_cpu(self):
+    def run_cpu(self) -> Any:
         if self.out is not None:
             outs = [a.value for a in self.out]
         elif self.on_device:
@@ -465,7 +468,7 @@ class _Plan:
         return self._result(outs)
 
     # -- the GPU -----------------------------------------------------------
-    def run_gpu(self, stream):
+    def run_gpu(self, stream: Stream | None) -> Any:
         device = {a.index: _mlirgpu.to_device(a.value, stream=stream) if isinstance(a.value, np.ndarray)
                   else a.value for a in self.arguments if a.is_array}
         if self.out is None:
@@ -635,7 +638,7 @@ class ElementwiseSpecialization(CompiledModule):
                 self._gpu = module
         return self._gpu
 
-    def ir(self, stage="linalg"):
+    def ir(self, stage: str = "linalg") -> str:
         """The IR, with the function's file:line locations: "linalg" (the
         linalg.generic) or "gpu" (what the mapping makes of it)."""
         if stage not in ("linalg", "gpu"):
@@ -650,7 +653,7 @@ class ElementwiseSpecialization(CompiledModule):
                            f"threads={v.threads},unroll={v.unroll}")
 
     # -- running -----------------------------------------------------------
-    def cpu_engine(self):
+    def cpu_engine(self) -> _mlirgpu.ExecutionEngine:
         """The linalg form lowered to loops and JIT-compiled for the host."""
         if self._engine is None:
             module = self.linalg().clone()
@@ -698,7 +701,7 @@ class ElementwiseSpecialization(CompiledModule):
             grid = min(-(-total // v.threads), _resident_blocks(_current_device(), v.threads))
         self.function()(*args, grid=grid, block=v.threads, stream=stream)
 
-    def program(self):
+    def program(self) -> HostProgram:
         """The parallel-loops mapping's module as an mlirgpu.HostProgram, on the current device."""
         device = cuda.current_device()
         program = self._programs.get(device)

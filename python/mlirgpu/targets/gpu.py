@@ -5,20 +5,18 @@ every target. A few operations are not: thread indices, barriers, printf,
 shuffles, votes and warp reductions, shared memory, memref parameters with
 dynamic extents, fences, the grid barrier, ordered atomics, cache-hinted accesses, approximate
 reciprocals, the Hopper operations only a GPU has, and the checks a
-debugging target adds around memory accesses. The trace asks its `Target`
-for those. This class is the
+debugging target adds around memory accesses. The trace asks its lowering
+for those. GpuLowering is the
 GPU's meaning, the gpu and nvvm dialects' own operations; a backend that runs
-kernels elsewhere (the CPU backend, mlirgpu.compiler.cpu) subclasses it, and
+kernels elsewhere (the CPU backend, targets/cpu.py) subclasses it, and
 the language never needs to know which one it is tracing for.
 """
 from .. import ir
-from . import core as lang
-from .intrinsics import LOAD_HINTS, STORE_HINTS, Vector
+from ..language import core as lang
+from ..language.atomic import ORDERINGS
+from ..language.intrinsics import LOAD_HINTS, STORE_HINTS, Vector
 
-__all__ = ["Target", "ORDERINGS", "llvm_atomicrmw", "shared_pointer"]
-
-# C++ memory orders as LLVM's AtomicOrdering (monotonic is C++'s relaxed).
-ORDERINGS = {"relaxed": 2, "acquire": 4, "release": 5, "acq_rel": 6, "seq_cst": 7}
+__all__ = ["GpuLowering", "llvm_atomicrmw", "shared_pointer"]
 # LLVM's AtomicBinOp
 _BIN_OPS = {"xchg": 0, "add": 1, "and": 3, "or": 5, "xor": 6, "max": 7, "min": 8, "umax": 9, "umin": 10,
             "fadd": 11, "fmax": 13, "fmin": 14}
@@ -78,7 +76,7 @@ def llvm_atomicrmw(operation, pointer, value, order, syncscope):
     return lang.Scalar(op.result, value.dtype)
 
 
-class Target:
+class GpuLowering:
     """The GPU: each hook emits the gpu or nvvm dialect operation."""
 
     #: The operation that ends a kernel's body.
@@ -251,7 +249,7 @@ class Target:
         """mg.grid.sync(): the library's barrier (language/grid.py) over a
         counter of the module's own, a zero-initialized u32 global whose
         symbol tells the launch to go cooperative."""
-        from .grid import COUNTER, counter_barrier
+        from ..language.grid import COUNTER, counter_barrier
         state = lang.module_state()
         space = "#gpu.address_space<global>"
         counter_type = ir.Type.parse(f"memref<1xi32, {space}>")
@@ -399,7 +397,7 @@ class Target:
         nvvm.mma.sync rather than nvgpu.mma.sync: MLIR 22's nvgpu op cannot
         deduce the PTX types of bf16 operands. Inputs go as the op wants
         them: f16 pairs as vector<2xf16>, bf16 pairs and tf32 values as i32."""
-        from .mma import registers
+        from ..language.mma import registers
         if kind == "tf32":
             a_regs, b_regs = registers(a, lang.f32), registers(b, lang.f32)
         else:
