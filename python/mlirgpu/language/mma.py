@@ -79,7 +79,7 @@ MIN_CHIP = {"nvvm.mma.sync": "sm_80", "nvgpu.ldmatrix": "sm_80", "nvgpu.device_a
 _WARP = 32
 _DTYPES = {"f16": lang.f16, "bf16": lang.bf16, "tf32": lang.f32, "f32": lang.f32}
 _OPERANDS = ("a", "b", "c")
-# name -> the kind the Target's hook takes
+# name -> the kind the lowering's hook takes
 _KINDS = {M16N8K16_F16.name: "f16", M16N8K16_BF16.name: "bf16", M16N8K8_TF32.name: "tf32"}
 
 
