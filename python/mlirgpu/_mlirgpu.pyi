@@ -517,7 +517,7 @@ class Function:
 class TensorMap:
     def __new__(
         cls,
-        owner: DeviceArray,
+        owner: object,
         info: object,
         data_type: int,
         address: int,
@@ -534,8 +534,10 @@ class TensorMap:
     ) -> Self: ...
     @property
     def data(self) -> bytes: ...
+    # The array the map addresses: a DeviceArray, or a NumPy array on the CPU backend.
     @property
-    def owner(self) -> DeviceArray: ...
+    def owner(self) -> Any: ...
+    # The mlirgpu.runtime.tensormap.TensorMapInfo it was computed from.
     @property
     def info(self) -> Any: ...
     @property
@@ -543,7 +545,8 @@ class TensorMap:
 
 @final
 class Graph:
-    def __new__(cls, stream: Stream | None = None) -> Self: ...
+    # Without a stream, a new non-blocking Stream; the legacy default stream cannot be captured.
+    def __new__(cls, stream: Stream | int | _CudaStreamLike = ...) -> Self: ...
     def __enter__(self) -> Self: ...
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None, /
