@@ -2,7 +2,7 @@
 
 The types here are re-exported under their public homes: mlirgpu (arrays, streams, errors),
 mlirgpu.ir (IR objects), mlirgpu.cuda (Device, Module as CudaModule, Function) and
-mlirgpu.passes (PassManager).
+mlirgpu.passes (PassManager, also mlirgpu.ir.passes).
 """
 
 import builtins
@@ -37,13 +37,14 @@ _StreamLike: TypeAlias = Stream | int | _CudaStreamLike | None
 _DTypeLike: TypeAlias = DType | np.dtype[Any] | type | str
 # An ordinal or a Device.
 _DeviceLike: TypeAlias = int | Device
-_Shape: TypeAlias = SupportsIndex | Sequence[SupportsIndex]
-# A launch's grid, block or cluster: x, or (x,), (x, y), (x, y, z).
-_Dim3: TypeAlias = int | tuple[int] | tuple[int, int] | tuple[int, int, int]
+# An array's shape: an int, or a tuple or list of ints.
+_Shape: TypeAlias = SupportsIndex | tuple[SupportsIndex, ...] | list[SupportsIndex]
+# A launch's grid, block or cluster: x, or (x,), (x, y), (x, y, z), or a list of 1 to 3 ints.
+_Dim3: TypeAlias = int | tuple[int] | tuple[int, int] | tuple[int, int, int] | list[int]
 _Index: TypeAlias = SupportsIndex | slice | EllipsisType
 # (severity, location, message), as MLIR reported it.
 _Diagnostic: TypeAlias = tuple[str, str, str]
-# What ExecutionEngine.invoke passes for a parameter: an array (a memref descriptor over its memory) or a scalar's bytes.
+# An ExecutionEngine.invoke parameter: an array (a memref descriptor over its memory) or a scalar's bytes.
 _InvokeArgument: TypeAlias = npt.NDArray[Any] | DeviceArray | bytes
 
 # ---- constants ----
@@ -376,7 +377,9 @@ class PassManager:
     def pipeline(self) -> str: ...
 
 @overload
-def lower(source: Module | str, pipeline: str, *, objects: Literal[False] = False, _then_crash: bool = False) -> str: ...
+def lower(
+    source: Module | str, pipeline: str, *, objects: Literal[False] = False, _then_crash: bool = False
+) -> str: ...
 @overload
 def lower(
     source: Module | str, pipeline: str, *, objects: Literal[True], _then_crash: bool = False
@@ -668,6 +671,7 @@ class DeviceArray:
     @property
     def device(self) -> int: ...
 
+# dtype defaults to f32.
 def empty(shape: _Shape, dtype: _DTypeLike = ..., stream: _StreamLike = None, *, host: bool = False) -> DeviceArray: ...
 def zeros(shape: _Shape, dtype: _DTypeLike = ..., stream: _StreamLike = None, *, host: bool = False) -> DeviceArray: ...
 def to_device(array: npt.ArrayLike, stream: _StreamLike = None, *, host: bool = False) -> DeviceArray: ...
