@@ -56,8 +56,8 @@ CPU_MAX_COOPERATIVE_THREADS: Final[int]
 
 # ---- errors ----
 
-class Error(Exception):
-    """Base class of every mlirgpu error."""
+# The base class of every mlirgpu error.
+class Error(Exception): ...
 
 class MLIRError(Error):
     # () on the class; an error made from MLIR's diagnostics lists them.
