@@ -233,6 +233,9 @@ class TileScheduler:
 
     def _coordinates(self, tile):
         """(m, n) of this block for linear tile `tile`, in grouped order."""
+        # A hybrid's unit computes both kinds of tile and selects one: the other
+        # may lie past the end, where a group would have no rows to divide by.
+        tile = _min(tile, self.tiles - 1)
         per_group = self.group * self.patches_n
         first_row = tile // per_group * self.group
         rows = _min(self.patches_m - first_row, self.group)
