@@ -182,6 +182,20 @@ def test_persistent_matmul_matches_numpy(mode, split):
         assert not counters.any()  # each tile's counter is back at zero for the next launch
 
 
+@pytest.mark.parametrize("cluster", [2, (1, 2)])
+def test_persistent_matmul_in_clusters(cluster):
+    # Each block of a cluster completes its own tiles, those past the edge included.
+    gemm = example()
+    rng = np.random.default_rng(2)
+    A = rng.standard_normal((67, 129)).astype(np.float32)
+    B = rng.standard_normal((129, 45)).astype(np.float32)
+    expected = A.astype(np.float64) @ B.astype(np.float64)
+    for mode, split in (("stream_k", None), ("split_k", 2)):
+        C, counters = gemm.run(A, B, mode, split, units=3, cluster=cluster)
+        np.testing.assert_allclose(C, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+        assert not counters.any()
+
+
 # --------------------------------------------------------------------------
 # Bad arguments
 # --------------------------------------------------------------------------

@@ -24,7 +24,7 @@ THREADS = 16   # a block of THREADS x THREADS threads
 PER = BM // THREADS  # values per thread along each axis
 
 
-def persistent_matmul(mode, split=None, group=4):
+def persistent_matmul(mode, split=None, group=4, cluster=1):
     """The kernel for one schedule; it takes (A, B, C, partials, counters)."""
     @mg.kernel
     def matmul(A: mg.memref[None, None, mg.f32].readonly(), B: mg.memref[None, None, mg.f32].readonly(),
@@ -32,7 +32,7 @@ def persistent_matmul(mode, split=None, group=4):
                counters: mg.memref[None, mg.i32]):
         M, K, N = A.shape[0], A.shape[1], B.shape[1]
         sched = mg.TileScheduler((M + BM - 1) // BM, (N + BN - 1) // BN, (K + BK - 1) // BK,
-                                 mode=mode, split=split, group=group)
+                                 mode=mode, split=split, group=group, cluster=cluster)
         tx, ty = mg.thread_idx.x, mg.thread_idx.y
         for work in sched:
             acc = [mg.constant(0.0, mg.f32) for _ in mg.static_range(PER * PER)]
@@ -55,15 +55,15 @@ def persistent_matmul(mode, split=None, group=4):
     return matmul
 
 
-def run(A, B, mode, split=None, units=None, group=4):
+def run(A, B, mode, split=None, units=None, group=4, cluster=1):
     """C = A @ B with the given schedule: the plan, the workspace, the launch."""
     (M, K), N = A.shape, B.shape[1]
     plan = mg.TileScheduler.plan(-(-M // BM), -(-N // BN), -(-K // BK), mode=mode, split=split, group=group,
-                                 units=units, values=THREADS * THREADS * PER * PER)
+                                 cluster=cluster, units=units, values=THREADS * THREADS * PER * PER)
     C = np.zeros((M, N), np.float32)
     partials = np.zeros(plan.partials, np.float32)
     counters = np.zeros(plan.counters, np.int32)
-    persistent_matmul(mode, split, group)(A, B, C, partials, counters, grid=plan.grid, block=(THREADS, THREADS))
+    persistent_matmul(mode, split, group, cluster)(A, B, C, partials, counters, grid=plan.grid, block=(THREADS, THREADS))
     return C, counters
 
 

@@ -351,7 +351,8 @@ class TileScheduler:
         syncthreads()
         done = verdict[0] != 0
         gather = split & done
-        threadfence()  # the other parts, released before their tickets, are read after ours
+        with _when(gather):
+            threadfence()  # the other parts, released before their tickets, are read after ours
 
         def add_part(c, sums):
             return [s + partials[row(c), thread + j * threads] for j, s in enumerate(sums)]
