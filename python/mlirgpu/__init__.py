@@ -31,11 +31,10 @@ if TYPE_CHECKING:
     from .compiler.cache import cache_clear, cache_info
     from .frontend import func
     from .ir import passes
-    from .language import (atomic, block, block_dim, block_idx, cast, constant, generics, grid, grid_dim, load,
-                           math,
-                           mbarrier, memref, mma, printf, range_, select, shared, static_range, store,
-                           syncthreads, thread_idx, threadfence, threadfence_block, threadfence_system, tma,
-                           vload, vstore, warp, warpgroup, wgmma)
+    from .language import (TileScheduler, atomic, block, block_dim, block_idx, cast, constant, generics, grid,
+                           grid_dim, load, math, mbarrier, memref, mma, printf, range_, select, shared,
+                           static_range, store, syncthreads, thread_idx, threadfence, threadfence_block,
+                           threadfence_system, tma, vload, vstore, warp, warpgroup, wgmma)
     from .runtime import cpu
     from .runtime.autotune import Autotuner, autotune
     from .runtime.backend import asarray, backend, empty, set_backend, to_device, zeros
@@ -52,7 +51,7 @@ _EXTENSION = ("CompileError", "CudaError", "DeviceArray", "DType", "Error", "Eve
 _LANGUAGE = ("atomic", "block", "block_dim", "block_idx", "cast", "constant", "generics", "grid", "grid_dim",
              "load", "math", "mbarrier", "memref", "mma", "printf", "range_", "select", "shared", "static_range",
              "store", "syncthreads", "thread_idx", "threadfence", "threadfence_block", "threadfence_system", "tma",
-             "vload", "vstore", "warp", "warpgroup", "wgmma")
+             "TileScheduler", "vload", "vstore", "warp", "warpgroup", "wgmma")
 
 # Where each public name lives: (module, attribute), attribute None for the module itself.
 _WHERE = {
@@ -103,7 +102,7 @@ __all__ = [
     # inside kernels
     "thread_idx", "block_idx", "block_dim", "grid_dim", "constant", "cast", "select", "range_",
     "static_range", "syncthreads", "threadfence", "threadfence_block", "threadfence_system", "printf", "vload",
-    "vstore", "load", "store", "math", "atomic", "warp", "block", "grid", "shared", "mma",
+    "vstore", "load", "store", "math", "atomic", "warp", "block", "grid", "shared", "mma", "TileScheduler",
     # Hopper: tensor maps, TMA, mbarriers, warpgroup MMA, warpgroups and clusters
     "TensorMap", "tensor_map", "tma", "mbarrier", "wgmma", "warpgroup",
     # arrays, streams, graphs
