@@ -1,0 +1,12 @@
+"""Ready-made kernels, written in mlirgpu's language, called like library functions.
+
+    import mlirgpu.ops
+    o = mlirgpu.ops.attention(q, k, v, causal=True)
+
+A layer above the runtime: each op validates its arguments, picks the
+kernel specialization and launches it. Importing `mlirgpu` does not import
+this package; `import mlirgpu.ops` does, and builds no kernel until a call.
+"""
+from .attention import attention
+
+__all__ = ["attention"]

@@ -1,0 +1,249 @@
+"""mlirgpu.ops.attention, the FlashAttention-2-style forward kernel: on the
+CPU backend against float64 NumPy at small, odd sizes (tails, causal with
+Lq < Lk, Lq == Lk and Lq > Lk, grouped-query and multi-query heads, head dims
+64 and 128, f16 and bf16, the log-sum-exp), its PTX through ptxas, each bad
+input's exception, and on a GPU against torch's SDPA (math backend, float32)
+at full sizes.
+
+Each (head dim, dtype, causal) is a kernel of its own, and compiling one for
+the CPU takes seconds: the CPU cases share four of them."""
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mlirgpu as mg
+import mlirgpu.compiler
+import mlirgpu.ops
+
+from backends import current_backend
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
+# The largest difference from float64: P and the output are rounded to the inputs' type.
+TOLERANCE = {"f16": 2e-3, "bf16": 1.5e-2}
+attention_module = sys.modules["mlirgpu.ops.attention"]
+
+
+def operands(batch, lq, lk, hq, hk, d, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(DTYPES[dtype])
+            for shape in ((batch, lq, hq, d), (batch, lk, hk, d), (batch, lk, hk, d))]
+
+
+def reference(q, k, v, causal=False, scale=None):
+    """Output and log-sum-exp in float64; a row that sees no key: 0 and -inf."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    (_, lq, hq, d), (_, lk, hk, _) = q.shape, k.shape
+    k, v = np.repeat(k, hq // hk, axis=2), np.repeat(v, hq // hk, axis=2)
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) * (1 / math.sqrt(d) if scale is None else scale)
+    if causal:
+        scores = np.where(np.arange(lk)[None] > np.arange(lq)[:, None] + lk - lq, -np.inf, scores)
+    top = scores.max(-1, keepdims=True)
+    seen = np.isfinite(top)
+    weights = np.exp(scores - np.where(seen, top, 0))
+    total = weights.sum(-1, keepdims=True)
+    out = np.einsum("bhqk,bkhd->bqhd", np.where(seen, weights / np.where(seen, total, 1), 0), v)
+    with np.errstate(divide="ignore"):
+        lse = np.where(seen, top + np.log(total), -np.inf)[..., 0]
+    return out, lse
+
+
+def check(batch, lq, lk, hq, hk, d, dtype, causal, scale=None):
+    q, k, v = operands(batch, lq, lk, hq, hk, d, dtype)
+    with current_backend("cpu"):
+        out, lse = mlirgpu.ops.attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+    expected, expected_lse = reference(q, k, v, causal, scale)
+    assert out.dtype == q.dtype and out.shape == q.shape and lse.shape == (batch, hq, lq)
+    assert lse.dtype == np.float32
+    np.testing.assert_allclose(out.astype(np.float64), expected, rtol=0, atol=TOLERANCE[dtype])
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
+# (batch, Lq, Lk, Hq, Hk): tails of both tiles, one query (decoding), one key, 4:1 and all:1 heads.
+SHAPES = [(2, 17, 77, 2, 2), (1, 1, 130, 8, 2), (1, 130, 1, 4, 1), (1, 77, 130, 4, 1)]
+# Causal: Lq < Lk (diagonal at the bottom right), Lq == Lk, and Lq > Lk (the first rows see no key).
+CAUSAL_SHAPES = [(1, 17, 130, 2, 2), (2, 130, 130, 4, 1), (1, 130, 77, 4, 2), (1, 1, 77, 8, 2)]
+# The four kernels: each (head dim, dtype) once without and once with the causal mask.
+KERNELS = [(64, "f16"), (128, "bf16")]
+
+
+@pytest.mark.parametrize("d, dtype", KERNELS, ids=[f"d{d}-{t}" for d, t in KERNELS])
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+def test_attention_on_the_cpu(shape, d, dtype):
+    check(*shape, d, dtype, causal=False)
+
+
+@pytest.mark.parametrize("d, dtype", KERNELS, ids=[f"d{d}-{t}" for d, t in KERNELS])
+@pytest.mark.parametrize("shape", CAUSAL_SHAPES, ids=["x".join(map(str, s)) for s in CAUSAL_SHAPES])
+def test_causal_attention_on_the_cpu(shape, d, dtype):
+    check(*shape, d, dtype, causal=True)
+
+
+def test_scale_and_out():
+    q, k, v = operands(1, 33, 40, 2, 2, 64, "f16")
+    out = np.full(q.shape, np.nan, np.float16)
+    with current_backend("cpu"):
+        got = mlirgpu.ops.attention(q, k, v, scale=0.3, out=out)
+    assert got is out
+    np.testing.assert_allclose(out.astype(np.float64), reference(q, k, v, scale=0.3)[0], rtol=0,
+                               atol=TOLERANCE["f16"])
+
+
+def test_import_mlirgpu_does_not_import_ops():
+    code = "import sys, mlirgpu; print(any(m.startswith('mlirgpu.ops') for m in sys.modules))"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          check=True).stdout.strip() == "False"
+
+
+# ==========================================================================
+# PTX: each head dim, with and without the mask, for Ampere and Hopper, without a GPU
+
+PTX_CASES = [(64, False, "sm_80"), (128, True, "sm_90a"), (256, False, "sm_90a")]
+
+
+@pytest.mark.parametrize("d, causal, chip", PTX_CASES,
+                         ids=[f"d{d}-{'causal' if c else 'full'}-{chip}" for d, c, chip in PTX_CASES])
+def test_ptx(d, causal, chip, tmp_path):
+    ptx = attention_module.kernel_for(d, causal)[mg.bf16].ptx(chip=chip)
+    bn = attention_module.key_tile(d)
+    # S = Q K^T and O += P V: D/16 x BN/8 and BN/16 x D/8 atoms a warp per key tile.
+    assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == d * bn // 64
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx and "cp.async.cg.shared.global" in ptx
+    assert "ex2.approx" in ptx
+    path = tmp_path / "attention.ptx"
+    path.write_text(ptx)
+    ptxas = os.path.join(mlirgpu.compiler.CUDA_HOME, "bin", "ptxas")
+    proc = subprocess.run([ptxas, f"-arch={chip}", str(path), "-o", str(tmp_path / "attention.cubin")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+# ==========================================================================
+# Bad input: each a documented exception, raised before anything compiles
+
+def bad(message, *arrays, error=mg.LaunchError, **options):
+    with current_backend("cpu"), pytest.raises(error, match=message):
+        mlirgpu.ops.attention(*arrays, **options)
+
+
+def test_wrong_rank():
+    q, k, v = operands(1, 8, 8, 2, 2, 64, "f16")
+    bad("attention's q is .* 4-d; got shape \\(8, 2, 64\\)", q[0], k, v)
+
+
+def test_mismatched_head_dims():
+    q, _, _ = operands(1, 8, 8, 2, 2, 64, "f16")
+    _, k, v = operands(1, 8, 8, 2, 2, 128, "f16")
+    bad("differ in batch or head_dim", q, k, v)
+
+
+def test_mismatched_batch():
+    q, _, _ = operands(2, 8, 8, 2, 2, 64, "f16")
+    _, k, v = operands(1, 8, 8, 2, 2, 64, "f16")
+    bad("differ in batch or head_dim", q, k, v)
+
+
+def test_k_and_v_differ():
+    q, k, _ = operands(1, 8, 8, 2, 2, 64, "f16")
+    _, _, v = operands(1, 9, 9, 2, 2, 64, "f16")
+    bad("k and v have one shape", q, k, v)
+
+
+def test_heads_not_a_multiple():
+    q, _, _ = operands(1, 8, 8, 6, 6, 64, "f16")
+    _, k, v = operands(1, 8, 8, 4, 4, 64, "f16")
+    bad("key/value heads \\(4\\) must divide its query heads \\(6\\)", q, k, v)
+
+
+def test_unsupported_head_dim():
+    bad("head_dim is one of 64, 128, 256, not 96", *operands(1, 8, 8, 2, 2, 96, "f16"))
+
+
+def test_wrong_dtype():
+    q, k, v = (x.astype(np.float32) for x in operands(1, 8, 8, 2, 2, 64, "f16"))
+    bad("f16 or bf16 q, k and v, not float32", q, k, v)
+
+
+def test_mixed_dtypes():
+    q, k, v = operands(1, 8, 8, 2, 2, 64, "f16")
+    bad("q, k and v have one dtype", q, k.astype(ml_dtypes.bfloat16), v)
+
+
+def test_not_contiguous():
+    q, k, v = operands(1, 8, 8, 2, 2, 128, "f16")
+    bad("attention's q must be C-contiguous", q[..., ::2], k[..., ::2], v[..., ::2])
+
+
+def test_no_keys():
+    q, k, v = operands(1, 8, 0, 2, 2, 64, "f16")
+    bad("at least one key", q, k, v)
+
+
+def test_wrong_out():
+    q, k, v = operands(1, 8, 8, 2, 2, 64, "f16")
+    bad("attention's out is a C-contiguous f16 array of shape \\(1, 8, 2, 64\\)", q, k, v,
+        out=np.empty((1, 8, 2, 64), np.float32))
+
+
+def test_not_an_array():
+    _, k, v = operands(1, 8, 8, 2, 2, 64, "f16")
+    bad("attention's q is an array", [[1.0]], k, v, error=TypeError)
+
+
+def test_negative_scale():
+    bad("scale is a number >= 0", *operands(1, 8, 8, 2, 2, 64, "f16"), scale=-1.0, error=ValueError)
+
+
+def test_errors_are_value_errors():
+    assert issubclass(mg.LaunchError, ValueError)
+
+
+# ==========================================================================
+# On a GPU, at full sizes, against torch's SDPA in float32 (NumPy without torch)
+
+GPU_CASES = [(2, 16, 1024, 64, False), (2, 16, 1024, 128, True), (2, 16, 4096, 128, False),
+             (2, 16, 4096, 64, True), (1, 8, 1000, 128, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("batch, heads, length, d, causal", GPU_CASES,
+                         ids=[f"{b}x{h}x{n}-d{d}{'-causal' if c else ''}" for b, h, n, d, c in GPU_CASES])
+def test_attention_on_the_gpu(batch, heads, length, d, causal, dtype):
+    q, k, v = operands(batch, length, length, heads, heads // 4, d, dtype)
+    try:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        torch = None
+    with current_backend("cuda"):
+        if torch is None:
+            out, lse = mlirgpu.ops.attention(*(mg.to_device(x) for x in (q, k, v)), causal=causal, return_lse=True)
+            got, got_lse = out.get().astype(np.float64), lse.get()
+            expected, expected_lse = reference(q, k, v, causal)
+        else:
+            tq, tk, tv = (torch.from_numpy(x.astype(np.float32)).cuda() for x in (q, k, v))
+            out, lse = mlirgpu.ops.attention(*(x.to(getattr(torch, {"f16": "float16", "bf16": "bfloat16"}[dtype]))
+                                               for x in (tq, tk, tv)), causal=causal, return_lse=True)
+            torch.cuda.synchronize()
+            with sdpa_kernel(SDPBackend.MATH):
+                # SDPA's layout is (B, H, L, d); its causal mask is the top-left one, which is the
+                # bottom-right one when Lq == Lk.
+                expected = torch.nn.functional.scaled_dot_product_attention(
+                    tq.transpose(1, 2), tk.transpose(1, 2), tv.transpose(1, 2), is_causal=causal,
+                    enable_gqa=True).transpose(1, 2)
+                scores = (tq.transpose(1, 2) @ tk.repeat_interleave(4, dim=2).permute(0, 2, 3, 1)) / math.sqrt(d)
+                if causal:
+                    scores = scores.masked_fill(torch.ones(length, length, dtype=torch.bool, device="cuda")
+                                                .triu(1), float("-inf"))
+                expected_lse = torch.logsumexp(scores, dim=-1)
+            got, got_lse = out.float().cpu().numpy(), lse.cpu().numpy()
+            expected, expected_lse = expected.cpu().numpy(), expected_lse.cpu().numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=TOLERANCE[dtype])
+    np.testing.assert_allclose(got_lse, expected_lse, rtol=1e-4, atol=1e-4)
