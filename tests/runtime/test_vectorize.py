@@ -350,6 +350,33 @@ def test_sizes_around_the_block():
         np.testing.assert_allclose(axpy(2.0, x, x), 3.0 * x, rtol=1e-6, atol=1e-6)
 
 
+@pytestmark_backend
+def test_large_with_a_tail(size):
+    n = size(gpu=2 ** 24 + 7, cpu=2 ** 18 + 7)
+    x = rng().standard_normal(n, dtype=np.float32)
+    y = rng().standard_normal(n, dtype=np.float32)
+    got = axpy(np.float32(2.5), mg.to_device(x), mg.to_device(y)).get()
+    np.testing.assert_allclose(got, 2.5 * x.astype(np.float64) + y, rtol=1e-6, atol=1e-6)
+
+
+@pytestmark_backend
+def test_parallel_loops_mapping_gives_the_same_results():
+    for shape, xs in (((4099,), (4099,)), ((33, 65), (65,)), ((3, 4, 5), (4, 1))):
+        x = rng().standard_normal(xs).astype(np.float32)
+        y = rng().standard_normal(shape).astype(np.float32)
+        got = axpy_loops(2.0, mg.to_device(x), mg.to_device(y)).get()
+        np.testing.assert_allclose(got, 2.0 * x + y, rtol=1e-6, atol=1e-6)
+
+
+@pytestmark_backend
+def test_signature_refuses_a_device_array_of_another_dtype():
+    @mg.vectorize(["f64(f64)"])
+    def twice(x):
+        return x * 2.0
+    with pytest.raises(mg.LaunchError, match="device array of f32, but the signature 'f64\\(f64\\)' takes f64"):
+        twice(mg.to_device(np.zeros(3, np.float32)))
+
+
 # ---------------------------------------------------------------------------
 # Errors
 

@@ -1,6 +1,6 @@
 """@mg.vectorize on the GPU: what only the CUDA backend has (foreign device
-arrays, streams, misaligned views, sizes the CPU would take long over, the
-parallel-loops mapping). Results on both backends are in test_vectorize.py."""
+arrays, streams, misaligned views, host arrays refused). Results on both
+backends are in test_vectorize.py."""
 import numpy as np
 import pytest
 from support.backends import current_backend
@@ -21,21 +21,8 @@ def axpy(a, x, y):
     return a * x + y
 
 
-@mg.vectorize(mapping="parallel-loops")
-def axpy_loops(a, x, y):
-    return a * x + y
-
-
 def rng():
     return np.random.default_rng()
-
-
-def test_large_with_a_tail():
-    n = 2 ** 24 + 7
-    x = rng().standard_normal(n, dtype=np.float32)
-    y = rng().standard_normal(n, dtype=np.float32)
-    got = axpy(np.float32(2.5), mg.to_device(x), mg.to_device(y)).get()
-    np.testing.assert_allclose(got, 2.5 * x.astype(np.float64) + y, rtol=1e-6, atol=1e-6)
 
 
 def test_misaligned_views_take_the_element_wise_kernel():
@@ -55,14 +42,6 @@ class _Interface:
         self.__cuda_array_interface__ = {"shape": (count,), "typestr": "<f4", "version": 3, "strides": None,
                                          "data": (array.ptr + 4 * offset, False), "stream": None}
         self.keep = array
-
-
-def test_parallel_loops_mapping_gives_the_same_results():
-    for shape, xs in (((4099,), (4099,)), ((33, 65), (65,)), ((3, 4, 5), (4, 1))):
-        x = rng().standard_normal(xs).astype(np.float32)
-        y = rng().standard_normal(shape).astype(np.float32)
-        got = axpy_loops(2.0, mg.to_device(x), mg.to_device(y)).get()
-        np.testing.assert_allclose(got, 2.0 * x + y, rtol=1e-6, atol=1e-6)
 
 
 def test_stream_keyword():
@@ -108,11 +87,3 @@ def test_a_host_device_array_is_refused_on_the_gpu():
         host = mg.to_device(np.zeros(3, np.float32))
     with pytest.raises(mg.LaunchError, match="DeviceArray in host memory"):
         axpy(1.0, host, host)
-
-
-def test_signature_refuses_a_device_array_of_another_dtype():
-    @mg.vectorize(["f64(f64)"])
-    def twice(x):
-        return x * 2.0
-    with pytest.raises(mg.LaunchError, match="device array of f32, but the signature 'f64\\(f64\\)' takes f64"):
-        twice(mg.to_device(np.zeros(3, np.float32)))
