@@ -5,7 +5,8 @@ with the hardware's swizzles and zero fill and are stored back clipped at
 the array's edges, wgmma reads every operand layout through its descriptor,
 and the warp-specialized Hopper GEMM of examples/tensorcore matches float64
 products at odd sizes. Each result is worked out on the host (NumPy, the
-layout module), and the threads that would read too early run first."""
+layout module), and the threads that would read too early run first. The
+TMA boxes land the same on a Hopper GPU (conftest.py's `backend`)."""
 import os
 import sys
 
@@ -161,12 +162,20 @@ def box_of(A, row, col, rows, columns, fill=0.0):
     return box
 
 
+@pytest.fixture
+def hopper_backend(backend):
+    """conftest.py's `backend`, the GPU's only where it is a Hopper (sm_90a)."""
+    if backend == "cuda" and mg.cuda.Device(mg.cuda.current_device()).chip != "sm_90a":
+        pytest.skip("needs a Hopper GPU (sm_90a)")
+    return backend
+
+
 @pytest.mark.parametrize("swizzle, columns", [("none", 64), ("32B", 16), ("64B", 32), ("128B", 64)])
-@pytest.mark.parametrize("row, col", [(0, 0), (100, 40), (-3, -8)])
-def test_a_tma_box_lands_as_its_layout_says(swizzle, columns, row, col):
+@pytest.mark.parametrize("row, col", [(0, 0), (64, 0), (100, 40), (-3, -8)])
+def test_a_tma_box_lands_as_its_layout_says(hopper_backend, swizzle, columns, row, col):
     A = np.arange(130 * 72, dtype=np.float32).reshape(130, 72).astype(np.float16)
-    a_map = mg.tensor_map(A, box=(64, columns), swizzle=swizzle)
-    out = np.full(64 * 64, np.nan, np.float16)
+    a_map = mg.tensor_map(mg.to_device(A), box=(64, columns), swizzle=swizzle)
+    out = mg.to_device(np.full(64 * 64, np.nan, np.float16))
     tma_box(a_map, out, row, col, 64 * columns, grid=1, block=128, shared_mem=64 * 64 * 2 + 1024)
     layout = box_layout((64, columns), mg.f16, swizzle)
     box = box_of(A, row, col, 64, columns)  # zeros past the edges: the map's fill
@@ -174,7 +183,7 @@ def test_a_tma_box_lands_as_its_layout_says(swizzle, columns, row, col):
     for r in range(64):
         for c in range(columns):
             expected[layout(r, c)] = box[r, c]
-    np.testing.assert_array_equal(out[:64 * columns], expected)
+    np.testing.assert_array_equal(out.get()[:64 * columns], expected)
 
 
 def test_a_nan_filled_map_reads_nan_past_the_edges():

@@ -1,7 +1,6 @@
-"""Hopper on the GPU (sm_90a: H100, H200): TMA copies land where the
-layouts say, clusters launch, and the warp-specialized wgmma GEMM of
-examples/tensorcore matches float64 products at tile multiples and odd
-sizes, for every input and output type."""
+"""Hopper on the GPU (sm_90a: H100, H200): clusters launch, and the
+warp-specialized wgmma GEMM of examples/tensorcore matches float64 products
+at tile multiples and odd sizes, for every input and output type."""
 import os
 import sys
 
@@ -9,7 +8,6 @@ import numpy as np
 import pytest
 
 import mlirgpu as mg
-from mlirgpu.runtime.tensormap import box_layout
 
 pytestmark = pytest.mark.gpu
 
@@ -27,45 +25,8 @@ def hopper():
 
 
 # --------------------------------------------------------------------------
-# TMA: a box read into shared memory, with its swizzle and out-of-bounds fill
+# Clusters (TMA boxes on each backend: test_cpu_hopper.py)
 # --------------------------------------------------------------------------
-
-@mg.kernel
-def tma_box(a_map: mg.TensorMap, out: mg.memref[64 * 64, mg.f16], row: mg.i32, col: mg.i32):
-    smem = mg.shared.dynamic(mg.f16)
-    bars = mg.mbarrier.array(1)
-    base = mg.shared.address(smem)
-    first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index) // 2
-    if mg.thread_idx.x == 0:
-        bars.init(0, 1)
-        mg.mbarrier.fence_init()
-    mg.syncthreads()
-    if mg.thread_idx.x == 0:
-        bars.arrive_expect_tx(0, 64 * 64 * 2)
-        mg.tma.load(a_map, smem, (row, col), bars, 0, offset=first)
-    bars.wait(0, 0)
-    for i in range(mg.thread_idx.x, 64 * 64, 128):
-        out[i] = smem[first + i]
-
-
-@pytest.mark.parametrize("swizzle", ["none", "128B"])
-@pytest.mark.parametrize("row, col", [(0, 0), (64, 0), (100, 40)])
-def test_a_tma_box_lands_as_its_layout_says(swizzle, row, col):
-    A = np.arange(130 * 72, dtype=np.float32).reshape(130, 72).astype(np.float16)
-    a_map = mg.tensor_map(mg.to_device(A), box=(64, 64), swizzle=swizzle)
-    out = mg.to_device(np.full(64 * 64, np.nan, np.float16))
-    tma_box(a_map, out, row, col, grid=1, block=128, shared_mem=64 * 64 * 2 + 1024)
-    got = out.get()
-    layout = box_layout((64, 64), mg.f16, swizzle)
-    inside = A[row:row + 64, col:col + 64]
-    box = np.zeros((64, 64), np.float16)  # zeros past the edges: the map's fill
-    box[:inside.shape[0], :inside.shape[1]] = inside
-    expected = np.empty(64 * 64, np.float16)
-    for r in range(64):
-        for c in range(64):
-            expected[layout(r, c)] = box[r, c]
-    np.testing.assert_array_equal(got, expected)
-
 
 @mg.kernel
 def cluster_ranks(X: mg.memref[8, mg.i32]):
