@@ -1,7 +1,8 @@
 """DeviceArray as CuPy and Numba users reach for it: basic slicing gives
 strided views, .T, reshape of contiguous arrays, copy(), fill(), itemsize,
-len(), a repr naming shape, dtype and device, and np.asarray refused with a
-pointer to .get(). On both backends, with the same assertions."""
+len(), a repr naming shape, dtype and device, np.asarray refused with a
+pointer to .get(), and copies of every dtype to the device and back. On both
+backends, with the same assertions."""
 import numpy as np
 import pytest
 
@@ -10,6 +11,50 @@ import mlirgpu as mg
 pytestmark = pytest.mark.usefixtures("backend")
 
 A = np.arange(24, dtype=np.float32).reshape(4, 6)
+
+
+ALL_DTYPES = [mg.bool_, mg.i8, mg.i16, mg.i32, mg.i64, mg.u8, mg.u16, mg.u32, mg.u64, mg.f16, mg.f32, mg.f64,
+              mg.index]
+
+
+def sample(dt, shape):
+    rng = np.random.default_rng(0)
+    n = int(np.prod(shape))
+    if dt is mg.bool_:
+        return (rng.integers(0, 2, n) == 1).reshape(shape)
+    values = rng.integers(0, 100, n) if dt.kind in "iu" else rng.standard_normal(n)
+    return values.astype(dt.numpy).reshape(shape)
+
+
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0), (7,), (4, 5), (2, 3, 4)])
+def test_round_trip_every_dtype(dt, shape):
+    host = sample(dt, shape)
+    dev = mg.to_device(host)
+    assert dev.shape == shape and dev.dtype == (mg.i64 if dt is mg.index else dt)
+    back = dev.get()
+    assert back.dtype == host.dtype and back.shape == shape
+    np.testing.assert_array_equal(back, host)
+
+
+def test_to_device_non_contiguous_and_swapped_host():
+    host = np.arange(24, dtype=">i4").reshape(4, 6)[:, ::2]
+    np.testing.assert_array_equal(mg.to_device(host).get(), host)
+    np.testing.assert_array_equal(mg.to_device([[1.0, 2.0], [3.0, 4.0]]).get(), [[1.0, 2.0], [3.0, 4.0]])
+
+
+def test_zeros_empty_and_copy_to_host():
+    z = mg.zeros((3, 5), mg.i32)
+    np.testing.assert_array_equal(z.get(), np.zeros((3, 5), np.int32))
+    e = mg.empty(0)
+    assert e.get().shape == (0,) and e.ptr == 0
+    out = np.full((3, 5), 7, np.int32)
+    assert z.copy_to_host(out) is out
+    assert not out.any()
+    with pytest.raises(ValueError):
+        z.copy_to_host(np.zeros((5, 3), np.int32))
+    with pytest.raises(TypeError):
+        z.copy_to_host(np.zeros((3, 5), np.float32))
 
 
 @pytest.mark.parametrize("key", [
