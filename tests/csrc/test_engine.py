@@ -9,7 +9,7 @@ import pytest
 
 import mlirgpu as mg
 from mlirgpu import _mlirgpu, cpu, ir, passes
-from test_leaks import MB, growth
+from support.leaks import MB, growth
 
 ExecutionEngine = _mlirgpu.ExecutionEngine
 

@@ -1,18 +1,14 @@
 """Leak checks: run a cycle many times after a warm-up; the process's resident
 memory must not grow by more than a few MB. (`pytest -s` prints the growth.)"""
-import gc
 import io
-import os
 
 import numpy as np
 import pytest
 
 import mlirgpu as mg
 from mlirgpu import _mlirgpu, ir, passes
+from support.leaks import MB, growth
 from support.sgemm_ir import build_sgemm_module
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
-MB = 1 << 20
 
 TEXT = """\
 func.func @f(%a: f32, %b: f32) -> f32 {
@@ -21,25 +17,6 @@ func.func @f(%a: f32, %b: f32) -> f32 {
   return %1 : f32
 }
 """
-
-
-def rss():
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * PAGE
-
-
-def growth(cycle, count, warmup):
-    """Bytes of resident memory gained over `count` calls of cycle(i), after `warmup` calls."""
-    for i in range(warmup):
-        cycle(i)
-    gc.collect()
-    before = rss()
-    for i in range(count):
-        cycle(i)
-    gc.collect()
-    grown = rss() - before
-    print(f"\n{cycle.__name__}: {count} cycles grew RSS by {grown / MB:.2f} MB")
-    return grown
 
 
 def ir_cycle_in(context):

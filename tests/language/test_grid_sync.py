@@ -438,7 +438,7 @@ def test_cooperative_launches_reach_the_driver(fake_libcuda, tmp_path):
 
 
 def test_cooperative_cpu_launches_do_not_leak():
-    from test_leaks import MB, growth
+    from support.leaks import MB, growth
     X, Y = np.zeros(256, np.int32), np.zeros(256, np.int32)
     limit = _mlirgpu.CPU_MAX_COOPERATIVE_THREADS
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 from support.kernels_sgemm import scale_rows, sgemm_naive
-from test_leaks import MB, growth
+from support.leaks import MB, growth
 
 import mlirgpu as mg
 

@@ -18,7 +18,7 @@ import mlirgpu as mg
 from mlirgpu import ir
 from support.checks import PYTHON_DIR, TEST_PATH
 from mlirgpu.runtime import host_program
-from test_leaks import MB, growth
+from support.leaks import MB, growth
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("host_program_example", ROOT / "examples" / "host_program.py")

@@ -10,7 +10,7 @@ import pytest
 import mlirgpu as mg
 from support.checks import PYTHON_DIR
 from test_host_program import PROGRAM, example, two_matmuls_program
-from test_leaks import MB, rss
+from support.leaks import MB, rss
 
 pytestmark = pytest.mark.gpu
 
