@@ -5,7 +5,7 @@ and np.from_dlpack round trips), and random __cuda_array_interface__ dicts
 Each either round-trips exactly (values, shape, read-only flag) or raises a
 documented exception class; nothing may crash the interpreter.
 
-The CUDA-side properties need a driver: tests/test_fuzz.py runs this module
+The CUDA-side properties need a driver: tests/system/test_fuzz.py runs this module
 in a process of its own with the fake driver (tests/support/fake_cuda), where device
 memory is host memory."""
 import os
@@ -27,7 +27,7 @@ FUZZ = settings(max_examples=int(os.environ.get("MLIRGPU_FUZZ_EXAMPLES", "150"))
 
 DTYPES = ["bool", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8"]
 
-needs_driver = pytest.mark.skipif(not cuda.is_available(), reason="needs a CUDA driver (tests/test_fuzz.py "
+needs_driver = pytest.mark.skipif(not cuda.is_available(), reason="needs a CUDA driver (tests/system/test_fuzz.py "
                                   "runs this with the fake one)")
 
 

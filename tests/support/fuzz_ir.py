@@ -5,8 +5,8 @@ uses, dropping the last reference to a module, printing, verifying, walking)
 run against a pool of live objects. Each call either does what it says or
 raises a documented exception class; nothing may crash the interpreter.
 
-Run by tests/test_fuzz.py in a process of its own (a crash fails that test
-instead of ending the suite); `pytest tests/fuzz_ir.py` runs it directly."""
+Run by tests/system/test_fuzz.py in a process of its own (a crash fails that test
+instead of ending the suite); `pytest tests/support/fuzz_ir.py` runs it directly."""
 import gc
 import os
 
