@@ -1,7 +1,7 @@
 """The user-facing forms of the API as a user writes them: specializing, inspecting, compiling without a GPU, launching."""
-from support import kernels_sgemm
 import numpy as np
 import pytest
+from support import kernels_sgemm
 from support.kernels_sgemm import sgemm_naive
 
 import mlirgpu as mg
