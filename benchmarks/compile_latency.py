@@ -35,7 +35,7 @@ if cuda.is_available():
     cuda.synchronize()  # the CUDA context: once per process, for every library alike
 t_context = time.perf_counter()
 sys.path.insert(0, sys.argv[1])
-from kernels_sgemm import sgemm_naive
+from support.kernels_sgemm import sgemm_naive
 t2 = time.perf_counter()
 spec = sgemm_naive[256, 128, 256, mg.f32]
 if cuda.is_available():

@@ -35,7 +35,7 @@ import mlirgpu as mg  # noqa: E402
 
 # The tile-16, static-shared-memory kernel the tests run on both backends.
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from kernels_features import TILE, matmul_static as matmul_tiled  # noqa: E402
+from support.kernels_features import TILE, matmul_static as matmul_tiled  # noqa: E402
 
 
 PEER = r"""

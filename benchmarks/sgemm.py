@@ -412,7 +412,7 @@ def main(argv=None):
     if not mg.cuda.is_available():
         raise SystemExit("benchmarks/sgemm.py times kernels on an NVIDIA GPU: mlirgpu.cuda.is_available() is False "
                          "here (no driver or no device). The kernels' results on the CPU backend are checked by "
-                         "tests/test_sgemm_series.py.")
+                         "tests/system/test_sgemm_series.py.")
     if mg.backend() != "cuda":
         raise SystemExit(f"benchmarks/sgemm.py times the GPU, but the current backend is {mg.backend()!r} "
                          f"(MLIRGPU_BACKEND={os.environ.get('MLIRGPU_BACKEND')!r})")

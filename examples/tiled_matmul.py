@@ -10,7 +10,7 @@ waits for the block, and accumulates from shared memory.
     python examples/tiled_matmul.py [M K N]   # default 5120 256 5120 on the GPU, 320 64 320 on the CPU
 
 M, K and N are multiples of TILE (no edge guards). The tests
-(tests/kernels_features.py) and benchmarks/cpu_backend.py run these kernels.
+(tests/support/kernels_features.py) and benchmarks/cpu_backend.py run these kernels.
 """
 import argparse
 import os

@@ -1,4 +1,8 @@
-"""Tests marked `gpu` (declared in pyproject.toml) need a CUDA driver and a
+"""The test files sit in a folder per layer of the package (ir, layout,
+language, frontend, compiler, runtime), csrc/ for the C core and system/ for
+the whole package; what they share is the package `support`.
+
+Tests marked `gpu` (declared in pyproject.toml) need a CUDA driver and a
 device; where there is none they are skipped, with the reason. Tests marked
 `multigpu` need two devices or more, and are skipped with fewer. A test that
 takes the `backend` fixture runs once per backend: "cpu" everywhere, "cuda"
@@ -15,12 +19,17 @@ import fcntl
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import pytest
-from backends import current_backend
+from support.backends import current_backend
+from support.checks import TEST_PATH
 
 from mlirgpu import compiler, ir
+
+# A test file imports another's module by its name, wherever under tests/ it is.
+sys.path[:0] = [path for path in TEST_PATH if path not in sys.path]
 
 _cache_dir = None
 # The file whose locks keep device_memory tests apart from the rest: made by the
@@ -112,8 +121,8 @@ def ctx():
 
 @pytest.fixture(scope="session")
 def fake_libcuda(tmp_path_factory):
-    """Path of tests/fake_cuda/libcuda.c built as a shared library."""
-    source = os.path.join(os.path.dirname(__file__), "fake_cuda", "libcuda.c")
+    """Path of tests/support/fake_cuda/libcuda.c built as a shared library."""
+    source = os.path.join(os.path.dirname(__file__), "support", "fake_cuda", "libcuda.c")
     library = str(tmp_path_factory.mktemp("fake_cuda") / "libcuda.so.1")
     subprocess.run(["gcc", "-O1", "-std=gnu11", "-shared", "-fPIC", f"-I{compiler.CUDA_HOME}/include",
                     source, "-o", library], check=True)

@@ -1,0 +1,425 @@
+"""Hopper's operations on the CPU backend: mbarriers complete their phases as
+the PTX ISA says (arrivals and transaction bytes, waits by parity), named
+barriers hold one warpgroup for another, TMA boxes land in shared memory
+with the hardware's swizzles and zero fill and are stored back clipped at
+the array's edges, wgmma reads every operand layout through its descriptor,
+and the warp-specialized Hopper GEMM of examples/tensorcore matches float64
+products at odd sizes. Each result is worked out on the host (NumPy, the
+layout module), and the threads that would read too early run first. The
+TMA boxes land the same on a Hopper GPU (conftest.py's `backend`)."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import mlirgpu as mg
+from support.backends import current_backend
+from mlirgpu.layout import wgmma as wgmma_layout
+from mlirgpu.runtime.tensormap import box_layout
+
+ml_dtypes = pytest.importorskip("ml_dtypes")  # NumPy's bf16
+EXAMPLES = os.path.abspath(os.path.join(__file__, os.pardir, os.pardir, os.pardir, "examples", "tensorcore"))
+
+
+@pytest.fixture(autouse=True)
+def cpu():
+    with current_backend("cpu"):
+        yield
+
+
+def line_of(function, text):
+    """The line number of the first source line of `function` containing `text`."""
+    import inspect
+    lines, first = inspect.getsourcelines(function)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+# --------------------------------------------------------------------------
+# mbarriers and named barriers
+# --------------------------------------------------------------------------
+
+@mg.kernel
+def handoff(X: mg.memref[64, mg.i32]):
+    # Three rounds of one value from the writer to 63 readers: barrier 0
+    # ("full") counts the writer's arrival, barrier 1 ("empty") the readers'.
+    data = mg.shared.array((1,), mg.i32)
+    bars = mg.mbarrier.array(2)
+    t = mg.thread_idx.x
+    if t == 0:
+        bars.init(0, 1)
+        bars.init(1, 63)
+        mg.mbarrier.fence_init()
+    mg.syncthreads()
+    total = mg.constant(0, mg.i32)
+    for r in mg.static_range(3):
+        if t == 63:
+            # The writer is the block's last thread: the readers reach their waits first.
+            if r > 0:
+                bars.wait(1, (r - 1) % 2)  # every reader has read the last value
+            data[0] = 10 * (r + 1)
+            bars.arrive(0)
+        else:
+            bars.wait(0, r % 2)
+            total = total + data[0]
+            bars.arrive(1)
+    X[t] = total
+
+
+def test_mbarrier_phases_hand_a_value_over_round_after_round():
+    X = np.full(64, -1, np.int32)
+    handoff(X, grid=1, block=64)
+    # Each reader saw 10, 20 and 30: not a value before its phase completed, nor one after.
+    assert X.tolist() == [60] * 63 + [0]
+
+
+@mg.kernel
+def waits(X: mg.memref[2, mg.i32], forever: mg.i32):
+    bars = mg.mbarrier.array(1)
+    bars.init(0, 2)
+    bars.wait(0, 1)              # the phase before the first: complete already
+    X[0] = 1
+    bars.arrive(0)               # one of the two arrivals phase 0 expects
+    if forever == 1:
+        bars.wait(0, 0)
+    X[1] = 1
+
+
+def test_the_phase_before_the_first_is_complete_and_a_missing_arrival_is_a_deadlock():
+    X = np.zeros(2, np.int32)
+    waits(X, 0, grid=1, block=1)
+    assert X.tolist() == [1, 1]
+    X = np.zeros(2, np.int32)
+    with pytest.raises(mg.KernelError, match=r"deadlock at .*:%d: thread \(0, 0, 0\) of block \(0, 0, 0\) waits "
+                       r"on line \d+ for an mbarrier phase" % line_of(waits.function, "bars.wait(0, 0)")):
+        waits(X, 1, grid=1, block=1)
+    assert X.tolist() == [1, 0]
+
+
+@mg.kernel
+def arrive_uninitialised(X: mg.memref[1, mg.i32]):
+    bars = mg.mbarrier.array(1)
+    bars.arrive(0)
+    X[0] = 1
+
+
+def test_an_arrival_on_a_barrier_never_initialised_is_a_kernel_error():
+    X = np.zeros(1, np.int32)
+    with pytest.raises(mg.KernelError, match="never initialised .* at .*:%d" % line_of(
+            arrive_uninitialised.function, "bars.arrive(0)")):
+        arrive_uninitialised(X, grid=1, block=1)
+    assert X[0] == 0
+
+
+@mg.kernel(max_threads=256)
+def relay(X: mg.memref[128, mg.i32]):
+    S = mg.shared.array((128,), mg.i32)
+    t = mg.warpgroup.thread_index()
+    if mg.warpgroup.index() == 1:
+        S[t] = 2 * t + 1
+        mg.warpgroup.arrive(3, 256)      # warpgroup 1 signals and goes on
+    else:
+        mg.warpgroup.barrier(3, 256)     # warpgroup 0 (run first) waits for it
+        X[t] = S[127 - t]
+    mg.warpgroup.barrier(1 + mg.warpgroup.index())
+
+
+def test_a_named_barrier_holds_one_warpgroup_until_the_other_arrives():
+    X = np.zeros(128, np.int32)
+    relay(X, grid=2, block=256)
+    assert X.tolist() == [2 * (127 - t) + 1 for t in range(128)]
+
+
+# --------------------------------------------------------------------------
+# TMA
+# --------------------------------------------------------------------------
+
+@mg.kernel
+def tma_box(a_map: mg.TensorMap, out: mg.memref[64 * 64, mg.f16], row: mg.i32, col: mg.i32, count: mg.i32):
+    smem = mg.shared.dynamic(mg.f16)
+    bars = mg.mbarrier.array(1)
+    base = mg.shared.address(smem)
+    first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index) // 2
+    if mg.thread_idx.x == 0:
+        bars.init(0, 1)
+        mg.mbarrier.fence_init()
+    mg.syncthreads()
+    if mg.thread_idx.x == 0:
+        bars.arrive_expect_tx(0, count * 2)
+        mg.tma.load(a_map, smem, (row, col), bars, 0, offset=first)
+    bars.wait(0, 0)
+    for i in range(mg.thread_idx.x, count, 128):
+        out[i] = smem[first + i]
+
+
+def box_of(A, row, col, rows, columns, fill=0.0):
+    """The rows x columns box of A at (row, col), `fill` outside A."""
+    box = np.full((rows, columns), fill, A.dtype)
+    for r in range(rows):
+        for c in range(columns):
+            if 0 <= row + r < A.shape[0] and 0 <= col + c < A.shape[1]:
+                box[r, c] = A[row + r, col + c]
+    return box
+
+
+@pytest.fixture
+def hopper_backend(backend):
+    """conftest.py's `backend`, the GPU's only where it is a Hopper (sm_90a)."""
+    if backend == "cuda" and mg.cuda.Device(mg.cuda.current_device()).chip != "sm_90a":
+        pytest.skip("needs a Hopper GPU (sm_90a)")
+    return backend
+
+
+@pytest.mark.parametrize("swizzle, columns", [("none", 64), ("32B", 16), ("64B", 32), ("128B", 64)])
+@pytest.mark.parametrize("row, col", [(0, 0), (64, 0), (100, 40), (-3, -8)])
+def test_a_tma_box_lands_as_its_layout_says(hopper_backend, swizzle, columns, row, col):
+    A = np.arange(130 * 72, dtype=np.float32).reshape(130, 72).astype(np.float16)
+    a_map = mg.tensor_map(mg.to_device(A), box=(64, columns), swizzle=swizzle)
+    out = mg.to_device(np.full(64 * 64, np.nan, np.float16))
+    tma_box(a_map, out, row, col, 64 * columns, grid=1, block=128, shared_mem=64 * 64 * 2 + 1024)
+    layout = box_layout((64, columns), mg.f16, swizzle)
+    box = box_of(A, row, col, 64, columns)  # zeros past the edges: the map's fill
+    expected = np.empty(64 * columns, np.float16)
+    for r in range(64):
+        for c in range(columns):
+            expected[layout(r, c)] = box[r, c]
+    np.testing.assert_array_equal(out.get()[:64 * columns], expected)
+
+
+def test_a_nan_filled_map_reads_nan_past_the_edges():
+    A = np.ones((70, 40), np.float16)
+    a_map = mg.tensor_map(mg.to_device(A), box=(64, 64), swizzle="128B", oob_fill="nan")
+    out = np.zeros(64 * 64, np.float16)
+    tma_box(a_map, out, 32, 0, 64 * 64, grid=1, block=128, shared_mem=64 * 64 * 2 + 1024)
+    layout = box_layout((64, 64), mg.f16, "128B")
+    got = np.empty((64, 64), np.float16)
+    for r in range(64):
+        for c in range(64):
+            got[r, c] = out[layout(r, c)]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(box_of(A, 32, 0, 64, 64, np.nan)))
+    assert (got[:38, :40] == 1).all()
+
+
+def test_element_strides_take_every_other_column():
+    A = np.arange(20 * 40, dtype=np.float32).reshape(20, 40).astype(np.float16)
+    a_map = mg.tensor_map(A, box=(8, 16), swizzle="none", element_strides=(1, 2))
+    assert a_map.info.box_bytes == 8 * 8 * 2
+    out = np.zeros(64 * 64, np.float16)
+    tma_box(a_map, out, 3, 32, 64, grid=1, block=128, shared_mem=64 * 64 * 2 + 1024)
+    # Rows 3..10, columns 32, 34, ..., 46 (past 39: zeros), packed in shared memory.
+    np.testing.assert_array_equal(out[:64].reshape(8, 8), box_of(A, 3, 32, 8, 16)[:, ::2])
+
+
+def test_a_box_whose_rows_start_off_16_bytes_is_a_kernel_error():
+    A = np.zeros((64, 64), np.float16)
+    out = np.zeros(64 * 64, np.float16)
+    with pytest.raises(mg.KernelError, match=r"mg\.tma\.load: the innermost coordinate -5 is -10 bytes into a row: "
+                       r"the box's rows must start at a multiple of 16 bytes, by thread \(0, 0, 0\) of block "
+                       r"\(0, 0, 0\) at .*:%d" % line_of(tma_box.function, "mg.tma.load(")):
+        tma_box(mg.tensor_map(A, box=(64, 64)), out, 0, -5, 64 * 64, grid=1, block=128, shared_mem=9216)
+
+
+def test_a_box_past_the_shared_memory_is_a_kernel_error():
+    A = np.zeros((64, 64), np.float16)
+    out = np.zeros(64 * 64, np.float16)
+    with pytest.raises(mg.KernelError, match=r"mg\.tma\.load: 8192 bytes at byte \d+ of shared memory, past the "
+                       r"block's \d+, by thread \(0, 0, 0\) of block \(0, 0, 0\) at .*:%d"
+                       % line_of(tma_box.function, "mg.tma.load(")):
+        tma_box(mg.tensor_map(A, box=(64, 64)), out, 0, 0, 64 * 64, grid=1, block=128, shared_mem=4096)
+
+
+@mg.kernel
+def tma_store_box(c_map: mg.TensorMap, row: mg.i32, col: mg.i32):
+    smem = mg.shared.dynamic(mg.f32)
+    for i in range(mg.thread_idx.x, 8 * 32, 64):
+        smem[i] = mg.cast(i, mg.f32)
+    mg.tma.fence_proxy_async()
+    mg.syncthreads()
+    if mg.thread_idx.x == 0:
+        mg.tma.store(c_map, smem, (row, col))
+        mg.tma.commit_group()
+        mg.tma.wait_group(0)
+
+
+@pytest.mark.parametrize("row, col", [(0, 0), (5, 20), (-2, 28)])
+def test_a_tma_store_writes_the_box_inside_the_array_only(row, col):
+    C = np.full((10, 44), -1, np.float32)
+    c_map = mg.tensor_map(C, box=(8, 32), swizzle="128B")
+    tma_store_box(c_map, row, col, grid=1, block=64, shared_mem=8 * 32 * 4)
+    layout = box_layout((8, 32), mg.f32, "128B")
+    expected = np.full((10, 44), -1, np.float32)
+    for r in range(8):
+        for c in range(32):
+            if 0 <= row + r < 10 and 0 <= col + c < 44:
+                expected[row + r, col + c] = layout(r, c)  # shared element layout(r, c) holds that number
+    np.testing.assert_array_equal(C, expected)
+
+
+# --------------------------------------------------------------------------
+# wgmma: each operand layout through its descriptor
+# --------------------------------------------------------------------------
+
+def wgmma_kernel(a_tile, b_tile, b_major):
+    """A kernel multiplying a 64 x 64 A by a 64 x 64 B whose shared-memory
+    images (as the layouts place the elements) it is given."""
+    @mg.kernel
+    def tile_product(image: mg.memref[2 * 64 * 64, mg.f16], C: mg.memref[64, 64, mg.f32]):
+        smem = mg.shared.dynamic(mg.f16)
+        base = mg.shared.address(smem)
+        first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index) // 2
+        for i in range(mg.thread_idx.x, 2 * 64 * 64, 128):
+            smem[first + i] = image[i]
+        mg.tma.fence_proxy_async()   # ordinary stores, read by the tensor cores
+        mg.syncthreads()
+        t = mg.warpgroup.thread_index()
+        acc = mg.wgmma.zeros(64)
+        mg.wgmma.fence()
+        for k in mg.static_range(4):
+            a = mg.wgmma.descriptor(smem, a_tile, offset=first, k_block=k)
+            b = mg.wgmma.descriptor(smem, b_tile, offset=first + 64 * 64, k_block=k, major=b_major)
+            acc = mg.wgmma.mma(acc, a, b, n=64)
+        mg.wgmma.commit_group()
+        acc = mg.wgmma.wait_group(0, acc)
+        for r in mg.static_range(32):
+            row, col = mg.wgmma.accumulator_coordinates(r, t)
+            C[row, col] = acc[r]
+    return tile_product
+
+
+def wgmma_product(swizzle, b_major):
+    """(C the kernel computes, A @ B) for small integer A and B laid out with `swizzle`."""
+    a_tile = wgmma_layout.tile_layout((64, 64), 2, swizzle)
+    b_tile = wgmma_layout.tile_layout((64, 64), 2, swizzle, major=b_major)
+    rng = np.random.default_rng(1)
+    a = rng.integers(-4, 5, (64, 64)).astype(np.float16)   # M x K
+    b = rng.integers(-4, 5, (64, 64)).astype(np.float16)   # K x N
+    image = np.zeros(2 * 64 * 64, np.float16)
+    for i in range(64):
+        for k in range(64):
+            image[a_tile(i, k)] = a[i, k]
+            image[64 * 64 + b_tile(i, k)] = b[k, i]          # B's tile is over (N, K)
+    C = mg.to_device(np.zeros((64, 64), np.float32))
+    wgmma_kernel(a_tile, b_tile, b_major)(mg.to_device(image), C, grid=1, block=128,
+                                          shared_mem=2 * 64 * 64 * 2 + 1024)
+    return C.get(), a.astype(np.float32) @ b.astype(np.float32)
+
+
+@pytest.mark.parametrize("b_major", ["K", "MN"])
+@pytest.mark.parametrize("swizzle", ["interleave", "32B", "64B", "128B"])
+def test_wgmma_reads_each_layout_through_its_descriptor(swizzle, b_major):
+    got, expected = wgmma_product(swizzle, b_major)
+    np.testing.assert_array_equal(got, expected)  # small integers: exact
+
+
+# --------------------------------------------------------------------------
+# The Hopper GEMM
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hopper_gemm():
+    sys.path.insert(0, EXAMPLES)
+    try:
+        import hopper_gemm
+    finally:
+        sys.path.remove(EXAMPLES)
+    return hopper_gemm
+
+
+def run_gemm(hopper_gemm, M, N, K, config):
+    a, b, dA, dB = hopper_gemm._inputs(M, N, K, mg.bf16, config.b_major)
+    C = mg.to_device(np.full((M, N), np.nan, np.float32))  # poisoned: every element must be written
+    hopper_gemm.matmul(dA, dB, mg.f32, config, C=C)
+    got = C.get().astype(np.float64)
+    expected = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.isfinite(got).all(), "elements of C were not written"
+    # f32 sums of exact bf16 products, against float64.
+    assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) < 1e-5
+
+
+@pytest.mark.parametrize("b_major", ["MN", "K"])
+@pytest.mark.parametrize("M, N, K", [(130, 72, 90), (128, 256, 64)])
+def test_the_default_gemm_on_the_cpu(hopper_gemm, M, N, K, b_major):
+    # C's rows are multiples of 16 bytes: the TMA-store epilogue, clipped at C's edges.
+    run_gemm(hopper_gemm, M, N, K, hopper_gemm.CONFIGS[0].replace(b_major=b_major))
+
+
+@pytest.mark.parametrize("b_major", ["MN", "K"])
+def test_the_register_epilogue_gemm_on_the_cpu(hopper_gemm, b_major):
+    config = hopper_gemm.Config(256, 64, 4, b_major)
+    assert config.epilogue == "registers"
+    run_gemm(hopper_gemm, 130, 70, 90, config)
+
+
+def test_the_ping_pong_gemm_on_the_cpu(hopper_gemm):
+    config = hopper_gemm.CONFIGS[1].replace(b_major="K")
+    assert config.schedule == "pingpong"
+    run_gemm(hopper_gemm, 300, 136, 200, config)
+
+
+def test_a_cluster_config_is_a_launch_error_on_the_cpu(hopper_gemm):
+    config = hopper_gemm.CONFIGS[-1]
+    assert config.multicast
+    _, _, dA, dB = hopper_gemm._inputs(130, 70, 90, mg.bf16, config.b_major)
+    with pytest.raises(mg.LaunchError, match=r"clusters of \(2, 1, 1\), which only the GPU has"):
+        hopper_gemm.matmul(dA, dB, mg.f32, config)
+
+
+@mg.kernel
+def multicast_load(a_map: mg.TensorMap, X: mg.memref[8, mg.f16]):
+    smem = mg.shared.dynamic(mg.f16)
+    bars = mg.mbarrier.array(1)
+    mg.tma.load(a_map, smem, (0, 0), bars, 0, multicast=0b11)
+    X[0] = smem[0]
+
+
+def test_a_multicast_copy_is_a_compile_error_on_the_cpu():
+    with pytest.raises(mg.CompileError, match=r"mg\.tma\.load with multicast runs only on the GPU \(the CPU backend "
+                       r"has no thread-block clusters\)") as info:
+        multicast_load(mg.tensor_map(np.zeros((8, 64), np.float16), box=(8, 64)), np.zeros(8, np.float16),
+                       grid=1, block=32, shared_mem=2048)
+    assert info.value.lineno == line_of(multicast_load.function, "multicast=0b11")
+
+
+def test_a_tensor_map_parameter_takes_a_tensor_map_on_the_cpu():
+    with pytest.raises(mg.LaunchError, match="parameter 'a_map' is a tensor map: pass one made by mg.tensor_map"):
+        tma_box(object(), np.zeros(64 * 64, np.float16), 0, 0, 64, grid=1, block=128, shared_mem=9216)
+
+
+def test_a_tma_store_to_a_read_only_array_is_a_kernel_error():
+    C = np.zeros((10, 44), np.float32)
+    C.flags.writeable = False
+    with pytest.raises(mg.KernelError, match="mg.tma.store: the tensor map's array is read-only, by thread "
+                       r"\(0, 0, 0\) of block \(0, 0, 0\) at .*:%d" % line_of(tma_store_box.function, "mg.tma.store(")):
+        tma_store_box(mg.tensor_map(C, box=(8, 32), swizzle="128B"), 0, 0, grid=1, block=64, shared_mem=8 * 32 * 4)
+    assert not C.any()
+
+
+# --------------------------------------------------------------------------
+# The same kernels on a Hopper GPU: the CPU backend's results are the hardware's
+# --------------------------------------------------------------------------
+
+def tma_box_on_the_current_backend(swizzle, columns, row, col):
+    A = np.arange(130 * 72, dtype=np.float32).reshape(130, 72).astype(np.float16)
+    out = mg.to_device(np.full(64 * 64, np.nan, np.float16))
+    tma_box(mg.tensor_map(mg.to_device(A), box=(64, columns), swizzle=swizzle), out, row, col, 64 * columns,
+            grid=1, block=128, shared_mem=64 * 64 * 2 + 1024)
+    return out.get()
+
+
+@pytest.mark.gpu
+def test_the_cpu_backend_agrees_with_a_hopper_gpu():
+    with current_backend("cuda"):
+        if mg.cuda.Device(mg.cuda.current_device()).chip != "sm_90a":
+            pytest.skip("needs a Hopper GPU (sm_90a)")
+    cases = [(swizzle, columns, row, col) for swizzle, columns in (("none", 64), ("32B", 16), ("64B", 32), ("128B", 64))
+             for row, col in ((0, 0), (100, 40), (-3, -8))]
+    for case in cases:
+        with current_backend("cuda"):
+            gpu = tma_box_on_the_current_backend(*case)
+        np.testing.assert_array_equal(tma_box_on_the_current_backend(*case), gpu, err_msg=f"TMA box {case}")
+    for swizzle in ("interleave", "32B", "64B", "128B"):
+        for b_major in ("K", "MN"):
+            with current_backend("cuda"):
+                gpu, expected = wgmma_product(swizzle, b_major)
+            np.testing.assert_array_equal(gpu, expected, err_msg=f"wgmma {swizzle} {b_major} on the GPU")
+            np.testing.assert_array_equal(wgmma_product(swizzle, b_major)[0], gpu, err_msg=f"wgmma {swizzle} {b_major}")
