@@ -1,6 +1,6 @@
 """The test files sit in a folder per layer of the package (ir, layout,
-language, frontend, compiler, runtime), csrc/ for the C core and system/ for
-the whole package; what they share is the package `support`.
+language, frontend, compiler, runtime, ops), csrc/ for the C core and system/
+for the whole package; what they share is the package `support`.
 
 Tests marked `gpu` (declared in pyproject.toml) need a CUDA driver and a
 device; where there is none they are skipped, with the reason. Tests marked

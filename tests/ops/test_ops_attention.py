@@ -19,7 +19,7 @@ import mlirgpu as mg
 import mlirgpu.compiler
 import mlirgpu.ops
 
-from backends import current_backend
+from support.backends import current_backend
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

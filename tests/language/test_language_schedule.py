@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import mlirgpu as mg
-from backends import current_backend
+from support.backends import current_backend
 
-EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "tensorcore",
-                       "persistent_matmul.py")
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples",
+                       "tensorcore", "persistent_matmul.py")
 TILES_M, TILES_N, K_TILES = 5, 3, 7
 FIELDS = 6  # m, n, k_begin, k_end, first, last
 

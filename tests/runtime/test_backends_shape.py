@@ -5,7 +5,7 @@ import inspect
 from pathlib import Path
 
 import pytest
-from backends import current_backend
+from support.backends import current_backend
 
 import mlirgpu as mg
 from mlirgpu.runtime import backend
