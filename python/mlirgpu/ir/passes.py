@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
-from .._mlirgpu import PassManager
-
-if TYPE_CHECKING:
-    from .._mlirgpu import Module, Operation
+# Module and Operation are imported at run time, not only for type checkers, so that the docs
+# resolve them to mlirgpu.ir's classes (mlirgpu.cuda has a Module too).
+from .._mlirgpu import Module, Operation, PassManager
 
 __all__ = ["PassManager", "run"]
 
