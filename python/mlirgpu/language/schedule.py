@@ -145,6 +145,15 @@ def _loop(count, inits, body):
 class TileScheduler:
     """The work units of a persistent kernel (see the module's text).
 
+    For example::
+
+        sched = mg.TileScheduler(tiles_m, tiles_n, k_tiles, mode="stream_k")
+        for work in sched:
+            acc = ...                  # K-tiles work.k_begin .. work.k_end of tile (work.m, work.n)
+            acc, done = sched.fixup(work, partials, counters, acc)
+            if done:
+                C[...] = acc
+
     tiles_m, tiles_n, k_tiles: the output's tiles and the K-tiles of each
     (Python ints or traced integers). mode: one of MODES. split: the K
     slices per tile of "split_k". group: tile rows per group of the grouped
@@ -171,9 +180,13 @@ class TileScheduler:
         self.units = lang.as_index(units)
         self.unit = lang.block_idx.x // blocks
         self.rank = lang.block_idx.x % blocks
-        # Hybrid: the whole waves are data-parallel; stream-K is over the rest.
-        self.whole = (self.tiles // self.units) * self.units if mode == "hybrid" else \
-            self.tiles if mode == "data_parallel" else lang.constant(0, lang.index)
+        # The tiles taken whole, in turn: all of them, none, or a hybrid's full waves.
+        if mode == "data_parallel":
+            self.whole = self.tiles
+        elif mode == "hybrid":
+            self.whole = self.tiles // self.units * self.units
+        else:
+            self.whole = lang.constant(0, lang.index)
         if mode in ("stream_k", "hybrid"):
             self.iterations = (self.tiles - self.whole) * self.k_tiles
             # Units past the iterations would have empty ranges: none takes part.
@@ -249,20 +262,17 @@ class TileScheduler:
         m, n = self._coordinates(tile)
         return WorkUnit(m, n, lang.constant(0, lang.index), self.k_tiles, True, True)
 
-    def _row(self, part):
-        """This block's workspace row of part `part` (parts count clusters)."""
-        return part * (self.cm * self.cn) + self.rank
-
-    def _counter(self, tile):
-        return tile * (self.cm * self.cn) + self.rank
+    def _of_block(self, i):
+        """This block's own of the cluster's i-th workspace row or tile counter."""
+        return i * (self.cm * self.cn) + self.rank
 
     def _slice(self, w):
         tile, s = w // self.split, w % self.split
         m, n = self._coordinates(tile)
         k_begin, k_end = s * self.k_tiles // self.split, (s + 1) * self.k_tiles // self.split
-        parts = (lang.constant(self.split, lang.index), lambda c: self._row(tile * self.split + c))
-        return WorkUnit(m, n, k_begin, k_end, s == 0, s == self.split - 1, self._counter(tile),
-                        self._row(w), parts)
+        parts = (lang.constant(self.split, lang.index), lambda c: self._of_block(tile * self.split + c))
+        return WorkUnit(m, n, k_begin, k_end, s == 0, s == self.split - 1, self._of_block(tile),
+                        self._of_block(w), parts)
 
     def _range(self, u):
         """[begin, end) of stream-K unit u's K-iterations."""
@@ -285,7 +295,7 @@ class TileScheduler:
         unit, one for the tile it begins in and one for the tile it ends in."""
         _, end = self._range(u)
         ends_here = (end - 1) // self.k_tiles == tile
-        return self._row(u * 2 + lang.cast(ends_here, lang.index))
+        return self._of_block(u * 2 + lang.cast(ends_here, lang.index))
 
     def _streamed(self, i):
         first, _ = self._stream_tiles(self.unit)
@@ -298,7 +308,7 @@ class TileScheduler:
         parts = (self._owner(base + self.k_tiles - 1) - owner + 1, lambda c: self._part_row(owner + c, tile))
         m, n = self._coordinates(self.whole + tile)
         return WorkUnit(m, n, k_begin, k_end, k_begin == 0, k_end == self.k_tiles,
-                        self._counter(self.whole + tile), self._part_row(self.unit, tile), parts)
+                        self._of_block(self.whole + tile), self._part_row(self.unit, tile), parts)
 
     # -- the fix-up -------------------------------------------------------
 
