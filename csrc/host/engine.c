@@ -8,13 +8,13 @@
  * guard. Invocation: memref descriptors over the arguments' memory, the call
  * without the GIL, the results copied into NumPy arrays and the memory they
  * owned freed. */
-#include "engine.h"
-#include "array.h"
-#include "driver.h"
-#include "ir.h"
-#include "async_runtime.h"
-#include "runner_utils.h"
-#include "runtime.h"
+#include "host/engine.h"
+#include "arrays/array.h"
+#include "cuda/driver.h"
+#include "mlir/ir.h"
+#include "host/async_runtime.h"
+#include "host/runner_utils.h"
+#include "host/runtime.h"
 
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "numpy_api.h"
+#include "base/numpy_api.h"
 
 #define CIFACE_PREFIX "_mlir_ciface_"
 /* What memref.get_global puts in a descriptor's allocated pointer. */

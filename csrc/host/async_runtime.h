@@ -9,6 +9,18 @@
 #ifndef MG_ASYNC_RUNTIME_H
 #define MG_ASYNC_RUNTIME_H
 
+#include <cuda.h>
+
+/* How the async runtime reports a failure to the invocation that runs it: a
+ * callback, since the mgpu runtime (host/runtime.c), which owns the
+ * invocation's error, calls into this file and so sits above it. */
+typedef struct {
+    void (*fail)(CUresult code, const char *what, const char *detail);
+} mg_async_hooks;
+
+/* Called once by host/runtime.c at init; the table is copied. */
+void mg_async_register_hooks(const mg_async_hooks *hooks);
+
 /* The async runtime function called `name`, or NULL. */
 void *mg_async_symbol(const char *name);
 

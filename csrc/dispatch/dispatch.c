@@ -2,9 +2,10 @@
  * each argument once, writes its signature as 64-bit words, finds the words
  * in an open-addressing hash table and launches the Function stored there
  * with the pointers already read. Nothing Python-level happens on a hit. */
-#include "dispatch.h"
-#include "array.h"
-#include "driver.h"
+#include "dispatch/dispatch.h"
+#include "arrays/array.h"
+#include "cuda/driver.h"
+#include "launch/function.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -35,10 +35,10 @@
  * that goes to sys.stdout between blocks), mg_cpu_bounds_index /
  * mg_cpu_out_of_bounds (a failed bounds check: recorded, and the fiber never
  * resumes). */
-#include "cpu.h"
-#include "engine.h"
-#include "ir.h"
-#include "runner_utils.h"
+#include "cpu/cpu.h"
+#include "host/engine.h"
+#include "mlir/ir.h"
+#include "host/runner_utils.h"
 
 #include <mlir-c/ExecutionEngine.h>
 #include <setjmp.h>
@@ -51,7 +51,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
-#include "numpy_api.h"
+#include "base/numpy_api.h"
 
 #define MG_CPU_STACK (64 * 1024)
 #define MG_CPU_MAX_THREADS 1024 /* threads per block, as on the GPU */

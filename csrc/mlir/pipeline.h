@@ -3,7 +3,7 @@
 #ifndef MG_PIPELINE_H
 #define MG_PIPELINE_H
 
-#include "module.h"
+#include "base/state.h"
 
 int mg_pipeline_init(PyObject *module);
 

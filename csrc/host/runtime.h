@@ -11,7 +11,7 @@
 #ifndef MG_RUNTIME_H
 #define MG_RUNTIME_H
 
-#include "module.h"
+#include "base/state.h"
 #include <cuda.h>
 #include <stddef.h>
 
@@ -21,9 +21,9 @@ void *mg_rt_symbol(const char *name);
 /* The names of the runtime's functions: a new tuple of str, or NULL. */
 PyObject *mg_rt_names(void);
 
-/* Fails the invocation running on this thread (if any) with `code`, naming
- * `what`: for the other runtimes JIT'd code calls (async_runtime.h). */
-void mg_rt_fail_current(CUresult code, const char *what, const char *detail);
+/* Registers with the async runtime (host/async_runtime.h) how it fails the
+ * invocation running on the calling thread. Adds nothing to the module. */
+int mg_rt_init(PyObject *module);
 
 /* Kernel modules belong to the engine whose global constructors load them
  * (mgpuModuleLoad): between mg_rt_adopt_begin(engine) and mg_rt_adopt_end(),

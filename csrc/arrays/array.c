@@ -2,17 +2,19 @@
  * mlirgpu.DeviceArray with empty/zeros/to_device/get and the asynchronous
  * copies, pinned host memory (pinned_empty), and zero-copy exchange through
  * __cuda_array_interface__ v3 and DLPack (1.x and legacy). */
-#include "array.h"
-#include "driver.h"
-#include "dlpack.h"
-#include "graph.h"
+#include "arrays/array.h"
+#include "cuda/driver.h"
+#include "cuda/device.h"
+#include "cuda/stream.h"
+#include "arrays/dlpack.h"
+#include "cuda/graph.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <structmember.h>
 
-#include "numpy_api.h"
+#include "base/numpy_api.h"
 
 /* Host DeviceArrays (the CPU backend's) are aligned like a cache line, so any
  * vector load a kernel does on them is aligned too. */
@@ -3583,8 +3585,17 @@ static int intern(PyObject **slot, const char *text)
     return *slot == NULL ? -1 : 0;
 }
 
+/* The graph replay's callback (cuda/graph.h): a replayed array was last used on the replay's stream. */
+static void graph_replayed(PyObject *retained, CUstream stream, PyObject *stream_obj)
+{
+    if (mg_array_check_device(retained))
+        mg_array_set_stream(retained, stream, stream_obj);
+}
+
 int mg_array_init(PyObject *module)
 {
+    static const mg_graph_hooks graph_hooks = {.replayed = graph_replayed};
+    mg_graph_register_hooks(&graph_hooks);
     if (intern(&str_cai, "__cuda_array_interface__") < 0 || intern(&str_dlpack, "__dlpack__") < 0 ||
         intern(&str_dlpack_device, "__dlpack_device__") < 0 ||
         intern(&str_array_interface, "__array_interface__") < 0 || intern(&str_array, "__array__") < 0 ||

@@ -8,9 +8,9 @@
  * Python. Kernel images are loaded lazily, at a program's first
  * mgpuModuleGetFunction, so that global constructors need no driver: an
  * engine can be built, and pure host functions run, without a GPU. */
-#include "runtime.h"
-#include "async_runtime.h"
-#include "driver.h"
+#include "host/runtime.h"
+#include "host/async_runtime.h"
+#include "cuda/driver.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -156,7 +156,9 @@ static void fail_on(mg_rt_state *s, CUstream stream, CUresult code, const char *
 
 #define fail(s, code, what, ...) fail_on(s, NULL, code, what, __VA_ARGS__)
 
-void mg_rt_fail_current(CUresult code, const char *what, const char *detail)
+/* Fails the invocation running on this thread (if any) with `code`, naming
+ * `what`: the async runtime's hook. */
+static void fail_current(CUresult code, const char *what, const char *detail)
 {
     if (current != NULL)
         fail(current, code, what, "%s", detail);
@@ -1268,4 +1270,11 @@ int mg_rt_end(mg_rt_state *s, PyObject *timeline)
     free(s->lasts);
     free(s);
     return status;
+}
+
+int mg_rt_init(PyObject *module)
+{
+    static const mg_async_hooks async_hooks = {.fail = fail_current};
+    mg_async_register_hooks(&async_hooks);
+    return 0;
 }

@@ -1,6 +1,6 @@
 /* The CUDA driver, opened with dlopen on first use: the function table,
  * error conversion, per-thread primary contexts, and the Python types
- * Device, Stream, Event, Module and Function (with the kernel launch).
+ * Device, Stream and Event (cuda/driver.c, cuda/stream.c, cuda/device.c).
  *
  * <cuda.h> is included for its types only. Its #defines map names such as
  * cuMemAlloc to the versioned symbol (cuMemAlloc_v2); the table below is
@@ -9,7 +9,7 @@
 #ifndef MG_DRIVER_H
 #define MG_DRIVER_H
 
-#include "module.h"
+#include "base/state.h"
 #include <cuda.h>
 #include <stdint.h>
 
@@ -107,6 +107,16 @@ extern mg_cu_driver mg_cu;
 /* Most devices mlirgpu tracks a primary context for. */
 #define MG_CU_MAX_DEVICES 64
 
+/* After mg_cu_load failed: 1 when libcuda loaded but cuInit refused it (its
+ * answer in *result), 0 when there is no usable library. */
+int mg_cu_init_refused(CUresult *result);
+
+/* The number of devices the driver sees (0 before it is loaded). */
+int mg_cu_device_count(void);
+
+/* Makes `device` the calling thread's device. 0, or -1 with CudaError. */
+int mg_cu_set_device(int device);
+
 /* Opens libcuda.so.1 and calls cuInit once per process. 0, or -1 with
  * CudaError set (code -1 and the dlerror text when there is no driver). */
 int mg_cu_load(void);
@@ -152,20 +162,17 @@ void mg_cu_pop(int pushed);
  * driver is unusable (then skip the driver call). */
 int mg_cu_push_quietly(int device);
 
-/* Frees device memory of `device` from a destructor: never raises, does
- * nothing once the driver is gone. While this thread captures a graph the
- * free waits for the capture's end (graph.h). */
-void mg_cu_free_quietly(CUdeviceptr pointer, int device);
-
-/* The same for page-locked host memory from cuMemHostAlloc. */
-void mg_cu_free_host_quietly(void *pointer, int device);
-
 /* The ordinal that owns `pointer`, or the thread's device when the driver
  * cannot tell (or is not loaded). Never raises. */
 int mg_cu_pointer_device(CUdeviceptr pointer);
 /* 0 where the driver is loaded and the process sees one device, which every
  * device pointer is then on (readers of foreign arrays need not ask); else -1. */
 int mg_cu_sole_device(void);
+
+/* 1 when `stream` is capturing (or its capture was invalidated). The legacy
+ * stream never captures, and is not asked: while a blocking stream captures
+ * the driver answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT for it. */
+int mg_cu_stream_capturing(CUstream stream);
 
 /* Makes `consumer` wait for the work queued so far on `producer` (an event
  * recorded there, no host block). No-op when they are the same stream, and
@@ -191,72 +198,9 @@ int mg_cu_copy_peer(CUdeviceptr dst, int dst_device, CUdeviceptr src, int src_de
  * (CudaError where the driver is missing). */
 int mg_cu_check_device(int device);
 
-/* "O&" converter for device arguments: an int ordinal or an
- * mlirgpu.cuda.Device, checked to exist. */
-int mg_cu_device_converter(PyObject *obj, int *out);
 
-/* "O&" converter for stream= arguments: None (legacy default stream, 0),
- * mlirgpu.Stream, an int handle (0 and 1 both mean the legacy default
- * stream, 2 the per-thread one), an object with __cuda_stream__()
- * (-> (0, handle)) or a `cuda_stream` attribute (torch), or a CuPy stream
- * (class name ending in "Stream" with an int `ptr`). */
-int mg_cu_stream_converter(PyObject *obj, CUstream *out);
 
-/* The device of an mlirgpu.Stream, else (any other stream object, or the
- * legacy default stream) the calling thread's device. */
-int mg_cu_stream_device(PyObject *obj);
 
-/* The device an mlirgpu.Function's module was loaded on. */
-int mg_cu_function_device(PyObject *function);
 
-/* The Python type objects (strong refs held for the life of the process). */
-extern PyTypeObject *mg_cu_Stream_type;
-extern PyTypeObject *mg_cu_Module_type;
-extern PyTypeObject *mg_cu_Function_type;
-extern PyTypeObject *mg_cu_TensorMap_type;
-
-/* Loads a PTX (str, or bytes without the ELF magic) or cubin (ELF bytes)
- * image into the current context: a new mlirgpu.Module, or NULL with
- * CudaError set (its message holds the JIT error log) or TypeError. */
-PyObject *mg_cu_module_load(PyObject *image);
-
-/* module.get_function(name, params): a new mlirgpu.Function. `params` is
- * NULL/None or a sequence of "ptr", "tensormap" and dtypes. */
-PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *params, PyObject *stores);
-
-/* The raw handle of an mlirgpu.Function (borrowed; lives as long as it). */
-
-/* The number of parameters of its signature, or -1 without one. */
-int mg_cu_function_nparams(PyObject *function);
-
-/* Most arguments a launch packs (one bit each in mg_cu_function_launch_known's mask). */
-#define MG_CU_MAX_ARGS 64
-
-/* A launch with Python arguments, exactly as func(*args, grid=, block=,
- * shared_mem=, cluster=, stream=): Py_None or NULL on error. */
-PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args,
-                                Py_ssize_t nargs, PyObject *kwnames);
-
-/* Whether `key` is one of those launch keywords. */
-int mg_cu_is_launch_keyword(PyObject *key);
-
-/* The shape of one array argument, as the caller read it. */
-typedef Py_ssize_t mg_cu_extents[8];
-
-/* The same launch where the caller already read some array arguments: bit
- * i of `known` says argument i is an array whose device pointer is
- * pointers[i] and whose shape is shapes[i] (read only for the extents the
- * signature passes; the caller keeps whatever owns it alive); the other
- * arguments are packed as mg_cu_function_launch packs them; bit i of
- * `readonly` says known array i must not be written. The launch's stream
- * first waits for each of the `nwaits` streams in `waits`: the producers
- * that foreign arrays among the known ones named (CAI `stream`). Where
- * reading the launch keywords may have run Python code (an __index__, a
- * stream object's protocol), the known pointers are not trusted: every
- * argument is read again. */
-PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args, Py_ssize_t nargs,
-                                      PyObject *kwnames, uint64_t known, uint64_t readonly,
-                                      const CUdeviceptr *pointers, const mg_cu_extents *shapes,
-                                      const CUstream *waits, int nwaits);
 
 #endif

@@ -1,9 +1,9 @@
 /* mlirgpu.Graph: work captured from a stream into a CUDA graph
  * (cuStreamBeginCapture in thread-local mode, cuStreamEndCapture,
  * cuGraphInstantiateWithFlags) and replayed with cuGraphLaunch. */
-#include "graph.h"
-#include "array.h"
-#include "driver.h"
+#include "cuda/graph.h"
+#include "cuda/driver.h"
+#include "cuda/stream.h"
 
 #include <structmember.h>
 
@@ -35,6 +35,38 @@ typedef struct {
 _Thread_local PyObject *mg_graph_tls_capture = NULL;
 
 static PyTypeObject *graph_type;
+
+static mg_graph_hooks hooks;
+
+void mg_graph_register_hooks(const mg_graph_hooks *registered)
+{
+    hooks = *registered;
+}
+
+void mg_cu_free_quietly(CUdeviceptr pointer, int device)
+{
+    if (pointer == 0 || mg_graph_defer_free((uintptr_t)pointer, device, 0))
+        return;
+    int pushed = mg_cu_push_quietly(device);
+    if (pushed < 0)
+        return;
+    /* A destructor cannot report failure: at exit the driver may already be
+     * deinitialized, and after a sticky fault nothing can be freed anyway. */
+    mg_cu.cuMemFree(pointer);
+    mg_cu_pop(pushed);
+}
+
+void mg_cu_free_host_quietly(void *pointer, int device)
+{
+    if (pointer == NULL || mg_graph_defer_free((uintptr_t)pointer, device, 1))
+        return;
+    int pushed = mg_cu_push_quietly(device);
+    if (pushed < 0)
+        return;
+    mg_cu.cuMemFreeHost(pointer);
+    mg_cu_pop(pushed);
+}
+
 
 int mg_graph_retain(PyObject *obj)
 {
@@ -329,9 +361,9 @@ static PyObject *graph_replay(mg_graph *self, PyObject *args, PyObject *kwargs)
     /* Later host copies and exports of the graph's arrays order themselves after the replay. */
     Py_ssize_t position = 0;
     PyObject *key, *value;
-    while (PyDict_Next(self->retained, &position, &key, &value))
-        if (mg_array_check_device(value))
-            mg_array_set_stream(value, stream, stream_obj);
+    if (hooks.replayed != NULL)
+        while (PyDict_Next(self->retained, &position, &key, &value))
+            hooks.replayed(value, stream, stream_obj);
     Py_RETURN_NONE;
 }
 

@@ -1,7 +1,7 @@
 /* PassManager over a textual pipeline, with IR printing and timing captured
  * into Python strings, and LLVM's fatal errors turned into CompileError. */
-#include "pipeline.h"
-#include "ir.h"
+#include "mlir/pipeline.h"
+#include "mlir/ir.h"
 
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/Dialect/GPU.h>

@@ -5,13 +5,19 @@
  * count down, run when the token or value becomes ready. Because nothing
  * runs on another thread, a blocking await of something not ready could
  * never end: it fails the call instead. */
-#include "async_runtime.h"
-#include "runtime.h"
+#include "host/async_runtime.h"
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+static mg_async_hooks hooks;
+
+void mg_async_register_hooks(const mg_async_hooks *registered)
+{
+    hooks = *registered;
+}
 
 typedef void (*resume_fn)(void *);
 
@@ -43,7 +49,7 @@ static object *create(int kind)
 {
     object *o = calloc(1, sizeof *o);
     if (o == NULL) {
-        mg_rt_fail_current(CUDA_ERROR_OUT_OF_MEMORY, "mlirAsyncRuntime", "no host memory left for an async object");
+        hooks.fail(CUDA_ERROR_OUT_OF_MEMORY, "mlirAsyncRuntime", "no host memory left for an async object");
         return NULL;
     }
     o->kind = kind;
@@ -83,7 +89,7 @@ static object *mlirAsyncRuntimeCreateValue(int64_t bytes)
     object *o = create(VALUE);
     if (o != NULL && (o->storage = calloc(1, bytes > 0 ? (size_t)bytes : 1)) == NULL) {
         destroy(o);
-        mg_rt_fail_current(CUDA_ERROR_OUT_OF_MEMORY, "mlirAsyncRuntimeCreateValue", "no host memory left for a value");
+        hooks.fail(CUDA_ERROR_OUT_OF_MEMORY, "mlirAsyncRuntimeCreateValue", "no host memory left for a value");
         return NULL;
     }
     return o;
@@ -103,7 +109,7 @@ static void wait_on(object *o, awaiter a)
         size_t n = o->cawaiters ? 2 * o->cawaiters : 4;
         awaiter *grown = realloc(o->awaiters, n * sizeof *grown);
         if (grown == NULL) {
-            mg_rt_fail_current(CUDA_ERROR_OUT_OF_MEMORY, "mlirAsyncRuntime", "no host memory left for an awaiter");
+            hooks.fail(CUDA_ERROR_OUT_OF_MEMORY, "mlirAsyncRuntime", "no host memory left for an awaiter");
             return;
         }
         o->awaiters = grown;
@@ -175,7 +181,7 @@ static void await_ready(object *o, const char *what)
 {
     int ready = o->kind == GROUP ? o->pending <= 0 : o->state != PENDING;
     if (!ready)
-        mg_rt_fail_current(CUDA_ERROR_ILLEGAL_STATE, what, "awaits what no async.execute region can complete (every "
+        hooks.fail(CUDA_ERROR_ILLEGAL_STATE, what, "awaits what no async.execute region can complete (every "
                            "region runs on the calling thread, and all of them are waiting)");
 }
 

@@ -4,7 +4,7 @@
 #ifndef MG_ARRAY_H
 #define MG_ARRAY_H
 
-#include "module.h"
+#include "base/state.h"
 #include <cuda.h>
 #include <stdint.h>
 
@@ -160,5 +160,8 @@ int mg_dtype_of_scalar(PyObject *obj, mg_dtype **out);
  * TypeError for host arrays and anything else. (asarray(obj, host=True), the
  * CPU backend's, views host DLPack objects instead: see array.c.) */
 PyObject *mg_array_asarray(PyObject *obj);
+
+/* Adds DType, DeviceArray and the array functions. */
+int mg_array_init(PyObject *module);
 
 #endif

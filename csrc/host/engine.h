@@ -8,7 +8,7 @@
 #ifndef MG_ENGINE_H
 #define MG_ENGINE_H
 
-#include "ir.h"
+#include "mlir/ir.h"
 #include <mlir-c/ExecutionEngine.h>
 
 int mg_engine_init(PyObject *module);

@@ -6,7 +6,7 @@
 #ifndef MG_DISPATCH_H
 #define MG_DISPATCH_H
 
-#include "module.h"
+#include "base/state.h"
 
 int mg_dispatch_init(PyObject *module);
 

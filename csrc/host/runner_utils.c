@@ -3,7 +3,7 @@
  * C++ stream with its default formatting: %g for floating point, an int8_t
  * element printed as a character, complex numbers as "(re,im)"). */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime under -std=c11 */
-#include "runner_utils.h"
+#include "host/runner_utils.h"
 
 #include <inttypes.h>
 #include <math.h>

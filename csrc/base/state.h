@@ -1,13 +1,13 @@
-/* Module state shared by every area of the extension: the exception classes
- * and the per-area init hooks called from the module's exec slot.
+/* Module state shared by every area of the extension: the exception classes,
+ * mg_raise and mg_add_type. The bottom layer: it calls no other area.
  *
  * Naming, in every .c file: symbols shared between files are prefixed by
  * area (mg_ir_, mg_cu_, mg_array_, mg_cpu_, ...); a Python type's methods and
  * slots are TypeName_method (as CPython's own modules write them); every other
  * static function is lower_snake_case. Functions named mgpu* are MLIR's
  * runtime ABI and keep MLIR's names. */
-#ifndef MG_MODULE_H
-#define MG_MODULE_H
+#ifndef MG_BASE_STATE_H
+#define MG_BASE_STATE_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -29,11 +29,9 @@ extern mg_state *mg_st;
 /* Sets `cls` with a formatted message and returns NULL, like PyErr_Format. */
 PyObject *mg_raise(PyObject *cls, const char *fmt, ...);
 
-/* Area hooks: each adds its types and functions to the module. */
-int mg_ir_init(PyObject *module);
-int mg_pipeline_init(PyObject *module);
-int mg_cu_init(PyObject *module);
-int mg_array_init(PyObject *module);
+/* Imports the NumPy C API and adds the exception classes: the first of the
+ * init hooks module.c calls. 0, or -1 with an exception set. */
+int mg_base_init(PyObject *module);
 
 /* Adds a heap type built from `spec` to `module` under the last part of its
  * name (or `as`, where two areas' types share a short name) and returns it. */

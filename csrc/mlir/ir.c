@@ -1,7 +1,7 @@
 /* The IR layer (mlirgpu.ir): Context, Location, Type, Attribute, Module,
  * Operation, Block, Region, Value and InsertionPoint over MLIR's C API.
  * Ownership rules are in ir.h. */
-#include "ir.h"
+#include "mlir/ir.h"
 
 #include <mlir-c/AffineMap.h>
 #include <mlir-c/BuiltinAttributes.h>

@@ -6,7 +6,7 @@
 #ifndef MG_CPU_H
 #define MG_CPU_H
 
-#include "module.h"
+#include "base/state.h"
 #include <stdint.h>
 
 int mg_cpu_init(PyObject *module);

@@ -11,7 +11,7 @@
 #ifndef MG_IR_H
 #define MG_IR_H
 
-#include "module.h"
+#include "base/state.h"
 #include <mlir-c/Diagnostics.h>
 #include <mlir-c/IR.h>
 
@@ -117,5 +117,8 @@ extern _Thread_local int mg_fatal_signal;
  * per thread): 1 if LLVM hit a fatal error or crashed inside (the reason is
  * in mg_fatal_reason), else 0. */
 int mg_fatal_guarded(void (*body)(void *), void *arg);
+
+/* Adds the mlirgpu.ir types. */
+int mg_ir_init(PyObject *module);
 
 #endif
