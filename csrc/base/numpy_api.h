@@ -1,4 +1,4 @@
-/* The NumPy C API, one table for the whole extension: module.c defines it
+/* The NumPy C API, one table for the whole extension: base/state.c defines it
  * and fills it (MG_NUMPY_IMPORT, then _import_array), every other file uses
  * it through NO_IMPORT_ARRAY. Include this before any other NumPy header:
  * NumPy 2.5's ndarraytypes.h already declares the table, and a file that saw

@@ -14,6 +14,7 @@
 #include <structmember.h>
 
 #include "base/numpy_api.h"
+#include "launch/launch_shared.h"
 
 static PyObject *str_grid, *str_block, *str_shared_mem, *str_stream, *str_cluster;
 
@@ -186,146 +187,11 @@ static PyType_Spec module_spec = {
 /* Function and the launch                                                 */
 /* ---------------------------------------------------------------------- */
 
-/* A parameter kind: a dtype id (a scalar), or one of these. */
-enum { KIND_PTR = -1, KIND_ANY = -2, KIND_TENSOR_MAP = -3 };
 
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    CUfunction handle;
-    PyObject *module;     /* strong: the CUmodule outlives its functions */
-    PyObject *name;       /* str */
-    PyObject *params;     /* tuple of "ptr", ("ptr", dims), "tensormap" and DTypes, or None */
-    int nparams;          /* -1 without a signature */
-    uint64_t stores;      /* bit i: the kernel may store through parameter i */
-    /* A cooperative kernel (its module has mg.grid.sync()'s counter) is launched
-     * with every block resident, after the module's previous such launch. */
-    int cooperative;
-    int fit_threads, fit_blocks;    /* the last answer of cooperative_blocks ... */
-    unsigned long long fit_shared;  /* ... and the shared memory it was for */
-    signed char kinds[MG_CU_MAX_ARGS];
-    uint8_t extents[MG_CU_MAX_ARGS]; /* bit d: the array's extent d follows its pointer, as an i64 */
-} mg_function;
 
 PyTypeObject *mg_cu_Function_type;
 
 static PyObject *function_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames);
-
-/* The dims of ("ptr", dims), each in [0, MG_MAX_NDIM), as a bit mask. */
-static int parse_extents(PyObject *dims, uint8_t *mask)
-{
-    PyObject *seq = PySequence_Fast(dims, "(\"ptr\", dims): dims must be a sequence of dimensions");
-    if (seq == NULL)
-        return -1;
-    *mask = 0;
-    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
-        long d = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, k));
-        if (d < 0 || d >= MG_MAX_NDIM) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_ValueError, "(\"ptr\", dims): a dimension must be in [0, %d), got %ld",
-                             MG_MAX_NDIM, d);
-            Py_DECREF(seq);
-            return -1;
-        }
-        *mask |= (uint8_t)(1u << d);
-    }
-    Py_DECREF(seq);
-    return 0;
-}
-
-/* Parses a signature into self->kinds and a normalized tuple. */
-static int parse_signature(mg_function *self, PyObject *params)
-{
-    if (params == Py_None) {
-        self->nparams = -1;
-        self->params = Py_NewRef(Py_None);
-        return 0;
-    }
-    if (PyUnicode_Check(params) || !PySequence_Check(params)) {
-        PyErr_Format(PyExc_TypeError, "params must be a sequence of \"ptr\", \"tensormap\" and dtypes, not %.100s",
-                     Py_TYPE(params)->tp_name);
-        return -1;
-    }
-    /* A tuple of our own even when `params` is a tuple (PySequence_Tuple would
-     * hand back the caller's, and normalizing writes into it). */
-    PyObject *given = PySequence_Tuple(params);
-    if (given == NULL)
-        return -1;
-    PyObject *items = PyTuple_New(PyTuple_GET_SIZE(given));
-    for (Py_ssize_t i = 0; items != NULL && i < PyTuple_GET_SIZE(given); i++)
-        PyTuple_SET_ITEM(items, i, Py_NewRef(PyTuple_GET_ITEM(given, i)));
-    Py_DECREF(given);
-    if (items == NULL)
-        return -1;
-    Py_ssize_t n = PyTuple_GET_SIZE(items);
-    if (n > MG_CU_MAX_ARGS) {
-        PyErr_Format(PyExc_ValueError, "a kernel takes at most %d parameters here, the signature has %zd",
-                     MG_CU_MAX_ARGS, n);
-        goto error;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyTuple_GET_ITEM(items, i);
-        self->extents[i] = 0;
-        if (PyUnicode_Check(item) && PyUnicode_CompareWithASCIIString(item, "ptr") == 0) {
-            self->kinds[i] = KIND_PTR;
-            continue;
-        }
-        if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && PyUnicode_Check(PyTuple_GET_ITEM(item, 0)) &&
-            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(item, 0), "ptr") == 0) {
-            /* ("ptr", dims): the pointer, then the extents of those dimensions (dynamic sizes). */
-            if (parse_extents(PyTuple_GET_ITEM(item, 1), &self->extents[i]) < 0)
-                goto error;
-            self->kinds[i] = KIND_PTR;
-            continue;
-        }
-        if (PyUnicode_Check(item) && PyUnicode_CompareWithASCIIString(item, "tensormap") == 0) {
-            self->kinds[i] = KIND_TENSOR_MAP;
-            continue;
-        }
-        mg_dtype *dtype;
-        if (!mg_dtype_converter(item, &dtype))
-            goto error;
-        self->kinds[i] = (signed char)dtype->id;
-        /* Normalize to the singleton so `params` reads back cleanly. */
-        PyTuple_SET_ITEM(items, i, Py_NewRef((PyObject *)dtype));
-        Py_DECREF(item);
-    }
-    self->nparams = (int)n;
-    self->params = items;
-    return 0;
-error:
-    Py_DECREF(items);
-    return -1;
-}
-
-/* `stores`: None (any pointer parameter may be stored to) or the indices of those that may. */
-static int parse_stores(mg_function *self, PyObject *stores)
-{
-    self->stores = ~(uint64_t)0;
-    if (stores == NULL || stores == Py_None)
-        return 0;
-    PyObject *items = PySequence_Check(stores) ? PySequence_Tuple(stores) : NULL;
-    if (items == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_TypeError, "stores must be None or a sequence of parameter indices, not %.100s",
-                         Py_TYPE(stores)->tp_name);
-        return -1;
-    }
-    self->stores = 0;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items); i++) {
-        PyObject *item = PyTuple_GET_ITEM(items, i);
-        Py_ssize_t index = PyLong_Check(item) ? PyLong_AsSsize_t(item) : -1;
-        if (index < 0 || index >= MG_CU_MAX_ARGS || (self->nparams >= 0 && index >= self->nparams)) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_ValueError, "stores holds parameter indices, got %R", item);
-            Py_DECREF(items);
-            return -1;
-        }
-        self->stores |= (uint64_t)1 << index;
-    }
-    Py_DECREF(items);
-    return 0;
-}
 
 PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *params, PyObject *stores)
 {
@@ -337,7 +203,7 @@ PyObject *mg_cu_function_new(PyObject *module, const char *name, PyObject *param
     self->vectorcall = function_vectorcall;
     self->module = Py_NewRef(module);
     self->name = PyUnicode_FromString(name);
-    if (self->name == NULL || parse_signature(self, params ? params : Py_None) < 0 || parse_stores(self, stores) < 0)
+    if (self->name == NULL || mg_launch_parse_signature(self, params ? params : Py_None) < 0 || mg_launch_parse_stores(self, stores) < 0)
         goto error;
     int pushed;
     if (mg_cu_push(((mg_module *)module)->device, &pushed) < 0)
@@ -757,281 +623,341 @@ PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args, Py_ss
     return mg_cu_function_launch_known(function, args, nargs, kwnames, 0, 0, NULL, NULL, NULL, 0);
 }
 
+/* What a launch's keywords say. */
+typedef struct {
+    unsigned int grid[3], block[3], cluster[3];
+    int have_cluster;
+    unsigned long long shared_mem;
+    CUstream stream;
+    PyObject *stream_obj;                     /* borrowed from the call */
+    int ran_python;                           /* reading the keywords ran user code */
+} launch_config;
+
+/* The packed arguments: per argument its slot, and after an array's the
+ * extents the kernel takes of it. */
+typedef struct {
+    void *params[MG_CU_MAX_ARGS * (1 + MG_MAX_NDIM)];
+    uint64_t slots[MG_CU_MAX_ARGS * (1 + MG_MAX_NDIM)];   /* every parameter fits in 8 bytes */
+    int nslots;
+    PyObject *views[MG_CU_MAX_ARGS];          /* strong: DLPack views, released after the launch */
+    int nviews;
+    CUstream waits[MG_CU_MAX_ARGS];           /* producers of foreign arrays, for the launch's stream */
+    int nwaits;
+    uint64_t arrays;                          /* bit i: argument i is an array */
+} launch_packing;
+
+/* grid=, block=, shared_mem=, cluster= and stream= into `c`: 0, or -1 with the error set. */
+static int parse_launch_keywords(mg_function *self, PyObject *const *values, PyObject *kwnames, launch_config *c)
+{
+    int have_grid = 0, have_block = 0;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, i), *value = values[i];
+        int keyword = launch_keyword(key);
+        if (keyword == KW_GRID) {
+            if (parse_dims(self, value, "grid", c->grid, &c->ran_python) < 0)
+                return -1;
+            have_grid = 1;
+        }
+        else if (keyword == KW_BLOCK) {
+            if (parse_dims(self, value, "block", c->block, &c->ran_python) < 0)
+                return -1;
+            have_block = 1;
+        }
+        else if (keyword == KW_SHARED_MEM) {
+            int overflow = 0;
+            long long n = PyLong_Check(value) ? PyLong_AsLongLongAndOverflow(value, &overflow) : -1;
+            if (!PyLong_Check(value) || overflow || n < 0 || n > (long long)UINT32_MAX)
+                return launch_error(self, "shared_mem must be an int of bytes in [0, 2**32), got %R", value);
+            c->shared_mem = (unsigned long long)n;
+        }
+        else if (keyword == KW_CLUSTER) {
+            if (value != Py_None) {
+                if (parse_dims(self, value, "cluster", c->cluster, &c->ran_python) < 0)
+                    return -1;
+                c->have_cluster = 1;
+            }
+        }
+        else if (keyword == KW_STREAM) {
+            c->ran_python |= value != Py_None && !PyObject_TypeCheck(value, mg_cu_Stream_type) && !PyLong_Check(value);
+            if (!mg_cu_stream_converter(value, &c->stream))
+                return -1;
+            c->stream_obj = value == Py_None ? NULL : value;
+        }
+        else {
+            PyErr_Format(PyExc_TypeError, "%R is an invalid keyword argument for a launch of kernel '%U'",
+                         key, self->name);
+            return -1;
+        }
+    }
+    if (!have_grid || !have_block)
+        return launch_error(self, "grid= and block= are required");
+    for (int axis = 0; axis < 3 && c->have_cluster; axis++)
+        if (c->grid[axis] % c->cluster[axis] != 0)
+            return launch_error(self, "the grid (%u, %u, %u) is not a whole number of clusters (%u, %u, %u)",
+                                c->grid[0], c->grid[1], c->grid[2], c->cluster[0], c->cluster[1], c->cluster[2]);
+    return 0;
+}
+
+/* The number of arguments and the stream's device against the kernel's: 0, or -1 with LaunchError. */
+static int check_launch_arguments(mg_function *self, Py_ssize_t nargs, const launch_config *c, int device)
+{
+    if (nargs > MG_CU_MAX_ARGS)
+        return launch_error(self, "at most %d arguments can be passed, got %zd", MG_CU_MAX_ARGS, nargs);
+    if (self->nparams >= 0 && nargs != self->nparams)
+        return launch_error(self, "the signature has %d parameters, %zd arguments given", self->nparams, nargs);
+    if (c->stream_obj != NULL && mg_cu_stream_device(c->stream_obj) != device &&
+        PyObject_TypeCheck(c->stream_obj, mg_cu_Stream_type))
+        return launch_error(self, "the stream belongs to device %d, the kernel is loaded on device %d",
+                            mg_cu_stream_device(c->stream_obj), device);
+    return 0;
+}
+
+/* Packs argument i, a TensorMap for a tensor-map parameter (or for any
+ * parameter of a kernel without a signature): 1 when packed, 0 when `arg`
+ * is not for a tensor map, -1 with LaunchError. */
+static int pack_tensor_map(mg_function *self, Py_ssize_t i, int kind, PyObject *arg, launch_packing *p)
+{
+    int is_map = Py_IS_TYPE(arg, mg_cu_TensorMap_type);   /* TensorMap has no subclasses */
+    if (kind == KIND_TENSOR_MAP || (kind == KIND_ANY && is_map)) {
+        if (!is_map)
+            return launch_error(self, "argument %zd is a tensor map: expected an mlirgpu.TensorMap, got %.100s",
+                                i, Py_TYPE(arg)->tp_name);
+        if (((mg_tensor_map *)arg)->host)
+            return launch_error(self, "argument %zd is a tensor map made for the CPU backend: make it with "
+                                "mg.tensor_map of a device array while the backend is 'cuda'", i);
+        /* The driver copies the 128 bytes before cuLaunchKernel returns; a
+         * captured graph keeps the map (and so its array) alive. */
+        p->params[p->nslots - 1] = ((mg_tensor_map *)arg)->map;
+        p->arrays |= (uint64_t)1 << i;
+        return 1;
+    }
+    if (is_map)
+        return launch_error(self, "argument %zd is not a tensor map parameter, got an mlirgpu.TensorMap", i);
+    return 0;
+}
+
+/* Packs argument i, a DeviceArray in device memory: 0, or -1 with LaunchError. */
+static int pack_device_array(mg_function *self, Py_ssize_t i, int kind, unsigned extents, PyObject *arg, int device,
+                             launch_packing *p, uint64_t *slot)
+{
+    const mg_array *a = (const mg_array *)arg;
+    if (kind >= 0)
+        return launch_error(self, "argument %zd is a %s scalar, got a DeviceArray", i, mg_dtype_get(kind)->name);
+    if (a->readonly && self->stores >> i & 1)
+        return stored_readonly(self, i);
+    if (a->device != device)
+        return launch_error(self, "argument %zd is an array on device %d, the kernel is loaded on device %d",
+                            i, a->device, device);
+    *slot = (uint64_t)mg_array_ptr(arg);
+    p->arrays |= (uint64_t)1 << i;
+    if (extents && push_extents(self, i, extents, a->ndim, a->shape, p->slots, p->params, &p->nslots) < 0)
+        return -1;
+    return 0;
+}
+
+/* Packs every argument into `p`: arrays the caller read (bit i of `known`)
+ * from `pointers` and `known_shapes`, the others as they come. 0, or -1 with
+ * the error set (views already made stay in `p` for the caller to release). */
+static int pack_arguments(mg_function *self, PyObject *const *args, Py_ssize_t nargs, uint64_t known,
+                          uint64_t readonly, const CUdeviceptr *pointers, const mg_cu_extents *known_shapes,
+                          int device, launch_packing *p, mg_foreign_memo *memo)
+{
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        PyObject *arg = args[i];
+        int kind = self->nparams >= 0 ? self->kinds[i] : KIND_ANY;
+        unsigned extents = self->nparams >= 0 ? self->extents[i] : 0;
+        uint64_t *slot = &p->slots[p->nslots];
+        p->params[p->nslots] = slot;
+        p->nslots++;
+        int map = pack_tensor_map(self, i, kind, arg, p);
+        if (map != 0) {
+            if (map < 0)
+                return -1;
+            continue;
+        }
+        if (known >> i & 1) {
+            if (kind >= 0)
+                return launch_error(self, "argument %zd is a %s scalar, got an array", i, mg_dtype_get(kind)->name);
+            if (readonly >> i & self->stores >> i & 1)
+                return stored_readonly(self, i);
+            *slot = (uint64_t)pointers[i];
+            /* The caller read the shape, and its signature checked the rank. */
+            if (extents && push_extents(self, i, extents, MG_MAX_NDIM, known_shapes[i], p->slots, p->params,
+                                        &p->nslots) < 0)
+                return -1;
+            continue;
+        }
+        if (mg_array_check_device(arg)) {
+            if (pack_device_array(self, i, kind, extents, arg, device, p, slot) < 0)
+                return -1;
+            continue;
+        }
+        if (kind >= 0) {
+            if (pack_scalar(self, i, mg_dtype_get(kind), arg, slot) < 0)
+                return -1;
+            continue;
+        }
+        PyObject *view = NULL;
+        int ndim = 0;
+        Py_ssize_t shape[MG_MAX_NDIM];
+        int packed = pack_other(self, i, kind, arg, slot, &view, p->waits, &p->nwaits, &ndim, shape, memo);
+        if (packed < 0)
+            return -1;
+        if (packed == 0)
+            continue;
+        if (view != NULL)
+            p->views[p->nviews++] = view;
+        p->arrays |= (uint64_t)1 << i;
+        if (extents && push_extents(self, i, extents, ndim, shape, p->slots, p->params, &p->nslots) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Before a cooperative launch: checks its grid fits at once and, where
+ * `serialize`, makes `stream` wait for the module's previous cooperative
+ * launch (they share its grid barrier's counter). 0, or -1 with the error set. */
+static int prepare_cooperative(mg_function *self, mg_module *module, const launch_config *c, int serialize)
+{
+    if (check_cooperative_grid(self, c->grid, c->block, c->shared_mem) < 0)
+        return -1;
+    if (serialize && module->after_cooperative == NULL &&
+        mg_cu_check(mg_cu.cuEventCreate(&module->after_cooperative, CU_EVENT_DISABLE_TIMING), "cuEventCreate") < 0)
+        return -1;
+    if (serialize && mg_cu_check(mg_cu.cuStreamWaitEvent(c->stream, module->after_cooperative, 0),
+                                 "cuStreamWaitEvent") < 0)
+        return -1;
+    return 0;
+}
+
+/* The driver call itself; clusters and cooperative launches need the
+ * extended launch and its attributes. */
+static inline CUresult launch_kernel(mg_function *self, const launch_config *c, void **params)
+{
+    if (!c->have_cluster && !self->cooperative)
+        return mg_cu.cuLaunchKernel(self->handle, c->grid[0], c->grid[1], c->grid[2], c->block[0], c->block[1],
+                                    c->block[2], (unsigned int)c->shared_mem, c->stream, params, NULL);
+    CUlaunchAttribute attributes[2];
+    unsigned int nattributes = 0;
+    memset(attributes, 0, sizeof attributes);
+    if (c->have_cluster) {
+        attributes[nattributes].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attributes[nattributes].value.clusterDim.x = c->cluster[0];
+        attributes[nattributes].value.clusterDim.y = c->cluster[1];
+        attributes[nattributes].value.clusterDim.z = c->cluster[2];
+        nattributes++;
+    }
+    if (self->cooperative) {
+        attributes[nattributes].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attributes[nattributes].value.cooperative = 1;
+        nattributes++;
+    }
+    CUlaunchConfig config = {
+        .gridDimX = c->grid[0], .gridDimY = c->grid[1], .gridDimZ = c->grid[2],
+        .blockDimX = c->block[0], .blockDimY = c->block[1], .blockDimZ = c->block[2],
+        .sharedMemBytes = (unsigned int)c->shared_mem, .hStream = c->stream, .attrs = attributes,
+        .numAttrs = nattributes,
+    };
+    return mg_cu.cuLaunchKernelEx(&config, self->handle, params, NULL);
+}
+
+/* CudaError for a failed launch, naming the kernel and its configuration. */
+static void raise_launch_failure(mg_function *self, CUresult r, const launch_config *c)
+{
+    char detail[200];
+    PyOS_snprintf(detail, sizeof detail, "grid=(%u, %u, %u) block=(%u, %u, %u) shared_mem=%llu",
+                  c->grid[0], c->grid[1], c->grid[2], c->block[0], c->block[1], c->block[2], c->shared_mem);
+    char what[160];
+    const char *name = PyUnicode_AsUTF8(self->name);
+    PyOS_snprintf(what, sizeof what, "%s of '%.100s'",
+                  c->have_cluster || self->cooperative ? "cuLaunchKernelEx" : "cuLaunchKernel", name ? name : "?");
+    PyErr_Clear();   /* only if the name could not be encoded */
+    mg_cu_raise(r, what, detail);
+}
+
+/* After a launch: notes it for fault messages, and has the arrays and a
+ * capturing graph remember it. 0, or -1 with the error set. */
+static int after_launch(mg_function *self, PyObject *const *args, Py_ssize_t nargs, const launch_config *c,
+                        uint64_t arrays, CUresult recorded)
+{
+    const char *kernel = PyUnicode_AsUTF8(self->name);
+    if (kernel == NULL)
+        PyErr_Clear(); /* a name that cannot be encoded is not worth failing a launch over */
+    mg_cu_note_launch(c->stream, kernel != NULL ? kernel : "?");
+    if (mg_cu_check(recorded, "cuEventRecord") < 0)
+        return -1;
+    /* Later host copies and exports order themselves after this launch. */
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        if (mg_array_check_device(args[i]))
+            mg_array_set_stream(args[i], c->stream, c->stream_obj);
+    if (mg_graph_capturing() && retain_for_graph((PyObject *)self, args, nargs, arrays) < 0)
+        return -1;
+    return 0;
+}
+
 PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args, Py_ssize_t nargs,
                                       PyObject *kwnames, uint64_t known, uint64_t readonly,
                                       const CUdeviceptr *pointers, const mg_cu_extents *known_shapes,
                                       const CUstream *known_waits, int nknown_waits)
 {
     mg_function *self = (mg_function *)function;
-    unsigned int grid[3] = {1, 1, 1}, block[3] = {1, 1, 1}, cluster[3] = {1, 1, 1};
-    int have_cluster = 0;
-    unsigned long long shared_mem = 0;
-    CUstream stream = NULL;
-    PyObject *stream_obj = NULL;              /* borrowed from the call */
-    int have_grid = 0, have_block = 0;
-    /* Per argument its slot, and after an array's the extents the kernel takes of it. */
-    void *params[MG_CU_MAX_ARGS * (1 + MG_MAX_NDIM)];
-    uint64_t slots[MG_CU_MAX_ARGS * (1 + MG_MAX_NDIM)];   /* every parameter fits in 8 bytes */
-    int nslots = 0;
-    PyObject *views[MG_CU_MAX_ARGS];
-    int nviews = 0, nwaits = 0;
-    CUstream waits[MG_CU_MAX_ARGS];           /* producers of foreign arrays, for the launch's stream */
-    uint64_t arrays;                          /* bit i: argument i is an array */
-    int ran_python = 0;                       /* reading the keywords ran user code */
+    launch_config c = {.grid = {1, 1, 1}, .block = {1, 1, 1}, .cluster = {1, 1, 1}};
+    launch_packing p;
+    p.nslots = p.nviews = p.nwaits = 0;
     mg_foreign_memo memo = {0};               /* what the array readers learn once per call */
     int device = ((mg_module *)self->module)->device;
     PyObject *result = NULL;
 
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t i = 0; i < nkw; i++) {
-        PyObject *key = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
-        int keyword = launch_keyword(key);
-        if (keyword == KW_GRID) {
-            if (parse_dims(self, value, "grid", grid, &ran_python) < 0)
-                goto error;
-            have_grid = 1;
-        }
-        else if (keyword == KW_BLOCK) {
-            if (parse_dims(self, value, "block", block, &ran_python) < 0)
-                goto error;
-            have_block = 1;
-        }
-        else if (keyword == KW_SHARED_MEM) {
-            int overflow = 0;
-            long long n = PyLong_Check(value) ? PyLong_AsLongLongAndOverflow(value, &overflow) : -1;
-            if (!PyLong_Check(value) || overflow || n < 0 || n > (long long)UINT32_MAX) {
-                launch_error(self, "shared_mem must be an int of bytes in [0, 2**32), got %R", value);
-                goto error;
-            }
-            shared_mem = (unsigned long long)n;
-        }
-        else if (keyword == KW_CLUSTER) {
-            if (value != Py_None) {
-                if (parse_dims(self, value, "cluster", cluster, &ran_python) < 0)
-                    goto error;
-                have_cluster = 1;
-            }
-        }
-        else if (keyword == KW_STREAM) {
-            ran_python |= value != Py_None && !PyObject_TypeCheck(value, mg_cu_Stream_type) && !PyLong_Check(value);
-            if (!mg_cu_stream_converter(value, &stream))
-                goto error;
-            stream_obj = value == Py_None ? NULL : value;
-        }
-        else {
-            PyErr_Format(PyExc_TypeError, "%R is an invalid keyword argument for a launch of kernel '%U'",
-                         key, self->name);
-            goto error;
-        }
-    }
-    if (!have_grid || !have_block) {
-        launch_error(self, "grid= and block= are required");
+    if (parse_launch_keywords(self, args + nargs, kwnames, &c) < 0 || check_launch_arguments(self, nargs, &c, device) < 0)
         goto error;
-    }
-    for (int axis = 0; axis < 3 && have_cluster; axis++) {
-        if (grid[axis] % cluster[axis] != 0) {
-            launch_error(self, "the grid (%u, %u, %u) is not a whole number of clusters (%u, %u, %u)",
-                         grid[0], grid[1], grid[2], cluster[0], cluster[1], cluster[2]);
-            goto error;
-        }
-    }
-    if (nargs > MG_CU_MAX_ARGS) {
-        launch_error(self, "at most %d arguments can be passed, got %zd", MG_CU_MAX_ARGS, nargs);
-        goto error;
-    }
-    if (self->nparams >= 0 && nargs != self->nparams) {
-        launch_error(self, "the signature has %d parameters, %zd arguments given", self->nparams, nargs);
-        goto error;
-    }
-    if (stream_obj != NULL && mg_cu_stream_device(stream_obj) != device &&
-        PyObject_TypeCheck(stream_obj, mg_cu_Stream_type)) {
-        launch_error(self, "the stream belongs to device %d, the kernel is loaded on device %d",
-                     mg_cu_stream_device(stream_obj), device);
-        goto error;
-    }
-    if (ran_python) {
+    if (c.ran_python) {
         /* The caller's pointers were read before that code ran, which may have
          * freed or moved what they point to: read every argument again. */
         known = readonly = 0;
         nknown_waits = 0;
     }
-    arrays = known;
-
-    for (Py_ssize_t i = 0; i < nargs; i++) {
-        PyObject *arg = args[i];
-        int kind = self->nparams >= 0 ? self->kinds[i] : KIND_ANY;
-        unsigned extents = self->nparams >= 0 ? self->extents[i] : 0;
-        uint64_t *slot = &slots[nslots];
-        params[nslots] = slot;
-        nslots++;
-        int ndim = 0;
-        Py_ssize_t shape[MG_MAX_NDIM];
-        int is_map = Py_IS_TYPE(arg, mg_cu_TensorMap_type);   /* TensorMap has no subclasses */
-        if (kind == KIND_TENSOR_MAP || (kind == KIND_ANY && is_map)) {
-            if (!is_map) {
-                launch_error(self, "argument %zd is a tensor map: expected an mlirgpu.TensorMap, got %.100s",
-                             i, Py_TYPE(arg)->tp_name);
-                goto error;
-            }
-            if (((mg_tensor_map *)arg)->host) {
-                launch_error(self, "argument %zd is a tensor map made for the CPU backend: make it with "
-                             "mg.tensor_map of a device array while the backend is 'cuda'", i);
-                goto error;
-            }
-            /* The driver copies the 128 bytes before cuLaunchKernel returns; a
-             * captured graph keeps the map (and so its array) alive. */
-            params[nslots - 1] = ((mg_tensor_map *)arg)->map;
-            arrays |= (uint64_t)1 << i;
-            continue;
-        }
-        if (is_map) {
-            launch_error(self, "argument %zd is not a tensor map parameter, got an mlirgpu.TensorMap", i);
-            goto error;
-        }
-        if (known >> i & 1) {
-            if (kind >= 0) {
-                launch_error(self, "argument %zd is a %s scalar, got an array", i, mg_dtype_get(kind)->name);
-                goto error;
-            }
-            if (readonly >> i & self->stores >> i & 1) {
-                stored_readonly(self, i);
-                goto error;
-            }
-            *slot = (uint64_t)pointers[i];
-            /* The caller read the shape, and its signature checked the rank. */
-            if (extents && push_extents(self, i, extents, MG_MAX_NDIM, known_shapes[i], slots, params, &nslots) < 0)
-                goto error;
-            continue;
-        }
-        if (mg_array_check_device(arg)) {
-            if (kind >= 0) {
-                launch_error(self, "argument %zd is a %s scalar, got a DeviceArray", i, mg_dtype_get(kind)->name);
-                goto error;
-            }
-            if (((mg_array *)arg)->readonly && self->stores >> i & 1) {
-                stored_readonly(self, i);
-                goto error;
-            }
-            if (((mg_array *)arg)->device != device) {
-                launch_error(self, "argument %zd is an array on device %d, the kernel is loaded on device %d",
-                             i, ((mg_array *)arg)->device, device);
-                goto error;
-            }
-            *slot = (uint64_t)mg_array_ptr(arg);
-            arrays |= (uint64_t)1 << i;
-            const mg_array *a = (const mg_array *)arg;
-            if (extents && push_extents(self, i, extents, a->ndim, a->shape, slots, params, &nslots) < 0)
-                goto error;
-            continue;
-        }
-        if (kind >= 0) {
-            if (pack_scalar(self, i, mg_dtype_get(kind), arg, slot) < 0)
-                goto error;
-            continue;
-        }
-        PyObject *view = NULL;
-        int packed = pack_other(self, i, kind, arg, slot, &view, waits, &nwaits, &ndim, shape, &memo);
-        if (packed < 0)
-            goto error;
-        if (packed == 0)
-            continue;
-        if (view != NULL)
-            views[nviews++] = view;
-        arrays |= (uint64_t)1 << i;
-        if (extents && push_extents(self, i, extents, ndim, shape, slots, params, &nslots) < 0)
-            goto error;
-    }
+    p.arrays = known;
+    if (pack_arguments(self, args, nargs, known, readonly, pointers, known_shapes, device, &p, &memo) < 0)
+        goto error;
     for (int i = 0; i < nknown_waits; i++)
-        waits[nwaits++] = known_waits[i];
+        p.waits[p.nwaits++] = known_waits[i];
 
     /* The kernel runs in the context its module was loaded into: its device's. */
     int pushed;
     if (mg_cu_push(device, &pushed) < 0)
         goto error;
-    if (order_after_producers(stream, waits, nwaits) < 0) {
+    if (order_after_producers(c.stream, p.waits, p.nwaits) < 0) {
         mg_cu_pop(pushed);
         goto error;
     }
     /* Cooperative launches of one module share its grid barrier's counter:
      * each waits for the one before (a graph being captured orders its own). */
     mg_module *module = (mg_module *)self->module;
-    int serialize = self->cooperative && !mg_cu_stream_capturing(stream);
-    if (self->cooperative &&
-        (check_cooperative_grid(self, grid, block, shared_mem) < 0 ||
-         (serialize && module->after_cooperative == NULL &&
-          mg_cu_check(mg_cu.cuEventCreate(&module->after_cooperative, CU_EVENT_DISABLE_TIMING),
-                      "cuEventCreate") < 0) ||
-         (serialize && mg_cu_check(mg_cu.cuStreamWaitEvent(stream, module->after_cooperative, 0),
-                                   "cuStreamWaitEvent") < 0))) {
+    int serialize = self->cooperative && !mg_cu_stream_capturing(c.stream);
+    if (self->cooperative && prepare_cooperative(self, module, &c, serialize) < 0) {
         mg_cu_pop(pushed);
         goto error;
     }
-    CUresult r;
     /* A cooperative launch keeps the GIL from its wait to its record, so that
      * another thread's launch of the kernel cannot slip in between. */
     PyThreadState *released = self->cooperative ? NULL : PyEval_SaveThread();
-    if (have_cluster || self->cooperative) {
-        /* Clusters and cooperative launches need the extended launch and its attributes. */
-        CUlaunchAttribute attributes[2];
-        unsigned int nattributes = 0;
-        memset(attributes, 0, sizeof attributes);
-        if (have_cluster) {
-            attributes[nattributes].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            attributes[nattributes].value.clusterDim.x = cluster[0];
-            attributes[nattributes].value.clusterDim.y = cluster[1];
-            attributes[nattributes].value.clusterDim.z = cluster[2];
-            nattributes++;
-        }
-        if (self->cooperative) {
-            attributes[nattributes].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-            attributes[nattributes].value.cooperative = 1;
-            nattributes++;
-        }
-        CUlaunchConfig config = {
-            .gridDimX = grid[0], .gridDimY = grid[1], .gridDimZ = grid[2],
-            .blockDimX = block[0], .blockDimY = block[1], .blockDimZ = block[2],
-            .sharedMemBytes = (unsigned int)shared_mem, .hStream = stream, .attrs = attributes,
-            .numAttrs = nattributes,
-        };
-        r = mg_cu.cuLaunchKernelEx(&config, self->handle, params, NULL);
-    }
-    else
-        r = mg_cu.cuLaunchKernel(self->handle, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                                 (unsigned int)shared_mem, stream, params, NULL);
+    CUresult r = launch_kernel(self, &c, p.params);
     if (released != NULL)
         PyEval_RestoreThread(released);
-    CUresult recorded = r == CUDA_SUCCESS && serialize ? mg_cu.cuEventRecord(module->after_cooperative, stream)
+    CUresult recorded = r == CUDA_SUCCESS && serialize ? mg_cu.cuEventRecord(module->after_cooperative, c.stream)
                                                        : CUDA_SUCCESS;
     mg_cu_pop(pushed);
     if (r != CUDA_SUCCESS) {
-        char detail[200];
-        PyOS_snprintf(detail, sizeof detail, "grid=(%u, %u, %u) block=(%u, %u, %u) shared_mem=%llu",
-                      grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem);
-        char what[160];
-        const char *name = PyUnicode_AsUTF8(self->name);
-        PyOS_snprintf(what, sizeof what, "%s of '%.100s'",
-                      have_cluster || self->cooperative ? "cuLaunchKernelEx" : "cuLaunchKernel",
-                      name ? name : "?");
-        PyErr_Clear();   /* only if the name could not be encoded */
-        mg_cu_raise(r, what, detail);
+        raise_launch_failure(self, r, &c);
         goto error;
     }
-    const char *kernel = PyUnicode_AsUTF8(self->name);
-    if (kernel == NULL)
-        PyErr_Clear(); /* a name that cannot be encoded is not worth failing a launch over */
-    mg_cu_note_launch(stream, kernel != NULL ? kernel : "?");
-    if (mg_cu_check(recorded, "cuEventRecord") < 0)
-        goto error;
-    /* Later host copies and exports order themselves after this launch. */
-    for (Py_ssize_t i = 0; i < nargs; i++)
-        if (mg_array_check_device(args[i]))
-            mg_array_set_stream(args[i], stream, stream_obj);
-    if (mg_graph_capturing() && retain_for_graph(function, args, nargs, arrays) < 0)
+    if (after_launch(self, args, nargs, &c, p.arrays, recorded) < 0)
         goto error;
     result = Py_NewRef(Py_None);
 error:
-    for (int i = 0; i < nviews; i++)
-        Py_DECREF(views[i]);
+    for (int i = 0; i < p.nviews; i++)
+        Py_DECREF(p.views[i]);
     return result;
 }
 
