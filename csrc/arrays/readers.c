@@ -150,7 +150,7 @@ static int is_jax_array(PyTypeObject *type)
 
 type_reader mg_arrays_type_readers[TYPE_READERS];
 static int type_readers_next;
-int type_readers_last;   /* the slot found last, tried first: a launch's arrays are mostly of one type */
+static int type_readers_last;   /* the slot found last, tried first: a launch's arrays are mostly of one type */
 
 /* The slot of `type`, or -1. */
 int mg_arrays_type_slot(PyTypeObject *type)

@@ -481,7 +481,7 @@ static PyObject *Attribute_get_value(mg_ir_Value_like *self, void *c)
 }
 
 static PyMethodDef Attribute_methods[] = {
-    {"parse", (PyCFunction)(void (*)(void))Attribute_parse, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+    {"parse", (PyCFunction)(void (*)(void))mg_ir_Attribute_parse, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "Attribute.parse(text, *, context=None): MLIRError with the diagnostics on bad text."},
     {"integer", (PyCFunction)(void (*)(void))Attribute_integer, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "Attribute.integer(value, type=i64, *, context=None)"},
@@ -532,7 +532,7 @@ static PyType_Slot Attribute_slots[] = {
     {0, NULL},
 };
 
-PyType_Spec Attribute_spec = {"mlirgpu.ir.Attribute", sizeof(mg_ir_Value_like), 0,
+PyType_Spec mg_ir_Attribute_spec = {"mlirgpu.ir.Attribute", sizeof(mg_ir_Value_like), 0,
                                      Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
                                      Attribute_slots};
 

@@ -115,7 +115,7 @@ static PyType_Slot Block_slots[] = {
     {0, NULL},
 };
 
-PyType_Spec Block_spec = {"mlirgpu.ir.Block", sizeof(mg_ir_Block), 0,
+PyType_Spec mg_ir_Block_spec = {"mlirgpu.ir.Block", sizeof(mg_ir_Block), 0,
                                  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, Block_slots};
 
 /* ---- Region ---- */
@@ -201,7 +201,7 @@ static PyType_Slot Region_slots[] = {
     {0, NULL},
 };
 
-PyType_Spec Region_spec = {"mlirgpu.ir.Region", sizeof(mg_ir_Region), 0,
+PyType_Spec mg_ir_Region_spec = {"mlirgpu.ir.Region", sizeof(mg_ir_Region), 0,
                                   Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, Region_slots};
 
 /* ---- Value ---- */
@@ -297,6 +297,6 @@ static PyType_Slot Value_slots[] = {
     {0, NULL},
 };
 
-PyType_Spec Value_spec = {"mlirgpu.ir.Value", sizeof(mg_ir_ValueObject), 0,
+PyType_Spec mg_ir_Value_spec = {"mlirgpu.ir.Value", sizeof(mg_ir_ValueObject), 0,
                                  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, Value_slots};
 

@@ -285,6 +285,6 @@ static PyType_Slot Context_slots[] = {
     {0, NULL},
 };
 
-PyType_Spec Context_spec = {"mlirgpu.ir.Context", sizeof(mg_ir_Context), 0,
+PyType_Spec mg_ir_Context_spec = {"mlirgpu.ir.Context", sizeof(mg_ir_Context), 0,
                                    Py_TPFLAGS_DEFAULT, Context_slots};
 

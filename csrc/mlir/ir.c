@@ -99,18 +99,18 @@ static PyObject *Module_get_body(mg_ir_Module *self, void *c)
     return mg_ir_block_wrap(self->operation, mlirModuleGetBody(mlirModuleFromOperation(self->operation->op)));
 }
 
-static PyObject *Module_str(mg_ir_Module *self) { return Operation_str(self->operation); }
+static PyObject *Module_str(mg_ir_Module *self) { return mg_ir_Operation_str(self->operation); }
 
-static PyObject *Module_verify(mg_ir_Module *self, PyObject *unused) { return Operation_verify(self->operation, NULL); }
+static PyObject *Module_verify(mg_ir_Module *self, PyObject *unused) { return mg_ir_Operation_verify(self->operation, NULL); }
 
 static PyObject *Module_walk(mg_ir_Module *self, PyObject *args, PyObject *kwds)
 {
-    return Operation_walk(self->operation, args, kwds);
+    return mg_ir_Operation_walk(self->operation, args, kwds);
 }
 
 static PyObject *Module_print(mg_ir_Module *self, PyObject *args, PyObject *kwds)
 {
-    return Operation_print(self->operation, args, kwds);
+    return mg_ir_Operation_print(self->operation, args, kwds);
 }
 
 static PyObject *Module_clone(mg_ir_Module *self, PyObject *unused)
@@ -163,15 +163,15 @@ int mg_ir_init(PyObject *module)
     mg_ir_str_ip_stack = PyUnicode_InternFromString("mlirgpu.ir.insertion_point_stack");
     if (!mg_ir_str_context_stack || !mg_ir_str_location_stack || !mg_ir_str_ip_stack)
         return -1;
-    if (!(mg_ir_ContextType = mg_add_type(module, &Context_spec, NULL)) ||
-        !(mg_ir_LocationType = mg_add_type(module, &Location_spec, NULL)) ||
-        !(mg_ir_TypeType = mg_add_type(module, &Type_spec, NULL)) ||
-        !(mg_ir_AttributeType = mg_add_type(module, &Attribute_spec, NULL)) ||
-        !(mg_ir_OperationType = mg_add_type(module, &Operation_spec, NULL)) ||
-        !(mg_ir_BlockType = mg_add_type(module, &Block_spec, NULL)) ||
-        !(mg_ir_RegionType = mg_add_type(module, &Region_spec, NULL)) ||
-        !(mg_ir_ValueType = mg_add_type(module, &Value_spec, NULL)) ||
-        !(mg_ir_InsertionPointType = mg_add_type(module, &InsertionPoint_spec, NULL)) ||
+    if (!(mg_ir_ContextType = mg_add_type(module, &mg_ir_Context_spec, NULL)) ||
+        !(mg_ir_LocationType = mg_add_type(module, &mg_ir_Location_spec, NULL)) ||
+        !(mg_ir_TypeType = mg_add_type(module, &mg_ir_Type_spec, NULL)) ||
+        !(mg_ir_AttributeType = mg_add_type(module, &mg_ir_Attribute_spec, NULL)) ||
+        !(mg_ir_OperationType = mg_add_type(module, &mg_ir_Operation_spec, NULL)) ||
+        !(mg_ir_BlockType = mg_add_type(module, &mg_ir_Block_spec, NULL)) ||
+        !(mg_ir_RegionType = mg_add_type(module, &mg_ir_Region_spec, NULL)) ||
+        !(mg_ir_ValueType = mg_add_type(module, &mg_ir_Value_spec, NULL)) ||
+        !(mg_ir_InsertionPointType = mg_add_type(module, &mg_ir_InsertionPoint_spec, NULL)) ||
         !(mg_ir_ModuleType = mg_add_type(module, &Module_spec, NULL)))
         return -1;
     if (PyModule_AddIntConstant(module, "DYNAMIC", (long)mlirShapedTypeGetDynamicSize()) < 0)

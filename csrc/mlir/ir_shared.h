@@ -58,27 +58,8 @@ typedef PyObject *(*item_maker)(void *owner, intptr_t i);
 
 extern PyTypeObject *mg_ir_ContextType, *mg_ir_LocationType, *mg_ir_TypeType, *mg_ir_AttributeType, *mg_ir_OperationType,
     *mg_ir_BlockType, *mg_ir_RegionType, *mg_ir_ValueType, *mg_ir_InsertionPointType;
-extern PyTypeObject *mg_ir_ContextType, *mg_ir_LocationType, *mg_ir_TypeType, *mg_ir_AttributeType, *mg_ir_OperationType,
-    *mg_ir_BlockType, *mg_ir_RegionType, *mg_ir_ValueType, *mg_ir_InsertionPointType;
-extern PyTypeObject *mg_ir_ContextType, *mg_ir_LocationType, *mg_ir_TypeType, *mg_ir_AttributeType, *mg_ir_OperationType,
-    *mg_ir_BlockType, *mg_ir_RegionType, *mg_ir_ValueType, *mg_ir_InsertionPointType;
-extern PyTypeObject *mg_ir_ContextType, *mg_ir_LocationType, *mg_ir_TypeType, *mg_ir_AttributeType, *mg_ir_OperationType,
-    *mg_ir_BlockType, *mg_ir_RegionType, *mg_ir_ValueType, *mg_ir_InsertionPointType;
-extern PyTypeObject *mg_ir_ContextType, *mg_ir_LocationType, *mg_ir_TypeType, *mg_ir_AttributeType, *mg_ir_OperationType,
-    *mg_ir_BlockType, *mg_ir_RegionType, *mg_ir_ValueType, *mg_ir_InsertionPointType;
-extern PyTypeObject *mg_ir_ContextType, *mg_ir_LocationType, *mg_ir_TypeType, *mg_ir_AttributeType, *mg_ir_OperationType,
-    *mg_ir_BlockType, *mg_ir_RegionType, *mg_ir_ValueType, *mg_ir_InsertionPointType;
-extern PyTypeObject *mg_ir_ContextType, *mg_ir_LocationType, *mg_ir_TypeType, *mg_ir_AttributeType, *mg_ir_OperationType,
-    *mg_ir_BlockType, *mg_ir_RegionType, *mg_ir_ValueType, *mg_ir_InsertionPointType;
-extern PyTypeObject *mg_ir_ContextType, *mg_ir_LocationType, *mg_ir_TypeType, *mg_ir_AttributeType, *mg_ir_OperationType,
-    *mg_ir_BlockType, *mg_ir_RegionType, *mg_ir_ValueType, *mg_ir_InsertionPointType;
-extern PyTypeObject *mg_ir_ContextType, *mg_ir_LocationType, *mg_ir_TypeType, *mg_ir_AttributeType, *mg_ir_OperationType,
-    *mg_ir_BlockType, *mg_ir_RegionType, *mg_ir_ValueType, *mg_ir_InsertionPointType;
 extern PyTypeObject *mg_ir_ModuleType;
 extern PyObject *mg_ir_str_context_stack, *mg_ir_str_location_stack, *mg_ir_str_ip_stack;
-extern PyObject *mg_ir_str_context_stack, *mg_ir_str_location_stack, *mg_ir_str_ip_stack;
-extern PyObject *mg_ir_str_context_stack, *mg_ir_str_location_stack, *mg_ir_str_ip_stack;
-extern mg_ir_Context *mg_ir_default_context;
 extern mg_ir_Context *mg_ir_default_context;
 extern _Thread_local sigjmp_buf *mg_fatal_target;
 extern _Thread_local char mg_fatal_reason[1024];
@@ -97,7 +78,7 @@ void mg_ir_fatal_error_handler(const char *reason);
 mg_ir_Context *mg_ir_context_current(void) /* borrowed */;
 mg_ir_Context *mg_ir_context_arg(PyObject *arg) /* borrowed */;
 int mg_ir_own_items(PyObject **seq, const char *message);
-extern PyType_Spec Context_spec;
+extern PyType_Spec mg_ir_Context_spec;
 PyObject *mg_ir_uniqued_new(PyTypeObject *type, mg_ir_Context *ctx, const void *ptr);
 void mg_ir_uniqued_dealloc(mg_ir_Value_like *self);
 Py_hash_t mg_ir_uniqued_hash(mg_ir_Value_like *self);
@@ -106,19 +87,19 @@ PyObject *mg_ir_uniqued_get_context(mg_ir_Value_like *self, void *c);
 PyObject *mg_ir_uniqued_repr(PyObject *self);
 mg_ir_Value_like *mg_ir_uniqued_arg(PyObject *obj, PyTypeObject *type, mg_ir_Context *ctx, const char *what);
 int mg_ir_location_arg(PyObject *arg, mg_ir_Context *ctx, MlirLocation *out);
-extern PyType_Spec Location_spec;
+extern PyType_Spec mg_ir_Location_spec;
 int mg_ir_uniqued_seq(PyObject *seq, PyTypeObject *type, mg_ir_Context *ctx, const char *what,
                        const void ***out, Py_ssize_t *n);
-extern PyType_Spec Type_spec;
-PyObject *Attribute_parse(PyObject *cls, PyObject *args, PyObject *kwds);
+extern PyType_Spec mg_ir_Type_spec;
+PyObject *mg_ir_Attribute_parse(PyObject *cls, PyObject *args, PyObject *kwds);
 int mg_ir_named_attributes(PyObject *mapping, mg_ir_Context *ctx, MlirNamedAttribute **out, Py_ssize_t *n);
-extern PyType_Spec Attribute_spec;
+extern PyType_Spec mg_ir_Attribute_spec;
 int mg_ir_op_check(mg_ir_Operation *op);
 int mg_ir_anchor_check(mg_ir_Operation *anchor, const char *what);
 mg_ir_Operation *mg_ir_op_new(mg_ir_Context *ctx, MlirOperation op, PyObject *parent, int owned);
 PyObject *mg_ir_operation_wrap(mg_ir_Context *ctx, MlirOperation op);
 int mg_ir_invalidate_under(mg_ir_Operation *root, int include_root);
-void Operation_dealloc(mg_ir_Operation *self);
+void mg_ir_Operation_dealloc(mg_ir_Operation *self);
 PyObject *mg_ir_block_wrap(mg_ir_Operation *anchor, MlirBlock block);
 mg_ir_Operation *mg_ir_block_owner(mg_ir_Context *ctx, MlirBlock block);
 PyObject *mg_ir_region_wrap(mg_ir_Operation *anchor, MlirRegion region);
@@ -132,15 +113,15 @@ MlirOperation mg_ir_value_owner_op(MlirValue v);
 int mg_ir_result_of_enclosing(MlirValue value, MlirOperation user, MlirOperation under);
 int mg_ir_insert_operation(mg_ir_Block *block, mg_ir_Operation *before, PyObject *opobj);
 mg_ir_Block *mg_ir_block_arg(PyObject *obj);
-extern PyType_Spec InsertionPoint_spec;
-PyObject *Operation_verify(mg_ir_Operation *self, PyObject *unused);
-PyObject *Operation_str(mg_ir_Operation *self);
-PyObject *Operation_print(mg_ir_Operation *self, PyObject *args, PyObject *kwds);
-PyObject *Operation_walk(mg_ir_Operation *self, PyObject *args, PyObject *kwds);
-extern PyType_Spec Operation_spec;
-extern PyType_Spec Block_spec;
-extern PyType_Spec Region_spec;
-extern PyType_Spec Value_spec;
+extern PyType_Spec mg_ir_InsertionPoint_spec;
+PyObject *mg_ir_Operation_verify(mg_ir_Operation *self, PyObject *unused);
+PyObject *mg_ir_Operation_str(mg_ir_Operation *self);
+PyObject *mg_ir_Operation_print(mg_ir_Operation *self, PyObject *args, PyObject *kwds);
+PyObject *mg_ir_Operation_walk(mg_ir_Operation *self, PyObject *args, PyObject *kwds);
+extern PyType_Spec mg_ir_Operation_spec;
+extern PyType_Spec mg_ir_Block_spec;
+extern PyType_Spec mg_ir_Region_spec;
+extern PyType_Spec mg_ir_Value_spec;
 
 
 #endif

@@ -378,7 +378,7 @@ static PyObject *Operation_remove_attribute(mg_ir_Operation *self, PyObject *nam
     Py_RETURN_NONE;
 }
 
-PyObject *Operation_verify(mg_ir_Operation *self, PyObject *unused)
+PyObject *mg_ir_Operation_verify(mg_ir_Operation *self, PyObject *unused)
 {
     OP_CHECKED(self);
     mg_ir_diag_clear(self->context);
@@ -405,9 +405,9 @@ static PyObject *op_print(mg_ir_Operation *self, int generic, int debug_info)
     return mg_buf_finish(&buf);
 }
 
-PyObject *Operation_str(mg_ir_Operation *self) { return op_print(self, 0, 0); }
+PyObject *mg_ir_Operation_str(mg_ir_Operation *self) { return op_print(self, 0, 0); }
 
-PyObject *Operation_print(mg_ir_Operation *self, PyObject *args, PyObject *kwds)
+PyObject *mg_ir_Operation_print(mg_ir_Operation *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"generic", "debug_info", NULL};
     int generic = 0, debug_info = 0;
@@ -428,7 +428,7 @@ static PyObject *Operation_repr(mg_ir_Operation *self)
     return r;
 }
 
-PyObject *Operation_walk(mg_ir_Operation *self, PyObject *args, PyObject *kwds)
+PyObject *mg_ir_Operation_walk(mg_ir_Operation *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"post_order", NULL};
     int post = 0;
@@ -577,10 +577,10 @@ static PyMethodDef Operation_methods[] = {
     {"get_attribute", (PyCFunction)Operation_get_attribute, METH_O, "KeyError if absent."},
     {"set_attribute", (PyCFunction)(void (*)(void))Operation_set_attribute, METH_FASTCALL, NULL},
     {"remove_attribute", (PyCFunction)Operation_remove_attribute, METH_O, NULL},
-    {"verify", (PyCFunction)Operation_verify, METH_NOARGS, "True, or MLIRError with the diagnostics."},
-    {"print", (PyCFunction)(void (*)(void))Operation_print, METH_VARARGS | METH_KEYWORDS,
+    {"verify", (PyCFunction)mg_ir_Operation_verify, METH_NOARGS, "True, or MLIRError with the diagnostics."},
+    {"print", (PyCFunction)(void (*)(void))mg_ir_Operation_print, METH_VARARGS | METH_KEYWORDS,
      "print(*, generic=False, debug_info=False) -> str"},
-    {"walk", (PyCFunction)(void (*)(void))Operation_walk, METH_VARARGS | METH_KEYWORDS,
+    {"walk", (PyCFunction)(void (*)(void))mg_ir_Operation_walk, METH_VARARGS | METH_KEYWORDS,
      "walk(*, post_order=False) -> this operation and every nested one, as a list."},
     {"erase", (PyCFunction)Operation_erase, METH_NOARGS,
      "Erases the operation and what it holds; their wrappers become invalid."},
@@ -606,16 +606,16 @@ static PyGetSetDef Operation_getset[] = {
 
 static PyType_Slot Operation_slots[] = {
     {Py_tp_doc, "An MLIR operation; see Operation.create."},
-    {Py_tp_dealloc, Operation_dealloc},
+    {Py_tp_dealloc, mg_ir_Operation_dealloc},
     {Py_tp_hash, Operation_hash},
     {Py_tp_richcompare, Operation_richcompare},
-    {Py_tp_str, Operation_str},
+    {Py_tp_str, mg_ir_Operation_str},
     {Py_tp_repr, Operation_repr},
     {Py_tp_methods, Operation_methods},
     {Py_tp_getset, Operation_getset},
     {0, NULL},
 };
 
-PyType_Spec Operation_spec = {"mlirgpu.ir.Operation", sizeof(mg_ir_Operation), 0,
+PyType_Spec mg_ir_Operation_spec = {"mlirgpu.ir.Operation", sizeof(mg_ir_Operation), 0,
                                      Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, Operation_slots};
 

@@ -239,7 +239,7 @@ static PyType_Slot Location_slots[] = {
     {0, NULL},
 };
 
-PyType_Spec Location_spec = {"mlirgpu.ir.Location", sizeof(mg_ir_Value_like), 0,
+PyType_Spec mg_ir_Location_spec = {"mlirgpu.ir.Location", sizeof(mg_ir_Value_like), 0,
                                     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
                                     Location_slots};
 
@@ -629,12 +629,12 @@ static PyType_Slot Type_slots[] = {
     {0, NULL},
 };
 
-PyType_Spec Type_spec = {"mlirgpu.ir.Type", sizeof(mg_ir_Value_like), 0,
+PyType_Spec mg_ir_Type_spec = {"mlirgpu.ir.Type", sizeof(mg_ir_Value_like), 0,
                                 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, Type_slots};
 
 /* ---- Attribute ---- */
 
-PyObject *Attribute_parse(PyObject *cls, PyObject *args, PyObject *kwds)
+PyObject *mg_ir_Attribute_parse(PyObject *cls, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"text", "context", NULL};
     PyObject *text, *ctxarg = NULL;

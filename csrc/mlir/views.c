@@ -141,7 +141,7 @@ void mg_ir_invalidate_nested(mg_ir_Operation *root)
     PyErr_Restore(type, value, tb);
 }
 
-void Operation_dealloc(mg_ir_Operation *self)
+void mg_ir_Operation_dealloc(mg_ir_Operation *self)
 {
     PyTypeObject *type = Py_TYPE(self);
     if (self->valid) {
@@ -498,6 +498,6 @@ static PyType_Slot InsertionPoint_slots[] = {
     {0, NULL},
 };
 
-PyType_Spec InsertionPoint_spec = {"mlirgpu.ir.InsertionPoint", sizeof(mg_ir_InsertionPoint), 0,
+PyType_Spec mg_ir_InsertionPoint_spec = {"mlirgpu.ir.InsertionPoint", sizeof(mg_ir_InsertionPoint), 0,
                                           Py_TPFLAGS_DEFAULT, InsertionPoint_slots};
 
