@@ -35,7 +35,7 @@ if not os.path.exists(os.path.join(CUDA_HOME, "include", "cuda.h")):
 
 # Compiled into the static build only: what Debian's archives expect from a
 # newer glibc or from LLVM backends the extension leaves out.
-STATIC_ONLY = "csrc/static_link.c"
+STATIC_ONLY = "csrc/base/static_link.c"
 
 # The LLVM backends the extension runs: NVPTX for kernels, X86 for the CPU
 # backend's JIT (the host).
@@ -109,9 +109,11 @@ class BuildExt(build_ext):
 
 extension = Extension(
     "mlirgpu._mlirgpu",
-    sources=sorted(glob.glob("csrc/*.c")),
-    depends=sorted(glob.glob("csrc/*.h")),
-    include_dirs=[os.path.join(MLIR_PREFIX, "include"), os.path.join(CUDA_HOME, "include"), numpy.get_include()],
+    # Every .c and .h under csrc/, in its layer's folder (docs/design/csrc.md).
+    sources=sorted(glob.glob("csrc/**/*.c", recursive=True)),
+    depends=sorted(glob.glob("csrc/**/*.h", recursive=True)),
+    # Files include each other by folder: "base/state.h", "cuda/driver.h".
+    include_dirs=["csrc", os.path.join(MLIR_PREFIX, "include"), os.path.join(CUDA_HOME, "include"), numpy.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
                    ("MG_CUDA_HOME", '"%s"' % CUDA_HOME)],
     extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",

@@ -618,7 +618,7 @@ out["cubin host"] = float(cubin("host_only", np.ones(3, np.float32), 1.0)[1])
 
 
 def test_an_engine_releases_the_kernel_modules_it_loaded(fake_libcuda):
-    # LLVM never tears down an engine made with the runtime (csrc/engine.c): its kernel modules are
+    # LLVM never tears down an engine made with the runtime (csrc/host/engine.c): its kernel modules are
     # unloaded when it dies all the same, once each.
     out = run_script(f'''
 import ctypes, gc

@@ -1,0 +1,585 @@
+/* What a block's threads do together on the CPU backend: shared memory,
+ * warp shuffles, tensor-core collectives, and Hopper's mbarriers, named
+ * barriers, TMA copies and wgmma. */
+#include "cpu/cpu.h"
+#include "host/engine.h"
+#include "mlir/ir.h"
+#include "host/runner_utils.h"
+
+#include <mlir-c/ExecutionEngine.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include "base/numpy_api.h"
+#include "cpu/cpu_shared.h"
+/* Shared memory                                                             */
+
+struct mg_memref_1d {
+    void *allocated, *aligned;
+    int64_t offset, size, stride;
+};
+
+/* The C interface of `func.func private @mg_cpu_shared(i32) -> memref<?xi8>`:
+ * 0 the block's static shared memory, 1 its dynamic (the launch's shared_mem). */
+void mg_cpu__mlir_ciface_mg_cpu_shared(mg_memref_1d *result, int32_t which)
+{
+    mg_cpu_launch *l = mg_cpu_running;
+    which = which != 0;
+    char *base = l->shared[which] + (size_t)(l->current / l->block_threads) * l->shared_stride;
+    *result = (mg_memref_1d){base, base, 0, l->shared_size[which], 1};
+}
+
+/* ------------------------------------------------------------------------ */
+/* Warp shuffles                                                             */
+
+/* A warp-level barrier: deposits `value`, waits until every thread of its
+ * warp that has not returned is at a shuffle, and returns the value of the
+ * lane chosen by `mode`, `offset` and `width` within the lane's segment of
+ * `width` lanes (its own where that lane is outside the segment or not
+ * there), as PTX's shfl.sync does with CUDA's clamp of ((32 - width) << 8) |
+ * (up ? 0 : 31). MG_VOTE_BALLOT returns the bits of the lanes whose value
+ * is nonzero instead (vote.sync.ballot). */
+int64_t mg_cpu_shuffle(int32_t mode, int64_t value, int32_t offset, int32_t width, int32_t line)
+{
+    mg_cpu_launch *l = mg_cpu_running;
+    mg_fiber *f = &l->pool->fibers[l->current];
+    f->state = FIBER_AT_SHUFFLE;
+    f->mode = mode;
+    f->value = value;
+    f->offset = offset;
+    f->width = width;
+    f->line = line;
+    swapcontext(&f->context, &l->scheduler);
+    return f->value;
+}
+
+/* Completes the shuffle of the warp starting at thread `first`. */
+void mg_cpu_exchange(mg_fiber *fibers, int first, int end)
+{
+    int64_t in[MG_CPU_WARP];
+    int active[MG_CPU_WARP];
+    for (int t = first; t < end; t++) {
+        in[t - first] = fibers[t].value;
+        active[t - first] = fibers[t].state == FIBER_AT_SHUFFLE;
+    }
+    int64_t ballot = 0;
+    for (int t = first; t < end; t++)
+        if (active[t - first] && in[t - first] != 0)
+            ballot |= (int64_t)1 << (t - first);
+    for (int t = first; t < end; t++) {
+        mg_fiber *f = &fibers[t];
+        if (f->state != FIBER_AT_SHUFFLE)
+            continue;
+        f->state = FIBER_READY;
+        if (f->mode == MG_VOTE_BALLOT) {
+            f->value = ballot;
+            continue;
+        }
+        /* PTX's shfl.sync: the segment is [first lane, last lane] of the lane's `width`. */
+        int lane = t - first, b = f->offset & (MG_CPU_WARP - 1), source, valid;
+        int width = f->width >= 1 && f->width <= MG_CPU_WARP ? f->width : MG_CPU_WARP;
+        int segment_first = lane & ~(width - 1), segment_last = segment_first + width - 1;
+        switch (f->mode) {
+        case MG_SHFL_XOR: source = lane ^ b; valid = source <= segment_last; break;
+        case MG_SHFL_DOWN: source = lane + b; valid = source <= segment_last; break;
+        case MG_SHFL_UP: source = lane - b; valid = source >= segment_first; break;
+        default: source = segment_first | (b & (width - 1)); valid = 1; break;
+        }
+        if (valid && source < end - first && active[source])
+            f->value = in[source];
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tensor-core collectives                                                   */
+
+/* The lane's operands go in one 64-bit word at a time, then it waits at the
+ * collective `mode` (a warp-level barrier like a shuffle's), then reads its
+ * results back word by word. */
+void mg_cpu_warp_put(int64_t bits)
+{
+    mg_cpu_launch *l = mg_cpu_running;
+    mg_fiber *f = &l->pool->fibers[l->current];
+    if (f->ndata < MG_CPU_WARP_DATA)
+        f->data[f->ndata++] = bits;
+}
+
+void mg_cpu_warp_collective(int32_t mode, int32_t line)
+{
+    mg_cpu_launch *l = mg_cpu_running;
+    mg_fiber *f = &l->pool->fibers[l->current];
+    f->state = FIBER_AT_SHUFFLE;
+    f->mode = mode;
+    f->line = line;
+    swapcontext(&f->context, &l->scheduler);
+    f->ndata = 0;
+}
+
+int64_t mg_cpu_warp_get(int32_t k)
+{
+    mg_cpu_launch *l = mg_cpu_running;
+    return k >= 0 && k < MG_CPU_WARP_DATA ? l->pool->fibers[l->current].data[k] : 0;
+}
+
+static float half_to_float(uint32_t h)
+{
+    uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, bits;
+    if (exponent == 0x1f) {
+        bits = sign | 0x7f800000u | (mantissa << 13); /* inf, nan */
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else {
+        float value = (float)mantissa * (1.0f / 16777216.0f); /* subnormal: mantissa * 2^-24 */
+        return sign ? -value : value;
+    }
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+static float bits_to_float(uint32_t bits)
+{
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* Element `i` (0 low, 1 high) of a register of the collective's input type. */
+float mg_cpu_element(int mode, uint32_t reg, int i)
+{
+    switch (mode) {
+    case MG_WARP_MMA_F16: return half_to_float(i ? reg >> 16 : reg & 0xffff);
+    case MG_WARP_MMA_BF16: return bits_to_float((i ? reg >> 16 : reg & 0xffff) << 16);
+    default: return bits_to_float(reg & 0xffffe000u); /* tf32: the top 19 bits */
+    }
+}
+
+/* mma.sync over the 32 lanes at `lanes`, with the PTX ISA's fragment layouts
+ * (groupID g = lane / 4, threadID_in_group t = lane % 4):
+ *   m16n8k16: a_i (row g + 8 * (i/2 % 2), col 2t + i%2 + 8 * (i/4)), two per register;
+ *             b_i (k 2t + i%2 + 8 * (i/2), col g), two per register;
+ *   m16n8k8 tf32: a_i (row g + 8 * (i%2), col t + 4 * (i/2)); b_i (k t + 4i, col g);
+ *   c_i and d_i (row g + 8 * (i/2), col 2t + i%2).
+ * Products are summed in double and rounded to f32 once. */
+void mg_cpu_mma(mg_fiber *lanes, int mode)
+{
+    int K = mode == MG_WARP_MMA_TF32 ? 8 : 16;
+    float A[16][16], B[16][8], C[16][8];
+    for (int lane = 0; lane < MG_CPU_WARP; lane++) {
+        const int64_t *d = lanes[lane].data;
+        int g = lane / 4, t = lane % 4;
+        for (int i = 0; i < (K == 16 ? 8 : 4); i++) {
+            uint32_t reg = (uint32_t)d[K == 16 ? i / 2 : i];
+            float value = mg_cpu_element(mode, reg, K == 16 ? i % 2 : 0);
+            if (K == 16)
+                A[g + 8 * (i / 2 % 2)][2 * t + i % 2 + 8 * (i / 4)] = value;
+            else
+                A[g + 8 * (i % 2)][t + 4 * (i / 2)] = value;
+        }
+        for (int i = 0; i < (K == 16 ? 4 : 2); i++) {
+            uint32_t reg = (uint32_t)d[4 + (K == 16 ? i / 2 : i)];
+            float value = mg_cpu_element(mode, reg, K == 16 ? i % 2 : 0);
+            if (K == 16)
+                B[2 * t + i % 2 + 8 * (i / 2)][g] = value;
+            else
+                B[t + 4 * i][g] = value;
+        }
+        for (int i = 0; i < 4; i++)
+            C[g + 8 * (i / 2)][2 * t + i % 2] = bits_to_float((uint32_t)d[6 + i]);
+    }
+    for (int lane = 0; lane < MG_CPU_WARP; lane++) {
+        int g = lane / 4, t = lane % 4;
+        for (int i = 0; i < 4; i++) {
+            int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+            double sum = C[row][col];
+            for (int k = 0; k < K; k++)
+                sum += (double)A[row][k] * (double)B[k][col];
+            float out = (float)sum;
+            uint32_t bits;
+            memcpy(&bits, &out, sizeof bits);
+            lanes[lane].data[i] = bits;
+        }
+    }
+}
+
+/* ldmatrix .x{count}: lanes 8j .. 8j+7 gave the addresses of matrix j's rows
+ * (8 contiguous 16-bit elements each). Lane l receives, per matrix, row l/4,
+ * columns 2 (l%4) and +1; with .trans, column l/4, rows 2 (l%4) and +1. */
+void mg_cpu_ldmatrix(mg_fiber *lanes, int count, int transpose)
+{
+    uint16_t m[4][8][8];
+    for (int j = 0; j < count; j++)
+        for (int r = 0; r < 8; r++)
+            memcpy(m[j][r], (const void *)(intptr_t)lanes[8 * j + r].data[0], sizeof m[j][r]);
+    for (int lane = 0; lane < MG_CPU_WARP; lane++)
+        for (int j = 0; j < count; j++) {
+            int row = lane / 4, col = 2 * (lane % 4);
+            uint32_t low = transpose ? m[j][col][row] : m[j][row][col];
+            uint32_t high = transpose ? m[j][col + 1][row] : m[j][row][col + 1];
+            lanes[lane].data[j] = low | high << 16;
+        }
+}
+
+/* Completes the collective of the warp starting at thread `first`; where not
+ * all 32 lanes are at the same collective, records why in the launch (for
+ * raise_block_error) and returns BLOCK_COLLECTIVE_DIVERGENCE. */
+int mg_cpu_collective(mg_cpu_launch *l, mg_fiber *fibers, int first, int end)
+{
+    mg_fiber *lanes = &fibers[first];
+    int mode = -1, at = 0;
+    for (int t = first; t < end && mode < 0; t++)
+        if (fibers[t].state == FIBER_AT_SHUFFLE && fibers[t].mode >= MG_WARP_MMA_F16) {
+            mode = fibers[t].mode;
+            at = t;
+        }
+    for (int lane = 0; lane < MG_CPU_WARP; lane++) {
+        if (first + lane >= end || lanes[lane].state != FIBER_AT_SHUFFLE || lanes[lane].mode != mode) {
+            int why = first + lane >= end ? COLLECTIVE_NO_LANE
+                    : lanes[lane].state == FIBER_AT_SHUFFLE ? COLLECTIVE_OTHER_OPERATION : COLLECTIVE_RETURNED;
+            l->divergence = (mg_divergence){at, lane, fibers[at].line, 0, why};
+            return l->failed = BLOCK_COLLECTIVE_DIVERGENCE;
+        }
+    }
+    if (mode >= MG_WARP_LDMATRIX)
+        mg_cpu_ldmatrix(lanes, mode & 7, (mode & 8) != 0);
+    else
+        mg_cpu_mma(lanes, mode);
+    for (int lane = 0; lane < MG_CPU_WARP; lane++)
+        lanes[lane].state = FIBER_READY;
+    return BLOCK_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Hopper: mbarriers, named barriers, TMA copies, wgmma                      */
+
+/* A fault of the running thread (a shared address outside its block's shared
+ * memory, a tensor map of the wrong kind): recorded for the scheduler, which
+ * raises KernelError; the fiber is abandoned, never resumed. */
+void mg_cpu_fault(int32_t line, const char *format, ...)
+{
+    mg_cpu_launch *l = mg_cpu_running;
+    va_list ap;
+    va_start(ap, format);
+    vsnprintf(l->fault, sizeof l->fault, format, ap);
+    va_end(ap);
+    l->failed = BLOCK_FAULT;
+    l->fault_thread = l->current;
+    l->fault_line = line;
+    mg_fiber *f = &l->pool->fibers[l->current];
+    f->state = FIBER_FAILED;
+    swapcontext(&f->context, &l->scheduler);
+    __builtin_unreachable();
+}
+
+/* The running thread's block's shared memory (static, then dynamic: one window). */
+char *mg_cpu_shared_window(mg_cpu_launch *l)
+{
+    return l->shared[0] + (size_t)(l->current / l->block_threads) * l->shared_stride;
+}
+
+/* Byte `offset` of the running block's shared memory, `nbytes` of it, or a fault of `what`. */
+static char *shared_offset(size_t offset, size_t nbytes, const char *what, int32_t line)
+{
+    mg_cpu_launch *l = mg_cpu_running;
+    if (offset + nbytes > l->shared_window)
+        mg_cpu_fault(line, "%s: %zu bytes at byte %zu of shared memory, past the block's %zu", what, nbytes, offset,
+              l->shared_window);
+    return mg_cpu_shared_window(l) + offset;
+}
+
+/* A u32 shared address as mg.shared.address gives it (the low 32 bits of the
+ * host address) as an offset in the running block's shared memory. */
+static size_t shared_address(uint32_t address)
+{
+    mg_cpu_launch *l = mg_cpu_running;
+    return (uint32_t)(address - (uint32_t)(uintptr_t)mg_cpu_shared_window(l));
+}
+
+/* An mbarrier's 64 bits, as the PTX ISA's mbarrier object holds its state:
+ * the arrivals a phase expects (bits 0-20), those still pending (21-41), the
+ * transaction count (42-62, two's complement) and the current phase's parity (63). */
+#define MB_FIELD 0x1fffffull
+typedef struct {
+    int64_t expected, pending, tx;
+    uint64_t phase;
+} mbarrier_state;
+
+static mbarrier_state mb_unpack(uint64_t bits)
+{
+    int64_t tx = (int64_t)(bits >> 42 & MB_FIELD);
+    return (mbarrier_state){(int64_t)(bits & MB_FIELD), (int64_t)(bits >> 21 & MB_FIELD),
+                            tx & 0x100000 ? tx - 0x200000 : tx, bits >> 63};
+}
+
+/* Completes the phase if nothing is pending: the next expects as many arrivals. */
+static uint64_t mb_pack(mbarrier_state m)
+{
+    if (m.pending == 0 && m.tx == 0) {
+        m.phase ^= 1;
+        m.pending = m.expected;
+    }
+    return (uint64_t)m.expected | (uint64_t)m.pending << 21 | ((uint64_t)m.tx & MB_FIELD) << 42 | m.phase << 63;
+}
+
+static uint64_t *mbarrier_at(int32_t address, const char *what, int32_t line)
+{
+    size_t offset = shared_address((uint32_t)address);
+    if (offset % 8)
+        mg_cpu_fault(line, "%s: an mbarrier is 8-byte aligned, not at byte %zu of shared memory", what, offset);
+    return (uint64_t *)shared_offset(offset, 8, what, line);
+}
+
+void mg_cpu_mbarrier_init(int32_t address, int32_t count, int32_t line)
+{
+    uint64_t *m = mbarrier_at(address, "mbarrier.init", line);
+    if (count < 1 || (uint64_t)count >= (1 << 20))
+        mg_cpu_fault(line, "mbarrier.init: the arrival count is 1 to 2**20 - 1, not %d", (int)count);
+    *m = (uint64_t)count | (uint64_t)count << 21;
+}
+
+/* arrive (transaction_bytes 0) or arrive.expect_tx: the bytes first, then the arrival. */
+void mg_cpu_mbarrier_arrive(int32_t address, int32_t transaction_bytes, int32_t line)
+{
+    uint64_t *at = mbarrier_at(address, "mbarrier.arrive", line);
+    mbarrier_state m = mb_unpack(*at);
+    if (m.expected == 0)
+        mg_cpu_fault(line, "mbarrier.arrive on a barrier that was never initialised (init)");
+    if (m.pending == 0)
+        mg_cpu_fault(line, "mbarrier.arrive: more arrivals than the barrier's phase expects (%lld)", (long long)m.expected);
+    m.tx += transaction_bytes;
+    m.pending--;
+    *at = mb_pack(m);
+}
+
+/* The bytes of a copy that names the barrier have landed (complete-tx). */
+static void mbarrier_complete_tx(uint64_t *at, int64_t bytes)
+{
+    mbarrier_state m = mb_unpack(*at);
+    m.tx -= bytes;
+    *at = mb_pack(m);
+}
+
+/* try_wait.parity until it succeeds: the phase of parity `parity` has completed
+ * once the current phase has the other parity. */
+void mg_cpu_mbarrier_wait(int32_t address, int32_t parity, int32_t line)
+{
+    mg_cpu_launch *l = mg_cpu_running;
+    uint64_t *m = mbarrier_at(address, "mbarrier.try_wait", line);
+    if ((*m >> 63) != (uint64_t)(parity & 1))
+        return;
+    mg_fiber *f = &l->pool->fibers[l->current];
+    f->state = FIBER_WAITING;
+    f->wait_kind = WAIT_MBARRIER;
+    f->wait_on = m;
+    f->wait_value = (uint64_t)(parity & 1);
+    f->line = line;
+    swapcontext(&f->context, &l->scheduler);
+}
+
+/* bar.sync (wait) or bar.arrive `id`, `threads`: the arrival that makes
+ * `threads` releases the waiting ones and starts the next generation. It
+ * counts threads: the PTX of mg.warpgroup.barrier and arrive is .aligned,
+ * which every thread of a warp executes together, so the warp's 32 arrivals
+ * are the hardware's one arrival of the warp. */
+void mg_cpu_named_barrier(int32_t id, int32_t threads, int32_t wait, int32_t line)
+{
+    mg_cpu_launch *l = mg_cpu_running;
+    if (id < 0 || id >= MG_CPU_NAMED_BARRIERS)
+        mg_cpu_fault(line, "a named barrier's id is 0 to %d, not %d", MG_CPU_NAMED_BARRIERS - 1, (int)id);
+    if (threads > l->block_threads)
+        mg_cpu_fault(line, "named barrier %d counts %d threads, but the block has %d", (int)id, (int)threads,
+              l->block_threads);
+    uint64_t *b = l->named + ((size_t)(l->current / l->block_threads) * MG_CPU_NAMED_BARRIERS + (size_t)id) * 2;
+    if (++b[0] >= (uint64_t)threads) {
+        b[0] = 0;
+        b[1]++;
+        return;
+    }
+    if (!wait)
+        return;
+    mg_fiber *f = &l->pool->fibers[l->current];
+    f->state = FIBER_WAITING;
+    f->wait_kind = WAIT_NAMED_BARRIER;
+    f->wait_on = &b[1];
+    f->wait_value = b[1];
+    f->line = line;
+    swapcontext(&f->context, &l->scheduler);
+}
+
+int mg_cpu_wait_over(const mg_fiber *f)
+{
+    if (f->wait_kind == WAIT_MBARRIER)
+        return (*f->wait_on >> 63) != f->wait_value;
+    return *f->wait_on != f->wait_value;
+}
+
+/* The hardware's swizzle of a shared-memory offset (the block's shared memory
+ * is 1024-byte aligned, so its bits are the address's): the 16-byte unit
+ * (bits 4-6) XOR the 128-byte row's index (bits 7-9), over as many bits as the
+ * mode has (128B: 3, 64B: 2, 32B: 1; swizzle_bytes 0: none). */
+static size_t swizzled(size_t offset, int swizzle_bytes)
+{
+    size_t mask = swizzle_bytes ? (size_t)(swizzle_bytes / 16 - 1) << 4 : 0;
+    return offset ^ (offset >> 3 & mask);
+}
+
+static const mg_cpu_tensor_map *host_tensor_map(void *map, int32_t rank, const char *what, int32_t line)
+{
+    const mg_cpu_tensor_map *m = map;
+    if (m->magic != MG_CPU_TENSOR_MAP_MAGIC)
+        mg_cpu_fault(line, "%s: the tensor map was not made for the CPU backend", what);
+    if (rank != m->rank)
+        mg_cpu_fault(line, "%s: %d coordinates for a %d-d tensor map", what, (int)rank, (int)m->rank);
+    return m;
+}
+
+/* Copies the box at `coords` (innermost first) of the map's array to (load)
+ * or from shared memory at byte `offset`, the box row-major there with the
+ * map's swizzle; a load fills what lies outside the array (zeros, or NaN),
+ * a store skips it. Returns the box's bytes. */
+static size_t tma_copy(const mg_cpu_tensor_map *m, size_t offset, const int32_t *coords, int load,
+                       const char *what, int32_t line)
+{
+    int rank = m->rank;
+    size_t esize = m->element_size, count[5], total = 1;
+    for (int i = 0; i < rank; i++) {
+        count[i] = (m->box[i] + m->element_strides[i] - 1u) / m->element_strides[i];
+        total *= count[i];
+    }
+    if (offset % 128)
+        mg_cpu_fault(line, "%s: the shared memory is at byte %zu, not 128-byte aligned", what, offset);
+    /* The GPU stops with an illegal instruction where the box's rows start off a 16-byte boundary. */
+    if ((int64_t)coords[0] * (int64_t)esize % 16)
+        mg_cpu_fault(line, "%s: the innermost coordinate %d is %lld bytes into a row: the box's rows must start at a "
+              "multiple of 16 bytes", what, (int)coords[0], (long long)coords[0] * (long long)esize);
+    shared_offset(offset, total * esize, what, line);
+    unsigned char fill[8] = {0};
+    if (m->oob_nan) {
+        /* The canonical NaN of the element type (f16, f32, f64, bf16). */
+        static const uint64_t nan[] = {0, 0, 0, 0, 0, 0, 0x7fff, 0x7fffffff, 0x7fffffffffffffffull, 0x7fff};
+        uint64_t bits = m->data_type < 10 ? nan[m->data_type] : 0;
+        memcpy(fill, &bits, esize);
+    }
+    size_t index[5] = {0, 0, 0, 0, 0};
+    for (size_t e = 0; e < total; e++) {
+        char *local = shared_offset(swizzled(offset + e * esize, m->swizzle_bytes), esize, what, line);
+        int inside = 1;
+        size_t at = 0;
+        for (int i = 0; i < rank; i++) {
+            int64_t g = (int64_t)coords[i] + (int64_t)(index[i] * m->element_strides[i]);
+            inside &= g >= 0 && (uint64_t)g < m->dims[i];
+            at += (size_t)g * m->strides[i];
+        }
+        char *global = (char *)(uintptr_t)m->address + at;
+        if (load)
+            memcpy(local, inside ? global : (const char *)fill, esize);
+        else if (inside)
+            memcpy(global, local, esize);
+        for (int i = 0; i < rank && ++index[i] == count[i]; i++)
+            index[i] = 0;
+    }
+    return total * esize;
+}
+
+void mg_cpu_tma_load(void *map, int32_t destination, int32_t barrier, int32_t rank, int32_t c0, int32_t c1,
+                     int32_t c2, int32_t c3, int32_t c4, int32_t line)
+{
+    int32_t coords[5] = {c0, c1, c2, c3, c4};
+    const mg_cpu_tensor_map *m = host_tensor_map(map, rank, "mg.tma.load", line);
+    uint64_t *bar = mbarrier_at(barrier, "mg.tma.load's mbarrier", line);
+    size_t bytes = tma_copy(m, shared_address((uint32_t)destination), coords, 1, "mg.tma.load", line);
+    mbarrier_complete_tx(bar, (int64_t)bytes);
+}
+
+void mg_cpu_tma_store(void *map, int32_t source, int32_t rank, int32_t c0, int32_t c1, int32_t c2, int32_t c3,
+                      int32_t c4, int32_t line)
+{
+    int32_t coords[5] = {c0, c1, c2, c3, c4};
+    const mg_cpu_tensor_map *m = host_tensor_map(map, rank, "mg.tma.store", line);
+    if (m->readonly)
+        mg_cpu_fault(line, "mg.tma.store: the tensor map's array is read-only");
+    tma_copy(m, shared_address((uint32_t)source), coords, 0, "mg.tma.store", line);
+}
+
+/* The C interface of `@mg_cpu_wgmma_buffer() -> memref<?xf32>`: the thread's
+ * accumulators, written before mg_cpu_wgmma and read after it. */
+void mg_cpu__mlir_ciface_mg_cpu_wgmma_buffer(mg_memref_1d *result)
+{
+    mg_cpu_launch *l = mg_cpu_running;
+    float *acc = l->pool->fibers[l->current].wgmma;
+    *result = (mg_memref_1d){acc, acc, 0, MG_CPU_WGMMA_MAX, 1};
+}
+
+/* A wgmma operand in shared memory as its descriptor says: the start (an
+ * offset in the block's shared memory), LBO and SBO in bytes, the swizzle's
+ * row in bytes (0: interleave) and which dimension is contiguous. */
+typedef struct {
+    size_t start, lbo, sbo;
+    int swizzle_bytes, k_major;
+} wgmma_operand;
+
+static wgmma_operand wgmma_descriptor(int64_t bits, int k_major)
+{
+    uint64_t d = (uint64_t)bits;
+    static const int swizzles[] = {0, 128, 64, 32}; /* bits 62-63: interleave, 128B, 64B, 32B */
+    mg_cpu_launch *l = mg_cpu_running;
+    /* The start address holds bits 4-17 of the shared address: shared memory is under 256 KB. */
+    size_t start = (uint32_t)(((d & 0x3fff) << 4) - (uint32_t)(uintptr_t)mg_cpu_shared_window(l)) & 0x3ffff;
+    return (wgmma_operand){start, (d >> 16 & 0x3fff) << 4, (d >> 32 & 0x3fff) << 4, swizzles[d >> 62], k_major};
+}
+
+/* Element (mn, k) of a 2-byte operand: the canonical layouts of the PTX ISA
+ * (8-row groups of 16-byte core matrices, or rows of the swizzle's width),
+ * as mlirgpu.layout.wgmma checks tiles against them, then the swizzle. */
+static float wgmma_element(const wgmma_operand *o, int mn, int k, int bf16, int32_t line)
+{
+    size_t width = o->swizzle_bytes ? (size_t)o->swizzle_bytes : 16, at;
+    if (o->k_major)
+        at = o->swizzle_bytes ? (size_t)(mn % 8) * width + (size_t)(mn / 8) * o->sbo + (size_t)k * 2
+                              : (size_t)(mn % 8) * 16 + (size_t)(mn / 8) * o->sbo + (size_t)(k % 8) * 2 +
+                                (size_t)(k / 8) * o->lbo;
+    else if (o->swizzle_bytes == 0)
+        at = (size_t)(mn % 8) * 2 + (size_t)(mn / 8) * o->sbo + (size_t)(k % 8) * 16 + (size_t)(k / 8) * o->lbo;
+    else
+        at = (size_t)(mn % (width / 2)) * 2 + (size_t)(mn / (width / 2)) * o->lbo + (size_t)(k % 8) * width +
+             (size_t)(k / 8) * o->sbo;
+    uint16_t h;
+    memcpy(&h, shared_offset(swizzled(o->start + at, o->swizzle_bytes), 2, "mg.wgmma.mma", line), 2);
+    return bf16 ? bits_to_float((uint32_t)h << 16) : half_to_float(h);
+}
+
+/* wgmma.mma_async m64nNk16 with f32 accumulators, this thread's part: its
+ * N/2 accumulators (rows and columns as mg.wgmma.accumulator_coordinates
+ * says) plus the products of A's rows and B's columns, read from shared
+ * memory through the descriptors when it is issued. `mode`: bit 0 bf16 (else
+ * f16), bit 1 B MN-major (else K-major). Products are summed in double and
+ * rounded to f32 once. */
+void mg_cpu_wgmma(int32_t n, int64_t a, int64_t b, int32_t mode, int32_t line)
+{
+    mg_cpu_launch *l = mg_cpu_running;
+    float *acc = l->pool->fibers[l->current].wgmma;
+    int t = l->current % l->block_threads % MG_CPU_WARPGROUP, warp = t / 32, lane = t % 32, bf16 = mode & 1;
+    if (n < 8 || n > 2 * MG_CPU_WGMMA_MAX || n % 8)
+        mg_cpu_fault(line, "mg.wgmma.mma: N is a multiple of 8 from 8 to 256, not %d", (int)n);
+    wgmma_operand A = wgmma_descriptor(a, 1), B = wgmma_descriptor(b, !(mode & 2));
+    float rows[2][16];
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 16; k++)
+            rows[h][k] = wgmma_element(&A, warp * 16 + lane / 4 + 8 * h, k, bf16, line);
+    for (int r = 0; r < n / 2; r++) {
+        int row = (r >> 1) & 1, column = (r >> 2) * 8 + (lane % 4) * 2 + (r & 1);
+        double sum = acc[r];
+        for (int k = 0; k < 16; k++)
+            sum += (double)rows[row][k] * (double)wgmma_element(&B, column, k, bf16, line);
+        acc[r] = (float)sum;
+    }
+}
+
+/* ------------------------------------------------------------------------ */

@@ -1,0 +1,64 @@
+/* The CPU backend's runtime: mlirgpu._mlirgpu.CpuEngine JIT-compiles a kernel
+ * lowered for the host (a func.func with llvm.emit_c_interface taking the
+ * kernel's arguments, then thread, block, block_dim and grid_dim x/y/z as
+ * index) through MLIR's ExecutionEngine, and runs a launch block by block,
+ * each thread of a block a fiber (ucontext) switched at mg_cpu_barrier. */
+#ifndef MG_CPU_H
+#define MG_CPU_H
+
+#include "base/state.h"
+#include <stdint.h>
+
+int mg_cpu_init(PyObject *module);
+
+/* What gpu.barrier becomes on the host: waits until every thread of the
+ * block has arrived. `line` is the barrier's source line, for errors. */
+void mg_cpu_barrier(int32_t line);
+
+/* What mg.grid.sync() becomes: waits until every thread of the grid has arrived. */
+void mg_cpu_grid_sync(int32_t line);
+
+/* The other calls of the host trace (docs/design/cpu_backend.md): the block's shared memory
+ * (0 static, 1 dynamic) as a memref<?xi8> through its C interface; a warp
+ * shuffle; the tensor-core collectives (mma.sync, ldmatrix); printf; a failed bounds check. */
+typedef struct mg_memref_1d mg_memref_1d;
+void _mlir_ciface_mg_cpu_shared(mg_memref_1d *result, int32_t which);
+int64_t mg_cpu_shuffle(int32_t mode, int64_t value, int32_t offset, int32_t width, int32_t line);
+void mg_cpu_warp_put(int64_t bits);
+void mg_cpu_warp_collective(int32_t mode, int32_t line);
+int64_t mg_cpu_warp_get(int32_t k);
+void mg_cpu_printf_arg(int64_t bits);
+void mg_cpu_printf(int32_t format);
+void mg_cpu_bounds_index(int64_t index, int64_t size);
+void mg_cpu_out_of_bounds(int32_t name, int32_t kind, int32_t line);
+
+/* Hopper's operations on the host (docs/design/cpu_backend.md): mbarriers
+ * (8 bytes of shared memory at a u32 shared address), named barriers, TMA
+ * copies through a host tensor map, and wgmma on a thread's accumulators. */
+void mg_cpu_mbarrier_init(int32_t address, int32_t count, int32_t line);
+void mg_cpu_mbarrier_arrive(int32_t address, int32_t transaction_bytes, int32_t line);
+void mg_cpu_mbarrier_wait(int32_t address, int32_t parity, int32_t line);
+void mg_cpu_named_barrier(int32_t id, int32_t threads, int32_t wait, int32_t line);
+void mg_cpu_tma_load(void *map, int32_t destination, int32_t barrier, int32_t rank, int32_t c0, int32_t c1,
+                     int32_t c2, int32_t c3, int32_t c4, int32_t line);
+void mg_cpu_tma_store(void *map, int32_t source, int32_t rank, int32_t c0, int32_t c1, int32_t c2, int32_t c3,
+                      int32_t c4, int32_t line);
+void _mlir_ciface_mg_cpu_wgmma_buffer(mg_memref_1d *result);
+void mg_cpu_wgmma(int32_t n, int64_t a, int64_t b, int32_t mode, int32_t line);
+
+/* A tensor map made for the CPU backend (mlirgpu.TensorMap with host=True):
+ * what cuTensorMapEncodeTiled would encode, in the 128 bytes a kernel takes.
+ * Sizes innermost first, as the driver takes them. */
+#define MG_CPU_TENSOR_MAP_MAGIC 0x70616d7570636d67ull /* "mgcpumap" */
+typedef struct {
+    uint64_t magic;
+    uint64_t address;
+    uint64_t dims[5];
+    uint64_t strides[5];          /* bytes; strides[0] is the element size */
+    uint16_t box[5];
+    uint8_t element_strides[5];
+    uint8_t rank, element_size, swizzle_bytes, oob_nan, data_type;
+    uint8_t readonly;             /* the array may not be written: TMA stores are refused */
+} mg_cpu_tensor_map;
+
+#endif

@@ -1,0 +1,197 @@
+/* mlirgpu.TensorMap: a CUtensorMap made by cuTensorMapEncodeTiled, or the
+ * CPU backend's host map in the same bytes. */
+#include "launch/tensor_map.h"
+#include "cpu/cpu.h"
+#include "cuda/driver.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <structmember.h>
+
+/* ---------------------------------------------------------------------- */
+/* TensorMap: a CUtensorMap made by cuTensorMapEncodeTiled                 */
+/* ---------------------------------------------------------------------- */
+
+_Static_assert(sizeof(mg_cpu_tensor_map) <= sizeof(CUtensorMap), "a host tensor map fits a CUtensorMap's bytes");
+
+PyTypeObject *mg_cu_TensorMap_type;
+
+/* A tuple of `n` ints into `out`, each in [lo, hi]. */
+static int uint64_tuple(PyObject *value, const char *what, Py_ssize_t n, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    if (!PyTuple_Check(value) || PyTuple_GET_SIZE(value) != n) {
+        PyErr_Format(PyExc_ValueError, "%s must be a tuple of %zd ints, got %R", what, n, value);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long v = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(value, i));
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            v = hi + 1;
+        }
+        if (v < lo || v > hi) {
+            PyErr_Format(PyExc_ValueError, "%s[%zd] must be an int in [%llu, %llu], got %R", what, i,
+                         (unsigned long long)lo, (unsigned long long)hi, PyTuple_GET_ITEM(value, i));
+            return -1;
+        }
+        out[i] = v;
+    }
+    return 0;
+}
+
+/* The element size of a CUtensorMapDataType (mlirgpu.tma's DATA_TYPES), 0 for another. */
+static int tensor_map_element_size(int data_type)
+{
+    static const int sizes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2};
+    return data_type >= 0 && data_type < (int)(sizeof sizes / sizeof *sizes) ? sizes[data_type] : 0;
+}
+
+/* TensorMap(owner, info, data_type, address, dims, strides, box, element_strides,
+ *           interleave, swizzle, l2_promotion, oob_fill, host=False, readonly=False): the
+ * arguments of cuTensorMapEncodeTiled as mlirgpu.tma computes them (strides
+ * in bytes, of dimensions 1.. only, as the driver takes them). host=True: a
+ * map for the CPU backend, the same fields in an mg_cpu_tensor_map (no driver),
+ * `readonly` where its array may not be written. */
+static PyObject *tensor_map_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"owner", "info", "data_type", "address", "dims", "strides", "box",
+                               "element_strides", "interleave", "swizzle", "l2_promotion", "oob_fill", "host", "readonly",
+                               NULL};
+    PyObject *owner, *info, *dims_obj, *strides_obj, *box_obj, *element_strides_obj;
+    int data_type, interleave, swizzle, l2_promotion, oob_fill, host = 0, readonly = 0;
+    unsigned long long address;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiKO!O!O!O!iiii|pp:TensorMap", keywords, &owner, &info,
+                                     &data_type, &address, &PyTuple_Type, &dims_obj, &PyTuple_Type, &strides_obj,
+                                     &PyTuple_Type, &box_obj, &PyTuple_Type, &element_strides_obj,
+                                     &interleave, &swizzle, &l2_promotion, &oob_fill, &host, &readonly))
+        return NULL;
+    Py_ssize_t rank = PyTuple_GET_SIZE(dims_obj);
+    if (rank < 1 || rank > 5) {
+        PyErr_Format(PyExc_ValueError, "a tensor map has 1 to 5 dimensions, got %zd", rank);
+        return NULL;
+    }
+    uint64_t dims[5], strides[5], box64[5], element64[5];
+    cuuint32_t box[5], element_strides[5];
+    if (uint64_tuple(dims_obj, "dims", rank, 1, (uint64_t)1 << 32, dims) < 0 ||
+        uint64_tuple(strides_obj, "strides", rank - 1, 16, ((uint64_t)1 << 40) - 16, strides) < 0 ||
+        uint64_tuple(box_obj, "box", rank, 1, 256, box64) < 0 ||
+        uint64_tuple(element_strides_obj, "element_strides", rank, 1, 8, element64) < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < rank; i++) {
+        box[i] = (cuuint32_t)box64[i];
+        element_strides[i] = (cuuint32_t)element64[i];
+    }
+    CUtensorMap map;   /* aligned as the driver wants it */
+    memset(&map, 0, sizeof map);
+    if (host) {
+        int element_size = tensor_map_element_size(data_type);
+        if (element_size == 0 || swizzle < 0 || swizzle > 3 || interleave != 0) {
+            PyErr_Format(PyExc_ValueError, "a host tensor map takes a data type of 0-9, a swizzle of 0-3 and no "
+                         "interleave, got %d, %d and %d", data_type, swizzle, interleave);
+            return NULL;
+        }
+        mg_cpu_tensor_map h = {.magic = MG_CPU_TENSOR_MAP_MAGIC, .address = address, .rank = (uint8_t)rank,
+                               .element_size = (uint8_t)element_size, .swizzle_bytes = (uint8_t)(swizzle ? 16 << swizzle : 0),
+                               .oob_nan = oob_fill != 0, .data_type = (uint8_t)data_type,
+                               .readonly = readonly != 0};
+        for (Py_ssize_t i = 0; i < rank; i++) {
+            h.dims[i] = dims[i];
+            h.strides[i] = i == 0 ? (uint64_t)element_size : strides[i - 1];
+            h.box[i] = (uint16_t)box[i];
+            h.element_strides[i] = (uint8_t)element_strides[i];
+        }
+        memcpy(&map, &h, sizeof h);
+    } else {
+        if (mg_cu_ensure_context() < 0)
+            return NULL;
+        CUresult r = mg_cu.cuTensorMapEncodeTiled(&map, (CUtensorMapDataType)data_type, (cuuint32_t)rank,
+                                                  (void *)(uintptr_t)address, (const cuuint64_t *)dims,
+                                                  (const cuuint64_t *)strides, box, element_strides,
+                                                  (CUtensorMapInterleave)interleave, (CUtensorMapSwizzle)swizzle,
+                                                  (CUtensorMapL2promotion)l2_promotion,
+                                                  (CUtensorMapFloatOOBfill)oob_fill);
+        if (mg_cu_check(r, "cuTensorMapEncodeTiled") < 0)
+            return NULL;
+    }
+    mg_tensor_map *self = (mg_tensor_map *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    memcpy(self->map, &map, sizeof map);
+    self->owner = Py_NewRef(owner);
+    self->info = Py_NewRef(info);
+    self->host = (char)host;
+    return (PyObject *)self;
+}
+
+static int tensor_map_traverse(mg_tensor_map *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->owner);
+    Py_VISIT(self->info);
+    return 0;
+}
+
+static int tensor_map_clear(mg_tensor_map *self)
+{
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->info);
+    return 0;
+}
+
+static void tensor_map_dealloc(mg_tensor_map *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    tensor_map_clear(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyObject *tensor_map_get_data(mg_tensor_map *self, void *closure)
+{
+    return PyBytes_FromStringAndSize((const char *)self->map, sizeof self->map);
+}
+
+static PyGetSetDef tensor_map_getset[] = {
+    {"data", (getter)tensor_map_get_data, NULL, "The 128 bytes of the CUtensorMap.", NULL},
+    {NULL},
+};
+
+static PyMemberDef tensor_map_members[] = {
+    {"owner", T_OBJECT, offsetof(mg_tensor_map, owner), READONLY, "The array the map addresses."},
+    {"info", T_OBJECT, offsetof(mg_tensor_map, info), READONLY, "What the map was computed from."},
+    {"host", T_BOOL, offsetof(mg_tensor_map, host), READONLY, "Whether the map is for the CPU backend."},
+    {NULL},
+};
+
+static PyType_Slot tensor_map_slots[] = {
+    {Py_tp_new, tensor_map_new},
+    {Py_tp_dealloc, tensor_map_dealloc},
+    {Py_tp_traverse, tensor_map_traverse},
+    {Py_tp_clear, tensor_map_clear},
+    {Py_tp_getset, tensor_map_getset},
+    {Py_tp_members, tensor_map_members},
+    {Py_tp_doc, "A CUDA tensor map (CUtensorMap) for TMA copies: make one with mlirgpu.tensor_map; "
+                "a kernel takes it by value as a parameter annotated mlirgpu.TensorMap.\n\n"
+                "For example::\n\n"
+                "    a_map = mg.tensor_map(A, box=(128, 64), swizzle=\"128B\")\n\n"
+                "    @mg.kernel\n"
+                "    def copy_tile(m: mg.TensorMap, C: mg.memref[128, 64, mg.f16]): ...\n"},
+    {0, NULL},
+};
+
+static PyType_Spec tensor_map_spec = {
+    .name = "mlirgpu.TensorMap",
+    .basicsize = sizeof(mg_tensor_map),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = tensor_map_slots,
+};
+
+
+int mg_tensor_map_init(PyObject *module)
+{
+    /* A strong ref kept in a static: the module exists once per process. */
+    mg_cu_TensorMap_type = mg_add_type(module, &tensor_map_spec, NULL);
+    return mg_cu_TensorMap_type == NULL ? -1 : 0;
+}
