@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
 
 # Bottom to top. "" is csrc/ itself: module.c, the module's init, which calls every area's init.
