@@ -28,7 +28,7 @@ The increment is a release and the waiting load an acquire at device scope,
 each between device-wide fences, so that every block's writes before the
 barrier are seen by every block after it. Since a module's launches share
 its counter, each of them waits for the one before, whatever its stream
-(an event: csrc/driver.c); on the CPU backend every thread of the grid runs
+(an event: csrc/launch/function.c); on the CPU backend every thread of the grid runs
 at once, as fibers, and the runtime releases them all at the barrier.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ A Specialization is traced a second time, for the CPU target
 whose arguments are the kernel's followed by thread, block, block_dim and
 grid_dim x/y/z as `index`, with `mg.syncthreads()` and the other device
 features calls of the runtime. It is lowered to the llvm dialect in-process
-and handed to `_mlirgpu.CpuEngine` (csrc/cpu.c), which runs each thread of a
+and handed to `_mlirgpu.CpuEngine` (csrc/cpu/), which runs each thread of a
 block as a fiber (every thread of the grid, for a kernel that calls
 mg.grid.sync()); lowering and JIT-compiling run in MLIR contexts of their
 own, without the GIL. docs/design/cpu_backend.md has the design.
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .kernel import Specialization
     from .vectorize import _Plan
 
-TENSOR_MAP_BYTES = 128  # a CUtensorMap's, which a host tensor map fills (csrc/cpu.h)
+TENSOR_MAP_BYTES = 128  # a CUtensorMap's, which a host tensor map fills (csrc/cpu/cpu.h)
 
 __all__ = ["PIPELINE", "host_module", "lowered_module", "stored_params", "engine", "run",
            "max_cooperative_grid_blocks", "CpuBackend"]

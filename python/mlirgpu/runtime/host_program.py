@@ -5,8 +5,8 @@ too), `gpu.memcpy`, `gpu.memset`, `gpu.dealloc`, `gpu.launch_func` (sync or
 `async` on tokens, with clusters or not), `gpu.wait`, `gpu.host_register`,
 `nvgpu.tma.create.descriptor`, `async.execute` and the runner utilities'
 printing, next to the `gpu.module`s they launch, is lowered here and run by
-MLIR's ExecutionEngine (csrc/engine.c) with mlirgpu's mgpu* runtime
-(csrc/runtime.c) and runner utilities (csrc/runner_utils.c) underneath:
+MLIR's ExecutionEngine (csrc/host/engine.c) with mlirgpu's mgpu* runtime
+(csrc/host/runtime.c) and runner utilities (csrc/host/runner_utils.c) underneath:
 
     prog = mg.HostProgram(text)                  # parsed, lowered, JIT-compiled: no GPU needed
     C = prog("test_parallel", A, B)              # NumPy arrays in, NumPy array(s) out
@@ -401,7 +401,7 @@ class HostProgram:
 
 
 # Engines of host programs, by what they are built from. An engine made with
-# the runtime is never torn down (csrc/engine.c says why): programs built
+# the runtime is never torn down (csrc/host/engine.c says why): programs built
 # again from the same text share one instead of each keeping its own. The key
 # is the verified input and the build options, not the lowered module, whose
 # gpu.object carries the compile's own timings and so differs every build.

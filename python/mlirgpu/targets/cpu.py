@@ -3,7 +3,7 @@
 A kernel traced for the host is a `func.func` with a C interface whose
 arguments are the kernel's followed by the thread, block, block_dim and
 grid_dim x/y/z as `index`. The operations that need the other threads of the
-block, or the host, are calls of the runtime in csrc/cpu.c, declared in the
+block, or the host, are calls of the runtime in csrc/cpu/, declared in the
 module on first use:
 
     mg_cpu_barrier(line)                         mg.syncthreads()
