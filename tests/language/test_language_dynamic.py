@@ -173,8 +173,8 @@ def test_dynamic_shapes_example(name):
 @pytest.mark.gpu
 def test_new_sizes_hit_the_dispatcher_on_the_gpu():
     """DeviceArrays of three row counts: one dispatcher entry, one compile, right results."""
-    with_current = __import__("backends").current_backend
-    with with_current("cuda"):
+    from support.backends import current_backend
+    with current_backend("cuda"):
         row_softmax.clear()
         for rows, columns in [(3, 100), (40, 257), (7, 64)]:
             X = np.random.default_rng(rows).standard_normal((rows, columns)).astype(np.float32)
