@@ -23,7 +23,7 @@ from ._version import __version__
 # TYPE_CHECKING as true); at run time __getattr__ below makes each of them.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from . import cuda, ir, layout
+    from . import cuda, ir, layout, ops
     from ._mlirgpu import (CompileError, CudaError, DeviceArray, DType, Error, Event, InvalidObjectError,
                            KernelError, LaunchError, MLIRError, Stream, TensorMap, bf16, bool_, dtype, f8e4m3,
                            f8e5m2, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64)
@@ -58,6 +58,7 @@ _WHERE = {
     **{name: ("._mlirgpu", name) for name in _EXTENSION},
     **{name: (".language", name) for name in _LANGUAGE},
     "cuda": (".cuda", None), "ir": (".ir", None), "layout": (".layout", None), "passes": (".ir.passes", None),
+    "ops": (".ops", None),
     "func": (".frontend", "func"),
     **{name: (".compiler", name) for name in ("Compilation", "Target", "compile_cubin", "compile_ptx")},
     "cache_clear": (".compiler.cache", "cache_clear"), "cache_info": (".compiler.cache", "cache_info"),
@@ -111,8 +112,8 @@ __all__ = [
     # backends, compiling, host programs
     "backend", "set_backend", "cpu", "cuda", "Compilation", "Target", "compile_ptx", "compile_cubin",
     "cache_info", "cache_clear", "HostProgram",
-    # the IR layer, layouts
-    "ir", "passes", "layout",
+    # the IR layer, layouts, the kernels shipped ready to call
+    "ir", "passes", "layout", "ops",
     "__version__",
 ]
 
