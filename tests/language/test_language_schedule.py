@@ -106,6 +106,26 @@ def recorder(mode, split, group, cluster=1, static=False):
     return record
 
 
+def test_values_updated_in_the_body_are_carried_across_work_units():
+    """`for work in sched` carries what its body updates, as a range() loop does: each unit's
+    running count of K-iterations and of units is the model's."""
+    @mg.kernel
+    def count(out: mg.memref[None, 2, mg.i32]):
+        sched = mg.TileScheduler(TILES_M, TILES_N, K_TILES, mode="stream_k")
+        k_iterations, units = mg.constant(0, mg.i32), mg.constant(0, mg.i32)
+        for work in sched:
+            k_iterations += mg.cast(work.k_end - work.k_begin, mg.i32)
+            units += 1
+        out[mg.block_idx.x, 0] = k_iterations
+        out[mg.block_idx.x, 1] = units
+
+    out = np.zeros((4, 2), np.int32)
+    count(out, grid=4, block=1)
+    units = model("stream_k", TILES_M, TILES_N, K_TILES, 4, group=1)
+    assert out.tolist() == [[sum(k_end - k_begin for _, _, k_begin, k_end, _, _ in mine), len(mine)]
+                            for mine in units]
+
+
 def recorded(kernel, blocks, tiles=(TILES_M, TILES_N, K_TILES)):
     capacity = tiles[0] * tiles[1] * tiles[2] + 1
     out = np.full((blocks, capacity, FIELDS), -1, np.int32)

@@ -314,6 +314,13 @@ def _describe(value):
 
 
 def _for(iterable, body, ntargets, names, initial, lineno):
+    items = getattr(iterable, "_traced_items", None)
+    if items is not None:
+        # A sequence of traced items (mg.TileScheduler's work units): a range() loop over their
+        # indices, so that values updated in the body are carried from one item to the next.
+        count, item = items()
+        iterable, indexed = _Range((count,)), body
+        body = lambda i, *values: indexed(item(i), *values)  # noqa: E731
     if not isinstance(iterable, _Range):
         # A Python iterable (mg.static_range, a list, ...): unrolled, lists mutated in place as in Python.
         values = list(initial)

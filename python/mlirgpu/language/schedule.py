@@ -194,17 +194,12 @@ class TileScheduler:
 
     # -- the loop ---------------------------------------------------------
 
-    def __iter__(self):
-        """An scf.for over this unit's work units, the body traced once with a
-        WorkUnit of traced values. Nothing is carried from one work unit to the
-        next: a value that must be (a pipeline's stage counter) needs the
-        explicit form, `for i in range(sched.count): work = sched.work(i)`."""
-        op = lang.emit("scf.for", [lang.constant(0, lang.index), self.count, lang.constant(1, lang.index)],
-                       [], regions=1)
-        block = op.regions[0].append_block([ir.Type.index()], [lang.location()])
-        with ir.InsertionPoint(block):
-            yield self.work(lang.Scalar(block.arguments[0], lang.index))
-            lang.emit("scf.yield")
+    def _traced_items(self):
+        """What `for work in sched:` in a kernel loops over: the number of this
+        unit's work units and the function from an index to its WorkUnit. The
+        tracer makes the loop an scf.for over the indices, carrying values
+        updated in the body from one work unit to the next, as in any loop."""
+        return self.count, self.work
 
     def _whole_tiles_of_unit(self):
         """The data-parallel share of this unit: whole tiles unit, unit + units, ..."""
