@@ -18,7 +18,7 @@ import mlirgpu.compiler
 from support.checks import assert_isolated, toolkit_without_ptxas
 from mlirgpu import ir
 from mlirgpu.layout import Layout, Swizzle, wgmma as wgmma_layout
-from mlirgpu.layout.swizzle import ComposedLayout
+from mlirgpu.layout.core import ComposedLayout
 from mlirgpu.runtime.tensormap import box_layout, encode_arguments
 
 PTXAS = os.path.join(mlirgpu.compiler.CUDA_HOME, "bin", "ptxas")

@@ -25,8 +25,14 @@ def module_name(path):
     return ".".join(parts)
 
 
+# Every mlirgpu module: the package's .py files and the C extension.
+MODULES = {module_name(path) for path in PACKAGE.rglob("*.py")} | {"mlirgpu._mlirgpu"}
+
+
 def imports(path):
-    """The mlirgpu modules `path` imports, at any level of its code (functions too)."""
+    """The mlirgpu modules `path` imports, at any level of its code (functions
+    and TYPE_CHECKING blocks too): `from P import name` imports P.name where
+    that is a module, else P (a package means its __init__.py)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
@@ -37,10 +43,9 @@ def imports(path):
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target == "mlirgpu":
-                found.update(f"mlirgpu.{alias.name}" for alias in node.names)
-            elif target.startswith("mlirgpu."):
-                found.add(target)
+            if target == "mlirgpu" or target.startswith("mlirgpu."):
+                found.update(f"{target}.{alias.name}" if f"{target}.{alias.name}" in MODULES else target
+                             for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name.startswith("mlirgpu"))
     return found
@@ -74,6 +79,42 @@ def test_layers_import_downward_only():
             elif there not in LAYERS or LAYERS.index(there) > LAYERS.index(here):
                 wrong.append(f"{module_name(path)} -> {target}")
     assert not wrong, "imports that go up a layer:\n" + "\n".join(sorted(wrong))
+
+
+# Import circles that are meant to be, each with why.
+CIRCLES = [
+    # A Scalar's operators (**, abs, % on floats) are math's functions, which are built on Scalar.
+    {"mlirgpu.language.core", "mlirgpu.language.intrinsics", "mlirgpu.language.math"},
+    # backend.py chooses CpuBackend or CudaBackend, which subclass its Backend.
+    {"mlirgpu.runtime.backend", "mlirgpu.runtime.cpu", "mlirgpu.runtime.gpu", "mlirgpu.runtime.kernel",
+      "mlirgpu.runtime.vectorize"},
+]
+
+
+def test_no_import_circle_spans_two_files():
+    """No two modules import each other, directly or round a longer circle: a
+    circle makes the order of first imports matter, and a reader cannot read
+    either file first. Every import counts, deferred ones in functions and
+    TYPE_CHECKING ones too (a reader and a type checker follow them)."""
+    # mlirgpu/__init__.py counts with its TYPE_CHECKING imports, which would
+    # close a circle through any module importing the package itself (none
+    # may: test_layers_import_downward_only); its lazy _WHERE table is strings.
+    graph = {module_name(path): imports(path) for path in PACKAGE.rglob("*.py")}
+
+    def reach(module):
+        seen, todo = set(), [module]
+        while todo:
+            for target in graph.get(todo.pop(), ()):
+                if target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+        return seen
+
+    reached = {module: reach(module) for module in graph}
+    # A circle is a strongly connected component: modules that reach each other.
+    circles = {frozenset(m for m in reached[module] if module in reached.get(m, ())) for module in graph}
+    found = sorted(sorted(c) for c in circles if len(c) > 1)
+    assert found == sorted(sorted(c) for c in CIRCLES), "import circles:\n" + "\n".join(map(str, found))
 
 
 def test_leaves_import_nothing_of_mlirgpu_but_the_extension():

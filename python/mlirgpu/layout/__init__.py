@@ -15,6 +15,7 @@ where installed, draws the pictures).
 """
 
 from .core import (
+    ComposedLayout,
     Layout,
     append,
     blocked_product,
@@ -38,7 +39,7 @@ from .core import (
 )
 from .inttuple import crd2idx, idx2crd, product
 from .pictures import grid, show, show_tv, tv_grid
-from .swizzle import ComposedLayout, Swizzle
+from .swizzle import Swizzle
 from . import mma, wgmma
 
 __all__ = [

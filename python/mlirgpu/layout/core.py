@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeAlias, Union
 
 from . import inttuple
 from .inttuple import IntTuple, IntTupleLike, _fmt, as_int_tuple, congruent, is_int, is_tuple, prefix_product, product
+from .swizzle import Swizzle
 
 __all__ = [
     "Layout",
@@ -38,12 +39,11 @@ __all__ = [
     "logical_product",
     "blocked_product",
     "raked_product",
+    "ComposedLayout",
 ]
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-
-    from .swizzle import ComposedLayout, Swizzle
 
 #: A coordinate of a layout: integers, nested tuples of them, and None where a mode is left free (a slice).
 Coordinate: TypeAlias = Union[int, None, tuple["Coordinate", ...], list["Coordinate"]]
@@ -457,8 +457,6 @@ def composition(a: Layout | int | Swizzle | ComposedLayout, b: Tiler | None) -> 
     a's modes (their offsets would carry into the next mode, where a is not
     linear).
     """
-    from .swizzle import ComposedLayout, Swizzle
-
     if isinstance(a, Swizzle):
         return ComposedLayout(a, 0, _as_layout(b, "composition's second argument"))
     if isinstance(a, ComposedLayout):
@@ -644,16 +642,12 @@ def logical_divide(layout: Layout | ComposedLayout, tiler: Tiler) -> Layout | Co
 
 def _divisible(layout, name):
     """A layout, or a swizzled layout: dividing S o L is S o (L divided)."""
-    from .swizzle import ComposedLayout
-
     if isinstance(layout, ComposedLayout):
         return layout
     return _as_layout(layout, f"{name}'s layout")
 
 
 def _swizzled(composed, inner):
-    from .swizzle import ComposedLayout
-
     return ComposedLayout(composed.outer, composed.offset, inner)
 
 
@@ -762,3 +756,106 @@ def raked_product(block: Layout | int, tiler: Layout | int) -> Layout:
     blocks, copies = _zipped_product(block, tiler)
     result = make_layout(*(make_layout(c, b) for b, c in zip(blocks, copies)))
     return coalesce(result, (1,) * result.rank)
+
+
+# -- swizzled layouts: a Swizzle (or a Layout) after a layout -------------------
+
+class ComposedLayout:
+    """The function c -> outer(offset + inner(c)): a layout `inner`, shifted
+    by `offset`, then passed through `outer` (a Swizzle or a Layout). Its
+    shape, size and coordinates are inner's.
+
+    The three parts are the attributes `outer`, `offset` and `inner`.
+    `composition(Swizzle(...), layout)` builds one with offset 0:
+
+    >>> from mlirgpu.layout import composition, row_major
+    >>> S = composition(Swizzle(3, 0, 3), row_major((8, 8)))
+    >>> print(S)
+    Sw<3,0,3> o 0 o (8,8):(8,1)
+    >>> [S(1, j) for j in range(8)]
+    [9, 8, 11, 10, 13, 12, 15, 14]
+    """
+
+    __slots__ = ("outer", "offset", "inner")
+
+    def __init__(self, outer: Swizzle | Layout, offset: int, inner: Layout | int) -> None:
+        if not isinstance(outer, (Swizzle, Layout)):
+            raise TypeError(f"ComposedLayout's outer function must be a Swizzle or a Layout, not {type(outer).__name__}")
+        if not is_int(offset):
+            raise TypeError(f"ComposedLayout's offset must be an integer, not {type(offset).__name__}")
+        self.outer = outer
+        self.offset = offset
+        self.inner = _as_layout(inner, "ComposedLayout's inner layout")
+
+    @property
+    def shape(self) -> IntTuple:
+        """The inner layout's shape: `ComposedLayout(Swizzle(1, 0, 1), 0, Layout((2, 4))).shape` is (2, 4)."""
+        return self.inner.shape
+
+    @property
+    def size(self) -> int:
+        """The inner layout's size: 8 for `ComposedLayout(Swizzle(1, 0, 1), 0, Layout((2, 4)))`."""
+        return self.inner.size
+
+    @property
+    def rank(self) -> int:
+        """The inner layout's rank: 2 for `ComposedLayout(Swizzle(1, 0, 1), 0, Layout((2, 4)))`."""
+        return self.inner.rank
+
+    def __len__(self):
+        return self.inner.rank
+
+    def __iter__(self):
+        return (self[i] for i in range(self.inner.rank))
+
+    def __getitem__(self, i: int | slice) -> ComposedLayout:
+        """Mode i, still swizzled: ComposedLayout(outer, offset, inner[i])."""
+        return ComposedLayout(self.outer, self.offset, self.inner[i])
+
+    def __call__(self, *coord: IntTupleLike) -> int:
+        index = self.inner(*coord)
+        if isinstance(index, Layout):
+            raise TypeError("slicing a swizzled layout is not supported; slice its inner layout")
+        return self.outer(self.offset + index)
+
+    def indices(self) -> list[int]:
+        """All indices, in column-major order of coordinates.
+
+        >>> ComposedLayout(Swizzle(1, 0, 1), 0, Layout(4, 1)).indices()
+        [0, 1, 3, 2]
+        """
+        return [self(i) for i in range(self.size)]
+
+    def __eq__(self, other):
+        if not isinstance(other, ComposedLayout):
+            return NotImplemented
+        return (self.outer, self.offset, self.inner) == (other.outer, other.offset, other.inner)
+
+    def __hash__(self):
+        return hash((ComposedLayout, self.outer, self.offset, self.inner))
+
+    def __str__(self):
+        return f"{self.outer} o {self.offset} o {self.inner}"
+
+    def __repr__(self):
+        return f"ComposedLayout({self.outer!r}, {self.offset!r}, {self.inner!r})"
+
+    def show(self, figure: bool = False) -> Figure | None:
+        """Draw the indices as a grid, like `Layout.show`.
+
+        >>> from mlirgpu.layout import composition, row_major
+        >>> composition(Swizzle(1, 0, 1), row_major((2, 2))).show()
+        Sw<1,0,1> o 0 o (2,2):(2,1)
+              0  1
+           +------
+         0 |  0  1
+         1 |  3  2
+        """
+        from . import pictures
+
+        return pictures.show(self, figure=figure)
+
+    def _repr_png_(self):
+        from . import pictures
+
+        return pictures.png(self)

@@ -13,15 +13,23 @@ asking for a figure raises ImportError saying what to install.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from .core import Layout  # the docstrings' examples draw Layouts
-from .inttuple import as_int_tuple, product
+from .inttuple import IntTuple, as_int_tuple, product
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from .swizzle import ComposedLayout
+
+class Drawable(Protocol):
+    """What is drawn: core.py's Layout or ComposedLayout (this file imports
+    neither, so that their .show methods can import it)."""
+
+    shape: IntTuple
+    size: int
+    rank: int
+
+    def __call__(self, *coord) -> int: ...
 
 __all__ = ["grid", "tv_grid", "show", "show_tv", "layout_figure", "tv_figure"]
 
@@ -61,10 +69,11 @@ def _text(title, cells):
     return "\n".join(lines)
 
 
-def grid(layout: Layout | ComposedLayout) -> str:
+def grid(layout: Drawable) -> str:
     """The text picture of a rank-1 or rank-2 layout (or swizzled layout):
     its string form, then a grid whose cell (r, c) holds `layout(r, c)`.
 
+    >>> from mlirgpu.layout import Layout
     >>> print(grid(Layout(4, 2)))
     4:2
           0  1  2  3
@@ -102,12 +111,13 @@ def _tile_shape(tile_shape):
     return tile_shape
 
 
-def tv_grid(tv_layout: Layout, tile_shape: tuple[int, int]) -> str:
+def tv_grid(tv_layout: Drawable, tile_shape: tuple[int, int]) -> str:
     """The text picture of a thread-value layout: `tv_layout` maps
     (thread, value) to the column-major index of a cell of a
     `tile_shape = (rows, columns)` tile; each cell shows T<thread>V<value>
     (the first pair that lands there; "." where none does).
 
+    >>> from mlirgpu.layout import Layout
     >>> print(tv_grid(Layout((2, 2), (1, 2)), (2, 2)))
     (2,2):(1,2)
             0    1
@@ -150,7 +160,7 @@ def _draw(ax, r, c, text, colour):
 _PALETTE = ["#ffffff", "#e0e0e0", "#ffd8d8", "#d8ffd8", "#d8d8ff", "#ffffd0", "#ffd8ff", "#d0ffff"]
 
 
-def layout_figure(layout: Layout | ComposedLayout) -> Figure:
+def layout_figure(layout: Drawable) -> Figure:
     """A matplotlib Figure of the grid of indices of a rank-1 or rank-2
     layout, cells shaded by index modulo 8: `layout_figure(Layout((4, 8))).savefig("layout.png")`."""
     cells = _cells(layout)
@@ -162,7 +172,7 @@ def layout_figure(layout: Layout | ComposedLayout) -> Figure:
     return fig
 
 
-def tv_figure(tv_layout: Layout, tile_shape: tuple[int, int]) -> Figure:
+def tv_figure(tv_layout: Drawable, tile_shape: tuple[int, int]) -> Figure:
     """A matplotlib Figure of a thread-value layout: cells labelled T#V#,
     coloured by thread: `tv_figure(mma.M16N8K16_F16.c, (16, 8))`."""
     rows, cols = _tile_shape(tile_shape)
@@ -181,10 +191,11 @@ def tv_figure(tv_layout: Layout, tile_shape: tuple[int, int]) -> Figure:
     return fig
 
 
-def show(layout: Layout | ComposedLayout, figure: bool = False) -> Figure | None:
+def show(layout: Drawable, figure: bool = False) -> Figure | None:
     """Print the text picture of `layout` (see `grid`), or with
     `figure=True` return a matplotlib Figure of it.
 
+    >>> from mlirgpu.layout import Layout
     >>> show(Layout(3, 1))
     3:1
           0  1  2
@@ -196,10 +207,11 @@ def show(layout: Layout | ComposedLayout, figure: bool = False) -> Figure | None
     print(grid(layout))
 
 
-def show_tv(tv_layout: Layout, tile_shape: tuple[int, int], figure: bool = False) -> Figure | None:
+def show_tv(tv_layout: Drawable, tile_shape: tuple[int, int], figure: bool = False) -> Figure | None:
     """Print the text picture of a thread-value layout (see `tv_grid`), or
     with `figure=True` return a matplotlib Figure, cells coloured by thread.
 
+    >>> from mlirgpu.layout import Layout
     >>> show_tv(Layout((2, 2), (1, 2)), (2, 2))
     (2,2):(1,2)
             0    1

@@ -22,9 +22,9 @@ Sw<3,3,3> o 0 o ((8,8),(64,1)):((64,512),(1,4096))
 >>> hex(d.encode(start_address=0x400))
 '0x4000004000010040'
 """
-from .core import Layout
+from .core import ComposedLayout, Layout
 from .inttuple import product
-from .swizzle import ComposedLayout, Swizzle
+from .swizzle import Swizzle
 
 __all__ = ["SWIZZLES", "Descriptor", "descriptor", "tile_layout", "encode", "decode", "swizzle_for"]
 
