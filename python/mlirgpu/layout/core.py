@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeAlias, Union
 
-from . import inttuple
+from . import inttuple, pictures
 from .inttuple import IntTuple, IntTupleLike, _fmt, as_int_tuple, congruent, is_int, is_tuple, prefix_product, product
 from .swizzle import Swizzle
 
@@ -222,13 +222,9 @@ class Layout:
          0 |  0  1  2
          1 |  3  4  5
         """
-        from . import pictures
-
         return pictures.show(self, figure=figure)
 
     def _repr_png_(self):
-        from . import pictures
-
         return pictures.png(self)
 
 
@@ -851,11 +847,7 @@ class ComposedLayout:
          0 |  0  1
          1 |  3  2
         """
-        from . import pictures
-
         return pictures.show(self, figure=figure)
 
     def _repr_png_(self):
-        from . import pictures
-
         return pictures.png(self)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 class Drawable(Protocol):
     """What is drawn: core.py's Layout or ComposedLayout (this file imports
-    neither, so that their .show methods can import it)."""
+    neither: core.py imports it for their .show methods)."""
 
     shape: IntTuple
     size: int
