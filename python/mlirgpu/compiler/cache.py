@@ -13,18 +13,18 @@ file that does not match is recompiled and overwritten, never trusted.
 Entries are code the process runs, so only a private directory is used: one
 owned by this user and writable by no one else (created 0700), whose entries
 are regular files of this user's, not group/world-writable, of at most
-MAX_ENTRY_BYTES. Anything else is a miss and is recompiled (docs: "Trust").
+MAX_ENTRY_BYTES. Anything else is a miss and is recompiled.
 
 With MLIRGPU_LOG=compile each compile is logged with what changed since the
-kernel's previous compile; with MLIRGPU_LOG=cache, disk hits, corrupt
-entries and a cache directory that cannot be written (log.py). See
-docs/design/compile_cache.md.
+kernel's previous compile; with MLIRGPU_LOG=cache, disk hits, corrupt or
+refused entries and a cache directory that cannot be written or is not
+trusted (log.py). See docs/design/compile_cache.md ("Trust" for what is).
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
-import errno
 import os
 import stat
 import struct
