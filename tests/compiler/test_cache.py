@@ -6,6 +6,8 @@ import json
 import logging
 import math
 import os
+import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -834,3 +836,156 @@ def test_layouts_a_kernel_closes_over_are_part_of_its_key():
     keys = {kernel[()].cache_key("sm_90a").digest for kernel in kernels.values()}
     assert len(keys) == 3
     assert make(wgmma.tile_layout((64, 64), 2, "32B"))[()].cache_key("sm_90a").digest in keys
+
+
+# --------------------------------------------------------------------------- what the cache trusts
+
+@pytest.fixture
+def deadline():
+    """Fail a lookup that hangs (a FIFO read) instead of blocking the run."""
+    def expire(signum, frame):
+        raise TimeoutError("the cache lookup did not return")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _good_entry(key):
+    return cache._encode_entry(key, b"cubin:" + key.digest.encode(), cache.environment())
+
+
+def _fifo(path, tmp_path, key):
+    os.mkfifo(path, 0o600)
+
+
+def _symlink_to_dev_zero(path, tmp_path, key):
+    os.symlink("/dev/zero", path)
+
+
+def _symlink_to_a_valid_entry(path, tmp_path, key):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (elsewhere / path.name).write_bytes(_good_entry(key))
+    os.chmod(elsewhere / path.name, 0o600)
+    os.symlink(elsewhere / path.name, path)
+
+
+def _deeply_nested_metadata(path, tmp_path, key):
+    metadata = b"[" * 200_000 + b"]" * 200_000
+    path.write_bytes(struct.pack("<8sII", cache.MAGIC, cache.FORMAT_VERSION, len(metadata)) + metadata)
+
+
+def _oversized(path, tmp_path, key):
+    path.write_bytes(_good_entry(key))
+    os.truncate(path, cache.MAX_ENTRY_BYTES + 1)    # sparse: no disk space used
+
+
+def _mode(mode):
+    def plant(path, tmp_path, key):
+        path.write_bytes(_good_entry(key))
+        os.chmod(path, mode)
+    return plant
+
+
+def _owned_by_another_user(path, tmp_path, key):
+    path.write_bytes(_good_entry(key))
+    os.chmod(path, 0o600)
+    os.chown(path, OTHER_UID, OTHER_UID)
+
+
+OTHER_UID = 12345
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+
+
+@pytest.mark.parametrize("plant, problem, corrupt", [
+    (_fifo, "not a regular file", 0),
+    (_symlink_to_dev_zero, "a symbolic link", 0),
+    (_symlink_to_a_valid_entry, "a symbolic link", 0),
+    (_deeply_nested_metadata, "unreadable metadata", 1),
+    (_oversized, f"{cache.MAX_ENTRY_BYTES + 1} bytes, more than {cache.MAX_ENTRY_BYTES}", 0),
+    (_mode(0o620), "group- or world-writable (mode 620)", 0),
+    (_mode(0o602), "group- or world-writable (mode 602)", 0),
+    pytest.param(_owned_by_another_user, f"owned by uid {OTHER_UID}", 0, marks=as_root),
+])
+def test_an_untrusted_entry_is_a_miss_and_is_replaced(tmp_path, log_compile, deadline, plant, problem, corrupt):
+    key = make_key()
+    directory = tmp_path / "cache"
+    directory.mkdir(mode=0o700)
+    path = CompileCache(directory).path(key)
+    plant(path, tmp_path, key)
+
+    store, compile_fn = CompileCache(directory), Compiler(key)
+    assert store.get_or_compile(key, compile_fn) == b"cubin:" + key.digest.encode()
+    assert compile_fn.calls == 1
+    assert store.info() == CacheInfo(hits=0, disk_hits=0, misses=1, compiles=1, disk_writes=1, corrupt=corrupt)
+    said = [m for m in messages(log_compile) if str(path) in m]
+    assert len(said) == 1 and problem in said[0] and said[0].endswith("recompiling")
+
+    # The compile replaced what was planted with a private regular file, which a new cache trusts.
+    st = os.lstat(path)
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
+    later, compile_fn = CompileCache(directory), Compiler(key)
+    assert later.get_or_compile(key, compile_fn) == b"cubin:" + key.digest.encode()
+    assert compile_fn.calls == 0 and later.info().disk_hits == 1
+
+
+def _chown_to_another_user(directory):
+    os.chown(directory, OTHER_UID, OTHER_UID)
+
+
+@pytest.mark.parametrize("share, problem", [
+    (lambda d: os.chmod(d, 0o777), "group- or world-writable (mode 777)"),
+    (lambda d: os.chmod(d, 0o1777), "group- or world-writable (mode 1777)"),
+    (lambda d: os.chmod(d, 0o770), "group- or world-writable (mode 770)"),
+    pytest.param(_chown_to_another_user, f"owned by uid {OTHER_UID}", marks=as_root),
+])
+def test_a_shared_directory_is_neither_read_nor_written(tmp_path, log_compile, deadline, share, problem):
+    directory = tmp_path / "shared"
+    directory.mkdir(mode=0o700)
+    keys = [make_key(chip=chip) for chip in ("sm_80", "sm_90a")]
+    for key in keys:                     # well-formed entries another user planted
+        path = CompileCache(directory).path(key)
+        path.write_bytes(_good_entry(key))
+        os.chmod(path, 0o600)
+    planted = sorted(directory.iterdir())
+    share(directory)
+
+    store = CompileCache(directory)
+    with pytest.warns(RuntimeWarning, match="not using the compile cache") as warned:
+        for key in keys + keys:
+            assert store.get_or_compile(key, Compiler(key)) == b"cubin:" + key.digest.encode()
+        assert CompileCache(directory).get_or_compile(keys[0], Compiler(keys[0]))
+    assert len(warned) == 1 and problem in str(warned[0].message)
+    assert store.info() == CacheInfo(hits=2, disk_hits=0, misses=2, compiles=2, disk_writes=0, corrupt=0)
+    said = [m for m in messages(log_compile) if "not using the compile cache" in m]
+    assert len(said) == 1 and problem in said[0] and str(directory) in said[0]
+    assert sorted(directory.iterdir()) == planted
+
+
+def test_a_new_directory_and_its_entries_are_private(tmp_path):
+    store = CompileCache(tmp_path / "deep" / "er")
+    store.get_or_compile(make_key(), Compiler(make_key()))
+    for made in (tmp_path / "deep", tmp_path / "deep" / "er"):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    assert stat.S_IMODE(store.path(make_key()).stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("plant", [_fifo, _symlink_to_dev_zero])
+def test_a_new_process_compiles_past_an_entry_that_would_hang_it(tmp_path, plant):
+    (tmp_path / "cache").mkdir(mode=0o700)
+    env = dict(os.environ, MLIRGPU_CACHE_DIR=str(tmp_path / "cache"))
+    (tmp_path / "kern.py").write_text(KERNEL_FILE.format(scale=3, extra=""))
+
+    def run():
+        out, err = run_python(KERNEL_CHILD, tmp_path, "compile", env=env).communicate(timeout=120)
+        assert out.strip(), err
+        return out.split()
+
+    hits, compiles, image = run()
+    entries = list((tmp_path / "cache").glob("*.mgcache"))
+    assert (hits, compiles) == ("0", "1") and len(entries) == 1
+    entries[0].unlink()
+    plant(entries[0], tmp_path, None)
+    assert run() == ["0", "1", image]

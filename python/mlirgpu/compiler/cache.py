@@ -10,18 +10,26 @@ processes may share the directory without locks; each carries the key, the
 versions of mlirgpu, MLIR and CUDA, and the payload's length and sha256, and a
 file that does not match is recompiled and overwritten, never trusted.
 
+Entries are code the process runs, so only a private directory is used: one
+owned by this user and writable by no one else (created 0700), whose entries
+are regular files of this user's, not group/world-writable, of at most
+MAX_ENTRY_BYTES. Anything else is a miss and is recompiled.
+
 With MLIRGPU_LOG=compile each compile is logged with what changed since the
-kernel's previous compile; with MLIRGPU_LOG=cache, disk hits, corrupt
-entries and a cache directory that cannot be written (log.py). See
-docs/design/compile_cache.md.
+kernel's previous compile; with MLIRGPU_LOG=cache, disk hits, corrupt or
+refused entries and a cache directory that cannot be written or is not
+trusted (log.py). See docs/design/compile_cache.md ("Trust" for what is).
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import struct
 import threading
+import warnings
 from collections import namedtuple
 from collections.abc import Callable
 from pathlib import Path
@@ -117,6 +125,10 @@ FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sII")   # magic, format version, length of the JSON metadata
 _SUFFIX = ".mgcache"
 _MAX_METADATA = 1 << 20
+# Bound on an entry's size: far above any cubin, far below what a read may cost.
+MAX_ENTRY_BYTES = 256 << 20
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _encode_entry(key, payload, env):
@@ -142,7 +154,7 @@ def _decode_entry(data, key, env):
         metadata = json.loads(data[_HEADER.size:_HEADER.size + length])
         stored_key = [tuple(pair) for pair in metadata["key"]]
         versions, size, sha = metadata["versions"], metadata["payload_length"], metadata["payload_sha256"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None, "unreadable metadata"
     if stored_key != list(key.parts.items()):
         return None, "key parts differ"
@@ -156,6 +168,86 @@ def _decode_entry(data, key, env):
     if hashlib.sha256(payload).hexdigest() != sha:
         return None, "payload sha256 mismatch"
     return bytes(payload), None
+
+
+def _read_entry(path):
+    """(bytes, None) of the entry file at path, (None, None) if there is
+    none, else (None, why it is refused). One open and one fstat: no symlink
+    is followed and no FIFO or device is waited on or read."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except FileNotFoundError:
+        return None, None
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return None, "a symbolic link"
+        return None, str(error)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "not a regular file"
+        if st.st_uid != os.geteuid():
+            return None, f"owned by uid {st.st_uid}"
+        if st.st_mode & 0o022:
+            return None, f"group- or world-writable (mode {stat.S_IMODE(st.st_mode):o})"
+        if st.st_size > MAX_ENTRY_BYTES:
+            return None, f"{st.st_size} bytes, more than {MAX_ENTRY_BYTES}"
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_ENTRY_BYTES + 1)
+    except OSError as error:
+        return None, str(error)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_ENTRY_BYTES:     # it grew after the fstat
+        return None, f"more than {MAX_ENTRY_BYTES} bytes"
+    return data, None
+
+
+# Directory -> why it is not trusted (None: trusted); checked once per process.
+_directory_problems = {}
+_directory_lock = threading.Lock()
+
+
+def _directory_problem(directory):
+    """Why directory must not hold this user's entries, else None; "missing"
+    (not remembered) while it does not exist. Logged and warned once."""
+    name = os.path.abspath(directory)
+    with _directory_lock:
+        if name in _directory_problems:
+            return _directory_problems[name]
+        try:
+            st = os.stat(name)
+        except OSError:
+            return "missing"
+        problem = None
+        if not stat.S_ISDIR(st.st_mode):
+            problem = "not a directory"
+        elif st.st_uid != os.geteuid():
+            problem = f"owned by uid {st.st_uid}, not {os.geteuid()}"
+        elif st.st_mode & 0o022:
+            problem = f"group- or world-writable (mode {stat.S_IMODE(st.st_mode):o})"
+        _directory_problems[name] = problem
+    if problem is not None:
+        message = (f"mlirgpu: not using the compile cache in {name}: it is {problem}, so another user "
+                   "could plant kernels in it; compiling without a disk cache")
+        log(("cache", "compile"), message)
+        # Every run now recompiles: say so even without MLIRGPU_LOG.
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+    return problem
+
+
+def _make_private_directory(directory):
+    """directory and its missing parents, each created 0700."""
+    missing = []
+    path = Path(directory)
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:     # another process made it first
+            pass
 
 
 # ---------------------------------------------------------------------------
@@ -229,7 +321,8 @@ class CompileCache:
                 self._last[key.kernel] = key
                 return payload
             self._count("misses")
-            if self.disk:
+            trusted = self.disk and _directory_problem(self.directory) in (None, "missing")
+            if trusted:
                 payload = self._read(key)
                 if payload is not None:
                     self._memory[key.digest] = payload
@@ -248,18 +341,17 @@ class CompileCache:
                 self._counts["compiles"] += 1
                 self._last[key.kernel] = key
             self._memory[key.digest] = payload
-            if self.disk:
+            if trusted:
                 self._write(key, payload)
             return payload
 
     def _read(self, key):
         path = self.path(key)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+        data, problem = _read_entry(path)
+        if problem is not None:
+            log(("cache", "compile"), f"mlirgpu: cannot read cache entry {path} ({problem}); recompiling")
             return None
-        except OSError as error:
-            log(("cache", "compile"), f"mlirgpu: cannot read cache entry {path} ({error}); recompiling")
+        if data is None:
             return None
         payload, problem = _decode_entry(data, key, environment())
         if problem is not None:
@@ -274,8 +366,10 @@ class CompileCache:
         path = self.path(key)
         temp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            with open(temp, "wb") as f:
+            _make_private_directory(self.directory)
+            if _directory_problem(self.directory) is not None:
+                return                  # logged and warned once by the check
+            with os.fdopen(os.open(temp, _WRITE_FLAGS, 0o600), "wb") as f:
                 f.write(_encode_entry(key, payload, environment()))
                 f.flush()
                 os.fsync(f.fileno())

@@ -1,7 +1,7 @@
 """mlirgpu's log: lines through the "mlirgpu" logger, for the topics
 MLIRGPU_LOG (comma-separated, or "all") names: `compile` (each compile and
-why), `cache` (disk hits, corrupt entries, a directory that cannot be
-written), `autotune` (what the tuner tried and chose)."""
+why), `cache` (disk hits, corrupt or refused entries, a directory that cannot be
+written or is not trusted), `autotune` (what the tuner tried and chose)."""
 from __future__ import annotations
 
 import logging
