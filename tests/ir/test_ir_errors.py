@@ -576,6 +576,13 @@ def test_replace_all_uses_with_a_value_of_another_module(ctx):
         block.arguments[0].replace_all_uses_with(other.arguments[0])
 
 
+def test_replace_all_uses_with_a_result_of_a_user(ctx):
+    _, _, block, (addf, mulf, _) = parsed()
+    with pytest.raises(ValueError, match="a value cannot be used inside the operation that defines it"):
+        block.arguments[0].replace_all_uses_with(addf.results[0])
+    assert addf.operands[0] == block.arguments[0]
+
+
 @pytest.mark.parametrize("parse", [
     "ir.Module.parse('module {' * 4000 + '}' * 4000)",
     "ir.Type.parse('tensor<' * 4000 + 'f32' + '>' * 4000)",
