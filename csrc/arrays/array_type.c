@@ -36,10 +36,30 @@ static PyObject *array_view(mg_array *base, Py_ssize_t offset, int ndim, const P
     return (PyObject *)view;
 }
 
+static int is_bool_scalar(PyObject *item) { return PyBool_Check(item) || PyArray_IsScalar(item, Bool); }
+
+/* d[True] / d[False]: NumPy reads a bool scalar as a mask, not as 1 or 0:
+ * a view under a new first axis of extent 1 (or 0, empty). */
+static PyObject *bool_mask_view(mg_array *self, PyObject *mask)
+{
+    if (self->ndim == MG_MAX_NDIM)
+        return mg_raise(PyExc_IndexError, "d[%s] adds a dimension: a DeviceArray has at most %d",
+                        PyObject_IsTrue(mask) ? "True" : "False", MG_MAX_NDIM);
+    Py_ssize_t shape[MG_MAX_NDIM], strides[MG_MAX_NDIM];
+    shape[0] = PyObject_IsTrue(mask) ? 1 : 0;
+    strides[0] = 0;
+    memcpy(shape + 1, self->shape, (size_t)self->ndim * sizeof *shape);
+    memcpy(strides + 1, self->strides, (size_t)self->ndim * sizeof *strides);
+    return array_view(self, 0, self->ndim + 1, shape, strides);
+}
+
 /* d[i], d[a:b:c], d[i, ..., a:b]: basic indexing, as NumPy's, gives a view
  * (a 0-d one for as many ints as dimensions). */
 static PyObject *array_subscript(mg_array *self, PyObject *key)
 {
+    PyObject *lone = PyTuple_Check(key) && PyTuple_GET_SIZE(key) == 1 ? PyTuple_GET_ITEM(key, 0) : key;
+    if (is_bool_scalar(lone))
+        return bool_mask_view(self, lone);
     PyObject *items = PyTuple_Check(key) ? Py_NewRef(key) : PyTuple_Pack(1, key);
     if (items == NULL)
         return NULL;
@@ -52,6 +72,11 @@ static PyObject *array_subscript(mg_array *self, PyObject *key)
                 return mg_raise(PyExc_IndexError, "an index can only have a single ellipsis ('...')");
             }
             ellipsis = i;
+        }
+        else if (is_bool_scalar(item)) {
+            Py_DECREF(items);
+            return mg_raise(PyExc_IndexError, "a bool index is a mask: DeviceArray takes one only alone, "
+                            "as d[True] or d[False]");
         }
         else if (item == Py_None) {
             Py_DECREF(items);
@@ -162,15 +187,14 @@ static PyObject *array_reshape(mg_array *self, PyObject *args)
         }
         else if (mg_arrays_checked_mul(known, shape[i], &known) < 0) {
             Py_DECREF(seq);
-            return NULL;
+            return mg_raise(PyExc_ValueError, "reshape: the new shape's size exceeds the maximum allowed size");
         }
     }
     Py_DECREF(seq);
     if (unknown >= 0)
         shape[unknown] = known == 0 ? 0 : self->size / known;
-    Py_ssize_t size = 1;
-    for (Py_ssize_t i = 0; i < n; i++)
-        size *= shape[i];
+    /* Cannot overflow: the -1 extent keeps the product within self->size. */
+    Py_ssize_t size = unknown >= 0 ? known * shape[unknown] : known;
     if (size != self->size)
         return mg_raise(PyExc_ValueError, "cannot reshape a DeviceArray of %zd elements into %zd elements",
                         self->size, size);

@@ -323,6 +323,8 @@ MlirExecutionEngine mg_engine_create_detached(MlirStringRef source, int allow_un
     creation c = {{NULL}, opt_level, {NULL}};
     mg_diags diags = {0};
     int parsed, fatal = 0;
+    if (mg_ir_check_nesting(source) < 0)
+        return (MlirExecutionEngine){NULL};
     mg_private_context private = mg_ir_private_take(allow_unregistered, &diags);
     Py_BEGIN_ALLOW_THREADS
     c.module = mlirModuleCreateParse(private.context, source);

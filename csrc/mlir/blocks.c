@@ -257,7 +257,7 @@ static PyObject *Value_replace_all_uses_with(mg_ir_ValueObject *self, PyObject *
         Py_RETURN_NONE;
     for (MlirOpOperand u = mlirValueGetFirstUse(self->value); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u))
         if (mg_ir_result_of_enclosing(o->value, mlirOpOperandGetOwner(u), (MlirOperation){NULL}))
-            return mg_raise(PyExc_ValueError, "a use of this value is inside the operation that defines the "
+            return mg_raise(PyExc_ValueError, "a use of this value is in (or inside) the operation that defines the "
                             "replacement: a value cannot be used inside the operation that defines it");
     mlirValueReplaceAllUsesOfWith(self->value, o->value);
     Py_RETURN_NONE;

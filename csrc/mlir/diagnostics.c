@@ -203,6 +203,35 @@ MlirStringRef mg_ir_string_ref(PyObject *str, const char *what)
     return mlirStringRefCreate(data, (size_t)len);
 }
 
+/* MLIR's parser recurses once per bracket level and overflows a thread's
+ * stack on text only a few thousand levels deep: refuse such text first. */
+int mg_ir_check_nesting(MlirStringRef text)
+{
+    size_t depth = 0;
+    int quoted = 0;
+    for (size_t i = 0; i < text.length; i++) {
+        char c = text.data[i];
+        if (quoted) {
+            if (c == '\\')
+                i++; /* an escaped character never closes the string */
+            else if (c == '"')
+                quoted = 0;
+        } else if (c == '"')
+            quoted = 1;
+        else if (c == '{' || c == '[' || c == '(' || c == '<') {
+            if (++depth > MG_IR_MAX_NESTING) {
+                mg_diags none = {0};
+                mg_diags_raise(&none, mg_st->MLIRError,
+                               "the text nests brackets deeper than " MG_IR_MAX_NESTING_TEXT " levels");
+                return -1;
+            }
+        } else if ((c == '}' || c == ']' || c == ')' || (c == '>' && (i == 0 || text.data[i - 1] != '-')))
+                   && depth > 0)
+            depth--; /* the '>' of an arrow "->" closes nothing */
+    }
+    return 0;
+}
+
 /* ===================================================================== */
 /* Diagnostics                                                           */
 /* ===================================================================== */

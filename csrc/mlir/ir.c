@@ -70,7 +70,7 @@ static PyObject *Module_parse(PyObject *cls, PyObject *args, PyObject *kwds)
         return NULL;
     mg_ir_Context *ctx = mg_ir_context_arg(ctxarg);
     MlirStringRef ref = mg_ir_string_ref(text, "text");
-    if (ctx == NULL || ref.data == NULL)
+    if (ctx == NULL || ref.data == NULL || mg_ir_check_nesting(ref) < 0)
         return NULL;
     mg_ir_diag_clear(ctx);
     MlirModule m = mlirModuleCreateParse(ctx->context, ref);

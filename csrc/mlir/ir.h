@@ -53,6 +53,12 @@ typedef struct {
 
 extern PyTypeObject *mg_ir_ModuleType;
 
+/* The deepest bracket nesting accepted in IR text (see docs/ir.md). */
+#define MG_IR_MAX_NESTING 256
+#define MG_IR_MAX_NESTING_TEXT "256"
+/* Raises MLIRError (-1) if `text` nests brackets deeper than MG_IR_MAX_NESTING. */
+int mg_ir_check_nesting(MlirStringRef text);
+
 /* Diagnostics: clear before an MLIR call, then raise those it reported. */
 void mg_ir_diag_clear(mg_ir_Context *ctx);
 PyObject *mg_ir_diag_raise(mg_ir_Context *ctx, PyObject *cls, const char *what);

@@ -693,6 +693,8 @@ static PyObject *lower(PyObject *self, PyObject *args, PyObject *kwds)
         }
         l.source = mlirStringRefCreate(printed.data ? printed.data : "", printed.len);
     }
+    if (mg_ir_check_nesting(l.source) < 0)
+        goto done;
     PyObject *opname = PyUnicode_FromString("builtin.module");
     text = opname != NULL ? anchored_pipeline(pipeline, opname) : NULL;
     Py_XDECREF(opname);

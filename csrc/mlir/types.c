@@ -255,7 +255,7 @@ static PyObject *Type_parse(PyObject *cls, PyObject *args, PyObject *kwds)
         return NULL;
     mg_ir_Context *ctx = mg_ir_context_arg(ctxarg);
     MlirStringRef ref = mg_ir_string_ref(text, "text");
-    if (ctx == NULL || ref.data == NULL)
+    if (ctx == NULL || ref.data == NULL || mg_ir_check_nesting(ref) < 0)
         return NULL;
     mg_ir_diag_clear(ctx);
     MlirType t = mlirTypeParseGet(ctx->context, ref);
@@ -642,7 +642,7 @@ PyObject *mg_ir_Attribute_parse(PyObject *cls, PyObject *args, PyObject *kwds)
         return NULL;
     mg_ir_Context *ctx = mg_ir_context_arg(ctxarg);
     MlirStringRef ref = mg_ir_string_ref(text, "text");
-    if (ctx == NULL || ref.data == NULL)
+    if (ctx == NULL || ref.data == NULL || mg_ir_check_nesting(ref) < 0)
         return NULL;
     mg_ir_diag_clear(ctx);
     MlirAttribute a = mlirAttributeParseGet(ctx->context, ref);

@@ -260,7 +260,7 @@ static int op_encloses(MlirOperation outer, MlirOperation op)
     return 0;
 }
 
-/* Whether `value` is a result of an operation that holds `user` (or would
+/* Whether `value` is a result of `user` or of an operation that holds it (or would
  * hold it once `user`'s root is inserted under `under`, when not null). Such
  * a use never dominates, and MLIR's verifier, which the printer runs first,
  * dereferences a null block checking it where that operation is a detached
@@ -270,7 +270,7 @@ int mg_ir_result_of_enclosing(MlirValue value, MlirOperation user, MlirOperation
     if (!mlirValueIsAOpResult(value))
         return 0;
     MlirOperation owner = mlirOpResultGetOwner(value);
-    if (op_encloses(owner, user))
+    if (mlirOperationEqual(owner, user) || op_encloses(owner, user))
         return 1;
     return !mlirOperationIsNull(under) && (mlirOperationEqual(owner, under) || op_encloses(owner, under));
 }

@@ -95,6 +95,25 @@ def test_transpose_reshape_copy_fill_itemsize():
     assert mg.zeros(3, mg.f64).itemsize == 8
 
 
+@pytest.mark.parametrize("mask", [True, False, np.True_, np.False_])
+def test_bool_scalar_index_is_a_mask_as_in_numpy(mask):
+    d = mg.to_device(A)
+    view = d[mask]
+    assert view.shape == A[mask].shape == ((1 if mask else 0), 4, 6)
+    np.testing.assert_array_equal(view.get(), A[mask])
+    np.testing.assert_array_equal(d[(mask,)].get(), A[(mask,)])
+    with pytest.raises(IndexError, match="a bool index is a mask"):
+        d[mask, 0]
+
+
+def test_reshape_whose_size_overflows_raises_value_error():
+    d = mg.zeros(4, mg.f32)
+    with pytest.raises(ValueError, match="exceeds the maximum allowed size"):
+        d.reshape(2**40, 2**40)
+    with pytest.raises(ValueError, match="exceeds the maximum allowed size"):
+        d.reshape(-1, 2**40, 2**40)
+
+
 def test_repr_names_shape_dtype_and_device():
     text = repr(mg.zeros((2, 3), mg.i32))
     assert text.startswith("DeviceArray(shape=(2, 3), dtype=mlirgpu.i32, device=")

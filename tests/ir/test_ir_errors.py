@@ -576,6 +576,45 @@ def test_replace_all_uses_with_a_value_of_another_module(ctx):
         block.arguments[0].replace_all_uses_with(other.arguments[0])
 
 
+def test_replace_all_uses_with_a_result_of_a_user(ctx):
+    _, _, block, (addf, mulf, _) = parsed()
+    with pytest.raises(ValueError, match="a value cannot be used inside the operation that defines it"):
+        block.arguments[0].replace_all_uses_with(addf.results[0])
+    assert addf.operands[0] == block.arguments[0]
+
+
+@pytest.mark.parametrize("parse", [
+    "ir.Module.parse('module {' * 4000 + '}' * 4000)",
+    "ir.Type.parse('tensor<' * 4000 + 'f32' + '>' * 4000)",
+    "ir.Attribute.parse('[' * 4000 + ']' * 4000)",
+    "_mlirgpu.lower('module {' * 4000 + '}' * 4000, 'canonicalize')",
+    "mg.HostProgram('module {' * 4000 + '}' * 4000)",
+])
+def test_deeply_nested_text_raises_instead_of_overflowing_the_stack(parse):
+    assert_isolated(f"""
+        import threading
+        import mlirgpu as mg
+        from mlirgpu import _mlirgpu, ir
+        def parse():
+            with ir.Context():
+                try:
+                    {parse}
+                except mg.MLIRError as e:
+                    print("refused:", e)
+        threading.stack_size(1 << 20)  # a parse on a thread with a small stack
+        thread = threading.Thread(target=parse)
+        thread.start()
+        thread.join()
+        parse()
+    """, "nests brackets deeper than 256 levels")
+
+
+def test_nesting_within_the_limit_and_in_strings_parses(ctx):
+    ir.Type.parse("tuple<" * 200 + "f32" + ">" * 200)
+    ir.Attribute.parse('"' + "{" * 1000 + '"')
+    ir.Module.parse('module attributes {test.t = "\\"{{{{"} {}')
+
+
 # --------------------------------------------------------------------------
 # Objects of different Contexts
 # --------------------------------------------------------------------------
