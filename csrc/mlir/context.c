@@ -216,6 +216,24 @@ mg_ir_Context *mg_ir_context_arg(PyObject *arg) /* borrowed */
     return (mg_ir_Context *)arg;
 }
 
+/* The arguments of every parse entry point, (text, *, context=None): the
+ * context (borrowed) and the text, refused where its nesting would overflow
+ * MLIR's recursive parser; the context's diagnostics are cleared. -1 with an
+ * exception set. */
+int mg_ir_parse_args(PyObject *args, PyObject *kwds, const char *format, mg_ir_Context **ctx, MlirStringRef *ref)
+{
+    static char *kwlist[] = {"text", "context", NULL};
+    PyObject *text, *ctxarg = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, format, kwlist, &text, &ctxarg))
+        return -1;
+    *ctx = mg_ir_context_arg(ctxarg);
+    *ref = mg_ir_string_ref(text, "text");
+    if (*ctx == NULL || ref->data == NULL || mg_ir_check_nesting(*ref) < 0)
+        return -1;
+    mg_ir_diag_clear(*ctx);
+    return 0;
+}
+
 /* Replaces *seq (borrowed) by a new reference to a tuple of its items (None
  * and NULL stay as they are, with a reference). Called before the current
  * Context or InsertionPoint is looked at: iterating a generator runs Python

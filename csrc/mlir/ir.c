@@ -64,15 +64,10 @@ static PyObject *Module_create(PyObject *cls, PyObject *args, PyObject *kwds)
 
 static PyObject *Module_parse(PyObject *cls, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"text", "context", NULL};
-    PyObject *text, *ctxarg = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "U|$O:Module.parse", kwlist, &text, &ctxarg))
+    mg_ir_Context *ctx;
+    MlirStringRef ref;
+    if (mg_ir_parse_args(args, kwds, "U|$O:Module.parse", &ctx, &ref) < 0)
         return NULL;
-    mg_ir_Context *ctx = mg_ir_context_arg(ctxarg);
-    MlirStringRef ref = mg_ir_string_ref(text, "text");
-    if (ctx == NULL || ref.data == NULL || mg_ir_check_nesting(ref) < 0)
-        return NULL;
-    mg_ir_diag_clear(ctx);
     MlirModule m = mlirModuleCreateParse(ctx->context, ref);
     if (mg_ir_diag_check(ctx, mlirModuleIsNull(m), "cannot parse the module") < 0) {
         if (!mlirModuleIsNull(m))

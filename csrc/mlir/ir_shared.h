@@ -77,6 +77,7 @@ PyObject *mg_ir_stack_pop(PyObject *key, PyObject *self);
 void mg_ir_fatal_error_handler(const char *reason);
 mg_ir_Context *mg_ir_context_current(void) /* borrowed */;
 mg_ir_Context *mg_ir_context_arg(PyObject *arg) /* borrowed */;
+int mg_ir_parse_args(PyObject *args, PyObject *kwds, const char *format, mg_ir_Context **ctx, MlirStringRef *ref);
 int mg_ir_own_items(PyObject **seq, const char *message);
 extern PyType_Spec mg_ir_Context_spec;
 PyObject *mg_ir_uniqued_new(PyTypeObject *type, mg_ir_Context *ctx, const void *ptr);

@@ -245,19 +245,13 @@ PyType_Spec mg_ir_Location_spec = {"mlirgpu.ir.Location", sizeof(mg_ir_Value_lik
 
 /* ---- Type ---- */
 
-/* Parses `text` with the parser `parse` (type or attribute); raises
- * MLIRError with MLIR's diagnostics on failure. */
+/* Parses `text` as a type; raises MLIRError with MLIR's diagnostics on failure. */
 static PyObject *Type_parse(PyObject *cls, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"text", "context", NULL};
-    PyObject *text, *ctxarg = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "U|$O:Type.parse", kwlist, &text, &ctxarg))
+    mg_ir_Context *ctx;
+    MlirStringRef ref;
+    if (mg_ir_parse_args(args, kwds, "U|$O:Type.parse", &ctx, &ref) < 0)
         return NULL;
-    mg_ir_Context *ctx = mg_ir_context_arg(ctxarg);
-    MlirStringRef ref = mg_ir_string_ref(text, "text");
-    if (ctx == NULL || ref.data == NULL || mg_ir_check_nesting(ref) < 0)
-        return NULL;
-    mg_ir_diag_clear(ctx);
     MlirType t = mlirTypeParseGet(ctx->context, ref);
     if (mg_ir_diag_check(ctx, mlirTypeIsNull(t), "cannot parse type") < 0)
         return NULL;
@@ -636,15 +630,10 @@ PyType_Spec mg_ir_Type_spec = {"mlirgpu.ir.Type", sizeof(mg_ir_Value_like), 0,
 
 PyObject *mg_ir_Attribute_parse(PyObject *cls, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"text", "context", NULL};
-    PyObject *text, *ctxarg = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "U|$O:Attribute.parse", kwlist, &text, &ctxarg))
+    mg_ir_Context *ctx;
+    MlirStringRef ref;
+    if (mg_ir_parse_args(args, kwds, "U|$O:Attribute.parse", &ctx, &ref) < 0)
         return NULL;
-    mg_ir_Context *ctx = mg_ir_context_arg(ctxarg);
-    MlirStringRef ref = mg_ir_string_ref(text, "text");
-    if (ctx == NULL || ref.data == NULL || mg_ir_check_nesting(ref) < 0)
-        return NULL;
-    mg_ir_diag_clear(ctx);
     MlirAttribute a = mlirAttributeParseGet(ctx->context, ref);
     if (mg_ir_diag_check(ctx, mlirAttributeIsNull(a), "cannot parse attribute") < 0)
         return NULL;
