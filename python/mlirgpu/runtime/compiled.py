@@ -7,12 +7,14 @@
     compiled.function()          # loaded on the current device, once per device
 
 A subclass gives `name` (the kernel's symbol), `source_function` (the Python
-function it was traced from, which the cache key names), `gpu_module()`,
+function it was traced from, which the cache key names), `check_globals()`
+(which forgets stale traces), `traced_globals`, `gpu_module()`,
 `cache_fields()` and `function_params()`.
 """
 import hashlib
 import linecache
 import opcode
+import os
 import sys
 import types
 
@@ -20,10 +22,11 @@ from .. import cuda
 from .._mlirgpu import CompileError, DType
 from ..compiler import cache, toolkit
 from ..compiler.nvvm import NO_PTXAS, Compilation
+from ..frontend.function import DeviceFunction
 from ..frontend.rewrite import code_objects, source_unavailable
 from ..language.generics import is_symbol
 
-__all__ = ["CompiledModule", "default_chip", "read_values", "source_digest"]
+__all__ = ["CompiledModule", "GLOBAL_POLICIES", "TracedGlobals", "default_chip", "read_values", "source_digest"]
 
 
 def default_chip():
@@ -55,22 +58,117 @@ def source_digest(function):
 
 def read_values(function):
     """The globals and closure variables `function`'s code names, except
-    generics: what compiling it depends on besides its source."""
+    generics, and those of the @mg.func helpers (and plain functions of its
+    module) it names, as "helper.NAME": what compiling it depends on besides
+    its source."""
+    values = {}
+    _read_values(function, "", values, {function})
+    return values
+
+
+def _read_values(function, prefix, values, seen):
     code = function.__code__
     # The globals its code loads: co_names also holds attribute names (the x of thread_idx.x), which
     # would drag an unrelated global of that name into the key.
     names = set()
     for c in code_objects(code):
         names |= _loaded_globals(c)
-    values = {}
-    for name in sorted(names):
-        if name in function.__globals__:
-            values[name] = function.__globals__[name]
-    closure = zip(code.co_freevars, (c.cell_contents for c in function.__closure__ or ()))
-    values.update(closure)
-    # mlirgpu's own names (mg.thread_idx, mg.constant, ...) change only
-    # with mlirgpu, which the cache's entries record already.
-    return {k: v for k, v in values.items() if not is_symbol(v) and not _is_mlirgpu_object(v)}
+    found = {name: function.__globals__[name] for name in sorted(names) if name in function.__globals__}
+    found.update(zip(code.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
+    for name, value in found.items():
+        helper = _helper_function(value, function)
+        if helper is not None and helper not in seen:
+            seen.add(helper)
+            _read_values(helper, f"{prefix}{helper.__qualname__}.", values, seen)
+        # mlirgpu's own names (mg.thread_idx, mg.constant, ...) change only
+        # with mlirgpu, which the cache's entries record already.
+        if not is_symbol(value) and not _is_mlirgpu_object(value):
+            values[prefix + name] = value
+
+
+def _helper_function(value, caller):
+    """The Python function a kernel traces when it calls `value`: an @mg.func's,
+    or a plain function of the caller's module; else None."""
+    function = value.function if isinstance(value, DeviceFunction) else value
+    if isinstance(function, types.FunctionType) and (function is not value or
+                                                     function.__globals__ is caller.__globals__):
+        return function
+    return None
+
+
+#: What a launch does when a global or closure value a kernel's trace read
+#: has changed since: trace and compile it again, or raise CompileError.
+GLOBAL_POLICIES = ("recompile", "error")
+_MUTABLE = (list, dict, set, bytearray)
+
+
+def _fingerprint_or_none(value):
+    try:
+        return cache.fingerprint(value)
+    except TypeError:
+        return None   # compared by identity only
+
+
+class TracedGlobals:
+    """The globals and closure values a function's traces read, as they were
+    when it was traced: a launch compares them with the values now (by
+    identity, and by content for lists, dicts and arrays), and on a change
+    forgets the traces (policy "recompile") or raises CompileError naming
+    the value and the kernel (policy "error"). The policy is the kernel's
+    `on_global_change=`, else MLIRGPU_GLOBALS, else "recompile"."""
+
+    def __init__(self, function, policy=None):
+        if policy is not None and policy not in GLOBAL_POLICIES:
+            raise ValueError(f"on_global_change takes one of {', '.join(map(repr, GLOBAL_POLICIES))}, "
+                             f"not {policy!r}")
+        self.function, self.policy = function, policy
+        self.values = None
+
+    def _record(self):
+        values = read_values(self.function)
+        self.values = values
+        self.prints = {name: _fingerprint_or_none(v) for name, v in values.items()
+                       if isinstance(v, _MUTABLE) or hasattr(v, "__array_interface__")}
+        try:
+            self.digest, self.details = cache.fingerprint_globals(values)
+            self.unkeyable = None
+        except TypeError as error:
+            self.digest, self.details, self.unkeyable = None, None, error
+
+    def changed(self):
+        """The names whose value differs from the traced one."""
+        now = read_values(self.function)
+        names = sorted(set(now) | set(self.values))
+        return [name for name in names
+                if name not in now or name not in self.values or now[name] is not self.values[name]
+                or (name in self.prints and _fingerprint_or_none(now[name]) != self.prints[name])]
+
+    def check(self, forget):
+        """Before a trace or launch: records the values at the first, and when
+        they changed since, calls forget() (the traces are stale) or raises."""
+        if self.values is None:
+            self._record()
+            return
+        changed = self.changed()
+        if not changed:
+            return
+        policy = self.policy or os.environ.get("MLIRGPU_GLOBALS", "recompile")
+        if policy not in GLOBAL_POLICIES:
+            raise ValueError(f"MLIRGPU_GLOBALS is one of {', '.join(GLOBAL_POLICIES)}, not {policy!r}")
+        if policy == "error":
+            function = self.function
+            raise CompileError(f"{function.__qualname__} was compiled with the value of global "
+                               f"{changed[0]!r} it had then, which has changed since: pass it as an "
+                               f"argument, or let the kernel recompile (on_global_change='recompile')")
+        forget()
+        self._record()
+
+    def key(self):
+        """(digest, details) of the traced values for the compile cache's key."""
+        if self.unkeyable is not None:
+            raise CompileError(f"{self.function.__qualname__}: {self.unkeyable}: the compile cache cannot tell "
+                               f"when it changes; pass it as an argument or make it a plain constant")
+        return self.digest, self.details
 
 
 _LOAD_GLOBAL, _LOAD_NAME = opcode.opmap["LOAD_GLOBAL"], opcode.opmap["LOAD_NAME"]
@@ -179,20 +277,24 @@ class CompiledModule:
         Served from the compile cache (memory, then disk) when the source,
         the globals it reads, the generics, chip and options match."""
         chip = chip or default_chip()
+        self.check_globals()
         return cache.default_cache().get_or_compile(self.cache_key(chip), lambda: self.compilation(chip).image)
 
     def cache_key(self, chip):
-        """The compile cache's key of this module's cubin for `chip`."""
+        """The compile cache's key of this module's cubin for `chip`: its
+        globals part the values the module's trace read, not those of now."""
         function = self.source_function
-        try:
-            digest, details = cache.fingerprint_globals(read_values(function))
-        except TypeError as error:
-            raise CompileError(f"{function.__qualname__}: {error}: the compile cache cannot tell when it "
-                               f"changes; pass it as an argument or make it a plain constant") from None
+        self.check_globals()
+        digest, details = self.traced_globals.key()
         generics, options = self.cache_fields()
         return cache.CacheKey({"kernel": f"{function.__module__}.{function.__qualname__}",
                                "source": source_digest(function), "globals": digest, "generics": generics,
                                "chip": chip, "options": options}, details={"globals": details})
+
+    def forget_traces(self):
+        """Drops what was traced, compiled and loaded: a global it read has changed."""
+        self._compilations.clear()
+        self._functions.clear()
 
     def stored_params(self):
         """The indices of the array parameters the kernel may store to (None: any)."""

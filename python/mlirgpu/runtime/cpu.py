@@ -48,6 +48,7 @@ _FIBER_CALLS = ("mg_cpu_barrier", "mg_cpu_grid_sync", "mg_cpu_shuffle", "mg_cpu_
 
 def _cached(spec, attribute, checks, make):
     """spec.<attribute>[checks], made once: the host trace differs with MLIRGPU_CHECK."""
+    spec.check_globals()
     cache = spec.__dict__.setdefault(attribute, {})
     value = cache.get(checks)
     if value is None:

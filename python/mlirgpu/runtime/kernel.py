@@ -29,7 +29,7 @@ from ..frontend.kernel import trace_kernel
 from ..language import core as lang
 from ..language.generics import Generic, MemRefType, as_element_type, is_symbol, symbol_name
 from .backend import Dims, _kernels as _backend_kernels, current
-from .compiled import CompiledModule, read_values, source_digest, stored_params
+from .compiled import CompiledModule, TracedGlobals, read_values, source_digest, stored_params
 
 if TYPE_CHECKING:
     from ..targets.gpu import GpuLowering
@@ -82,7 +82,8 @@ class Kernel(_mlirgpu.Dispatcher):
         print(spec.ir(), spec.ptx(chip="sm_90a"))
     """
 
-    def __new__(cls, function, generics=None, max_threads=None, min_blocks=None, fastmath=False):
+    def __new__(cls, function, generics=None, max_threads=None, min_blocks=None, fastmath=False,
+                on_global_change=None):
         # The dispatcher's miss handler refers back to the kernel through a
         # cell: a reference cycle, which the GC collects.
         cell = []
@@ -92,7 +93,8 @@ class Kernel(_mlirgpu.Dispatcher):
         _backend_kernels.add(self)
         return self
 
-    def __init__(self, function, generics=None, max_threads=None, min_blocks=None, fastmath=False):
+    def __init__(self, function, generics=None, max_threads=None, min_blocks=None, fastmath=False,
+                 on_global_change=None):
         if not inspect.isfunction(function):
             raise TypeError(f"@mg.kernel decorates a function, not {type(function).__name__}")
         for name, value in (("max_threads", max_threads), ("min_blocks", min_blocks)):
@@ -106,6 +108,7 @@ class Kernel(_mlirgpu.Dispatcher):
             raise ValueError(f"@mg.kernel(fastmath=...) takes True or False, not {fastmath!r}")
         self.max_threads, self.min_blocks, self.fastmath = max_threads, min_blocks, fastmath
         self.function = function
+        self.traced_globals = TracedGlobals(function, on_global_change)
         self.__name__ = function.__name__
         self.__qualname__ = function.__qualname__
         self.__module__ = function.__module__
@@ -183,6 +186,16 @@ class Kernel(_mlirgpu.Dispatcher):
             spec = self._specializations[key] = Specialization(self, dict(bound))
         return spec
 
+    def check_globals(self) -> None:
+        """Forgets every specialization's traces where a global or closure value
+        they read has changed since (or raises CompileError, as `on_global_change` says)."""
+        self.traced_globals.check(self.forget_traces)
+
+    def forget_traces(self) -> None:
+        for spec in self._specializations.values():
+            spec.forget_traces()
+        self.clear()
+
     def rewritten(self) -> tuple:
         if self._rewritten is None:
             self._rewritten = tracer.rewrite(self.function)
@@ -248,13 +261,21 @@ class Kernel(_mlirgpu.Dispatcher):
         return bound
 
     def _miss(self, args, kwargs):
+        self.check_globals()
         spec = self.specialize(self.bind(args))
-        if current().dispatches_in_c and not any(isinstance(a, np.ndarray) for a in args):
+        if _dispatches_in_c(self, args):
             try:
                 self.register(args, spec.function_for(args))
             except ValueError:
                 pass  # arguments the dispatcher cannot classify: this path serves them each time
         spec.launch(args, **kwargs)
+
+
+def _dispatches_in_c(kernel, args):
+    """Whether later calls like this one may launch from C, which checks no
+    globals: only for a kernel that reads none, and never for NumPy arguments."""
+    return current().dispatches_in_c and not kernel.traced_globals.values and \
+        not any(isinstance(a, np.ndarray) for a in args)
 
 
 _LAUNCH_KEYWORDS = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
@@ -399,8 +420,18 @@ def _check_scalar(p, arg, bound, bind_one):
 
 
 def kernel(function: Callable | None = None, *, generics: Iterable | None = None, max_threads: int | None = None,
-           min_blocks: int | None = None, fastmath: bool = False) -> Kernel | Callable[[Callable], Kernel]:
+           min_blocks: int | None = None, fastmath: bool = False,
+           on_global_change: str | None = None) -> Kernel | Callable[[Callable], Kernel]:
     """`@mg.kernel` or `@mg.kernel(generics=(M, K, N, dtype), max_threads=256, min_blocks=2, fastmath=True)`.
+
+    A kernel reads the module globals and closure variables it names (and
+    those its @mg.func helpers name) when it is traced; a launch after one of
+    them changed (rebound, or a list or array changed in place) traces and
+    compiles it again (`on_global_change="recompile"`, the default) or raises
+    CompileError naming the global (`on_global_change="error"`). The
+    environment variable MLIRGPU_GLOBALS=error|recompile sets the default.
+    Launches of a kernel that reads globals check them in Python each time;
+    one that reads none launches from C.
 
     `max_threads` and `min_blocks` are CUDA's `__launch_bounds__`: the most
     threads a launch's block may have (PTX `.maxntid`; a larger block is a
@@ -427,8 +458,8 @@ def kernel(function: Callable | None = None, *, generics: Iterable | None = None
         scale(x, 2.0, grid=4, block=256)
     """
     if function is None:
-        return lambda f: Kernel(f, generics, max_threads, min_blocks, fastmath)
-    return Kernel(function, generics, max_threads, min_blocks, fastmath)
+        return lambda f: Kernel(f, generics, max_threads, min_blocks, fastmath, on_global_change)
+    return Kernel(function, generics, max_threads, min_blocks, fastmath, on_global_change)
 
 
 class Specialization(CompiledModule, _mlirgpu.Dispatcher):
@@ -475,11 +506,26 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
     def source_function(self) -> Callable:
         return self.kernel.function
 
+    @property
+    def traced_globals(self) -> TracedGlobals:
+        return self.kernel.traced_globals
+
+    def check_globals(self) -> None:
+        self.kernel.check_globals()
+
+    def forget_traces(self) -> None:
+        super().forget_traces()
+        self._module = None
+        for attribute in ("_cpu_modules", "_cpu_engines", "_cpu_stores"):
+            self.__dict__.pop(attribute, None)
+        self.clear()
+
     def gpu_module(self) -> ir.Module:
         return self.module()
 
     def module(self) -> ir.Module:
         """The traced module (gpu.module @kernels holding gpu.func @<name>)."""
+        self.check_globals()
         if self._module is None:
             self._module = self.trace()
         return self._module
@@ -561,7 +607,8 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         unknown = set(kwargs) - {"grid", "block", "shared_mem", "stream", "cluster"}
         if unknown:
             raise TypeError(f"{self!r}: unknown launch keyword {sorted(unknown)[0]!r}")
-        if current().dispatches_in_c and not any(isinstance(a, np.ndarray) for a in args):
+        self.kernel.check_globals()
+        if _dispatches_in_c(self.kernel, args):
             try:
                 self.register(args, self.function_for(args))
             except ValueError:

@@ -44,7 +44,7 @@ from ..frontend.trace import tracing
 from ..ir import passes
 from ..language import core as lang
 from .backend import Backend, current, empty
-from .compiled import CompiledModule
+from .compiled import CompiledModule, TracedGlobals
 from .host_program import HostProgram
 from .scalars import scalar_bytes
 
@@ -57,7 +57,7 @@ _CPU_LOOPS = "builtin.module(func.func(convert-linalg-to-loops))"
 
 
 def vectorize(signatures: Callable | str | Sequence[str] | None = None, *, mapping: str = "direct", threads: int = 1024,
-              unroll: int = 1) -> Vectorized | Callable[[Callable], Vectorized]:
+              unroll: int = 1, on_global_change: str | None = None) -> Vectorized | Callable[[Callable], Vectorized]:
     """`@mg.vectorize`, `@mg.vectorize(["f32(f32, f32)", ...])` or
     `@mg.vectorize(mapping="parallel-loops")`.
 
@@ -65,7 +65,9 @@ def vectorize(signatures: Callable | str | Sequence[str] | None = None, *, mappi
     elementwise.py); `threads` (a multiple of 32, at most 1024) and `unroll`
     (1 to 16) shape the direct mapping's blocks: each thread of a block
     handles `unroll` vectors of 16 bytes (the defaults are the fastest shape
-    benchmarks/elementwise.py measured on the H100).
+    benchmarks/elementwise.py measured on the H100). `on_global_change`
+    is what a call does when a global the function read has changed since it
+    was traced, as for @mg.kernel: "recompile" (the default) or "error".
 
     For example::
 
@@ -76,11 +78,11 @@ def vectorize(signatures: Callable | str | Sequence[str] | None = None, *, mappi
         z = axpy(2.0, np.arange(4.0), np.ones(4))     # NumPy in, NumPy out: [1. 3. 5. 7.]
     """
     if inspect.isfunction(signatures):
-        return Vectorized(signatures, None, mapping, threads, unroll)
+        return Vectorized(signatures, None, mapping, threads, unroll, on_global_change)
     if signatures is not None and not isinstance(signatures, (str, list, tuple)):
         raise TypeError(f"mg.vectorize takes a function or a list of signatures such as ['f32(f32, f32)'], "
                         f"not {type(signatures).__name__}")
-    return lambda function: Vectorized(function, signatures, mapping, threads, unroll)
+    return lambda function: Vectorized(function, signatures, mapping, threads, unroll, on_global_change)
 
 
 class Signature:
@@ -121,7 +123,7 @@ class Vectorized:
     """A scalar function made element-wise: call it on arrays and scalars,
     index it with input dtypes for a specialization to inspect."""
 
-    def __init__(self, function, signatures=None, mapping="direct", threads=1024, unroll=1):
+    def __init__(self, function, signatures=None, mapping="direct", threads=1024, unroll=1, on_global_change=None):
         if not inspect.isfunction(function):
             raise TypeError(f"@mg.vectorize decorates a function, not {type(function).__name__}")
         parameters = inspect.signature(function).parameters.values()
@@ -138,6 +140,7 @@ class Vectorized:
         if type(unroll) is not int or not 1 <= unroll <= 16:
             raise ValueError(f"unroll must be an int in 1..16, not {unroll!r}")
         self.function = function
+        self.traced_globals = TracedGlobals(function, on_global_change)
         self.__name__, self.__qualname__, self.__doc__ = function.__name__, function.__qualname__, function.__doc__
         self.names = [p.name for p in parameters]
         self.nin = len(self.names)
@@ -152,6 +155,7 @@ class Vectorized:
         self._rewritten = None
         self._outputs = {}
         self._specializations = {}
+        self.check_globals()
         for s in self.signatures:  # traced now: a function that cannot take them fails at its definition
             self._output_dtypes(tuple((d, True) for d in s.inputs), s.outputs)
 
@@ -159,6 +163,16 @@ class Vectorized:
         return f"<mlirgpu vectorized {self.__qualname__}>"
 
     # -- tracing ----------------------------------------------------------
+    def check_globals(self) -> None:
+        """Forgets every trace where a global or closure value it read has
+        changed since (or raises CompileError, as `on_global_change` says)."""
+        self.traced_globals.check(self.forget_traces)
+
+    def forget_traces(self) -> None:
+        self._outputs.clear()
+        for spec in self._specializations.values():
+            spec.forget_traces()
+
     def _traced(self, build):
         """build(instance) under a Trace of the function: operations at its lines,
         errors as CompileErrors pointing there."""
@@ -220,6 +234,7 @@ class Vectorized:
         """The ElementwiseSpecialization for `inputs` ((dtype, is_array) each):
         contiguous arrays (rank None) read `width` elements at a time (default:
         16 bytes' worth), or strided arrays of `rank` dimensions."""
+        self.check_globals()
         inputs = tuple((_mlirgpu.dtype(d), bool(a)) for d, a in inputs)
         outputs = self._output_dtypes(inputs, declared)
         if width is None:
@@ -257,6 +272,7 @@ class Vectorized:
         return current().run_vectorized(self._plan(args, out, dtype), stream)
 
     def _plan(self, args, out, dtype=None):
+        self.check_globals()
         if len(args) != self.nin:
             raise LaunchError(f"{self.__qualname__} takes {self.nin} arguments ({', '.join(self.names)}), "
                               f"got {len(args)}")
@@ -598,6 +614,18 @@ class ElementwiseSpecialization(CompiledModule):
     @property
     def source_function(self):
         return self.vectorized.function
+
+    @property
+    def traced_globals(self):
+        return self.vectorized.traced_globals
+
+    def check_globals(self):
+        self.vectorized.check_globals()
+
+    def forget_traces(self):
+        super().forget_traces()
+        self._linalg = self._gpu = self._engine = None
+        self._programs.clear()
 
     def _build(self, make):
         v = self.vectorized
