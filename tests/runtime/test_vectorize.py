@@ -2,8 +2,11 @@
 IR and PTX, results against NumPy on every backend (conftest.py's `backend`:
 the CPU everywhere, the GPU where there is one) for several dtypes, ranks,
 layouts and broadcasts, and each error a call can make."""
+import warnings
+
 import numpy as np
 import pytest
+from support.backends import current_backend
 from support.checks import filecheck
 
 import mlirgpu as mg
@@ -408,6 +411,64 @@ def test_read_only_out():
     out.flags.writeable = False
     with pytest.raises(mg.LaunchError, match="read-only"):
         axpy(1.0, x, x, out=out)
+
+
+def test_a_read_only_dlpack_out_is_refused_as_a_launch_refuses_it():
+    read_only = np.zeros(3, np.float32)
+    read_only.flags.writeable = False
+
+    @mg.kernel
+    def fill(y: mg.memref[3, mg.f32]):
+        y[mg.thread_idx.x] = 1.0
+
+    with current_backend("cpu"):
+        out = mg.asarray(read_only)          # through DLPack, which carries the read-only flag
+        assert out.readonly
+        with pytest.raises(mg.LaunchError) as launched:
+            fill(out, grid=1, block=3)
+        with pytest.raises(mg.LaunchError) as vectorized:
+            axpy(1.0, np.zeros(3, np.float32), np.zeros(3, np.float32), out=out)
+    assert str(vectorized.value) == str(launched.value).replace("'y'", "'out[0]'").replace("fill", "axpy")
+    np.testing.assert_array_equal(read_only, 0.0)
+
+
+@pytestmark_backend
+@pytest.mark.parametrize("shift", [1, -1, 2])
+def test_out_overlapping_an_input_at_an_offset_gives_numpys_result(shift):
+    x = np.arange(12, dtype=np.float32)
+    want = x.copy()
+    n = len(x) - abs(shift)
+    given, written = (slice(0, n), slice(shift, None)) if shift > 0 else (slice(-shift, None), slice(0, n))
+    np.add(want[given], want[given], out=want[written])
+    add2(x[given], x[given], out=x[written])
+    np.testing.assert_array_equal(x, want)
+    y = np.arange(12, dtype=np.float32)
+    add2(y, y, out=y)                       # in place, element by element: no copy needed
+    np.testing.assert_array_equal(y, 2 * np.arange(12))
+
+
+@pytestmark_backend
+def test_integer_division_by_zero_gives_numpys_result_and_warning():
+    @mg.vectorize
+    def divide(a, b):
+        return a // b, a % b
+
+    lowest = np.iinfo(np.int32).min
+    a = np.array([7, -7, lowest, 9], np.int32)
+    b = np.array([0, 0, -1, 2], np.int32)
+    with pytest.warns(RuntimeWarning) as warned:
+        quotient, remainder = divide(a, b)
+    np.testing.assert_array_equal(quotient, [0, 0, lowest, 4])
+    np.testing.assert_array_equal(remainder, [0, 0, 0, 1])
+    assert {str(w.message) for w in warned} == {"divide by zero encountered in floor_divide",
+                                                "divide by zero encountered in remainder",
+                                                "overflow encountered in floor_divide"}
+    with np.errstate(divide="raise"), pytest.raises(FloatingPointError, match="divide by zero"):
+        divide(a, b)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        divide(a, b)
+        divide(np.arange(1, 5, dtype=np.int64), np.arange(1, 5, dtype=np.uint8))
 
 
 def test_no_signature_matches():

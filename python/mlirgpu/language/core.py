@@ -87,6 +87,8 @@ def integer_range(dtype):
 
 class _State(threading.local):
     tracer = None  # the active tracer.Trace, if any
+    # A list while integer // and % follow NumPy (mg.vectorize on the host): (condition, warning) pairs.
+    division_faults = None
 
 
 state = _State()
@@ -446,7 +448,24 @@ def _intdiv(a, b, kind, op):
     if a.dtype == bool_:
         raise CompileError(f"{op} on bool values")
     suffix = "ui" if a.dtype in UNSIGNED else "si"
-    return Scalar(emit(f"arith.{kind}{suffix}", [a, b], [a.value.type]).result, a.dtype)
+    faults = state.division_faults
+    if faults is None:
+        return Scalar(emit(f"arith.{kind}{suffix}", [a, b], [a.value.type]).result, a.dtype)
+    # NumPy's answers where the hardware traps: 0 for a zero divisor, MIN // -1 wrapping to MIN (and
+    # MIN % -1 to 0, what dividing by 1 gives), each recorded for the warning NumPy gives.
+    zero, ufunc = constant(0, a.dtype), "floor_divide" if kind == "div" else "remainder"
+    by_zero = _compare(b, zero, "eq")
+    trapping = by_zero
+    faults.append((by_zero, f"divide by zero encountered in {ufunc}"))
+    if suffix == "si":
+        overflow = _bitwise(_compare(a, constant(integer_range(a.dtype)[0], a.dtype), "eq"),
+                            _compare(b, constant(-1, a.dtype), "eq"), "andi", "&")
+        trapping = _bitwise(by_zero, overflow, "ori", "|")
+        if kind == "div":
+            faults.append((overflow, f"overflow encountered in {ufunc}"))
+    divisor = select(trapping, constant(1, a.dtype), b)
+    result = Scalar(emit(f"arith.{kind}{suffix}", [a, divisor], [a.value.type]).result, a.dtype)
+    return select(by_zero, zero, result)
 
 
 def _bitwise(a, b, name, op):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _mlirgpu
-from .._mlirgpu import CudaError, DeviceArray, DType, Stream
+from .._mlirgpu import CudaError, DeviceArray, DType, LaunchError, Stream
 
 if TYPE_CHECKING:
     from .kernel import Specialization
@@ -92,6 +92,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def run_vectorized(self, plan: _Plan, stream: Stream | None) -> Any:
         """Runs an @mg.vectorize call bound to its arguments; its result."""
+
+
+def read_only_error(name: str, kernel: str) -> LaunchError:
+    """The error for a read-only array where `kernel` stores: a parameter, or a vectorize out=."""
+    return LaunchError(f"parameter {name!r}: the array is read-only, and {kernel} stores to it")
 
 
 def _check_name(name: str, where: str) -> None:

@@ -26,7 +26,7 @@ from .. import _mlirgpu, ir
 from .._mlirgpu import DeviceArray, LaunchError, Stream, TensorMap, lower
 from ..compiler.cpu import PIPELINE
 from ..targets.cpu import CpuLowering, checks_from_environment
-from .backend import Backend, Dims
+from .backend import Backend, Dims, read_only_error
 from .compiled import stored_params
 from .scalars import scalar_bytes
 
@@ -148,7 +148,7 @@ def run(spec: Specialization, args: list, grid: Dims, block: Dims, shared_mem: i
             raise LaunchError(f"parameter {p.name!r}: expected shape {tuple(shape)} of {dtype.name} (None: any "
                               f"size), got {arg.shape} of {arg.dtype}")
         if not arg.flags.writeable and index in compiled_stores(spec):
-            raise LaunchError(f"parameter {p.name!r}: the array is read-only, and {spec.name} stores to it")
+            raise read_only_error(p.name, spec.name)
         if not (arg.flags.c_contiguous and arg.flags.aligned):
             # The kernel's memref has the identity layout: run on a contiguous copy, copy back.
             copy = np.array(arg, order="C")

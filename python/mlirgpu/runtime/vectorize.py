@@ -29,6 +29,7 @@ import functools
 import inspect
 import math
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,7 +44,7 @@ from ..frontend.function import at_return
 from ..frontend.trace import tracing
 from ..ir import passes
 from ..language import core as lang
-from .backend import Backend, current, empty
+from .backend import Backend, current, empty, read_only_error
 from .compiled import CompiledModule, TracedGlobals
 from .host_program import HostProgram
 from .scalars import scalar_bytes
@@ -154,6 +155,7 @@ class Vectorized:
                                    f"{function.__qualname__} takes {self.nin}")
         self._rewritten = None
         self._outputs = {}
+        self._faults = {}
         self._specializations = {}
         self.check_globals()
         for s in self.signatures:  # traced now: a function that cannot take them fails at its definition
@@ -170,6 +172,7 @@ class Vectorized:
 
     def forget_traces(self) -> None:
         self._outputs.clear()
+        self._faults.clear()
         for spec in self._specializations.values():
             spec.forget_traces()
 
@@ -181,20 +184,26 @@ class Vectorized:
         with ir.Context.current(), tracing(self.function, self._rewritten) as trace:
             return build(trace.instance)
 
-    def _apply(self, instance, declared, values):
+    def _apply(self, instance, declared, values, faults=None):
         """The function on traced scalars: its results, as declared (converted) or as they are.
         Without declared signatures the inputs are first converted to their common type, as a
-        NumPy ufunc's are (bools stay bools, for conditions)."""
+        NumPy ufunc's are (bools stay bools, for conditions). Given a list `faults`, integer // and %
+        give NumPy's results and each condition NumPy warns about follows the results (as a bool),
+        its warning appended to `faults`."""
         if not self.signatures:
             values = _promoted(values)
-        result = instance(*values)
+        outer, lang.state.division_faults = lang.state.division_faults, faults
+        try:
+            result = instance(*values)
+        finally:
+            lang.state.division_faults = outer
         results = list(result) if isinstance(result, tuple) else [result]
         try:
             if declared is not None:
                 if len(results) != len(declared):
                     raise CompileError(f"{self.__qualname__} returns {len(results)} values, but the signature "
                                        f"declares {len(declared)}")
-                return [lang.cast(r, d) for r, d in zip(results, declared)]
+                results = [lang.cast(r, d) for r, d in zip(results, declared)]
             for r in results:
                 if not isinstance(r, lang.Scalar):
                     what = "a Python number (write mg.constant(value, dtype))" if lang.is_python_number(r) else \
@@ -203,14 +212,15 @@ class Vectorized:
                                        f"traced values, or a tuple of them")
         except CompileError as error:
             raise at_return(self.function, self._rewritten[3], error) from None
-        return results
+        return results + [condition for condition, _ in faults or ()]
 
     def _location(self):
         return ir.Location.file(self._rewritten[3] if self._rewritten else inspect.getsourcefile(self.function),
                                 self.function.__code__.co_firstlineno, 0)
 
     def _output_dtypes(self, inputs, declared):
-        """The output dtypes for inputs ((dtype, is_array) each), found by tracing once."""
+        """The output dtypes for inputs ((dtype, is_array) each), found by tracing once, which
+        also finds the warnings its integer divisions may give (self._faults)."""
         key = (inputs, declared)
         outputs = self._outputs.get(key)
         if outputs is None:
@@ -224,7 +234,10 @@ class Vectorized:
                 block = func.regions[0].append_block(types, [self._location()] * len(types))
                 with ir.InsertionPoint(block):
                     values = [lang.Scalar(a, d) for a, (d, _) in zip(block.arguments, inputs)]
-                    return tuple(r.dtype for r in self._apply(instance, declared, values))
+                    faults = []
+                    results = self._apply(instance, declared, values, faults)
+                    self._faults[key] = tuple(dict.fromkeys(message for _, message in faults))
+                    return tuple(r.dtype for r in results[:len(results) - len(faults)])
             outputs = self._outputs[key] = self._traced(probe)
         return outputs
 
@@ -424,9 +437,13 @@ class _Plan:
             if a.dtype != dtype:
                 raise LaunchError(f"out[{k}] has dtype {a.dtype.name}, but {v.__qualname__} returns "
                                   f"{dtype.name} there")
-            if isinstance(a.value, np.ndarray) and not a.value.flags.writeable:
-                raise LaunchError(f"out[{k}] is a read-only array")
+            if not a.value.flags.writeable if isinstance(a.value, np.ndarray) else a.value.readonly:
+                raise read_only_error(f"out[{k}]", v.__name__)
             checked.append(a)
+        for a in self.arguments:
+            if a.is_array and any(_overlap(a.value, o.value) for o in checked):
+                # As NumPy: the inputs are read as they were before any output is written.
+                a.value = a.value.copy()
         self.out_objects = outs
         self.on_device = self.on_device or any(a.on_device for a in checked)
         return checked
@@ -479,8 +496,11 @@ class _Plan:
                 args.append(arrays[a.index].reshape(-1))
             else:
                 args.append(np.broadcast_to(arrays[a.index], self.shape))
-        args += [o.reshape(-1) if contiguous else o for o in views]
+        faults = [np.zeros(self.shape, np.bool_) for _ in spec.faults]
+        args += [o.reshape(-1) if contiguous else o for o in views + faults]
         spec.cpu_engine().invoke(spec.name, args)
+        for message in {m for m, fault in zip(spec.faults, faults) if fault.any()}:
+            _numpy_error(message)
         return self._result(outs)
 
     # -- the GPU -----------------------------------------------------------
@@ -506,6 +526,15 @@ class _Plan:
         elif not self.on_device:
             return self._result([o.get(stream=stream) for o in outs])
         return self._result(outs)
+
+
+def _numpy_error(message):
+    """What NumPy does for an integer division fault, as np.seterr says: warn, raise or ignore."""
+    action = np.geterr()["over" if message.startswith("overflow") else "divide"]
+    if action == "raise":
+        raise FloatingPointError(message)
+    if action != "ignore":
+        warnings.warn(message, RuntimeWarning, stacklevel=5)  # the caller of the function
 
 
 def _host_view(array):
@@ -555,6 +584,27 @@ def _casts_to(argument, dtype):
     return bool(np.can_cast(argument.dtype.numpy, dtype.numpy, "safe"))
 
 
+def _byte_range(array):
+    """(first, end) of the bytes the elements of a NumPy or device array span; None for no elements."""
+    if 0 in array.shape:
+        return None
+    start = array.__array_interface__["data"][0] if isinstance(array, np.ndarray) else array.ptr
+    reach = [stride * (size - 1) for stride, size in zip(array.strides, array.shape)]
+    return start + sum(r for r in reach if r < 0), start + sum(r for r in reach if r > 0) + array.itemsize
+
+
+def _overlap(given, out):
+    """Whether writing `out` may change what reading the input `given` gives (the very same
+    elements, read and written in one place, do not)."""
+    if given is out:
+        return False
+    a, b = _byte_range(given), _byte_range(out)
+    if a is None or b is None or a[1] <= b[0] or b[1] <= a[0]:
+        return False
+    return not (a[0] == b[0] and tuple(given.shape) == tuple(out.shape) and
+                tuple(given.strides) == tuple(out.strides))
+
+
 def _is_c_contiguous(array):
     if isinstance(array, np.ndarray):
         return array.flags.c_contiguous
@@ -594,6 +644,8 @@ class ElementwiseSpecialization(CompiledModule):
         super().__init__()
         self.vectorized, self.inputs, self.declared = vectorized, inputs, declared
         self.outputs, self.rank, self.width = outputs, rank, width
+        # The warnings NumPy gives for its integer divisions, each a bool output of the host's loop.
+        self.faults = vectorized._faults[inputs, declared]
         self._linalg = self._gpu = self._engine = None
         self._programs = {}
 
@@ -627,12 +679,12 @@ class ElementwiseSpecialization(CompiledModule):
         self._linalg = self._gpu = self._engine = None
         self._programs.clear()
 
-    def _build(self, make):
+    def _build(self, make, faults=None):
         v = self.vectorized
 
         def build(instance):
             module = ir.Module.create(location=v._location())
-            make(module, functools.partial(v._apply, instance, self.declared))
+            make(module, functools.partial(v._apply, instance, self.declared, faults=faults))
             module.verify()
             return module
         return v._traced(build)
@@ -640,10 +692,13 @@ class ElementwiseSpecialization(CompiledModule):
     def linalg(self):
         """The module holding func.func @<name>: one linalg.generic over memrefs."""
         if self._linalg is None:
-            v = self.vectorized
-            self._linalg = self._build(lambda module, apply: elementwise.linalg_function(
-                module, self.name, self.inputs, self.outputs, self.rank, apply, v._location()))
+            self._linalg = self._linalg_module(None)
         return self._linalg
+
+    def _linalg_module(self, faults):
+        outputs = self.outputs if faults is None else self.outputs + (lang.bool_,) * len(self.faults)
+        return self._build(lambda module, apply: elementwise.linalg_function(
+            module, self.name, self.inputs, outputs, self.rank, apply, self.vectorized._location()), faults)
 
     def gpu_module(self):
         """The module the GPU mapping makes: gpu.module @kernels for "direct";
@@ -682,9 +737,10 @@ class ElementwiseSpecialization(CompiledModule):
 
     # -- running -----------------------------------------------------------
     def cpu_engine(self) -> _mlirgpu.ExecutionEngine:
-        """The linalg form lowered to loops and JIT-compiled for the host."""
+        """The linalg form lowered to loops and JIT-compiled for the host, its
+        integer // and % NumPy's (a bool output per warning in self.faults)."""
         if self._engine is None:
-            module = self.linalg().clone()
+            module = self._linalg_module([])
             passes.run(module, _CPU_LOOPS)
             passes.run(module, PIPELINE)
             self._engine = _mlirgpu.ExecutionEngine(module)
