@@ -377,6 +377,24 @@ def test_show_tv_prints(capsys):
     assert capsys.readouterr().out.splitlines()[-1].split() == ["1", "|", "T1V0", "T1V1"]
 
 
+def test_a_huge_layout_shows_its_first_rows_and_columns(capsys):
+    from mlirgpu.layout import pictures
+
+    huge = L((10**9, 10**9), (1, 10**9))
+    huge.show()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "(1000000000,1000000000):(1,1000000000)  (the first 128 of 1000000000 rows, " \
+                       "64 of 1000000000 columns)"
+    assert len(lines) == 3 + pictures.TEXT_ROWS + 1 and lines[-1].split() == ["...", "|"]
+    assert lines[3].split()[:3] == ["0", "|", "0"] and lines[3].split()[-1] == "..."
+    assert len(lines[1].split()) == pictures.TEXT_COLUMNS + 1
+    assert "..." not in grid(L((4, 8), (8, 1)))
+    with pytest.raises(ValueError, match="too many for a figure"):
+        pictures.layout_figure(huge)
+    with pytest.raises(ValueError, match="too large to picture"):
+        show_tv(L((10**9, 10**9), (1, 10**9)), (10**9, 10**9))
+
+
 def test_figures_with_matplotlib():
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure

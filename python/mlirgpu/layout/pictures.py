@@ -36,6 +36,11 @@ __all__ = ["grid", "tv_grid", "show", "show_tv", "layout_figure", "tv_figure"]
 # Above this many cells a notebook shows the text form instead of drawing a
 # figure that would be unreadable and slow to render.
 FIGURE_CELL_LIMIT = 4096
+# The text picture shows at most this many rows and columns, the first ones
+# (a 10^9 x 10^9 layout prints as quickly as a small one); tv_grid, whose
+# every (thread, value) pair must be visited, refuses larger tiles.
+TEXT_ROWS, TEXT_COLUMNS = 128, 64
+TV_CELL_LIMIT = 1 << 16
 
 
 def _rows_cols(layout):
@@ -50,28 +55,38 @@ def _rows_cols(layout):
     )
 
 
-def _cells(layout):
-    """The grid of indices: cells[r][c] = layout(r, c) (or layout(c) for rank 1)."""
-    rows, cols = _rows_cols(layout)
+def _cells(layout, rows=None, cols=None):
+    """The grid of indices, its first `rows` x `cols` (default: all):
+    cells[r][c] = layout(r, c) (or layout(c) for rank 1)."""
+    all_rows, all_cols = _rows_cols(layout)
+    rows, cols = min(all_rows, rows or all_rows), min(all_cols, cols or all_cols)
     if layout.rank == 1:
         return [[layout(c) for c in range(cols)]]
     return [[layout(r, c) for c in range(cols)] for r in range(rows)]
 
 
-def _text(title, cells):
+def _text(title, cells, rows=None, cols=None):
+    """The grid as text; `rows` x `cols` the whole grid's size where `cells` is its first part."""
+    more_rows, more_cols = rows is not None and rows > len(cells), cols is not None and cols > len(cells[0])
+    if more_rows or more_cols:
+        title += f"  (the first {len(cells)} of {rows} rows, {len(cells[0])} of {cols} columns)"
     width = max(2, len(str(len(cells[0]) - 1)), max(len(str(v)) for row in cells for v in row))
-    label = len(str(len(cells) - 1))
-    body = (width + 1) * len(cells[0]) - 1
-    lines = [title, " " * (label + 4) + " ".join(f"{c:>{width}}" for c in range(len(cells[0])))]
+    label = max(len(str(len(cells) - 1)), 3 if more_rows else 0)
+    body = (width + 1) * (len(cells[0]) + more_cols) - 1
+    tail = " ..." if more_cols else ""
+    lines = [title, " " * (label + 4) + " ".join(f"{c:>{width}}" for c in range(len(cells[0]))) + tail]
     lines.append(" " * (label + 2) + "+" + "-" * (body + 1))
     for r, row in enumerate(cells):
-        lines.append(f" {r:>{label}} | " + " ".join(f"{v:>{width}}" for v in row))
+        lines.append(f" {r:>{label}} | " + " ".join(f"{v:>{width}}" for v in row) + tail)
+    if more_rows:
+        lines.append(f" {'...':>{label}} |")
     return "\n".join(lines)
 
 
 def grid(layout: Drawable) -> str:
     """The text picture of a rank-1 or rank-2 layout (or swizzled layout):
-    its string form, then a grid whose cell (r, c) holds `layout(r, c)`.
+    its string form, then a grid whose cell (r, c) holds `layout(r, c)`:
+    the first TEXT_ROWS rows and TEXT_COLUMNS columns, "..." marking more.
 
     >>> from mlirgpu.layout import Layout
     >>> print(grid(Layout(4, 2)))
@@ -80,7 +95,8 @@ def grid(layout: Drawable) -> str:
        +------------
      0 |  0  2  4  6
     """
-    return _text(str(layout), _cells(layout))
+    rows, cols = _rows_cols(layout)
+    return _text(str(layout), _cells(layout, TEXT_ROWS, TEXT_COLUMNS), rows, cols)
 
 
 def _tv_cells(tv_layout, tile_shape):
@@ -90,6 +106,9 @@ def _tv_cells(tv_layout, tile_shape):
         raise ValueError(f"a thread-value layout has two modes (thread, value); {tv_layout} has {tv_layout.rank}")
     threads = product(tv_layout.shape[0])
     values = product(tv_layout.shape[1])
+    if max(rows * cols, threads * values) > TV_CELL_LIMIT:
+        raise ValueError(f"{tv_layout} on a {rows}x{cols} tile is too large to picture (at most "
+                         f"{TV_CELL_LIMIT} cells and (thread, value) pairs)")
     cells = [[None] * cols for _ in range(rows)]
     for v in range(values):
         for t in range(threads):
@@ -162,7 +181,12 @@ _PALETTE = ["#ffffff", "#e0e0e0", "#ffd8d8", "#d8ffd8", "#d8d8ff", "#ffffd0", "#
 
 def layout_figure(layout: Drawable) -> Figure:
     """A matplotlib Figure of the grid of indices of a rank-1 or rank-2
-    layout, cells shaded by index modulo 8: `layout_figure(Layout((4, 8))).savefig("layout.png")`."""
+    layout, cells shaded by index modulo 8: `layout_figure(Layout((4, 8))).savefig("layout.png")`.
+    ValueError for more than FIGURE_CELL_LIMIT cells, which no figure shows legibly."""
+    rows, cols = _rows_cols(layout)
+    if rows * cols > FIGURE_CELL_LIMIT:
+        raise ValueError(f"{layout} has {rows}x{cols} cells, too many for a figure (at most "
+                         f"{FIGURE_CELL_LIMIT}): print its text picture, which shows the first ones")
     cells = _cells(layout)
     fig, ax = _pyplot_free_figure(len(cells), len(cells[0]))
     for r, row in enumerate(cells):
