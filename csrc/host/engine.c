@@ -459,16 +459,14 @@ error:
 static void Engine_dealloc(mg_engine *self)
 {
     PyTypeObject *type = Py_TYPE(self);
-    if (self->runtime) {
-        /* LLVM's teardown of an engine whose module loads kernels (global
-         * constructors and destructors from gpu.binary) left the H100
-         * machine's heap corrupt in about half of the test runs that made and
-         * dropped such engines (docs/design/host_runtime.md): its JIT is kept, and
-         * the kernel modules its constructors loaded are released here. */
-        mg_rt_release_modules(self);
-    } else if (!mlirExecutionEngineIsNull(self->engine)) {
+    /* The JIT first: its global destructors unload the kernel modules its
+     * constructors loaded while they are still listed. Released the other way
+     * round, a destructor was handed a module freed already, whose address a
+     * newer engine's module may have taken (docs/design/host_runtime.md). */
+    if (!mlirExecutionEngineIsNull(self->engine))
         mlirExecutionEngineDestroy(self->engine);
-    }
+    if (self->runtime)
+        mg_rt_release_modules(self); /* what no destructor unloaded (a half-built engine's) */
     for (Py_ssize_t i = 0; i < self->nfunctions; i++)
         PyMem_Free(self->functions[i].name);
     PyMem_Free(self->functions);

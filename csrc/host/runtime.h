@@ -28,8 +28,8 @@ int mg_rt_init(PyObject *module);
 /* Kernel modules belong to the engine whose global constructors load them
  * (mgpuModuleLoad): between mg_rt_adopt_begin(engine) and mg_rt_adopt_end(),
  * around its initialization on this thread, each new module is recorded as
- * the engine's. mg_rt_release_modules(engine) unloads them from every device
- * and frees them (GIL held), in place of the engine's global destructors. */
+ * the engine's. mg_rt_release_modules(engine) unloads from every device and
+ * frees those the engine's global destructors left (GIL held). */
 void mg_rt_adopt_begin(const void *owner);
 void mg_rt_adopt_end(void);
 void mg_rt_release_modules(const void *owner);

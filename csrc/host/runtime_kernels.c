@@ -80,9 +80,9 @@ static int unlist(module *m)
     return 0;
 }
 
-/* From an engine's global destructors (engines made with the runtime are
- * never torn down by LLVM, see mg_rt_release_modules, but a module's
- * destructor may still run): a module already released is not touched. */
+/* From an engine's global destructors, which run when the engine is torn
+ * down, before mg_rt_release_modules releases what they left: a module no
+ * longer listed is not touched. */
 void mgpuModuleUnload(void *handle)
 {
     module *m = handle;

@@ -618,8 +618,7 @@ out["cubin host"] = float(cubin("host_only", np.ones(3, np.float32), 1.0)[1])
 
 
 def test_an_engine_releases_the_kernel_modules_it_loaded(fake_libcuda):
-    # LLVM never tears down an engine made with the runtime (csrc/host/engine.c): its kernel modules are
-    # unloaded when it dies all the same, once each.
+    # An engine made with the runtime unloads its kernel modules when it dies, once each.
     out = run_script(f'''
 import ctypes, gc
 fake = ctypes.CDLL({fake_libcuda!r})
@@ -640,6 +639,34 @@ out["same"] = [line.split()[1] for line in log if line.startswith("cuModuleLoad 
     [line.split()[1] for line in log if line.startswith("cuModuleUnload ")]
 ''', fake_libcuda)
     assert out == {"result": 128.0, "loads": 1, "unloads": 1, "same": True}
+
+
+def test_engines_of_programs_no_one_uses_are_torn_down(fake_libcuda):
+    # Programs from new texts keep at most ENGINE_CACHE_SIZE engines between them once dropped; each
+    # torn down unloads its modules once, and programs made after run on memory the old ones freed.
+    out = run_script(f'''
+import ctypes, gc
+from mlirgpu.runtime import host_program
+fake = ctypes.CDLL({fake_libcuda!r})
+fake.fake_log.restype = ctypes.c_char_p
+A = np.arange(8, dtype=np.float32)
+fake.fake_log_clear()
+results = []
+for i in range(3 * host_program.ENGINE_CACHE_SIZE):
+    prog = mg.HostProgram(PROGRAM.replace("gpu.func @fill", "gpu.func @fill_%d" % i)
+                          .replace("@kernels::@fill ", "@kernels::@fill_%d " % i), format="ptx")
+    results.append(prog("doubled", A).tolist() == (2 * A).tolist())
+    del prog
+    gc.collect()
+log = fake.fake_log().decode().splitlines()
+out["kept"] = len(host_program._engines)
+out["all right"] = all(results)
+loads = [line.split()[1] for line in log if line.startswith("cuModuleLoad ")]
+unloads = [line.split()[1] for line in log if line.startswith("cuModuleUnload ")]
+out["unloaded"] = len(loads) - len(unloads)
+out["once"] = len(set(unloads)) == len(unloads)
+''', fake_libcuda)
+    assert out == {"kept": 8, "all right": True, "unloaded": 8, "once": True}
 
 
 def test_gpu_calls_do_not_leak_on_the_fake_driver(fake_libcuda):

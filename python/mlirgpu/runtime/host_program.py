@@ -19,6 +19,7 @@ kernels as a gpu.binary), `llvm_ir` (what the JIT compiles), `ptx` (the
     kernels). Programs written above the gpu dialect get there through
     `pipeline=`. docs/host_programs.md is the guide.
 """
+import collections
 import hashlib
 import re
 from functools import cached_property
@@ -400,12 +401,14 @@ class HostProgram:
         return f"<mlirgpu.HostProgram functions={self.functions} chip={self.chip!r}>"
 
 
-# Engines of host programs, by what they are built from. An engine made with
-# the runtime is never torn down (csrc/host/engine.c says why): programs built
-# again from the same text share one instead of each keeping its own. The key
-# is the verified input and the build options, not the lowered module, whose
-# gpu.object carries the compile's own timings and so differs every build.
-_engines = {}
+#: How many engines of host programs are kept for programs built again from
+#: the same text, the most recently used first: each holds its JIT'd code
+#: (about 1.5 MB). An engine no program uses and this cache has let go of is
+#: torn down.
+ENGINE_CACHE_SIZE = 8
+# Keyed by the verified input and the build options, not the lowered module,
+# whose gpu.object carries the compile's own timings and so differs every build.
+_engines = collections.OrderedDict()
 
 
 def _engine(source, lowered, opt_level):
@@ -415,6 +418,9 @@ def _engine(source, lowered, opt_level):
     engine = _engines.get(key)
     if engine is None:
         engine = _engines[key] = _mlirgpu.ExecutionEngine(lowered, opt_level=opt_level, runtime=True)
+        while len(_engines) > ENGINE_CACHE_SIZE:
+            _engines.popitem(last=False)
+    _engines.move_to_end(key)
     return engine
 
 
