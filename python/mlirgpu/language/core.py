@@ -398,9 +398,40 @@ def unify(a, b, op):
     a = _lift(a, b, op) if not isinstance(a, Scalar) else a
     b = _lift(b, a, op) if not isinstance(b, Scalar) else b
     if a.dtype != b.dtype:
-        raise CompileError(f"operands of {op} have different types, {a.dtype.name} and {b.dtype.name}: "
-                           f"mg.cast one of them")
+        common = widened(a.dtype, b.dtype)
+        if common is None:
+            raise CompileError(f"operands of {op} have types {a.dtype.name} and {b.dtype.name}, which neither "
+                               f"holds every value of the other: mg.cast one of them")
+        a, b = cast(a, common), cast(b, common)
     return a, b
+
+
+# Integer widths for widening: mg.index is a signed 64-bit integer.
+_SIGNED_BITS = {i8: 8, i16: 16, i32: 32, i64: 64, index: 64}
+_UNSIGNED_BITS = {u8: 8, u16: 16, u32: 32, u64: 64}
+_FLOAT_RANK = {f16: 1, bf16: 1, f32: 2, f64: 3}
+
+
+def widened(a: DType, b: DType) -> DType | None:
+    """The type two operand types widen to without losing a value, as C,
+    NumPy and Triton promote them: the wider integer of one signedness, an
+    unsigned one beside a wider signed one (u32 with i64 or index: i64 or
+    index; u8 with i8: i16), the wider float (f16 with bf16: f32). None for
+    an integer with a float, a bool with a number, or u64 with a signed type."""
+    if a == b:
+        return a
+    if is_float(a) and is_float(b):
+        return f32 if {a, b} == {f16, bf16} else max(a, b, key=_FLOAT_RANK.__getitem__)
+    if a in _SIGNED_BITS and b in _SIGNED_BITS:  # index wins a tie with i64: it indexes memrefs
+        return max(a, b, key=lambda t: (_SIGNED_BITS[t], t == index))
+    if a in _UNSIGNED_BITS and b in _UNSIGNED_BITS:
+        return max(a, b, key=_UNSIGNED_BITS.__getitem__)
+    signed, unsigned = (a, b) if a in _SIGNED_BITS else (b, a)
+    if signed not in _SIGNED_BITS or unsigned not in _UNSIGNED_BITS:
+        return None
+    if _SIGNED_BITS[signed] > _UNSIGNED_BITS[unsigned]:
+        return signed
+    return {8: i16, 16: i32, 32: i64}.get(_UNSIGNED_BITS[unsigned])
 
 
 # Float + - * may be contracted into fused multiply-adds, as nvcc does by
