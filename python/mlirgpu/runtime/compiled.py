@@ -25,6 +25,7 @@ from ..compiler.nvvm import NO_PTXAS, Compilation
 from ..frontend.function import DeviceFunction
 from ..frontend.rewrite import code_objects, source_unavailable
 from ..language.generics import is_symbol
+from .tracebacks import user_frames
 
 __all__ = ["CompiledModule", "GLOBAL_POLICIES", "TracedGlobals", "default_chip", "read_values", "source_digest"]
 
@@ -259,10 +260,12 @@ class CompiledModule:
                                                                  bare_pointers=self.bare_pointers)
         return compilation
 
+    @user_frames
     def ptx(self, chip=None):
         """PTX text for `chip` (default: the current GPU's, else sm_90a). Needs no GPU."""
         return self.compilation(chip).ptx
 
+    @user_frames
     def cubin(self, chip=None):
         """cubin bytes for `chip` (default: the current GPU's, else sm_90a). Needs no GPU.
         Served from the compile cache (memory, then disk) when the source,

@@ -30,6 +30,7 @@ from ..language import core as lang
 from ..language.generics import Generic, MemRefType, as_element_type, is_symbol, symbol_name
 from .backend import Dims, _kernels as _backend_kernels, current
 from .compiled import CompiledModule, TracedGlobals, read_values, source_digest, stored_params
+from .tracebacks import user_frames
 
 if TYPE_CHECKING:
     from ..targets.gpu import GpuLowering
@@ -87,7 +88,7 @@ class Kernel(_mlirgpu.Dispatcher):
         # The dispatcher's miss handler refers back to the kernel through a
         # cell: a reference cycle, which the GC collects.
         cell = []
-        self = super().__new__(cls, lambda args, kwargs: cell[0]._miss(args, kwargs),
+        self = super().__new__(cls, user_frames(lambda args, kwargs: cell[0]._miss(args, kwargs)),
                                getattr(function, "__name__", "kernel"))
         cell.append(self)
         _backend_kernels.add(self)
@@ -145,6 +146,7 @@ class Kernel(_mlirgpu.Dispatcher):
         return f"<mlirgpu kernel {self.__qualname__}[{', '.join(self.generics)}]>"
 
     # -- specializations -------------------------------------------------
+    @user_frames
     def __getitem__(self, values: Any) -> Specialization:
         values = values if isinstance(values, tuple) else (values,)
         # kernel[blocks, threads](...) is how Numba launches; here brackets give generics.
@@ -419,6 +421,7 @@ def _check_scalar(p, arg, bound, bind_one):
             raise LaunchError(f"parameter {p.name!r} is {want.name}: {int(arg)} is out of its range {lo}..{hi}")
 
 
+@user_frames
 def kernel(function: Callable | None = None, *, generics: Iterable | None = None, max_threads: int | None = None,
            min_blocks: int | None = None, fastmath: bool = False,
            on_global_change: str | None = None) -> Kernel | Callable[[Callable], Kernel]:
@@ -458,7 +461,7 @@ def kernel(function: Callable | None = None, *, generics: Iterable | None = None
         scale(x, 2.0, grid=4, block=256)
     """
     if function is None:
-        return lambda f: Kernel(f, generics, max_threads, min_blocks, fastmath, on_global_change)
+        return user_frames(lambda f: Kernel(f, generics, max_threads, min_blocks, fastmath, on_global_change))
     return Kernel(function, generics, max_threads, min_blocks, fastmath, on_global_change)
 
 
@@ -483,7 +486,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
     def __new__(cls, kernel, values):
         # The miss handler refers back through a cell: a cycle the GC collects (as Kernel's).
         cell = []
-        self = _mlirgpu.Dispatcher.__new__(cls, lambda args, kwargs: cell[0]._miss(args, kwargs),
+        self = _mlirgpu.Dispatcher.__new__(cls, user_frames(lambda args, kwargs: cell[0]._miss(args, kwargs)),
                                            kernel.function.__name__)
         cell.append(self)
         _backend_kernels.add(self)
@@ -552,6 +555,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                             qualifiers=[(p.memref.is_readonly, p.memref.is_noalias) if p.memref else (False, False)
                                         for p in kernel.parameters])
 
+    @user_frames
     def ir(self) -> str:
         """The gpu-dialect module, with the user's file:line locations."""
         return self.module().print(debug_info=True)

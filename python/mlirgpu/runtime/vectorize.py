@@ -46,6 +46,7 @@ from ..ir import passes
 from ..language import core as lang
 from .backend import Backend, current, empty, read_only_error
 from .compiled import CompiledModule, TracedGlobals
+from .tracebacks import user_frames
 from .host_program import HostProgram
 from .scalars import scalar_bytes
 
@@ -57,6 +58,7 @@ _VECTOR_BYTES = 16  # the widest GPU access (ld.global.v4.f32)
 _CPU_LOOPS = "builtin.module(func.func(convert-linalg-to-loops))"
 
 
+@user_frames
 def vectorize(signatures: Callable | str | Sequence[str] | None = None, *, mapping: str = "direct", threads: int = 1024,
               unroll: int = 1, on_global_change: str | None = None) -> Vectorized | Callable[[Callable], Vectorized]:
     """`@mg.vectorize`, `@mg.vectorize(["f32(f32, f32)", ...])` or
@@ -83,7 +85,7 @@ def vectorize(signatures: Callable | str | Sequence[str] | None = None, *, mappi
     if signatures is not None and not isinstance(signatures, (str, list, tuple)):
         raise TypeError(f"mg.vectorize takes a function or a list of signatures such as ['f32(f32, f32)'], "
                         f"not {type(signatures).__name__}")
-    return lambda function: Vectorized(function, signatures, mapping, threads, unroll, on_global_change)
+    return user_frames(lambda function: Vectorized(function, signatures, mapping, threads, unroll, on_global_change))
 
 
 class Signature:
@@ -259,6 +261,7 @@ class Vectorized:
                                                                           width)
         return spec
 
+    @user_frames
     def __getitem__(self, dtypes: Any) -> ElementwiseSpecialization:
         """vec[mg.f32, mg.f32] (every input an array of that dtype) or vec["f32(f32, f32)"]."""
         if isinstance(dtypes, str):
@@ -281,6 +284,7 @@ class Vectorized:
         return self._plan(args, out).specialization()
 
     # -- calling -----------------------------------------------------------
+    @user_frames
     def __call__(self, *args: Any, out: Any = None, dtype: Any = None, stream: Stream | None = None) -> Any:
         return current().run_vectorized(self._plan(args, out, dtype), stream)
 
