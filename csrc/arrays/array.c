@@ -715,8 +715,10 @@ PyObject *mg_arrays_array_repr(mg_array *self)
     PyObject *shape = ssize_tuple(self->ndim, self->shape);
     if (shape == NULL)
         return NULL;
+    /* What .device and .is_host say: a host array's device is -1. */
     PyObject *repr = self->host
-        ? PyUnicode_FromFormat("DeviceArray(shape=%R, dtype=mlirgpu.%s, device='cpu')", shape, self->dtype->name)
+        ? PyUnicode_FromFormat("DeviceArray(shape=%R, dtype=mlirgpu.%s, device=-1, is_host=True)", shape,
+                               self->dtype->name)
         : PyUnicode_FromFormat("DeviceArray(shape=%R, dtype=mlirgpu.%s, device=%d)",
                                shape, self->dtype->name, self->device);
     Py_DECREF(shape);

@@ -117,7 +117,8 @@ def test_reshape_whose_size_overflows_raises_value_error():
 def test_repr_names_shape_dtype_and_device():
     text = repr(mg.zeros((2, 3), mg.i32))
     assert text.startswith("DeviceArray(shape=(2, 3), dtype=mlirgpu.i32, device=")
-    assert ("device='cpu'" in text) == (mg.backend() == "cpu")
+    assert ("device=-1, is_host=True" in text) == (mg.backend() == "cpu")
+    assert text.endswith(f"device={mg.zeros(1).device}" + (", is_host=True)" if mg.backend() == "cpu" else ")"))
 
 
 @pytest.mark.parametrize("bad, error, match", [

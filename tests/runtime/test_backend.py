@@ -80,7 +80,7 @@ def test_host_device_array_interface():
     assert isinstance(dA, mg.DeviceArray) and dA.is_host
     assert dA.shape == (3, 4) and dA.dtype == mg.f32 and dA.strides == (16, 4) and dA.nbytes == 48
     assert dA.device == -1 and dA.ptr % 64 == 0
-    assert repr(dA) == "DeviceArray(shape=(3, 4), dtype=mlirgpu.f32, device='cpu')"
+    assert repr(dA) == "DeviceArray(shape=(3, 4), dtype=mlirgpu.f32, device=-1, is_host=True)"
     got = dA.get()
     np.testing.assert_array_equal(got, A)
     got[0, 0] = 99   # a copy

@@ -152,7 +152,7 @@ def _minmax(a, b, which):
     a, b = _binary(a, b, f"mg.math.{which}", floats=False)
     if lang.is_float(a.dtype):
         name = "minnumf" if which == "min" else "maxnumf"
-    elif a.dtype in lang.UNSIGNED or a.dtype in (lang.index, lang.bool_):
+    elif a.dtype in lang.UNSIGNED or a.dtype == lang.bool_:  # mg.index is signed, as in comparisons
         name = "minui" if which == "min" else "maxui"
     else:
         name = "minsi" if which == "min" else "maxsi"
