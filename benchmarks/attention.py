@@ -26,13 +26,11 @@ measured in the same run.
 Needs a CUDA GPU and torch.
 """
 import argparse
-import os
 import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+import checkout  # noqa: E402,F401 (mlirgpu: the installed package, else this checkout's)
 
 import mlirgpu.ops  # noqa: E402
 

@@ -15,11 +15,10 @@ bypassed: every figure is a full compile. Needs no GPU.
 import argparse
 import os
 import statistics
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+import checkout  # noqa: E402,F401 (mlirgpu: the installed package, else this checkout's)
 import mlirgpu as mg  # noqa: E402
 from mlirgpu.runtime import cpu as cpu_backend  # noqa: E402
 

@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+import checkout  # noqa: E402,F401 (mlirgpu: the installed package, else this checkout's)
 
 import mlirgpu as mg  # noqa: E402
 

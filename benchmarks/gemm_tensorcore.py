@@ -59,7 +59,7 @@ import sys
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+import checkout  # noqa: E402,F401 (mlirgpu: the installed package, else this checkout's)
 sys.path.insert(1, os.path.join(ROOT, "examples", "tensorcore"))
 sys.path.insert(2, os.path.join(ROOT, "examples", "sgemm"))
 

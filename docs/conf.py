@@ -3,11 +3,14 @@ reference generated from the docstrings (autodoc). Build it with
 
     python3 -m sphinx -W -b html docs build/docs
 """
+import importlib.util
 import os
 import re
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+# The installed mlirgpu where there is one (what the reader has), else the checkout's, built in place.
+if importlib.util.find_spec("mlirgpu") is None:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 import mlirgpu  # noqa: E402
 
