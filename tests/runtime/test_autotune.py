@@ -8,6 +8,8 @@ driver (tests/support/fake_cuda); real tuning on a GPU is marked `gpu`."""
 import importlib
 import json
 import logging
+import os
+import stat
 import threading
 
 import numpy as np
@@ -291,6 +293,50 @@ def test_a_corrupt_file_is_ignored_and_replaced(fake_gpu, log, content, reason):
     ignored = [line for line in log() if "ignoring" in line]
     assert len(ignored) == 1 and f"ignoring {tuner.path()} ({reason}" in ignored[0]   # logged once
     assert json.loads(tuner.path().read_text())["choices"] == {"Fake GPU 80GB|M=32,N=32,K=32": {"T": 16}}
+
+
+def _plant_link(path, choices):
+    target = path.with_name("elsewhere.json")
+    target.write_text(choices)
+    path.symlink_to(target)
+
+
+def _plant_writable(path, choices):
+    path.write_text(choices)
+    path.chmod(0o666)
+
+
+def _plant_large(path, choices):
+    path.write_text(choices[:-1] + " " * autotune.MAX_CHOICES_BYTES + "}")
+
+
+def _plant_fifo(path, choices):
+    os.mkfifo(path)
+
+
+def _plant_binary(path, choices):
+    path.write_bytes(b"\xff\xfe" + choices.encode())
+
+
+@pytest.mark.parametrize("plant, reason", [
+    (_plant_link, "a symbolic link"), (_plant_writable, "group- or world-writable"),
+    (_plant_large, "more than 1048576"), (_plant_fifo, "not a regular file"), (_plant_binary, "codec can't decode"),
+])
+def test_an_untrusted_choices_file_is_a_miss(fake_gpu, log, plant, reason):
+    # What the compile cache refuses to read, the autotuner does not trust either: another user could
+    # otherwise pick the configuration a kernel runs with.
+    tuner = make_tuner(progress=False)
+    tuner.path().parent.mkdir(parents=True, exist_ok=True)
+    plant(tuner.path(), json.dumps({"source": tiled_matmul.source_digest(),
+                                    "choices": {"Fake GPU 80GB|M=32,N=32,K=32": {"T": 8}}}))
+    assert tuner.best(M=32, N=32, K=32) is None
+    assert any(f"ignoring {tuner.path()} (" in line and reason in line for line in log())
+    if plant is _plant_fifo:
+        tuner.path().unlink()
+    tuner(*operands(), grid=grid, block=block)
+    assert len(fake_gpu) == 3 and tuner.best_config == dict(T=16)
+    written = tuner.path().lstat()         # a file of this user's now, a link replaced
+    assert stat.S_ISREG(written.st_mode) and stat.S_IMODE(written.st_mode) == 0o600
 
 
 def test_a_stale_choice_is_ignored_and_retuned(fake_gpu, log):

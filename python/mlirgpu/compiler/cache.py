@@ -170,10 +170,12 @@ def _decode_entry(data, key, env):
     return bytes(payload), None
 
 
-def _read_entry(path):
-    """(bytes, None) of the entry file at path, (None, None) if there is
-    none, else (None, why it is refused). One open and one fstat: no symlink
-    is followed and no FIFO or device is waited on or read."""
+def read_private_file(path, max_bytes=MAX_ENTRY_BYTES):
+    """(bytes, None) of the file at path (a cache entry, an autotuner's
+    choices), (None, None) if there is none, else (None, why it is refused):
+    not a regular file of this user's that no one else may write, or more
+    than max_bytes. One open and one fstat: no symlink is followed and no
+    FIFO or device is waited on or read."""
     try:
         fd = os.open(path, _READ_FLAGS)
     except FileNotFoundError:
@@ -190,17 +192,41 @@ def _read_entry(path):
             return None, f"owned by uid {st.st_uid}"
         if st.st_mode & 0o022:
             return None, f"group- or world-writable (mode {stat.S_IMODE(st.st_mode):o})"
-        if st.st_size > MAX_ENTRY_BYTES:
-            return None, f"{st.st_size} bytes, more than {MAX_ENTRY_BYTES}"
+        if st.st_size > max_bytes:
+            return None, f"{st.st_size} bytes, more than {max_bytes}"
         with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_ENTRY_BYTES + 1)
+            data = f.read(max_bytes + 1)
     except OSError as error:
         return None, str(error)
     finally:
         os.close(fd)
-    if len(data) > MAX_ENTRY_BYTES:     # it grew after the fstat
-        return None, f"more than {MAX_ENTRY_BYTES} bytes"
+    if len(data) > max_bytes:     # it grew after the fstat
+        return None, f"more than {max_bytes} bytes"
     return data, None
+
+
+def write_private_file(directory, path, data):
+    """Writes data to path in directory (made 0700 where missing) as a file
+    of mode 0600, atomically (a temporary file, fsync, os.replace): readers
+    see the old file or the new one. False, writing nothing, where the
+    directory is not trusted; OSError where writing fails."""
+    _make_private_directory(directory)
+    if directory_problem(directory) is not None:
+        return False                    # logged and warned once by the check
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
+    try:
+        with os.fdopen(os.open(temp, _WRITE_FLAGS, 0o600), "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except OSError:
+        try:
+            temp.unlink()
+        except OSError:
+            pass   # never made
+        raise
+    return True
 
 
 # Directory -> why it is not trusted (None: trusted); checked once per process.
@@ -208,7 +234,7 @@ _directory_problems = {}
 _directory_lock = threading.Lock()
 
 
-def _directory_problem(directory):
+def directory_problem(directory):
     """Why directory must not hold this user's entries, else None; "missing"
     (not remembered) while it does not exist. Logged and warned once."""
     name = os.path.abspath(directory)
@@ -321,7 +347,7 @@ class CompileCache:
                 self._last[key.kernel] = key
                 return payload
             self._count("misses")
-            trusted = self.disk and _directory_problem(self.directory) in (None, "missing")
+            trusted = self.disk and directory_problem(self.directory) in (None, "missing")
             if trusted:
                 payload = self._read(key)
                 if payload is not None:
@@ -347,7 +373,7 @@ class CompileCache:
 
     def _read(self, key):
         path = self.path(key)
-        data, problem = _read_entry(path)
+        data, problem = read_private_file(path)
         if problem is not None:
             log(("cache", "compile"), f"mlirgpu: cannot read cache entry {path} ({problem}); recompiling")
             return None
@@ -363,22 +389,10 @@ class CompileCache:
     def _write(self, key, payload):
         if self._write_failed:
             return
-        path = self.path(key)
-        temp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
         try:
-            _make_private_directory(self.directory)
-            if _directory_problem(self.directory) is not None:
-                return                  # logged and warned once by the check
-            with os.fdopen(os.open(temp, _WRITE_FLAGS, 0o600), "wb") as f:
-                f.write(_encode_entry(key, payload, environment()))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temp, path)      # atomic: readers see the old entry or the new one
+            if not write_private_file(self.directory, self.path(key), _encode_entry(key, payload, environment())):
+                return
         except OSError as error:
-            try:
-                temp.unlink()
-            except OSError:
-                pass
             self._write_failed = True
             log(("cache", "compile"), f"mlirgpu: cannot write the compile cache in {self.directory} "
                  f"({error}); keeping compiled kernels in memory only")

@@ -36,7 +36,7 @@ import numpy as np
 from .._mlirgpu import CompileError, CudaError, DeviceArray, DType, Event, LaunchError, Stream
 from .backend import Dims, asarray, current, empty, to_device
 from .compiled import default_chip
-from ..compiler.cache import default_directory
+from ..compiler.cache import default_directory, directory_problem, read_private_file, write_private_file
 from ..compiler.log import log
 from .kernel import Kernel, check_generic_value, show
 
@@ -47,6 +47,8 @@ REPEAT = 10   # timed launches per config; the median is kept
 
 _SKIPPED = (CompileError, LaunchError, CudaError)   # a config that cannot run here: skipped, not fatal
 _SUFFIX = ".autotune.json"
+# A choices file is a few hundred bytes a key; one larger than this is not read.
+MAX_CHOICES_BYTES = 1 << 20
 
 
 def autotune(configs: Sequence[dict[str, Any]], key: Sequence[str], *, warmup: int = WARMUP, repeat: int = REPEAT,
@@ -229,19 +231,28 @@ class Autotuner:
     def _read(self, quiet=False):
         """The file's choices (entry -> config as JSON), or {} where there is
         no file or one that is not this kernel's valid choices (logged unless
-        `quiet`: the write after a tuning reads it again)."""
+        `quiet`: the write after a tuning reads it again). The file is
+        trusted as the compile cache's entries are: a regular file of this
+        user's that no one else may write, in a directory likewise, of at most
+        MAX_CHOICES_BYTES; anything else, or what does not decode, is a miss."""
         path = self.path()
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
+        problem = directory_problem(path.parent)
+        if problem == "missing":
             return {}
-        except (OSError, ValueError) as error:
-            problem = str(error)
-        else:
-            if (isinstance(data, dict) and isinstance(data.get("choices"), dict)
-                    and data.get("source") == self.kernel.source_digest()):
-                return data["choices"]
-            problem = "not this kernel's choices"
+        if problem is None:
+            data, problem = read_private_file(path, MAX_CHOICES_BYTES)
+            if data is None and problem is None:
+                return {}
+        if problem is None:
+            try:
+                data = json.loads(data.decode())
+            except ValueError as error:     # UnicodeDecodeError included
+                problem = str(error)
+            else:
+                if (isinstance(data, dict) and isinstance(data.get("choices"), dict)
+                        and data.get("source") == self.kernel.source_digest()):
+                    return data["choices"]
+                problem = "not this kernel's choices"
         if not quiet:
             log(("autotune",), f"mlirgpu: autotune: ignoring {path} ({problem}); tuning again")
         return {}
@@ -261,8 +272,8 @@ class Autotuner:
         return None
 
     def _store(self, gpu, key, config):
-        """Adds the choice to path(), written atomically (temp file, fsync,
-        os.replace) as the compile cache's entries are. Another process
+        """Adds the choice to path(), written as the compile cache's entries
+        are (atomically, mode 0600, in a private directory). Another process
         writing the same file at once may lose its entry: that key is then
         tuned again, never wrong."""
         path = self.path()
@@ -270,19 +281,9 @@ class Autotuner:
         choices[self._entry(gpu, key)] = _as_json(config)
         text = json.dumps({"kernel": f"{self.kernel.function.__module__}.{self.kernel.__qualname__}",
                            "source": self.kernel.source_digest(), "choices": choices}, indent=1, sort_keys=True)
-        temp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(temp, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temp, path)
+            write_private_file(path.parent, path, text.encode())
         except OSError as error:
-            try:
-                temp.unlink()
-            except OSError:
-                pass   # never made: the directory is the problem
             log(("autotune",), f"mlirgpu: autotune: cannot write {path} ({error}); the choice is kept in "
                  "memory only")
 
