@@ -139,3 +139,26 @@ def test_the_cache_key_and_the_image_come_from_one_trace(restore_globals):
     assert key.details["globals"]["SCALE"] == "5.0"
     assert "6.000000e+00" in spec.ir()
     assert "3.000000e+00" not in spec.ir()
+
+
+class Unkeyable:
+    """A value the compile cache cannot fingerprint."""
+
+
+UNKEYABLE = Unkeyable()
+
+
+def compile_time_size():
+    """A plain helper run while tracing; it reads a value with no fingerprint."""
+    return 4 if UNKEYABLE is not None else 0
+
+
+@mg.kernel
+def sized_by_helper(x: mg.memref[4, mg.f32]):
+    x[mg.thread_idx.x] = mg.constant(compile_time_size(), mg.f32)
+
+
+def test_a_helpers_value_without_a_fingerprint_stays_out_of_the_key():
+    key = sized_by_helper[()].cache_key("sm_90a")
+    assert "compile_time_size" in key.details["globals"]
+    assert not any("UNKEYABLE" in name for name in key.details["globals"])

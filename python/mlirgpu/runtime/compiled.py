@@ -130,8 +130,11 @@ class TracedGlobals:
         self.values = values
         self.prints = {name: _fingerprint_or_none(v) for name, v in values.items()
                        if isinstance(v, _MUTABLE) or hasattr(v, "__array_interface__")}
+        # A helper's value that has no fingerprint stays out of the key (as helpers' values all were),
+        # a launch still comparing it by identity; the kernel's own must have one.
+        keyed = {name: v for name, v in values.items() if "." not in name or _fingerprint_or_none(v) is not None}
         try:
-            self.digest, self.details = cache.fingerprint_globals(values)
+            self.digest, self.details = cache.fingerprint_globals(keyed)
             self.unkeyable = None
         except TypeError as error:
             self.digest, self.details, self.unkeyable = None, None, error
