@@ -49,7 +49,11 @@ def user_frames(function: F) -> F:
             return function(*args, **kwargs)
         except Exception as error:
             if os.environ.get("MLIRGPU_TRACEBACK", "").lower() != "full":
-                error.__traceback__ = without_library_frames(error.__traceback__)
+                chained, seen = error, set()
+                while chained is not None and id(chained) not in seen:   # the causes Python prints too
+                    seen.add(id(chained))
+                    chained.__traceback__ = without_library_frames(chained.__traceback__)
+                    chained = chained.__cause__ or chained.__context__
             # A bare raise adds no entry for this frame: the traceback stays as set.
             raise
     return boundary
