@@ -179,6 +179,15 @@ void mg_cpu_out_of_bounds(int32_t name, int32_t kind, int32_t line)
     swapcontext(&f->context, &l->scheduler);
 }
 
+/* An integer division by zero (or INT_MIN by -1: `overflow`), which would
+ * kill the process with SIGFPE: a fault of the running thread instead. */
+void mg_cpu_division_fault(int32_t overflow, int32_t line)
+{
+    mg_cpu_fault(line, overflow ? "integer division overflow (the lowest signed integer divided by -1; on the "
+                                  "GPU the result is unspecified)"
+                                : "integer division by zero (// or %%; on the GPU the result is unspecified)");
+}
+
 static void thread_xyz(int t, const int64_t *bdim, long long xyz[3])
 {
     xyz[0] = t % bdim[0];

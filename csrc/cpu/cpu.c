@@ -147,6 +147,7 @@ static const struct {
     {"mg_cpu_printf", (void *)mg_cpu_printf},
     {"mg_cpu_bounds_index", (void *)mg_cpu_bounds_index},
     {"mg_cpu_out_of_bounds", (void *)mg_cpu_out_of_bounds},
+    {"mg_cpu_division_fault", (void *)mg_cpu_division_fault},
     {"mg_cpu_mbarrier_init", (void *)mg_cpu_mbarrier_init},
     {"mg_cpu_mbarrier_arrive", (void *)mg_cpu_mbarrier_arrive},
     {"mg_cpu_mbarrier_wait", (void *)mg_cpu_mbarrier_wait},

@@ -446,6 +446,7 @@ def _intdiv(a, b, kind, op):
     if a.dtype == bool_:
         raise CompileError(f"{op} on bool values")
     suffix = "ui" if a.dtype in UNSIGNED else "si"
+    target().check_division(a, b)
     return Scalar(emit(f"arith.{kind}{suffix}", [a, b], [a.value.type]).result, a.dtype)
 
 

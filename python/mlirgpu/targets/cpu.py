@@ -18,6 +18,8 @@ module on first use:
     mg_cpu_printf_arg(bits), mg_cpu_printf(fmt)  mg.printf
     mg_cpu_bounds_index(i, size), mg_cpu_out_of_bounds(name, kind, line)
                                                  a failed bounds check
+    mg_cpu_division_fault(overflow, line)        an integer division by zero (or INT_MIN by -1),
+                                                 which would kill the process with SIGFPE
     mg_cpu_mbarrier_init(address, count, line), mg_cpu_mbarrier_arrive(address, bytes, line),
     mg_cpu_mbarrier_wait(address, parity, line)  mg.mbarrier: the PTX ISA's phases, arrivals and
                                                  transaction bytes; a wait lets the other threads run
@@ -73,6 +75,7 @@ _RUNTIME = {
     "mg_cpu_printf": (lambda: [_i32()], lambda: [], False),
     "mg_cpu_bounds_index": (lambda: [_i64(), _i64()], lambda: [], False),
     "mg_cpu_out_of_bounds": (lambda: [_i32(), _i32(), _i32()], lambda: [], False),
+    "mg_cpu_division_fault": (lambda: [_i32(), _i32()], lambda: [], False),
     "mg_cpu_mbarrier_init": (lambda: [_i32()] * 3, lambda: [], False),
     "mg_cpu_mbarrier_arrive": (lambda: [_i32()] * 3, lambda: [], False),
     "mg_cpu_mbarrier_wait": (lambda: [_i32()] * 3, lambda: [], False),
@@ -423,6 +426,27 @@ class CpuLowering(GpuLowering):
                 _call("mg_cpu_bounds_index", [lang.cast(i, lang.i64), lang.cast(size, lang.i64)])
             name = getattr(memref, "name", None) or "?"
             _call("mg_cpu_out_of_bounds", [_i32_constant(_string(name)), _i32_constant(kind), _line()])
+            lang.emit("scf.yield")
+
+
+    def check_division(self, a, b):
+        """Always: the host's division traps (SIGFPE) where the GPU's gives an
+        unspecified value, so a zero divisor, or INT_MIN over -1, ends the
+        launch with the runtime's report of it instead."""
+        constant = b.value.owner
+        signed = a.dtype not in lang.UNSIGNED
+        if not b.value.is_block_argument and constant.name == "arith.constant":
+            divisor = constant.get_attribute("value").value
+            if divisor != 0 and not (signed and divisor == -1):
+                return
+        zero = b == lang.constant(0, b.dtype)
+        bad = zero
+        if signed:
+            lowest = lang.integer_range(a.dtype)[0] if a.dtype != lang.index else -2 ** 63
+            bad = bad | ((a == lang.constant(lowest, a.dtype)) & (b == lang.constant(-1, b.dtype)))
+        op = lang.emit("scf.if", [bad], [], regions=2)
+        with ir.InsertionPoint(op.regions[0].append_block()):
+            _call("mg_cpu_division_fault", [lang.cast(~zero, lang.i32), _line()])
             lang.emit("scf.yield")
 
 
