@@ -1,6 +1,7 @@
 /* Running a launch's blocks: the scheduler that resumes each fiber in turn
  * and releases barriers. */
 #include "cpu/cpu.h"
+#include "base/interrupt.h"
 #include "host/engine.h"
 #include "mlir/ir.h"
 #include "host/runner_utils.h"
@@ -60,6 +61,9 @@ int mg_cpu_run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
     }
     memset(l->named, 0, (size_t)nblocks * MG_CPU_NAMED_BARRIERS * 2 * sizeof *l->named);
     for (;;) {
+        /* Each sweep is a cheap point to notice Ctrl-C (a loop with a barrier in it). */
+        if (mg_interrupted(l->interrupts))
+            return l->failed = BLOCK_INTERRUPTED;
         for (int t = 0; t < n; t++) {
             if (fibers[t].state == FIBER_WAITING && mg_cpu_wait_over(&fibers[t]))
                 fibers[t].state = FIBER_READY;

@@ -24,7 +24,9 @@
  * time, and Python code that runs between blocks (sys.stdout.write printing a
  * kernel's output) may itself launch a kernel. Blocks run without the GIL:
  * between blocks the launch takes it back to print, to check for signals
- * (Ctrl-C) and to raise errors. The only state shared by launches is the
+ * (Ctrl-C) and to raise errors; within a block, the scheduler's sweeps and
+ * mg_cpu_poll (at the top of a long loop's body) notice a SIGINT through
+ * base/interrupt.h and end the launch with KeyboardInterrupt. The only state shared by launches is the
  * cache of idle fiber pools, which is touched with the GIL held.
  *
  * The other runtime calls of the host trace: mg_cpu_shared (the block's
@@ -36,6 +38,7 @@
  * mg_cpu_out_of_bounds (a failed bounds check: recorded, and the fiber never
  * resumes). */
 #include "cpu/cpu.h"
+#include "base/interrupt.h"
 #include "host/engine.h"
 #include "mlir/ir.h"
 #include "host/runner_utils.h"
@@ -148,6 +151,7 @@ static const struct {
     {"mg_cpu_bounds_index", (void *)mg_cpu_bounds_index},
     {"mg_cpu_out_of_bounds", (void *)mg_cpu_out_of_bounds},
     {"mg_cpu_division_fault", (void *)mg_cpu_division_fault},
+    {"mg_cpu_poll", (void *)mg_cpu_poll},
     {"mg_cpu_mbarrier_init", (void *)mg_cpu_mbarrier_init},
     {"mg_cpu_mbarrier_arrive", (void *)mg_cpu_mbarrier_arrive},
     {"mg_cpu_mbarrier_wait", (void *)mg_cpu_mbarrier_wait},
@@ -405,7 +409,14 @@ static int run_grid(mg_CpuEngine *self, mg_cpu_launch *l, const int64_t grid[3],
                     continue;
                 mg_cpu_running = outer;
                 PyEval_RestoreThread(thread);
-                if (failed != BLOCK_OK) {
+                if (failed == BLOCK_INTERRUPTED) {
+                    mg_cpu_flush_output(l);
+                    /* Python's handler raises KeyboardInterrupt; a user's that does not still stops the launch. */
+                    if (PyErr_CheckSignals() == 0)
+                        PyErr_SetNone(PyExc_KeyboardInterrupt);
+                    status = -1;
+                }
+                else if (failed != BLOCK_OK) {
                     mg_cpu_flush_output(l); /* what ran before the error is printed; its own error is lost */
                     PyErr_Clear();
                     mg_group_place at = {grid, block, first - group, (int)per_block, source};
@@ -641,6 +652,7 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
     launch->shared_stride = shared_stride;
     launch->shared_window = static_bytes + (size_t)shared_mem;
     launch->named = named;
+    launch->interrupts = mg_interrupt_watch();
     if (run_grid(self, launch, grid, block, per_block, group, indices, shared, shared_bytes, source) == 0)
         result = Py_NewRef(Py_None);
 done:
@@ -667,7 +679,8 @@ static PyMethodDef CpuEngine_methods[] = {
      "launch(args, grid, block, shared_mem=0): runs every thread of every block; memref arguments are "
      "C-contiguous ndarrays (writeable where the kernel stores), scalars their bytes. Raises KernelError on "
      "barrier or warp divergence and on a failed bounds check; printf output goes to sys.stdout between "
-     "blocks. Blocks run without the GIL; Ctrl-C stops the launch between blocks."},
+     "blocks. Blocks run without the GIL; Ctrl-C stops the launch (KeyboardInterrupt) at its next barrier, long loop's "
+     "iteration or block."},
     {NULL},
 };
 

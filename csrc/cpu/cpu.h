@@ -33,6 +33,10 @@ void mg_cpu_bounds_index(int64_t index, int64_t size);
 void mg_cpu_out_of_bounds(int32_t name, int32_t kind, int32_t line);
 void mg_cpu_division_fault(int32_t overflow, int32_t line);
 
+/* At the top of a loop's body that may run long: ends the launch (the block
+ * abandoned, KeyboardInterrupt raised) once Ctrl-C was pressed. */
+void mg_cpu_poll(int32_t line);
+
 /* Hopper's operations on the host (docs/design/cpu_backend.md): mbarriers
  * (8 bytes of shared memory at a u32 shared address), named barriers, TMA
  * copies through a host tensor map, and wgmma on a thread's accumulators. */

@@ -72,7 +72,7 @@ typedef struct fiber_pool {
 
 /* What stopped a block, for the launch to raise once it holds the GIL again. */
 enum { BLOCK_OK, BLOCK_OUT_OF_BOUNDS, BLOCK_BARRIER_DIVERGENCE, BLOCK_WARP_DIVERGENCE, BLOCK_COLLECTIVE_DIVERGENCE,
-       BLOCK_MIXED_BARRIERS, BLOCK_GRID_DIVERGENCE, BLOCK_FAULT, BLOCK_WAIT_FOREVER };
+       BLOCK_MIXED_BARRIERS, BLOCK_GRID_DIVERGENCE, BLOCK_FAULT, BLOCK_WAIT_FOREVER, BLOCK_INTERRUPTED };
 
 typedef struct {
     int thread;
@@ -113,6 +113,7 @@ typedef struct {
     size_t output_len, output_cap;
     int output_failed;       /* out of memory while formatting: raised after the block */
     int failed;              /* BLOCK_* */
+    uint64_t interrupts;     /* SIGINTs counted when the launch began (base/interrupt.h) */
     mg_bounds_error bounds;
     mg_divergence divergence;
 } mg_cpu_launch;
@@ -162,6 +163,8 @@ void mg_cpu_printf(int32_t format);
 int mg_cpu_flush_output(mg_cpu_launch *l);
 void mg_cpu_bounds_index(int64_t index, int64_t size);
 void mg_cpu_out_of_bounds(int32_t name, int32_t kind, int32_t line);
+void mg_cpu_division_fault(int32_t overflow, int32_t line);
+void mg_cpu_poll(int32_t line);
 void mg_cpu_raise_block_error(mg_cpu_launch *l, const mg_group_place *at);
 int mg_cpu_run_blocks(mg_cpu_launch *l, int nblocks, int per_block);
 int64_t mg_cpu_block_threads(const int64_t block[3]);

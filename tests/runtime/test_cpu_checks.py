@@ -55,3 +55,62 @@ y = np.zeros_like(x)
 divide(x, d, y, grid=1, block=32)                    # the interpreter goes on
 print("then", y[5] == x[5] {operator} 1)
 """, "KernelError\nthen True")
+
+
+INTERRUPT = """
+import os, signal, threading
+
+def interrupted(call):  # Ctrl-C half a second into call(): KeyboardInterrupt, or what it returned
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        return call()
+    except KeyboardInterrupt:
+        return "KeyboardInterrupt"
+"""
+
+
+@pytest.mark.parametrize("loop", [
+    "while n >= 0:\n        n = n + 1",
+    "while n >= 0:\n        n = n + 1\n        mg.syncthreads()",
+    "for k in range(1 << 62):\n        n = n + mg.cast(k, mg.i64)",
+])
+def test_ctrl_c_stops_a_kernel_that_never_finishes(loop):
+    assert_isolated(PRELUDE + INTERRUPT + f"""
+@mg.kernel
+def spin(x: mg.memref[N, mg.i64]):
+    i = thread_idx.x
+    n = x[i]
+    {loop}
+    x[i] = n
+
+@mg.kernel
+def iota(x: mg.memref[N, mg.i64]):
+    x[thread_idx.x] = mg.cast(thread_idx.x, mg.i64)
+
+print(interrupted(lambda: spin(np.zeros(64, np.int64), grid=2, block=32)))
+x = np.zeros(32, np.int64)
+iota(x, grid=1, block=32)                            # the interpreter goes on
+print("then", x[31])
+""", "KeyboardInterrupt\nthen 31")
+
+
+def test_ctrl_c_stops_a_host_program_that_loops():
+    assert_isolated(INTERRUPT + """
+import mlirgpu as mg
+program = mg.HostProgram('''
+func.func @spin(%n: i64) -> i64 {
+  %c1 = arith.constant 1 : i64
+  %c0 = arith.constant 0 : i64
+  %r = scf.while (%i = %n) : (i64) -> i64 {
+    %more = arith.cmpi sge, %i, %c0 : i64
+    scf.condition(%more) %i : i64
+  } do {
+  ^bb0(%i: i64):
+    %next = arith.addi %i, %c1 : i64
+    scf.yield %next : i64
+  }
+  return %r : i64
+}''')
+print(interrupted(lambda: program("spin", 0)))
+print("then", program("spin", -3))
+""", "KeyboardInterrupt\nthen -3")

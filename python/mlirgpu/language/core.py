@@ -359,6 +359,19 @@ def constant(value: bool | int | float, dtype: DType) -> Scalar:
     return Scalar(emit("arith.constant", results=[t], attributes={"value": attr}).result, dtype)
 
 
+def constant_value(value):
+    """The int an integer operand is known to be at trace time (a Python int,
+    or a Scalar or Value of arith.constant; unsigned ones as their signless
+    bits), else None."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    value = value.value if isinstance(value, Scalar) else value
+    if not isinstance(value, ir.Value) or value.is_block_argument or value.owner.name != "arith.constant":
+        return None
+    constant = value.owner.get_attribute("value").value
+    return constant if isinstance(constant, int) and not isinstance(constant, bool) else None
+
+
 def as_dtype(dtype):
     if isinstance(dtype, DType):
         return dtype

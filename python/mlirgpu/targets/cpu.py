@@ -20,6 +20,8 @@ module on first use:
                                                  a failed bounds check
     mg_cpu_division_fault(overflow, line)        an integer division by zero (or INT_MIN by -1),
                                                  which would kill the process with SIGFPE
+    mg_cpu_poll(line)                            at the top of a long loop's body: ends the launch
+                                                 once Ctrl-C was pressed
     mg_cpu_mbarrier_init(address, count, line), mg_cpu_mbarrier_arrive(address, bytes, line),
     mg_cpu_mbarrier_wait(address, parity, line)  mg.mbarrier: the PTX ISA's phases, arrivals and
                                                  transaction bytes; a wait lets the other threads run
@@ -76,6 +78,7 @@ _RUNTIME = {
     "mg_cpu_bounds_index": (lambda: [_i64(), _i64()], lambda: [], False),
     "mg_cpu_out_of_bounds": (lambda: [_i32(), _i32(), _i32()], lambda: [], False),
     "mg_cpu_division_fault": (lambda: [_i32(), _i32()], lambda: [], False),
+    "mg_cpu_poll": (lambda: [_i32()], lambda: [], False),
     "mg_cpu_mbarrier_init": (lambda: [_i32()] * 3, lambda: [], False),
     "mg_cpu_mbarrier_arrive": (lambda: [_i32()] * 3, lambda: [], False),
     "mg_cpu_mbarrier_wait": (lambda: [_i32()] * 3, lambda: [], False),
@@ -91,6 +94,10 @@ _MMA_MODES = {"f16": 16, "bf16": 17, "tf32": 18}  # cpu.c's MG_WARP_MMA_*
 _LDMATRIX_MODE = 32  # cpu.c's MG_WARP_LDMATRIX
 _WGMMA_TYPES, _WGMMA_B_MN_MAJOR = {"f16": 0, "bf16": 1}, 2  # mg_cpu_wgmma's mode bits
 
+
+# Loops of at most this many iterations need no check for Ctrl-C of their own:
+# the enclosing loop's (a matmul's inner loop over a tile runs at full speed).
+_SHORT_LOOP = 64
 
 DEFAULT_CHECKS = frozenset({"bounds"})
 
@@ -429,16 +436,21 @@ class CpuLowering(GpuLowering):
             lang.emit("scf.yield")
 
 
+    def loop_iteration(self, trips):
+        """A check for Ctrl-C at the top of each iteration of a loop that may
+        run long (a while loop, or more than a few iterations): the launch
+        stops there with KeyboardInterrupt instead of running on for ever."""
+        if trips is None or trips > _SHORT_LOOP:
+            _call("mg_cpu_poll", [_line()])
+
     def check_division(self, a, b):
         """Always: the host's division traps (SIGFPE) where the GPU's gives an
         unspecified value, so a zero divisor, or INT_MIN over -1, ends the
         launch with the runtime's report of it instead."""
-        constant = b.value.owner
         signed = a.dtype not in lang.UNSIGNED
-        if not b.value.is_block_argument and constant.name == "arith.constant":
-            divisor = constant.get_attribute("value").value
-            if divisor != 0 and not (signed and divisor == -1):
-                return
+        divisor = lang.constant_value(b)
+        if divisor is not None and divisor != 0 and not (signed and divisor == -1):
+            return
         zero = b == lang.constant(0, b.dtype)
         bad = zero
         if signed:
