@@ -114,3 +114,54 @@ func.func @spin(%n: i64) -> i64 {
 print(interrupted(lambda: program("spin", 0)))
 print("then", program("spin", -3))
 """, "KeyboardInterrupt\nthen -3")
+
+
+# ---------------------------------------------------------------------------
+# The GPU's limits, in this process (nothing here can crash)
+
+import numpy as np  # noqa: E402
+
+import mlirgpu as mg  # noqa: E402
+from mlirgpu import thread_idx  # noqa: E402
+
+M = mg.generics("M")
+
+
+@mg.kernel
+def iota(x: mg.memref[M, mg.i32]):
+    x[thread_idx.x] = mg.cast(thread_idx.x, mg.i32)
+
+
+@pytest.mark.parametrize("grid, block, shared_mem, why", [
+    ((1, 65536), 32, 0, "grid[1] = 65536 is over 65535"),
+    (1, (1, 1, 65), 0, "block[2] = 65 is over 64"),
+    (1, (64, 32), 0, "the block has 2048 threads, over 1024"),
+    (1, 32, 227 * 1024 + 1, "0 bytes of static and 232449 of dynamic shared memory are over the 232448"),
+])
+def test_a_launch_past_the_gpus_limits_fails_as_on_the_gpu(monkeypatch, grid, block, shared_mem, why):
+    monkeypatch.delenv("MLIRGPU_CPU_CHIP", raising=False)
+    with pytest.raises(mg.CudaError, match="cuLaunchKernel of 'iota' failed: CUDA_ERROR_INVALID_VALUE") as error:
+        mg.cpu.run(iota[32], [np.zeros(32, np.int32)], grid=grid, block=block, shared_mem=shared_mem)
+    assert why in str(error.value) and error.value.name == "CUDA_ERROR_INVALID_VALUE"
+
+
+def test_shared_memory_limit_is_the_named_chips(monkeypatch):
+    x = np.zeros(32, np.int32)
+    mg.cpu.run(iota[32], [x], grid=1, block=32, shared_mem=100 * 1024)
+    monkeypatch.setenv("MLIRGPU_CPU_CHIP", "sm_89")
+    with pytest.raises(mg.CudaError, match="over the 101376 a block may have .the limits of sm_89"):
+        mg.cpu.run(iota[32], [x], grid=1, block=32, shared_mem=100 * 1024)
+    monkeypatch.setenv("MLIRGPU_CPU_CHIP", "sm_42")
+    with pytest.raises(ValueError, match="MLIRGPU_CPU_CHIP: unknown chip 'sm_42'"):
+        mg.cpu.run(iota[32], [x], grid=1, block=32)
+
+
+def test_wgmma_needs_whole_warpgroups():
+    from test_cpu_hopper import wgmma_kernel
+    from mlirgpu.layout import wgmma as wgmma_layout
+    tile = wgmma_layout.tile_layout((64, 64), 2, "128B")
+    with pytest.raises(mg.LaunchError, match=r"wgmma, which takes whole warpgroups of 128 threads, but the "
+                                             r"block \(96, 1, 1\) has 96 threads"):
+        mg.cpu.run(wgmma_kernel(tile, tile, "K")[()], [np.zeros(2 * 64 * 64, np.float16),
+                                                       np.zeros((64, 64), np.float32)],
+                   grid=1, block=96, shared_mem=2 * 64 * 64 * 2 + 1024)
