@@ -247,6 +247,26 @@ void mg_cpu_raise_block_error(mg_cpu_launch *l, const mg_group_place *at)
                  source, (int)e->line);
         return;
     }
+    if (l->failed == BLOCK_RACE || l->failed == BLOCK_UNINITIALIZED) {
+        mg_race *r = &l->race;
+        thread_text(who, sizeof who, at, r->thread, 1);
+        if (l->failed == BLOCK_UNINITIALIZED) {
+            mg_raise(mg_st->KernelError,
+                     "read of uninitialized shared memory at %s:%d: %s reads byte %zu of its block's shared "
+                     "memory (shared address 0x%x), which no thread of the block has written (MLIRGPU_CHECK "
+                     "without 'uninitialized' turns this check off)", source, (int)r->line, who, r->offset,
+                     (unsigned)r->address);
+            return;
+        }
+        thread_text(other, sizeof other, at, r->other, 1);
+        mg_raise(mg_st->KernelError,
+                 "data race on shared memory at %s:%d: %s %s byte %zu of its block's shared memory (shared "
+                 "address 0x%x), which %s %s at %s:%d, with no barrier between them (MLIRGPU_CHECK without "
+                 "'races' turns this check off)", source, (int)r->line, who, r->writes ? "writes" : "reads",
+                 r->offset, (unsigned)r->address, other, r->other_writes ? "wrote" : "read", source,
+                 (int)r->other_line);
+        return;
+    }
     if (l->failed == BLOCK_FAULT) {
         thread_text(who, sizeof who, at, l->fault_thread, 1);
         mg_raise(mg_st->KernelError, "%s, by %s at %s:%d", l->fault, who, source, (int)l->fault_line);

@@ -76,6 +76,7 @@ typedef struct {
     Py_ssize_t nparams;
     int uses_fibers;
     int cooperative;   /* it calls mg.grid.sync(): every block of a launch runs at once */
+    int checks_shared; /* it calls mg_cpu_shared_access: a launch keeps a shadow of shared memory (races.c) */
     Py_ssize_t static_shared; /* bytes of the kernel's mg.shared.array arrays */
     PyObject *name;    /* str */
     PyObject *source;  /* str: the kernel's file, for errors */
@@ -152,6 +153,7 @@ static const struct {
     {"mg_cpu_out_of_bounds", (void *)mg_cpu_out_of_bounds},
     {"mg_cpu_division_fault", (void *)mg_cpu_division_fault},
     {"mg_cpu_poll", (void *)mg_cpu_poll},
+    {"mg_cpu_shared_access", (void *)mg_cpu_shared_access},
     {"mg_cpu_mbarrier_init", (void *)mg_cpu_mbarrier_init},
     {"mg_cpu_mbarrier_arrive", (void *)mg_cpu_mbarrier_arrive},
     {"mg_cpu_mbarrier_wait", (void *)mg_cpu_mbarrier_wait},
@@ -185,12 +187,13 @@ static void start_engine(void *arg)
 static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"module", "name", "params", "source", "uses_fibers", "strings", "static_shared",
-                             "opt_level", "cooperative", NULL};
+                             "opt_level", "cooperative", "checks_shared", NULL};
     PyObject *module, *name, *params, *source, *strings = NULL, *held = NULL;
-    int uses_fibers = 1, opt_level = 2, cooperative = 0;
+    int uses_fibers = 1, opt_level = 2, cooperative = 0, checks_shared = 0;
     Py_ssize_t static_shared = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOU|pOnip:CpuEngine", kwlist, &module, &name, &params, &source,
-                                     &uses_fibers, &strings, &static_shared, &opt_level, &cooperative))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOU|pOnipp:CpuEngine", kwlist, &module, &name, &params, &source,
+                                     &uses_fibers, &strings, &static_shared, &opt_level, &cooperative,
+                                     &checks_shared))
         return NULL;
     if (opt_level < 0 || opt_level > 3)
         return PyErr_Format(PyExc_ValueError, "opt_level must be 0..3, not %d", opt_level);
@@ -202,7 +205,8 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     self->name = Py_NewRef(name);
     self->source = Py_NewRef(source);
     self->cooperative = cooperative;
-    self->uses_fibers = uses_fibers || cooperative;
+    self->checks_shared = checks_shared;
+    self->uses_fibers = uses_fibers || cooperative || checks_shared;
     self->static_shared = static_shared;
     /* Everything that can run Python code (the sequences) before the module is looked at. */
     self->strings = strings != NULL ? PySequence_Tuple(strings) : PyTuple_New(0);
@@ -398,6 +402,8 @@ static int run_grid(mg_CpuEngine *self, mg_cpu_launch *l, const int64_t grid[3],
                 }
                 /* Fresh for each block, as far as a program can tell. */
                 memset(shared, 0, shared_bytes);
+                mg_cpu_synchronized(l);
+                l->block_epoch = l->epoch;
                 int failed = BLOCK_OK;
                 if (self->uses_fibers)
                     failed = mg_cpu_run_blocks(l, (int)group, (int)per_block);
@@ -653,6 +659,13 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
     launch->shared_window = static_bytes + (size_t)shared_mem;
     launch->named = named;
     launch->interrupts = mg_interrupt_watch();
+    launch->shared_total = shared_bytes;
+    /* Zeros: every byte's epochs are before the first block's. */
+    if (self->checks_shared && (launch->shadow = PyMem_Calloc(shared_bytes ? shared_bytes : 1,
+                                                              sizeof *launch->shadow)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     if (run_grid(self, launch, grid, block, per_block, group, indices, shared, shared_bytes, source) == 0)
         result = Py_NewRef(Py_None);
 done:
@@ -660,6 +673,7 @@ done:
         if (launch->pool != NULL)
             mg_cpu_pool_give(launch->pool);
         free(launch->output);
+        PyMem_Free(launch->shadow);
         PyMem_Free(launch);
     }
     free(shared);
@@ -686,12 +700,14 @@ static PyMethodDef CpuEngine_methods[] = {
 
 static PyType_Slot CpuEngine_slots[] = {
     {Py_tp_doc, "CpuEngine(module, name, params, source, uses_fibers=True, strings=(), static_shared=0, "
-                "opt_level=2, cooperative=False): the host module (lowered to the llvm dialect: an ir.Module, "
+                "opt_level=2, cooperative=False, checks_shared=False): the host module (lowered to the llvm dialect: an ir.Module, "
                 "or its text as lower() returns it) JIT-compiled without the GIL; `name` is its "
                 "func.func with llvm.emit_c_interface, `params` a (kind, rank, size[, written]) tuple per kernel "
                 "parameter (written, default True: the kernel may store to that memref), `strings` the printf "
                 "formats and array names its runtime calls refer to by index, `static_shared` the bytes of "
-                "its static shared memory, `cooperative` whether it calls mg.grid.sync() (every block of a "
+                "its static shared memory, `checks_shared` whether it calls mg_cpu_shared_access (a launch then keeps "
+                "a shadow of shared memory for the race and uninitialized-read checks), `cooperative` whether "
+                "it calls mg.grid.sync() (every block of a "
                 "launch then runs at once, as fibers of one group)."},
     {Py_tp_new, CpuEngine_new},
     {Py_tp_dealloc, CpuEngine_dealloc},

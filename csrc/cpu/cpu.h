@@ -37,6 +37,12 @@ void mg_cpu_division_fault(int32_t overflow, int32_t line);
  * abandoned, KeyboardInterrupt raised) once Ctrl-C was pressed. */
 void mg_cpu_poll(int32_t line);
 
+/* Before an access of `bytes` of shared memory at `address` (the checks
+ * "races" and "uninitialized"): kind is the access's (0 load, 1 store, 3
+ * vector load, 4 vector store) | 8 to check for races | 16 to check for
+ * reads of bytes no thread of the block wrote. */
+void mg_cpu_shared_access(int64_t address, int32_t bytes, int32_t kind, int32_t line);
+
 /* Hopper's operations on the host (docs/design/cpu_backend.md): mbarriers
  * (8 bytes of shared memory at a u32 shared address), named barriers, TMA
  * copies through a host tensor map, and wgmma on a thread's accumulators. */

@@ -193,6 +193,7 @@ def _make_engine(spec, checks):
     return _mlirgpu.CpuEngine(_lowered(spec, checks), spec.name, params, filename,
                               uses_fibers=_calls(traced, _FIBER_CALLS), strings=strings,
                               cooperative=_calls(traced, ("mg_cpu_grid_sync",)),
+                              checks_shared=_calls(traced, ("mg_cpu_shared_access",)),
                               static_shared=attributes["mg.cpu.static_shared"].value)
 
 
