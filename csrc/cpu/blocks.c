@@ -49,6 +49,7 @@ int mg_cpu_run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
 {
     mg_fiber *fibers = l->pool->fibers;
     int n = nblocks * per_block;
+    l->group_threads = n;
     for (int t = 0; t < n; t++) {
         mg_fiber *f = &fibers[t];
         getcontext(&f->context);

@@ -229,6 +229,44 @@ static const char *barrier_name(int state)
     return state == FIBER_AT_GRID ? "mg.grid.sync()" : "mg.syncthreads()";
 }
 
+/* Where the blocked threads of the group wait, for a deadlock's message:
+ * "; blocked: 31 threads on line 14 (the first thread (1, 0, 0) of block
+ * (0, 0, 0)), 1 on line 20 (...)", up to four lines. */
+static void blocked_text(char *out, size_t cap, const mg_cpu_launch *l, const mg_group_place *at)
+{
+    enum { LINES = 4 };
+    int32_t lines[LINES];
+    int count[LINES], first[LINES], nlines = 0, more = 0;
+    const mg_fiber *fibers = l->pool->fibers;
+    for (int t = 0; t < l->group_threads; t++) {
+        int s = fibers[t].state;
+        if (s != FIBER_AT_BARRIER && s != FIBER_AT_SHUFFLE && s != FIBER_AT_GRID && s != FIBER_WAITING)
+            continue;
+        int k = 0;
+        while (k < nlines && lines[k] != fibers[t].line)
+            k++;
+        if (k == nlines) {
+            if (nlines == LINES) {
+                more++;
+                continue;
+            }
+            lines[nlines] = fibers[t].line;
+            count[nlines] = 0;
+            first[nlines++] = t;
+        }
+        count[k]++;
+    }
+    size_t used = (size_t)PyOS_snprintf(out, cap, "; blocked:");
+    for (int k = 0; k < nlines && used < cap; k++) {
+        char who[160];
+        thread_text(who, sizeof who, at, first[k], 1);
+        used += (size_t)PyOS_snprintf(out + used, cap - used, "%s %d thread%s on line %d (the first %s)",
+                                      k ? "," : "", count[k], count[k] == 1 ? "" : "s", (int)lines[k], who);
+    }
+    if (more && used < cap)
+        PyOS_snprintf(out + used, cap - used, ", %d more elsewhere", more);
+}
+
 /* The KernelError of the blocks that failed; with the GIL. */
 void mg_cpu_raise_block_error(mg_cpu_launch *l, const mg_group_place *at)
 {
@@ -275,10 +313,12 @@ void mg_cpu_raise_block_error(mg_cpu_launch *l, const mg_group_place *at)
     mg_divergence *v = &l->divergence;
     thread_text(who, sizeof who, at, v->waiting, 1);
     if (l->failed == BLOCK_WAIT_FOREVER) {
+        char blocked[1024];
+        blocked_text(blocked, sizeof blocked, l, at);
         mg_raise(mg_st->KernelError,
                  "deadlock at %s:%d: %s waits on line %d for %s that no thread of its block can complete "
-                 "(the others have returned or wait as well)", source, (int)v->line, who, (int)v->line,
-                 v->why == WAIT_MBARRIER ? "an mbarrier phase" : "a named barrier");
+                 "(the others have returned or wait as well)%s", source, (int)v->line, who, (int)v->line,
+                 v->why == WAIT_MBARRIER ? "an mbarrier phase" : "a named barrier", blocked);
         return;
     }
     if (l->failed == BLOCK_COLLECTIVE_DIVERGENCE) {

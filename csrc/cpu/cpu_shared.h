@@ -121,6 +121,7 @@ typedef struct {
     char *shared[2];         /* the (first) block's static and dynamic shared memory */
     int64_t shared_size[2];
     int block_threads;       /* threads of a block: fiber t runs in block t / block_threads of the group */
+    int group_threads;       /* fibers of the group of blocks running now */
     size_t shared_stride;    /* bytes from one block's shared memory to the next's */
     size_t shared_window;    /* bytes of a block's shared memory, static and dynamic */
     uint64_t *named;         /* per block of the group, MG_CPU_NAMED_BARRIERS (arrived, generation) pairs */

@@ -165,3 +165,138 @@ def test_wgmma_needs_whole_warpgroups():
         mg.cpu.run(wgmma_kernel(tile, tile, "K")[()], [np.zeros(2 * 64 * 64, np.float16),
                                                        np.zeros((64, 64), np.float32)],
                    grid=1, block=96, shared_mem=2 * 64 * 64 * 2 + 1024)
+
+
+# ---------------------------------------------------------------------------
+# Races and reads of uninitialized shared memory (on by default)
+
+def line_of(marker):
+    """The line of this file whose comment ends with `marker`."""
+    with open(__file__) as f:
+        return next(n for n, text in enumerate(f, 1) if "# " in text and text.rstrip().endswith(marker))
+
+
+@mg.kernel
+def neighbour_without_barrier(x: mg.memref[M, mg.f32]):
+    s = mg.shared.array((32,), mg.f32)
+    t = thread_idx.x
+    s[t] = x[t]                                          # each thread writes its own
+    x[t] = s[(t + 1) % 32]                               # and reads its neighbour's, unsynchronized
+
+
+@mg.kernel
+def neighbour_with_barrier(x: mg.memref[M, mg.f32]):
+    s = mg.shared.array((32,), mg.f32)
+    t = thread_idx.x
+    s[t] = x[t]
+    mg.syncthreads()
+    x[t] = s[(t + 1) % 32]
+
+
+@mg.kernel
+def everyone_writes_one(x: mg.memref[M, mg.f32]):
+    s = mg.shared.array((1,), mg.f32)
+    s[0] = x[thread_idx.x]                               # every thread, the same element
+    mg.syncthreads()
+    x[thread_idx.x] = s[0]
+
+
+@mg.kernel
+def reads_past_what_was_written(x: mg.memref[M, mg.f32]):
+    s = mg.shared.array((64,), mg.f32)
+    t = thread_idx.x
+    s[t] = x[t]
+    mg.syncthreads()
+    x[t] = s[t + 32]                                     # the upper half, never written
+
+
+def test_a_read_of_a_neighbours_write_without_a_barrier_is_a_race():
+    x = np.arange(32, dtype=np.float32)
+    with pytest.raises(mg.KernelError) as info:
+        mg.cpu.run(neighbour_without_barrier[32], [x], grid=1, block=32)
+    text = str(info.value)
+    assert text.startswith(f"data race on shared memory at {__file__}:{line_of('each thread writes its own')}: "
+                           f"thread (1, 0, 0) of block (0, 0, 0) writes byte 4 of its block's shared memory")
+    assert f"which thread (0, 0, 0) of block (0, 0, 0) read at {__file__}:{line_of('unsynchronized')}" in text
+    assert "shared address 0x" in text
+
+
+def test_two_writes_of_one_address_between_barriers_are_a_race():
+    with pytest.raises(mg.KernelError, match=r"data race on shared memory at .*:%d: thread \(1, 0, 0\) of block "
+                       r"\(0, 0, 0\) writes byte 0 .* which thread \(0, 0, 0\) of block \(0, 0, 0\) wrote"
+                       % line_of("every thread, the same element")):
+        mg.cpu.run(everyone_writes_one[32], [np.zeros(32, np.float32)], grid=1, block=32)
+
+
+def test_a_barrier_between_write_and_read_is_no_race():
+    x = np.arange(32, dtype=np.float32)
+    mg.cpu.run(neighbour_with_barrier[32], [x], grid=1, block=32)
+    np.testing.assert_array_equal(x, np.roll(np.arange(32, dtype=np.float32), -1))
+
+
+def test_a_read_of_shared_memory_no_thread_wrote_is_an_error():
+    with pytest.raises(mg.KernelError) as info:
+        mg.cpu.run(reads_past_what_was_written[32], [np.zeros(32, np.float32)], grid=1, block=32)
+    assert str(info.value).startswith(
+        f"read of uninitialized shared memory at {__file__}:{line_of('never written')}: thread (0, 0, 0) of block "
+        f"(0, 0, 0) reads byte 128 of its block's shared memory")
+
+
+@pytest.mark.parametrize("checks, error", [
+    ("bounds", None),
+    ("bounds,races", "data race"),
+    ("uninitialized", "read of uninitialized shared memory"),
+    ("none", None),
+])
+def test_each_check_has_its_switch(monkeypatch, checks, error):
+    monkeypatch.setenv("MLIRGPU_CHECK", checks)
+    x = np.zeros(32, np.float32)
+    if error is None:
+        mg.cpu.run(neighbour_without_barrier[32], [x], grid=1, block=32)
+    else:
+        with pytest.raises(mg.KernelError, match=error):
+            mg.cpu.run(neighbour_without_barrier[32], [x], grid=1, block=32)
+
+
+def test_an_unknown_check_is_a_value_error(monkeypatch):
+    monkeypatch.setenv("MLIRGPU_CHECK", "bounds,race")
+    with pytest.raises(ValueError, match="unknown check 'race' .known: bounds, races, uninitialized, none"):
+        mg.cpu.run(iota[32], [np.zeros(32, np.int32)], grid=1, block=32)
+
+
+# ---------------------------------------------------------------------------
+# Deadlocks name every line threads are blocked on
+
+@mg.kernel
+def half_a_warpgroup_at_a_named_barrier(x: mg.memref[M, mg.f32]):
+    if thread_idx.x < 64:
+        mg.warpgroup.barrier(1)                          # 128 expected, 64 come
+    x[thread_idx.x] = 1.0
+
+
+@mg.kernel
+def one_waits_for_a_phase_the_rest_at_a_barrier(x: mg.memref[M, mg.f32]):
+    bars = mg.mbarrier.array(1)
+    if thread_idx.x == 0:
+        bars.init(0, 1)
+    mg.syncthreads()
+    if thread_idx.x == 0:
+        bars.wait(0, 0)                                  # nobody arrives
+    mg.syncthreads()                                     # the others wait here
+    x[thread_idx.x] = 1.0
+
+
+def test_a_named_barrier_that_cannot_complete_is_a_deadlock():
+    line = line_of("128 expected, 64 come")
+    with pytest.raises(mg.KernelError, match=rf"deadlock at .*:{line}: thread \(0, 0, 0\) of block \(0, 0, 0\) "
+                       rf"waits on line {line} for a named barrier .*; blocked: 64 threads on line {line} "
+                       rf"\(the first thread \(0, 0, 0\) of block \(0, 0, 0\)\)$"):
+        mg.cpu.run(half_a_warpgroup_at_a_named_barrier[128], [np.zeros(128, np.float32)], grid=1, block=128)
+
+
+def test_a_deadlock_names_each_line_threads_wait_on():
+    wait, barrier = line_of("nobody arrives"), line_of("the others wait here")
+    with pytest.raises(mg.KernelError, match=rf"deadlock at .*:{wait}: .* for an mbarrier phase .*; blocked: "
+                       rf"1 thread on line {wait} \(the first thread \(0, 0, 0\) of block \(0, 0, 0\)\), "
+                       rf"31 threads on line {barrier} \(the first thread \(1, 0, 0\) of block \(0, 0, 0\)\)$"):
+        mg.cpu.run(one_waits_for_a_phase_the_rest_at_a_barrier[32], [np.zeros(32, np.float32)], grid=1, block=32)

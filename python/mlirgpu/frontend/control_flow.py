@@ -204,7 +204,7 @@ def _emit_loop(bounds, dtypes, inits, run):
     block = op.regions[0].append_block([ir.Type.index(), *types_], [location] * (1 + len(types_)))
     induction, *args = block.arguments
     with ir.InsertionPoint(block):
-        lang.target().loop_iteration(_trip_count(lo, hi, step))
+        lang.target().loop_iteration(_trip_count(0 if descending else lo, hi, step))
         induction = lang.Scalar(induction, lang.index)
         if descending:
             induction = lo - induction * step
