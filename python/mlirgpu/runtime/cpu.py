@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _mlirgpu, ir
-from .._mlirgpu import CudaError, DeviceArray, LaunchError, Stream, TensorMap, lower
+from .._mlirgpu import DeviceArray, LaunchError, Stream, TensorMap, lower
 from ..compiler.cpu import PIPELINE
 from ..targets.cpu import CpuLowering, checks_from_environment
 from .backend import Backend, Dims
@@ -44,8 +44,8 @@ __all__ = ["PIPELINE", "host_module", "lowered_module", "stored_params", "engine
 
 # Runtime calls that switch fibers (or, for a failed check, never return).
 _FIBER_CALLS = ("mg_cpu_barrier", "mg_cpu_grid_sync", "mg_cpu_shuffle", "mg_cpu_warp_collective",
-                "mg_cpu_out_of_bounds", "mg_cpu_division_fault", "mg_cpu_poll", "mg_cpu_mbarrier_init", "mg_cpu_mbarrier_arrive", "mg_cpu_mbarrier_wait",
-                "mg_cpu_named_barrier", "mg_cpu_tma_load", "mg_cpu_tma_store", "mg_cpu_wgmma")
+                "mg_cpu_out_of_bounds", "mg_cpu_division_fault", "mg_cpu_poll", "mg_cpu_mbarrier_init",
+                "mg_cpu_mbarrier_arrive", "mg_cpu_mbarrier_wait", "mg_cpu_named_barrier", "mg_cpu_tma_load", "mg_cpu_tma_store", "mg_cpu_wgmma")
 
 
 # What a GPU refuses to launch, which the CPU backend refuses as well: the
@@ -88,9 +88,9 @@ def _dims(value):
 
 
 def _check_limits(spec, needs, grid, block, shared_mem):
-    """CudaError (CUDA_ERROR_INVALID_VALUE, as cuLaunchKernel's) for a launch
-    past the chip's limits; LaunchError for a wgmma kernel's block that is not
-    whole warpgroups, which a GPU would run into a hang or wrong results."""
+    """LaunchError for a launch past the chip's limits (where cuLaunchKernel
+    fails with CUDA_ERROR_INVALID_VALUE), or for a wgmma kernel's block that
+    is not whole warpgroups (where a GPU would hang or compute garbage)."""
     static_shared, cooperative, wgmma = needs
     g, b = _dims(grid), _dims(block)
     if g is None or b is None or not isinstance(shared_mem, int):
@@ -100,22 +100,20 @@ def _check_limits(spec, needs, grid, block, shared_mem):
     why = None
     for axis, (extent, most) in enumerate(zip(g, MAX_GRID)):
         if extent > most:
-            why = f"grid[{axis}] = {extent} is over {most}"
+            why = f"grid[{axis}] = {extent}: at most {most}"
     for axis, (extent, most) in enumerate(zip(b, MAX_BLOCK)):
         if extent > most:
-            why = f"block[{axis}] = {extent} is over {most}"
+            why = f"block[{axis}] = {extent}: at most {most}"
     if why is None and threads > MAX_THREADS:
-        why = f"the block has {threads} threads, over {MAX_THREADS}"
+        why = f"the block has {threads} threads: at most {MAX_THREADS}"
     if why is None and static_shared + shared_mem > SHARED_PER_BLOCK[chip]:
-        why = (f"{static_shared} bytes of static and {shared_mem} of dynamic shared memory are over the "
-               f"{SHARED_PER_BLOCK[chip]} a block may have")
+        why = (f"{static_shared} bytes of static and {shared_mem} of dynamic shared memory: a block has at "
+               f"most {SHARED_PER_BLOCK[chip]}")
     if why is not None:
         launch = "cuLaunchKernelEx" if cooperative else "cuLaunchKernel"
-        error = CudaError(f"{launch} of '{spec.name}' failed: CUDA_ERROR_INVALID_VALUE: invalid argument\n"
-                          f"grid=({g[0]}, {g[1]}, {g[2]}) block=({b[0]}, {b[1]}, {b[2]}) shared_mem={shared_mem}\n"
-                          f"{why} (the limits of {chip}; the CPU backend enforces them as a GPU does)")
-        error.code, error.name = 1, "CUDA_ERROR_INVALID_VALUE"
-        raise error
+        raise LaunchError(f"launch of kernel '{spec.name}' with grid=({g[0]}, {g[1]}, {g[2]}) "
+                          f"block=({b[0]}, {b[1]}, {b[2]}) shared_mem={shared_mem}: {why} on {chip} (where "
+                          f"{launch} fails with CUDA_ERROR_INVALID_VALUE)")
     if wgmma and threads % WARPGROUP:
         raise LaunchError(f"launch of kernel '{spec.name}': it runs wgmma, which takes whole warpgroups of "
                           f"{WARPGROUP} threads, but the block ({b[0]}, {b[1]}, {b[2]}) has {threads} threads")
