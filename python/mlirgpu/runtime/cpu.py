@@ -8,7 +8,10 @@ features calls of the runtime. It is lowered to the llvm dialect in-process
 and handed to `_mlirgpu.CpuEngine` (csrc/cpu/), which runs each thread of a
 block as a fiber (every thread of the grid, for a kernel that calls
 mg.grid.sync()); lowering and JIT-compiling run in MLIR contexts of their
-own, without the GIL. docs/design/cpu_backend.md has the design.
+own, without the GIL. docs/design/cpu_backend.md has the design. A launch
+past a GPU's limits (MLIRGPU_CPU_CHIP's, or the default chip's) is refused
+before it runs; MLIRGPU_CHECK chooses the checks of the kernel's accesses
+(docs/cpu_backend.md).
 
     mlirgpu.cpu.run(spec, [A, B, C], grid=(4, 4), block=(16, 16))
 
