@@ -1,6 +1,7 @@
 /* Running a launch's blocks: the scheduler that resumes each fiber in turn
  * and releases barriers. */
 #include "cpu/cpu.h"
+#include "base/interrupt.h"
 #include "host/engine.h"
 #include "mlir/ir.h"
 #include "host/runner_utils.h"
@@ -48,6 +49,7 @@ int mg_cpu_run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
 {
     mg_fiber *fibers = l->pool->fibers;
     int n = nblocks * per_block;
+    l->group_threads = n;
     for (int t = 0; t < n; t++) {
         mg_fiber *f = &fibers[t];
         getcontext(&f->context);
@@ -60,6 +62,11 @@ int mg_cpu_run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
     }
     memset(l->named, 0, (size_t)nblocks * MG_CPU_NAMED_BARRIERS * 2 * sizeof *l->named);
     for (;;) {
+        /* Each sweep is a cheap point to notice Ctrl-C (a loop with a barrier in it). */
+        if (mg_interrupted(l->interrupts))
+            return l->failed = BLOCK_INTERRUPTED;
+        if (mg_cpu_uninitialized_read(l, 0) != BLOCK_OK)
+            return l->failed;
         for (int t = 0; t < n; t++) {
             if (fibers[t].state == FIBER_WAITING && mg_cpu_wait_over(&fibers[t]))
                 fibers[t].state = FIBER_READY;
@@ -91,6 +98,7 @@ int mg_cpu_run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
                     mg_cpu_exchange(fibers, first, end);
                 else if (mg_cpu_collective(l, fibers, first, end) != BLOCK_OK)
                     return l->failed;
+                mg_cpu_synchronized(l);
                 progress = 1;
             }
         }
@@ -102,6 +110,7 @@ int mg_cpu_run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
             if (census(fibers, first, end).count[FIBER_AT_BARRIER] == per_block) {
                 for (int t = first; t < end; t++)
                     fibers[t].state = FIBER_READY;
+                mg_cpu_synchronized(l);
                 progress = 1;
             }
         }
@@ -116,10 +125,11 @@ int mg_cpu_run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
         if (all.count[FIBER_AT_GRID] == n) {
             for (int t = 0; t < n; t++)
                 fibers[t].state = FIBER_READY;
+            mg_cpu_synchronized(l);
             continue;
         }
         if (all.count[FIBER_DONE] == n)
-            return BLOCK_OK;
+            return mg_cpu_uninitialized_read(l, 1);
         /* Nothing can go on: say why, for the first thread that waits. */
         int stuck = all.first[FIBER_WAITING];
         if (stuck >= 0) {

@@ -179,6 +179,15 @@ void mg_cpu_out_of_bounds(int32_t name, int32_t kind, int32_t line)
     swapcontext(&f->context, &l->scheduler);
 }
 
+/* An integer division by zero (or INT_MIN by -1: `overflow`), which would
+ * kill the process with SIGFPE: a fault of the running thread instead. */
+void mg_cpu_division_fault(int32_t overflow, int32_t line)
+{
+    mg_cpu_fault(line, overflow ? "integer division overflow (the lowest signed integer divided by -1; on the "
+                                  "GPU the result is unspecified)"
+                                : "integer division by zero (// or %%; on the GPU the result is unspecified)");
+}
+
 static void thread_xyz(int t, const int64_t *bdim, long long xyz[3])
 {
     xyz[0] = t % bdim[0];
@@ -220,6 +229,44 @@ static const char *barrier_name(int state)
     return state == FIBER_AT_GRID ? "mg.grid.sync()" : "mg.syncthreads()";
 }
 
+/* Where the blocked threads of the group wait, for a deadlock's message:
+ * "; blocked: 31 threads on line 14 (the first thread (1, 0, 0) of block
+ * (0, 0, 0)), 1 on line 20 (...)", up to four lines. */
+static void blocked_text(char *out, size_t cap, const mg_cpu_launch *l, const mg_group_place *at)
+{
+    enum { LINES = 4 };
+    int32_t lines[LINES];
+    int count[LINES], first[LINES], nlines = 0, more = 0;
+    const mg_fiber *fibers = l->pool->fibers;
+    for (int t = 0; t < l->group_threads; t++) {
+        int s = fibers[t].state;
+        if (s != FIBER_AT_BARRIER && s != FIBER_AT_SHUFFLE && s != FIBER_AT_GRID && s != FIBER_WAITING)
+            continue;
+        int k = 0;
+        while (k < nlines && lines[k] != fibers[t].line)
+            k++;
+        if (k == nlines) {
+            if (nlines == LINES) {
+                more++;
+                continue;
+            }
+            lines[nlines] = fibers[t].line;
+            count[nlines] = 0;
+            first[nlines++] = t;
+        }
+        count[k]++;
+    }
+    size_t used = (size_t)PyOS_snprintf(out, cap, "; blocked:");
+    for (int k = 0; k < nlines && used < cap; k++) {
+        char who[160];
+        thread_text(who, sizeof who, at, first[k], 1);
+        used += (size_t)PyOS_snprintf(out + used, cap - used, "%s %d thread%s on line %d (the first %s)",
+                                      k ? "," : "", count[k], count[k] == 1 ? "" : "s", (int)lines[k], who);
+    }
+    if (more && used < cap)
+        PyOS_snprintf(out + used, cap - used, ", %d more elsewhere", more);
+}
+
 /* The KernelError of the blocks that failed; with the GIL. */
 void mg_cpu_raise_block_error(mg_cpu_launch *l, const mg_group_place *at)
 {
@@ -238,6 +285,26 @@ void mg_cpu_raise_block_error(mg_cpu_launch *l, const mg_group_place *at)
                  source, (int)e->line);
         return;
     }
+    if (l->failed == BLOCK_RACE || l->failed == BLOCK_UNINITIALIZED) {
+        mg_race *r = &l->race;
+        thread_text(who, sizeof who, at, r->thread, 1);
+        if (l->failed == BLOCK_UNINITIALIZED) {
+            mg_raise(mg_st->KernelError,
+                     "read of uninitialized shared memory at %s:%d: %s reads byte %zu of its block's shared "
+                     "memory (shared address 0x%x), which no thread of the block has written (MLIRGPU_CHECK "
+                     "without 'uninitialized' turns this check off)", source, (int)r->line, who, r->offset,
+                     (unsigned)r->address);
+            return;
+        }
+        thread_text(other, sizeof other, at, r->other, 1);
+        mg_raise(mg_st->KernelError,
+                 "data race on shared memory at %s:%d: %s %s byte %zu of its block's shared memory (shared "
+                 "address 0x%x), which %s %s at %s:%d, with no barrier between them (MLIRGPU_CHECK without "
+                 "'races' turns this check off)", source, (int)r->line, who, r->writes ? "writes" : "reads",
+                 r->offset, (unsigned)r->address, other, r->other_writes ? "wrote" : "read", source,
+                 (int)r->other_line);
+        return;
+    }
     if (l->failed == BLOCK_FAULT) {
         thread_text(who, sizeof who, at, l->fault_thread, 1);
         mg_raise(mg_st->KernelError, "%s, by %s at %s:%d", l->fault, who, source, (int)l->fault_line);
@@ -246,10 +313,12 @@ void mg_cpu_raise_block_error(mg_cpu_launch *l, const mg_group_place *at)
     mg_divergence *v = &l->divergence;
     thread_text(who, sizeof who, at, v->waiting, 1);
     if (l->failed == BLOCK_WAIT_FOREVER) {
+        char blocked[1024];
+        blocked_text(blocked, sizeof blocked, l, at);
         mg_raise(mg_st->KernelError,
                  "deadlock at %s:%d: %s waits on line %d for %s that no thread of its block can complete "
-                 "(the others have returned or wait as well)", source, (int)v->line, who, (int)v->line,
-                 v->why == WAIT_MBARRIER ? "an mbarrier phase" : "a named barrier");
+                 "(the others have returned or wait as well)%s", source, (int)v->line, who, (int)v->line,
+                 v->why == WAIT_MBARRIER ? "an mbarrier phase" : "a named barrier", blocked);
         return;
     }
     if (l->failed == BLOCK_COLLECTIVE_DIVERGENCE) {

@@ -324,6 +324,7 @@ static uint64_t mb_pack(mbarrier_state m)
     if (m.pending == 0 && m.tx == 0) {
         m.phase ^= 1;
         m.pending = m.expected;
+        mg_cpu_synchronized(mg_cpu_running);
     }
     return (uint64_t)m.expected | (uint64_t)m.pending << 21 | ((uint64_t)m.tx & MB_FIELD) << 42 | m.phase << 63;
 }
@@ -400,6 +401,7 @@ void mg_cpu_named_barrier(int32_t id, int32_t threads, int32_t wait, int32_t lin
     if (++b[0] >= (uint64_t)threads) {
         b[0] = 0;
         b[1]++;
+        mg_cpu_synchronized(l);
         return;
     }
     if (!wait)
@@ -478,8 +480,10 @@ static size_t tma_copy(const mg_cpu_tensor_map *m, size_t offset, const int32_t 
             at += (size_t)g * m->strides[i];
         }
         char *global = (char *)(uintptr_t)m->address + at;
-        if (load)
+        if (load) {
             memcpy(local, inside ? global : (const char *)fill, esize);
+            mg_cpu_shadow_written(mg_cpu_running, local, esize, line);
+        }
         else if (inside)
             memcpy(global, local, esize);
         for (int i = 0; i < rank && ++index[i] == count[i]; i++)

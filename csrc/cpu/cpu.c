@@ -24,7 +24,9 @@
  * time, and Python code that runs between blocks (sys.stdout.write printing a
  * kernel's output) may itself launch a kernel. Blocks run without the GIL:
  * between blocks the launch takes it back to print, to check for signals
- * (Ctrl-C) and to raise errors. The only state shared by launches is the
+ * (Ctrl-C) and to raise errors; within a block, the scheduler's sweeps and
+ * mg_cpu_poll (at the top of a long loop's body) notice a SIGINT through
+ * base/interrupt.h and end the launch with KeyboardInterrupt. The only state shared by launches is the
  * cache of idle fiber pools, which is touched with the GIL held.
  *
  * The other runtime calls of the host trace: mg_cpu_shared (the block's
@@ -36,6 +38,7 @@
  * mg_cpu_out_of_bounds (a failed bounds check: recorded, and the fiber never
  * resumes). */
 #include "cpu/cpu.h"
+#include "base/interrupt.h"
 #include "host/engine.h"
 #include "mlir/ir.h"
 #include "host/runner_utils.h"
@@ -73,6 +76,7 @@ typedef struct {
     Py_ssize_t nparams;
     int uses_fibers;
     int cooperative;   /* it calls mg.grid.sync(): every block of a launch runs at once */
+    int checks_shared; /* it calls mg_cpu_shared_access: a launch keeps a shadow of shared memory (races.c) */
     Py_ssize_t static_shared; /* bytes of the kernel's mg.shared.array arrays */
     PyObject *name;    /* str */
     PyObject *source;  /* str: the kernel's file, for errors */
@@ -147,6 +151,9 @@ static const struct {
     {"mg_cpu_printf", (void *)mg_cpu_printf},
     {"mg_cpu_bounds_index", (void *)mg_cpu_bounds_index},
     {"mg_cpu_out_of_bounds", (void *)mg_cpu_out_of_bounds},
+    {"mg_cpu_division_fault", (void *)mg_cpu_division_fault},
+    {"mg_cpu_poll", (void *)mg_cpu_poll},
+    {"mg_cpu_shared_access", (void *)mg_cpu_shared_access},
     {"mg_cpu_mbarrier_init", (void *)mg_cpu_mbarrier_init},
     {"mg_cpu_mbarrier_arrive", (void *)mg_cpu_mbarrier_arrive},
     {"mg_cpu_mbarrier_wait", (void *)mg_cpu_mbarrier_wait},
@@ -180,12 +187,13 @@ static void start_engine(void *arg)
 static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"module", "name", "params", "source", "uses_fibers", "strings", "static_shared",
-                             "opt_level", "cooperative", NULL};
+                             "opt_level", "cooperative", "checks_shared", NULL};
     PyObject *module, *name, *params, *source, *strings = NULL, *held = NULL;
-    int uses_fibers = 1, opt_level = 2, cooperative = 0;
+    int uses_fibers = 1, opt_level = 2, cooperative = 0, checks_shared = 0;
     Py_ssize_t static_shared = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOU|pOnip:CpuEngine", kwlist, &module, &name, &params, &source,
-                                     &uses_fibers, &strings, &static_shared, &opt_level, &cooperative))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOU|pOnipp:CpuEngine", kwlist, &module, &name, &params, &source,
+                                     &uses_fibers, &strings, &static_shared, &opt_level, &cooperative,
+                                     &checks_shared))
         return NULL;
     if (opt_level < 0 || opt_level > 3)
         return PyErr_Format(PyExc_ValueError, "opt_level must be 0..3, not %d", opt_level);
@@ -197,7 +205,8 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     self->name = Py_NewRef(name);
     self->source = Py_NewRef(source);
     self->cooperative = cooperative;
-    self->uses_fibers = uses_fibers || cooperative;
+    self->checks_shared = checks_shared;
+    self->uses_fibers = uses_fibers || cooperative || checks_shared;
     self->static_shared = static_shared;
     /* Everything that can run Python code (the sequences) before the module is looked at. */
     self->strings = strings != NULL ? PySequence_Tuple(strings) : PyTuple_New(0);
@@ -393,6 +402,8 @@ static int run_grid(mg_CpuEngine *self, mg_cpu_launch *l, const int64_t grid[3],
                 }
                 /* Fresh for each block, as far as a program can tell. */
                 memset(shared, 0, shared_bytes);
+                mg_cpu_synchronized(l);
+                l->block_epoch = l->epoch;
                 int failed = BLOCK_OK;
                 if (self->uses_fibers)
                     failed = mg_cpu_run_blocks(l, (int)group, (int)per_block);
@@ -404,7 +415,14 @@ static int run_grid(mg_CpuEngine *self, mg_cpu_launch *l, const int64_t grid[3],
                     continue;
                 mg_cpu_running = outer;
                 PyEval_RestoreThread(thread);
-                if (failed != BLOCK_OK) {
+                if (failed == BLOCK_INTERRUPTED) {
+                    mg_cpu_flush_output(l);
+                    /* Python's handler raises KeyboardInterrupt; a user's that does not still stops the launch. */
+                    if (PyErr_CheckSignals() == 0)
+                        PyErr_SetNone(PyExc_KeyboardInterrupt);
+                    status = -1;
+                }
+                else if (failed != BLOCK_OK) {
                     mg_cpu_flush_output(l); /* what ran before the error is printed; its own error is lost */
                     PyErr_Clear();
                     mg_group_place at = {grid, block, first - group, (int)per_block, source};
@@ -640,6 +658,14 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
     launch->shared_stride = shared_stride;
     launch->shared_window = static_bytes + (size_t)shared_mem;
     launch->named = named;
+    launch->interrupts = mg_interrupt_watch();
+    launch->shared_total = shared_bytes;
+    /* Zeros: every byte's epochs are before the first block's. */
+    if (self->checks_shared && (launch->shadow = PyMem_Calloc(shared_bytes ? shared_bytes : 1,
+                                                              sizeof *launch->shadow)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     if (run_grid(self, launch, grid, block, per_block, group, indices, shared, shared_bytes, source) == 0)
         result = Py_NewRef(Py_None);
 done:
@@ -647,6 +673,7 @@ done:
         if (launch->pool != NULL)
             mg_cpu_pool_give(launch->pool);
         free(launch->output);
+        PyMem_Free(launch->shadow);
         PyMem_Free(launch);
     }
     free(shared);
@@ -666,18 +693,21 @@ static PyMethodDef CpuEngine_methods[] = {
      "launch(args, grid, block, shared_mem=0): runs every thread of every block; memref arguments are "
      "C-contiguous ndarrays (writeable where the kernel stores), scalars their bytes. Raises KernelError on "
      "barrier or warp divergence and on a failed bounds check; printf output goes to sys.stdout between "
-     "blocks. Blocks run without the GIL; Ctrl-C stops the launch between blocks."},
+     "blocks. Blocks run without the GIL; Ctrl-C stops the launch (KeyboardInterrupt) at its next barrier, long loop's "
+     "iteration or block."},
     {NULL},
 };
 
 static PyType_Slot CpuEngine_slots[] = {
     {Py_tp_doc, "CpuEngine(module, name, params, source, uses_fibers=True, strings=(), static_shared=0, "
-                "opt_level=2, cooperative=False): the host module (lowered to the llvm dialect: an ir.Module, "
+                "opt_level=2, cooperative=False, checks_shared=False): the host module (lowered to the llvm dialect: an ir.Module, "
                 "or its text as lower() returns it) JIT-compiled without the GIL; `name` is its "
                 "func.func with llvm.emit_c_interface, `params` a (kind, rank, size[, written]) tuple per kernel "
                 "parameter (written, default True: the kernel may store to that memref), `strings` the printf "
                 "formats and array names its runtime calls refer to by index, `static_shared` the bytes of "
-                "its static shared memory, `cooperative` whether it calls mg.grid.sync() (every block of a "
+                "its static shared memory, `checks_shared` whether it calls mg_cpu_shared_access (a launch then keeps "
+                "a shadow of shared memory for the race and uninitialized-read checks), `cooperative` whether "
+                "it calls mg.grid.sync() (every block of a "
                 "launch then runs at once, as fibers of one group)."},
     {Py_tp_new, CpuEngine_new},
     {Py_tp_dealloc, CpuEngine_dealloc},

@@ -20,7 +20,7 @@ void mg_cpu_grid_sync(int32_t line);
 
 /* The other calls of the host trace (docs/design/cpu_backend.md): the block's shared memory
  * (0 static, 1 dynamic) as a memref<?xi8> through its C interface; a warp
- * shuffle; the tensor-core collectives (mma.sync, ldmatrix); printf; a failed bounds check. */
+ * shuffle; the tensor-core collectives (mma.sync, ldmatrix); printf; a failed bounds check or division. */
 typedef struct mg_memref_1d mg_memref_1d;
 void _mlir_ciface_mg_cpu_shared(mg_memref_1d *result, int32_t which);
 int64_t mg_cpu_shuffle(int32_t mode, int64_t value, int32_t offset, int32_t width, int32_t line);
@@ -31,6 +31,17 @@ void mg_cpu_printf_arg(int64_t bits);
 void mg_cpu_printf(int32_t format);
 void mg_cpu_bounds_index(int64_t index, int64_t size);
 void mg_cpu_out_of_bounds(int32_t name, int32_t kind, int32_t line);
+void mg_cpu_division_fault(int32_t overflow, int32_t line);
+
+/* At the top of a loop's body that may run long: ends the launch (the block
+ * abandoned, KeyboardInterrupt raised) once Ctrl-C was pressed. */
+void mg_cpu_poll(int32_t line);
+
+/* Before an access of `bytes` of shared memory at `address` (the checks
+ * "races" and "uninitialized"): kind is the access's (0 load, 1 store, 3
+ * vector load, 4 vector store) | 8 to check for races | 16 to check for
+ * reads of bytes no thread of the block wrote. */
+void mg_cpu_shared_access(int64_t address, int32_t bytes, int32_t kind, int32_t line);
 
 /* Hopper's operations on the host (docs/design/cpu_backend.md): mbarriers
  * (8 bytes of shared memory at a u32 shared address), named barriers, TMA

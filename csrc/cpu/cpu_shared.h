@@ -72,7 +72,27 @@ typedef struct fiber_pool {
 
 /* What stopped a block, for the launch to raise once it holds the GIL again. */
 enum { BLOCK_OK, BLOCK_OUT_OF_BOUNDS, BLOCK_BARRIER_DIVERGENCE, BLOCK_WARP_DIVERGENCE, BLOCK_COLLECTIVE_DIVERGENCE,
-       BLOCK_MIXED_BARRIERS, BLOCK_GRID_DIVERGENCE, BLOCK_FAULT, BLOCK_WAIT_FOREVER };
+       BLOCK_MIXED_BARRIERS, BLOCK_GRID_DIVERGENCE, BLOCK_FAULT, BLOCK_WAIT_FOREVER, BLOCK_INTERRUPTED,
+       BLOCK_RACE, BLOCK_UNINITIALIZED };
+
+/* What the race and uninitialized-read checks know of one byte of shared
+ * memory (races.c): the synchronization epoch and thread of its last write,
+ * and of up to two threads that read it in the current epoch. */
+#define MG_CPU_NO_THREAD 0xffffffffu
+typedef struct {
+    uint32_t write_epoch, read_epoch;
+    uint32_t writer, reader, reader2;
+    int32_t write_line, read_line, read_line2;
+} mg_shadow;
+
+/* A race (two threads, one access each) or a read of bytes never written (`other` unused). */
+typedef struct {
+    int thread, other;
+    int32_t line, other_line;
+    int writes, other_writes; /* whether each access was a write */
+    size_t offset;            /* in the block's shared memory */
+    uint32_t address;         /* the shared address, as mg.shared.address gives it */
+} mg_race;
 
 typedef struct {
     int thread;
@@ -101,6 +121,7 @@ typedef struct {
     char *shared[2];         /* the (first) block's static and dynamic shared memory */
     int64_t shared_size[2];
     int block_threads;       /* threads of a block: fiber t runs in block t / block_threads of the group */
+    int group_threads;       /* fibers of the group of blocks running now */
     size_t shared_stride;    /* bytes from one block's shared memory to the next's */
     size_t shared_window;    /* bytes of a block's shared memory, static and dynamic */
     uint64_t *named;         /* per block of the group, MG_CPU_NAMED_BARRIERS (arrived, generation) pairs */
@@ -113,6 +134,17 @@ typedef struct {
     size_t output_len, output_cap;
     int output_failed;       /* out of memory while formatting: raised after the block */
     int failed;              /* BLOCK_* */
+    mg_shadow *shadow;       /* per byte of shared_total where the kernel checks its accesses (races.c), else NULL */
+    size_t shared_total;     /* bytes of the group's shared memory, every block's */
+    uint32_t epoch;          /* bumped at each synchronization of a thread with others */
+    uint32_t block_epoch;    /* the epoch the running group of blocks started in */
+    mg_race race;
+    /* The first read of bytes never written, reported once its epoch is over
+     * (blocks.c) unless a thread writes them in it: that is a race instead. */
+    int uninitialized_pending;
+    uint32_t uninitialized_epoch;
+    mg_race uninitialized;
+    uint64_t interrupts;     /* SIGINTs counted when the launch began (base/interrupt.h) */
     mg_bounds_error bounds;
     mg_divergence divergence;
 } mg_cpu_launch;
@@ -162,6 +194,17 @@ void mg_cpu_printf(int32_t format);
 int mg_cpu_flush_output(mg_cpu_launch *l);
 void mg_cpu_bounds_index(int64_t index, int64_t size);
 void mg_cpu_out_of_bounds(int32_t name, int32_t kind, int32_t line);
+void mg_cpu_division_fault(int32_t overflow, int32_t line);
+void mg_cpu_poll(int32_t line);
+void mg_cpu_shared_access(int64_t address, int32_t bytes, int32_t kind, int32_t line);
+void mg_cpu_shadow_written(mg_cpu_launch *l, const char *at, size_t bytes, int32_t line);
+int mg_cpu_uninitialized_read(mg_cpu_launch *l, int finished);
+
+/* Threads of the group have synchronized: accesses after this are ordered after those before. */
+static inline void mg_cpu_synchronized(mg_cpu_launch *l)
+{
+    l->epoch++;
+}
 void mg_cpu_raise_block_error(mg_cpu_launch *l, const mg_group_place *at);
 int mg_cpu_run_blocks(mg_cpu_launch *l, int nblocks, int per_block);
 int64_t mg_cpu_block_threads(const int64_t block[3]);

@@ -1,6 +1,7 @@
 /* The CPU backend's fibers: a launch's threads, their stacks and pools,
  * and the running launch (cpu.c says how a launch runs). The bottom of cpu/. */
 #include "cpu/cpu.h"
+#include "base/interrupt.h"
 #include "host/engine.h"
 #include "mlir/ir.h"
 #include "host/runner_utils.h"
@@ -120,6 +121,15 @@ static void wait_at(int state, int32_t line)
     f->state = state;
     f->line = line;
     swapcontext(&f->context, &l->scheduler);
+}
+
+void mg_cpu_poll(int32_t line)
+{
+    mg_cpu_launch *l = mg_cpu_running;
+    if (!mg_interrupted(l->interrupts))
+        return;
+    l->failed = BLOCK_INTERRUPTED;
+    wait_at(FIBER_FAILED, line); /* abandoned, never resumed */
 }
 
 void mg_cpu_barrier(int32_t line)

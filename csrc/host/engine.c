@@ -10,6 +10,7 @@
  * owned freed. */
 #include "host/engine.h"
 #include "arrays/array.h"
+#include "base/interrupt.h"
 #include "cuda/driver.h"
 #include "mlir/ir.h"
 #include "host/async_runtime.h"
@@ -26,6 +27,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,10 +150,12 @@ static LLVMModuleRef translate(mg_ir_Operation *op, LLVMContextRef *llvm_context
     return t.llvm_module;
 }
 
-/* What the engine registers for `name`: a runner utility, or with the
- * runtime one of its mgpu* functions; else NULL. */
+/* What the engine registers for `name`: its loops' poll, a runner utility,
+ * or with the runtime one of its mgpu* functions; else NULL. */
 static void *runtime_symbol(int runtime, const char *name)
 {
+    if (strcmp(name, "mg_host_poll") == 0)
+        return (void *)mg_host_poll;
     void *address = mg_runner_symbol(name);
     if (address != NULL || !runtime)
         return address;
@@ -475,6 +479,36 @@ static void Engine_dealloc(mg_engine *self)
     Py_DECREF(type);
 }
 
+/* Ctrl-C during a call: HostProgram puts a call of mg_host_poll at the top
+ * of each loop's body, which jumps out of the program back to the call of
+ * it on this thread. What the program allocated is lost, as its frames. */
+static _Thread_local sigjmp_buf *interrupt_target;
+static _Thread_local uint64_t interrupt_since;
+
+void mg_host_poll(void)
+{
+    /* Only on the calling thread: an async.execute body's thread has no target. */
+    if (interrupt_target != NULL && mg_interrupted(interrupt_since))
+        siglongjmp(*interrupt_target, 1);
+}
+
+/* Runs call(packed) until it returns (0) or a SIGINT since `since` reaches a poll (1). */
+static int call_interruptibly(packed_fn call, void **packed, uint64_t since)
+{
+    sigjmp_buf target;
+    sigjmp_buf *outer = interrupt_target;
+    uint64_t outer_since = interrupt_since;
+    int interrupted = sigsetjmp(target, 0);
+    if (!interrupted) {
+        interrupt_target = &target;
+        interrupt_since = since;
+        call(packed);
+    }
+    interrupt_target = outer;
+    interrupt_since = outer_since;
+    return interrupted;
+}
+
 static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"name", "args", "results", "timeline", NULL};
@@ -558,16 +592,21 @@ static PyObject *Engine_invoke(mg_engine *self, PyObject *args, PyObject *kwds)
         if (lent[i].descriptor != NULL)
             mg_engine_lend(state, (PyArrayObject *)PySequence_Fast_GET_ITEM(argseq, i), &lent[i]);
     packed_fn call = f->call;
+    uint64_t interrupts = mg_interrupt_watch();
+    int interrupted;
     Py_BEGIN_ALLOW_THREADS
-    call(packed);
+    interrupted = call_interruptibly(call, packed, interrupts);
     if (state != NULL)
         mg_rt_synchronize(state);
     if (self->prints)
         fflush(stdout);
     Py_END_ALLOW_THREADS
-    /* After a runtime failure the results are garbage: only what the
+    /* After a runtime failure or Ctrl-C the results are garbage: only what the
      * function allocated on the host is freed, then mg_rt_end raises. */
-    int skip = state != NULL && mg_rt_failed(state);
+    int skip = interrupted || (state != NULL && mg_rt_failed(state));
+    /* Python's handler raises KeyboardInterrupt; a user's that does not still stops the call. */
+    if (interrupted && PyErr_CheckSignals() == 0)
+        PyErr_SetNone(PyExc_KeyboardInterrupt);
 
     skip = mg_engine_result_owners(state, name, spec, memory, nresults, returned, argseq, lent, skip);
     tuple = skip ? NULL : mg_engine_results_tuple(spec, memory, nresults, returned);

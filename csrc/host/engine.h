@@ -13,6 +13,11 @@
 
 int mg_engine_init(PyObject *module);
 
+/* What a host program calls at the top of each loop's body (HostProgram puts
+ * the calls there): once Ctrl-C was pressed during an invoke, it leaves the
+ * program, and invoke raises KeyboardInterrupt. */
+void mg_host_poll(void);
+
 /* `op` as the text mg_engine_create_detached reads (NUL-terminated; the
  * caller frees out->data); -1 with MemoryError set. */
 int mg_engine_print_source(mg_ir_Operation *op, mg_buf *out);

@@ -204,11 +204,20 @@ def _emit_loop(bounds, dtypes, inits, run):
     block = op.regions[0].append_block([ir.Type.index(), *types_], [location] * (1 + len(types_)))
     induction, *args = block.arguments
     with ir.InsertionPoint(block):
+        lang.target().loop_iteration(_trip_count(0 if descending else lo, hi, step))
         induction = lang.Scalar(induction, lang.index)
         if descending:
             induction = lo - induction * step
         new = run(induction, [_value(a, d) for a, d in zip(args, dtypes)])
     return op, block, list(new)
+
+
+def _trip_count(lo, hi, step):
+    """The iterations of scf.for lo..hi by step where all three are constants, else None."""
+    bounds = [lang.constant_value(v) for v in (lo, hi, step)]
+    if None in bounds or bounds[2] <= 0:
+        return None
+    return max(0, -(-(bounds[1] - bounds[0]) // bounds[2]))
 
 
 def _yield(block, values, dtypes, what):
@@ -529,6 +538,7 @@ def _traced_while(cond_fn, body_fn, names, initial, lineno):
                 raise CompileError("a while condition on traced values must be a comparison (bool)")
             lang.emit("scf.condition", [condition, *before.arguments])
         with ir.InsertionPoint(after):
+            lang.target().loop_iteration(None)
             new = list(body_fn(*values_from(after)))
         return op, after, new
 

@@ -62,8 +62,10 @@ def reduce(value: lang.Number, op: str) -> lang.Scalar:
         scratch[warp_id] = total
     syncthreads()
     with _when(warp_id == 0):
-        # The first warp combines the warps' totals (lanes past the last warp add the identity).
-        partial = lang.select(lane < warps, scratch[lane], warp.identity(op, value.dtype))
+        # The first warp combines the warps' totals (lanes past the last warp add the identity,
+        # reading a total that was written rather than a scratch element that was not).
+        total_of_lane = scratch[lang.select(lane < warps, lane, 0)]
+        partial = lang.select(lane < warps, total_of_lane, warp.identity(op, value.dtype))
         block_total = warp.reduce(partial, op)
         with _when(lane == 0):
             scratch[_MAX_WARPS] = block_total
@@ -86,7 +88,7 @@ def scan(value: lang.Number, op: str, exclusive: bool = False) -> lang.Scalar:
         scratch[warp_id] = inclusive
     syncthreads()
     with _when(warp_id == 0):
-        totals = lang.select(lane < warps, scratch[lane], nothing)
+        totals = lang.select(lane < warps, scratch[lang.select(lane < warps, lane, 0)], nothing)
         scratch[_MAX_WARPS + lane] = warp.inclusive_scan(totals, op, lane)
     syncthreads()
     # The warps before this one, combined (the identity for the first warp).

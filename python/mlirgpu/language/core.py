@@ -361,6 +361,19 @@ def constant(value: bool | int | float, dtype: DType) -> Scalar:
     return Scalar(emit("arith.constant", results=[t], attributes={"value": attr}).result, dtype)
 
 
+def constant_value(value):
+    """The int an integer operand is known to be at trace time (a Python int,
+    or a Scalar or Value of arith.constant; unsigned ones as their signless
+    bits), else None."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    value = value.value if isinstance(value, Scalar) else value
+    if not isinstance(value, ir.Value) or value.is_block_argument or value.owner.name != "arith.constant":
+        return None
+    constant = value.owner.get_attribute("value").value
+    return constant if isinstance(constant, int) and not isinstance(constant, bool) else None
+
+
 def as_dtype(dtype):
     if isinstance(dtype, DType):
         return dtype
@@ -481,6 +494,7 @@ def _intdiv(a, b, kind, op):
     suffix = "ui" if a.dtype in UNSIGNED else "si"
     faults = state.division_faults
     if faults is None:
+        target().check_division(a, b)
         return Scalar(emit(f"arith.{kind}{suffix}", [a, b], [a.value.type]).result, a.dtype)
     # NumPy's answers where the hardware traps: 0 for a zero divisor, MIN // -1 wrapping to MIN (and
     # MIN % -1 to 0, what dividing by 1 gives), each recorded for the warning NumPy gives.

@@ -8,7 +8,10 @@ features calls of the runtime. It is lowered to the llvm dialect in-process
 and handed to `_mlirgpu.CpuEngine` (csrc/cpu/), which runs each thread of a
 block as a fiber (every thread of the grid, for a kernel that calls
 mg.grid.sync()); lowering and JIT-compiling run in MLIR contexts of their
-own, without the GIL. docs/design/cpu_backend.md has the design.
+own, without the GIL. docs/design/cpu_backend.md has the design. A launch
+past a GPU's limits (MLIRGPU_CPU_CHIP's, or the default chip's) is refused
+before it runs; MLIRGPU_CHECK chooses the checks of the kernel's accesses
+(docs/cpu_backend.md).
 
     mlirgpu.cpu.run(spec, [A, B, C], grid=(4, 4), block=(16, 16))
 
@@ -16,7 +19,9 @@ CpuBackend is the backend object (runtime/backend.py) that launches so.
 """
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +32,7 @@ from .._mlirgpu import DeviceArray, LaunchError, Stream, TensorMap, lower
 from ..compiler.cpu import PIPELINE
 from ..targets.cpu import CpuLowering, checks_from_environment
 from .backend import Backend, Dims, read_only_error
-from .compiled import stored_params
+from .compiled import default_chip, stored_params
 from .scalars import scalar_bytes
 
 if TYPE_CHECKING:
@@ -40,10 +45,90 @@ __all__ = ["PIPELINE", "host_module", "lowered_module", "stored_params", "engine
            "max_cooperative_grid_blocks", "CpuBackend"]
 
 
-# Runtime calls that switch fibers (or, for a failed bounds check, never return).
+# Runtime calls that switch fibers (or, for a failed check, never return).
 _FIBER_CALLS = ("mg_cpu_barrier", "mg_cpu_grid_sync", "mg_cpu_shuffle", "mg_cpu_warp_collective",
-                "mg_cpu_out_of_bounds", "mg_cpu_mbarrier_init", "mg_cpu_mbarrier_arrive", "mg_cpu_mbarrier_wait",
-                "mg_cpu_named_barrier", "mg_cpu_tma_load", "mg_cpu_tma_store", "mg_cpu_wgmma")
+                "mg_cpu_out_of_bounds", "mg_cpu_division_fault", "mg_cpu_poll", "mg_cpu_mbarrier_init",
+                "mg_cpu_mbarrier_arrive", "mg_cpu_mbarrier_wait", "mg_cpu_named_barrier", "mg_cpu_tma_load", "mg_cpu_tma_store", "mg_cpu_wgmma")
+
+
+# What a GPU refuses to launch, which the CPU backend refuses as well: the
+# grid's and block's extents and threads (every chip since sm_75), and per
+# chip the shared memory a block may have, static and dynamic, once a kernel
+# opts in (mlirgpu's GPU launches opt in to all of it). MLIRGPU_CPU_CHIP
+# names the chip; else the GPU present, or sm_90a.
+MAX_GRID = (2 ** 31 - 1, 65535, 65535)
+MAX_BLOCK = (1024, 1024, 64)
+MAX_THREADS = 1024
+SHARED_PER_BLOCK = {
+    "sm_75": 64 * 1024, "sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_87": 163 * 1024, "sm_89": 99 * 1024,
+    "sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_100": 227 * 1024, "sm_100a": 227 * 1024,
+    "sm_120": 99 * 1024, "sm_120a": 99 * 1024,
+}
+WARPGROUP = 128
+
+
+def limits_chip() -> str:
+    """The chip whose limits CPU launches honour: MLIRGPU_CPU_CHIP, else the GPU present, else sm_90a."""
+    chip = os.environ.get("MLIRGPU_CPU_CHIP") or _present_chip()
+    if chip not in SHARED_PER_BLOCK:
+        raise ValueError(f"MLIRGPU_CPU_CHIP: unknown chip {chip!r} (known: {', '.join(SHARED_PER_BLOCK)})")
+    return chip
+
+
+@functools.cache
+def _present_chip():
+    # Looking for a GPU takes microseconds; one is there or not for the process's life.
+    return default_chip()
+
+
+def _dims(value):
+    """(x, y, z) of a grid or block given as an int or 1 to 3 ints; None for
+    anything else (the engine says what is wrong with it)."""
+    extents = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if not 1 <= len(extents) <= 3 or not all(isinstance(e, int) and not isinstance(e, bool) for e in extents):
+        return None
+    return extents + (1,) * (3 - len(extents))
+
+
+def _check_limits(spec, needs, grid, block, shared_mem):
+    """LaunchError for a launch past the chip's limits (where cuLaunchKernel
+    fails with CUDA_ERROR_INVALID_VALUE), or for a wgmma kernel's block that
+    is not whole warpgroups (where a GPU would hang or compute garbage)."""
+    static_shared, cooperative, wgmma = needs
+    g, b = _dims(grid), _dims(block)
+    if g is None or b is None or not isinstance(shared_mem, int):
+        return
+    chip = limits_chip()
+    threads = b[0] * b[1] * b[2]
+    why = None
+    for axis, (extent, most) in enumerate(zip(g, MAX_GRID)):
+        if extent > most:
+            why = f"grid[{axis}] = {extent}: at most {most}"
+    for axis, (extent, most) in enumerate(zip(b, MAX_BLOCK)):
+        if extent > most:
+            why = f"block[{axis}] = {extent}: at most {most}"
+    if why is None and threads > MAX_THREADS:
+        why = f"the block has {threads} threads: at most {MAX_THREADS}"
+    if why is None and static_shared + shared_mem > SHARED_PER_BLOCK[chip]:
+        why = (f"{static_shared} bytes of static and {shared_mem} of dynamic shared memory: a block has at "
+               f"most {SHARED_PER_BLOCK[chip]}")
+    if why is not None:
+        launch = "cuLaunchKernelEx" if cooperative else "cuLaunchKernel"
+        raise LaunchError(f"launch of kernel '{spec.name}' with grid=({g[0]}, {g[1]}, {g[2]}) "
+                          f"block=({b[0]}, {b[1]}, {b[2]}) shared_mem={shared_mem}: {why} on {chip} (where "
+                          f"{launch} fails with CUDA_ERROR_INVALID_VALUE)")
+    if wgmma and threads % WARPGROUP:
+        raise LaunchError(f"launch of kernel '{spec.name}': it runs wgmma, which takes whole warpgroups of "
+                          f"{WARPGROUP} threads, but the block ({b[0]}, {b[1]}, {b[2]}) has {threads} threads")
+
+
+def _needs(spec, checks):
+    """(static shared bytes, cooperative, runs wgmma) of the spec's host trace, for _check_limits."""
+    def make():
+        traced = host_module(spec, checks)
+        return (traced.operation.attributes["mg.cpu.static_shared"].value,
+                _calls(traced, ("mg_cpu_grid_sync",)), _calls(traced, ("mg_cpu_wgmma",)))
+    return _cached(spec, "_cpu_needs", checks, make)
 
 
 def _cached(spec, attribute, checks, make):
@@ -110,6 +195,7 @@ def _make_engine(spec, checks):
     return _mlirgpu.CpuEngine(_lowered(spec, checks), spec.name, params, filename,
                               uses_fibers=_calls(traced, _FIBER_CALLS), strings=strings,
                               cooperative=_calls(traced, ("mg_cpu_grid_sync",)),
+                              checks_shared=_calls(traced, ("mg_cpu_shared_access",)),
                               static_shared=attributes["mg.cpu.static_shared"].value)
 
 
@@ -125,7 +211,9 @@ def run(spec: Specialization, args: list, grid: Dims, block: Dims, shared_mem: i
         # As the GPU's driver refuses a block over the kernel's .maxntid.
         raise LaunchError(f"{spec.name} has max_threads={max_threads} (@mg.kernel), but the block has "
                           f"{threads} threads")
-    compiled = engine(spec)
+    checks = checks_from_environment()
+    _check_limits(spec, _needs(spec, checks), grid, block, shared_mem)
+    compiled = engine(spec, checks)
     packed, copies = [], []
     for index, ((p, shape, dtype), arg) in enumerate(zip(params, args)):
         if dtype is TensorMap:

@@ -103,6 +103,42 @@ UNSUPPORTED = {
 _STRIDED = re.compile(r"strided<\[([^\]]*)\](?:, offset: (\?|-?\d+))?>")
 
 
+# The engine's function that a host loop calls at the top of each iteration
+# (csrc/host/engine.h): Ctrl-C stops a call there with KeyboardInterrupt.
+POLL = "mg_host_poll"
+
+
+def _poll_loops(module):
+    """A call of POLL at the top of each loop body of the host functions, but
+    inside async.execute (whose body may run on a thread of the runtime)."""
+    bodies = []
+    for function in module.body.operations:
+        if function.name != "func.func":
+            continue
+        for op in function.walk():
+            if op.name in ("scf.for", "scf.while", "affine.for") and not _in_async(op):
+                bodies.append(op.regions[1 if op.name == "scf.while" else 0].blocks[0])
+    if not bodies:
+        return
+    context = module.context
+    with ir.InsertionPoint(module.body):
+        ir.Operation.create("func.func", regions=1, location=ir.Location.unknown(context=context), attributes={
+            "sym_name": ir.Attribute.string(POLL, context=context),
+            "function_type": ir.Attribute.type_attr(ir.Type.function([], [], context=context)),
+            "sym_visibility": ir.Attribute.string("private", context=context)})
+    for block in bodies:
+        with ir.InsertionPoint.at_block_begin(block):
+            ir.Operation.create("func.call", location=block.owner.location, attributes={
+                "callee": ir.Attribute.symbol_ref(POLL, context=context)})
+
+
+def _in_async(op):
+    parent = op.parent
+    while parent is not None and parent.name != "async.execute":
+        parent = parent.parent
+    return parent is not None
+
+
 def _check_lowered(module):
     """gpu-to-llvm converts partially: what it could not convert is an error
     here, before the translation to LLVM IR reports it as a cast it cannot
@@ -284,6 +320,7 @@ class HostProgram:
             if op.name.startswith("transform."):
                 op.erase()
         module = ir.Module.parse(lower_stage(module, "prepare", PREPARE_PIPELINE), context=module.context)
+        _poll_loops(module)
         self._functions = {}
         for op in module.body.operations:
             if op.name != "func.func" or not op.regions[0].blocks:

@@ -18,6 +18,13 @@ module on first use:
     mg_cpu_printf_arg(bits), mg_cpu_printf(fmt)  mg.printf
     mg_cpu_bounds_index(i, size), mg_cpu_out_of_bounds(name, kind, line)
                                                  a failed bounds check
+    mg_cpu_division_fault(overflow, line)        an integer division by zero (or INT_MIN by -1),
+                                                 which would kill the process with SIGFPE
+    mg_cpu_poll(line)                            at the top of a long loop's body: ends the launch
+                                                 once Ctrl-C was pressed
+    mg_cpu_shared_access(address, bytes, kind, line)
+                                                 before an access of shared memory: the race and
+                                                 uninitialized-read checks
     mg_cpu_mbarrier_init(address, count, line), mg_cpu_mbarrier_arrive(address, bytes, line),
     mg_cpu_mbarrier_wait(address, parity, line)  mg.mbarrier: the PTX ISA's phases, arrivals and
                                                  transaction bytes; a wait lets the other threads run
@@ -48,9 +55,10 @@ from .. import ir
 from .._mlirgpu import CompileError
 from ..language import core as lang
 from ..language.intrinsics import Vector
+from ..language.shared import SharedMemRef
 from .gpu import GpuLowering, llvm_atomicrmw
 
-__all__ = ["CpuLowering", "INDICES", "checks_from_environment"]
+__all__ = ["CHECKS", "CpuLowering", "INDICES", "checks_from_environment"]
 
 # The trailing index arguments of a host function, in order.
 INDICES = [(op, axis) for op in ("gpu.thread_id", "gpu.block_id", "gpu.block_dim", "gpu.grid_dim")
@@ -73,6 +81,9 @@ _RUNTIME = {
     "mg_cpu_printf": (lambda: [_i32()], lambda: [], False),
     "mg_cpu_bounds_index": (lambda: [_i64(), _i64()], lambda: [], False),
     "mg_cpu_out_of_bounds": (lambda: [_i32(), _i32(), _i32()], lambda: [], False),
+    "mg_cpu_division_fault": (lambda: [_i32(), _i32()], lambda: [], False),
+    "mg_cpu_poll": (lambda: [_i32()], lambda: [], False),
+    "mg_cpu_shared_access": (lambda: [_i64(), _i32(), _i32(), _i32()], lambda: [], False),
     "mg_cpu_mbarrier_init": (lambda: [_i32()] * 3, lambda: [], False),
     "mg_cpu_mbarrier_arrive": (lambda: [_i32()] * 3, lambda: [], False),
     "mg_cpu_mbarrier_wait": (lambda: [_i32()] * 3, lambda: [], False),
@@ -89,25 +100,36 @@ _LDMATRIX_MODE = 32  # cpu.c's MG_WARP_LDMATRIX
 _WGMMA_TYPES, _WGMMA_B_MN_MAJOR = {"f16": 0, "bf16": 1}, 2  # mg_cpu_wgmma's mode bits
 
 
-DEFAULT_CHECKS = frozenset({"bounds"})
+# Loops of at most this many iterations need no check for Ctrl-C of their own:
+# the enclosing loop's (a matmul's inner loop over a tile runs at full speed).
+_SHORT_LOOP = 64
+
+# MLIRGPU_CHECK's checks; those of shared memory ("races", "uninitialized")
+# cost a runtime call per access of it. "uninitialized" is asked for: a
+# kernel may read what it then discards (a select), which is no bug.
+CHECKS = ("bounds", "races", "uninitialized")
+DEFAULT_CHECKS = frozenset({"bounds", "races"})
+_SHARED_CHECKS = {"races": 8, "uninitialized": 16}  # mg_cpu_shared_access's kind bits
 
 
 def checks_from_environment():
-    """The checks MLIRGPU_CHECK asks for: a comma-separated list ("bounds" is
-    the one there is); "none" for no check; unset or empty, the default
-    (bounds: a wrong index raises KernelError instead of corrupting memory)."""
+    """The checks MLIRGPU_CHECK asks for: a comma-separated list of CHECKS
+    ("bounds": every array index; "races": two threads of a block touching a
+    shared-memory byte with no barrier between, one of them writing;
+    "uninitialized": a read of shared memory no thread of the block wrote),
+    or "none" for no check; unset or empty, DEFAULT_CHECKS (bounds, races)."""
     names = frozenset(c.strip() for c in os.environ.get("MLIRGPU_CHECK", "").split(",") if c.strip())
     if not names:
         return DEFAULT_CHECKS
-    unknown = names - DEFAULT_CHECKS - {"none"}
+    unknown = names - set(CHECKS) - {"none"}
     if unknown:
-        raise ValueError(f"MLIRGPU_CHECK: unknown check {sorted(unknown)[0]!r} (known: bounds, none)")
+        raise ValueError(f"MLIRGPU_CHECK: unknown check {sorted(unknown)[0]!r} (known: {', '.join(CHECKS)}, none)")
     return names - {"none"}
 
 
 class CpuLowering(GpuLowering):
     """The kernel language for the CPU backend, with the run-time `checks`
-    asked for ({"bounds"} or none). It overrides every hook of GpuLowering,
+    asked for (a subset of CHECKS). It overrides every hook of GpuLowering,
     whose class is the list of hooks a lowering has."""
 
     return_op = "func.return"
@@ -390,11 +412,20 @@ class CpuLowering(GpuLowering):
         return dtype.itemsize
 
     def check_access(self, memref, indices, kind, length=1):
-        """With the "bounds" check: a comparison of each index with its
-        dimension (`length` elements along the innermost one) and, when one is
-        out of range, the runtime's report of it (which ends the launch)."""
-        if "bounds" not in self.checks:
-            return
+        """With the "bounds" check, that the indices are in range; with "races"
+        or "uninitialized", for shared memory, the runtime's check of the bytes
+        (atomics excepted: they never race)."""
+        if "bounds" in self.checks:
+            self._check_bounds(memref, indices, kind, length)
+        flags = sum(bit for check, bit in _SHARED_CHECKS.items() if check in self.checks)
+        if flags and kind != lang.ATOMIC and isinstance(memref, SharedMemRef):
+            _call("mg_cpu_shared_access", [_address(memref, indices), _i32_constant(memref.dtype.itemsize * length),
+                                           _i32_constant(kind | flags), _line()])
+
+    def _check_bounds(self, memref, indices, kind, length):
+        """A comparison of each index with its dimension (`length` elements
+        along the innermost one) and, when one is out of range, the runtime's
+        report of it (which ends the launch)."""
         index_type = ir.Type.index()
         i1 = ir.Type.integer(1)
         ult, ule = ir.Attribute.integer(6, ir.Type.integer(64)), ir.Attribute.integer(7, ir.Type.integer(64))
@@ -423,6 +454,32 @@ class CpuLowering(GpuLowering):
                 _call("mg_cpu_bounds_index", [lang.cast(i, lang.i64), lang.cast(size, lang.i64)])
             name = getattr(memref, "name", None) or "?"
             _call("mg_cpu_out_of_bounds", [_i32_constant(_string(name)), _i32_constant(kind), _line()])
+            lang.emit("scf.yield")
+
+
+    def loop_iteration(self, trips):
+        """A check for Ctrl-C at the top of each iteration of a loop that may
+        run long (a while loop, or more than a few iterations): the launch
+        stops there with KeyboardInterrupt instead of running on for ever."""
+        if trips is None or trips > _SHORT_LOOP:
+            _call("mg_cpu_poll", [_line()])
+
+    def check_division(self, a, b):
+        """Always: the host's division traps (SIGFPE) where the GPU's gives an
+        unspecified value, so a zero divisor, or INT_MIN over -1, ends the
+        launch with the runtime's report of it instead."""
+        signed = a.dtype not in lang.UNSIGNED
+        divisor = lang.constant_value(b)
+        if divisor is not None and divisor != 0 and not (signed and divisor == -1):
+            return
+        zero = b == lang.constant(0, b.dtype)
+        bad = zero
+        if signed:
+            lowest = lang.integer_range(a.dtype)[0] if a.dtype != lang.index else -2 ** 63
+            bad = bad | ((a == lang.constant(lowest, a.dtype)) & (b == lang.constant(-1, b.dtype)))
+        op = lang.emit("scf.if", [bad], [], regions=2)
+        with ir.InsertionPoint(op.regions[0].append_block()):
+            _call("mg_cpu_division_fault", [lang.cast(~zero, lang.i32), _line()])
             lang.emit("scf.yield")
 
 

@@ -380,6 +380,14 @@ class GpuLowering:
     def check_access(self, memref, indices, kind, length=1):
         """Before an access of `memref` at `indices`: nothing on the GPU."""
 
+    def loop_iteration(self, trips):
+        """At the top of a loop's body (`trips`: its trip count where the trace
+        knows it, else None): nothing on the GPU."""
+
+    def check_division(self, a, b):
+        """Before the integer division a // b or a % b: nothing on the GPU,
+        where dividing by zero (or INT_MIN by -1) gives an unspecified value."""
+
     def finish(self, module, state):
         """Called once the kernel's module is traced: what it requires of the
         PTX version and chip (core.require) goes on the module, for the compiler."""

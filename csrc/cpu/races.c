@@ -1,0 +1,117 @@
+/* The CPU backend's race detector and uninitialized-read check for shared
+ * memory. Every checked access records, per byte, the synchronization epoch
+ * and thread of the last write and of the threads that read it since the
+ * epoch began. The epoch advances whenever threads of the running blocks
+ * synchronize (a barrier, named barrier or grid barrier released, an mbarrier
+ * phase completed, a warp's shuffle or collective): two accesses in one epoch
+ * by different threads, at least one a write, have nothing ordering them, on
+ * the GPU as here, whatever order the fibers ran in. Advancing it for every
+ * synchronization of any threads orders more than the GPU does, so a race may
+ * go unseen, but none is reported that is not one. Atomics are not tracked. */
+#include "cpu/cpu.h"
+
+#include <ucontext.h>
+
+#include "cpu/cpu_shared.h"
+
+enum { ACCESS_STORE = 1, ACCESS_VECTOR_STORE = 4, CHECK_RACES = 8, CHECK_UNINITIALIZED = 16 };
+
+/* Ends the launch with the race or uninitialized read in l->race; the fiber is abandoned. */
+static void report(mg_cpu_launch *l, int failed)
+{
+    l->failed = failed;
+    mg_fiber *f = &l->pool->fibers[l->current];
+    f->state = FIBER_FAILED;
+    swapcontext(&f->context, &l->scheduler);
+    __builtin_unreachable();
+}
+
+static mg_race race_at(mg_cpu_launch *l, size_t at, int writes, int32_t line, uint32_t other, int other_writes,
+                       int32_t other_line)
+{
+    size_t window = l->shared_stride ? l->shared_stride : 1;
+    return (mg_race){l->current, (int)other, line, other_line, writes, other_writes, at % window,
+                     (uint32_t)(uintptr_t)(l->shared[0] + at)};
+}
+
+static void race(mg_cpu_launch *l, size_t at, int writes, int32_t line, uint32_t other, int other_writes,
+                 int32_t other_line)
+{
+    l->race = race_at(l, at, writes, line, other, other_writes, other_line);
+    report(l, BLOCK_RACE);
+}
+
+/* BLOCK_UNINITIALIZED, with l->race, for a read of bytes never written whose
+ * epoch is over (or the blocks have `finished`); else BLOCK_OK. From the scheduler. */
+int mg_cpu_uninitialized_read(mg_cpu_launch *l, int finished)
+{
+    if (!l->uninitialized_pending || (!finished && l->epoch == l->uninitialized_epoch))
+        return BLOCK_OK;
+    l->uninitialized_pending = 0;
+    l->race = l->uninitialized;
+    return l->failed = BLOCK_UNINITIALIZED;
+}
+
+/* A write records itself in every byte it covers. A read, far more common
+ * (a tile read by a row of threads), checks the write of its first byte and
+ * records itself there, and is uninitialized where its first or last byte is:
+ * a read and a write that overlap elsewhere (the same bytes seen as different
+ * types) may go unseen, but what is reported is always so. */
+void mg_cpu_shared_access(int64_t address, int32_t bytes, int32_t kind, int32_t line)
+{
+    mg_cpu_launch *l = mg_cpu_running;
+    size_t at = (size_t)((char *)(intptr_t)address - l->shared[0]);
+    if (bytes <= 0 || at >= l->shared_total || (size_t)bytes > l->shared_total - at)
+        return; /* not shared memory: the bounds check has its say */
+    mg_shadow *s = l->shadow + at;
+    uint32_t t = (uint32_t)l->current, now = l->epoch;
+    if ((kind & 7) != ACCESS_STORE && (kind & 7) != ACCESS_VECTOR_STORE) {
+        if ((kind & CHECK_RACES) && s->write_epoch == now && s->writer != t)
+            race(l, at, 0, line, s->writer, 1, s->write_line);
+        if ((kind & CHECK_UNINITIALIZED) && !l->uninitialized_pending &&
+            (s->write_epoch < l->block_epoch || s[bytes - 1].write_epoch < l->block_epoch)) {
+            l->uninitialized_pending = 1;
+            l->uninitialized_epoch = now;
+            l->uninitialized = race_at(l, s->write_epoch < l->block_epoch ? at : at + (size_t)bytes - 1, 0, line,
+                                       MG_CPU_NO_THREAD, 0, 0);
+        }
+        if (s->read_epoch != now) {
+            s->read_epoch = now;
+            s->reader = t;
+            s->read_line = line;
+            s->reader2 = MG_CPU_NO_THREAD;
+        } else if (s->reader != t && s->reader2 == MG_CPU_NO_THREAD) {
+            s->reader2 = t;
+            s->read_line2 = line;
+        }
+        return;
+    }
+    for (int32_t i = 0; i < bytes; i++, s++, at++) {
+        if (kind & CHECK_RACES) {
+            if (s->write_epoch == now && s->writer != t)
+                race(l, at, 1, line, s->writer, 1, s->write_line);
+            if (s->read_epoch == now && s->reader != t)
+                race(l, at, 1, line, s->reader, 0, s->read_line);
+            if (s->read_epoch == now && s->reader2 != MG_CPU_NO_THREAD && s->reader2 != t)
+                race(l, at, 1, line, s->reader2, 0, s->read_line2);
+        }
+        s->write_epoch = now;
+        s->writer = t;
+        s->write_line = line;
+    }
+}
+
+/* Bytes the runtime wrote for the running thread (a TMA load's box): written
+ * as far as later reads are concerned, by that thread now. */
+void mg_cpu_shadow_written(mg_cpu_launch *l, const char *at, size_t bytes, int32_t line)
+{
+    if (l->shadow == NULL)
+        return; /* the kernel checks no access */
+    size_t offset = (size_t)(at - l->shared[0]);
+    for (size_t i = 0; i < bytes && offset + i < l->shared_total; i++) {
+        mg_shadow *s = &l->shadow[offset + i];
+        s->write_epoch = l->epoch;
+        s->writer = (uint32_t)l->current;
+        s->write_line = line;
+    }
+}
