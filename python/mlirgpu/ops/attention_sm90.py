@@ -1,0 +1,282 @@
+"""Scaled dot-product attention, forward, for Hopper (sm_90a): TMA copies,
+mbarrier rings, wgmma and warp specialization (FlashAttention-3's plan).
+
+mlirgpu.ops.attention runs this kernel on an sm_90a GPU for head dims 64
+and 128; the arrays, masks and results are the ones it documents. One block
+owns BM = 128 query rows of one (batch, head) and has three warpgroups:
+
+- warpgroup 0, the producer, gives its registers away (setmaxnreg) and has
+  one thread issue the TMA copies: Q's tile once, then for each key tile
+  K's and V's tiles into the next stage of a ring, each on a "full"
+  mbarrier of its own, so that S = Q K^T starts before V has landed. The
+  4-d tensor maps of (batch, sequence, heads, d) read zeros past Lq and Lk.
+- warpgroups 1 and 2, the consumers, claim the registers and own 64 query
+  rows each. Per key tile: S = Q K^T on wgmma (both operands K-major in
+  shared memory), the online softmax on S's accumulators in registers (a
+  row is spread over the 4 lanes of a quad: two shuffles; scale * log2(e)
+  folded into the one multiply before exp2), P rounded to the inputs' type
+  and written to shared memory in the 128-byte swizzle wgmma reads, then
+  O += P V on wgmma (V MN-major, as it lies in memory), and the stage goes
+  back to the producer on its "empty" mbarrier.
+- The causal mask and the tail of Lk are applied on the tiles that cross
+  them only; key tiles wholly above the diagonal are never loaded. Blocks
+  of the causal case start from the last query rows, whose rows see the
+  most keys, so that the long blocks are not the ones that run last.
+
+The two consumer warpgroups run independently: one's softmax overlaps the
+other's wgmmas.
+"""
+import math
+
+from .. import language as lang
+from .._mlirgpu import TensorMap, f32, i32, index
+from ..layout import ComposedLayout, Layout
+from ..layout import wgmma as wgmma_layout
+from ..runtime import backend
+from ..runtime.compiled import default_chip
+from ..runtime.kernel import kernel
+from ..runtime.tensormap import tensor_map
+
+__all__ = ["HEAD_DIMS", "supported", "forward"]
+
+HEAD_DIMS = (64, 128)
+BM = 128                    # query rows a block owns: 64 per consumer warpgroup
+BN = 128                    # keys per stage
+CONSUMERS = 2
+THREADS = 128 * (1 + CONSUMERS)
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
+BOX = 64                    # columns of a TMA box: one 128-byte row of 16-bit elements, the swizzle's
+CHUNK = 8                   # 16-bit elements in the swizzle's 16-byte unit
+LOG2E = math.log2(math.e)
+
+
+def stages(head_dim):
+    """K/V stages of the ring: as many as fit beside Q's and P's tiles."""
+    return 2 if head_dim == 128 else 4
+
+
+def shared_bytes(head_dim):
+    """Q's tile, the K and V stages, P's tile (16-bit elements), and 1 KB to
+    put the first tile on a 1024-byte boundary (the swizzle's period)."""
+    return (BM * head_dim + 2 * stages(head_dim) * BN * head_dim + BM * BN) * 2 + 1024
+
+
+def _build(head_dim, causal):
+    """The kernel for one head dimension and masking, generic over the dtype."""
+    D, STAGES = head_dim, stages(head_dim)
+    # Element offsets from the first 1024-byte boundary: Q (D/64 boxes of BM rows), each
+    # stage's K (D/64 boxes of BN keys) and V (per 64 keys, D/64 boxes of 64 keys), then P.
+    K_AT = BM * D
+    V_AT = K_AT + STAGES * BN * D
+    P_AT = V_AT + STAGES * BN * D
+    TILE_BYTES = BN * D * 2
+    # Q's and P's 64-row halves and K's tile are K-major boxes of 64 columns; V (keys x d)
+    # is MN-major, a 64-key slice of it D/64 boxes of 64 keys x 64 d.
+    A_TILE = wgmma_layout.tile_layout((64, BOX), 2, "128B")
+    K_TILE = wgmma_layout.tile_layout((BN, BOX), 2, "128B")
+    V_TILE = ComposedLayout(wgmma_layout.swizzle_for("128B", 2), 0,
+                            Layout(((BOX, D // BOX), (8, BOX // 8)), ((1, BOX * BOX), (BOX, 8 * BOX))))
+    T = lang.generics("T")
+
+    def key_tiles(m0, lq, lk):
+        """Key tiles the block's rows from m0 read: all, or with `causal` those up
+        to the last key its last row sees (none if that row sees no key)."""
+        tiles = (lk + BN - 1) // BN
+        if causal:
+            tiles = lang.math.max(lang.math.min(tiles, (lang.math.min(m0 + BM, lq) + lk - lq + BN - 1) // BN), 0)
+        return tiles
+
+    @kernel(generics=(T,), max_threads=THREADS, min_blocks=1)
+    def attention_forward_sm90(q_map: TensorMap, k_map: TensorMap, v_map: TensorMap,
+                               o: lang.memref[None, None, D, T].noalias(),
+                               lse: lang.memref[None, None, f32].noalias(),
+                               lq: i32, lk: i32, group: i32, scale_log2: f32):
+        """o is (B x Lq, Hq, D), lse (B x Hq, Lq); the maps address q (B, Lq, Hq, D)
+        and k, v (B, Lk, Hk, D) in boxes of (1, rows, 1, 64); query head h reads
+        key/value head h // group."""
+        smem = lang.shared.dynamic(o.dtype)
+        base = lang.shared.address(smem)
+        first = lang.cast(((base + 1023) & 0xFFFFFC00) - base, index) // 2
+        q_full = lang.mbarrier.array(1)
+        k_full = lang.mbarrier.array(STAGES)
+        v_full = lang.mbarrier.array(STAGES)
+        empty = lang.mbarrier.array(STAGES)
+        wg = lang.warpgroup.index()
+        t = lang.warpgroup.thread_index()
+        hq = lang.cast(o.shape[1], i32)
+        bh = lang.cast(lang.block_idx.y, i32)
+        b, h = bh // hq, bh % hq
+        # Causal blocks from the last rows (the longest) to the first.
+        row_block = lang.cast(lang.grid_dim.x - 1 - lang.block_idx.x if causal else lang.block_idx.x, i32)
+        m0 = row_block * BM
+        tiles = key_tiles(m0, lq, lk)
+        if lang.thread_idx.x == 0:
+            q_full.init(0, 1)
+            for s in lang.static_range(STAGES):
+                k_full.init(s, 1)
+                v_full.init(s, 1)
+                empty.init(s, 4 * CONSUMERS)    # one arrival per consumer warp
+            lang.mbarrier.fence_init()
+        lang.syncthreads()
+
+        if wg == 0:
+            lang.warpgroup.set_max_registers(PRODUCER_REGISTERS, increase=False)
+            if t == 0:
+                kv_head = h // group
+                q_full.arrive_expect_tx(0, BM * D * 2)
+                for j in lang.static_range(D // BOX):
+                    lang.tma.load(q_map, smem, (b, m0, h, j * BOX), q_full, 0, offset=first + j * (BM * BOX))
+                for n in range(tiles):
+                    s = n % STAGES
+                    if n >= STAGES:
+                        empty.wait(s, (n // STAGES + 1) % 2)     # the consumers are done with its last use
+                    at = first + lang.cast(s, index) * (BN * D)
+                    k_full.arrive_expect_tx(s, TILE_BYTES)
+                    for j in lang.static_range(D // BOX):
+                        lang.tma.load(k_map, smem, (b, n * BN, kv_head, j * BOX), k_full, s,
+                                      offset=at + K_AT + j * (BN * BOX))
+                    v_full.arrive_expect_tx(s, TILE_BYTES)
+                    for i in lang.static_range(BN // BOX):
+                        for j in lang.static_range(D // BOX):
+                            lang.tma.load(v_map, smem, (b, n * BN + i * BOX, kv_head, j * BOX), v_full, s,
+                                          offset=at + V_AT + i * (BOX * D) + j * (BOX * BOX))
+        else:
+            lang.warpgroup.set_max_registers(CONSUMER_REGISTERS, increase=True)
+            w = wg - 1
+            lane = t % 32
+            q_at = first + lang.cast(w, index) * (64 * BOX)
+            p_at = first + P_AT + lang.cast(w, index) * (64 * BN)
+            # This thread's rows of the warpgroup's 64 (accumulator values 4i, 4i+1: row r; 4i+2, 4i+3: r + 8).
+            r, _ = lang.wgmma.accumulator_coordinates(0, t)
+            rows = [m0 + w * 64 + r, m0 + w * 64 + r + 8]
+            minus_inf = lang.constant(float("-inf"), f32)
+            m = [minus_inf, minus_inf]                  # running maximum of scaled scores, log2 units
+            l = [lang.constant(0.0, f32), lang.constant(0.0, f32)]    # this lane's share of the row sums
+            acc = lang.wgmma.zeros(D)
+            q_full.wait(0, 0)
+            for n in range(tiles):
+                s = n % STAGES
+                phase = n // STAGES % 2
+                at = first + lang.cast(s, index) * (BN * D)
+                n0 = lang.cast(n, i32) * BN
+                # S = Q K^T for the warpgroup's 64 rows and the tile's BN keys.
+                k_full.wait(s, phase)
+                scores = lang.wgmma.zeros(BN)
+                lang.wgmma.fence()
+                for kk in lang.static_range(D // 16):
+                    a = lang.wgmma.descriptor(smem, A_TILE, offset=q_at + kk // 4 * (BM * BOX), k_block=kk % 4)
+                    bk = lang.wgmma.descriptor(smem, K_TILE, offset=at + K_AT + kk // 4 * (BN * BOX),
+                                               k_block=kk % 4)
+                    scores = lang.wgmma.mma(scores, a, bk, n=BN)
+                lang.wgmma.commit_group()
+                scores = lang.wgmma.wait_group(0, scores)
+
+                # Keys past Lk, and with `causal` keys past a row's diagonal, are -inf.
+                edge = n0 + BN > lk
+                if causal:
+                    edge = edge | (n0 + BN - 1 > m0 + w * 64 + lk - lq)
+                if edge:
+                    for e in lang.static_range(BN // 2):
+                        _, column = lang.wgmma.accumulator_coordinates(e, t)
+                        key = n0 + column
+                        hidden = key >= lk
+                        if causal:
+                            hidden = hidden | (key + lq > rows[e // 2 % 2] + lk)
+                        scores[e] = lang.select(hidden, minus_inf, scores[e])
+
+                # The online softmax, row by row: the quad's maximum, then P and the rescaling of O and l.
+                for half in lang.static_range(2):
+                    mine = [scores[e] for e in lang.static_range(BN // 2) if e // 2 % 2 == half]
+                    top = mine[0]
+                    for x in mine[1:]:
+                        top = lang.math.max(top, x)
+                    top = lang.math.max(top, lang.warp.shfl_xor(top, 1))
+                    top = lang.math.max(top, lang.warp.shfl_xor(top, 2))
+                    new_m = lang.math.max(m[half], top * scale_log2)
+                    # A row that has seen only masked keys keeps -inf; subtracting 0 then gives exp2(-inf) = 0.
+                    shift = lang.select(new_m == minus_inf, lang.constant(0.0, f32), new_m)
+                    alpha = lang.math.exp2(m[half] - shift)
+                    total = lang.constant(0.0, f32)
+                    for e in lang.static_range(BN // 2):
+                        if e // 2 % 2 == half:
+                            scores[e] = lang.math.exp2(scores[e] * scale_log2 - shift)
+                            total += scores[e]
+                    l[half] = l[half] * alpha + total
+                    m[half] = new_m
+                    for e in lang.static_range(D // 2):
+                        if e // 2 % 2 == half:
+                            acc[e] = acc[e] * alpha
+
+                # P into shared memory, as the 128-byte swizzle of 64-key boxes (the
+                # layout of A_TILE), two neighbouring keys a store.
+                for e in lang.static_range(0, BN // 2, 2):
+                    row, column = lang.wgmma.accumulator_coordinates(e, t)
+                    element = row * BOX + column % BOX
+                    swizzled = lang.cast(element ^ (row % 8 * CHUNK), index)
+                    lang.vstore(smem, p_at + (e // 32) * (64 * BOX) + swizzled,
+                                (lang.cast(scores[e], o.dtype), lang.cast(scores[e + 1], o.dtype)))
+                lang.tma.fence_proxy_async()            # the stores above, before the tensor cores read them
+                lang.warpgroup.barrier(wg)              # the warpgroup's 64 rows of P are all in (ids 1 and 2)
+
+                # O += P V.
+                v_full.wait(s, phase)
+                lang.wgmma.fence()
+                for kk in lang.static_range(BN // 16):
+                    a = lang.wgmma.descriptor(smem, A_TILE, offset=p_at + kk // 4 * (64 * BOX), k_block=kk % 4)
+                    bv = lang.wgmma.descriptor(smem, V_TILE, offset=at + V_AT + kk // 4 * (BOX * D),
+                                               k_block=kk % 4, major="MN")
+                    acc = lang.wgmma.mma(acc, a, bv, n=D)
+                lang.wgmma.commit_group()
+                acc = lang.wgmma.wait_group(0, acc)
+                if lane == 0:
+                    empty.arrive(s)
+
+            # O / l and the log-sum-exp (natural log), row by row; a row that saw no key gets 0 and -inf.
+            for half in lang.static_range(2):
+                total = l[half]
+                total += lang.warp.shfl_xor(total, 1)
+                total += lang.warp.shfl_xor(total, 2)
+                nothing = total == 0.0
+                inverse = lang.select(nothing, lang.constant(0.0, f32), 1.0 / total)
+                row = rows[half]
+                if row < lq:
+                    for e in lang.static_range(0, D // 2, 4):
+                        _, column = lang.wgmma.accumulator_coordinates(e + 2 * half, t)
+                        lang.vstore(o, (b * lq + row, h, column),
+                                    (lang.cast(acc[e + 2 * half] * inverse, o.dtype),
+                                     lang.cast(acc[e + 2 * half + 1] * inverse, o.dtype)))
+                    if lane % 4 == 0:
+                        lse[bh, row] = lang.select(nothing, minus_inf, (m[half] + lang.math.log2(total)) * math.log(2.0))
+
+    return attention_forward_sm90
+
+
+_KERNELS = {}
+
+
+def kernel_for(head_dim, causal):
+    """The kernel of (head dimension, causal), built once; its dtype is a generic."""
+    key = (head_dim, bool(causal))
+    if key not in _KERNELS:
+        _KERNELS[key] = _build(head_dim, causal)
+    return _KERNELS[key]
+
+
+def supported(q, k, head_dim):
+    """Whether this kernel takes the case: an sm_90a GPU, head dims 64 and
+    128, and q and k (their memory) 16-byte aligned, as TMA addresses it."""
+    return (backend.backend() == "cuda" and head_dim in HEAD_DIMS and q.ptr % 16 == 0 and k.ptr % 16 == 0
+            and default_chip() == "sm_90a")
+
+
+def forward(q, k, v, out, lse, causal, scale_log2):
+    """out and lse (as mlirgpu.ops.attention documents them) of q (B, Lq, Hq, d)
+    and k, v (B, Lk, Hk, d), C-contiguous arrays of the current backend
+    (DeviceArrays, or NumPy arrays on the CPU backend)."""
+    (batch, lq, hq, d), (_, lk, hk, _) = tuple(q.shape), tuple(k.shape)
+    q_map = tensor_map(q, box=(1, BM, 1, BOX), swizzle="128B")
+    k_map = tensor_map(k, box=(1, BN, 1, BOX), swizzle="128B")
+    v_map = tensor_map(v, box=(1, BOX, 1, BOX), swizzle="128B")
+    kernel_for(d, causal)(q_map, k_map, v_map, out.reshape(batch * lq, hq, d), lse.reshape(batch * hq, lq),
+                          lq, lk, hq // hk, scale_log2, grid=((lq + BM - 1) // BM, batch * hq), block=THREADS,
+                          shared_mem=shared_bytes(d))
