@@ -56,9 +56,9 @@ def stages(head_dim):
 
 
 def shared_bytes(head_dim):
-    """Q's tile, the K and V stages, P's tile (16-bit elements), and 1 KB to
+    """Q's tile, the K and V stages, two buffers of P's tile (16-bit elements), and 1 KB to
     put the first tile on a 1024-byte boundary (the swizzle's period)."""
-    return (BM * head_dim + 2 * stages(head_dim) * BN * head_dim + BM * BN) * 2 + 1024
+    return (BM * head_dim + 2 * stages(head_dim) * BN * head_dim + 2 * BM * BN) * 2 + 1024
 
 
 def _build(head_dim, causal):
@@ -85,6 +85,90 @@ def _build(head_dim, causal):
         if causal:
             tiles = lang.math.max(lang.math.min(tiles, (lang.math.min(m0 + BM, lq) + lk - lq + BN - 1) // BN), 0)
         return tiles
+
+    def issue_scores(smem, q_at, stage_at):
+        """Issues S = Q K^T (one wgmma group) for the warpgroup's 64 rows of Q at
+        q_at and the BN keys of the stage at stage_at; returns S's accumulators."""
+        scores = lang.wgmma.zeros(BN)
+        lang.wgmma.fence()
+        for kk in lang.static_range(D // 16):
+            a = lang.wgmma.descriptor(smem, A_TILE, offset=q_at + kk // 4 * (BM * BOX), k_block=kk % 4)
+            b = lang.wgmma.descriptor(smem, K_TILE, offset=stage_at + K_AT + kk // 4 * (BN * BOX), k_block=kk % 4)
+            scores = lang.wgmma.mma(scores, a, b, n=BN)
+        lang.wgmma.commit_group()
+        return scores
+
+    def issue_values(smem, acc, p_at, stage_at):
+        """Issues O += P V (one wgmma group) for the warpgroup's P at p_at and the V
+        of the stage at stage_at; returns O's accumulators."""
+        lang.wgmma.fence()
+        for kk in lang.static_range(BN // 16):
+            a = lang.wgmma.descriptor(smem, A_TILE, offset=p_at + kk // 4 * (64 * BOX), k_block=kk % 4)
+            b = lang.wgmma.descriptor(smem, V_TILE, offset=stage_at + V_AT + kk // 4 * (BOX * D), k_block=kk % 4,
+                                      major="MN")
+            acc = lang.wgmma.mma(acc, a, b, n=D)
+        lang.wgmma.commit_group()
+        return acc
+
+    def crosses(n0, row0, lq, lk):
+        """Whether the key tile from n0 has keys that rows from row0 (64 of them) do not
+        see: keys past Lk, or with `causal` past the diagonal of the first row."""
+        edge = n0 + BN > lk
+        if causal:
+            edge = edge | (n0 + BN - 1 > row0 + lk - lq)
+        return edge
+
+    def masked(scores, t, n0, rows, lq, lk):
+        """S with -inf for the keys past Lk and, with `causal`, past each row's diagonal."""
+        minus_inf = lang.constant(float("-inf"), f32)
+        result = []
+        for e in lang.static_range(BN // 2):
+            _, column = lang.wgmma.accumulator_coordinates(e, t)
+            key = n0 + column
+            hidden = key >= lk
+            if causal:
+                hidden = hidden | (key + lq > rows[e // 2 % 2] + lk)
+            result.append(lang.select(hidden, minus_inf, scores[e]))
+        return result
+
+    def softmax(scores, m, l, scale_log2):
+        """The online softmax's step, row by row (each row on the 4 lanes of a quad:
+        two shuffles give its maximum): P = exp2(S * scale_log2 - m_new) and the
+        running maxima m and row sums l; returns P, m, l and the factors
+        exp2(m_old - m_new) that rescale O's rows."""
+        minus_inf = lang.constant(float("-inf"), f32)
+        p, m, l, alpha = list(scores), list(m), list(l), [None, None]
+        for half in lang.static_range(2):
+            mine = [scores[e] for e in lang.static_range(BN // 2) if e // 2 % 2 == half]
+            top = mine[0]
+            for x in mine[1:]:
+                top = lang.math.max(top, x)
+            top = lang.math.max(top, lang.warp.shfl_xor(top, 1))
+            top = lang.math.max(top, lang.warp.shfl_xor(top, 2))
+            new_m = lang.math.max(m[half], top * scale_log2)
+            # A row that has seen only masked keys keeps -inf; subtracting 0 then gives exp2(-inf) = 0.
+            shift = lang.select(new_m == minus_inf, lang.constant(0.0, f32), new_m)
+            alpha[half] = lang.math.exp2(m[half] - shift)
+            total = lang.constant(0.0, f32)
+            for e in lang.static_range(BN // 2):
+                if e // 2 % 2 == half:
+                    p[e] = lang.math.exp2(scores[e] * scale_log2 - shift)
+                    total += p[e]
+            l[half] = l[half] * alpha[half] + total
+            m[half] = new_m
+        return p, m, l, alpha
+
+    def store_p(smem, p_at, p, t, dtype, wg):
+        """P, rounded to `dtype`, into the warpgroup's buffer at p_at as the 128-byte
+        swizzle of 64-key boxes (the layout of A_TILE), two neighbouring keys a
+        store; then visible to the tensor cores, for all of the warpgroup's rows."""
+        for e in lang.static_range(0, BN // 2, 2):
+            row, column = lang.wgmma.accumulator_coordinates(e, t)
+            element = row * BOX + column % BOX
+            swizzled = lang.cast(element ^ (row % 8 * CHUNK), index)
+            lang.vstore(smem, p_at + (e // 32) * (64 * BOX) + swizzled, (lang.cast(p[e], dtype), lang.cast(p[e + 1], dtype)))
+        lang.tma.fence_proxy_async()
+        lang.warpgroup.barrier(wg)              # ids 1 and 2: the consumer warpgroups'
 
     @kernel(generics=(T,), max_threads=THREADS, min_blocks=1)
     def attention_forward_sm90(q_map: TensorMap, k_map: TensorMap, v_map: TensorMap,
@@ -145,7 +229,7 @@ def _build(head_dim, causal):
             w = wg - 1
             lane = t % 32
             q_at = first + lang.cast(w, index) * (64 * BOX)
-            p_at = first + P_AT + lang.cast(w, index) * (64 * BN)
+            p_at = first + P_AT + lang.cast(w, index) * (2 * 64 * BN)
             # This thread's rows of the warpgroup's 64 (accumulator values 4i, 4i+1: row r; 4i+2, 4i+3: r + 8).
             r, _ = lang.wgmma.accumulator_coordinates(0, t)
             rows = [m0 + w * 64 + r, m0 + w * 64 + r + 8]
@@ -154,83 +238,38 @@ def _build(head_dim, causal):
             l = [lang.constant(0.0, f32), lang.constant(0.0, f32)]    # this lane's share of the row sums
             acc = lang.wgmma.zeros(D)
             q_full.wait(0, 0)
-            for n in range(tiles):
-                s = n % STAGES
-                phase = n // STAGES % 2
-                at = first + lang.cast(s, index) * (BN * D)
-                n0 = lang.cast(n, i32) * BN
-                # S = Q K^T for the warpgroup's 64 rows and the tile's BN keys.
-                k_full.wait(s, phase)
-                scores = lang.wgmma.zeros(BN)
-                lang.wgmma.fence()
-                for kk in lang.static_range(D // 16):
-                    a = lang.wgmma.descriptor(smem, A_TILE, offset=q_at + kk // 4 * (BM * BOX), k_block=kk % 4)
-                    bk = lang.wgmma.descriptor(smem, K_TILE, offset=at + K_AT + kk // 4 * (BN * BOX),
-                                               k_block=kk % 4)
-                    scores = lang.wgmma.mma(scores, a, bk, n=BN)
-                lang.wgmma.commit_group()
-                scores = lang.wgmma.wait_group(0, scores)
-
-                # Keys past Lk, and with `causal` keys past a row's diagonal, are -inf.
-                edge = n0 + BN > lk
-                if causal:
-                    edge = edge | (n0 + BN - 1 > m0 + w * 64 + lk - lq)
-                if edge:
-                    for e in lang.static_range(BN // 2):
-                        _, column = lang.wgmma.accumulator_coordinates(e, t)
-                        key = n0 + column
-                        hidden = key >= lk
-                        if causal:
-                            hidden = hidden | (key + lq > rows[e // 2 % 2] + lk)
-                        scores[e] = lang.select(hidden, minus_inf, scores[e])
-
-                # The online softmax, row by row: the quad's maximum, then P and the rescaling of O and l.
-                for half in lang.static_range(2):
-                    mine = [scores[e] for e in lang.static_range(BN // 2) if e // 2 % 2 == half]
-                    top = mine[0]
-                    for x in mine[1:]:
-                        top = lang.math.max(top, x)
-                    top = lang.math.max(top, lang.warp.shfl_xor(top, 1))
-                    top = lang.math.max(top, lang.warp.shfl_xor(top, 2))
-                    new_m = lang.math.max(m[half], top * scale_log2)
-                    # A row that has seen only masked keys keeps -inf; subtracting 0 then gives exp2(-inf) = 0.
-                    shift = lang.select(new_m == minus_inf, lang.constant(0.0, f32), new_m)
-                    alpha = lang.math.exp2(m[half] - shift)
-                    total = lang.constant(0.0, f32)
-                    for e in lang.static_range(BN // 2):
-                        if e // 2 % 2 == half:
-                            scores[e] = lang.math.exp2(scores[e] * scale_log2 - shift)
-                            total += scores[e]
-                    l[half] = l[half] * alpha + total
-                    m[half] = new_m
-                    for e in lang.static_range(D // 2):
-                        if e // 2 % 2 == half:
-                            acc[e] = acc[e] * alpha
-
-                # P into shared memory, as the 128-byte swizzle of 64-key boxes (the
-                # layout of A_TILE), two neighbouring keys a store.
-                for e in lang.static_range(0, BN // 2, 2):
-                    row, column = lang.wgmma.accumulator_coordinates(e, t)
-                    element = row * BOX + column % BOX
-                    swizzled = lang.cast(element ^ (row % 8 * CHUNK), index)
-                    lang.vstore(smem, p_at + (e // 32) * (64 * BOX) + swizzled,
-                                (lang.cast(scores[e], o.dtype), lang.cast(scores[e + 1], o.dtype)))
-                lang.tma.fence_proxy_async()            # the stores above, before the tensor cores read them
-                lang.warpgroup.barrier(wg)              # the warpgroup's 64 rows of P are all in (ids 1 and 2)
-
-                # O += P V.
-                v_full.wait(s, phase)
-                lang.wgmma.fence()
-                for kk in lang.static_range(BN // 16):
-                    a = lang.wgmma.descriptor(smem, A_TILE, offset=p_at + kk // 4 * (64 * BOX), k_block=kk % 4)
-                    bv = lang.wgmma.descriptor(smem, V_TILE, offset=at + V_AT + kk // 4 * (BOX * D),
-                                               k_block=kk % 4, major="MN")
-                    acc = lang.wgmma.mma(acc, a, bv, n=D)
-                lang.wgmma.commit_group()
-                acc = lang.wgmma.wait_group(0, acc)
+            # Software-pipelined: S of tile n is issued before O += P V of tile n - 1, and its
+            # softmax runs while the tensor cores do that product.
+            if tiles > 0:
+                k_full.wait(0, 0)
+                scores = lang.wgmma.wait_group(0, issue_scores(smem, q_at, first))
+                if crosses(0, m0 + w * 64, lq, lk):
+                    scores = masked(scores, t, 0, rows, lq, lk)
+                scores, m, l = softmax(scores, m, l, scale_log2)[:3]
+                store_p(smem, p_at, scores, t, o.dtype, wg)
+                for n in range(1, tiles):
+                    s, before = n % STAGES, (n - 1) % STAGES
+                    n0 = lang.cast(n, i32) * BN
+                    k_full.wait(s, n // STAGES % 2)
+                    scores = issue_scores(smem, q_at, first + lang.cast(s, index) * (BN * D))
+                    v_full.wait(before, (n - 1) // STAGES % 2)
+                    acc = issue_values(smem, acc, p_at + lang.cast((n - 1) % 2, index) * (64 * BN),
+                                       first + lang.cast(before, index) * (BN * D))
+                    scores = lang.wgmma.wait_group(1, scores)
+                    if crosses(n0, m0 + w * 64, lq, lk):
+                        scores = masked(scores, t, n0, rows, lq, lk)
+                    scores, m, l, alpha = softmax(scores, m, l, scale_log2)
+                    acc = lang.wgmma.wait_group(0, acc)
+                    if lane == 0:
+                        empty.arrive(before)
+                    acc = [acc[e] * alpha[e // 2 % 2] for e in lang.static_range(D // 2)]
+                    store_p(smem, p_at + lang.cast(n % 2, index) * (64 * BN), scores, t, o.dtype, wg)
+                last = tiles - 1
+                v_full.wait(last % STAGES, last // STAGES % 2)
+                acc = lang.wgmma.wait_group(0, issue_values(smem, acc, p_at + lang.cast(last % 2, index) * (64 * BN),
+                                                            first + lang.cast(last % STAGES, index) * (BN * D)))
                 if lane == 0:
-                    empty.arrive(s)
-
+                    empty.arrive(last % STAGES)
             # O / l and the log-sum-exp (natural log), row by row; a row that saw no key gets 0 and -inf.
             for half in lang.static_range(2):
                 total = l[half]
