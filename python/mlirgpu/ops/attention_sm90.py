@@ -226,7 +226,9 @@ def _build(head_dim, causal):
                                           offset=at + V_AT + i * (BOX * D) + j * (BOX * BOX))
         else:
             lang.warpgroup.set_max_registers(CONSUMER_REGISTERS, increase=True)
-            w = wg - 1
+            # Read from lane 0, the warpgroup is visibly the same in the whole warp: ptxas then keeps
+            # the wgmmas after the turn-taking branches asynchronous (else its warning C7520).
+            w = lang.warp.shfl_idx(wg - 1, 0)
             lane = t % 32
             q_at = first + lang.cast(w, index) * (64 * BOX)
             p_at = first + P_AT + lang.cast(w, index) * (2 * 64 * BN)
@@ -239,10 +241,16 @@ def _build(head_dim, causal):
             acc = lang.wgmma.zeros(D)
             q_full.wait(0, 0)
             # Software-pipelined: S of tile n is issued before O += P V of tile n - 1, and its
-            # softmax runs while the tensor cores do that product.
+            # softmax runs while the tensor cores do that product. The two warpgroups take turns
+            # at issuing their wgmmas (named barriers 3 + w, which the other warpgroup arrives
+            # at once it has issued its own), so that one's softmax runs under the other's products.
             if tiles > 0:
+                if w == 1:
+                    lang.warpgroup.barrier(4, 256)
                 k_full.wait(0, 0)
-                scores = lang.wgmma.wait_group(0, issue_scores(smem, q_at, first))
+                scores = issue_scores(smem, q_at, first)
+                lang.warpgroup.arrive(4 - w, 256)
+                scores = lang.wgmma.wait_group(0, scores)
                 if crosses(0, m0 + w * 64, lq, lk):
                     scores = masked(scores, t, 0, rows, lq, lk)
                 scores, m, l = softmax(scores, m, l, scale_log2)[:3]
@@ -250,11 +258,13 @@ def _build(head_dim, causal):
                 for n in range(1, tiles):
                     s, before = n % STAGES, (n - 1) % STAGES
                     n0 = lang.cast(n, i32) * BN
+                    lang.warpgroup.barrier(3 + w, 256)
                     k_full.wait(s, n // STAGES % 2)
                     scores = issue_scores(smem, q_at, first + lang.cast(s, index) * (BN * D))
                     v_full.wait(before, (n - 1) // STAGES % 2)
                     acc = issue_values(smem, acc, p_at + lang.cast((n - 1) % 2, index) * (64 * BN),
                                        first + lang.cast(before, index) * (BN * D))
+                    lang.warpgroup.arrive(4 - w, 256)
                     scores = lang.wgmma.wait_group(1, scores)
                     if crosses(n0, m0 + w * 64, lq, lk):
                         scores = masked(scores, t, n0, rows, lq, lk)
@@ -265,9 +275,13 @@ def _build(head_dim, causal):
                     acc = [acc[e] * alpha[e // 2 % 2] for e in lang.static_range(D // 2)]
                     store_p(smem, p_at + lang.cast(n % 2, index) * (64 * BN), scores, t, o.dtype, wg)
                 last = tiles - 1
+                lang.warpgroup.barrier(3 + w, 256)
                 v_full.wait(last % STAGES, last // STAGES % 2)
-                acc = lang.wgmma.wait_group(0, issue_values(smem, acc, p_at + lang.cast(last % 2, index) * (64 * BN),
-                                                            first + lang.cast(last % STAGES, index) * (BN * D)))
+                acc = issue_values(smem, acc, p_at + lang.cast(last % 2, index) * (64 * BN),
+                                   first + lang.cast(last % STAGES, index) * (BN * D))
+                if w == 0:
+                    lang.warpgroup.arrive(4, 256)       # the second warpgroup's last turn
+                acc = lang.wgmma.wait_group(0, acc)
                 if lane == 0:
                     empty.arrive(last % STAGES)
             # O / l and the log-sum-exp (natural log), row by row; a row that saw no key gets 0 and -inf.
