@@ -337,7 +337,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
     lse = _new(q, (batch, hq, lq), f32)
     if batch * hq * lq:
         scale_log2 = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
-        if attention_sm90.supported(arrays[0], arrays[1], d):
+        if attention_sm90.supported(*arrays, d):
             attention_sm90.forward(*arrays, target, _array(lse, "lse"), causal, scale_log2)
             return (out, lse) if return_lse else out
         # The kernel sees batch and sequence as one dimension (views, no copies).

@@ -23,8 +23,10 @@ owns BM = 128 query rows of one (batch, head) and has three warpgroups:
   of the causal case start from the last query rows, whose rows see the
   most keys, so that the long blocks are not the ones that run last.
 
-The two consumer warpgroups run independently: one's softmax overlaps the
-other's wgmmas.
+Overlap: in each consumer the loop is software-pipelined (S of tile n is
+issued before O += P V of tile n - 1, and its softmax runs while the tensor
+cores do that product), and the two consumers take turns at issuing their
+wgmmas (named barriers), so that one's softmax runs under the other's.
 """
 import math
 
@@ -47,7 +49,6 @@ THREADS = 128 * (1 + CONSUMERS)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
 BOX = 64                    # columns of a TMA box: one 128-byte row of 16-bit elements, the swizzle's
 CHUNK = 8                   # 16-bit elements in the swizzle's 16-byte unit
-LOG2E = math.log2(math.e)
 
 
 def stages(head_dim):
@@ -166,7 +167,8 @@ def _build(head_dim, causal):
             row, column = lang.wgmma.accumulator_coordinates(e, t)
             element = row * BOX + column % BOX
             swizzled = lang.cast(element ^ (row % 8 * CHUNK), index)
-            lang.vstore(smem, p_at + (e // 32) * (64 * BOX) + swizzled, (lang.cast(p[e], dtype), lang.cast(p[e + 1], dtype)))
+            lang.vstore(smem, p_at + (e // 32) * (64 * BOX) + swizzled,
+                        (lang.cast(p[e], dtype), lang.cast(p[e + 1], dtype)))
         lang.tma.fence_proxy_async()
         lang.warpgroup.barrier(wg)              # ids 1 and 2: the consumer warpgroups'
 
@@ -299,7 +301,8 @@ def _build(head_dim, causal):
                                     (lang.cast(acc[e + 2 * half] * inverse, o.dtype),
                                      lang.cast(acc[e + 2 * half + 1] * inverse, o.dtype)))
                     if lane % 4 == 0:
-                        lse[bh, row] = lang.select(nothing, minus_inf, (m[half] + lang.math.log2(total)) * math.log(2.0))
+                        lse[bh, row] = lang.select(nothing, minus_inf,
+                                                   (m[half] + lang.math.log2(total)) * math.log(2.0))
 
     return attention_forward_sm90
 
@@ -315,10 +318,10 @@ def kernel_for(head_dim, causal):
     return _KERNELS[key]
 
 
-def supported(q, k, head_dim):
+def supported(q, k, v, head_dim):
     """Whether this kernel takes the case: an sm_90a GPU, head dims 64 and
-    128, and q and k (their memory) 16-byte aligned, as TMA addresses it."""
-    return (backend.backend() == "cuda" and head_dim in HEAD_DIMS and q.ptr % 16 == 0 and k.ptr % 16 == 0
+    128, and q, k and v (their memory) 16-byte aligned, as TMA reads it."""
+    return (backend.backend() == "cuda" and head_dim in HEAD_DIMS and all(x.ptr % 16 == 0 for x in (q, k, v))
             and default_chip() == "sm_90a")
 
 
