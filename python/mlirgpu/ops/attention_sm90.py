@@ -320,9 +320,11 @@ def kernel_for(head_dim, causal):
 
 def supported(q, k, v, head_dim):
     """Whether this kernel takes the case: an sm_90a GPU, head dims 64 and
-    128, and q, k and v (their memory) 16-byte aligned, as TMA reads it."""
-    return (backend.backend() == "cuda" and head_dim in HEAD_DIMS and all(x.ptr % 16 == 0 for x in (q, k, v))
-            and default_chip() == "sm_90a")
+    128, and q, k and v (their memory) 16-byte aligned, as TMA reads it.
+    Arrays without a device pointer (NumPy's) are left to the other kernel,
+    whose launch says what is wrong with them."""
+    return (backend.backend() == "cuda" and head_dim in HEAD_DIMS
+            and all(hasattr(x, "ptr") and x.ptr % 16 == 0 for x in (q, k, v)) and default_chip() == "sm_90a")
 
 
 def forward(q, k, v, out, lse, causal, scale_log2):
