@@ -9,7 +9,10 @@ measured in the same run.
   H = 2048 / head_dim heads (as many query as key/value heads); q, k and v
   (B, L, H, d), uniform in [-1, 1). `--quick`: L = 4096 only.
 - Rows: mlirgpu.ops.attention(q, k, v, causal=...) on the torch tensors, as
-  a user calls it (its host work included), and torch's SDPA on the same
+  a user calls it (its host work included): on an sm_90a GPU its Hopper
+  kernel (ops/attention_sm90.py), and in the row "mlirgpu FA2" the same call
+  with that kernel turned off (the mma.sync kernel every other GPU runs);
+  and torch's SDPA on the same
   memory seen as (B, H, L, d) (`q.transpose(1, 2)`), under
   sdpa_kernel(SDPBackend.FLASH_ATTENTION) and (CUDNN_ATTENTION).
 - Checks, before any timing: each row's output against the FlashAttention
@@ -29,16 +32,18 @@ import argparse
 import statistics
 import sys
 import time
+from unittest import mock
 
 import checkout  # noqa: E402,F401 (mlirgpu: the installed package, else this checkout's)
 
 import mlirgpu.ops  # noqa: E402
+from mlirgpu.ops import attention_sm90  # noqa: E402
 
 TOKENS, WIDTH = 16384, 2048      # tokens a batch, heads x head_dim
 LENGTHS, QUICK_LENGTHS = (1024, 4096, 16384), (4096,)
 HEAD_DIMS = (64, 128)
 TOLERANCE = 2e-2
-MLIRGPU, FLASH, CUDNN = "mlirgpu", "SDPA flash", "SDPA cuDNN"
+MLIRGPU, FA2, FLASH, CUDNN = "mlirgpu", "mlirgpu FA2", "SDPA flash", "SDPA cuDNN"
 
 
 def rows(torch, causal):
@@ -53,7 +58,11 @@ def rows(torch, causal):
                                                     is_causal=causal).transpose(1, 2)
         return run
 
-    return [(MLIRGPU, lambda q, k, v: mlirgpu.ops.attention(q, k, v, causal=causal)),
+    def fa2(q, k, v):
+        with mock.patch.object(attention_sm90, "supported", lambda *args: False):
+            return mlirgpu.ops.attention(q, k, v, causal=causal)
+
+    return [(MLIRGPU, lambda q, k, v: mlirgpu.ops.attention(q, k, v, causal=causal)), (FA2, fa2),
             (FLASH, sdpa(SDPBackend.FLASH_ATTENTION)), (CUDNN, sdpa(SDPBackend.CUDNN_ATTENTION))]
 
 
@@ -124,7 +133,7 @@ def main(argv=None):
         sys.exit("benchmarks/attention.py needs a CUDA GPU")
     print(f"attention forward, bf16, {TOKENS} tokens a batch, heads x head_dim = {WIDTH}, "
           f"on {torch.cuda.get_device_name()} (TFLOP/s, median of {args.rounds} interleaved rounds)")
-    header = (f"{'L':>6} {'B':>3} {'H':>3} {'d':>4} {'causal':>6} | {MLIRGPU:>8} {FLASH:>10} {CUDNN:>10} | "
+    header = (f"{'L':>6} {'B':>3} {'H':>3} {'d':>4} {'causal':>6} | {MLIRGPU:>8} {FA2:>11} {FLASH:>10} {CUDNN:>10} | "
               f"{'mlirgpu/cuDNN':>13} {'mlirgpu/flash':>13}")
     print(header)
     print("-" * len(header))
@@ -132,9 +141,9 @@ def main(argv=None):
         for d in HEAD_DIMS:
             for causal in (False, True):
                 results = measure(torch, length, d, causal, args.rounds)
-                cells = [cell(results[name], length, d, causal) for name in (MLIRGPU, FLASH, CUDNN)]
+                cells = [cell(results[name], length, d, causal) for name in (MLIRGPU, FA2, FLASH, CUDNN)]
                 print(f"{length:>6} {TOKENS // length:>3} {WIDTH // d:>3} {d:>4} {str(causal):>6} | "
-                      f"{cells[0]:>8} {cells[1]:>10} {cells[2]:>10} | "
+                      f"{cells[0]:>8} {cells[1]:>11} {cells[2]:>10} {cells[3]:>10} | "
                       f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
                 for name, result in results.items():
                     if isinstance(result, str):

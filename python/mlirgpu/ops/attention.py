@@ -46,6 +46,7 @@ from .._mlirgpu import LaunchError, bf16, f16, f32
 from ..layout import Swizzle, composition, row_major
 from ..runtime import backend
 from ..runtime.kernel import kernel
+from . import attention_sm90
 
 __all__ = ["attention", "HEAD_DIMS"]
 
@@ -336,6 +337,9 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
     lse = _new(q, (batch, hq, lq), f32)
     if batch * hq * lq:
         scale_log2 = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
+        if attention_sm90.supported(*arrays, d):
+            attention_sm90.forward(*arrays, target, _array(lse, "lse"), causal, scale_log2)
+            return (out, lse) if return_lse else out
         # The kernel sees batch and sequence as one dimension (views, no copies).
         kernel_for(d, causal)(arrays[0].reshape(batch * lq, hq, d), arrays[1].reshape(batch * lk, hk, d),
                               arrays[2].reshape(batch * lk, hk, d), target.reshape(batch * lq, hq, d),

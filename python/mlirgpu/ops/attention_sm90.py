@@ -1,0 +1,340 @@
+"""Scaled dot-product attention, forward, for Hopper (sm_90a): TMA copies,
+mbarrier rings, wgmma and warp specialization (FlashAttention-3's plan).
+
+mlirgpu.ops.attention runs this kernel on an sm_90a GPU for head dims 64
+and 128; the arrays, masks and results are the ones it documents. One block
+owns BM = 128 query rows of one (batch, head) and has three warpgroups:
+
+- warpgroup 0, the producer, gives its registers away (setmaxnreg) and has
+  one thread issue the TMA copies: Q's tile once, then for each key tile
+  K's and V's tiles into the next stage of a ring, each on a "full"
+  mbarrier of its own, so that S = Q K^T starts before V has landed. The
+  4-d tensor maps of (batch, sequence, heads, d) read zeros past Lq and Lk.
+- warpgroups 1 and 2, the consumers, claim the registers and own 64 query
+  rows each. Per key tile: S = Q K^T on wgmma (both operands K-major in
+  shared memory), the online softmax on S's accumulators in registers (a
+  row is spread over the 4 lanes of a quad: two shuffles; scale * log2(e)
+  folded into the one multiply before exp2), P rounded to the inputs' type
+  and written to shared memory in the 128-byte swizzle wgmma reads, then
+  O += P V on wgmma (V MN-major, as it lies in memory), and the stage goes
+  back to the producer on its "empty" mbarrier.
+- The causal mask and the tail of Lk are applied on the tiles that cross
+  them only; key tiles wholly above the diagonal are never loaded. Blocks
+  of the causal case start from the last query rows, whose rows see the
+  most keys, so that the long blocks are not the ones that run last.
+
+Overlap: in each consumer the loop is software-pipelined (S of tile n is
+issued before O += P V of tile n - 1, and its softmax runs while the tensor
+cores do that product), and the two consumers take turns at issuing their
+wgmmas (named barriers), so that one's softmax runs under the other's.
+"""
+import math
+
+from .. import language as lang
+from .._mlirgpu import TensorMap, f32, i32, index
+from ..layout import ComposedLayout, Layout
+from ..layout import wgmma as wgmma_layout
+from ..runtime import backend
+from ..runtime.compiled import default_chip
+from ..runtime.kernel import kernel
+from ..runtime.tensormap import tensor_map
+
+__all__ = ["HEAD_DIMS", "supported", "forward"]
+
+HEAD_DIMS = (64, 128)
+BM = 128                    # query rows a block owns: 64 per consumer warpgroup
+BN = 128                    # keys per stage
+CONSUMERS = 2
+THREADS = 128 * (1 + CONSUMERS)
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
+BOX = 64                    # columns of a TMA box: one 128-byte row of 16-bit elements, the swizzle's
+CHUNK = 8                   # 16-bit elements in the swizzle's 16-byte unit
+
+
+def stages(head_dim):
+    """K/V stages of the ring: as many as fit beside Q's and P's tiles."""
+    return 2 if head_dim == 128 else 4
+
+
+def shared_bytes(head_dim):
+    """Q's tile, the K and V stages, two buffers of P's tile (16-bit elements), and 1 KB to
+    put the first tile on a 1024-byte boundary (the swizzle's period)."""
+    return (BM * head_dim + 2 * stages(head_dim) * BN * head_dim + 2 * BM * BN) * 2 + 1024
+
+
+def _build(head_dim, causal):
+    """The kernel for one head dimension and masking, generic over the dtype."""
+    D, STAGES = head_dim, stages(head_dim)
+    # Element offsets from the first 1024-byte boundary: Q (D/64 boxes of BM rows), each
+    # stage's K (D/64 boxes of BN keys) and V (per 64 keys, D/64 boxes of 64 keys), then P.
+    K_AT = BM * D
+    V_AT = K_AT + STAGES * BN * D
+    P_AT = V_AT + STAGES * BN * D
+    TILE_BYTES = BN * D * 2
+    # Q's and P's 64-row halves and K's tile are K-major boxes of 64 columns; V (keys x d)
+    # is MN-major, a 64-key slice of it D/64 boxes of 64 keys x 64 d.
+    A_TILE = wgmma_layout.tile_layout((64, BOX), 2, "128B")
+    K_TILE = wgmma_layout.tile_layout((BN, BOX), 2, "128B")
+    V_TILE = ComposedLayout(wgmma_layout.swizzle_for("128B", 2), 0,
+                            Layout(((BOX, D // BOX), (8, BOX // 8)), ((1, BOX * BOX), (BOX, 8 * BOX))))
+    T = lang.generics("T")
+
+    def key_tiles(m0, lq, lk):
+        """Key tiles the block's rows from m0 read: all, or with `causal` those up
+        to the last key its last row sees (none if that row sees no key)."""
+        tiles = (lk + BN - 1) // BN
+        if causal:
+            tiles = lang.math.max(lang.math.min(tiles, (lang.math.min(m0 + BM, lq) + lk - lq + BN - 1) // BN), 0)
+        return tiles
+
+    def issue_scores(smem, q_at, stage_at):
+        """Issues S = Q K^T (one wgmma group) for the warpgroup's 64 rows of Q at
+        q_at and the BN keys of the stage at stage_at; returns S's accumulators."""
+        scores = lang.wgmma.zeros(BN)
+        lang.wgmma.fence()
+        for kk in lang.static_range(D // 16):
+            a = lang.wgmma.descriptor(smem, A_TILE, offset=q_at + kk // 4 * (BM * BOX), k_block=kk % 4)
+            b = lang.wgmma.descriptor(smem, K_TILE, offset=stage_at + K_AT + kk // 4 * (BN * BOX), k_block=kk % 4)
+            scores = lang.wgmma.mma(scores, a, b, n=BN)
+        lang.wgmma.commit_group()
+        return scores
+
+    def issue_values(smem, acc, p_at, stage_at):
+        """Issues O += P V (one wgmma group) for the warpgroup's P at p_at and the V
+        of the stage at stage_at; returns O's accumulators."""
+        lang.wgmma.fence()
+        for kk in lang.static_range(BN // 16):
+            a = lang.wgmma.descriptor(smem, A_TILE, offset=p_at + kk // 4 * (64 * BOX), k_block=kk % 4)
+            b = lang.wgmma.descriptor(smem, V_TILE, offset=stage_at + V_AT + kk // 4 * (BOX * D), k_block=kk % 4,
+                                      major="MN")
+            acc = lang.wgmma.mma(acc, a, b, n=D)
+        lang.wgmma.commit_group()
+        return acc
+
+    def crosses(n0, row0, lq, lk):
+        """Whether the key tile from n0 has keys that rows from row0 (64 of them) do not
+        see: keys past Lk, or with `causal` past the diagonal of the first row."""
+        edge = n0 + BN > lk
+        if causal:
+            edge = edge | (n0 + BN - 1 > row0 + lk - lq)
+        return edge
+
+    def masked(scores, t, n0, rows, lq, lk):
+        """S with -inf for the keys past Lk and, with `causal`, past each row's diagonal."""
+        minus_inf = lang.constant(float("-inf"), f32)
+        result = []
+        for e in lang.static_range(BN // 2):
+            _, column = lang.wgmma.accumulator_coordinates(e, t)
+            key = n0 + column
+            hidden = key >= lk
+            if causal:
+                hidden = hidden | (key + lq > rows[e // 2 % 2] + lk)
+            result.append(lang.select(hidden, minus_inf, scores[e]))
+        return result
+
+    def softmax(scores, m, l, scale_log2):
+        """The online softmax's step, row by row (each row on the 4 lanes of a quad:
+        two shuffles give its maximum): P = exp2(S * scale_log2 - m_new) and the
+        running maxima m and row sums l; returns P, m, l and the factors
+        exp2(m_old - m_new) that rescale O's rows."""
+        minus_inf = lang.constant(float("-inf"), f32)
+        p, m, l, alpha = list(scores), list(m), list(l), [None, None]
+        for half in lang.static_range(2):
+            mine = [scores[e] for e in lang.static_range(BN // 2) if e // 2 % 2 == half]
+            top = mine[0]
+            for x in mine[1:]:
+                top = lang.math.max(top, x)
+            top = lang.math.max(top, lang.warp.shfl_xor(top, 1))
+            top = lang.math.max(top, lang.warp.shfl_xor(top, 2))
+            new_m = lang.math.max(m[half], top * scale_log2)
+            # A row that has seen only masked keys keeps -inf; subtracting 0 then gives exp2(-inf) = 0.
+            shift = lang.select(new_m == minus_inf, lang.constant(0.0, f32), new_m)
+            alpha[half] = lang.math.exp2(m[half] - shift)
+            total = lang.constant(0.0, f32)
+            for e in lang.static_range(BN // 2):
+                if e // 2 % 2 == half:
+                    p[e] = lang.math.exp2(scores[e] * scale_log2 - shift)
+                    total += p[e]
+            l[half] = l[half] * alpha[half] + total
+            m[half] = new_m
+        return p, m, l, alpha
+
+    def store_p(smem, p_at, p, t, dtype, wg):
+        """P, rounded to `dtype`, into the warpgroup's buffer at p_at as the 128-byte
+        swizzle of 64-key boxes (the layout of A_TILE), two neighbouring keys a
+        store; then visible to the tensor cores, for all of the warpgroup's rows."""
+        for e in lang.static_range(0, BN // 2, 2):
+            row, column = lang.wgmma.accumulator_coordinates(e, t)
+            element = row * BOX + column % BOX
+            swizzled = lang.cast(element ^ (row % 8 * CHUNK), index)
+            lang.vstore(smem, p_at + (e // 32) * (64 * BOX) + swizzled,
+                        (lang.cast(p[e], dtype), lang.cast(p[e + 1], dtype)))
+        lang.tma.fence_proxy_async()
+        lang.warpgroup.barrier(wg)              # ids 1 and 2: the consumer warpgroups'
+
+    @kernel(generics=(T,), max_threads=THREADS, min_blocks=1)
+    def attention_forward_sm90(q_map: TensorMap, k_map: TensorMap, v_map: TensorMap,
+                               o: lang.memref[None, None, D, T].noalias(),
+                               lse: lang.memref[None, None, f32].noalias(),
+                               lq: i32, lk: i32, group: i32, scale_log2: f32):
+        """o is (B x Lq, Hq, D), lse (B x Hq, Lq); the maps address q (B, Lq, Hq, D)
+        and k, v (B, Lk, Hk, D) in boxes of (1, rows, 1, 64); query head h reads
+        key/value head h // group."""
+        smem = lang.shared.dynamic(o.dtype)
+        base = lang.shared.address(smem)
+        first = lang.cast(((base + 1023) & 0xFFFFFC00) - base, index) // 2
+        q_full = lang.mbarrier.array(1)
+        k_full = lang.mbarrier.array(STAGES)
+        v_full = lang.mbarrier.array(STAGES)
+        empty = lang.mbarrier.array(STAGES)
+        wg = lang.warpgroup.index()
+        t = lang.warpgroup.thread_index()
+        hq = lang.cast(o.shape[1], i32)
+        bh = lang.cast(lang.block_idx.y, i32)
+        b, h = bh // hq, bh % hq
+        # Causal blocks from the last rows (the longest) to the first.
+        row_block = lang.cast(lang.grid_dim.x - 1 - lang.block_idx.x if causal else lang.block_idx.x, i32)
+        m0 = row_block * BM
+        tiles = key_tiles(m0, lq, lk)
+        if lang.thread_idx.x == 0:
+            q_full.init(0, 1)
+            for s in lang.static_range(STAGES):
+                k_full.init(s, 1)
+                v_full.init(s, 1)
+                empty.init(s, 4 * CONSUMERS)    # one arrival per consumer warp
+            lang.mbarrier.fence_init()
+        lang.syncthreads()
+
+        if wg == 0:
+            lang.warpgroup.set_max_registers(PRODUCER_REGISTERS, increase=False)
+            if t == 0:
+                kv_head = h // group
+                q_full.arrive_expect_tx(0, BM * D * 2)
+                for j in lang.static_range(D // BOX):
+                    lang.tma.load(q_map, smem, (b, m0, h, j * BOX), q_full, 0, offset=first + j * (BM * BOX))
+                for n in range(tiles):
+                    s = n % STAGES
+                    if n >= STAGES:
+                        empty.wait(s, (n // STAGES + 1) % 2)     # the consumers are done with its last use
+                    at = first + lang.cast(s, index) * (BN * D)
+                    k_full.arrive_expect_tx(s, TILE_BYTES)
+                    for j in lang.static_range(D // BOX):
+                        lang.tma.load(k_map, smem, (b, n * BN, kv_head, j * BOX), k_full, s,
+                                      offset=at + K_AT + j * (BN * BOX))
+                    v_full.arrive_expect_tx(s, TILE_BYTES)
+                    for i in lang.static_range(BN // BOX):
+                        for j in lang.static_range(D // BOX):
+                            lang.tma.load(v_map, smem, (b, n * BN + i * BOX, kv_head, j * BOX), v_full, s,
+                                          offset=at + V_AT + i * (BOX * D) + j * (BOX * BOX))
+        else:
+            lang.warpgroup.set_max_registers(CONSUMER_REGISTERS, increase=True)
+            # Read from lane 0, the warpgroup is visibly the same in the whole warp: ptxas then keeps
+            # the wgmmas after the turn-taking branches asynchronous (else its warning C7520).
+            w = lang.warp.shfl_idx(wg - 1, 0)
+            lane = t % 32
+            q_at = first + lang.cast(w, index) * (64 * BOX)
+            p_at = first + P_AT + lang.cast(w, index) * (2 * 64 * BN)
+            # This thread's rows of the warpgroup's 64 (accumulator values 4i, 4i+1: row r; 4i+2, 4i+3: r + 8).
+            r, _ = lang.wgmma.accumulator_coordinates(0, t)
+            rows = [m0 + w * 64 + r, m0 + w * 64 + r + 8]
+            minus_inf = lang.constant(float("-inf"), f32)
+            m = [minus_inf, minus_inf]                  # running maximum of scaled scores, log2 units
+            l = [lang.constant(0.0, f32), lang.constant(0.0, f32)]    # this lane's share of the row sums
+            acc = lang.wgmma.zeros(D)
+            q_full.wait(0, 0)
+            # Software-pipelined: S of tile n is issued before O += P V of tile n - 1, and its
+            # softmax runs while the tensor cores do that product. The two warpgroups take turns
+            # at issuing their wgmmas (named barriers 3 + w, which the other warpgroup arrives
+            # at once it has issued its own), so that one's softmax runs under the other's products.
+            if tiles > 0:
+                if w == 1:
+                    lang.warpgroup.barrier(4, 256)
+                k_full.wait(0, 0)
+                scores = issue_scores(smem, q_at, first)
+                lang.warpgroup.arrive(4 - w, 256)
+                scores = lang.wgmma.wait_group(0, scores)
+                if crosses(0, m0 + w * 64, lq, lk):
+                    scores = masked(scores, t, 0, rows, lq, lk)
+                scores, m, l = softmax(scores, m, l, scale_log2)[:3]
+                store_p(smem, p_at, scores, t, o.dtype, wg)
+                for n in range(1, tiles):
+                    s, before = n % STAGES, (n - 1) % STAGES
+                    n0 = lang.cast(n, i32) * BN
+                    lang.warpgroup.barrier(3 + w, 256)
+                    k_full.wait(s, n // STAGES % 2)
+                    scores = issue_scores(smem, q_at, first + lang.cast(s, index) * (BN * D))
+                    v_full.wait(before, (n - 1) // STAGES % 2)
+                    acc = issue_values(smem, acc, p_at + lang.cast((n - 1) % 2, index) * (64 * BN),
+                                       first + lang.cast(before, index) * (BN * D))
+                    lang.warpgroup.arrive(4 - w, 256)
+                    scores = lang.wgmma.wait_group(1, scores)
+                    if crosses(n0, m0 + w * 64, lq, lk):
+                        scores = masked(scores, t, n0, rows, lq, lk)
+                    scores, m, l, alpha = softmax(scores, m, l, scale_log2)
+                    acc = lang.wgmma.wait_group(0, acc)
+                    if lane == 0:
+                        empty.arrive(before)
+                    acc = [acc[e] * alpha[e // 2 % 2] for e in lang.static_range(D // 2)]
+                    store_p(smem, p_at + lang.cast(n % 2, index) * (64 * BN), scores, t, o.dtype, wg)
+                last = tiles - 1
+                lang.warpgroup.barrier(3 + w, 256)
+                v_full.wait(last % STAGES, last // STAGES % 2)
+                acc = issue_values(smem, acc, p_at + lang.cast(last % 2, index) * (64 * BN),
+                                   first + lang.cast(last % STAGES, index) * (BN * D))
+                if w == 0:
+                    lang.warpgroup.arrive(4, 256)       # the second warpgroup's last turn
+                acc = lang.wgmma.wait_group(0, acc)
+                if lane == 0:
+                    empty.arrive(last % STAGES)
+            # O / l and the log-sum-exp (natural log), row by row; a row that saw no key gets 0 and -inf.
+            for half in lang.static_range(2):
+                total = l[half]
+                total += lang.warp.shfl_xor(total, 1)
+                total += lang.warp.shfl_xor(total, 2)
+                nothing = total == 0.0
+                inverse = lang.select(nothing, lang.constant(0.0, f32), 1.0 / total)
+                row = rows[half]
+                if row < lq:
+                    for e in lang.static_range(0, D // 2, 4):
+                        _, column = lang.wgmma.accumulator_coordinates(e + 2 * half, t)
+                        lang.vstore(o, (b * lq + row, h, column),
+                                    (lang.cast(acc[e + 2 * half] * inverse, o.dtype),
+                                     lang.cast(acc[e + 2 * half + 1] * inverse, o.dtype)))
+                    if lane % 4 == 0:
+                        lse[bh, row] = lang.select(nothing, minus_inf,
+                                                   (m[half] + lang.math.log2(total)) * math.log(2.0))
+
+    return attention_forward_sm90
+
+
+_KERNELS = {}
+
+
+def kernel_for(head_dim, causal):
+    """The kernel of (head dimension, causal), built once; its dtype is a generic."""
+    key = (head_dim, bool(causal))
+    if key not in _KERNELS:
+        _KERNELS[key] = _build(head_dim, causal)
+    return _KERNELS[key]
+
+
+def supported(q, k, v, head_dim):
+    """Whether this kernel takes the case: an sm_90a GPU, head dims 64 and
+    128, and q, k and v (their memory) 16-byte aligned, as TMA reads it.
+    Arrays without a device pointer (NumPy's) are left to the other kernel,
+    whose launch says what is wrong with them."""
+    return (backend.backend() == "cuda" and head_dim in HEAD_DIMS
+            and all(hasattr(x, "ptr") and x.ptr % 16 == 0 for x in (q, k, v)) and default_chip() == "sm_90a")
+
+
+def forward(q, k, v, out, lse, causal, scale_log2):
+    """out and lse (as mlirgpu.ops.attention documents them) of q (B, Lq, Hq, d)
+    and k, v (B, Lk, Hk, d), C-contiguous arrays of the current backend
+    (DeviceArrays, or NumPy arrays on the CPU backend)."""
+    (batch, lq, hq, d), (_, lk, hk, _) = tuple(q.shape), tuple(k.shape)
+    q_map = tensor_map(q, box=(1, BM, 1, BOX), swizzle="128B")
+    k_map = tensor_map(k, box=(1, BN, 1, BOX), swizzle="128B")
+    v_map = tensor_map(v, box=(1, BOX, 1, BOX), swizzle="128B")
+    kernel_for(d, causal)(q_map, k_map, v_map, out.reshape(batch * lq, hq, d), lse.reshape(batch * hq, lq),
+                          lq, lk, hq // hk, scale_log2, grid=((lq + BM - 1) // BM, batch * hq), block=THREADS,
+                          shared_mem=shared_bytes(d))

@@ -1,0 +1,105 @@
+"""The Hopper attention kernel (mlirgpu.ops.attention_sm90): on the CPU
+backend, which runs its TMA copies, mbarriers and wgmmas, against float64
+NumPy at small, odd sizes (tails of both tiles, several key tiles, causal
+with Lq < Lk and Lq > Lk, grouped-query heads, the log-sum-exp); its PTX
+through ptxas; and on an sm_90a GPU, through mlirgpu.ops.attention, against
+the same reference at sizes the CPU would take minutes for.
+
+Compiling one kernel for the CPU takes about a minute: the CPU cases share
+two of them (d = 64 f16 causal, d = 128 bf16 without the mask)."""
+import math
+import os
+import re
+import subprocess
+from unittest import mock
+
+import numpy as np
+import pytest
+
+import mlirgpu as mg
+import mlirgpu.compiler
+import mlirgpu.ops
+from mlirgpu.ops import attention_sm90
+
+from support.backends import current_backend
+from test_ops_attention import DTYPES, TOLERANCE, operands, reference
+
+
+def run_on_the_cpu(batch, lq, lk, hq, hk, d, dtype, causal):
+    q, k, v = operands(batch, lq, lk, hq, hk, d, dtype)
+    out = np.full(q.shape, np.nan, DTYPES[dtype])
+    lse = np.full((batch, hq, lq), np.nan, np.float32)
+    with current_backend("cpu"):
+        attention_sm90.forward(q, k, v, out, lse, causal, math.log2(math.e) / math.sqrt(d))
+    return (q, k, v), out, lse
+
+
+# (batch, Lq, Lk, Hq, Hk): 3 key tiles and 3 row blocks, 2:1 heads; Lq > Lk (the first rows see no key, 4:2 heads).
+CAUSAL_CASES = [(1, 260, 300, 2, 1), (1, 130, 77, 4, 2)]
+# Tails of one row block and of 3 key tiles; one query against 130 keys, all:1 heads.
+FULL_CASES = [(2, 17, 300, 2, 2), (1, 1, 130, 4, 1)]
+CASES = [(shape, 64, "f16", True) for shape in CAUSAL_CASES] + [(shape, 128, "bf16", False) for shape in FULL_CASES]
+
+
+@pytest.mark.parametrize("shape, d, dtype, causal", CASES,
+                         ids=[f"{'x'.join(map(str, s))}-d{d}-{t}{'-causal' if c else ''}" for s, d, t, c in CASES])
+def test_on_the_cpu(shape, d, dtype, causal):
+    (q, k, v), out, lse = run_on_the_cpu(*shape, d, dtype, causal)
+    expected, expected_lse = reference(q, k, v, causal)
+    np.testing.assert_allclose(out.astype(np.float64), expected, rtol=0, atol=TOLERANCE[dtype])
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_memory_fits_a_block():
+    # An H100's or H200's block may have 227 KB of shared memory.
+    for d in attention_sm90.HEAD_DIMS:
+        assert attention_sm90.shared_bytes(d) <= 227 * 1024
+
+
+def test_only_hopper_takes_it():
+    q = np.zeros((1, 8, 1, 64), np.float16)
+    with current_backend("cpu"):
+        assert not attention_sm90.supported(q, q, q, 64)
+
+
+def test_ptx(tmp_path):
+    d, bn = 128, attention_sm90.BN
+    ptx = attention_sm90.kernel_for(d, True)[mg.bf16].ptx(chip="sm_90a")
+    # S = Q K^T (D/16 wgmmas) and O += P V (BN/16), each in the pipeline's prologue or epilogue and its loop.
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 2 * (d // 16 + bn // 16)
+    assert "cp.async.bulk.tensor.4d" in ptx
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
+    path = tmp_path / "attention_sm90.ptx"
+    path.write_text(ptx)
+    ptxas = os.path.join(mlirgpu.compiler.CUDA_HOME, "bin", "ptxas")
+    proc = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(path), "-o", str(tmp_path / "attention_sm90.cubin")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "0 bytes spill stores, 0 bytes spill loads" in proc.stderr
+    assert "warning" not in proc.stderr
+
+
+# On an sm_90a GPU: odd shapes through mlirgpu.ops.attention, which picks this kernel there.
+GPU_CASES = [(1, 1000, 1000, 8, 2, 128, True), (2, 77, 300, 4, 4, 64, True), (1, 300, 77, 4, 1, 128, True),
+             (2, 129, 129, 2, 2, 64, False), (1, 1, 513, 8, 1, 128, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("batch, lq, lk, hq, hk, d, causal", GPU_CASES,
+                         ids=[f"{b}x{lq}x{lk}x{hq}x{hk}-d{d}{'-causal' if c else ''}"
+                              for b, lq, lk, hq, hk, d, c in GPU_CASES])
+def test_on_the_gpu(batch, lq, lk, hq, hk, d, causal, dtype):
+    q, k, v = operands(batch, lq, lk, hq, hk, d, dtype)
+    with current_backend("cuda"):
+        if mg.cuda.Device(mg.cuda.current_device()).chip != "sm_90a":
+            pytest.skip("the Hopper kernel runs on sm_90a GPUs")
+        arrays = [mg.to_device(x) for x in (q, k, v)]
+        assert attention_sm90.supported(*arrays, d)
+        with mock.patch.object(attention_sm90, "forward", wraps=attention_sm90.forward) as forward:
+            out, lse = mlirgpu.ops.attention(*arrays, causal=causal, return_lse=True)
+        assert forward.call_count == 1
+        got, got_lse = out.get().astype(np.float64), lse.get()
+    expected, expected_lse = reference(q, k, v, causal)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=TOLERANCE[dtype])
+    np.testing.assert_allclose(got_lse, expected_lse, rtol=1e-4, atol=1e-4)
