@@ -22,35 +22,11 @@ import mlirgpu.ops
 from support.backends import current_backend
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
+from support.attention import DTYPES, operands, reference  # noqa: E402
 
-DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
 # The largest difference from float64: P and the output are rounded to the inputs' type.
 TOLERANCE = {"f16": 2e-3, "bf16": 1.5e-2}
 attention_module = sys.modules["mlirgpu.ops.attention"]
-
-
-def operands(batch, lq, lk, hq, hk, d, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(shape).astype(DTYPES[dtype])
-            for shape in ((batch, lq, hq, d), (batch, lk, hk, d), (batch, lk, hk, d))]
-
-
-def reference(q, k, v, causal=False, scale=None):
-    """Output and log-sum-exp in float64; a row that sees no key: 0 and -inf."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    (_, lq, hq, d), (_, lk, hk, _) = q.shape, k.shape
-    k, v = np.repeat(k, hq // hk, axis=2), np.repeat(v, hq // hk, axis=2)
-    scores = np.einsum("bqhd,bkhd->bhqk", q, k) * (1 / math.sqrt(d) if scale is None else scale)
-    if causal:
-        scores = np.where(np.arange(lk)[None] > np.arange(lq)[:, None] + lk - lq, -np.inf, scores)
-    top = scores.max(-1, keepdims=True)
-    seen = np.isfinite(top)
-    weights = np.exp(scores - np.where(seen, top, 0))
-    total = weights.sum(-1, keepdims=True)
-    out = np.einsum("bhqk,bkhd->bqhd", np.where(seen, weights / np.where(seen, total, 1), 0), v)
-    with np.errstate(divide="ignore"):
-        lse = np.where(seen, top + np.log(total), -np.inf)[..., 0]
-    return out, lse
 
 
 def check(batch, lq, lk, hq, hk, d, dtype, causal, scale=None):

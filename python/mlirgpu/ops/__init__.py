@@ -8,5 +8,6 @@ kernel specialization and launches it. Importing `mlirgpu` does not import
 this package; `import mlirgpu.ops` does, and builds no kernel until a call.
 """
 from .attention import attention
+from .attention_backward import attention_backward
 
-__all__ = ["attention"]
+__all__ = ["attention", "attention_backward"]

@@ -326,27 +326,27 @@ def _build_combine(head_dim):
     return attention_combine
 
 
-_KERNELS = {}
+KERNELS = {}
 
 
 def kernel_for(head_dim, banded=False, varlen=False, split=False):
     """The forward kernel of (head dimension, banded mask, packed sequences,
     split keys), built once; its dtype is a generic."""
     key = ("forward", head_dim, bool(banded), bool(varlen), bool(split))
-    if key not in _KERNELS:
-        _KERNELS[key] = _build(head_dim, bool(banded), bool(varlen), bool(split))
-    return _KERNELS[key]
+    if key not in KERNELS:
+        KERNELS[key] = _build(head_dim, bool(banded), bool(varlen), bool(split))
+    return KERNELS[key]
 
 
 def combine_kernel_for(head_dim):
     """The kernel merging a split forward's partial outputs, built once."""
     key = ("combine", head_dim)
-    if key not in _KERNELS:
-        _KERNELS[key] = _build_combine(head_dim)
-    return _KERNELS[key]
+    if key not in KERNELS:
+        KERNELS[key] = _build_combine(head_dim)
+    return KERNELS[key]
 
 
-def _array(x, name):
+def as_array(x, name):
     """x as an array the kernel takes, without a copy: a NumPy array as it is
     (the CPU backend's, bf16 included), anything else as mg.asarray's view
     (a DeviceArray) of its memory; a TypeError for what is no array."""
@@ -403,7 +403,7 @@ class Problem:
         self.varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
         rank = 3 if self.varlen else 4
         layout = "(tokens, heads, head_dim)" if self.varlen else "(batch, sequence, heads, head_dim)"
-        arrays = [_array(x, name) for name, x in (("q", q), ("k", k), ("v", v))]
+        arrays = [as_array(x, name) for name, x in (("q", q), ("k", k), ("v", v))]
         for name, array in zip("qkv", arrays):
             if len(array.shape) != rank:
                 raise LaunchError(f"{what}'s {name} is {layout}, {rank}-d; got shape {tuple(array.shape)}")
@@ -450,7 +450,7 @@ class Problem:
         if cu_q is None or cu_k is None or max_q is None or max_k is None:
             raise ValueError(f"{what} with packed sequences takes cu_seqlens_q, cu_seqlens_k, max_seqlen_q and "
                              f"max_seqlen_k together")
-        self.cu_q, self.cu_k = _array(cu_q, "cu_seqlens_q"), _array(cu_k, "cu_seqlens_k")
+        self.cu_q, self.cu_k = as_array(cu_q, "cu_seqlens_q"), as_array(cu_k, "cu_seqlens_k")
         for name, array in (("cu_seqlens_q", self.cu_q), ("cu_seqlens_k", self.cu_k)):
             if len(array.shape) != 1 or _dtype(array) != i32 or not _contiguous(array) or array.shape[0] < 2:
                 raise LaunchError(f"{what}'s {name} is a contiguous 1-d int32 array of batch + 1 offsets, not "
@@ -490,7 +490,7 @@ class Problem:
 
     def check_output(self, what, name, array, shape, dtype):
         """`array` (given by the caller) as a kernel's array of `shape` and `dtype`."""
-        target = _array(array, name)
+        target = as_array(array, name)
         if tuple(target.shape) != shape or _dtype(target) != dtype or not _contiguous(target):
             raise LaunchError(f"{what}'s {name} is a C-contiguous {dtype.name} array of shape {shape}, "
                               f"not {target.dtype} of shape {tuple(target.shape)}")
@@ -574,13 +574,13 @@ def forward(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None
     if p.tokens_q * p.hq:
         grid = ((p.lq + BM - 1) // BM, p.batch * p.hq, splits)
         qt, kt, vt = p.tokens(p.q, p.tokens_q), p.tokens(p.k, p.tokens_k), p.tokens(p.v, p.tokens_k)
-        ot, lset = p.tokens(target, p.tokens_q), p.stats(_array(lse, "lse"))
+        ot, lset = p.tokens(target, p.tokens_q), p.stats(as_array(lse, "lse"))
         if splits == 1:
             kernel_for(p.d, p.banded, p.varlen)(qt, kt, vt, ot, lset, *p.launch_args(), grid=grid,
                                                 block=THREADS, shared_mem=shared_bytes(p.d))
         else:
-            parts = _array(new_array(q, (splits * p.tokens_q, p.hq, p.d), f32), "parts")
-            part_lse = _array(new_array(q, (splits * lset.shape[0], lset.shape[1]), f32), "part_lse")
+            parts = as_array(new_array(q, (splits * p.tokens_q, p.hq, p.d), f32), "parts")
+            part_lse = as_array(new_array(q, (splits * lset.shape[0], lset.shape[1]), f32), "part_lse")
             kernel_for(p.d, p.banded, p.varlen, True)(qt, kt, vt, parts, part_lse, *p.launch_args(), grid=grid,
                                                       block=THREADS, shared_mem=shared_bytes(p.d))
             combine_kernel_for(p.d)(parts, part_lse, ot, lset, grid=((p.tokens_q * p.hq + WARPS - 1) // WARPS,),
