@@ -46,6 +46,8 @@ from .._mlirgpu import LaunchError, bf16, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
 from ..runtime import backend
 from ..runtime.kernel import kernel
+from . import attention_torch
+from .attention_torch import is_torch
 
 __all__ = ["attention", "HEAD_DIMS"]
 
@@ -375,8 +377,15 @@ def _contiguous(array):
     return array.flags.c_contiguous if hasattr(array, "flags") else array.is_c_contiguous
 
 
-def is_torch(x):
-    return type(x).__module__.split(".")[0] == "torch"
+def torch_stream(x):
+    """torch's current stream where x is a CUDA tensor (so that torch's
+    allocations, its graph captures and these launches stay in one order),
+    else None: the default stream."""
+    if not is_torch(x) or x.device.type != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.current_stream(x.device)
 
 
 def new_array(like, shape, dtype, zeros=False):
@@ -445,6 +454,7 @@ class Problem:
             raise LaunchError(f"{what} runs a block row per (batch, head): batch x heads is at most 65535, "
                               f"not {self.batch * self.hq}")
         self._band(what, causal, window)
+        self.stream = torch_stream(q)
 
     def _offsets(self, what, cu_q, cu_k, max_q, max_k):
         if cu_q is None or cu_k is None or max_q is None or max_k is None:
@@ -551,6 +561,10 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=No
 
         o = mlirgpu.ops.attention(q, k, v, causal=True)
     """
+    if out is None and attention_torch.takes(q):
+        o, lse = attention_torch.attention(q, k, v, causal, scale, window, cu_seqlens_q, cu_seqlens_k,
+                                           max_seqlen_q, max_seqlen_k, num_splits)
+        return (o, lse) if return_lse else o
     return forward(q, k, v, causal=causal, scale=scale, window=window, cu_seqlens_q=cu_seqlens_q,
                    cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                    num_splits=num_splits, out=out, return_lse=return_lse)
@@ -577,12 +591,12 @@ def forward(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None
         ot, lset = p.tokens(target, p.tokens_q), p.stats(as_array(lse, "lse"))
         if splits == 1:
             kernel_for(p.d, p.banded, p.varlen)(qt, kt, vt, ot, lset, *p.launch_args(), grid=grid,
-                                                block=THREADS, shared_mem=shared_bytes(p.d))
+                                                block=THREADS, shared_mem=shared_bytes(p.d), stream=p.stream)
         else:
             parts = as_array(new_array(q, (splits * p.tokens_q, p.hq, p.d), f32), "parts")
             part_lse = as_array(new_array(q, (splits * lset.shape[0], lset.shape[1]), f32), "part_lse")
             kernel_for(p.d, p.banded, p.varlen, True)(qt, kt, vt, parts, part_lse, *p.launch_args(), grid=grid,
-                                                      block=THREADS, shared_mem=shared_bytes(p.d))
+                                                      block=THREADS, shared_mem=shared_bytes(p.d), stream=p.stream)
             combine_kernel_for(p.d)(parts, part_lse, ot, lset, grid=((p.tokens_q * p.hq + WARPS - 1) // WARPS,),
-                                    block=THREADS)
+                                    block=THREADS, stream=p.stream)
     return (out, lse) if return_lse else out

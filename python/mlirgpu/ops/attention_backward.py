@@ -393,20 +393,21 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
     ot, dot, lset = p.tokens(o_array, p.tokens_q), p.tokens(do_array, p.tokens_q), p.stats(lse_array)
     delta = as_array(new_array(q, tuple(lset.shape), f32), "delta")
     rows = p.tokens_q * p.hq
-    kernel_for("rows", p.d, p.varlen)(ot, dot, delta, grid=((rows + WARPS - 1) // WARPS,), block=THREADS)
+    kernel_for("rows", p.d, p.varlen)(ot, dot, delta, grid=((rows + WARPS - 1) // WARPS,), block=THREADS,
+                                        stream=p.stream)
     dq_sum = as_array(new_array(q, (1 if deterministic else p.tokens_q, p.hq, p.d), f32, zeros=True), "dq")
     cu_q, cu_k, scale_log2, left, right = p.launch_args()
     kernel_for("kv", p.d, p.banded, p.varlen, not deterministic)(
         qt, kt, vt, dot, lset, delta, dq_sum, p.tokens(dk_array, p.tokens_k), p.tokens(dv_array, p.tokens_k),
         cu_q, cu_k, scale_log2, left, right, p.scale,
-        grid=((p.lk + BN - 1) // BN, p.batch * p.hk), block=THREADS, shared_mem=shared_bytes(p.d))
+        grid=((p.lk + BN - 1) // BN, p.batch * p.hk), block=THREADS, shared_mem=shared_bytes(p.d), stream=p.stream)
     if deterministic:
         kernel_for("q", p.d, p.banded, p.varlen)(
             qt, kt, vt, dot, lset, delta, p.tokens(dq_array, p.tokens_q), cu_q, cu_k, scale_log2, left, right,
             p.scale, grid=((p.lq + BM - 1) // BM, p.batch * p.hq), block=THREADS,
-            shared_mem=(2 * BM + 4 * BN) * p.d * 2)
+            shared_mem=(2 * BM + 4 * BN) * p.d * 2, stream=p.stream)
     else:
         count = p.tokens_q * p.hq * p.d
         kernel_for("convert")(dq_sum.reshape(count), dq_array.reshape(count), grid=((count + THREADS - 1) // THREADS,),
-                              block=THREADS)
+                              block=THREADS, stream=p.stream)
     return dq, dk, dv
