@@ -17,7 +17,7 @@ import mlirgpu.ops
 from support.backends import current_backend
 
 pytest.importorskip("ml_dtypes")
-from support.attention import gradients, operands  # noqa: E402
+from support.attention import DTYPES, gradients, operands, packed, sequences  # noqa: E402
 
 # The largest difference from float64, relative to the largest gradient: P and dS are rounded to the inputs' type.
 TOLERANCE = {"f16": 4e-3, "bf16": 3e-2}
@@ -26,7 +26,7 @@ backward_module = sys.modules["mlirgpu.ops.attention_backward"]
 
 def check_gradients(got, expected, dtype):
     for name, g, e in zip(("dq", "dk", "dv"), got, expected):
-        assert g.dtype == np.dtype(g.dtype) and g.shape == e.shape, name
+        assert g.dtype == DTYPES[dtype] and g.shape == e.shape, name
         error = np.abs(g.astype(np.float64) - e).max()
         assert error <= TOLERANCE[dtype] * max(1.0, np.abs(e).max()), f"{name}: max |error| {error}"
 
@@ -72,6 +72,26 @@ def test_given_gradient_arrays_are_filled():
         got = mlirgpu.ops.attention_backward(q, q, k, v, out, lse, dq=dq, dk=dk, dv=dv)
     assert got[0] is dq and got[1] is dk and got[2] is dv
     check_gradients(got, gradients(q, k, v, q), "f16")
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_backward_with_a_sliding_window(deterministic):
+    run(1, 90, 100, 2, 1, 64, "f16", causal=True, window=(20, 0), deterministic=deterministic)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_backward_of_packed_sequences(deterministic):
+    lengths_q, lengths_k = [37, 1, 90], [50, 70, 65]
+    q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, 4, 2, 64, "f16")
+    dout = packed(lengths_q, lengths_k, 4, 2, 64, "f16", seed=1)[0]
+    lengths = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k))
+    with current_backend("cpu"):
+        out, lse = mlirgpu.ops.attention(q, k, v, causal=True, return_lse=True, **lengths)
+        dq, dk, dv = mlirgpu.ops.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=deterministic,
+                                                    **lengths)
+    for rows, keys in sequences(cu_q, cu_k):
+        expected = gradients(q[None, rows], k[None, keys], v[None, keys], dout[None, rows], causal=True)
+        check_gradients((dq[None, rows], dk[None, keys], dv[None, keys]), expected, "f16")
 
 
 # ==========================================================================

@@ -55,7 +55,7 @@ def gradients(q, k, v, dout, causal=False, scale=None, window=None):
     """(dq, dk, dv) in float64; key/value heads sum over the query heads that read them."""
     p, _ = probabilities(q, k, causal, scale, window)
     q, k, v, dout = (np.asarray(x, np.float64) for x in (q, k, v, dout))
-    (batch, lq, hq, d), (_, lk, hk, _) = q.shape, k.shape
+    (batch, _, hq, d), (_, lk, hk, _) = q.shape, k.shape
     group = hq // hk
     scale = 1 / math.sqrt(d) if scale is None else scale
     dv = np.einsum("bhqk,bqhd->bkhd", p, dout)
@@ -64,3 +64,16 @@ def gradients(q, k, v, dout, causal=False, scale=None, window=None):
     dq = np.einsum("bhqk,bkhd->bqhd", ds, np.repeat(k, group, axis=2)) * scale
     dk = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
     return dq, dk.reshape(batch, lk, hk, group, d).sum(3), dv.reshape(batch, lk, hk, group, d).sum(3)
+
+
+def packed(lengths_q, lengths_k, hq, hk, d, dtype, seed=0):
+    """Sequences of the given lengths one after the other, varlen's layout:
+    q (total_q, Hq, d), k and v (total_k, Hk, d), and the int32 offsets of each."""
+    q, k, v = operands(1, sum(lengths_q), sum(lengths_k), hq, hk, d, dtype, seed)
+    offsets = [np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32) for lengths in (lengths_q, lengths_k)]
+    return q[0], k[0], v[0], offsets[0], offsets[1]
+
+
+def sequences(cu_q, cu_k):
+    """(slice of q's tokens, slice of k's tokens) of each packed sequence."""
+    return [(slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])) for b in range(len(cu_q) - 1)]
