@@ -1,5 +1,6 @@
 """Scaled dot-product attention, forward: a FlashAttention-2-style kernel on
-the tensor cores of sm_80 and later (mma.sync, ldmatrix, cp.async).
+the tensor cores of sm_80 and later (mma.sync, ldmatrix, cp.async); the
+backward pass is attention_backward.py, the torch custom op attention_torch.py.
 
     O = softmax(scale * Q K^T + mask) V        per batch and query head
 
@@ -30,11 +31,15 @@ The kernel, for a head dimension D (64, 128 or 256):
   slice, so O += P V needs no shared memory for P. V is K x N (keys x d,
   row-major), read with ldmatrix .x4.trans as B fragments.
 - Masking is applied only where it can change something: the last key tile
-  (keys past Lk) and, with `causal`, the tiles that cross the diagonal; tiles
-  entirely above the diagonal are never loaded. The causal diagonal is aligned
-  at the bottom right: query i sees keys j <= i + Lk - Lq (FlashAttention
-  2.1+, torch SDPA's convention for decoding). A row that sees no key (Lq > Lk,
-  causal) gets zeros and a log-sum-exp of -inf.
+  (keys past Lk) and the tiles that cross an edge of the band
+  -left <= key - query - (Lk - Lq) <= right, which is both the causal mask
+  (right = 0: the diagonal at the bottom right, FlashAttention 2.1+ and
+  torch SDPA's convention for decoding) and a sliding window; tiles outside
+  the band are never loaded. A row that sees no key gets zeros and a
+  log-sum-exp of -inf.
+- Packed sequences (varlen) read each sequence's first token and length from
+  cu_seqlens; split keys (decoding) give each of grid.z blocks a share of the
+  key tiles and a second kernel merges their partial outputs.
 - Shared tiles (rows of D 16-bit elements) are swizzled so that cp.async's
   16-byte stores and ldmatrix's row reads have no bank conflicts.
 """
