@@ -50,7 +50,8 @@ def register():
                                   **options(causal, scale, left, right, max_seqlen_q, max_seqlen_k))
 
     @backward_op.register_fake
-    def _(dout, q, k, v, out, lse, *rest):
+    def _(dout, q, k, v, out, lse, causal, scale, left, right, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+          deterministic):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def setup_context(ctx, inputs, output):
