@@ -1,4 +1,5 @@
-"""Attention forward on the tensor cores: mlirgpu.ops.attention against torch's
+"""Attention on the tensor cores: mlirgpu.ops.attention (forward, decoding)
+and mlirgpu.ops.attention_backward against torch's
 scaled_dot_product_attention with its FlashAttention and cuDNN backends,
 measured in the same run.
 
@@ -25,6 +26,18 @@ measured in the same run.
   the batch. The table has each row's median; TFLOP/s = 4 B H L^2 d, halved
   when causal, over that time; the ratios are mlirgpu's TFLOP/s over cuDNN's
   and over FlashAttention's.
+
+- Backward: the same problems (L = 4096 only with --quick, causal and not),
+  mlirgpu.ops.attention_backward(dout, q, k, v, out, lse) against SDPA's
+  backward (torch.autograd.grad of the backend's output, its forward done
+  once and kept); TFLOP/s count 2.5 times the forward's products; dq, dk, dv
+  checked against the flash backend's (cuDNN's where that one fails).
+- Decoding: one query a sequence against a K/V cache, bf16, d = 128, 32 query
+  heads on 4 key/value heads (8:1), B = 8, cache lengths 4096, 16384 and
+  65536: mlirgpu (keys split among blocks, merged by a second kernel) and
+  SDPA's backends with enable_gqa, in GB/s of K and V read; beside them a
+  device-to-device copy of the cache (torch's copy_), whose GB/s count the
+  bytes read, as the attention rows do: the memory's pace on this GPU.
 
 Needs a CUDA GPU and torch.
 """
@@ -75,23 +88,88 @@ def sample_ms(torch, run, batch):
     return (time.perf_counter() - start) * 1e3 / batch
 
 
-def measure(torch, length, d, causal, rounds):
-    """{name: median ms or 'FAILED: why'} of one problem."""
-    batch, heads = TOKENS // length, WIDTH // d
-    q, k, v = (torch.rand(batch, length, heads, d, device="cuda", dtype=torch.bfloat16) * 2 - 1 for _ in range(3))
+def checked(torch, named):
+    """({name: (run, outputs)}, {name: 'FAILED: why'}) of `named` (name, run): each
+    run once, its outputs (a tensor or a tuple) compared with the flash
+    backend's (cuDNN's where that one failed)."""
     results, runs = {}, {}
-    for name, run in rows(torch, causal):
+    for name, run in named:
         try:
-            runs[name] = (lambda run=run: run(q, k, v)), run(q, k, v).float()
+            out = run()
+            runs[name] = run, [x.float() for x in (out if isinstance(out, tuple) else (out,))]
         except Exception as error:  # a backend this GPU or torch does not have: report it, time the others
             results[name] = f"FAILED: {type(error).__name__}: {(str(error).splitlines() or [''])[0][:80]}"
     reference = FLASH if FLASH in runs else CUDNN
-    for name, (run, out) in list(runs.items()):
+    for name, (run, outs) in list(runs.items()):
         if name != reference and reference in runs:
-            error = (out - runs[reference][1]).abs().max().item()
+            error = max((a - b).abs().max().item() for a, b in zip(outs, runs[reference][1]))
             if not error <= TOLERANCE:
                 results[name] = f"FAILED: max |difference| from {reference} {error:.3g}"
                 del runs[name]
+    return runs, results
+
+
+def measure(torch, length, d, causal, rounds):
+    """{name: median ms or 'FAILED: why'} of one forward problem."""
+    batch, heads = TOKENS // length, WIDTH // d
+    q, k, v = (torch.rand(batch, length, heads, d, device="cuda", dtype=torch.bfloat16) * 2 - 1 for _ in range(3))
+    runs, results = checked(torch, [(name, lambda run=run: run(q, k, v)) for name, run in rows(torch, causal)])
+    return timed(torch, runs, results, rounds)
+
+
+def measure_backward(torch, length, d, causal, rounds):
+    """{name: median ms or 'FAILED: why'} of one backward problem."""
+    batch, heads = TOKENS // length, WIDTH // d
+    q, k, v = (torch.rand(batch, length, heads, d, device="cuda", dtype=torch.bfloat16) * 2 - 1 for _ in range(3))
+    dout = torch.rand_like(q) * 2 - 1
+    named = []
+    for name, run in rows(torch, causal):
+        if name == MLIRGPU:
+            out, lse = mlirgpu.ops.attention(q, k, v, causal=causal, return_lse=True)
+            named.append((name, lambda out=out, lse=lse: mlirgpu.ops.attention_backward(dout, q, k, v, out, lse,
+                                                                                     causal=causal)))
+            continue
+        try:
+            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+            out = run(*leaves)
+        except Exception:  # reported by checked() when it runs again
+            named.append((name, lambda run=run: run(q, k, v)))
+            continue
+        named.append((name, lambda out=out, leaves=leaves: torch.autograd.grad(out, leaves, dout, retain_graph=True)))
+    runs, results = checked(torch, named)
+    return timed(torch, runs, results, rounds)
+
+
+DECODE = dict(batch=8, hq=32, hk=4, d=128)
+DECODE_LENGTHS, QUICK_DECODE_LENGTHS = (4096, 16384, 65536), (16384,)
+COPY = "d2d copy"
+
+
+def measure_decode(torch, length, rounds):
+    """{name: median ms or 'FAILED: why'} of one decode step against a cache of `length` keys."""
+    batch, hq, hk, d = DECODE["batch"], DECODE["hq"], DECODE["hk"], DECODE["d"]
+    q = torch.rand(batch, 1, hq, d, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    k, v = (torch.rand(batch, length, hk, d, device="cuda", dtype=torch.bfloat16) * 2 - 1 for _ in range(2))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    def sdpa(backend):
+        def run():
+            with sdpa_kernel(backend):
+                return scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                    enable_gqa=True).transpose(1, 2)
+        return run
+
+    runs, results = checked(torch, [(MLIRGPU, lambda: mlirgpu.ops.attention(q, k, v)),
+                                    (FLASH, sdpa(SDPBackend.FLASH_ATTENTION)), (CUDNN, sdpa(SDPBackend.CUDNN_ATTENTION))])
+    cache = torch.cat([k, v])
+    target = torch.empty_like(cache)
+    runs[COPY] = (lambda: target.copy_(cache)), None
+    return timed(torch, runs, results, rounds)
+
+
+def timed(torch, runs, results, rounds):
+    """results with the median ms of each of `runs`, measured in interleaved rounds."""
     batches = {}
     for name, (run, _) in runs.items():
         batches[name] = max(1, min(200, round(20.0 / max(sample_ms(torch, run, 1), 1e-3))))
@@ -103,13 +181,21 @@ def measure(torch, length, d, causal, rounds):
     return results
 
 
-def tflops(length, d, causal, ms):
+def tflops(length, d, causal, ms, work=1.0):
     batch, heads = TOKENS // length, WIDTH // d
-    return 4 * batch * heads * length * length * d / (2 if causal else 1) / (ms * 1e-3) / 1e12
+    return work * 4 * batch * heads * length * length * d / (2 if causal else 1) / (ms * 1e-3) / 1e12
 
 
-def cell(result, length, d, causal):
-    return result if isinstance(result, str) else f"{tflops(length, d, causal, result):.1f}"
+def cell(result, length, d, causal, work=1.0):
+    return result if isinstance(result, str) else f"{tflops(length, d, causal, result, work):.1f}"
+
+
+def decode_cell(result, length):
+    """GB/s of the K/V cache read."""
+    if isinstance(result, str):
+        return result
+    nbytes = 2 * DECODE["batch"] * length * DECODE["hk"] * DECODE["d"] * 2
+    return f"{nbytes / (result * 1e-3) / 1e9:.0f}"
 
 
 def ratio(results, peer):
@@ -145,10 +231,38 @@ def main(argv=None):
                 print(f"{length:>6} {TOKENS // length:>3} {WIDTH // d:>3} {d:>4} {str(causal):>6} | "
                       f"{cells[0]:>8} {cells[1]:>11} {cells[2]:>10} {cells[3]:>10} | "
                       f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
-                for name, result in results.items():
-                    if isinstance(result, str):
-                        print(f"    {name}: {result}")
+                report(results)
+    print("\nattention backward (dq, dk, dv; TFLOP/s count 2.5 forwards)")
+    print(header)
+    print("-" * len(header))
+    for length in QUICK_LENGTHS if args.quick else LENGTHS[:2]:
+        for d in HEAD_DIMS:
+            for causal in (False, True):
+                results = measure_backward(torch, length, d, causal, args.rounds)
+                cells = [cell(results[name], length, d, causal, 2.5) for name in (MLIRGPU, FLASH, CUDNN)]
+                print(f"{length:>6} {TOKENS // length:>3} {WIDTH // d:>3} {d:>4} {str(causal):>6} | "
+                      f"{cells[0]:>8} {cells[1]:>10} {cells[2]:>10} | "
+                      f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
+                report(results)
+    print(f"\ndecoding: 1 query, B = {DECODE['batch']}, {DECODE['hq']} query heads on {DECODE['hk']} key/value "
+          f"heads, d = {DECODE['d']}, bf16 (GB/s of the K/V cache read)")
+    header = (f"{'cache':>6} | {MLIRGPU:>8} {FLASH:>10} {CUDNN:>10} {COPY:>9} | {'mlirgpu/copy':>12} "
+              f"{'mlirgpu/flash':>13}")
+    print(header)
+    print("-" * len(header))
+    for length in QUICK_DECODE_LENGTHS if args.quick else DECODE_LENGTHS:
+        results = measure_decode(torch, length, args.rounds)
+        cells = [decode_cell(results[name], length) for name in (MLIRGPU, FLASH, CUDNN, COPY)]
+        print(f"{length:>6} | {cells[0]:>8} {cells[1]:>10} {cells[2]:>10} {cells[3]:>9} | "
+              f"{ratio(results, COPY):>12} {ratio(results, FLASH):>13}", flush=True)
+        report(results)
     return 0
+
+
+def report(results):
+    for name, result in results.items():
+        if isinstance(result, str):
+            print(f"    {name}: {result}")
 
 
 if __name__ == "__main__":

@@ -22,35 +22,11 @@ import mlirgpu.ops
 from support.backends import current_backend
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
+from support.attention import operands, packed, reference, sequences  # noqa: E402
 
-DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
 # The largest difference from float64: P and the output are rounded to the inputs' type.
 TOLERANCE = {"f16": 2e-3, "bf16": 1.5e-2}
 attention_module = sys.modules["mlirgpu.ops.attention"]
-
-
-def operands(batch, lq, lk, hq, hk, d, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(shape).astype(DTYPES[dtype])
-            for shape in ((batch, lq, hq, d), (batch, lk, hk, d), (batch, lk, hk, d))]
-
-
-def reference(q, k, v, causal=False, scale=None):
-    """Output and log-sum-exp in float64; a row that sees no key: 0 and -inf."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    (_, lq, hq, d), (_, lk, hk, _) = q.shape, k.shape
-    k, v = np.repeat(k, hq // hk, axis=2), np.repeat(v, hq // hk, axis=2)
-    scores = np.einsum("bqhd,bkhd->bhqk", q, k) * (1 / math.sqrt(d) if scale is None else scale)
-    if causal:
-        scores = np.where(np.arange(lk)[None] > np.arange(lq)[:, None] + lk - lq, -np.inf, scores)
-    top = scores.max(-1, keepdims=True)
-    seen = np.isfinite(top)
-    weights = np.exp(scores - np.where(seen, top, 0))
-    total = weights.sum(-1, keepdims=True)
-    out = np.einsum("bhqk,bkhd->bqhd", np.where(seen, weights / np.where(seen, total, 1), 0), v)
-    with np.errstate(divide="ignore"):
-        lse = np.where(seen, top + np.log(total), -np.inf)[..., 0]
-    return out, lse
 
 
 def check(batch, lq, lk, hq, hk, d, dtype, causal, scale=None):
@@ -247,3 +223,81 @@ def test_attention_on_the_gpu(batch, heads, length, d, causal, dtype):
             expected, expected_lse = expected.cpu().numpy(), expected_lse.cpu().numpy()
     np.testing.assert_allclose(got, expected, rtol=0, atol=TOLERANCE[dtype])
     np.testing.assert_allclose(got_lse, expected_lse, rtol=1e-4, atol=1e-4)
+
+
+# ==========================================================================
+# Sliding windows, packed sequences and split keys, on the CPU backend
+
+# (Lq, Lk, window, causal): a band inside one tile, across tiles, one-sided, with the causal mask
+# (right capped at 0), and Lq > Lk with a window that leaves the first rows no key.
+WINDOWS = [(70, 130, (5, 3), False), (130, 130, (70, 0), False), (77, 140, (None, 10), False),
+           (100, 100, (20, 40), True), (90, 40, (3, -1), False)]
+
+
+@pytest.mark.parametrize("lq, lk, window, causal", WINDOWS, ids=[f"{a}x{b}-{w}-{c}" for a, b, w, c in WINDOWS])
+def test_sliding_window_on_the_cpu(lq, lk, window, causal):
+    q, k, v = operands(1, lq, lk, 4, 2, 64, "f16")
+    with current_backend("cpu"):
+        out, lse = mlirgpu.ops.attention(q, k, v, causal=causal, window=window, return_lse=True)
+    expected, expected_lse = reference(q, k, v, causal, window=window)
+    np.testing.assert_allclose(out.astype(np.float64), expected, rtol=0, atol=TOLERANCE["f16"])
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
+# Sequences of unequal lengths, a tail in each tile, one of a single token; with the causal mask,
+# a window, and grouped-query heads.
+VARLEN = [([37, 1, 130], [50, 70, 130], False, None), ([64, 100], [30, 200], True, None),
+          ([80, 9], [80, 90], True, (16, 0))]
+
+
+@pytest.mark.parametrize("lengths_q, lengths_k, causal, window", VARLEN, ids=["full", "causal", "window"])
+def test_varlen_on_the_cpu(lengths_q, lengths_k, causal, window):
+    q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, 4, 2, 64, "bf16")
+    with current_backend("cpu"):
+        out, lse = mlirgpu.ops.attention(q, k, v, causal=causal, window=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                         max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k), return_lse=True)
+    assert out.shape == q.shape and lse.shape == (4, q.shape[0])
+    for rows, keys in sequences(cu_q, cu_k):
+        expected, expected_lse = reference(q[None, rows], k[None, keys], v[None, keys], causal, window=window)
+        np.testing.assert_allclose(out[rows].astype(np.float64), expected[0], rtol=0, atol=TOLERANCE["bf16"])
+        np.testing.assert_allclose(lse[:, rows], expected_lse[0], rtol=1e-5, atol=1e-5)
+
+
+# Decoding: one and a few queries against a long cache, GQA 8:1, split among blocks; with the causal mask.
+SPLITS = [(1, 700, None, False), (3, 700, 4, True), (16, 300, 3, False)]
+
+
+@pytest.mark.parametrize("lq, lk, splits, causal", SPLITS, ids=[f"{a}x{b}-{s}-{c}" for a, b, s, c in SPLITS])
+def test_split_keys_on_the_cpu(lq, lk, splits, causal):
+    q, k, v = operands(2, lq, lk, 8, 1, 64, "f16")
+    with current_backend("cpu"):
+        out, lse = mlirgpu.ops.attention(q, k, v, causal=causal, num_splits=splits, return_lse=True)
+    expected, expected_lse = reference(q, k, v, causal)
+    np.testing.assert_allclose(out.astype(np.float64), expected, rtol=0, atol=TOLERANCE["f16"])
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_decoding_splits_the_keys_by_default():
+    q, k, v = operands(1, 1, 4096, 8, 1, 128, "f16")
+    problem = attention_module.Problem("attention", q, k, v, False, None, None, None, None, None, None)
+    assert attention_module.splits_for(problem) > 1
+    q, k, v = operands(1, 512, 4096, 8, 1, 128, "f16")
+    problem = attention_module.Problem("attention", q, k, v, False, None, None, None, None, None, None)
+    assert attention_module.splits_for(problem) == 1
+
+
+def test_bad_window():
+    bad("window is \\(left, right\\)", *operands(1, 8, 8, 2, 2, 64, "f16"), window=(3,), error=ValueError)
+    bad("window is \\(left, right\\)", *operands(1, 8, 8, 2, 2, 64, "f16"), window=(-2, 0), error=ValueError)
+
+
+def test_bad_varlen():
+    q, k, v, cu_q, cu_k = packed([5, 6], [7, 8], 2, 2, 64, "f16")
+    bad("takes cu_seqlens_q, cu_seqlens_k, max_seqlen_q and max_seqlen_k together", q, k, v, cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k, error=ValueError)
+    bad("cu_seqlens_q is a contiguous 1-d int32 array", q, k, v, cu_seqlens_q=cu_q.astype(np.int64), cu_seqlens_k=cu_k,
+        max_seqlen_q=6, max_seqlen_k=8)
+    bad("attention's q is \\(tokens, heads, head_dim\\), 3-d", q[None], k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+        max_seqlen_q=6, max_seqlen_k=8)
+    bad("num_splits is 1 with cu_seqlens", q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=6,
+        max_seqlen_k=8, num_splits=2, error=ValueError)

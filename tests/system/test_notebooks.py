@@ -95,3 +95,15 @@ def test_tensor_cores_notebook_runs_both_gemms_on_cpu():
             errors[line.split(":")[0]] = float(line.rsplit(" ", 1)[1])
     assert errors["128x128x128 bf16 -> f32"] < 1e-5               # the mma.sync GEMM
     assert errors["130x90x72 bf16 -> f32 on the cpu backend"] < 1e-5  # the Hopper GEMM: TMA, mbarriers, wgmma
+
+
+def test_attention_notebook_runs_on_cpu():
+    notebook = execute(ROOT / "notebooks" / "03_attention.ipynb")
+    text = "\n".join(cell_text(c) for c in notebook.cells if c.cell_type == "code")
+    assert "backend: cpu" in text
+    errors = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if "max error" in line]
+    assert len(errors) == 6 and max(errors) < 2e-2      # causal, window, three packed sequences, decode
+    relative = [float(word) for line in text.splitlines() if line.startswith("backward,")
+                for word in line.replace(",", " ").split() if word[0].isdigit()]
+    assert len(relative) == 6 and max(relative) < 3e-2  # dq, dk, dv, with atomics and deterministic
+    assert "mma.sync per 64 queries: " in text and "atomic adds: 0" not in text

@@ -1,5 +1,6 @@
 """Scaled dot-product attention, forward: a FlashAttention-2-style kernel on
-the tensor cores of sm_80 and later (mma.sync, ldmatrix, cp.async).
+the tensor cores of sm_80 and later (mma.sync, ldmatrix, cp.async); the
+backward pass is attention_backward.py, the torch custom op attention_torch.py.
 
     O = softmax(scale * Q K^T + mask) V        per batch and query head
 
@@ -30,11 +31,15 @@ The kernel, for a head dimension D (64, 128 or 256):
   slice, so O += P V needs no shared memory for P. V is K x N (keys x d,
   row-major), read with ldmatrix .x4.trans as B fragments.
 - Masking is applied only where it can change something: the last key tile
-  (keys past Lk) and, with `causal`, the tiles that cross the diagonal; tiles
-  entirely above the diagonal are never loaded. The causal diagonal is aligned
-  at the bottom right: query i sees keys j <= i + Lk - Lq (FlashAttention
-  2.1+, torch SDPA's convention for decoding). A row that sees no key (Lq > Lk,
-  causal) gets zeros and a log-sum-exp of -inf.
+  (keys past Lk) and the tiles that cross an edge of the band
+  -left <= key - query - (Lk - Lq) <= right, which is both the causal mask
+  (right = 0: the diagonal at the bottom right, FlashAttention 2.1+ and
+  torch SDPA's convention for decoding) and a sliding window; tiles outside
+  the band are never loaded. A row that sees no key gets zeros and a
+  log-sum-exp of -inf.
+- Packed sequences (varlen) read each sequence's first token and length from
+  cu_seqlens; split keys (decoding) give each of grid.z blocks a share of the
+  key tiles and a second kernel merges their partial outputs.
 - Shared tiles (rows of D 16-bit elements) are swizzled so that cp.async's
   16-byte stores and ldmatrix's row reads have no bank conflicts.
 """
@@ -42,11 +47,12 @@ import functools
 import math
 
 from .. import language as lang
-from .._mlirgpu import LaunchError, bf16, f16, f32
+from .._mlirgpu import LaunchError, bf16, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
 from ..runtime import backend
 from ..runtime.kernel import kernel
-from . import attention_sm90
+from . import attention_sm90, attention_torch
+from .attention_torch import is_torch
 
 __all__ = ["attention", "HEAD_DIMS"]
 
@@ -69,8 +75,70 @@ def shared_bytes(head_dim):
     return (BM + 4 * key_tile(head_dim)) * head_dim * 2
 
 
-def _build(head_dim, causal):
-    """The kernel for one head dimension and masking, generic over the dtype."""
+def copy_rows(tile, rows, source, start, first, count, head, tid):
+    """`rows` rows of `source` ((tokens, heads, D)) into `tile`, 16 bytes a
+    cp.async: row `row` is token start + first + row of `head`, or zeros
+    where first + row is at or past `count` (the sequence's length)."""
+    D = source.shape[2]
+    for i in lang.static_range(rows * D // CHUNK // THREADS):
+        chunk = tid + i * THREADS
+        row, col = chunk // (D // CHUNK), chunk % (D // CHUNK) * CHUNK
+        ok = first + row < count
+        lang.mma.cp_async(tile, (row, col), source, (start + lang.select(ok, first + row, 0), head, col), 16, ok)
+
+
+def a_fragment(tile, row, kk, lane):
+    """Columns 16kk .. 16kk+15 of `tile`'s 16 rows from `row`, an A fragment:
+    lanes 8j .. 8j+7 address matrix j, at block (j % 2, j // 2)."""
+    return lang.mma.ldmatrix(tile, (row + lane % 8 + lane // 8 % 2 * 8, kk * 16 + lane // 16 * 8), 4)
+
+
+def b_fragments(tile, row, col, lane, transpose):
+    """Two B fragments (8 columns of N each) of 16 x 16 elements of `tile` at
+    (row, col): rows as N x K, K fastest (a K tile for Q K^T), or with
+    `transpose` as K x N, N fastest (a V tile for P V)."""
+    if transpose:
+        index = (row + lane % 8 + lane // 8 % 2 * 8, col + lane // 16 * 8)
+    else:
+        index = (row + lane % 8 + lane // 16 * 8, col + lane // 8 % 2 * 8)
+    pair = lang.mma.ldmatrix(tile, index, 4, transpose=transpose, order="row")
+    return pair.select(0, 1, 2, 3), pair.select(4, 5, 6, 7)
+
+
+def larger(a, b):
+    """max of two signed indices (mg.math.max reads index values as unsigned)."""
+    return lang.select(a > b, a, b)
+
+
+def smaller(a, b):
+    """min of two signed indices."""
+    return lang.select(a < b, a, b)
+
+
+def sequence(varlen, b, cu_q, cu_k, lq, lk):
+    """(first query token, Lq, first key token, Lk) of sequence b: from the
+    offsets with `varlen`, else b times the common lengths."""
+    if varlen:
+        q0, k0 = lang.cast(cu_q[b], index), lang.cast(cu_k[b], index)
+        return q0, lang.cast(cu_q[b + 1], index) - q0, k0, lang.cast(cu_k[b + 1], index) - k0
+    return b * lq, lq, b * lk, lk
+
+
+def hidden(query, key, lq, lk, left, right, banded):
+    """Whether `query` does not see `key`: keys past Lk, and with `banded`
+    keys outside -left <= key - query - (Lk - Lq) <= right."""
+    out = key >= lk
+    if banded:
+        diff = key - query - (lk - lq)
+        out = out | (diff > right) | (diff < -left)
+    return out
+
+
+def _build(head_dim, banded, varlen, split):
+    """The forward kernel for one head dimension, mask (`banded`: a causal
+    or sliding-window band), layout (`varlen`: packed sequences) and
+    `split` (the keys shared among grid.z blocks, partial outputs in float32,
+    for decoding), generic over the dtype."""
     D, BN = head_dim, key_tile(head_dim)
     # (row, col) -> element of a row-major tile of D-wide rows, 16-byte chunks swizzled by the row's low 3 bits.
     Q_TILE = composition(Swizzle(3, 3, D.bit_length() - 4), row_major((BM, D)))
@@ -78,64 +146,57 @@ def _build(head_dim, causal):
     K_AT, V_AT = BM * D, BM * D + 2 * BN * D    # stage 0 of K and of V; stage 1 is BN * D further
     Q_IN_REGISTERS = D <= 128
     T = lang.generics("T")
-
-    def copy_rows(tile, rows, source, first, count, b, head, tid):
-        """`rows` rows of sequence b of `source` ((batch x sequence, heads, D)),
-        first + row of `count` at `head`, into `tile`, 16 bytes a cp.async;
-        rows at or past `count` are zeros."""
-        for i in lang.static_range(rows * D // CHUNK // THREADS):
-            chunk = tid + i * THREADS
-            row, col = chunk // (D // CHUNK), chunk % (D // CHUNK) * CHUNK
-            ok = first + row < count
-            lang.mma.cp_async(tile, (row, col), source, (b * count + lang.select(ok, first + row, 0), head, col), 16,
-                              ok)
-
-    def q_fragment(q_tile, row, kk, lane):
-        """Columns 16kk .. 16kk+15 of Q's 16 rows from `row`, an A fragment:
-        lanes 8j .. 8j+7 address matrix j, at block (j % 2, j // 2)."""
-        return lang.mma.ldmatrix(q_tile, (row + lane % 8 + lane // 8 % 2 * 8, kk * 16 + lane // 16 * 8), 4)
+    OUT = f32 if split else T
 
     @kernel(generics=(T,), max_threads=THREADS)
     def attention_forward(q: lang.memref[None, None, D, T].readonly(),
                           k: lang.memref[None, None, D, T].readonly(),
                           v: lang.memref[None, None, D, T].readonly(),
-                          o: lang.memref[None, None, D, T].noalias(),
+                          o: lang.memref[None, None, D, OUT].noalias(),
                           lse: lang.memref[None, None, f32].noalias(),
-                          scale_log2: f32):
-        """q and o are (B x Lq, Hq, D), k and v (B x Lk, Hk, D), lse (B x Hq, Lq):
-        the layout's batch and sequence dimensions as one."""
+                          cu_q: lang.memref[None, i32].readonly(),
+                          cu_k: lang.memref[None, i32].readonly(),
+                          scale_log2: f32, left: i32, right: i32):
+        """q is (tokens, Hq, D), k and v (tokens, Hk, D): sequences one after
+        the other, at cu_q[b] and cu_k[b] with `varlen`, else B of equal length.
+        o is q's shape (grid.z times over with `split`), lse (B x Hq, Lq), or
+        (Hq, tokens) with `varlen` (grid.z times over with `split`)."""
         atom = lang.mma.M16N8K16_F16 if q.dtype == f16 else lang.mma.M16N8K16_BF16
-        hq, hk, lq = q.shape[1], k.shape[1], lse.shape[1]
-        lk = k.shape[0] // (lse.shape[0] // hq)
+        hq, hk = q.shape[1], k.shape[1]
+        batch = lang.grid_dim.y // hq
         tid = lang.thread_idx.x
         lane, warp = tid % 32, tid // 32
         b, h = lang.block_idx.y // hq, lang.block_idx.y % hq
+        q0, lq, k0, lk = sequence(varlen, b, cu_q, cu_k, q.shape[0] // batch, k.shape[0] // batch)
         kv_head = h // (hq // hk)
         m0 = lang.block_idx.x * BM
+        left, right = lang.cast(left, index), lang.cast(right, index)
         smem = lang.shared.dynamic(q.dtype)
         q_tile = lang.mma.tile(smem, Q_TILE)
         k_tile, v_tile = lang.mma.tile(smem, KV_TILE).at(K_AT), lang.mma.tile(smem, KV_TILE).at(V_AT)
 
-        # Key tiles this block reads: all of them, or with `causal` those up to
-        # the last key its last row sees (none if that row sees no key).
-        tiles = (lk + BN - 1) // BN
-        if causal:
-            tiles = max(min(tiles, (min(m0 + BM, lq) + lk - lq + BN - 1) // BN), 0)
+        # Key tiles this block reads: all of them, or within the band those from
+        # the first key its first row sees to the last its last row sees.
+        first, end = 0, (lk + BN - 1) // BN
+        if banded:
+            first = larger(m0 + lk - lq - left, 0) // BN
+            end = larger(smaller(smaller(m0 + BM, lq) - 1 + lk - lq + right, lk - 1) + BN, 0) // BN
+            end = larger(end, first)
+        if split:
+            share = (end - first + lang.grid_dim.z - 1) // lang.grid_dim.z
+            first = smaller(first + lang.block_idx.z * share, end)
+            end = smaller(first + share, end)
+        if varlen:
+            end = lang.select(m0 < lq, end, first)    # blocks past this sequence's queries
 
-        copy_rows(q_tile, BM, q, m0, lq, b, h, tid)
-        copy_rows(k_tile, BN, k, 0, lk, b, kv_head, tid)
-        copy_rows(v_tile, BN, v, 0, lk, b, kv_head, tid)
+        copy_rows(q_tile, BM, q, q0, m0, lq, h, tid)
+        copy_rows(k_tile, BN, k, k0, first * BN, lk, kv_head, tid)
+        copy_rows(v_tile, BN, v, k0, first * BN, lk, kv_head, tid)
         lang.mma.commit_group()
-
-        # Lanes 8j .. 8j+7 address matrix j's rows, matrix j at block (j // 2, j % 2) (row order), B fragments
-        # in each half. For S, K's 16 keys x 16 of D as they are; for O, V's 16 keys x 16 of D transposed.
-        k_row, k_col = lane % 8 + lane // 16 * 8, lane // 8 % 2 * 8
-        v_row, v_col = lane % 8 + lane // 8 % 2 * 8, lane // 16 * 8
         qrow0 = warp * 16
-
         lang.mma.wait_group(0)
         lang.syncthreads()
-        q_frags = [q_fragment(q_tile, qrow0, kk, lane) for kk in lang.static_range(D // 16)] if Q_IN_REGISTERS else None
+        q_frags = [a_fragment(q_tile, qrow0, kk, lane) for kk in lang.static_range(D // 16)] if Q_IN_REGISTERS else None
 
         # This lane's rows of the warp's 16 (values 0, 1: row r; 2, 3: row r + 8) and its first column in an atom.
         r, c = lang.mma.coordinate(atom, "c", 0)
@@ -145,38 +206,35 @@ def _build(head_dim, causal):
         l = [lang.constant(0.0, f32), lang.constant(0.0, f32)]    # this lane's share of the row sums
         acc = [lang.mma.zeros(atom) for _ in lang.static_range(D // 8)]
 
-        for t in range(tiles):
-            stage = t % 2 * (BN * D)
+        for t in range(first, end):
+            stage = (t - first) % 2 * (BN * D)
             n0 = t * BN
             # Tile t has landed, and every warp is done with tile t - 1's stage, which tile t + 1 now fills.
             lang.mma.wait_group(0)
             lang.syncthreads()
             after = BN * D - stage
-            copy_rows(k_tile.at(after), BN, k, n0 + BN, lk, b, kv_head, tid)
-            copy_rows(v_tile.at(after), BN, v, n0 + BN, lk, b, kv_head, tid)
+            copy_rows(k_tile.at(after), BN, k, k0, n0 + BN, lk, kv_head, tid)
+            copy_rows(v_tile.at(after), BN, v, k0, n0 + BN, lk, kv_head, tid)
             lang.mma.commit_group()
 
             # S = Q K^T for the warp's 16 rows and the tile's BN keys: BN / 8 C fragments.
             s = [lang.mma.zeros(atom) for _ in lang.static_range(BN // 8)]
             for kk in lang.static_range(D // 16):
-                a = q_frags[kk] if Q_IN_REGISTERS else q_fragment(q_tile, qrow0, kk, lane)
+                a = q_frags[kk] if Q_IN_REGISTERS else a_fragment(q_tile, qrow0, kk, lane)
                 for nj in lang.static_range(BN // 16):
-                    pair = lang.mma.ldmatrix(k_tile.at(stage), (nj * 16 + k_row, kk * 16 + k_col), 4, order="row")
-                    s[2 * nj] = lang.mma.sync(atom, a, pair.select(0, 1, 2, 3), s[2 * nj])
-                    s[2 * nj + 1] = lang.mma.sync(atom, a, pair.select(4, 5, 6, 7), s[2 * nj + 1])
+                    low, high = b_fragments(k_tile.at(stage), nj * 16, kk * 16, lane, False)
+                    s[2 * nj] = lang.mma.sync(atom, a, low, s[2 * nj])
+                    s[2 * nj + 1] = lang.mma.sync(atom, a, high, s[2 * nj + 1])
 
-            # Keys past Lk, and with `causal` keys past a row's diagonal, are -inf.
+            # Keys past Lk, and outside the band, are -inf: only in tiles where that can happen.
             edge = n0 + BN > lk
-            if causal:
-                edge = edge | (n0 + BN - 1 > m0 + lk - lq)
+            if banded:
+                edge = edge | (n0 + BN - 1 > m0 + lk - lq + right) | (m0 + BM - 1 + lk - lq - left > n0)
             if edge:
                 for j in lang.static_range(BN // 8):
                     for e in lang.static_range(4):
-                        key = n0 + j * 8 + c + e % 2
-                        hidden = key >= lk
-                        if causal:
-                            hidden = hidden | (key + lq > rows[e // 2] + lk)
-                        s[j][e] = lang.select(hidden, minus_inf, s[j][e])
+                        masked = hidden(rows[e // 2], n0 + j * 8 + c + e % 2, lq, lk, left, right, banded)
+                        s[j][e] = lang.select(masked, minus_inf, s[j][e])
 
             # The online softmax, row by row: the quad's maximum, then P and the rescaling of O and l.
             for half in lang.static_range(2):
@@ -203,13 +261,18 @@ def _build(head_dim, causal):
             for i in lang.static_range(BN // 16):
                 p = lang.mma.fragment(atom, "a", [lang.cast(x, q.dtype) for x in s[2 * i] + s[2 * i + 1]])
                 for dj in lang.static_range(D // 16):
-                    pair = lang.mma.ldmatrix(v_tile.at(stage), (i * 16 + v_row, dj * 16 + v_col), 4,
-                                             transpose=True, order="row")
-                    acc[2 * dj] = lang.mma.sync(atom, p, pair.select(0, 1, 2, 3), acc[2 * dj])
-                    acc[2 * dj + 1] = lang.mma.sync(atom, p, pair.select(4, 5, 6, 7), acc[2 * dj + 1])
+                    low, high = b_fragments(v_tile.at(stage), i * 16, dj * 16, lane, True)
+                    acc[2 * dj] = lang.mma.sync(atom, p, low, acc[2 * dj])
+                    acc[2 * dj + 1] = lang.mma.sync(atom, p, high, acc[2 * dj + 1])
         lang.mma.wait_group(0)
 
         # O / l and the log-sum-exp (natural log), row by row; a row that saw no key gets 0 and -inf.
+        out_row, lse_row, lse_at = q0, lang.block_idx.y, 0
+        if varlen:
+            lse_row, lse_at = h, q0
+        if split:    # this block's share of the keys: partial rows, grid.z times over
+            out_row = out_row + lang.block_idx.z * (o.shape[0] // lang.grid_dim.z)
+            lse_row = lse_row + lang.block_idx.z * (lse.shape[0] // lang.grid_dim.z)
         for half in lang.static_range(2):
             total = l[half]
             total += lang.warp.shfl_xor(total, 1)
@@ -219,27 +282,78 @@ def _build(head_dim, causal):
             row = rows[half]
             if row < lq:
                 for j in lang.static_range(D // 8):
-                    lang.vstore(o, (b * lq + row, h, j * 8 + c), (lang.cast(acc[j][2 * half] * inverse, q.dtype),
-                                                            lang.cast(acc[j][2 * half + 1] * inverse, q.dtype)))
+                    lang.vstore(o, (out_row + row, h, j * 8 + c), (lang.cast(acc[j][2 * half] * inverse, o.dtype),
+                                                                lang.cast(acc[j][2 * half + 1] * inverse, o.dtype)))
                 if lane % 4 == 0:
-                    lse[lang.block_idx.y, row] = lang.select(empty, minus_inf,
-                                                 (m[half] + lang.math.log2(total)) * math.log(2.0))
+                    lse[lse_row, lse_at + row] = lang.select(empty, minus_inf,
+                                                             (m[half] + lang.math.log2(total)) * math.log(2.0))
 
     return attention_forward
 
 
-_KERNELS = {}
+def _build_combine(head_dim):
+    """The kernel that merges the partial outputs of a split forward: one warp
+    a (token, head), out = sum_s exp(lse_s - lse) out_s with lse the log of
+    sum_s exp(lse_s)."""
+    D = head_dim
+    T = lang.generics("T")
+
+    @kernel(generics=(T,), max_threads=THREADS)
+    def attention_combine(parts: lang.memref[None, None, D, f32].readonly(),
+                          part_lse: lang.memref[None, None, f32].readonly(),
+                          o: lang.memref[None, None, D, T].noalias(),
+                          lse: lang.memref[None, None, f32].noalias()):
+        """parts is o's shape grid-of-splits times over, part_lse lse's: (B x Hq, Lq) each."""
+        tokens, hq, lq, rows = o.shape[0], o.shape[1], lse.shape[1], lse.shape[0]
+        splits = parts.shape[0] // tokens
+        lane = lang.thread_idx.x % 32
+        item = lang.block_idx.x * WARPS + lang.thread_idx.x // 32
+        if item < tokens * hq:
+            token, h = item // hq, item % hq
+            row, i = token // lq * hq + h, token % lq
+            minus_inf = lang.constant(float("-inf"), f32)
+            top = minus_inf
+            for z in range(splits):
+                top = max(top, part_lse[z * rows + row, i])
+            # Every split empty (a row that sees no key): weights exp(-inf - 0) = 0, output 0.
+            base = lang.select(top == minus_inf, lang.constant(0.0, f32), top)
+            total = lang.constant(0.0, f32)
+            for z in range(splits):
+                total += lang.math.exp(part_lse[z * rows + row, i] - base)
+            inverse = lang.select(total == 0.0, lang.constant(0.0, f32), 1.0 / total)
+            for j in lang.static_range(D // 32):
+                value = lang.constant(0.0, f32)
+                for z in range(splits):
+                    value += lang.math.exp(part_lse[z * rows + row, i] - base) * parts[z * tokens + token, h,
+                                                                                      j * 32 + lane]
+                o[token, h, j * 32 + lane] = lang.cast(value * inverse, o.dtype)
+            if lane == 0:
+                lse[row, i] = lang.select(total == 0.0, minus_inf, base + lang.math.log(total))
+
+    return attention_combine
 
 
-def kernel_for(head_dim, causal):
-    """The kernel of (head dimension, causal), built once; its dtype is a generic."""
-    key = (head_dim, bool(causal))
-    if key not in _KERNELS:
-        _KERNELS[key] = _build(head_dim, causal)
-    return _KERNELS[key]
+KERNELS = {}
 
 
-def _array(x, name):
+def kernel_for(head_dim, banded=False, varlen=False, split=False):
+    """The forward kernel of (head dimension, banded mask, packed sequences,
+    split keys), built once; its dtype is a generic."""
+    key = ("forward", head_dim, bool(banded), bool(varlen), bool(split))
+    if key not in KERNELS:
+        KERNELS[key] = _build(head_dim, bool(banded), bool(varlen), bool(split))
+    return KERNELS[key]
+
+
+def combine_kernel_for(head_dim):
+    """The kernel merging a split forward's partial outputs, built once."""
+    key = ("combine", head_dim)
+    if key not in KERNELS:
+        KERNELS[key] = _build_combine(head_dim)
+    return KERNELS[key]
+
+
+def as_array(x, name):
     """x as an array the kernel takes, without a copy: a NumPy array as it is
     (the CPU backend's, bf16 included), anything else as mg.asarray's view
     (a DeviceArray) of its memory; a TypeError for what is no array."""
@@ -268,81 +382,229 @@ def _contiguous(array):
     return array.flags.c_contiguous if hasattr(array, "flags") else array.is_c_contiguous
 
 
-def _new(q, shape, dtype):
-    """A new array of `shape` and `dtype` in q's library: torch for a tensor,
-    NumPy for a NumPy array (CPU backend), else an mlirgpu DeviceArray."""
+def torch_stream(x):
+    """torch's current stream where x is a CUDA tensor (so that torch's
+    allocations, its graph captures and these launches stay in one order),
+    else None: the default stream."""
+    if not is_torch(x) or x.device.type != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.current_stream(x.device)
+
+
+def new_array(like, shape, dtype, zeros=False):
+    """A new array of `shape` and `dtype` in `like`'s library: torch for a
+    tensor, NumPy for a NumPy array (CPU backend), else an mlirgpu DeviceArray."""
     import numpy as np
 
-    if type(q).__module__.split(".")[0] == "torch":
+    if is_torch(like):
         import torch
 
-        kind = {f16: torch.float16, bf16: torch.bfloat16, f32: torch.float32}[dtype]
-        return torch.empty(shape, dtype=kind, device=q.device)
-    if isinstance(q, np.ndarray):
-        return np.empty(shape, dtype.numpy)
-    return backend.empty(shape, dtype)
+        kind = {f16: torch.float16, bf16: torch.bfloat16, f32: torch.float32, i32: torch.int32}[dtype]
+        return (torch.zeros if zeros else torch.empty)(shape, dtype=kind, device=like.device)
+    if isinstance(like, np.ndarray):
+        return (np.zeros if zeros else np.empty)(shape, dtype.numpy)
+    return (backend.zeros if zeros else backend.empty)(shape, dtype)
 
 
-def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
-    """softmax(scale * q k^T) v for q (B, Lq, Hq, d) and k, v (B, Lk, Hk, d)
+class Problem:
+    """An attention call's arguments, checked: the arrays as the kernels take
+    them and the sizes, band and offsets they need."""
+
+    def __init__(self, what, q, k, v, causal, scale, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                 max_seqlen_k):
+        self.varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+        rank = 3 if self.varlen else 4
+        layout = "(tokens, heads, head_dim)" if self.varlen else "(batch, sequence, heads, head_dim)"
+        arrays = [as_array(x, name) for name, x in (("q", q), ("k", k), ("v", v))]
+        for name, array in zip("qkv", arrays):
+            if len(array.shape) != rank:
+                raise LaunchError(f"{what}'s {name} is {layout}, {rank}-d; got shape {tuple(array.shape)}")
+            if not _contiguous(array):
+                raise LaunchError(f"{what}'s {name} must be C-contiguous (copy it first)")
+        self.q, self.k, self.v = arrays
+        qshape, kshape, vshape = (tuple(a.shape) for a in arrays)
+        self.dtype = _dtype(self.q)
+        if self.dtype not in (f16, bf16):
+            raise LaunchError(f"{what} takes f16 or bf16 q, k and v, not {self.q.dtype}")
+        if _dtype(self.k) != self.dtype or _dtype(self.v) != self.dtype:
+            raise LaunchError(f"{what}'s q, k and v have one dtype; got "
+                              f"{', '.join(str(a.dtype) for a in arrays)}")
+        if vshape != kshape:
+            raise LaunchError(f"{what}'s k and v have one shape; got {kshape} and {vshape}")
+        self.hq, self.d = qshape[-2:]
+        self.hk = kshape[-2]
+        if qshape[:-3] != kshape[:-3] or kshape[-1] != self.d:
+            raise LaunchError(f"{what}'s q {qshape} and k {kshape} differ in batch or head_dim")
+        if self.d not in HEAD_DIMS:
+            raise LaunchError(f"{what}'s head_dim is one of {', '.join(map(str, HEAD_DIMS))}, not {self.d}")
+        if self.hk == 0 or self.hq % self.hk:
+            raise LaunchError(f"{what}'s key/value heads ({self.hk}) must divide its query heads ({self.hq})")
+        if scale is not None and not float(scale) >= 0:
+            raise ValueError(f"{what}'s scale is a number >= 0 (the row maximum is taken before it), not {scale}")
+        self.scale = 1.0 / math.sqrt(self.d) if scale is None else float(scale)
+        if self.varlen:
+            self._offsets(what, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        else:
+            for name, value in (("cu_seqlens", None), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+                if value is not None:
+                    raise ValueError(f"{what}'s {name} goes with cu_seqlens_q and cu_seqlens_k")
+            self.batch, self.lq, self.lk = qshape[0], qshape[1], kshape[1]
+            self.tokens_q, self.tokens_k = self.batch * self.lq, self.batch * self.lk
+            if self.lk == 0:
+                raise LaunchError(f"{what} needs at least one key: k and v have sequence length 0")
+            self.cu_q = self.cu_k = new_array(q, (1,), i32)    # read only with packed sequences
+        if self.batch * self.hq > 65535:
+            raise LaunchError(f"{what} runs a block row per (batch, head): batch x heads is at most 65535, "
+                              f"not {self.batch * self.hq}")
+        self._band(what, causal, window)
+        self.stream = torch_stream(q)
+
+    def _offsets(self, what, cu_q, cu_k, max_q, max_k):
+        if cu_q is None or cu_k is None or max_q is None or max_k is None:
+            raise ValueError(f"{what} with packed sequences takes cu_seqlens_q, cu_seqlens_k, max_seqlen_q and "
+                             f"max_seqlen_k together")
+        self.cu_q, self.cu_k = as_array(cu_q, "cu_seqlens_q"), as_array(cu_k, "cu_seqlens_k")
+        for name, array in (("cu_seqlens_q", self.cu_q), ("cu_seqlens_k", self.cu_k)):
+            if len(array.shape) != 1 or _dtype(array) != i32 or not _contiguous(array) or array.shape[0] < 2:
+                raise LaunchError(f"{what}'s {name} is a contiguous 1-d int32 array of batch + 1 offsets, not "
+                                  f"{array.dtype} of shape {tuple(array.shape)}")
+        if self.cu_q.shape != self.cu_k.shape:
+            raise LaunchError(f"{what}'s cu_seqlens_q and cu_seqlens_k have one length (batch + 1); got "
+                              f"{self.cu_q.shape[0]} and {self.cu_k.shape[0]}")
+        for name, value in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{what}'s {name} is an int >= 1 (the longest sequence), not {value!r}")
+        self.batch, self.lq, self.lk = self.cu_q.shape[0] - 1, max_q, max_k
+        self.tokens_q, self.tokens_k = self.q.shape[0], self.k.shape[0]
+
+    def _band(self, what, causal, window):
+        """left and right of the band -left <= key - query - (Lk - Lq) <= right, as
+        i32 (a bound no sequence reaches stands for none)."""
+        unbounded = self.lq + self.lk
+        left = right = None
+        if window is not None:
+            if not isinstance(window, (tuple, list)) or len(window) != 2 or not all(
+                    w is None or isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window):
+                raise ValueError(f"{what}'s window is (left, right): ints >= 0, or -1 or None for no bound; "
+                                 f"not {window!r}")
+            left, right = (None if w is None or w < 0 else w for w in window)
+        if causal:
+            right = 0 if right is None else min(right, 0)
+        self.banded = left is not None or right is not None
+        self.left = unbounded if left is None else min(left, unbounded)
+        self.right = unbounded if right is None else min(right, unbounded)
+
+    def launch_args(self):
+        return self.cu_q, self.cu_k, self.scale * LOG2E, self.left, self.right
+
+    def lse_shape(self):
+        """(B, Hq, Lq), or (Hq, tokens) for packed sequences."""
+        return (self.hq, self.tokens_q) if self.varlen else (self.batch, self.hq, self.lq)
+
+    def check_output(self, what, name, array, shape, dtype):
+        """`array` (given by the caller) as a kernel's array of `shape` and `dtype`."""
+        target = as_array(array, name)
+        if tuple(target.shape) != shape or _dtype(target) != dtype or not _contiguous(target):
+            raise LaunchError(f"{what}'s {name} is a C-contiguous {dtype.name} array of shape {shape}, "
+                              f"not {target.dtype} of shape {tuple(target.shape)}")
+        return target
+
+    def tokens(self, array, count):
+        """A view of `array` (..., heads, d) as (tokens, heads, d)."""
+        return array.reshape(count, array.shape[-2], self.d)
+
+    def stats(self, array):
+        """A view of an lse-shaped array as the kernels' 2-d (B x Hq, Lq) or (Hq, tokens)."""
+        return array if self.varlen else array.reshape(self.batch * self.hq, self.lq)
+
+
+DECODE_QUERIES = 16      # at most this many queries a sequence: split the keys (decoding)
+TARGET_BLOCKS = 264      # blocks enough to fill 132 SMs twice over
+
+
+def splits_for(problem):
+    """How many blocks share one (batch, head)'s keys: one, except where few
+    query blocks leave SMs idle and there are many key tiles (decoding)."""
+    if problem.varlen or problem.lq > DECODE_QUERIES:
+        return 1
+    blocks = problem.batch * problem.hq * ((problem.lq + BM - 1) // BM)
+    tiles = (problem.lk + key_tile(problem.d) - 1) // key_tile(problem.d)
+    return max(1, min(tiles // 4, TARGET_BLOCKS // blocks, 64))
+
+
+def attention(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None, cu_seqlens_k=None,
+              max_seqlen_q=None, max_seqlen_k=None, num_splits=None, out=None, return_lse=False):
+    """softmax(scale * q k^T + mask) v for q (B, Lq, Hq, d) and k, v (B, Lk, Hk, d)
     of f16 or bf16, d 64, 128 or 256, Hk dividing Hq; returns the output
     (B, Lq, Hq, d) in q's dtype, with its log-sum-exp (B, Hq, Lq) in float32
     (natural log) when `return_lse`.
 
     `causal` masks key j for query i when j > i + Lk - Lq (the diagonal at
-    the bottom right); `scale` (>= 0) defaults to 1 / sqrt(d). The arrays are torch
-    tensors, CuPy or JAX arrays or DeviceArrays on the current backend (NumPy
-    arrays on the CPU backend), each C-contiguous; the output (`out`, or a new
-    array in q's library: torch for a tensor, NumPy for a NumPy array, else a
-    DeviceArray) too. Bad shapes and dtypes are a LaunchError (a ValueError),
-    what is no array a TypeError.
+    the bottom right); `window=(left, right)` keeps only keys with
+    -left <= j - i - (Lk - Lq) <= right (-1 or None: no bound; with `causal`,
+    right is 0). `scale` (>= 0) defaults to 1 / sqrt(d).
+
+    Packed sequences (varlen): q (total_q, Hq, d) and k, v (total_k, Hk, d)
+    hold B sequences one after the other, sequence b at tokens
+    cu_seqlens_q[b] .. cu_seqlens_q[b + 1] (int32 arrays of B + 1 offsets, on
+    the device, with max_seqlen_q and max_seqlen_k the longest lengths as
+    ints); the output is q's shape, the log-sum-exp (Hq, total_q).
+
+    `num_splits` blocks share the keys of each (batch, head), their partial
+    results merged by a second kernel: by default more than one only for a
+    few queries against many keys (decoding).
+
+    The arrays are torch tensors, CuPy or JAX arrays or DeviceArrays on the
+    current backend (NumPy arrays on the CPU backend), each C-contiguous; the
+    output (`out`, or a new array in q's library: torch for a tensor, NumPy
+    for a NumPy array, else a DeviceArray) too. On torch tensors this is the
+    torch custom op torch.ops.mlirgpu.attention, differentiable (see
+    attention_backward). Bad shapes and dtypes are a LaunchError (a
+    ValueError), what is no array a TypeError.
 
         o = mlirgpu.ops.attention(q, k, v, causal=True)
     """
-    arrays = [_array(x, name) for name, x in (("q", q), ("k", k), ("v", v))]
-    for name, array in zip("qkv", arrays):
-        if len(array.shape) != 4:
-            raise LaunchError(f"attention's {name} is (batch, sequence, heads, head_dim), 4-d; got shape "
-                              f"{tuple(array.shape)}")
-        if not _contiguous(array):
-            raise LaunchError(f"attention's {name} must be C-contiguous (copy it first)")
-    (batch, lq, hq, d), (kb, lk, hk, kd), vshape = (tuple(a.shape) for a in arrays)
-    dtype = _dtype(arrays[0])
-    if dtype not in (f16, bf16):
-        raise LaunchError(f"attention takes f16 or bf16 q, k and v, not {arrays[0].dtype}")
-    if _dtype(arrays[1]) != dtype or _dtype(arrays[2]) != dtype:
-        raise LaunchError(f"attention's q, k and v have one dtype; got {', '.join(str(a.dtype) for a in arrays)}")
-    if vshape != (kb, lk, hk, kd):
-        raise LaunchError(f"attention's k and v have one shape; got {(kb, lk, hk, kd)} and {vshape}")
-    if kb != batch or kd != d:
-        raise LaunchError(f"attention's q {(batch, lq, hq, d)} and k {(kb, lk, hk, kd)} differ in batch or "
-                          f"head_dim")
-    if d not in HEAD_DIMS:
-        raise LaunchError(f"attention's head_dim is one of {', '.join(map(str, HEAD_DIMS))}, not {d}")
-    if hk == 0 or hq % hk:
-        raise LaunchError(f"attention's key/value heads ({hk}) must divide its query heads ({hq})")
-    if lk == 0:
-        raise LaunchError("attention needs at least one key: k and v have sequence length 0")
-    if scale is not None and not float(scale) >= 0:
-        raise ValueError(f"attention's scale is a number >= 0 (the row maximum is taken before it), not {scale}")
-    if batch * hq > 65535:
-        raise LaunchError(f"attention runs a block row per (batch, head): batch x heads is at most 65535, "
-                          f"not {batch * hq}")
+    if out is None and attention_torch.takes(q):
+        o, lse = attention_torch.attention(q, k, v, causal, scale, window, cu_seqlens_q, cu_seqlens_k,
+                                           max_seqlen_q, max_seqlen_k, num_splits)
+        return (o, lse) if return_lse else o
+    return forward(q, k, v, causal=causal, scale=scale, window=window, cu_seqlens_q=cu_seqlens_q,
+                   cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                   num_splits=num_splits, out=out, return_lse=return_lse)
+
+
+def forward(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None, cu_seqlens_k=None,
+            max_seqlen_q=None, max_seqlen_k=None, num_splits=None, out=None, return_lse=False):
+    """attention's kernels launched on the arrays as they are (no torch op)."""
+    p = Problem("attention", q, k, v, causal, scale, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                max_seqlen_k)
+    splits = splits_for(p) if num_splits is None else num_splits
+    if not isinstance(splits, int) or isinstance(splits, bool) or not 1 <= splits <= 65535:
+        raise ValueError(f"attention's num_splits is an int from 1 to 65535, not {num_splits!r}")
+    if splits > 1 and p.varlen:
+        raise ValueError("attention splits the keys of equal-length sequences only: num_splits is 1 with "
+                         "cu_seqlens")
     if out is None:
-        out = _new(q, (batch, lq, hq, d), dtype)
-    target = _array(out, "out")
-    if tuple(target.shape) != (batch, lq, hq, d) or _dtype(target) != dtype or not _contiguous(target):
-        raise LaunchError(f"attention's out is a C-contiguous {dtype.name} array of shape {(batch, lq, hq, d)}, "
-                          f"not {target.dtype} of shape {tuple(target.shape)}")
-    lse = _new(q, (batch, hq, lq), f32)
-    if batch * hq * lq:
-        scale_log2 = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
-        if attention_sm90.supported(*arrays, d):
-            attention_sm90.forward(*arrays, target, _array(lse, "lse"), causal, scale_log2)
-            return (out, lse) if return_lse else out
-        # The kernel sees batch and sequence as one dimension (views, no copies).
-        kernel_for(d, causal)(arrays[0].reshape(batch * lq, hq, d), arrays[1].reshape(batch * lk, hk, d),
-                              arrays[2].reshape(batch * lk, hk, d), target.reshape(batch * lq, hq, d),
-                              _array(lse, "lse").reshape(batch * hq, lq), scale_log2,
-                              grid=((lq + BM - 1) // BM, batch * hq), block=THREADS, shared_mem=shared_bytes(d))
+        out = new_array(q, p.q.shape, p.dtype)
+    target = p.check_output("attention", "out", out, tuple(p.q.shape), p.dtype)
+    lse = new_array(q, p.lse_shape(), f32)
+    if p.tokens_q * p.hq:
+        grid = ((p.lq + BM - 1) // BM, p.batch * p.hq, splits)
+        qt, kt, vt = p.tokens(p.q, p.tokens_q), p.tokens(p.k, p.tokens_k), p.tokens(p.v, p.tokens_k)
+        ot, lset = p.tokens(target, p.tokens_q), p.stats(as_array(lse, "lse"))
+        if splits == 1 and not p.varlen and window is None and attention_sm90.supported(p.q, p.k, p.v, p.d):
+            attention_sm90.forward(p.q, p.k, p.v, target, as_array(lse, "lse"), causal, p.scale * LOG2E,
+                                   stream=p.stream)
+        elif splits == 1:
+            kernel_for(p.d, p.banded, p.varlen)(qt, kt, vt, ot, lset, *p.launch_args(), grid=grid,
+                                                block=THREADS, shared_mem=shared_bytes(p.d), stream=p.stream)
+        else:
+            parts = as_array(new_array(q, (splits * p.tokens_q, p.hq, p.d), f32), "parts")
+            part_lse = as_array(new_array(q, (splits * lset.shape[0], lset.shape[1]), f32), "part_lse")
+            kernel_for(p.d, p.banded, p.varlen, True)(qt, kt, vt, parts, part_lse, *p.launch_args(), grid=grid,
+                                                      block=THREADS, shared_mem=shared_bytes(p.d), stream=p.stream)
+            combine_kernel_for(p.d)(parts, part_lse, ot, lset, grid=((p.tokens_q * p.hq + WARPS - 1) // WARPS,),
+                                    block=THREADS, stream=p.stream)
     return (out, lse) if return_lse else out

@@ -327,7 +327,7 @@ def supported(q, k, v, head_dim):
             and all(hasattr(x, "ptr") and x.ptr % 16 == 0 for x in (q, k, v)) and default_chip() == "sm_90a")
 
 
-def forward(q, k, v, out, lse, causal, scale_log2):
+def forward(q, k, v, out, lse, causal, scale_log2, stream=None):
     """out and lse (as mlirgpu.ops.attention documents them) of q (B, Lq, Hq, d)
     and k, v (B, Lk, Hk, d), C-contiguous arrays of the current backend
     (DeviceArrays, or NumPy arrays on the CPU backend)."""
@@ -337,4 +337,4 @@ def forward(q, k, v, out, lse, causal, scale_log2):
     v_map = tensor_map(v, box=(1, BOX, 1, BOX), swizzle="128B")
     kernel_for(d, causal)(q_map, k_map, v_map, out.reshape(batch * lq, hq, d), lse.reshape(batch * hq, lq),
                           lq, lk, hq // hk, scale_log2, grid=((lq + BM - 1) // BM, batch * hq), block=THREADS,
-                          shared_mem=shared_bytes(d))
+                          shared_mem=shared_bytes(d), stream=stream)
