@@ -22,7 +22,8 @@ import mlirgpu.ops
 from mlirgpu.ops import attention_sm90
 
 from support.backends import current_backend
-from test_ops_attention import DTYPES, TOLERANCE, operands, reference
+from support.attention import DTYPES, operands, reference
+from test_ops_attention import TOLERANCE
 
 
 def run_on_the_cpu(batch, lq, lk, hq, hk, d, dtype, causal):
