@@ -8,10 +8,10 @@ kernel specialization and launches it. Importing `mlirgpu` does not import
 this package; `import mlirgpu.ops` does, and builds no kernel until a call.
 With torch imported, the ops are also torch custom ops (torch.ops.mlirgpu.*).
 """
-from .attention import attention
+from . import attention_torch
+from .attention import attention, forward
 from .attention_backward import attention_backward
-from .attention_torch import register_if_imported
 
-register_if_imported()
+attention_torch.provide(forward, attention_backward)
 
 __all__ = ["attention", "attention_backward"]

@@ -384,7 +384,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
     lse_array = p.check_output(what, "lse", lse, p.lse_shape(), f32)
     grads = []
     for name, given, like in (("dq", dq, p.q), ("dk", dk, p.k), ("dv", dv, p.v)):
-        given = new_array(q, like.shape, p.dtype) if given is None else given
+        # Without queries the gradients are zeros, which no kernel writes.
+        given = new_array(q, like.shape, p.dtype, zeros=p.tokens_q == 0) if given is None else given
         grads.append((given, p.check_output(what, name, given, tuple(like.shape), p.dtype)))
     if p.tokens_q * p.hq == 0:
         return tuple(g for g, _ in grads)

@@ -1,7 +1,8 @@
 """mlirgpu.ops.attention as the torch custom op `mlirgpu::attention`, with
 `mlirgpu::attention_backward` as its autograd formula: registered when
 `mlirgpu.ops` is imported after torch, or at the first call on a torch
-tensor (nothing here imports torch before that).
+tensor (nothing here imports torch before that). mlirgpu.ops hands it the
+forward and backward functions, so that it imports neither.
 
 The ops take plain arguments (a window as two ints, -1 for no bound; 0 for
 "no maximum length" and "choose the split"), have fake implementations
@@ -11,6 +12,16 @@ import sys
 from typing import Optional
 
 OPS = None     # (torch.Tensor, the forward op, the backward op) once registered
+KERNELS = None     # (forward, backward): the functions the ops call, given by mlirgpu.ops (provide)
+
+
+def provide(forward, backward):
+    """Gives the ops the functions they call (mlirgpu.ops does, at its import:
+    this module imports neither) and registers them if torch is imported."""
+    global KERNELS
+    KERNELS = (forward, backward)
+    if "torch" in sys.modules:
+        register()
 
 
 def register():
@@ -20,9 +31,7 @@ def register():
         return
     import torch
     from torch import Tensor
-
-    from .attention import forward
-    from .attention_backward import attention_backward
+    forward, attention_backward = KERNELS
 
     def options(causal, scale, left, right, max_seqlen_q, max_seqlen_k):
         return dict(causal=causal, scale=scale, window=None if left < 0 and right < 0 else (left, right),
@@ -73,12 +82,6 @@ def register():
 
 def is_torch(x):
     return type(x).__module__.split(".")[0] == "torch"
-
-
-def register_if_imported():
-    """Registers the ops if torch is already imported (then torch.compile finds them registered)."""
-    if "torch" in sys.modules:
-        register()
 
 
 def takes(x):
