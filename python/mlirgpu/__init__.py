@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .compiler.cache import cache_clear, cache_info
     from .frontend import func
     from .ir import passes
-    from .language import (TileScheduler, atomic, block, block_dim, block_idx, cast, constant, generics, grid,
+    from .language import (TileScheduler, assume, atomic, block, block_dim, block_idx, cast, constant, generics, grid,
                            grid_dim, load, math, mbarrier, memref, mma, printf, range_, select, shared,
                            static_range, store, syncthreads, thread_idx, threadfence, threadfence_block,
                            threadfence_system, tma, vload, vstore, warp, warpgroup, wgmma)
@@ -48,7 +48,7 @@ _EXTENSION = ("CompileError", "CudaError", "DeviceArray", "DType", "Error", "Eve
               "KernelError", "LaunchError", "MLIRError", "Stream", "TensorMap", "bf16", "bool_", "dtype", "f8e4m3",
               "f8e5m2", "f16",
               "f32", "f64", "i8", "i16", "i32", "i64", "index", "u8", "u16", "u32", "u64")
-_LANGUAGE = ("atomic", "block", "block_dim", "block_idx", "cast", "constant", "generics", "grid", "grid_dim",
+_LANGUAGE = ("assume", "atomic", "block", "block_dim", "block_idx", "cast", "constant", "generics", "grid", "grid_dim",
              "load", "math", "mbarrier", "memref", "mma", "printf", "range_", "select", "shared", "static_range",
              "store", "syncthreads", "thread_idx", "threadfence", "threadfence_block", "threadfence_system", "tma",
              "TileScheduler", "vload", "vstore", "warp", "warpgroup", "wgmma")
@@ -101,7 +101,7 @@ __all__ = [
     # kernels
     "kernel", "Kernel", "Specialization", "generics", "memref", "func", "vectorize", "autotune", "Autotuner",
     # inside kernels
-    "thread_idx", "block_idx", "block_dim", "grid_dim", "constant", "cast", "select", "range_",
+    "thread_idx", "block_idx", "block_dim", "grid_dim", "constant", "cast", "select", "assume", "range_",
     "static_range", "syncthreads", "threadfence", "threadfence_block", "threadfence_system", "printf", "vload",
     "vstore", "load", "store", "math", "atomic", "warp", "block", "grid", "shared", "mma", "TileScheduler",
     # Hopper: tensor maps, TMA, mbarriers, warpgroup MMA, warpgroups and clusters

@@ -25,6 +25,7 @@ import numpy as np
 from .. import _mlirgpu, ir
 from .._mlirgpu import DeviceArray, LaunchError, Stream, TensorMap, lower
 from ..compiler.cpu import PIPELINE
+from ..compiler.log import log
 from ..targets.cpu import CpuLowering, checks_from_environment
 from .backend import Backend, Dims
 from .compiled import stored_params
@@ -93,6 +94,7 @@ def engine(spec: Specialization, checks: Iterable[str] | None = None) -> _mlirgp
 
 
 def _make_engine(spec, checks):
+    log(("compile",), f"mlirgpu: compiling {spec!r} for the CPU because: first launch of this specialization")
     traced = host_module(spec, checks)
     stored = stored_params(traced, spec.name)
     params = []

@@ -27,7 +27,7 @@ from .._mlirgpu import CompileError, DeviceArray, DType, Function, LaunchError, 
 from ..frontend import rewrite as tracer
 from ..frontend.kernel import trace_kernel
 from ..language import core as lang
-from ..language.generics import Generic, MemRefType, as_element_type, is_symbol, symbol_name
+from ..language.generics import Dynamic, Generic, MemRefType, as_element_type, is_symbol, symbol_name
 from .backend import Dims, _kernels as _backend_kernels, current
 from .compiled import CompiledModule, read_values, source_digest, stored_params
 
@@ -131,6 +131,7 @@ class Kernel(_mlirgpu.Dispatcher):
         if missing:
             raise CompileError(f"{function.__qualname__} uses generics {missing} that generics=... does not list")
         self.generics = [symbol_name(s) for s in declared]
+        self.dynamic = _dynamic_generics(function, self.parameters, declared)
         self.__signature__ = signature.replace(parameters=list(signature.parameters.values()) + _LAUNCH_KEYWORDS)
         self.__doc__ = _launch_doc(self, function.__doc__)
         self._rewritten = None
@@ -160,9 +161,14 @@ class Kernel(_mlirgpu.Dispatcher):
         return self.specialize(bound)
 
     def dynamic_extents(self) -> list[list[int]]:
-        """Per parameter, the dimensions annotated None (sizes known only at launch)."""
-        return [[d for d, size in enumerate(p.memref.shape) if size is None] if p.memref else []
-                for p in self.parameters]
+        """Per parameter, the dimensions annotated None or a dynamic generic (sizes known only at launch)."""
+        return [[d for d, size in enumerate(p.memref.shape) if size is None or (is_symbol(size) and symbol_name(size) in self.dynamic)]
+                if p.memref else [] for p in self.parameters]
+
+    def variants(self, bound: dict[str, Any]) -> dict[str, Any]:
+        """`bound` with each dynamic generic's size replaced by the variant that serves it."""
+        return {k: Dynamic.of(v) if k in self.dynamic and not isinstance(v, Dynamic) else v
+                for k, v in bound.items()}
 
     def argument_generics(self) -> set[str]:
         """The generics the parameters' annotations name: those a launch binds from its arguments."""
@@ -177,6 +183,9 @@ class Kernel(_mlirgpu.Dispatcher):
         return names
 
     def specialize(self, bound: dict[str, Any]) -> Specialization:
+        """The specialization for the generic values `bound` (a dynamic
+        generic's: a size, or a Dynamic variant)."""
+        bound = self.variants(bound)
         key = tuple(bound[name] for name in self.generics)
         spec = self._specializations.get(key)
         if spec is None:
@@ -285,6 +294,26 @@ def show(value: Any) -> str:
     return value.name if isinstance(value, DType) else repr(value)
 
 
+def _dynamic_generics(function, parameters, declared):
+    """{name: (parameter, dimension)} of each dynamic generic among `declared`:
+    the first array extent it sizes, which a launch passes as its value."""
+    where = {}
+    for s in declared:
+        if not (isinstance(s, Generic) and s.dynamic):
+            continue
+        for i, p in enumerate(parameters):
+            if (p.memref.dtype if p.memref else p.dtype) is s:
+                raise CompileError(f"{function.__qualname__}: dynamic generic {s.name} is a size, not an "
+                                   f"element type")
+            sizes = [d for d, size in enumerate(p.memref.shape) if size is s] if p.memref else []
+            if sizes and s.name not in where:
+                where[s.name] = (i, sizes[0])
+        if s.name not in where:
+            raise CompileError(f"{function.__qualname__}: dynamic generic {s.name} sizes no array parameter, "
+                               f"so no launch could pass its value: use it in an mg.memref[...] annotation")
+    return where
+
+
 def check_generic_value(name: str, value: Any, dtype_generics: set[str]) -> int | DType:
     if name in dtype_generics:
         if not isinstance(value, DType):
@@ -293,6 +322,8 @@ def check_generic_value(name: str, value: Any, dtype_generics: set[str]) -> int 
             except (TypeError, ValueError):
                 raise CompileError(f"generic {name} is an element type: give a dtype such as mg.f32, "
                                    f"not {value!r}") from None
+        return value
+    if isinstance(value, Dynamic):
         return value
     if isinstance(value, DType) or isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise CompileError(f"generic {name} is a size: give a positive int, not {value!r}")
@@ -488,7 +519,8 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         result = []
         for p in self.kernel.parameters:
             if p.memref is not None:
-                shape = [self.values[symbol_name(s)] if is_symbol(s) else s for s in p.memref.shape]  # None: dynamic
+                shape = [self.values[symbol_name(s)] if is_symbol(s) else s for s in p.memref.shape]
+                shape = [None if isinstance(size, Dynamic) else size for size in shape]  # None: dynamic
                 dtype = self.values[symbol_name(p.memref.dtype)] if is_symbol(p.memref.dtype) else p.memref.dtype
                 result.append((p, shape, dtype))
             else:
@@ -504,7 +536,9 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                             [(p.name, shape, dtype) for p, shape, dtype in self._param_types()], self.values,
                             target=target, attributes=self._launch_bounds(), fastmath=kernel.fastmath,
                             qualifiers=[(p.memref.is_readonly, p.memref.is_noalias) if p.memref else (False, False)
-                                        for p in kernel.parameters])
+                                        for p in kernel.parameters],
+                            dynamic={name: (i, d, self.values[name].multiple)
+                                     for name, (i, d) in kernel.dynamic.items()})
 
     def ir(self) -> str:
         """The gpu-dialect module, with the user's file:line locations."""
@@ -553,7 +587,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         arguments against the specialization, register them (on the GPU,
         device arrays only) and launch."""
         # Generics the arguments do not determine (tile sizes) take the specialization's values.
-        bound = self.kernel.bind(args, unbound=self.values)
+        bound = self.kernel.variants(self.kernel.bind(args, unbound=self.values))
         diff = [f"{k}={show(v)} (specialized for {show(self.values[k])})" for k, v in bound.items()
                 if v != self.values[k]]
         if diff:
