@@ -29,6 +29,8 @@ if TYPE_CHECKING:
                            f8e5m2, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64)
     from .compiler import Compilation, Target, compile_cubin, compile_ptx
     from .compiler.cache import cache_clear, cache_info
+    from . import export   # a module that mg.export(...) calls
+    from .export import load_library
     from .frontend import func
     from .ir import passes
     from .language import (TileScheduler, assume, atomic, block, block_dim, block_idx, cast, constant, generics, grid,
@@ -71,6 +73,7 @@ _WHERE = {
     "Autotuner": (".runtime.autotune", "Autotuner"), "autotune": (".runtime.autotune", "autotune"),
     "HostProgram": (".runtime.host_program", "HostProgram"),
     "tensor_map": (".runtime.tensormap", "tensor_map"),
+    "export": (".export", None), "load_library": (".export", "load_library"),
 }
 
 
@@ -112,6 +115,8 @@ __all__ = [
     # backends, compiling, host programs
     "backend", "set_backend", "cpu", "cuda", "Compilation", "Target", "compile_ptx", "compile_cubin",
     "cache_info", "cache_clear", "HostProgram",
+    # kernels out of Python: a C library, and calling one
+    "export", "load_library",
     # the IR layer, layouts, the kernels shipped ready to call
     "ir", "passes", "layout", "ops",
     "__version__",

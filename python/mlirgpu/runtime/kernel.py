@@ -528,11 +528,12 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                 result.append((p, None, dtype))
         return result
 
-    def trace(self, target: GpuLowering | None = None) -> ir.Module:
+    def trace(self, target: GpuLowering | None = None, name: str | None = None) -> ir.Module:
         """The kernel traced into a module for `target` (default: the GPU's
-        gpu.module @kernels holding gpu.func @<name>)."""
+        gpu.module @kernels holding gpu.func @<name>), its function named
+        `name` (default: the kernel's)."""
         kernel = self.kernel
-        return trace_kernel(kernel.function, kernel.rewritten(), self.name,
+        return trace_kernel(kernel.function, kernel.rewritten(), name or self.name,
                             [(p.name, shape, dtype) for p, shape, dtype in self._param_types()], self.values,
                             target=target, attributes=self._launch_bounds(), fastmath=kernel.fastmath,
                             qualifiers=[(p.memref.is_readonly, p.memref.is_noalias) if p.memref else (False, False)
