@@ -176,6 +176,13 @@ static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs, co
             return -1;
         }
     }
+    /* Arrays that all start at a multiple of 16 bytes may launch a variant of their own (ALIGNMENT in
+     * language/generics.py): the call's first word says whether they do. */
+    int aligned = 1;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        if ((b->known >> i & 1) && b->pointers[i] % 16 != 0)
+            aligned = 0;
+    b->words[0] |= (uint64_t)aligned << 16;
     return 0;
 }
 

@@ -65,7 +65,9 @@ def test_the_directory_holds_library_header_and_readme(sgemm_library):
             "float beta, int64_t M, int64_t K, int64_t N);") in header
     assert "const char *sgemm_last_error(void);" in header
     readme = (out / "README.md").read_text()
-    assert "sgemm[M=dynamic(multiple of 16), K=dynamic(multiple of 16), N=dynamic(multiple of 16)]" in readme
+    assert ("sgemm[M=dynamic(multiple of 16), K=dynamic(multiple of 16), N=dynamic(multiple of 16)], arrays "
+            "16-byte aligned" in readme)
+    assert "sgemm[M=dynamic, K=dynamic, N=dynamic]`" in readme
     assert "libc" in readme
 
 
@@ -135,8 +137,10 @@ print("backend", lib.sgemm_backend().decode())
 buffers = [ctypes.c_void_p() for _ in range(3)]
 for b in buffers:
     assert lib.sgemm_alloc(ctypes.byref(b), 64 * 64 * 4) == 0
-for m, k, n in ((32, 32, 32), (33, 32, 32), (48, 48, 48)):
-    status = lib.sgemm_sgemm(None, *buffers, ctypes.c_float(1), ctypes.c_float(0), ctypes.c_int64(m),
+# The last call's A starts 4 bytes into its buffer: arrays not all 16-byte aligned.
+for m, k, n, offset in ((32, 32, 32, 0), (33, 32, 32, 0), (48, 48, 48, 0), (48, 48, 48, 4)):
+    a = ctypes.c_void_p(buffers[0].value + offset)
+    status = lib.sgemm_sgemm(None, a, *buffers[1:], ctypes.c_float(1), ctypes.c_float(0), ctypes.c_int64(m),
                              ctypes.c_int64(k), ctypes.c_int64(n))
     assert status == 0, lib.sgemm_last_error()
     log = fake.fake_log().decode()
@@ -154,7 +158,7 @@ def test_dispatch_by_divisibility_on_the_driver(sgemm_library, fake_libcuda, tmp
     assert done.returncode == 0, done.stderr
     # The stand-in is an sm_90 GPU: the library loads its sm_80 PTX, once per variant a call needs.
     assert done.stdout.splitlines() == ["backend cuda", "32 32 32 loads 1 launches 1", "33 32 32 loads 2 launches 2",
-                                        "48 48 48 loads 2 launches 3"]
+                                        "48 48 48 loads 2 launches 3", "48 48 48 loads 3 launches 4"]
 
 
 def test_the_c_program_of_the_example_runs_on_the_cpu_build(tmp_path):

@@ -157,3 +157,35 @@ def test_assume_takes_a_condition():
         mg.assume(x[0])
     with pytest.raises(mg.CompileError, match="mg.assume takes a traced bool"):
         first[4].ir()
+
+
+def test_misaligned_arrays_select_a_variant_of_their_own(backend, compiles):
+    @mg.kernel
+    def copy(x: mg.memref[M, mg.f32], y: mg.memref[M, mg.f32]):
+        i = mg.block_idx.x * mg.block_dim.x + mg.thread_idx.x
+        if i < M:
+            y[i] = x[i]
+
+    base = mg.to_device(np.arange(33, dtype=np.float32))
+    for start in (0, 1, 0, 1):
+        y = mg.to_device(np.zeros(32, np.float32))
+        copy(base[start:start + 32], y, grid=1, block=32)
+        np.testing.assert_array_equal(y.get(), np.arange(start, start + 32, dtype=np.float32))
+    lines = compiles()
+    assert len(lines) == 2, lines
+    assert "arrays 16-byte aligned" in lines[0] and "arrays 16-byte aligned" not in lines[1]
+
+
+def test_the_aligned_variant_assumes_alignment():
+    aligned = scale_rows.specialize({"M": 32, "N": 4}, aligned=True)
+    assert aligned is not scale_rows[32, 4] and not scale_rows[32, 4].aligned
+    assert re.search(r"memref.assume_alignment %\w+, 16", aligned.ir())
+    assert "assume_alignment" not in scale_rows[32, 4].ir()
+    assert aligned.cache_fields()[0].endswith(",aligned=16")
+
+
+def test_an_aligned_specialization_refuses_misaligned_arrays():
+    aligned = scale_rows.specialize({"M": 16, "N": 2}, aligned=True)
+    x = np.zeros(33 * 2 + 1, np.float32)[1:].reshape(33, 2)[:16]
+    with pytest.raises(mg.LaunchError, match="an array that does not start at a multiple of 16 bytes"):
+        aligned(x, np.zeros((16, 2), np.float32), 1.0, grid=1, block=32)

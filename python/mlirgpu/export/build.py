@@ -54,9 +54,10 @@ class _Exported:
         self.variants = []     # (specialization, rules)
         dynamic = list(kernel.dynamic)
         for binding in bindings:
-            for multiples in itertools.product((DIVISOR, 1), repeat=len(dynamic)):
+            for aligned, multiples in itertools.product((True, False) if dynamic else (False,),
+                                                        itertools.product((DIVISOR, 1), repeat=len(dynamic))):
                 values = {**binding, **{g: Dynamic(m) for g, m in zip(dynamic, multiples)}}
-                spec = kernel.specialize(values)
+                spec = kernel.specialize(values, aligned)
                 rules = [_rule(spec.values[g]) for g in self.size_names]
                 self.variants.append((spec, rules))
         first = self.variants[0][0]
@@ -313,7 +314,8 @@ def _source(prefix, kernels, cpu_symbols, images, metadata):
             if symbol:
                 out.append(_cpu_thunk(exported, spec, symbol))
             description = json.dumps(repr(spec).strip("<>"))
-            variant_rows.append(f'{{{description}, "{exported.name}", rules_{k}_{v}, {len(image_rows)}, '
+            variant_rows.append(f'{{{description}, "{exported.name}", rules_{k}_{v}, {int(spec.aligned)}, '
+                                f'{len(image_rows)}, '
                                 f'images_{k}_{v}, {f"cpu_{symbol}" if symbol else "NULL"}, {{NULL}}}}')
         names = ", ".join(f'"{n}"' for n in exported.size_names) or "NULL"
         out += [f"static mgx_variant variants_{k}[] = {{\n    " + ",\n    ".join(variant_rows) + "\n};",
@@ -323,8 +325,10 @@ def _source(prefix, kernels, cpu_symbols, images, metadata):
         sizes = ", ".join(exported.size_names) or "0"
         extents = exported.dynamic_extents()
         rule = exported.launch
+        arrays = [f"(uintptr_t){p.name}" for p, shape, _ in exported.params if shape is not None]
         body = [_signature(prefix, exported), "{",
                 f"    const int64_t mgx_sizes[] = {{{sizes}}};",
+                f"    const int mgx_aligned = ({' | '.join(arrays) or '0'}) % MGX_ALIGNMENT == 0;",
                 f"    int64_t mgx_extents[] = {{{', '.join(extents) or '0'}}};",
                 f"    void *mgx_params[] = {{{', '.join(exported.launch_operands())}}};"]
         body.append(f"    if (mgx_check_sizes(&kernel_{k}, mgx_sizes) != MGX_SUCCESS) return ({prefix}_status)"
@@ -344,8 +348,8 @@ def _source(prefix, kernels, cpu_symbols, images, metadata):
             body += ["    const unsigned mgx_grid[3] = {grid.x, grid.y, grid.z};",
                      "    const unsigned mgx_block[3] = {block.x, block.y, block.z};"]
         body += ["    (void)mgx_extents;",
-                 f"    return ({prefix}_status)mgx_launch(&kernel_{k}, stream, mgx_sizes, mgx_params, mgx_grid, "
-                 f"mgx_block, shared_mem);", "}", ""]
+                 f"    return ({prefix}_status)mgx_launch(&kernel_{k}, stream, mgx_sizes, mgx_aligned, mgx_params, "
+                 f"mgx_grid, mgx_block, shared_mem);", "}", ""]
         out += body
     out += [f"const char *{prefix}_last_error(void) {{ return mgx_last_error(); }}",
             f'const char *{prefix}_backend(void) {{ return mgx_backend_is_cuda() ? "cuda" : "cpu"; }}',

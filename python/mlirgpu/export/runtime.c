@@ -21,7 +21,7 @@
 #include <string.h>
 
 #define MGX_MAX_DEVICES 64
-#define MGX_MAX_RANK 8
+#define MGX_ALIGNMENT 16   /* a variant may assume its arrays start at a multiple of this many bytes */
 #define MGX_SUCCESS 0
 #define MGX_INVALID_VALUE 1
 #define MGX_NO_VARIANT 2
@@ -52,11 +52,13 @@ typedef struct {
 typedef void (*mgx_cpu_entry)(void **params, const int64_t indices[12]);
 
 /* A variant: one compiled specialization, the sizes it serves (per size: a value it needs,
- * > 0; a divisor, < 0; or 0, any), and its functions once loaded, per device. */
+ * > 0; a divisor, < 0; or 0, any), whether it needs aligned arrays, and its functions once
+ * loaded, per device. */
 typedef struct {
     const char *description;
     const char *symbol;
     const int64_t *rules;
+    int aligned;
     int nimages;
     const mgx_image *images;
     mgx_cpu_entry cpu;
@@ -275,10 +277,13 @@ static int mgx_check_sizes(const mgx_kernel *k, const int64_t *sizes)
     return MGX_SUCCESS;
 }
 
-/* The first variant whose rules the sizes meet (the generated tables list the most specific first). */
-static int mgx_variant_for(const mgx_kernel *k, const int64_t *sizes, mgx_variant **variant)
+/* The first variant whose rules the sizes and the arrays' alignment meet (the generated tables list
+ * the most specific first). */
+static int mgx_variant_for(const mgx_kernel *k, const int64_t *sizes, int aligned, mgx_variant **variant)
 {
     for (int i = 0; i < k->nvariants; i++) {
+        if (k->variants[i].aligned && !aligned)
+            continue;
         const int64_t *rules = k->variants[i].rules;
         int s = 0;
         while (s < k->nsizes && (rules[s] == 0 || (rules[s] > 0 ? sizes[s] == rules[s] : sizes[s] % -rules[s] == 0)))
@@ -307,7 +312,7 @@ static void mgx_cpu_run(mgx_cpu_entry entry, void **params, const unsigned grid[
                             entry(params, ix);
 }
 
-static int mgx_launch(const mgx_kernel *k, void *stream, const int64_t *sizes, void **params,
+static int mgx_launch(const mgx_kernel *k, void *stream, const int64_t *sizes, int aligned, void **params,
                       const unsigned grid[3], const unsigned block[3], unsigned shared_mem)
 {
     for (int d = 0; d < 3; d++)
@@ -315,7 +320,7 @@ static int mgx_launch(const mgx_kernel *k, void *stream, const int64_t *sizes, v
             return mgx_fail(MGX_INVALID_VALUE, "%s: the grid and the block need at least 1 in each dimension",
                             k->name);
     mgx_variant *v;
-    int status = mgx_variant_for(k, sizes, &v);
+    int status = mgx_variant_for(k, sizes, aligned, &v);
     if (status != MGX_SUCCESS)
         return status;
     if (!mgx_backend_is_cuda()) {

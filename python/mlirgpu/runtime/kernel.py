@@ -27,7 +27,7 @@ from .._mlirgpu import CompileError, DeviceArray, DType, Function, LaunchError, 
 from ..frontend import rewrite as tracer
 from ..frontend.kernel import trace_kernel
 from ..language import core as lang
-from ..language.generics import Dynamic, Generic, MemRefType, as_element_type, is_symbol, symbol_name
+from ..language.generics import ALIGNMENT, Dynamic, Generic, MemRefType, as_element_type, is_symbol, symbol_name
 from .backend import Dims, _kernels as _backend_kernels, current
 from .compiled import CompiledModule, read_values, source_digest, stored_params
 
@@ -182,15 +182,24 @@ class Kernel(_mlirgpu.Dispatcher):
                 names.add(symbol_name(entry))
         return names
 
-    def specialize(self, bound: dict[str, Any]) -> Specialization:
+    def specialize(self, bound: dict[str, Any], aligned: bool = False) -> Specialization:
         """The specialization for the generic values `bound` (a dynamic
-        generic's: a size, or a Dynamic variant)."""
+        generic's: a size, or a Dynamic variant). `aligned`: for a kernel with
+        dynamic generics, the variant whose array arguments all start at a
+        multiple of 16 bytes (only such arrays may launch it)."""
         bound = self.variants(bound)
-        key = tuple(bound[name] for name in self.generics)
+        aligned = aligned and bool(self.dynamic)
+        key = (tuple(bound[name] for name in self.generics), aligned)
         spec = self._specializations.get(key)
         if spec is None:
-            spec = self._specializations[key] = Specialization(self, dict(bound))
+            spec = self._specializations[key] = Specialization(self, dict(bound), aligned)
         return spec
+
+    def aligned(self, args: Sequence) -> bool:
+        """Whether the array arguments among `args` all start at a multiple of
+        16 bytes: the variant a kernel with dynamic generics launches for them."""
+        return bool(self.dynamic) and all(_address(p.name, arg) % ALIGNMENT == 0
+                                          for p, arg in zip(self.parameters, args) if p.memref is not None)
 
     def rewritten(self) -> tuple:
         if self._rewritten is None:
@@ -257,7 +266,7 @@ class Kernel(_mlirgpu.Dispatcher):
         return bound
 
     def _miss(self, args, kwargs):
-        spec = self.specialize(self.bind(args))
+        spec = self.specialize(self.bind(args), self.aligned(args))
         if current().dispatches_in_c and not any(isinstance(a, np.ndarray) for a in args):
             try:
                 self.register(args, spec.function_for(args))
@@ -292,6 +301,19 @@ def _launch_doc(kernel, doc):
 
 def show(value: Any) -> str:
     return value.name if isinstance(value, DType) else repr(value)
+
+
+def _address(name, arg):
+    """The address of an array argument's first element."""
+    if isinstance(arg, DeviceArray):
+        return arg.ptr
+    if isinstance(arg, np.ndarray):
+        return arg.ctypes.data
+    host = current().host and not _offers(arg, "__cuda_array_interface__")
+    try:
+        return _mlirgpu.asarray(arg, host=host).ptr
+    except (TypeError, ValueError) as error:
+        raise LaunchError(f"parameter {name!r}: {error}") from None
 
 
 def _dynamic_generics(function, parameters, declared):
@@ -480,7 +502,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         spec(x, 2.0, grid=4, block=256)        # launch with arguments that match it
     """
 
-    def __new__(cls, kernel, values):
+    def __new__(cls, kernel, values, aligned=False):
         # The miss handler refers back through a cell: a cycle the GC collects (as Kernel's).
         cell = []
         self = _mlirgpu.Dispatcher.__new__(cls, lambda args, kwargs: cell[0]._miss(args, kwargs),
@@ -489,14 +511,15 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         _backend_kernels.add(self)
         return self
 
-    def __init__(self, kernel, values):
+    def __init__(self, kernel, values, aligned=False):
         super().__init__()
-        self.kernel, self.values = kernel, values
+        self.kernel, self.values, self.aligned = kernel, values, aligned
         self._module = None
         self.set_dynamic(kernel.dynamic_extents())
 
     def __repr__(self):
-        return f"<{self.kernel.__qualname__}[{', '.join(f'{k}={show(v)}' for k, v in self.values.items())}]>"
+        aligned = ", arrays 16-byte aligned" if self.aligned else ""
+        return f"<{self.kernel.__qualname__}[{', '.join(f'{k}={show(v)}' for k, v in self.values.items())}]{aligned}>"
 
     @property
     def name(self) -> str:
@@ -539,7 +562,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                             qualifiers=[(p.memref.is_readonly, p.memref.is_noalias) if p.memref else (False, False)
                                         for p in kernel.parameters],
                             dynamic={name: (i, d, self.values[name].multiple)
-                                     for name, (i, d) in kernel.dynamic.items()})
+                                     for name, (i, d) in kernel.dynamic.items()}, aligned=self.aligned)
 
     def ir(self) -> str:
         """The gpu-dialect module, with the user's file:line locations."""
@@ -556,7 +579,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
 
     def cache_fields(self) -> tuple[str, str]:
         kernel = self.kernel
-        return (",".join(f"{k}={show(v)}" for k, v in self.values.items()),
+        return (",".join(f"{k}={show(v)}" for k, v in self.values.items()) + (",aligned=16" if self.aligned else ""),
                 f"opt_level=3,bare_pointers=1,max_threads={kernel.max_threads},min_blocks={kernel.min_blocks},"
                 f"fastmath={int(kernel.fastmath)}")
 
@@ -591,6 +614,8 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         bound = self.kernel.variants(self.kernel.bind(args, unbound=self.values))
         diff = [f"{k}={show(v)} (specialized for {show(self.values[k])})" for k, v in bound.items()
                 if v != self.values[k]]
+        if self.aligned and not self.kernel.aligned(args):
+            diff.append("an array that does not start at a multiple of 16 bytes")
         if diff:
             raise LaunchError(f"the arguments do not match {self!r}: {', '.join(diff)}")
         unknown = set(kwargs) - {"grid", "block", "shared_mem", "stream", "cluster"}
