@@ -154,8 +154,8 @@ def _group(kernels):
             kernel, binding = entry, {}
             static = [g for g in kernel.generics if g not in kernel.dynamic]
             if static:
-                raise ValueError(f"mg.export: {kernel.__name__} has generics that are not dynamic ({', '.join(static)}): "
-                                 f"export its specializations, e.g. {kernel.__name__}[...]")
+                raise ValueError(f"mg.export: {kernel.__name__} has generics that are not dynamic "
+                                 f"({', '.join(static)}): export its specializations, e.g. {kernel.__name__}[...]")
         else:
             raise TypeError(f"mg.export takes kernels and specializations, not {type(entry).__name__}")
         bindings = groups.setdefault(kernel, [])
@@ -270,7 +270,7 @@ def _header(prefix, kernels):
              " * GPU (or MLIRGPU_BACKEND=cpu) the library's CPU builds run instead, on host pointers. */",
              f"#ifndef {guard}", f"#define {guard}", "", "#include <stddef.h>", "#include <stdint.h>", "",
              "#ifdef __cplusplus", 'extern "C" {', "#endif", "",
-             f"typedef enum {{", f"    {prefix.upper()}_SUCCESS = 0,",
+             "typedef enum {", f"    {prefix.upper()}_SUCCESS = 0,",
              f"    {prefix.upper()}_INVALID_VALUE = 1,   /* a size, grid or argument the kernel cannot take */",
              f"    {prefix.upper()}_NO_VARIANT = 2,      /* no exported specialization serves the sizes */",
              f"    {prefix.upper()}_NO_IMAGE = 3,        /* no image runs on this GPU */",
@@ -278,11 +278,11 @@ def _header(prefix, kernels):
              f"    {prefix.upper()}_CUDA_ERROR = 5       /* the CUDA driver failed */",
              f"}} {prefix}_status;", "",
              f"typedef struct {{ uint32_t x, y, z; }} {prefix}_dim3;", "",
-             f"/* The message of this thread's last failed call. */",
+             "/* The message of this thread's last failed call. */",
              f"const char *{prefix}_last_error(void);",
-             f'/* "cuda" or "cpu": where the functions run, and what memory they take. */',
+             '/* "cuda" or "cpu": where the functions run, and what memory they take. */',
              f"const char *{prefix}_backend(void);",
-             f"/* Memory of the backend's kind (device memory on the GPU), and copies to and from it. */",
+             "/* Memory of the backend's kind (device memory on the GPU), and copies to and from it. */",
              f"{prefix}_status {prefix}_alloc(void **pointer, size_t bytes);",
              f"{prefix}_status {prefix}_free(void *pointer);",
              f"{prefix}_status {prefix}_copy_to_device(void *device, const void *host, size_t bytes);",
@@ -381,7 +381,7 @@ def _readme(prefix, kernels, chips, with_cpu):
              f"stream and returns `{prefix.upper()}_SUCCESS` or an error code; `{prefix}_last_error()` gives",
              "the message.", "",
              "The library needs only libc and, to run on a GPU, the CUDA driver (`libcuda.so.1`, opened at",
-             "the first call). It holds cubins for " + ", ".join(chips) + " and PTX that newer GPUs compile",
+             "the first call). It holds images for " + ", ".join(chips) + " and PTX that newer GPUs compile",
              "when a kernel is first launched on them.", ""]
     if with_cpu:
         lines += ["Without a GPU (or with `MLIRGPU_BACKEND=cpu`) the functions run their CPU builds on host",

@@ -17,7 +17,8 @@ import numpy as np
 from .. import _mlirgpu
 from .._mlirgpu import CompileError, DType
 
-__all__ = ["ALIGNMENT", "DIVISOR", "Generic", "Dynamic", "generics", "memref", "MemRefType", "as_element_type", "is_symbol", "symbol_name"]
+__all__ = ["ALIGNMENT", "DIVISOR", "Generic", "Dynamic", "generics", "memref", "MemRefType", "as_element_type",
+           "is_symbol", "symbol_name"]
 
 #: The divisor a dynamic size is checked against at launch: a multiple of it gets a variant of its own
 #: (the C dispatcher's signature, csrc/dispatch/dispatch.c, tells the two apart by the same number).

@@ -23,8 +23,8 @@ from . import core as lang
 if TYPE_CHECKING:
     from .._mlirgpu import DType
 
-__all__ = ["assume", "syncthreads", "threadfence", "threadfence_block", "threadfence_system", "vload", "vstore", "Vector",
-           "load", "store", "LOAD_HINTS", "STORE_HINTS", "printf"]
+__all__ = ["assume", "syncthreads", "threadfence", "threadfence_block", "threadfence_system", "vload", "vstore",
+           "Vector", "load", "store", "LOAD_HINTS", "STORE_HINTS", "printf"]
 
 
 # ---------------------------------------------------------------------------

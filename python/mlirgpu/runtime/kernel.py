@@ -162,7 +162,8 @@ class Kernel(_mlirgpu.Dispatcher):
 
     def dynamic_extents(self) -> list[list[int]]:
         """Per parameter, the dimensions annotated None or a dynamic generic (sizes known only at launch)."""
-        return [[d for d, size in enumerate(p.memref.shape) if size is None or (is_symbol(size) and symbol_name(size) in self.dynamic)]
+        return [[d for d, size in enumerate(p.memref.shape)
+                 if size is None or (is_symbol(size) and symbol_name(size) in self.dynamic)]
                 if p.memref else [] for p in self.parameters]
 
     def variants(self, bound: dict[str, Any]) -> dict[str, Any]:
