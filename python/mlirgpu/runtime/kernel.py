@@ -135,7 +135,7 @@ class Kernel(_mlirgpu.Dispatcher):
         self.__signature__ = signature.replace(parameters=list(signature.parameters.values()) + _LAUNCH_KEYWORDS)
         self.__doc__ = _launch_doc(self, function.__doc__)
         self._rewritten = None
-        self._specializations = {}
+        self._specializations, self._aligned_specializations = {}, {}
         # The C dispatcher's signatures leave out the dynamic extents: a new size is no miss.
         self.set_dynamic(self.dynamic_extents())
 
@@ -190,10 +190,11 @@ class Kernel(_mlirgpu.Dispatcher):
         multiple of 16 bytes (only such arrays may launch it)."""
         bound = self.variants(bound)
         aligned = aligned and bool(self.dynamic)
-        key = (tuple(bound[name] for name in self.generics), aligned)
-        spec = self._specializations.get(key)
+        store = self._aligned_specializations if aligned else self._specializations
+        key = tuple(bound[name] for name in self.generics)
+        spec = store.get(key)
         if spec is None:
-            spec = self._specializations[key] = Specialization(self, dict(bound), aligned)
+            spec = store[key] = Specialization(self, dict(bound), aligned)
         return spec
 
     def aligned(self, args: Sequence) -> bool:
