@@ -57,15 +57,18 @@ static inline uint64_t array_word(int kind, const mg_dtype *dtype, int ndim, int
            (uint64_t)(uint32_t)(device + 1) << 32;
 }
 
-/* A dynamic extent's word: every size reads the same (no extent is this large). */
+/* A dynamic extent's word: every size reads the same (no extent is this large), except that a
+ * multiple of 16 reads apart, since it selects a variant of its own (DIVISOR in language/generics.py). */
 #define SIG_DYNAMIC_EXTENT UINT64_MAX
+#define SIG_DYNAMIC_MULTIPLE (UINT64_MAX - 1)
+#define SIG_DYNAMIC_WORD(size) ((size) % 16 == 0 ? SIG_DYNAMIC_MULTIPLE : SIG_DYNAMIC_EXTENT)
 
 static void push_layout(sig_builder *b, Py_ssize_t i, int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
                         int contiguous)
 {
     unsigned dynamic = b->dynamic[i];
     for (int d = 0; d < ndim; d++)
-        b->words[b->n++] = dynamic >> d & 1 ? SIG_DYNAMIC_EXTENT : (uint64_t)shape[d];
+        b->words[b->n++] = dynamic >> d & 1 ? SIG_DYNAMIC_WORD(shape[d]) : (uint64_t)shape[d];
     memcpy(b->shapes[i], shape, (size_t)ndim * sizeof *shape);
     if (!contiguous)   /* a strided layout is part of what a kernel is compiled for */
         for (int d = 0; d < ndim; d++)
@@ -173,6 +176,13 @@ static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs, co
             return -1;
         }
     }
+    /* Arrays that all start at a multiple of 16 bytes may launch a variant of their own (ALIGNMENT in
+     * language/generics.py): the call's first word says whether they do. */
+    int aligned = 1;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        if ((b->known >> i & 1) && b->pointers[i] % 16 != 0)
+            aligned = 0;
+    b->words[0] |= (uint64_t)aligned << 16;
     return 0;
 }
 
@@ -198,7 +208,7 @@ static PyObject *layout_tuple(const uint64_t *words, int ndim)
     PyObject *tuple = PyTuple_New(ndim);
     for (int d = 0; tuple != NULL && d < ndim; d++) {
         /* None: a dynamic extent, which any size matches. */
-        PyObject *item = words[d] == SIG_DYNAMIC_EXTENT ? Py_NewRef(Py_None)
+        PyObject *item = words[d] >= SIG_DYNAMIC_MULTIPLE ? Py_NewRef(Py_None)
                                                         : PyLong_FromSsize_t((Py_ssize_t)words[d]);
         if (item == NULL)
             Py_CLEAR(tuple);

@@ -29,9 +29,11 @@ if TYPE_CHECKING:
                            f8e5m2, f16, f32, f64, i8, i16, i32, i64, index, u8, u16, u32, u64)
     from .compiler import Compilation, Target, compile_cubin, compile_ptx
     from .compiler.cache import cache_clear, cache_info
+    from . import export   # a module that mg.export(...) calls
+    from .export import load_library
     from .frontend import func
     from .ir import passes
-    from .language import (TileScheduler, atomic, block, block_dim, block_idx, cast, constant, generics, grid,
+    from .language import (TileScheduler, assume, atomic, block, block_dim, block_idx, cast, constant, generics, grid,
                            grid_dim, load, math, mbarrier, memref, mma, printf, range_, select, shared,
                            static_range, store, syncthreads, thread_idx, threadfence, threadfence_block,
                            threadfence_system, tma, vload, vstore, warp, warpgroup, wgmma)
@@ -48,7 +50,7 @@ _EXTENSION = ("CompileError", "CudaError", "DeviceArray", "DType", "Error", "Eve
               "KernelError", "LaunchError", "MLIRError", "Stream", "TensorMap", "bf16", "bool_", "dtype", "f8e4m3",
               "f8e5m2", "f16",
               "f32", "f64", "i8", "i16", "i32", "i64", "index", "u8", "u16", "u32", "u64")
-_LANGUAGE = ("atomic", "block", "block_dim", "block_idx", "cast", "constant", "generics", "grid", "grid_dim",
+_LANGUAGE = ("assume", "atomic", "block", "block_dim", "block_idx", "cast", "constant", "generics", "grid", "grid_dim",
              "load", "math", "mbarrier", "memref", "mma", "printf", "range_", "select", "shared", "static_range",
              "store", "syncthreads", "thread_idx", "threadfence", "threadfence_block", "threadfence_system", "tma",
              "TileScheduler", "vload", "vstore", "warp", "warpgroup", "wgmma")
@@ -71,6 +73,7 @@ _WHERE = {
     "Autotuner": (".runtime.autotune", "Autotuner"), "autotune": (".runtime.autotune", "autotune"),
     "HostProgram": (".runtime.host_program", "HostProgram"),
     "tensor_map": (".runtime.tensormap", "tensor_map"),
+    "export": (".export", None), "load_library": (".export", "load_library"),
 }
 
 
@@ -101,7 +104,7 @@ __all__ = [
     # kernels
     "kernel", "Kernel", "Specialization", "generics", "memref", "func", "vectorize", "autotune", "Autotuner",
     # inside kernels
-    "thread_idx", "block_idx", "block_dim", "grid_dim", "constant", "cast", "select", "range_",
+    "thread_idx", "block_idx", "block_dim", "grid_dim", "constant", "cast", "select", "assume", "range_",
     "static_range", "syncthreads", "threadfence", "threadfence_block", "threadfence_system", "printf", "vload",
     "vstore", "load", "store", "math", "atomic", "warp", "block", "grid", "shared", "mma", "TileScheduler",
     # Hopper: tensor maps, TMA, mbarriers, warpgroup MMA, warpgroups and clusters
@@ -112,6 +115,8 @@ __all__ = [
     # backends, compiling, host programs
     "backend", "set_backend", "cpu", "cuda", "Compilation", "Target", "compile_ptx", "compile_cubin",
     "cache_info", "cache_clear", "HostProgram",
+    # kernels out of Python: a C library, and calling one
+    "export", "load_library",
     # the IR layer, layouts, the kernels shipped ready to call
     "ir", "passes", "layout", "ops",
     "__version__",

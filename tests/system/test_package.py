@@ -13,7 +13,7 @@ import mlirgpu as mg
 PACKAGE = Path(mg.__file__).resolve().parent
 
 # Each layer may import the ones before it (and the leaves), never one after it.
-LAYERS = ["ir", "layout", "language", "targets", "frontend", "compiler", "runtime", "ops"]
+LAYERS = ["ir", "layout", "language", "targets", "frontend", "compiler", "runtime", "ops", "export"]
 # Modules every layer may import: the C extension, the version, the driver façade.
 LEAVES = {"_mlirgpu", "_version", "cuda"}
 

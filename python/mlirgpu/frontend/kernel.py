@@ -14,6 +14,8 @@ from .. import ir
 from .._mlirgpu import CompileError, MLIRError, TensorMap
 from ..language import core as lang
 from ..language import tma
+from ..language.generics import ALIGNMENT
+from ..language.intrinsics import assume
 from ..targets.gpu import GpuLowering
 from .trace import tracing
 
@@ -21,12 +23,15 @@ __all__ = ["trace_kernel"]
 
 
 def trace_kernel(function, rewritten, name, params, generic_values, *, target=None, attributes=None,
-                 fastmath=False, qualifiers=None):
+                 fastmath=False, qualifiers=None, dynamic=None, aligned=False):
     """The module holding `function` traced as kernel `name` for `target`
     (default: the GPU), verified; CompileError at the user's line otherwise.
     `fastmath`: its float operations (and its device functions') carry
     MLIR's `fast` flags. `qualifiers` gives per parameter (readonly,
-    noalias): LLVM's readonly and noalias on its pointer."""
+    noalias): LLVM's readonly and noalias on its pointer. `dynamic` maps a
+    dynamic generic's name to (parameter, dimension, multiple): its value is
+    that dynamic extent, assumed a multiple of `multiple`. `aligned`: every
+    array is assumed to start at a multiple of ALIGNMENT bytes."""
     qualifiers = qualifiers or [(False, False)] * len(params)
     target = target or GpuLowering()
     location = ir.Location.file(rewritten[3], function.__code__.co_firstlineno, 0)
@@ -54,6 +59,13 @@ def trace_kernel(function, rewritten, name, params, generic_values, *, target=No
                          else tma.TensorMapValue(next(given), p) if dtype is TensorMap
                          else lang.Scalar(next(given), dtype)
                          for (p, shape, dtype), (readonly, _) in zip(params, qualifiers)]
+            if aligned:
+                arguments = [assume_aligned(a) if isinstance(a, lang.MemRef) else a for a in arguments]
+            sizes = {generic: arguments[i].shape[d] for generic, (i, d, _) in (dynamic or {}).items()}
+            for generic, (_, _, multiple) in (dynamic or {}).items():
+                if multiple > 1:
+                    assume(sizes[generic] % multiple == 0)
+            trace.bind_generics(sizes)
             trace.instance(*arguments)
             lang.emit(target.return_op)
         target.finish(module, trace.module_state)
@@ -62,6 +74,13 @@ def trace_kernel(function, rewritten, name, params, generic_values, *, target=No
         except MLIRError as error:
             raise located_compile_error(error) from None
     return module
+
+
+def assume_aligned(memref):
+    """`memref` as a view that LLVM may take to start at a multiple of ALIGNMENT bytes."""
+    view = lang.emit("memref.assume_alignment", [memref.value], [memref.value.type],
+                     attributes={"alignment": ir.Attribute.integer(ALIGNMENT, ir.Type.integer(32))})
+    return lang.MemRef(view.result, memref.dtype, memref.extents, memref.name, memref.readonly)
 
 
 def located_compile_error(error):

@@ -31,10 +31,22 @@ class Trace:
     the target they are for, and the state shared by everything traced into
     one module (shared arrays, device functions, symbols)."""
 
-    def __init__(self, instance, codes, filename, def_line, target, module_state, generic_values):
+    def __init__(self, instance, codes, filename, def_line, target, module_state, generic_values, generic_names):
         self.instance, self.codes, self.filename, self.def_line = instance, codes, filename, def_line
         self.target, self.module_state, self.generic_values = target, module_state, generic_values
+        self._generic_names = generic_names
         self._locations = {}
+
+    def bind_generics(self, values):
+        """Give generics (by name) values made once the parameters exist: a
+        dynamic size is the traced extent of the array it sizes."""
+        self.generic_values.update(values)
+        free = self.instance.__code__.co_freevars
+        for i, cell in enumerate(self.instance.__closure__ or ()):
+            if self._generic_names.get(free[i]) in values:
+                cell.cell_contents = values[self._generic_names[free[i]]]
+        self.instance.__globals__.update({name: values[generic] for name, generic in self._generic_names.items()
+                                          if generic in values and name not in free})
 
     def location(self):
         frame = sys._getframe(1)
@@ -75,6 +87,9 @@ def tracing(function, rewritten, generic_values=None, *, target=None, module_sta
     code, free, generic_params, filename = rewritten
     generic_values = dict(generic_values or {})
     values = dict(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
+    # Which names read which generic: Trace.bind_generics rebinds them.
+    generic_names = {name: value.name for scope in (function.__globals__, values) for name, value in scope.items()
+                     if isinstance(value, Generic)} | {p: p for p in generic_params}
     # Generics read from the enclosing function (a kernel defined in a test or a factory) too.
     values.update({name: generic_values[value.name] for name, value in values.items()
                    if isinstance(value, Generic) and value.name in generic_values})
@@ -87,7 +102,7 @@ def tracing(function, rewritten, generic_values=None, *, target=None, module_sta
                                  if isinstance(value, Generic) and value.name in generic_values})
     codes = code_objects(instance.__code__)
     trace = Trace(instance, codes, filename, function.__code__.co_firstlineno, target or GpuLowering(),
-                  {} if module_state is None else module_state, generic_values)
+                  {} if module_state is None else module_state, generic_values, generic_names)
     try:
         with trace:
             yield trace

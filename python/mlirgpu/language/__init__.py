@@ -11,7 +11,7 @@ from . import atomic, block, grid, math, mbarrier, mma, shared, tma, warp, warpg
 from .core import (block_dim, block_idx, cast, constant, grid_dim, range_, select, static_range,
                    thread_idx)
 from .generics import generics, memref
-from .intrinsics import (load, printf, store, syncthreads, threadfence, threadfence_block, threadfence_system, vload,
+from .intrinsics import (assume, load, printf, store, syncthreads, threadfence, threadfence_block, threadfence_system, vload,
                          vstore)
 from .schedule import TileScheduler
 
@@ -19,4 +19,4 @@ __all__ = ["atomic", "block", "grid", "math", "mma", "shared", "warp", "tma", "m
            "block_dim", "block_idx", "cast", "constant", "grid_dim",
            "range_", "select", "static_range", "thread_idx", "generics", "memref", "printf", "syncthreads",
            "threadfence", "threadfence_block", "threadfence_system", "vload", "vstore", "load", "store",
-           "TileScheduler"]
+           "TileScheduler", "assume"]

@@ -17,29 +17,64 @@ import numpy as np
 from .. import _mlirgpu
 from .._mlirgpu import CompileError, DType
 
-__all__ = ["Generic", "generics", "memref", "MemRefType", "as_element_type", "is_symbol", "symbol_name"]
+__all__ = ["ALIGNMENT", "DIVISOR", "Generic", "Dynamic", "generics", "memref", "MemRefType", "as_element_type",
+           "is_symbol", "symbol_name"]
+
+#: The divisor a dynamic size is checked against at launch: a multiple of it gets a variant of its own
+#: (the C dispatcher's signature, csrc/dispatch/dispatch.c, tells the two apart by the same number).
+DIVISOR = 16
+#: The alignment in bytes of array arguments that select a variant of their own (the dispatcher's too).
+ALIGNMENT = 16
 
 
 class Generic:
     """A symbolic size or dtype of a kernel, given a value per specialization.
     Generics made by one mg.generics call keep its order, which is the order
-    of kernel[...] values when a kernel does not list them itself."""
+    of kernel[...] values when a kernel does not list them itself. A dynamic
+    one is a size known only at launch: one compile serves every value."""
 
-    __slots__ = ("name", "order")
+    __slots__ = ("name", "order", "dynamic")
     _made = 0
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, dynamic: bool = False) -> None:
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"a generic's name must be an identifier, got {name!r}")
-        self.name = name
+        if not isinstance(dynamic, bool):
+            raise ValueError(f"mg.generics(..., dynamic=...) takes True or False, not {dynamic!r}")
+        self.name, self.dynamic = name, dynamic
         self.order = Generic._made
         Generic._made += 1
 
     def __repr__(self):
-        return f"mg.generic({self.name})"
+        return f"mg.generic({self.name}{', dynamic' if self.dynamic else ''})"
 
 
-def generics(names: str) -> Generic | tuple[Generic, ...]:
+class Dynamic:
+    """A dynamic generic's value in a specialization: the size itself is read
+    at launch, and what the variant knows of it is that it is a multiple of
+    `multiple` (DIVISOR, or 1 for any size)."""
+
+    __slots__ = ("multiple",)
+
+    def __init__(self, multiple: int) -> None:
+        self.multiple = multiple
+
+    @classmethod
+    def of(cls, size: int) -> Dynamic:
+        """The variant that serves `size`."""
+        return cls(DIVISOR if size % DIVISOR == 0 else 1)
+
+    def __eq__(self, other):
+        return isinstance(other, Dynamic) and other.multiple == self.multiple
+
+    def __hash__(self):
+        return hash((Dynamic, self.multiple))
+
+    def __repr__(self):
+        return f"dynamic(multiple of {self.multiple})" if self.multiple > 1 else "dynamic"
+
+
+def generics(names: str, *, dynamic: bool = False) -> Generic | tuple[Generic, ...]:
     """Make the symbolic sizes and element types of a kernel.
 
     Several names give a tuple, one name gives that one generic (as
@@ -48,6 +83,12 @@ def generics(names: str) -> Generic | tuple[Generic, ...]:
         M, K, N, dtype = mg.generics("M K N dtype")
         N = mg.generics("N")
 
+    `dynamic=True` makes sizes known only at launch: each is an extent of an
+    array parameter, read from the array and passed to the kernel, so one
+    compile serves every value. A size that is a multiple of 16 selects a
+    variant of its own, compiled knowing so (it may vectorize);
+    `mg.assume(M % 64 == 0)` in the kernel states more.
+
         @mg.kernel
         def scale(x: mg.memref[N, mg.f32], a: mg.f32):
             i = mg.block_idx.x * mg.block_dim.x + mg.thread_idx.x
@@ -55,7 +96,7 @@ def generics(names: str) -> Generic | tuple[Generic, ...]:
     """
     if not isinstance(names, str):
         raise TypeError("mg.generics takes the names in one string, e.g. 'M K N dtype'")
-    made = tuple(Generic(name) for name in names.replace(",", " ").split())
+    made = tuple(Generic(name, dynamic) for name in names.replace(",", " ").split())
     if not made:
         raise ValueError("mg.generics needs at least one name, e.g. mg.generics('N')")
     return made[0] if len(made) == 1 else made

@@ -6,6 +6,7 @@ and stores, printf.
     v = mg.vload(A, (i, j), 4)           # vector.load: vector<4xf32>, v[0] .. v[3]
     mg.vstore(B, (i, j), v * 2.0)        # vector.store
     mg.printf("%d: %f\\n", i, x)          # gpu.printf (vprintf)
+    mg.assume(M % 64 == 0)               # llvm.intr.assume: a fact the compiler may use
 """
 from __future__ import annotations
 
@@ -22,8 +23,31 @@ from . import core as lang
 if TYPE_CHECKING:
     from .._mlirgpu import DType
 
-__all__ = ["syncthreads", "threadfence", "threadfence_block", "threadfence_system", "vload", "vstore", "Vector",
-           "load", "store", "LOAD_HINTS", "STORE_HINTS", "printf"]
+__all__ = ["assume", "syncthreads", "threadfence", "threadfence_block", "threadfence_system", "vload", "vstore",
+           "Vector", "load", "store", "LOAD_HINTS", "STORE_HINTS", "printf"]
+
+
+# ---------------------------------------------------------------------------
+# Facts
+
+def assume(condition: lang.Scalar | bool) -> None:
+    """State a fact the compiler may rely on (llvm.intr.assume; Triton's
+    tl.assume), typically of a dynamic size::
+
+        M = mg.generics("M", dynamic=True)
+        ...
+        mg.assume(M % 64 == 0)          # launches with other sizes are undefined
+
+    A condition that Python decides (a generic with a value) must hold:
+    a false one is a CompileError for the specialization."""
+    if isinstance(condition, (bool, np.bool_)):
+        if not condition:
+            raise CompileError("mg.assume(...) is false for this specialization")
+        return
+    if not isinstance(condition, lang.Scalar) or condition.dtype != lang.bool_:
+        raise CompileError(f"mg.assume takes a traced bool (a comparison), not {condition!r}")
+    lang.emit("llvm.intr.assume", [condition], attributes={"op_bundle_sizes": ir.Attribute.dense_i32_array([]),
+                                                           "op_bundle_tags": ir.Attribute.array([])})
 
 
 # ---------------------------------------------------------------------------

@@ -220,7 +220,8 @@ def _is_mlirgpu_object(value):
 _READS = {"memref.load", "vector.load", "vector.maskedload", "vector.transfer_read", "memref.dim",
           "vector.gather"}
 _VIEWS = {"memref.subview", "memref.cast", "memref.reinterpret_cast", "memref.collapse_shape",
-          "memref.expand_shape", "memref.view", "memref.transpose", "memref.extract_strided_metadata"}
+          "memref.expand_shape", "memref.view", "memref.transpose", "memref.extract_strided_metadata",
+          "memref.assume_alignment"}
 
 
 def stored_params(module, name):

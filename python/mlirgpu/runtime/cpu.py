@@ -30,6 +30,7 @@ import numpy as np
 from .. import _mlirgpu, ir
 from .._mlirgpu import DeviceArray, LaunchError, Stream, TensorMap, lower
 from ..compiler.cpu import PIPELINE
+from ..compiler.log import log
 from ..targets.cpu import CpuLowering, checks_from_environment
 from .backend import Backend, Dims, read_only_error
 from .compiled import default_chip, stored_params
@@ -179,6 +180,7 @@ def engine(spec: Specialization, checks: Iterable[str] | None = None) -> _mlirgp
 
 
 def _make_engine(spec, checks):
+    log(("compile",), f"mlirgpu: compiling {spec!r} for the CPU because: first launch of this specialization")
     traced = host_module(spec, checks)
     stored = stored_params(traced, spec.name)
     params = []

@@ -27,7 +27,7 @@ from .._mlirgpu import CompileError, DeviceArray, DType, Function, LaunchError, 
 from ..frontend import rewrite as tracer
 from ..frontend.kernel import trace_kernel
 from ..language import core as lang
-from ..language.generics import Generic, MemRefType, as_element_type, is_symbol, symbol_name
+from ..language.generics import ALIGNMENT, Dynamic, Generic, MemRefType, as_element_type, is_symbol, symbol_name
 from .backend import Dims, _kernels as _backend_kernels, current
 from .compiled import CompiledModule, TracedGlobals, read_values, source_digest, stored_params
 from .tracebacks import user_frames
@@ -135,10 +135,11 @@ class Kernel(_mlirgpu.Dispatcher):
         if missing:
             raise CompileError(f"{function.__qualname__} uses generics {missing} that generics=... does not list")
         self.generics = [symbol_name(s) for s in declared]
+        self.dynamic = _dynamic_generics(function, self.parameters, declared)
         self.__signature__ = signature.replace(parameters=list(signature.parameters.values()) + _LAUNCH_KEYWORDS)
         self.__doc__ = _launch_doc(self, function.__doc__)
         self._rewritten = None
-        self._specializations = {}
+        self._specializations, self._aligned_specializations = {}, {}
         # The C dispatcher's signatures leave out the dynamic extents: a new size is no miss.
         self.set_dynamic(self.dynamic_extents())
 
@@ -165,9 +166,15 @@ class Kernel(_mlirgpu.Dispatcher):
         return self.specialize(bound)
 
     def dynamic_extents(self) -> list[list[int]]:
-        """Per parameter, the dimensions annotated None (sizes known only at launch)."""
-        return [[d for d, size in enumerate(p.memref.shape) if size is None] if p.memref else []
-                for p in self.parameters]
+        """Per parameter, the dimensions annotated None or a dynamic generic (sizes known only at launch)."""
+        return [[d for d, size in enumerate(p.memref.shape)
+                 if size is None or (is_symbol(size) and symbol_name(size) in self.dynamic)]
+                if p.memref else [] for p in self.parameters]
+
+    def variants(self, bound: dict[str, Any]) -> dict[str, Any]:
+        """`bound` with each dynamic generic's size replaced by the variant that serves it."""
+        return {k: Dynamic.of(v) if k in self.dynamic and not isinstance(v, Dynamic) else v
+                for k, v in bound.items()}
 
     def argument_generics(self) -> set[str]:
         """The generics the parameters' annotations name: those a launch binds from its arguments."""
@@ -181,11 +188,18 @@ class Kernel(_mlirgpu.Dispatcher):
                 names.add(symbol_name(entry))
         return names
 
-    def specialize(self, bound: dict[str, Any]) -> Specialization:
+    def specialize(self, bound: dict[str, Any], aligned: bool = False) -> Specialization:
+        """The specialization for the generic values `bound` (a dynamic
+        generic's: a size, or a Dynamic variant). `aligned`: for a kernel with
+        dynamic generics, the variant whose array arguments all start at a
+        multiple of 16 bytes (only such arrays may launch it)."""
+        bound = self.variants(bound)
+        aligned = aligned and bool(self.dynamic)
+        store = self._aligned_specializations if aligned else self._specializations
         key = tuple(bound[name] for name in self.generics)
-        spec = self._specializations.get(key)
+        spec = store.get(key)
         if spec is None:
-            spec = self._specializations[key] = Specialization(self, dict(bound))
+            spec = store[key] = Specialization(self, dict(bound), aligned)
         return spec
 
     def check_globals(self) -> None:
@@ -194,9 +208,15 @@ class Kernel(_mlirgpu.Dispatcher):
         self.traced_globals.check(self.forget_traces)
 
     def forget_traces(self) -> None:
-        for spec in self._specializations.values():
+        for spec in (*self._specializations.values(), *self._aligned_specializations.values()):
             spec.forget_traces()
         self.clear()
+
+    def aligned(self, args: Sequence) -> bool:
+        """Whether the array arguments among `args` all start at a multiple of
+        16 bytes: the variant a kernel with dynamic generics launches for them."""
+        return bool(self.dynamic) and all(_address(p.name, arg) % ALIGNMENT == 0
+                                          for p, arg in zip(self.parameters, args) if p.memref is not None)
 
     def rewritten(self) -> tuple:
         if self._rewritten is None:
@@ -264,7 +284,7 @@ class Kernel(_mlirgpu.Dispatcher):
 
     def _miss(self, args, kwargs):
         self.check_globals()
-        spec = self.specialize(self.bind(args))
+        spec = self.specialize(self.bind(args), self.aligned(args))
         if _dispatches_in_c(self, args):
             try:
                 self.register(args, spec.function_for(args))
@@ -308,6 +328,39 @@ def show(value: Any) -> str:
     return value.name if isinstance(value, DType) else repr(value)
 
 
+def _address(name, arg):
+    """The address of an array argument's first element."""
+    if isinstance(arg, DeviceArray):
+        return arg.ptr
+    if isinstance(arg, np.ndarray):
+        return arg.ctypes.data
+    host = current().host and not _offers(arg, "__cuda_array_interface__")
+    try:
+        return _mlirgpu.asarray(arg, host=host).ptr
+    except (TypeError, ValueError) as error:
+        raise LaunchError(f"parameter {name!r}: {error}") from None
+
+
+def _dynamic_generics(function, parameters, declared):
+    """{name: (parameter, dimension)} of each dynamic generic among `declared`:
+    the first array extent it sizes, which a launch passes as its value."""
+    where = {}
+    for s in declared:
+        if not (isinstance(s, Generic) and s.dynamic):
+            continue
+        for i, p in enumerate(parameters):
+            if (p.memref.dtype if p.memref else p.dtype) is s:
+                raise CompileError(f"{function.__qualname__}: dynamic generic {s.name} is a size, not an "
+                                   f"element type")
+            sizes = [d for d, size in enumerate(p.memref.shape) if size is s] if p.memref else []
+            if sizes and s.name not in where:
+                where[s.name] = (i, sizes[0])
+        if s.name not in where:
+            raise CompileError(f"{function.__qualname__}: dynamic generic {s.name} sizes no array parameter, "
+                               f"so no launch could pass its value: use it in an mg.memref[...] annotation")
+    return where
+
+
 def check_generic_value(name: str, value: Any, dtype_generics: set[str]) -> int | DType:
     if name in dtype_generics:
         if not isinstance(value, DType):
@@ -316,6 +369,8 @@ def check_generic_value(name: str, value: Any, dtype_generics: set[str]) -> int 
             except (TypeError, ValueError):
                 raise CompileError(f"generic {name} is an element type: give a dtype such as mg.f32, "
                                    f"not {value!r}") from None
+        return value
+    if isinstance(value, Dynamic):
         return value
     if isinstance(value, DType) or isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise CompileError(f"generic {name} is a size: give a positive int, not {value!r}")
@@ -483,7 +538,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         spec(x, 2.0, grid=4, block=256)        # launch with arguments that match it
     """
 
-    def __new__(cls, kernel, values):
+    def __new__(cls, kernel, values, aligned=False):
         # The miss handler refers back through a cell: a cycle the GC collects (as Kernel's).
         cell = []
         self = _mlirgpu.Dispatcher.__new__(cls, user_frames(lambda args, kwargs: cell[0]._miss(args, kwargs)),
@@ -492,14 +547,15 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         _backend_kernels.add(self)
         return self
 
-    def __init__(self, kernel, values):
+    def __init__(self, kernel, values, aligned=False):
         super().__init__()
-        self.kernel, self.values = kernel, values
+        self.kernel, self.values, self.aligned = kernel, values, aligned
         self._module = None
         self.set_dynamic(kernel.dynamic_extents())
 
     def __repr__(self):
-        return f"<{self.kernel.__qualname__}[{', '.join(f'{k}={show(v)}' for k, v in self.values.items())}]>"
+        aligned = ", arrays 16-byte aligned" if self.aligned else ""
+        return f"<{self.kernel.__qualname__}[{', '.join(f'{k}={show(v)}' for k, v in self.values.items())}]{aligned}>"
 
     @property
     def name(self) -> str:
@@ -537,7 +593,8 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         result = []
         for p in self.kernel.parameters:
             if p.memref is not None:
-                shape = [self.values[symbol_name(s)] if is_symbol(s) else s for s in p.memref.shape]  # None: dynamic
+                shape = [self.values[symbol_name(s)] if is_symbol(s) else s for s in p.memref.shape]
+                shape = [None if isinstance(size, Dynamic) else size for size in shape]  # None: dynamic
                 dtype = self.values[symbol_name(p.memref.dtype)] if is_symbol(p.memref.dtype) else p.memref.dtype
                 result.append((p, shape, dtype))
             else:
@@ -545,15 +602,18 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
                 result.append((p, None, dtype))
         return result
 
-    def trace(self, target: GpuLowering | None = None) -> ir.Module:
+    def trace(self, target: GpuLowering | None = None, name: str | None = None) -> ir.Module:
         """The kernel traced into a module for `target` (default: the GPU's
-        gpu.module @kernels holding gpu.func @<name>)."""
+        gpu.module @kernels holding gpu.func @<name>), its function named
+        `name` (default: the kernel's)."""
         kernel = self.kernel
-        return trace_kernel(kernel.function, kernel.rewritten(), self.name,
+        return trace_kernel(kernel.function, kernel.rewritten(), name or self.name,
                             [(p.name, shape, dtype) for p, shape, dtype in self._param_types()], self.values,
                             target=target, attributes=self._launch_bounds(), fastmath=kernel.fastmath,
                             qualifiers=[(p.memref.is_readonly, p.memref.is_noalias) if p.memref else (False, False)
-                                        for p in kernel.parameters])
+                                        for p in kernel.parameters],
+                            dynamic={name: (i, d, self.values[name].multiple)
+                                     for name, (i, d) in kernel.dynamic.items()}, aligned=self.aligned)
 
     @user_frames
     def ir(self) -> str:
@@ -571,7 +631,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
 
     def cache_fields(self) -> tuple[str, str]:
         kernel = self.kernel
-        return (",".join(f"{k}={show(v)}" for k, v in self.values.items()),
+        return (",".join(f"{k}={show(v)}" for k, v in self.values.items()) + (",aligned=16" if self.aligned else ""),
                 f"opt_level=3,bare_pointers=1,max_threads={kernel.max_threads},min_blocks={kernel.min_blocks},"
                 f"fastmath={int(kernel.fastmath)}")
 
@@ -603,9 +663,11 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         arguments against the specialization, register them (on the GPU,
         device arrays only) and launch."""
         # Generics the arguments do not determine (tile sizes) take the specialization's values.
-        bound = self.kernel.bind(args, unbound=self.values)
+        bound = self.kernel.variants(self.kernel.bind(args, unbound=self.values))
         diff = [f"{k}={show(v)} (specialized for {show(self.values[k])})" for k, v in bound.items()
                 if v != self.values[k]]
+        if self.aligned and not self.kernel.aligned(args):
+            diff.append("an array that does not start at a multiple of 16 bytes")
         if diff:
             raise LaunchError(f"the arguments do not match {self!r}: {', '.join(diff)}")
         unknown = set(kwargs) - {"grid", "block", "shared_mem", "stream", "cluster"}

@@ -122,7 +122,9 @@ class GpuLowering:
         sizes = [lang.Scalar(next(arguments), lang.index) if d is None else d for d in shape]
         strides = [1]  # row-major: each stride the product of the sizes after it
         for size in reversed(sizes[1:]):
-            strides.insert(0, size if strides[0] == 1 else strides[0] * size)
+            # Asked of an int only: a traced stride's == is a traced comparison, never a Python bool.
+            unit = isinstance(strides[0], int) and strides[0] == 1
+            strides.insert(0, size if unit else strides[0] * size)
         result = ir.Type.memref([ir.DYNAMIC if d is None else d for d in shape], lang.ir_type(dtype))
         view = lang.emit("memref.reinterpret_cast", [pointer, *[v for v in sizes if isinstance(v, lang.Scalar)],
                                                      *[v for v in strides if isinstance(v, lang.Scalar)]],

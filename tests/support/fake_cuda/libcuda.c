@@ -120,6 +120,7 @@ API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
     note("cuCtxEnablePeerAccess device=%d peer=%d", context_device(current), context_device(peer)); return 0; }
 API CUresult cuCtxSetCurrent(CUcontext c) { current = c; return 0; }
 API CUresult cuCtxGetCurrent(CUcontext *c) { *c = current; return 0; }
+API CUresult cuCtxGetDevice(CUdevice *d) { if (!current) return 201; *d = context_device(current); return 0; }
 static CUcontext stack[16]; static __thread int depth;
 API CUresult cuCtxPushCurrent_v2(CUcontext c) { stack[depth++] = current; current = c; return 0; }
 API CUresult cuCtxPopCurrent_v2(CUcontext *c) { *c = current; current = stack[--depth]; return 0; }
