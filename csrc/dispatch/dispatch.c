@@ -6,6 +6,7 @@
 #include "arrays/array.h"
 #include "cuda/driver.h"
 #include "launch/function.h"
+#include "launch/tensor_map.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -24,6 +25,7 @@ enum {
     SIG_FLOAT,       /* Python float (and float subclasses that are not NumPy scalars) */
     SIG_NUMPY,       /* NumPy scalar: dtype */
     SIG_OTHER,       /* anything the fast path cannot read: never hits */
+    SIG_TENSOR_MAP,  /* mlirgpu.TensorMap: bit 8 says a CPU backend's map, which never hits */
 };
 
 #define SIG_NO_DTYPE 0xff
@@ -164,6 +166,13 @@ static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs, co
         else if (PyBool_Check(arg)) {
             b->words[b->n++] = SIG_BOOL;
         }
+        else if (Py_IS_TYPE(arg, mg_cu_TensorMap_type)) {   /* TensorMap has no subclasses */
+            /* Its 128 bytes go to the launch as they are: only the kind is part of the key. */
+            int host = ((const mg_tensor_map *)arg)->host;
+            b->words[b->n++] = SIG_TENSOR_MAP | (uint64_t)host << 8;
+            if (host)
+                mark_unlaunchable(b, i, SIG_OTHER);
+        }
         else if (read_other(b, i, arg) < 0) {
             return -1;
         }
@@ -228,6 +237,9 @@ static PyObject *sig_describe(const sig_builder *b, PyObject *const *args, Py_ss
         }
         else if (kind == SIG_NUMPY) {
             item = Py_BuildValue("(sO)", "numpy", dtype);
+        }
+        else if (kind == SIG_TENSOR_MAP) {
+            item = Py_BuildValue("(sO)", "tensormap", id ? Py_True : Py_False);
         }
         else if (kind == SIG_OTHER) {
             item = Py_BuildValue("(sO)", "other", (PyObject *)Py_TYPE(args[i]));
