@@ -21,7 +21,10 @@ array library's own arrays where it is importable: torch tensors, CuPy
 arrays, JAX arrays (the two inputs: JAX arrays are immutable, the output is
 a DeviceArray). The last column is each row's cost over the same path
 with DeviceArrays: what passing that library's arrays costs per launch, the
-median of the two rows' differences within each run (host figures).
+median of the two rows' differences within each run (host figures). One
+more @mlirgpu.kernel row passes two tensor maps (mg.tensor_map of the
+inputs) and two scalars besides the three DeviceArrays, as a TMA kernel is
+called; its last column is its cost over the arrays-only row.
 
 Peers, each where importable: CuPy RawKernel, a torch in-place add, Triton,
 and cuLaunchKernel called from C (benchmarks/launch_floor.c, built with gcc
@@ -195,6 +198,28 @@ def specialization_runner(arrays, check):
     return launch
 
 
+@mg.kernel
+def add_mapped(a_map: mg.TensorMap, b_map: mg.TensorMap, a: mg.memref[L, mg.f32], b: mg.memref[L, mg.f32],
+               c: mg.memref[L, mg.f32], alpha: mg.f32, times: mg.i32):
+    i = mg.block_idx.x * mg.block_dim.x + mg.thread_idx.x
+    c[i] = alpha * a[i] + mg.cast(times, mg.f32) * b[i]
+
+
+def mapped_runner(arrays, check):
+    """A kernel taking two tensor maps, three arrays and two scalars, as a TMA
+    kernel is called: the same C fast path as arrays alone."""
+    a, b, c = arrays
+    a_map, b_map = mg.tensor_map(a, box=(256,), swizzle="none"), mg.tensor_map(b, box=(256,), swizzle="none")
+
+    def launch():
+        add_mapped(a_map, b_map, a, b, c, 1.0, 1, grid=(N_ELEMENTS // 256,), block=(256,))
+
+    launch()
+    check(c)
+    assert len(add_mapped) == 1, "the kernel's dispatcher has more than one entry"
+    return launch
+
+
 def jax_arrays(host):
     """Two JAX arrays on the GPU, and a DeviceArray for the output: JAX
     arrays are immutable, and a kernel may not store to them."""
@@ -276,6 +301,9 @@ def main():
     paths["mlirgpu kernel[L, BLOCK] (DeviceArray args)"] = (
         specialization_runner((mg.to_device(host), mg.to_device(host), mg.empty((N_ELEMENTS,), mg.f32)),
                               lambda c: np.testing.assert_array_equal(c.get(), 2 * host)), sync)
+    paths["mlirgpu @mg.kernel (TensorMap + array + scalar args)"] = (
+        mapped_runner((mg.to_device(host), mg.to_device(host), mg.empty((N_ELEMENTS,), mg.f32)),
+                      lambda c: np.testing.assert_array_equal(c.get(), 2 * host)), sync)
     paths["mlirgpu Function (DeviceArray args)"] = (launch, sync)
     libraries = {}
     if "torch" in wanted:

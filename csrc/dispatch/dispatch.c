@@ -6,6 +6,7 @@
 #include "arrays/array.h"
 #include "cuda/driver.h"
 #include "launch/function.h"
+#include "launch/tensor_map.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -24,6 +25,7 @@ enum {
     SIG_FLOAT,       /* Python float (and float subclasses that are not NumPy scalars) */
     SIG_NUMPY,       /* NumPy scalar: dtype */
     SIG_OTHER,       /* anything the fast path cannot read: never hits */
+    SIG_TENSOR_MAP,  /* mlirgpu.TensorMap: bit 8 says a CPU backend's map, which never hits */
 };
 
 #define SIG_NO_DTYPE 0xff
@@ -33,18 +35,13 @@ enum {
 /* One call's arguments, read once: the signature and what the launch needs. */
 typedef struct {
     Py_ssize_t n;                        /* words used */
-    uint64_t known;                      /* bit i: argument i is an array at pointers[i] */
-    uint64_t readonly;                   /* bit i: that array must not be written */
+    mg_cu_read_args read;                /* the arrays' pointers, shapes and producers, for the launch */
     int nviews;
-    int nwaits;
     Py_ssize_t unlaunchable;             /* first argument only `miss` can handle, or -1 */
     int unlaunchable_kind;               /* its SIG_HOST or SIG_OTHER */
     mg_foreign_memo memo;                /* what the readers learn once per call */
     PyObject *views[MG_CU_MAX_ARGS];     /* strong: views the slow path made */
     const uint8_t *dynamic;              /* per argument, bit d: extent d is not part of the signature */
-    CUdeviceptr pointers[MG_CU_MAX_ARGS];
-    mg_cu_extents shapes[MG_CU_MAX_ARGS]; /* of the arrays among them, for the extents a kernel takes */
-    CUstream waits[MG_CU_MAX_ARGS];      /* producer streams of foreign arrays, for the launch's stream */
     uint64_t words[SIG_MAX_WORDS];
 } sig_builder;
 
@@ -69,7 +66,7 @@ static void push_layout(sig_builder *b, Py_ssize_t i, int ndim, const Py_ssize_t
     unsigned dynamic = b->dynamic[i];
     for (int d = 0; d < ndim; d++)
         b->words[b->n++] = dynamic >> d & 1 ? SIG_DYNAMIC_WORD(shape[d]) : (uint64_t)shape[d];
-    memcpy(b->shapes[i], shape, (size_t)ndim * sizeof *shape);
+    memcpy(b->read.shapes[i], shape, (size_t)ndim * sizeof *shape);
     if (!contiguous)   /* a strided layout is part of what a kernel is compiled for */
         for (int d = 0; d < ndim; d++)
             b->words[b->n++] = (uint64_t)strides[d];
@@ -125,12 +122,12 @@ static int read_other(sig_builder *b, Py_ssize_t i, PyObject *arg)
         mg_foreign_release(&info);
         return 0;
     }
-    b->pointers[i] = info.ptr;
-    b->known |= (uint64_t)1 << i;
+    b->read.pointers[i] = info.ptr;
+    b->read.known |= (uint64_t)1 << i;
     if (info.readonly)
-        b->readonly |= (uint64_t)1 << i;
+        b->read.readonly |= (uint64_t)1 << i;
     if (info.wait)
-        b->waits[b->nwaits++] = info.producer;
+        b->read.waits[b->read.nwaits++] = info.producer;
     if (info.view != NULL)
         b->views[b->nviews++] = info.view;   /* the reference moves to the builder */
     return 0;
@@ -143,10 +140,10 @@ static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs, co
 {
     b->dynamic = dynamic;
     b->n = 0;
-    b->known = 0;
-    b->readonly = 0;
+    b->read.known = 0;
+    b->read.readonly = 0;
+    b->read.nwaits = 0;
     b->nviews = 0;
-    b->nwaits = 0;
     b->unlaunchable = -1;
     memset(&b->memo, 0, sizeof b->memo);
     /* A Function is loaded into one device's context: the thread's device is part of the key. */
@@ -158,10 +155,10 @@ static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs, co
             int contiguous = mg_array_is_c_contiguous(arg);
             b->words[b->n++] = array_word(SIG_ARRAY, a->dtype, a->ndim, contiguous, a->readonly, a->device);
             push_layout(b, i, a->ndim, a->shape, a->strides, contiguous);
-            b->pointers[i] = a->ptr;
-            b->known |= (uint64_t)1 << i;
+            b->read.pointers[i] = a->ptr;
+            b->read.known |= (uint64_t)1 << i;
             if (a->readonly)
-                b->readonly |= (uint64_t)1 << i;
+                b->read.readonly |= (uint64_t)1 << i;
         }
         else if (PyFloat_CheckExact(arg)) {
             b->words[b->n++] = SIG_FLOAT;
@@ -172,6 +169,13 @@ static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs, co
         else if (PyBool_Check(arg)) {
             b->words[b->n++] = SIG_BOOL;
         }
+        else if (Py_IS_TYPE(arg, mg_cu_TensorMap_type)) {   /* TensorMap has no subclasses */
+            /* Its 128 bytes go to the launch as they are: only the kind is part of the key. */
+            int host = ((const mg_tensor_map *)arg)->host;
+            b->words[b->n++] = SIG_TENSOR_MAP | (uint64_t)host << 8;
+            if (host)
+                mark_unlaunchable(b, i, SIG_OTHER);
+        }
         else if (read_other(b, i, arg) < 0) {
             return -1;
         }
@@ -180,7 +184,7 @@ static int sig_build(sig_builder *b, PyObject *const *args, Py_ssize_t nargs, co
      * language/generics.py): the call's first word says whether they do. */
     int aligned = 1;
     for (Py_ssize_t i = 0; i < nargs; i++)
-        if ((b->known >> i & 1) && b->pointers[i] % 16 != 0)
+        if ((b->read.known >> i & 1) && b->read.pointers[i] % 16 != 0)
             aligned = 0;
     b->words[0] |= (uint64_t)aligned << 16;
     return 0;
@@ -243,6 +247,9 @@ static PyObject *sig_describe(const sig_builder *b, PyObject *const *args, Py_ss
         }
         else if (kind == SIG_NUMPY) {
             item = Py_BuildValue("(sO)", "numpy", dtype);
+        }
+        else if (kind == SIG_TENSOR_MAP) {
+            item = Py_BuildValue("(sO)", "tensormap", id ? Py_True : Py_False);
         }
         else if (kind == SIG_OTHER) {
             item = Py_BuildValue("(sO)", "other", (PyObject *)Py_TYPE(args[i]));
@@ -396,6 +403,15 @@ static PyObject *dispatcher_vectorcall(PyObject *callable, PyObject *const *args
         if (!mg_cu_is_launch_keyword(PyTuple_GET_ITEM(kwnames, i)))
             return call_miss(self, args, nargs, kwnames);
 
+    /* The keywords first: user code they run cannot free what the arguments'
+     * pointers, read next, point to. An error is the launch's to raise. */
+    mg_cu_launch_config config;
+    int configured = mg_cu_launch_config_parse(args + nargs, kwnames, &config) == 0;
+    if (!configured) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return NULL;
+        PyErr_Clear();
+    }
     sig_builder b;
     if (sig_build(&b, args, nargs, self->dynamic) < 0) {
         sig_release(&b);
@@ -417,8 +433,7 @@ static PyObject *dispatcher_vectorcall(PyObject *callable, PyObject *const *args
     Py_INCREF(target);
     PyObject *result;
     if (Py_IS_TYPE(target, mg_cu_Function_type))
-        result = mg_cu_function_launch_known(target, args, nargs, kwnames, b.known, b.readonly, b.pointers, b.shapes, b.waits,
-                                             b.nwaits);
+        result = mg_cu_function_launch_known(target, args, nargs, kwnames, configured ? &config : NULL, &b.read);
     else
         result = PyObject_Vectorcall(target, args, nargsf, kwnames);
     Py_DECREF(target);

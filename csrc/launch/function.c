@@ -281,7 +281,10 @@ static int launch_error(mg_function *self, const char *fmt, ...)
     va_end(vargs);
     if (detail == NULL)
         return -1;
-    mg_raise(mg_st->LaunchError, "launch of kernel '%U': %U", self->name, detail);
+    if (self != NULL)
+        mg_raise(mg_st->LaunchError, "launch of kernel '%U': %U", self->name, detail);
+    else   /* keywords read before the kernel is known (mg_cu_launch_config_parse) */
+        mg_raise(mg_st->LaunchError, "launch: %U", detail);
     Py_DECREF(detail);
     return -1;
 }
@@ -620,18 +623,8 @@ int mg_cu_is_launch_keyword(PyObject *key)
 
 PyObject *mg_cu_function_launch(PyObject *function, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    return mg_cu_function_launch_known(function, args, nargs, kwnames, 0, 0, NULL, NULL, NULL, 0);
+    return mg_cu_function_launch_known(function, args, nargs, kwnames, NULL, NULL);
 }
-
-/* What a launch's keywords say. */
-typedef struct {
-    unsigned int grid[3], block[3], cluster[3];
-    int have_cluster;
-    unsigned long long shared_mem;
-    CUstream stream;
-    PyObject *stream_obj;                     /* borrowed from the call */
-    int ran_python;                           /* reading the keywords ran user code */
-} launch_config;
 
 /* The packed arguments: per argument its slot, and after an array's the
  * extents the kernel takes of it. */
@@ -646,9 +639,11 @@ typedef struct {
     uint64_t arrays;                          /* bit i: argument i is an array */
 } launch_packing;
 
-/* grid=, block=, shared_mem=, cluster= and stream= into `c`: 0, or -1 with the error set. */
-static int parse_launch_keywords(mg_function *self, PyObject *const *values, PyObject *kwnames, launch_config *c)
+/* grid=, block=, shared_mem=, cluster= and stream= into `c` (`self` names
+ * the kernel in errors; NULL before it is known): 0, or -1 with the error set. */
+static int parse_launch_keywords(mg_function *self, PyObject *const *values, PyObject *kwnames, mg_cu_launch_config *c)
 {
+    *c = (mg_cu_launch_config){.grid = {1, 1, 1}, .block = {1, 1, 1}, .cluster = {1, 1, 1}};
     int have_grid = 0, have_block = 0;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t i = 0; i < nkw; i++) {
@@ -685,8 +680,8 @@ static int parse_launch_keywords(mg_function *self, PyObject *const *values, PyO
             c->stream_obj = value == Py_None ? NULL : value;
         }
         else {
-            PyErr_Format(PyExc_TypeError, "%R is an invalid keyword argument for a launch of kernel '%U'",
-                         key, self->name);
+            PyErr_Format(PyExc_TypeError, "%R is an invalid keyword argument for a launch of kernel '%S'",
+                         key, self != NULL ? self->name : Py_None);
             return -1;
         }
     }
@@ -699,8 +694,13 @@ static int parse_launch_keywords(mg_function *self, PyObject *const *values, PyO
     return 0;
 }
 
+int mg_cu_launch_config_parse(PyObject *const *values, PyObject *kwnames, mg_cu_launch_config *config)
+{
+    return parse_launch_keywords(NULL, values, kwnames, config);
+}
+
 /* The number of arguments and the stream's device against the kernel's: 0, or -1 with LaunchError. */
-static int check_launch_arguments(mg_function *self, Py_ssize_t nargs, const launch_config *c, int device)
+static int check_launch_arguments(mg_function *self, Py_ssize_t nargs, const mg_cu_launch_config *c, int device)
 {
     if (nargs > MG_CU_MAX_ARGS)
         return launch_error(self, "at most %d arguments can be passed, got %zd", MG_CU_MAX_ARGS, nargs);
@@ -756,13 +756,13 @@ static int pack_device_array(mg_function *self, Py_ssize_t i, int kind, unsigned
     return 0;
 }
 
-/* Packs every argument into `p`: arrays the caller read (bit i of `known`)
- * from `pointers` and `known_shapes`, the others as they come. 0, or -1 with
- * the error set (views already made stay in `p` for the caller to release). */
-static int pack_arguments(mg_function *self, PyObject *const *args, Py_ssize_t nargs, uint64_t known,
-                          uint64_t readonly, const CUdeviceptr *pointers, const mg_cu_extents *known_shapes,
+/* Packs every argument into `p`: arrays the caller read (`read`, or NULL)
+ * from that record, the others as they come. 0, or -1 with the error set
+ * (views already made stay in `p` for the caller to release). */
+static int pack_arguments(mg_function *self, PyObject *const *args, Py_ssize_t nargs, const mg_cu_read_args *read,
                           int device, launch_packing *p, mg_foreign_memo *memo)
 {
+    uint64_t known = read != NULL ? read->known : 0;
     for (Py_ssize_t i = 0; i < nargs; i++) {
         PyObject *arg = args[i];
         int kind = self->nparams >= 0 ? self->kinds[i] : KIND_ANY;
@@ -779,11 +779,11 @@ static int pack_arguments(mg_function *self, PyObject *const *args, Py_ssize_t n
         if (known >> i & 1) {
             if (kind >= 0)
                 return launch_error(self, "argument %zd is a %s scalar, got an array", i, mg_dtype_get(kind)->name);
-            if (readonly >> i & self->stores >> i & 1)
+            if (read->readonly >> i & self->stores >> i & 1)
                 return stored_readonly(self, i);
-            *slot = (uint64_t)pointers[i];
+            *slot = (uint64_t)read->pointers[i];
             /* The caller read the shape, and its signature checked the rank. */
-            if (extents && push_extents(self, i, extents, MG_MAX_NDIM, known_shapes[i], p->slots, p->params,
+            if (extents && push_extents(self, i, extents, MG_MAX_NDIM, read->shapes[i], p->slots, p->params,
                                         &p->nslots) < 0)
                 return -1;
             continue;
@@ -818,7 +818,7 @@ static int pack_arguments(mg_function *self, PyObject *const *args, Py_ssize_t n
 /* Before a cooperative launch: checks its grid fits at once and, where
  * `serialize`, makes `stream` wait for the module's previous cooperative
  * launch (they share its grid barrier's counter). 0, or -1 with the error set. */
-static int prepare_cooperative(mg_function *self, mg_module *module, const launch_config *c, int serialize)
+static int prepare_cooperative(mg_function *self, mg_module *module, const mg_cu_launch_config *c, int serialize)
 {
     if (check_cooperative_grid(self, c->grid, c->block, c->shared_mem) < 0)
         return -1;
@@ -833,7 +833,7 @@ static int prepare_cooperative(mg_function *self, mg_module *module, const launc
 
 /* The driver call itself; clusters and cooperative launches need the
  * extended launch and its attributes. */
-static inline CUresult launch_kernel(mg_function *self, const launch_config *c, void **params)
+static inline CUresult launch_kernel(mg_function *self, const mg_cu_launch_config *c, void **params)
 {
     if (!c->have_cluster && !self->cooperative)
         return mg_cu.cuLaunchKernel(self->handle, c->grid[0], c->grid[1], c->grid[2], c->block[0], c->block[1],
@@ -863,7 +863,7 @@ static inline CUresult launch_kernel(mg_function *self, const launch_config *c, 
 }
 
 /* CudaError for a failed launch, naming the kernel and its configuration. */
-static void raise_launch_failure(mg_function *self, CUresult r, const launch_config *c)
+static void raise_launch_failure(mg_function *self, CUresult r, const mg_cu_launch_config *c)
 {
     char detail[200];
     PyOS_snprintf(detail, sizeof detail, "grid=(%u, %u, %u) block=(%u, %u, %u) shared_mem=%llu",
@@ -878,7 +878,7 @@ static void raise_launch_failure(mg_function *self, CUresult r, const launch_con
 
 /* After a launch: notes it for fault messages, and has the arrays and a
  * capturing graph remember it. 0, or -1 with the error set. */
-static int after_launch(mg_function *self, PyObject *const *args, Py_ssize_t nargs, const launch_config *c,
+static int after_launch(mg_function *self, PyObject *const *args, Py_ssize_t nargs, const mg_cu_launch_config *c,
                         uint64_t arrays, CUresult recorded)
 {
     const char *kernel = PyUnicode_AsUTF8(self->name);
@@ -897,31 +897,32 @@ static int after_launch(mg_function *self, PyObject *const *args, Py_ssize_t nar
 }
 
 PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args, Py_ssize_t nargs,
-                                      PyObject *kwnames, uint64_t known, uint64_t readonly,
-                                      const CUdeviceptr *pointers, const mg_cu_extents *known_shapes,
-                                      const CUstream *known_waits, int nknown_waits)
+                                      PyObject *kwnames, const mg_cu_launch_config *config,
+                                      const mg_cu_read_args *read)
 {
     mg_function *self = (mg_function *)function;
-    launch_config c = {.grid = {1, 1, 1}, .block = {1, 1, 1}, .cluster = {1, 1, 1}};
+    mg_cu_launch_config c;
     launch_packing p;
     p.nslots = p.nviews = p.nwaits = 0;
     mg_foreign_memo memo = {0};               /* what the array readers learn once per call */
     int device = ((mg_module *)self->module)->device;
     PyObject *result = NULL;
 
-    if (parse_launch_keywords(self, args + nargs, kwnames, &c) < 0 || check_launch_arguments(self, nargs, &c, device) < 0)
+    if (config != NULL)
+        c = *config;
+    else if (parse_launch_keywords(self, args + nargs, kwnames, &c) < 0)
         goto error;
-    if (c.ran_python) {
+    if (check_launch_arguments(self, nargs, &c, device) < 0)
+        goto error;
+    if (config == NULL && c.ran_python)
         /* The caller's pointers were read before that code ran, which may have
          * freed or moved what they point to: read every argument again. */
-        known = readonly = 0;
-        nknown_waits = 0;
-    }
-    p.arrays = known;
-    if (pack_arguments(self, args, nargs, known, readonly, pointers, known_shapes, device, &p, &memo) < 0)
+        read = NULL;
+    p.arrays = read != NULL ? read->known : 0;
+    if (pack_arguments(self, args, nargs, read, device, &p, &memo) < 0)
         goto error;
-    for (int i = 0; i < nknown_waits; i++)
-        p.waits[p.nwaits++] = known_waits[i];
+    for (int i = 0; read != NULL && i < read->nwaits; i++)
+        p.waits[p.nwaits++] = read->waits[i];
 
     /* The kernel runs in the context its module was loaded into: its device's. */
     int pushed;

@@ -48,20 +48,45 @@ int mg_cu_is_launch_keyword(PyObject *key);
 /* The shape of one array argument, as the caller read it. */
 typedef Py_ssize_t mg_cu_extents[8];
 
-/* The same launch where the caller already read some array arguments: bit
- * i of `known` says argument i is an array whose device pointer is
- * pointers[i] and whose shape is shapes[i] (read only for the extents the
- * signature passes; the caller keeps whatever owns it alive); the other
- * arguments are packed as mg_cu_function_launch packs them; bit i of
- * `readonly` says known array i must not be written. The launch's stream
- * first waits for each of the `nwaits` streams in `waits`: the producers
- * that foreign arrays among the known ones named (CAI `stream`). Where
- * reading the launch keywords may have run Python code (an __index__, a
- * stream object's protocol), the known pointers are not trusted: every
- * argument is read again. */
+/* What a launch's keywords say (grid=, block=, shared_mem=, cluster=, stream=). */
+typedef struct {
+    unsigned int grid[3], block[3], cluster[3];
+    int have_cluster;
+    unsigned long long shared_mem;
+    CUstream stream;
+    PyObject *stream_obj;                     /* borrowed from the call */
+    int ran_python;                           /* reading the keywords ran user code */
+} mg_cu_launch_config;
+
+/* Reads a launch's keywords before its arguments, so that user code they run
+ * (an __index__, a stream object's protocol) cannot invalidate pointers read
+ * afterwards. 0, or -1 with the error set (its message names no kernel: a
+ * caller that fails here lets the launch read them again and raise). */
+int mg_cu_launch_config_parse(PyObject *const *values, PyObject *kwnames, mg_cu_launch_config *config);
+
+/* A launch's arguments as its caller read them, once: bit i of `known` says
+ * argument i is an array whose device pointer is pointers[i] and whose shape
+ * is shapes[i] (read only for the extents the signature passes; the caller
+ * keeps whatever owns it alive); bit i of `readonly` says that array must not
+ * be written; `waits` are the `nwaits` producer streams that foreign arrays
+ * among them named (CAI `stream`), which the launch's stream first waits for. */
+typedef struct {
+    uint64_t known;
+    uint64_t readonly;
+    int nwaits;
+    CUdeviceptr pointers[MG_CU_MAX_ARGS];
+    mg_cu_extents shapes[MG_CU_MAX_ARGS];
+    CUstream waits[MG_CU_MAX_ARGS];
+} mg_cu_read_args;
+
+/* The launch where the caller already read the keywords (`config`, or NULL
+ * to read them here) and some array arguments (`read`, or NULL): the other
+ * arguments are packed as mg_cu_function_launch packs them. Where this call
+ * reads keywords that run Python code, arguments read before are not
+ * trusted (that code may have freed what they point to): every argument is
+ * read again. */
 PyObject *mg_cu_function_launch_known(PyObject *function, PyObject *const *args, Py_ssize_t nargs,
-                                      PyObject *kwnames, uint64_t known, uint64_t readonly,
-                                      const CUdeviceptr *pointers, const mg_cu_extents *shapes,
-                                      const CUstream *waits, int nwaits);
+                                      PyObject *kwnames, const mg_cu_launch_config *config,
+                                      const mg_cu_read_args *read);
 
 #endif

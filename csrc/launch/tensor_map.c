@@ -153,6 +153,28 @@ static PyObject *tensor_map_get_data(mg_tensor_map *self, void *closure)
     return PyBytes_FromStringAndSize((const char *)self->map, sizeof self->map);
 }
 
+/* with_owner(owner): the same map kept with another owner. Encoding depends on
+ * the address, never on which object owns the memory there, so a map made
+ * once serves every array of those encode parameters. */
+static PyObject *tensor_map_with_owner(mg_tensor_map *self, PyObject *owner)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    mg_tensor_map *map = (mg_tensor_map *)type->tp_alloc(type, 0);
+    if (map == NULL)
+        return NULL;
+    memcpy(map->map, self->map, sizeof map->map);
+    map->owner = Py_NewRef(owner);
+    map->info = Py_NewRef(self->info);
+    map->host = self->host;
+    return (PyObject *)map;
+}
+
+static PyMethodDef tensor_map_methods[] = {
+    {"with_owner", (PyCFunction)tensor_map_with_owner, METH_O,
+     "with_owner(owner): a TensorMap of the same 128 bytes and info that keeps `owner` alive instead."},
+    {NULL},
+};
+
 static PyGetSetDef tensor_map_getset[] = {
     {"data", (getter)tensor_map_get_data, NULL, "The 128 bytes of the CUtensorMap.", NULL},
     {NULL},
@@ -171,6 +193,7 @@ static PyType_Slot tensor_map_slots[] = {
     {Py_tp_traverse, tensor_map_traverse},
     {Py_tp_clear, tensor_map_clear},
     {Py_tp_getset, tensor_map_getset},
+    {Py_tp_methods, tensor_map_methods},
     {Py_tp_members, tensor_map_members},
     {Py_tp_doc, "A CUDA tensor map (CUtensorMap) for TMA copies: make one with mlirgpu.tensor_map; "
                 "a kernel takes it by value as a parameter annotated mlirgpu.TensorMap.\n\n"

@@ -477,14 +477,32 @@ def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None, 
     tensor maps of A, B and C as prepare() and store_map() make them. With 8-bit A and B
     (B given as N x K), C = (scale_a * scale_b) * (A @ B)."""
     A, B = mg.asarray(A), mg.asarray(B)
-    config = config_for(config, A.dtype)
-    if A.dtype not in FLOATS8 and (scale_a, scale_b) != (1.0, 1.0):
-        raise ValueError(f"scale_a and scale_b scale 8-bit inputs, not {A.dtype.name}")
+    check_scales(A, scale_a, scale_b)
     C = None if C is None else mg.asarray(C)
+    if C is None:
+        N = B.shape[0] if config_for(config, A.dtype).b_major == "K" else B.shape[1]
+        C = mg.empty((A.shape[0], N), out_dtype)
+    gemm, arguments, keywords = plan(A, B, C, config, maps)
+    gemm(*arguments, scale_a, scale_b, stream=stream, **keywords)
+    return C
+
+
+def device_array(array):
+    """`array` as a DeviceArray (a view of a CUDA array object)."""
+    return array if type(array) is mg.DeviceArray else mg.asarray(array)
+
+
+def check_scales(A, scale_a, scale_b):
+    if (scale_a, scale_b) != (1.0, 1.0) and A.dtype not in FLOATS8:
+        raise ValueError(f"scale_a and scale_b scale 8-bit inputs, not {A.dtype.name}")
+
+
+def plan(A, B, C, config=None, maps=None):
+    """What a launch of C = A @ B needs but the scales and the stream: the
+    specialization, its arguments up to the scales, and its launch keywords."""
+    config = config_for(config, A.dtype)
     M, K = A.shape
     N = B.shape[0] if config.b_major == "K" else B.shape[1]
-    if C is None:
-        C = mg.empty((M, N), out_dtype)
     a_map, b_map, c_map = maps or (prepare(A, B, config) + (store_map(C) if config.epilogue == "tma" else None,))
     if config.epilogue == "tma" and c_map is None:
         # C's rows are not 16-byte multiples (an odd N of a 2-byte type, say): its
@@ -497,13 +515,9 @@ def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None, 
     sms = mg.cuda.Device(mg.cuda.current_device()).multiprocessor_count if mg.backend() == "cuda" else 1
     # Persistent: at most one block per SM, whole clusters (a cluster of 2 fits a pair of SMs).
     grid = min(clusters, sms // (cm * cn)) * cm * cn
-    gemm[M, N, C.dtype](a_map, b_map, c_map or a_map, C, K, scale_a, scale_b, grid=grid, block=THREADS,
-                        shared_mem=config.shared_bytes(), stream=stream,
-                        cluster=(cm * cn, 1, 1) if cm * cn > 1 else None)
-    return C
-
-
-_MAPS = {}
+    keywords = {"grid": grid, "block": THREADS, "shared_mem": config.shared_bytes(),
+                "cluster": (cm * cn, 1, 1) if cm * cn > 1 else None}
+    return gemm[M, N, C.dtype], (a_map, b_map, c_map or a_map, C, K), keywords
 
 
 def available():
@@ -511,20 +525,33 @@ def available():
     return mg.backend() == "cuda" and mg.cuda.Device(mg.cuda.current_device()).chip == "sm_90a"
 
 
+# The plans of the most recent launches, least recently used first: a plan's
+# tensor maps keep its arrays alive, so only a few are kept.
+_PLANS = {}
+PLANS_KEPT = 16
+
+
 def launch(A, B, C, config=None, stream=None, scale_a=1.0, scale_b=1.0):
     """C = A @ B (A: M x K, B: K x N, C: M x N, DeviceArrays or CUDA arrays of
-    C's type) with `config`; the tensor maps of A, B and C are made on the
-    first launch with these arrays and kept, as a library caches them. With
-    8-bit A and B (B given as N x K), C = (scale_a * scale_b) * (A @ B)."""
-    A, B, C = mg.asarray(A), mg.asarray(B), mg.asarray(C)
-    config = config_for(config, A.dtype)
-    key = (repr(config), A.ptr, A.shape, A.dtype, B.ptr, B.shape, C.ptr, C.shape, C.dtype)
-    maps = _MAPS.get(key)
-    if maps is None:
-        # The arrays are kept with the maps: their memory cannot be reused under a key.
-        c_map = store_map(C) if config.epilogue == "tma" else None
-        maps = _MAPS[key] = prepare(A, B, config) + (c_map, A, B, C)
-    return matmul(A, B, config=config, C=C, maps=maps[:3], stream=stream, scale_a=scale_a, scale_b=scale_b)
+    C's type) with `config`; what the launch needs (the specialization, the
+    tensor maps of A, B and C, the grid) is planned on the first launch with
+    these arrays and kept, as a library caches it, so that later launches go
+    straight to the kernel's C fast path. With 8-bit A and B (B given as
+    N x K), C = (scale_a * scale_b) * (A @ B)."""
+    A, B, C = device_array(A), device_array(B), device_array(C)
+    check_scales(A, scale_a, scale_b)
+    # `config` by identity: the plan keeps it, so no other object can take its id.
+    key = (config, A.ptr, A.shape, A.dtype, B.ptr, B.shape, C.ptr, C.shape, C.dtype)
+    planned = _PLANS.pop(key, None) or plan(A, B, C, config)
+    a_map, b_map = planned[1][:2]
+    # Where A or B was padded into a copy, the next launch pads their contents anew.
+    if a_map.owner is A and b_map.owner is B:
+        if len(_PLANS) >= PLANS_KEPT:
+            del _PLANS[next(iter(_PLANS))]
+        _PLANS[key] = planned   # the most recent last
+    gemm, arguments, keywords = planned
+    gemm(*arguments, scale_a, scale_b, stream=stream, **keywords)
+    return C
 
 
 def _inputs(M, N, K, dtype, b_major, seed=0):

@@ -733,6 +733,39 @@ print(json.dumps(out))
 
 
 @pytest.mark.usefixtures("fake_driver")
+def test_a_hit_reads_each_argument_once():
+    """The signature and the packing share one reading of an argument, even
+    where the launch keywords run user code (an __index__, a foreign stream)."""
+    out = run_json(FAKE_DRIVER_PRELUDE + '''
+d, misses = registering(record)
+buf, a = C.zeros(8, C.u64), C.empty(16)
+class Counting:
+    reads = 0
+    @property
+    def __cuda_array_interface__(self):
+        Counting.reads += 1
+        return a.__cuda_array_interface__
+class ForeignStream:
+    def __cuda_stream__(self):
+        return (0, 0)
+x = Counting()
+d(buf, np.uint32(1), x, grid=1, block=1)
+reads = []
+for keywords in ({"grid": 1, "block": 1}, {"grid": np.int64(1), "block": (np.int32(1),)},
+                 {"grid": 1, "block": 1, "stream": C.Stream()}, {"grid": 1, "block": 1, "stream": ForeignStream()}):
+    before = Counting.reads
+    d(buf, np.uint32(1), x, **keywords)
+    reads.append(Counting.reads - before)
+out["reads"] = reads
+out["packed"] = int(buf.get()[0]) == a.ptr
+out["misses"] = misses
+print(json.dumps(out))
+''')
+    assert out["reads"] == [1, 1, 1, 1]
+    assert out["packed"] and out["misses"] == [3]
+
+
+@pytest.mark.usefixtures("fake_driver")
 def test_copy_from_copies_device_to_device():
     out = run_json(FAKE_DRIVER_PRELUDE + '''
 src = C.to_device(np.arange(6, dtype=np.float32))

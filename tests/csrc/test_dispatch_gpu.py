@@ -354,6 +354,40 @@ def test_kernels_take_read_only_arrays_for_parameters_they_only_read():
         axpy(2.0, y, read_only, grid=(N + 255) // 256, block=256)
 
 
+def test_a_kernel_hit_reads_each_argument_once():
+    """@mg.kernel's hit reads a __cuda_array_interface__ once per launch,
+    keywords that run user code (np.int64 extents) included."""
+    import mlirgpu as mg
+    from mlirgpu import block_dim, block_idx, thread_idx
+    n = mg.generics("n")
+
+    @mg.kernel
+    def axpy(a: mg.f32, x: mg.memref[n, mg.f32], y: mg.memref[n, mg.f32]):
+        i = block_idx.x * block_dim.x + thread_idx.x
+        if i < n:
+            y[i] = a * x[i] + y[i]
+
+    x, y = C.to_device(np.arange(N, dtype=np.float32)), C.zeros(N)
+
+    class Counting:
+        reads = 0
+
+        @property
+        def __cuda_array_interface__(self):
+            Counting.reads += 1
+            return x.__cuda_array_interface__
+
+    counting = Counting()
+    axpy(1.0, counting, y, grid=(N + 255) // 256, block=256)   # the miss
+    reads = []
+    for grid in ((N + 255) // 256, np.int64((N + 255) // 256)):
+        before = Counting.reads
+        axpy(1.0, counting, y, grid=grid, block=256)
+        reads.append(Counting.reads - before)
+    assert reads == [1, 1]
+    np.testing.assert_array_equal(y.get(), 3 * np.arange(N, dtype=np.float32))
+
+
 def test_jax_arrays_launch_mlirgpu_kernels():
     jax = pytest.importorskip("jax")
     jnp = pytest.importorskip("jax.numpy")

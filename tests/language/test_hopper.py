@@ -787,3 +787,38 @@ def test_tensor_maps_and_clusters_reach_the_driver(fake_libcuda, tmp_path):
         print("ok")
     """))
     assert_isolated(f"import runpy; runpy.run_path({str(script)!r})", "ok")
+
+
+def test_tensor_maps_are_encoded_once_per_set_of_parameters(fake_libcuda):
+    """mg.tensor_map keeps what it encoded (bounded, least recently used out):
+    the same parameters give the same bytes without the driver, bound to the
+    caller's array; the cache keeps no array alive."""
+    assert_isolated(f"""
+import ctypes, gc, os, weakref
+os.environ["MLIRGPU_LIBCUDA"] = {fake_libcuda!r}
+import numpy as np
+import mlirgpu as mg
+from mlirgpu.runtime import tensormap
+fake = ctypes.CDLL({fake_libcuda!r})
+fake.fake_log.restype = ctypes.c_char_p
+encodes = lambda: fake.fake_log().decode().count("cuTensorMapEncodeTiled")
+
+A = mg.to_device(np.zeros((128, 64), np.float16))
+first = mg.tensor_map(A, box=(64, 64))
+view = mg.asarray(A)   # another object over the same memory
+again, of_view = mg.tensor_map(A, box=[64, 64]), mg.tensor_map(view, box=(64, 64))
+assert encodes() == 1, fake.fake_log().decode()
+assert first.data == again.data == of_view.data and first.info is of_view.info
+assert first.owner is A and of_view.owner is view
+mg.tensor_map(A, box=(32, 64))                 # another box: another map
+mg.tensor_map(A, box=(64, 64), oob_fill="nan")  # another fill
+assert encodes() == 3
+assert tensormap._encoded.cache_info().maxsize == tensormap.TENSOR_MAP_CACHE_SIZE == 1024
+B = mg.zeros((64, 64), mg.f16)
+alive = weakref.ref(B)
+mg.tensor_map(B, box=(64, 64))
+del B
+gc.collect()
+assert alive() is None, "the cache keeps the array alive"
+print("ok")
+""", "ok")

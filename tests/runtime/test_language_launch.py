@@ -74,3 +74,44 @@ print(json.dumps([seen, len(misses), len(spec)]))
     assert proc.returncode == 0, proc.stderr
     seen, misses, entries = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen == [True, True] and misses == 1 and entries == 1
+
+
+def test_tensor_maps_and_scalars_take_the_dispatchers_fast_path(fake_libcuda):
+    """A kernel taking tensor maps, arrays and scalars misses once, then hits
+    its C dispatcher with the maps' bytes and the scalars packed; so does its
+    specialization called directly."""
+    code = f'''
+import os, json
+os.environ["MLIRGPU_LIBCUDA"] = {fake_libcuda!r}
+import struct
+import mlirgpu as mg
+N = mg.generics("N")
+
+@mg.kernel(generics=(N,))
+def record_params(out: mg.memref[8, mg.u64], n: mg.u32, a_map: mg.TensorMap, X: mg.memref[N, mg.f32],
+                  scale: mg.f32, b_map: mg.TensorMap):
+    out[0] = mg.cast(n, mg.u64)
+
+spec = record_params[64]
+# The fake driver runs the kernel named record_params: it copies the n parameters after the first two out
+# (a tensor map's first 8 bytes hold its address).
+module = mg._mlirgpu.load_module(".visible .entry record_params(\\\\n")
+spec._functions[mg.cuda.current_device(), False] = module.get_function("record_params", params=spec.function_params())
+misses = []
+for dispatcher in (record_params, spec):
+    dispatcher._miss = lambda args, kwargs, original=dispatcher._miss: (misses.append(1), original(args, kwargs))
+A, B = mg.zeros((64, 64), mg.f16), mg.zeros((128, 64), mg.f16)
+a_map, b_map = mg.tensor_map(A, box=(64, 64)), mg.tensor_map(B, box=(64, 64))
+buf, X = mg.zeros(8, mg.u64), mg.zeros(64, mg.f32)
+seen = []
+for call in (record_params, record_params, spec, spec):
+    for scale in (2.5, 0.5):
+        call(buf, 4, a_map, X, scale, b_map, grid=1, block=1)
+        bits = struct.unpack("<I", struct.pack("<f", scale))[0]
+        seen.append([int(v) for v in buf.get()[:4]] == [A.ptr, X.ptr, bits, B.ptr])
+print(json.dumps([seen, len(misses), len(record_params), len(spec)]))
+'''
+    proc = run_isolated(code)
+    assert proc.returncode == 0, proc.stderr
+    seen, misses, kernel_entries, spec_entries = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen == [True] * 8 and misses == 2 and kernel_entries == spec_entries == 1

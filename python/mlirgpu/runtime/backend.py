@@ -9,27 +9,25 @@ or launch) and holds for the process until set_backend changes it. On the
 CPU backend mg.empty/zeros/to_device/asarray make DeviceArrays in host
 memory, and launches run through mlirgpu.cpu.run. docs/design/cpu_backend.md has the design.
 
-Each backend is a `Backend` object (CudaBackend in gpu.py, CpuBackend in
-cpu.py), chosen here once; the rest of the runtime asks `current()` to do
-what differs between them instead of asking which one it is.
+Each backend is a `Backend` object (backend_interface.py; CudaBackend in
+gpu.py, CpuBackend in cpu.py), chosen here once; the rest of the runtime
+asks `current()` to do what differs between them instead of asking which
+one it is.
 """
 from __future__ import annotations
 
-import abc
 import os
 import weakref
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import Any
 
 from .. import _mlirgpu
-from .._mlirgpu import CudaError, DeviceArray, DType, LaunchError, Stream
+from .._mlirgpu import CudaError, DeviceArray, DType, Stream
+from .backend_interface import Backend, Dims, Shape, read_only_error
+from .cpu import CpuBackend
+from .gpu import CudaBackend
 
-if TYPE_CHECKING:
-    from .kernel import Specialization
-    from .vectorize import _Plan
-
-__all__ = ["BACKENDS", "Backend", "backend", "set_backend", "current", "empty", "zeros", "to_device", "asarray"]
+__all__ = ["BACKENDS", "Backend", "Dims", "Shape", "backend", "set_backend", "current", "empty", "zeros",
+           "to_device", "asarray"]
 
 BACKENDS = ("cuda", "cpu")
 
@@ -37,66 +35,6 @@ _current = None   # the current Backend, made at first use
 # Kernels whose C dispatcher may hold signatures registered for the GPU:
 # forgotten when the backend changes, so no call takes the GPU's fast path.
 _kernels = weakref.WeakSet()
-
-Shape = int | tuple[int, ...]   # an array's shape, or the length of a 1-d one
-Dims = int | tuple[int, ...]    # a launch's grid, block or cluster: 1 to 3 sizes
-
-
-class Backend(abc.ABC):
-    """What launches and allocations do on one backend. Allocation and
-    copies are the C extension's, told where the memory lives (`host`);
-    launching, and what a backend can or cannot do, are its own."""
-
-    #: "cuda" or "cpu", as mg.backend() says.
-    name: str
-    #: Whether its arrays live in host memory.
-    host: bool
-    #: Whether a stream's work can be captured into a CUDA graph (mg.graph).
-    captures_graphs: bool
-    #: Whether a kernel's C dispatcher launches the signatures registered with
-    #: it; where not, every call binds its arguments in Python.
-    dispatches_in_c: bool
-
-    def empty(self, shape: Shape, dtype: DType, stream: Stream | None) -> DeviceArray:
-        return _mlirgpu.empty(shape, dtype, stream, host=self.host)
-
-    def zeros(self, shape: Shape, dtype: DType, stream: Stream | None) -> DeviceArray:
-        return _mlirgpu.zeros(shape, dtype, stream, host=self.host)
-
-    def to_device(self, array: Any, stream: Stream | None) -> DeviceArray:
-        return _mlirgpu.to_device(array, stream, host=self.host)
-
-    def asarray(self, obj: Any) -> DeviceArray:
-        return _mlirgpu.asarray(obj, host=self.host)
-
-    def pinned_empty(self, shape: Shape, dtype: DType) -> np.ndarray:
-        return _mlirgpu.pinned_empty(shape, dtype, host=self.host)
-
-    def pinned_zeros(self, shape: Shape, dtype: DType) -> np.ndarray:
-        return _mlirgpu.pinned_zeros(shape, dtype, host=self.host)
-
-    @abc.abstractmethod
-    def launch(self, spec: Specialization, args: list, grid: Dims, block: Dims, shared_mem: int,
-               stream: Stream | None, cluster: Dims | None) -> None:
-        """Launches `spec` with arguments already checked against it."""
-
-    @abc.abstractmethod
-    def max_cooperative_grid_blocks(self, spec: Specialization, block: Dims, shared_mem: int) -> int:
-        """The most blocks of `block` threads of `spec` that can run at once."""
-
-    @abc.abstractmethod
-    def tuning_device(self) -> str | None:
-        """The name of the device mg.autotune times configs on (it keys the
-        recorded choices); None where nothing is timed."""
-
-    @abc.abstractmethod
-    def run_vectorized(self, plan: _Plan, stream: Stream | None) -> Any:
-        """Runs an @mg.vectorize call bound to its arguments; its result."""
-
-
-def read_only_error(name: str, kernel: str) -> LaunchError:
-    """The error for a read-only array where `kernel` stores: a parameter, or a vectorize out=."""
-    return LaunchError(f"parameter {name!r}: the array is read-only, and {kernel} stores to it")
 
 
 def _check_name(name: str, where: str) -> None:
@@ -113,12 +51,7 @@ def _require_cuda(where: str) -> None:
 
 
 def _make(name: str) -> Backend:
-    # Imported here: each backend's module imports this one for Backend.
-    if name == "cpu":
-        from .cpu import CpuBackend
-        return CpuBackend()
-    from .gpu import CudaBackend
-    return CudaBackend()
+    return CpuBackend() if name == "cpu" else CudaBackend()
 
 
 def current() -> Backend:

@@ -23,7 +23,7 @@ import functools
 import math
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -32,14 +32,9 @@ from .._mlirgpu import DeviceArray, LaunchError, Stream, TensorMap, lower
 from ..compiler.cpu import PIPELINE
 from ..compiler.log import log
 from ..targets.cpu import CpuLowering, checks_from_environment
-from .backend import Backend, Dims, read_only_error
+from .backend_interface import Backend, Dims, KernelSpecialization, VectorizedCall, read_only_error
 from .compiled import default_chip, stored_params
 from .scalars import scalar_bytes
-
-if TYPE_CHECKING:
-    from .kernel import Specialization
-    from .vectorize import _Plan
-
 TENSOR_MAP_BYTES = 128  # a CUtensorMap's, which a host tensor map fills (csrc/cpu/cpu.h)
 
 __all__ = ["PIPELINE", "host_module", "lowered_module", "stored_params", "engine", "run",
@@ -142,7 +137,7 @@ def _cached(spec, attribute, checks, make):
     return value
 
 
-def host_module(spec: Specialization, checks: Iterable[str] | None = None) -> ir.Module:
+def host_module(spec: KernelSpecialization, checks: Iterable[str] | None = None) -> ir.Module:
     """The kernel traced for the host: func.func @<name> and the runtime
     functions it calls. `checks` defaults to MLIRGPU_CHECK's, read now."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
@@ -155,7 +150,7 @@ def _lowered(spec, checks):
     return lower(host_module(spec, checks), PIPELINE)
 
 
-def lowered_module(spec: Specialization, checks: Iterable[str] | None = None) -> ir.Module:
+def lowered_module(spec: KernelSpecialization, checks: Iterable[str] | None = None) -> ir.Module:
     """host_module(spec, checks) lowered to the llvm dialect: a new Module in its context."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
     return ir.Module.parse(_lowered(spec, checks), context=host_module(spec, checks).context)
@@ -173,7 +168,7 @@ def max_cooperative_grid_blocks(block: Dims) -> int:
     return _mlirgpu.CPU_MAX_COOPERATIVE_THREADS // threads
 
 
-def engine(spec: Specialization, checks: Iterable[str] | None = None) -> _mlirgpu.CpuEngine:
+def engine(spec: KernelSpecialization, checks: Iterable[str] | None = None) -> _mlirgpu.CpuEngine:
     """The spec's CpuEngine (made once per Specialization and set of checks)."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
     return _cached(spec, "_cpu_engines", checks, lambda: _make_engine(spec, checks))
@@ -201,7 +196,7 @@ def _make_engine(spec, checks):
                               static_shared=attributes["mg.cpu.static_shared"].value)
 
 
-def run(spec: Specialization, args: list, grid: Dims, block: Dims, shared_mem: int = 0) -> None:
+def run(spec: KernelSpecialization, args: list, grid: Dims, block: Dims, shared_mem: int = 0) -> None:
     """Runs the Specialization `spec` on the host over NumPy arrays (written
     in place) and Python/NumPy scalars, with the GPU's grid and block."""
     params = spec._param_types()
@@ -251,7 +246,7 @@ def run(spec: Specialization, args: list, grid: Dims, block: Dims, shared_mem: i
             np.copyto(original, copy)
 
 
-def compiled_stores(spec: Specialization, checks: Iterable[str] | None = None) -> set[int]:
+def compiled_stores(spec: KernelSpecialization, checks: Iterable[str] | None = None) -> set[int]:
     """stored_params of the spec's host trace (made once per set of checks)."""
     checks = checks_from_environment() if checks is None else frozenset(checks)
     return _cached(spec, "_cpu_stores", checks, lambda: stored_params(host_module(spec, checks), spec.name))
@@ -280,7 +275,7 @@ class CpuBackend(Backend):
 
     name, host, captures_graphs, dispatches_in_c = "cpu", True, False, False
 
-    def launch(self, spec: Specialization, args: list, grid: Dims, block: Dims, shared_mem: int,
+    def launch(self, spec: KernelSpecialization, args: list, grid: Dims, block: Dims, shared_mem: int,
                stream: Stream | None, cluster: Dims | None) -> None:
         if cluster is not None:
             raise LaunchError(f"{spec.name} is launched in clusters of {tuple(cluster)}, which only the GPU "
@@ -289,11 +284,11 @@ class CpuBackend(Backend):
         run(spec, [_host_view(p.name, a) if shape is not None else a
                    for (p, shape, _), a in zip(spec._param_types(), args)], grid, block, shared_mem)
 
-    def max_cooperative_grid_blocks(self, spec: Specialization, block: Dims, shared_mem: int) -> int:
+    def max_cooperative_grid_blocks(self, spec: KernelSpecialization, block: Dims, shared_mem: int) -> int:
         return max_cooperative_grid_blocks(block)
 
     def tuning_device(self) -> None:
         return None
 
-    def run_vectorized(self, plan: _Plan, stream: Stream | None) -> Any:
+    def run_vectorized(self, plan: VectorizedCall, stream: Stream | None) -> Any:
         return plan.run_cpu()

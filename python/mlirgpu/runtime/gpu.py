@@ -5,18 +5,13 @@ docs/design/cuda_runtime.md has the rules.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .. import _mlirgpu, cuda
 from .._mlirgpu import Stream
-from .backend import Backend, Dims
-
-if TYPE_CHECKING:
-    from .kernel import Specialization
-    from .vectorize import _Plan
-
+from .backend_interface import Backend, Dims, KernelSpecialization, VectorizedCall
 __all__ = ["CudaBackend"]
 
 _device_names = {}   # ordinal -> name: asking the driver each launch of a tuned kernel costs
@@ -25,7 +20,7 @@ _device_names = {}   # ordinal -> name: asking the driver each launch of a tuned
 class CudaBackend(Backend):
     name, host, captures_graphs, dispatches_in_c = "cuda", False, True, True
 
-    def launch(self, spec: Specialization, args: list, grid: Dims, block: Dims, shared_mem: int,
+    def launch(self, spec: KernelSpecialization, args: list, grid: Dims, block: Dims, shared_mem: int,
                stream: Stream | None, cluster: Dims | None) -> None:
         # Loaded and launched on the arrays' device, which is current meanwhile (NumPy arrays go there).
         with spec.loaded(args) as function:
@@ -42,7 +37,7 @@ class CudaBackend(Backend):
                 # NumPy arrays are copied in, and back after the launch.
                 np.copyto(a, args[i].get(stream=stream))
 
-    def max_cooperative_grid_blocks(self, spec: Specialization, block: Dims, shared_mem: int) -> int:
+    def max_cooperative_grid_blocks(self, spec: KernelSpecialization, block: Dims, shared_mem: int) -> int:
         return spec.function().max_cooperative_grid_blocks(block, shared_mem=shared_mem)
 
     def tuning_device(self) -> str:
@@ -52,5 +47,5 @@ class CudaBackend(Backend):
             name = _device_names[ordinal] = cuda.Device(ordinal).name
         return name
 
-    def run_vectorized(self, plan: _Plan, stream: Stream | None) -> Any:
+    def run_vectorized(self, plan: VectorizedCall, stream: Stream | None) -> Any:
         return plan.run_gpu(stream)

@@ -19,6 +19,7 @@ shared memory: a row-major layout with the swizzle composed on top
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from .._mlirgpu import DeviceArray, TensorMap, bf16, f8e4m3, f8e5m2, f16, f32, f
 from ..layout import ComposedLayout, Layout, Swizzle
 from .backend import current
 
-__all__ = ["TensorMap", "tensor_map", "encode_arguments", "box_layout", "SWIZZLE_BYTES"]
+__all__ = ["TensorMap", "tensor_map", "encode_arguments", "box_layout", "SWIZZLE_BYTES", "TENSOR_MAP_CACHE_SIZE"]
 
 # CUtensorMapDataType
 # The 8-bit floats travel as bytes (CUtensorMapDataType has no 8-bit float); the
@@ -204,7 +205,33 @@ def tensor_map(array: Any, box: int | tuple[int, ...], swizzle: str | None = "12
         readonly = device.readonly
     if interleave not in (None, "none") and host:
         raise ValueError("the CPU backend's tensor maps take no interleave")
-    arguments = encode_arguments(*where, box, swizzle, element_strides, oob_fill, interleave, l2_promotion)
+    key = (host, readonly and host, *where, _hashable(box), swizzle, _hashable(element_strides), oob_fill,
+           interleave, l2_promotion)
+    try:
+        encoded = _encoded(*key)
+    except TypeError:   # an unhashable argument: encoding it says what is wrong with it
+        encoded = _encoded.__wrapped__(*key)
+    return encoded.with_owner(array)
+
+
+#: How many encoded tensor maps mg.tensor_map keeps, the least recently used going first.
+TENSOR_MAP_CACHE_SIZE = 1024
+
+
+def _hashable(value):
+    return value if value is None or isinstance(value, int) else tuple(value)
+
+
+@functools.lru_cache(maxsize=TENSOR_MAP_CACHE_SIZE)
+def _encoded(host, readonly, shape, strides, dtype, address, box, swizzle, element_strides, oob_fill, interleave,
+             l2_promotion):
+    """The map of these encode parameters, owned by nothing. A CUtensorMap
+    is a pure function of them, so an entry is never stale: an array freed
+    and another made at its address with the same parameters gets the same
+    128 bytes. And an entry keeps no array alive: tensor_map gives each
+    caller the map with its own array as owner (TensorMap.with_owner)."""
+    arguments = encode_arguments(shape, strides, dtype, address, box, swizzle, element_strides, oob_fill,
+                                 interleave, l2_promotion)
     if not host:
-        return TensorMap(array, **arguments)
-    return TensorMap(array, host=True, readonly=readonly, **arguments)
+        return TensorMap(None, **arguments)
+    return TensorMap(None, host=True, readonly=readonly, **arguments)
