@@ -44,8 +44,8 @@ import math
 from .. import language as lang
 from .._mlirgpu import LaunchError, bf16, f16, f32
 from ..layout import Swizzle, composition, row_major
-from ..runtime import backend
 from ..runtime.kernel import kernel
+from .arrays import as_array, dtype_of, is_contiguous, new_like
 
 __all__ = ["attention", "HEAD_DIMS"]
 
@@ -238,50 +238,6 @@ def kernel_for(head_dim, causal):
     return _KERNELS[key]
 
 
-def _array(x, name):
-    """x as an array the kernel takes, without a copy: a NumPy array as it is
-    (the CPU backend's, bf16 included), anything else as mg.asarray's view
-    (a DeviceArray) of its memory; a TypeError for what is no array."""
-    import numpy as np
-
-    if isinstance(x, np.ndarray):
-        return x
-    try:
-        return backend.asarray(x)
-    except (TypeError, BufferError) as error:
-        raise TypeError(f"attention's {name} is an array (a torch tensor, a CuPy or JAX array, a DeviceArray), "
-                        f"not {type(x).__name__}: {error}") from error
-
-
-def _dtype(array):
-    """An array's mlirgpu dtype, None where mlirgpu has none for it."""
-    from .._mlirgpu import DType, dtype
-
-    try:
-        return array.dtype if isinstance(array.dtype, DType) else dtype(array.dtype)
-    except (TypeError, ValueError):
-        return None
-
-
-def _contiguous(array):
-    return array.flags.c_contiguous if hasattr(array, "flags") else array.is_c_contiguous
-
-
-def _new(q, shape, dtype):
-    """A new array of `shape` and `dtype` in q's library: torch for a tensor,
-    NumPy for a NumPy array (CPU backend), else an mlirgpu DeviceArray."""
-    import numpy as np
-
-    if type(q).__module__.split(".")[0] == "torch":
-        import torch
-
-        kind = {f16: torch.float16, bf16: torch.bfloat16, f32: torch.float32}[dtype]
-        return torch.empty(shape, dtype=kind, device=q.device)
-    if isinstance(q, np.ndarray):
-        return np.empty(shape, dtype.numpy)
-    return backend.empty(shape, dtype)
-
-
 def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
     """softmax(scale * q k^T) v for q (B, Lq, Hq, d) and k, v (B, Lk, Hk, d)
     of f16 or bf16, d 64, 128 or 256, Hk dividing Hq; returns the output
@@ -298,18 +254,18 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
 
         o = mlirgpu.ops.attention(q, k, v, causal=True)
     """
-    arrays = [_array(x, name) for name, x in (("q", q), ("k", k), ("v", v))]
+    arrays = [as_array(x, f"attention's {name}") for name, x in (("q", q), ("k", k), ("v", v))]
     for name, array in zip("qkv", arrays):
         if len(array.shape) != 4:
             raise LaunchError(f"attention's {name} is (batch, sequence, heads, head_dim), 4-d; got shape "
                               f"{tuple(array.shape)}")
-        if not _contiguous(array):
+        if not is_contiguous(array):
             raise LaunchError(f"attention's {name} must be C-contiguous (copy it first)")
     (batch, lq, hq, d), (kb, lk, hk, kd), vshape = (tuple(a.shape) for a in arrays)
-    dtype = _dtype(arrays[0])
+    dtype = dtype_of(arrays[0])
     if dtype not in (f16, bf16):
         raise LaunchError(f"attention takes f16 or bf16 q, k and v, not {arrays[0].dtype}")
-    if _dtype(arrays[1]) != dtype or _dtype(arrays[2]) != dtype:
+    if dtype_of(arrays[1]) != dtype or dtype_of(arrays[2]) != dtype:
         raise LaunchError(f"attention's q, k and v have one dtype; got {', '.join(str(a.dtype) for a in arrays)}")
     if vshape != (kb, lk, hk, kd):
         raise LaunchError(f"attention's k and v have one shape; got {(kb, lk, hk, kd)} and {vshape}")
@@ -328,17 +284,17 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
         raise LaunchError(f"attention runs a block row per (batch, head): batch x heads is at most 65535, "
                           f"not {batch * hq}")
     if out is None:
-        out = _new(q, (batch, lq, hq, d), dtype)
-    target = _array(out, "out")
-    if tuple(target.shape) != (batch, lq, hq, d) or _dtype(target) != dtype or not _contiguous(target):
+        out = new_like(q, (batch, lq, hq, d), dtype)
+    target = as_array(out, "attention's out")
+    if tuple(target.shape) != (batch, lq, hq, d) or dtype_of(target) != dtype or not is_contiguous(target):
         raise LaunchError(f"attention's out is a C-contiguous {dtype.name} array of shape {(batch, lq, hq, d)}, "
                           f"not {target.dtype} of shape {tuple(target.shape)}")
-    lse = _new(q, (batch, hq, lq), f32)
+    lse = new_like(q, (batch, hq, lq), f32)
     if batch * hq * lq:
         scale_log2 = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
         # The kernel sees batch and sequence as one dimension (views, no copies).
         kernel_for(d, causal)(arrays[0].reshape(batch * lq, hq, d), arrays[1].reshape(batch * lk, hk, d),
                               arrays[2].reshape(batch * lk, hk, d), target.reshape(batch * lq, hq, d),
-                              _array(lse, "lse").reshape(batch * hq, lq), scale_log2,
+                              as_array(lse, "attention's lse").reshape(batch * hq, lq), scale_log2,
                               grid=((lq + BM - 1) // BM, batch * hq), block=THREADS, shared_mem=shared_bytes(d))
     return (out, lse) if return_lse else out
