@@ -2,11 +2,18 @@
 
     import mlirgpu.ops
     o = mlirgpu.ops.attention(q, k, v, causal=True)
+    c = mlirgpu.ops.matmul(a, b)
 
 A layer above the runtime: each op validates its arguments, picks the
 kernel specialization and launches it. Importing `mlirgpu` does not import
 this package; `import mlirgpu.ops` does, and builds no kernel until a call.
 """
-from .attention import attention
+import sys
 
-__all__ = ["attention"]
+from .attention import attention
+from .gemm import matmul, register_torch
+
+__all__ = ["attention", "matmul"]
+
+if "torch" in sys.modules:  # torch.ops.mlirgpu.matmul, for torch.compile (not worth importing torch for)
+    register_torch()
