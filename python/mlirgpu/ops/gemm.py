@@ -134,7 +134,8 @@ class _Call:
         if dtype not in (f16, bf16) or dtype_of(B) != dtype:
             raise LaunchError(f"matmul takes a and b of one dtype, f16 or bf16; got {A.dtype} and {B.dtype}")
         self.shape, self.dtype = (m, n), dtype
-        self.choice = choose(m, k, n, *_device())
+        # An empty product runs no kernel.
+        self.choice = choose(m, k, n, *_device()) if m * n * k else None
         if m * n == 0:
             self.run = None
         elif k == 0:
