@@ -49,9 +49,9 @@ import math
 from .. import language as lang
 from .._mlirgpu import LaunchError, bf16, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
-from ..runtime import backend
 from ..runtime.kernel import kernel
-from . import attention_sm90, attention_torch
+from . import arrays, attention_sm90, attention_torch
+from .arrays import dtype_of, is_contiguous, new_like
 from .attention_torch import is_torch
 
 __all__ = ["attention", "HEAD_DIMS"]
@@ -354,32 +354,8 @@ def combine_kernel_for(head_dim):
 
 
 def as_array(x, name):
-    """x as an array the kernel takes, without a copy: a NumPy array as it is
-    (the CPU backend's, bf16 included), anything else as mg.asarray's view
-    (a DeviceArray) of its memory; a TypeError for what is no array."""
-    import numpy as np
-
-    if isinstance(x, np.ndarray):
-        return x
-    try:
-        return backend.asarray(x)
-    except (TypeError, BufferError) as error:
-        raise TypeError(f"attention's {name} is an array (a torch tensor, a CuPy or JAX array, a DeviceArray), "
-                        f"not {type(x).__name__}: {error}") from error
-
-
-def _dtype(array):
-    """An array's mlirgpu dtype, None where mlirgpu has none for it."""
-    from .._mlirgpu import DType, dtype
-
-    try:
-        return array.dtype if isinstance(array.dtype, DType) else dtype(array.dtype)
-    except (TypeError, ValueError):
-        return None
-
-
-def _contiguous(array):
-    return array.flags.c_contiguous if hasattr(array, "flags") else array.is_c_contiguous
+    """x as an array the kernels take (arrays.as_array), named as attention's `name`."""
+    return arrays.as_array(x, f"attention's {name}")
 
 
 def torch_stream(x):
@@ -391,21 +367,6 @@ def torch_stream(x):
     import torch
 
     return torch.cuda.current_stream(x.device)
-
-
-def new_array(like, shape, dtype, zeros=False):
-    """A new array of `shape` and `dtype` in `like`'s library: torch for a
-    tensor, NumPy for a NumPy array (CPU backend), else an mlirgpu DeviceArray."""
-    import numpy as np
-
-    if is_torch(like):
-        import torch
-
-        kind = {f16: torch.float16, bf16: torch.bfloat16, f32: torch.float32, i32: torch.int32}[dtype]
-        return (torch.zeros if zeros else torch.empty)(shape, dtype=kind, device=like.device)
-    if isinstance(like, np.ndarray):
-        return (np.zeros if zeros else np.empty)(shape, dtype.numpy)
-    return (backend.zeros if zeros else backend.empty)(shape, dtype)
 
 
 class Problem:
@@ -421,14 +382,14 @@ class Problem:
         for name, array in zip("qkv", arrays):
             if len(array.shape) != rank:
                 raise LaunchError(f"{what}'s {name} is {layout}, {rank}-d; got shape {tuple(array.shape)}")
-            if not _contiguous(array):
+            if not is_contiguous(array):
                 raise LaunchError(f"{what}'s {name} must be C-contiguous (copy it first)")
         self.q, self.k, self.v = arrays
         qshape, kshape, vshape = (tuple(a.shape) for a in arrays)
-        self.dtype = _dtype(self.q)
+        self.dtype = dtype_of(self.q)
         if self.dtype not in (f16, bf16):
             raise LaunchError(f"{what} takes f16 or bf16 q, k and v, not {self.q.dtype}")
-        if _dtype(self.k) != self.dtype or _dtype(self.v) != self.dtype:
+        if dtype_of(self.k) != self.dtype or dtype_of(self.v) != self.dtype:
             raise LaunchError(f"{what}'s q, k and v have one dtype; got "
                               f"{', '.join(str(a.dtype) for a in arrays)}")
         if vshape != kshape:
@@ -454,7 +415,7 @@ class Problem:
             self.tokens_q, self.tokens_k = self.batch * self.lq, self.batch * self.lk
             if self.lk == 0:
                 raise LaunchError(f"{what} needs at least one key: k and v have sequence length 0")
-            self.cu_q = self.cu_k = new_array(q, (1,), i32)    # read only with packed sequences
+            self.cu_q = self.cu_k = new_like(q, (1,), i32)    # read only with packed sequences
         if self.batch * self.hq > 65535:
             raise LaunchError(f"{what} runs a block row per (batch, head): batch x heads is at most 65535, "
                               f"not {self.batch * self.hq}")
@@ -467,7 +428,7 @@ class Problem:
                              f"max_seqlen_k together")
         self.cu_q, self.cu_k = as_array(cu_q, "cu_seqlens_q"), as_array(cu_k, "cu_seqlens_k")
         for name, array in (("cu_seqlens_q", self.cu_q), ("cu_seqlens_k", self.cu_k)):
-            if len(array.shape) != 1 or _dtype(array) != i32 or not _contiguous(array) or array.shape[0] < 2:
+            if len(array.shape) != 1 or dtype_of(array) != i32 or not is_contiguous(array) or array.shape[0] < 2:
                 raise LaunchError(f"{what}'s {name} is a contiguous 1-d int32 array of batch + 1 offsets, not "
                                   f"{array.dtype} of shape {tuple(array.shape)}")
         if self.cu_q.shape != self.cu_k.shape:
@@ -506,7 +467,7 @@ class Problem:
     def check_output(self, what, name, array, shape, dtype):
         """`array` (given by the caller) as a kernel's array of `shape` and `dtype`."""
         target = as_array(array, name)
-        if tuple(target.shape) != shape or _dtype(target) != dtype or not _contiguous(target):
+        if tuple(target.shape) != shape or dtype_of(target) != dtype or not is_contiguous(target):
             raise LaunchError(f"{what}'s {name} is a C-contiguous {dtype.name} array of shape {shape}, "
                               f"not {target.dtype} of shape {tuple(target.shape)}")
         return target
@@ -587,9 +548,9 @@ def forward(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None
         raise ValueError("attention splits the keys of equal-length sequences only: num_splits is 1 with "
                          "cu_seqlens")
     if out is None:
-        out = new_array(q, p.q.shape, p.dtype)
+        out = new_like(q, p.q.shape, p.dtype)
     target = p.check_output("attention", "out", out, tuple(p.q.shape), p.dtype)
-    lse = new_array(q, p.lse_shape(), f32)
+    lse = new_like(q, p.lse_shape(), f32)
     if p.tokens_q * p.hq:
         grid = ((p.lq + BM - 1) // BM, p.batch * p.hq, splits)
         qt, kt, vt = p.tokens(p.q, p.tokens_q), p.tokens(p.k, p.tokens_k), p.tokens(p.v, p.tokens_k)
@@ -601,8 +562,8 @@ def forward(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None
             kernel_for(p.d, p.banded, p.varlen)(qt, kt, vt, ot, lset, *p.launch_args(), grid=grid,
                                                 block=THREADS, shared_mem=shared_bytes(p.d), stream=p.stream)
         else:
-            parts = as_array(new_array(q, (splits * p.tokens_q, p.hq, p.d), f32), "parts")
-            part_lse = as_array(new_array(q, (splits * lset.shape[0], lset.shape[1]), f32), "part_lse")
+            parts = as_array(new_like(q, (splits * p.tokens_q, p.hq, p.d), f32), "parts")
+            part_lse = as_array(new_like(q, (splits * lset.shape[0], lset.shape[1]), f32), "part_lse")
             kernel_for(p.d, p.banded, p.varlen, True)(qt, kt, vt, parts, part_lse, *p.launch_args(), grid=grid,
                                                       block=THREADS, shared_mem=shared_bytes(p.d), stream=p.stream)
             combine_kernel_for(p.d)(parts, part_lse, ot, lset, grid=((p.tokens_q * p.hq + WARPS - 1) // WARPS,),

@@ -26,7 +26,7 @@ from .._mlirgpu import LaunchError, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
 from ..runtime.kernel import kernel
 from .attention import (BM, CHUNK, KERNELS, LOG2E, THREADS, WARPS, Problem, a_fragment, as_array, b_fragments,
-                        copy_rows, hidden, larger, new_array, sequence, smaller)
+                        copy_rows, hidden, larger, new_like, sequence, smaller)
 
 __all__ = ["attention_backward", "HEAD_DIMS"]
 
@@ -385,18 +385,18 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
     grads = []
     for name, given, like in (("dq", dq, p.q), ("dk", dk, p.k), ("dv", dv, p.v)):
         # Without queries the gradients are zeros, which no kernel writes.
-        given = new_array(q, like.shape, p.dtype, zeros=p.tokens_q == 0) if given is None else given
+        given = new_like(q, like.shape, p.dtype, zeros=p.tokens_q == 0) if given is None else given
         grads.append((given, p.check_output(what, name, given, tuple(like.shape), p.dtype)))
     if p.tokens_q * p.hq == 0:
         return tuple(g for g, _ in grads)
     (dq, dq_array), (dk, dk_array), (dv, dv_array) = grads
     qt, kt, vt = p.tokens(p.q, p.tokens_q), p.tokens(p.k, p.tokens_k), p.tokens(p.v, p.tokens_k)
     ot, dot, lset = p.tokens(o_array, p.tokens_q), p.tokens(do_array, p.tokens_q), p.stats(lse_array)
-    delta = as_array(new_array(q, tuple(lset.shape), f32), "delta")
+    delta = as_array(new_like(q, tuple(lset.shape), f32), "delta")
     rows = p.tokens_q * p.hq
     kernel_for("rows", p.d, p.varlen)(ot, dot, delta, grid=((rows + WARPS - 1) // WARPS,), block=THREADS,
                                         stream=p.stream)
-    dq_sum = as_array(new_array(q, (1 if deterministic else p.tokens_q, p.hq, p.d), f32, zeros=True), "dq")
+    dq_sum = as_array(new_like(q, (1 if deterministic else p.tokens_q, p.hq, p.d), f32, zeros=True), "dq")
     cu_q, cu_k, scale_log2, left, right = p.launch_args()
     kernel_for("kv", p.d, p.banded, p.varlen, not deterministic)(
         qt, kt, vt, dot, lset, delta, dq_sum, p.tokens(dk_array, p.tokens_k), p.tokens(dv_array, p.tokens_k),

@@ -1,0 +1,58 @@
+"""What every op does with its array arguments: takes torch tensors, CuPy or
+JAX arrays, DeviceArrays (and NumPy arrays on the CPU backend) without a
+copy, reads their dtype, and makes outputs in the caller's library."""
+from .._mlirgpu import DType, bf16, dtype, f16, f32, i32
+from ..runtime import backend
+
+__all__ = ["as_array", "dtype_of", "is_contiguous", "new_like"]
+
+
+def as_array(x, what):
+    """x as an array a kernel takes, without a copy: a NumPy array as it is
+    (the CPU backend's, bf16 included), anything else as mg.asarray's view
+    (a DeviceArray) of its memory; a TypeError naming `what` (say
+    "attention's q") for what is no array."""
+    import numpy as np
+
+    if isinstance(x, np.ndarray):
+        return x
+    try:
+        return backend.asarray(x)
+    except (TypeError, BufferError) as error:
+        raise TypeError(f"{what} is an array (a torch tensor, a CuPy or JAX array, a DeviceArray), "
+                        f"not {type(x).__name__}: {error}") from error
+
+
+def dtype_of(array):
+    """An array's mlirgpu dtype, None where mlirgpu has none for it."""
+    try:
+        return array.dtype if isinstance(array.dtype, DType) else dtype(array.dtype)
+    except (TypeError, ValueError):
+        return None
+
+
+def is_contiguous(array):
+    """Whether an array (of any library as_array takes) is C-contiguous."""
+    if hasattr(array, "flags"):                   # NumPy, CuPy
+        return array.flags.c_contiguous
+    if hasattr(array, "is_c_contiguous"):         # DeviceArray
+        return array.is_c_contiguous
+    if hasattr(array, "is_contiguous"):           # torch
+        return array.is_contiguous()
+    return as_array(array, "an array").is_c_contiguous
+
+
+def new_like(x, shape, kind, zeros=False):
+    """A new array (`zeros`: of zeros) of `shape` and mlirgpu dtype `kind` in
+    x's library: torch for a tensor, NumPy for a NumPy array (CPU backend),
+    else an mlirgpu DeviceArray."""
+    import numpy as np
+
+    if type(x).__module__.split(".")[0] == "torch":
+        import torch
+
+        kinds = {f16: torch.float16, bf16: torch.bfloat16, f32: torch.float32, i32: torch.int32}
+        return (torch.zeros if zeros else torch.empty)(shape, dtype=kinds[kind], device=x.device)
+    if isinstance(x, np.ndarray):
+        return (np.zeros if zeros else np.empty)(shape, kind.numpy)
+    return (backend.zeros if zeros else backend.empty)(shape, kind)

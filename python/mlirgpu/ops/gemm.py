@@ -1,0 +1,242 @@
+"""C = A @ B in half precision at every shape: mlirgpu.ops.matmul picks one of
+mlirgpu's tensor-core GEMMs from the shape and the GPU, once per (shape,
+dtype, device), and launches it.
+
+- "wgmma": the persistent, warp-specialized Hopper GEMM (hopper_gemm.py:
+  TMA, wgmma, 128 x 256 tiles) on sm_90a, when its tiles fill every
+  multiprocessor at least once and the rows of A, B and C are whole
+  multiples of 16 bytes (K and N multiples of 8).
+- "mma.sync": the Ampere-style GEMM (ampere_gemm.py: cp.async, ldmatrix,
+  mma.sync) fed by an mg.TileScheduler, everywhere else:
+  - small M (at most 256 rows): a tile of 16, 64 or 128 rows and split-K,
+    so that every multiprocessor streams its share of B (what bounds a
+    skinny product is reading B once);
+  - otherwise 128 x 128 tiles: data-parallel when the tiles make whole
+    waves of the persistent blocks, the hybrid (whole waves, then stream-K
+    for the rest) when they make more than one, stream-K when fewer.
+
+`choose` is that rule, a function of the shape, the chip and its number of
+multiprocessors; the CPU backend runs what an sm_80 with 4 multiprocessors
+would.
+"""
+from collections import namedtuple
+
+import numpy as np
+
+from .._mlirgpu import LaunchError, bf16, current_device, f16
+from ..runtime import backend
+from . import ampere_gemm, hopper_gemm
+from .arrays import as_array, dtype_of, is_contiguous, new_like
+
+__all__ = ["matmul", "choose", "register_torch", "Choice", "SMALL_M"]
+
+SMALL_M = 256                     # rows up to which a product is "skinny": split-K over B
+CPU_MULTIPROCESSORS = 4           # what the CPU backend plans for: splits and streams on a small grid
+MIN_STEPS_PER_SLICE = 4           # a split-K slice fills the cp.async pipeline (3 steps ahead) at least once
+
+WGMMA = hopper_gemm.CONFIGS[0]    # 128 x 256 tiles, 4 stages, TMA-store epilogue
+# mma.sync tiles (ampere_gemm.Config: BM, BN, BK, WM, WN, stages) by the rows of A they suit.
+SKINNY = ampere_gemm.Config(16, 128, 64, 16, 32, 4)    # 4 warps side by side, 72 KB
+SHORT = ampere_gemm.Config(64, 128, 64, 32, 64, 4)     # 2 x 2 warps, 96 KB
+SQUARE = ampere_gemm.Config(128, 128, 64, 64, 64, 3)   # 2 x 2 warps of 64 x 64, 96 KB: fits every sm_80-89
+
+#: The kernel for one shape: `kernel` "wgmma" or "mma.sync", its config, and
+#: for mma.sync the TileScheduler mode, split and persistent units.
+Choice = namedtuple("Choice", "kernel config mode split units")
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def choose(m, k, n, chip, multiprocessors):
+    """The kernel ops.matmul runs for an (m x k) @ (k x n) product on a GPU
+    `chip` ("sm_90a", "sm_80", ...) of `multiprocessors` SMs (see the
+    module's text for the rule)."""
+    if chip == "sm_90a" and k % 8 == 0 and n % 8 == 0 and \
+            _ceil_div(m, WGMMA.bm) * _ceil_div(n, WGMMA.bn) >= multiprocessors:
+        return Choice("wgmma", WGMMA, None, None, multiprocessors)
+    # Two blocks of 96 KB of shared memory share an SM of sm_80 and sm_90; one does on sm_86-89.
+    per_sm = 2 if chip in ("sm_80", "sm_90a") else 1
+    if m <= SMALL_M:
+        config = SKINNY if m <= 16 else SHORT if m <= 64 else SQUARE
+        tiles = _ceil_div(m, config.bm) * _ceil_div(n, config.bn)
+        steps = _ceil_div(k, config.bk)
+        split = max(1, min(_ceil_div(per_sm * multiprocessors, tiles), steps // MIN_STEPS_PER_SLICE))
+        if split > 1:
+            # A block per slice: the hardware schedules them as blocks retire.
+            return Choice("mma.sync", config, "split_k", split, tiles * split)
+        return Choice("mma.sync", config, "data_parallel", None, tiles)
+    units = per_sm * multiprocessors
+    tiles = _ceil_div(m, SQUARE.bm) * _ceil_div(n, SQUARE.bn)
+    if tiles % units == 0:
+        return Choice("mma.sync", SQUARE, "data_parallel", None, tiles)
+    return Choice("mma.sync", SQUARE, "hybrid" if tiles > units else "stream_k", None, units)
+
+
+def _device():
+    """(chip, multiprocessors) of the current device; the CPU backend's stand-in."""
+    if backend.current().name == "cpu":
+        return "sm_80", CPU_MULTIPROCESSORS
+    from .. import cuda
+
+    device = cuda.Device(cuda.current_device())
+    return device.chip, device.multiprocessor_count
+
+
+def _mma_sync(choice, m, k, n):
+    """The launch of the mma.sync GEMM for `choice`, with its workspace."""
+    config, mode, split = choice.config, choice.mode, choice.split
+    plan = ampere_gemm.plan(m, k, n, config, mode, split, choice.units)
+    partials, counters = ampere_gemm.workspace(plan)
+    kernel = ampere_gemm.kernel_for(config, mode, split)
+    grid, block, shared = plan.grid, config.threads, config.shared_bytes()
+
+    def run(a, b, c):
+        kernel(a, b, c, partials, counters, grid=grid, block=block, shared_mem=shared)
+    return run
+
+
+def _wgmma(choice, m, k, n):
+    """The launch of the Hopper GEMM for `choice`: its tensor maps are made
+    per call (from the arrays' addresses)."""
+    config = choice.config
+    grid = min(_ceil_div(m, config.bm) * _ceil_div(n, config.bn), choice.units)
+    shared = config.shared_bytes()
+
+    def run(a, b, c):
+        if not isinstance(a, np.ndarray):
+            a, b, c = backend.asarray(a), backend.asarray(b), backend.asarray(c)
+        a_map, b_map = hopper_gemm.prepare(a, b, config)
+        c_map = hopper_gemm.store_map(c)
+        # A C that TMA cannot address (its start off 16 bytes) is stored from the registers.
+        chosen = config if c_map is not None else config.replace(epilogue="registers")
+        hopper_gemm.kernel_for(chosen, dtype_of(a))(a_map, b_map, c_map or a_map, c, k, 1.0, 1.0, grid=grid,
+                                                      block=hopper_gemm.THREADS, shared_mem=shared)
+    return run
+
+
+class _Call:
+    """What a matmul of one (shape, dtype, device) runs: the choice, the
+    output's shape and dtype, and the launch."""
+
+    __slots__ = ("choice", "shape", "dtype", "run")
+
+    def __init__(self, a, b):
+        A, B = as_array(a, "matmul's a"), as_array(b, "matmul's b")
+        if len(A.shape) != 2 or len(B.shape) != 2:
+            raise LaunchError(f"matmul multiplies 2-d arrays, not shapes {tuple(A.shape)} and {tuple(B.shape)}")
+        (m, k), (k2, n) = A.shape, B.shape
+        if k != k2:
+            raise LaunchError(f"matmul's a {tuple(A.shape)} and b {tuple(B.shape)} do not multiply: "
+                              f"a has {k} columns, b {k2} rows")
+        dtype = dtype_of(A)
+        if dtype not in (f16, bf16) or dtype_of(B) != dtype:
+            raise LaunchError(f"matmul takes a and b of one dtype, f16 or bf16; got {A.dtype} and {B.dtype}")
+        self.shape, self.dtype = (m, n), dtype
+        # An empty product runs no kernel.
+        self.choice = choose(m, k, n, *_device()) if m * n * k else None
+        if m * n == 0:
+            self.run = None
+        elif k == 0:
+            self.run = _zeros
+        else:
+            self.run = (_wgmma if self.choice.kernel == "wgmma" else _mma_sync)(self.choice, m, k, n)
+
+
+def _zeros(a, b, c):
+    """A product over an empty K: zeros."""
+    as_array(c, "matmul's out").fill(0)
+
+
+_CALLS = {}
+
+
+def _key(a, b):
+    # The backend and device are part of the key: a choice holds a workspace on one device.
+    current = backend.current()
+    device = current_device() if current.name == "cuda" else None
+    return type(a), type(b), tuple(a.shape), tuple(b.shape), a.dtype, b.dtype, current, device
+
+
+# torch.compiler.is_compiling once torch is registered with (register_torch): a matmul
+# traced by torch.compile is then the custom op's call, which the graph keeps whole.
+_compiling = None
+
+
+def register_torch():
+    """Registers torch.ops.mlirgpu.matmul, a torch custom op (torch.library)
+    running ops.matmul, with a fake implementation (the output's shape and
+    dtype) so that torch.compile traces it without a graph break; from then
+    on ops.matmul itself, traced by torch.compile, is that op. Done on
+    `import mlirgpu.ops` when torch is imported already, and on the first
+    matmul of torch tensors; once. Returns the op."""
+    global _compiling
+    import torch
+
+    if _compiling is None:
+        @torch.library.custom_op("mlirgpu::matmul", mutates_args=())
+        def matmul_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return _launch(a, b, None)
+
+        @matmul_op.register_fake
+        def _(a, b):
+            torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
+                         lambda: f"mlirgpu::matmul multiplies (M, K) by (K, N), not {a.shape} by {b.shape}")
+            torch._check(a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16),
+                         lambda: f"mlirgpu::matmul takes one dtype, f16 or bf16, not {a.dtype} and {b.dtype}")
+            return a.new_empty((a.shape[0], b.shape[1]))
+
+        _compiling = torch.compiler.is_compiling
+    return torch.ops.mlirgpu.matmul
+
+
+def matmul(a, b, *, out=None):
+    """a @ b for a (M, K) and b (K, N), both f16 or both bf16, row-major
+    (C-contiguous) as torch.matmul takes them; returns C (M, N) of their
+    dtype, the products summed in float32.
+
+    The arrays are torch tensors, CuPy or JAX arrays or DeviceArrays on the
+    current backend (NumPy arrays on the CPU backend); the output is `out`
+    (a C-contiguous (M, N) array of that dtype) or a new array in a's
+    library (torch for a tensor, NumPy for a NumPy array, else a
+    DeviceArray). The kernel is chosen on the first call with a shape,
+    dtype and device and kept (`choose`). Bad shapes and dtypes are a
+    LaunchError (a ValueError), what is no array a TypeError.
+
+        c = mlirgpu.ops.matmul(a, b)
+
+    With torch tensors it is also torch.ops.mlirgpu.matmul (`register_torch`),
+    which torch.compile keeps in its graph.
+    """
+    if _compiling is not None and _compiling():
+        result = register_torch()(a, b)
+        return result if out is None else out.copy_(result)
+    return _launch(a, b, out)
+
+
+def _launch(a, b, out):
+    """matmul's work, outside torch.compile's tracing."""
+    try:
+        key = _key(a, b)
+    except AttributeError:  # no shape or dtype: _Call says what the arrays must be
+        key = None
+    call = _CALLS.get(key)
+    if call is None:
+        call = _Call(a, b)
+        if _compiling is None and type(a).__module__.split(".")[0] == "torch":
+            register_torch()
+        if key is not None:
+            _CALLS[key] = call
+    # The arrays of a key can still differ in their strides.
+    if not (is_contiguous(a) and is_contiguous(b)):
+        raise LaunchError("matmul's a and b must be C-contiguous (copy them first)")
+    if out is None:
+        out = new_like(a, call.shape, call.dtype)
+    elif tuple(out.shape) != call.shape or (out.dtype != a.dtype and dtype_of(out) != call.dtype) or \
+            not is_contiguous(out):
+        raise LaunchError(f"matmul's out is a C-contiguous {call.dtype.name} array of shape {call.shape}, "
+                          f"not {out.dtype} of shape {tuple(out.shape)}")
+    if call.run is not None:
+        call.run(a, b, out)
+    return out

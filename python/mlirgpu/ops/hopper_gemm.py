@@ -1,0 +1,550 @@
+"""A Hopper (sm_90a) GEMM: TMA copies into a ring of shared-memory stages
+guarded by mbarriers, and warp-specialized wgmma. mlirgpu.ops.matmul runs it
+for large shapes; examples/tensorcore/hopper_gemm.py measures every `Config`.
+
+C = A @ B with A (M x K) and B (K x N) in bf16 or fp16, accumulated in f32,
+written as f32, bf16 or fp16. Or in 8 bits (f8e4m3 or f8e5m2, B given as
+N x K) with a scale per tensor: C = (scale_a * scale_b) * (A @ B), see
+below. One block computes a BM x BN tile of C with three warpgroups (384
+threads):
+
+- warpgroup 0, the producer, gives most of its registers away (setmaxnreg)
+  and has one thread issue the TMA copies: for each BK-wide slice of K, the
+  A tile (BM x BK) and the B tile (BK x BN) into the next free stage, whose
+  "full" mbarrier counts the bytes as they land;
+- warpgroups 1 and 2, the consumers, claim the registers, wait on a stage's
+  "full" barrier, run 4 wgmma m64nBNk16 each (one 64-row half of the tile)
+  reading A and B straight from shared memory through descriptors computed
+  from the stage's layouts, and free the stage on its "empty" barrier once
+  those wgmmas are done, while the next stage's are already running;
+- the consumers then store their accumulators to C, predicated at the
+  edges of C.
+
+Two options of `Config` change how tiles get in and out (CONFIGS lists the
+combinations; the first is the default):
+
+- epilogue="tma": the consumers convert their accumulators to C's type and
+  write them into shared memory, box after box of 64 rows x 128 bytes laid
+  out as the 128-byte swizzle (which also spreads the rows a warp writes at
+  once over all the banks), then one thread of the warpgroup has a TMA store
+  copy each box to C, through a tensor map of C that clips the boxes at C's
+  edges. Each consumer warpgroup alternates between two 8 KB buffers: the
+  32 KB fit beside the 4 stages of a 128 x 256 tile (192 KB) in the 227 KB
+  of shared memory a block may have, and the next box is written while the
+  previous one is copied. A C whose rows are not multiples of 16 bytes
+  cannot have a tensor map: its threads then store it from the registers.
+- multicast="B" ("A"): the grid runs in clusters of 2 blocks on vertically
+  (horizontally) adjacent tiles, which read the same tile of B (A) at every
+  step of K: each block loads half of it by a TMA multicast into both, so
+  L2 serves it once. Both blocks' producers then write every stage, so its
+  "empty" barrier collects the consumer warps of both blocks (arrivals on
+  the other block's barrier go through mapa), and the blocks meet at a
+  cluster barrier before they exit.
+- schedule="pingpong" (BN = 128): each consumer warpgroup takes whole
+  128 x 128 tiles (two 64-row accumulators), every other tile of the block,
+  instead of 64 rows of every tile; the two pass the tensor cores to each
+  other through named barriers once they have issued a tile's wgmmas, so
+  that one's epilogue runs under the other's wgmmas. A stage is then read by
+  one warpgroup, whose 4 warps free it.
+
+Any M, N, K: the tensor maps' out-of-bounds fill reads zeros past the edges
+of A and B. TMA needs each row's byte stride to be a multiple of 16, so K
+(and N, for B) are padded to multiples of 8 when they are not.
+
+B may also be given transposed (N x K, `b_major="K"`), the layout
+cuBLAS and CUTLASS favour: both operands are then K-major.
+
+8-bit floats (FP8): the same kernel with A and B of f8e4m3 (or f8e5m2),
+which wgmma reads K-major only, so B is given as N x K (`b_major="K"`).
+A stage's slice of K is still one 128-byte swizzled row, now of 128
+elements (BK = 128), and each wgmma is m64nBNk32. The scales of A and B
+(per tensor, as FP8 checkpoints carry them) are two f32 kernel scalars
+whose product multiplies the f32 accumulators in the epilogue, before
+they are converted to C's type.
+"""
+import numpy as np
+
+import mlirgpu as mg
+from mlirgpu.layout import wgmma as wgmma_layout
+
+CONSUMERS = 2                       # consumer warpgroups: 64 rows of each tile each, or whole tiles in turn
+THREADS = 128 * (1 + CONSUMERS)
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
+GROUP_M = 8                         # row tiles per group of the block order
+SHARED_LIMIT = 227 * 1024           # shared memory one block may have on the H100
+ROW_BYTES = 128                     # a stage's slice of K: one row of the 128-byte swizzle
+FLOATS8 = (mg.f8e4m3, mg.f8e5m2)
+# The TMA-store epilogue writes C in boxes of 64 rows of 128 bytes (the 128-byte
+# swizzle's row), two boxes per consumer warpgroup in turn.
+STORE_BOX_BYTES = 64 * 128
+STORE_BUFFERS = 2
+
+
+class Config:
+    """Tile shape, pipeline depth, epilogue and cluster of one GEMM kernel.
+
+    epilogue: "registers" (each thread stores its accumulators to C) or
+    "tma" (through shared memory and TMA stores); multicast: None, "B" (a
+    cluster of 2 blocks on vertically adjacent tiles shares B's tile) or "A"
+    (2 blocks on horizontally adjacent tiles share A's); schedule:
+    "cooperative" (both consumer warpgroups on every tile, 64 rows each) or
+    "pingpong" (each consumer warpgroup on every other tile, all its rows).
+    BK is 64 for 2-byte inputs and 128 for 8-bit ones (`for_dtype`)."""
+
+    def __init__(self, bn=256, bk=64, stages=4, b_major="MN", epilogue="registers", multicast=None,
+                 schedule="cooperative"):
+        if b_major not in ("MN", "K"):
+            raise ValueError("b_major is 'MN' (B is K x N) or 'K' (B is given as N x K)")
+        if bk not in (64, 128):
+            raise ValueError("BK is one 128-byte swizzled row: 64 for 2-byte inputs, 128 for 8-bit ones")
+        if bn % 64 or not 64 <= bn <= 256:
+            raise ValueError(f"BN is 64, 128, 192 or 256 (B's tile is boxes of 64 columns), not {bn}")
+        if epilogue not in ("registers", "tma"):
+            raise ValueError("epilogue is 'registers' or 'tma'")
+        if epilogue == "tma" and bn % 128:
+            # An even number of store boxes per tile, whichever C's type: the two
+            # buffers then alternate in the same order on every tile.
+            raise ValueError("the TMA epilogue needs BN = 128 or 256")
+        if multicast not in (None, "A", "B"):
+            raise ValueError("multicast is None, 'A' or 'B'")
+        if multicast == "B" and bn % 128:
+            raise ValueError("multicast='B' splits B's tile into halves of whole 64-column boxes: BN = 128 or 256")
+        if schedule not in ("cooperative", "pingpong"):
+            raise ValueError("schedule is 'cooperative' or 'pingpong'")
+        if schedule == "pingpong" and bn != 128:
+            # A warpgroup holds the whole 128 x BN tile's accumulators: BN f32 registers a thread.
+            raise ValueError("the ping-pong schedule needs BN = 128 (the 128 x BN accumulators of a warpgroup)")
+        self.bm, self.bn, self.bk, self.stages, self.b_major = 64 * CONSUMERS, bn, bk, stages, b_major
+        self.epilogue, self.multicast, self.schedule = epilogue, multicast, schedule
+        if self.shared_bytes() > SHARED_LIMIT:
+            raise ValueError(f"{self} needs {self.shared_bytes()} bytes of shared memory, over {SHARED_LIMIT}")
+
+    def __repr__(self):
+        return (f"Config(BM={self.bm}, BN={self.bn}, BK={self.bk}, stages={self.stages}, b_major={self.b_major!r}, "
+                f"epilogue={self.epilogue!r}, multicast={self.multicast!r}, schedule={self.schedule!r})")
+
+    def replace(self, **changes):
+        """This configuration with some of its options changed."""
+        options = dict(bn=self.bn, bk=self.bk, stages=self.stages, b_major=self.b_major,
+                       epilogue=self.epilogue, multicast=self.multicast, schedule=self.schedule)
+        options.update(changes)
+        return Config(**options)
+
+    def for_dtype(self, dtype):
+        """This configuration for inputs of `dtype`: BK is one 128-byte row of them."""
+        return self if self.bk * dtype.itemsize == ROW_BYTES else self.replace(bk=ROW_BYTES // dtype.itemsize)
+
+    @property
+    def name(self):
+        parts = [f"wgmma {self.bm}x{self.bn}x{self.bk}", f"{self.stages} stages"]
+        if self.schedule == "pingpong":
+            parts.append("ping-pong")
+        if self.epilogue == "tma":
+            parts.append("TMA-store epilogue")
+        if self.multicast:
+            parts.append(f"{self.multicast} multicast in clusters of 2")
+        return ", ".join(parts)
+
+    @property
+    def cluster(self):
+        """The blocks of a cluster along M and along N."""
+        return {None: (1, 1), "B": (2, 1), "A": (1, 2)}[self.multicast]
+
+    @property
+    def stage_elements(self):
+        return (self.bm + self.bn) * self.bk
+
+    def shared_bytes(self):
+        # A stage is BM + BN rows of 128 bytes, whatever the input type.
+        # + 1 KB: the stages start at the first 1024-byte boundary (the 128-byte swizzle's period).
+        staging = CONSUMERS * STORE_BUFFERS * STORE_BOX_BYTES if self.epilogue == "tma" else 0
+        return self.stages * (self.bm + self.bn) * ROW_BYTES + staging + 1024
+
+
+# The first is the default (and the benchmark's first row); the order is what the H100
+# measured (benchmarks/gemm_tensorcore.py; docs/gemm_tensorcore_h100.md): the TMA-store
+# epilogue first, then the ping-pong schedule and the register epilogue. With multicast
+# the same tile ran at about two thirds of its speed there (a stage is refilled only
+# when the consumers of both blocks have freed it, which ties the blocks together);
+# it stays an option, measured in the last row.
+CONFIGS = [Config(256, 64, 4, epilogue="tma"), Config(128, 64, 6, epilogue="tma", schedule="pingpong"),
+           Config(256, 64, 4), Config(256, 64, 3), Config(128, 64, 6),
+           Config(256, 64, 4, epilogue="tma", multicast="B")]
+
+
+def build(config, dtype):
+    """The kernel of `config` for inputs of `dtype` (mg.bf16, mg.f16, or
+    mg.f8e4m3 or mg.f8e5m2 with config.b_major == "K"), with BK = one
+    128-byte row of them (`config.for_dtype(dtype)`)."""
+    config = config.for_dtype(dtype)
+    BM, BN, BK, STAGES = config.bm, config.bn, config.bk, config.stages
+    K_STEP = 32 // dtype.itemsize  # the K of one wgmma: 32 bytes
+    SCALED = dtype in FLOATS8
+    STAGE = config.stage_elements
+    STAGE_BYTES = STAGE * dtype.itemsize
+    B_MAJOR, TMA_EPILOGUE, MULTICAST = config.b_major, config.epilogue == "tma", config.multicast
+    PINGPONG = config.schedule == "pingpong"
+    HALVES = 2 if PINGPONG else 1  # 64-row halves of the tile a consumer warpgroup multiplies
+    CM, CN = config.cluster
+    CLUSTER = CM * CN
+    # How each stage's tiles sit in shared memory, as TMA writes them: A is
+    # BM rows of BK (K-major, 128-byte swizzle); B is BN rows of BK when given
+    # as N x K, else BN/64 boxes of BK rows of 64 columns (MN-major).
+    A_TILE = wgmma_layout.tile_layout((64, BK), dtype.itemsize, "128B")
+    if B_MAJOR == "K":
+        B_TILE = wgmma_layout.tile_layout((BN, BK), dtype.itemsize, "128B")
+    else:
+        B_TILE = mg.layout.ComposedLayout(
+            wgmma_layout.swizzle_for("128B", dtype.itemsize), 0,
+            mg.layout.Layout(((64, BN // 64), (8, BK // 8)), ((1, 64 * BK), (64, 8 * 64))))
+    M, N, out_dtype = mg.generics("M N out_dtype")
+
+    # c_map is read by the TMA epilogue only (the register epilogue is passed A's map in its place);
+    # scale_a and scale_b by the 8-bit kernels only.
+    @mg.kernel(generics=(M, N, out_dtype), max_threads=THREADS, min_blocks=1)
+    def hopper_gemm(a_map: mg.TensorMap, b_map: mg.TensorMap, c_map: mg.TensorMap,
+                    C: mg.memref[M, N, out_dtype], K: mg.i32, scale_a: mg.f32, scale_b: mg.f32):
+        smem = mg.shared.dynamic(dtype)
+        base = mg.shared.address(smem)
+        first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index) // dtype.itemsize
+        full = mg.mbarrier.array(STAGES)
+        empty = mg.mbarrier.array(STAGES)
+        wg = mg.warpgroup.index()
+        t = mg.warpgroup.thread_index()
+        rows, columns = C.shape
+        # A cluster's blocks take the CM x CN tiles of one "cluster tile", block `rank` the rank-th.
+        rank = mg.warpgroup.cluster_rank() if CLUSTER > 1 else 0
+        tiles_m, tiles_n = -(-rows // (BM * CM)), -(-columns // (BN * CN))
+        k_tiles = (K + (BK - 1)) // BK
+        if mg.thread_idx.x == 0:
+            for s in mg.static_range(STAGES):
+                full.init(s, 1)
+                # One arrival per consumer warp that reads the stage (one warpgroup's
+                # in ping-pong), in every block whose consumers read it.
+                empty.init(s, 4 * (1 if PINGPONG else CONSUMERS) * CLUSTER)
+            mg.mbarrier.fence_init()
+        if CLUSTER > 1:
+            mg.warpgroup.cluster_sync()  # the other block's barriers are ready before anything reaches them
+        else:
+            mg.syncthreads()
+        # Persistent: each block (cluster) takes tiles block_idx.x, + grid_dim.x, ...; the
+        # stages and their phases run on across tiles (`it` counts K slices).
+        if wg == 0:
+            mg.warpgroup.set_max_registers(PRODUCER_REGISTERS, increase=False)
+            if t == 0:
+                it = mg.constant(0, mg.i32)
+                for tile in range(mg.block_idx.x // CLUSTER, tiles_m * tiles_n, mg.grid_dim.x // CLUSTER):
+                    # Tiles in groups of GROUP_M rows, column after column inside a
+                    # group: blocks running together share A's and B's panels in L2.
+                    pid = mg.cast(tile, mg.i32)
+                    group_first = pid // (GROUP_M * tiles_n) * GROUP_M
+                    group_rows = mg.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
+                    m0 = (group_first + pid % group_rows) * (BM * CM) + (rank * BM if CM > 1 else 0)
+                    n0 = pid % (GROUP_M * tiles_n) // group_rows * (BN * CN) + (rank * BN if CN > 1 else 0)
+                    for kt in range(k_tiles):
+                        s = it % STAGES
+                        if it >= STAGES:
+                            empty.wait(s, (it // STAGES + 1) % 2)  # the consumers freed its last use
+                        # Every block's stage receives all of A's and B's tiles, part of
+                        # them from the other block of the cluster when they are shared.
+                        full.arrive_expect_tx(s, STAGE_BYTES)
+                        a_at = first + mg.cast(s, mg.index) * STAGE
+                        b_at = a_at + BM * BK
+                        if MULTICAST == "A":
+                            # Each block loads 64 rows of the shared A tile into both.
+                            mg.tma.load(a_map, smem, (m0 + 64 * rank, kt * BK), full, s,
+                                        offset=a_at + mg.cast(rank, mg.index) * (64 * BK), multicast=0b11)
+                        else:
+                            mg.tma.load(a_map, smem, (m0, kt * BK), full, s, offset=a_at)
+                        if MULTICAST == "B":
+                            # Each block loads half of the shared B tile into both.
+                            half_at = b_at + mg.cast(rank, mg.index) * (BN // 2 * BK)
+                            if B_MAJOR == "K":
+                                mg.tma.load(b_map, smem, (n0 + BN // 2 * rank, kt * BK), full, s,
+                                            offset=half_at, multicast=0b11)
+                            else:
+                                for j in mg.static_range(BN // 128):
+                                    mg.tma.load(b_map, smem, (kt * BK, n0 + BN // 2 * rank + 64 * j), full, s,
+                                                offset=half_at + j * 64 * BK, multicast=0b11)
+                        elif B_MAJOR == "K":
+                            mg.tma.load(b_map, smem, (n0, kt * BK), full, s, offset=b_at)
+                        else:
+                            for j in mg.static_range(BN // 64):
+                                mg.tma.load(b_map, smem, (kt * BK, n0 + 64 * j), full, s,
+                                            offset=b_at + j * 64 * BK)
+                        it = it + 1
+        else:
+            mg.warpgroup.set_max_registers(CONSUMER_REGISTERS, increase=True)
+            w = wg - 1
+            clusters = mg.grid_dim.x // CLUSTER
+            if PINGPONG:
+                # The tile loop depends on the warpgroup here: read from lane 0, its
+                # index is visibly the same in the whole warp, and ptxas keeps the
+                # wgmmas inside the loop asynchronous (else its warning C7520).
+                w = mg.warp.shfl_idx(w, 0)
+                # Whole tiles in turn: this warpgroup's are every other one of the block's,
+                # and its stages every other run of k_tiles in the ring.
+                first_tile = mg.block_idx.x // CLUSTER + mg.cast(w, mg.index) * clusters
+                step, half = 2 * clusters, 0
+                it = w * k_tiles
+            else:
+                # Each warpgroup its 64 rows of every tile.
+                first_tile, step, half = mg.block_idx.x // CLUSTER, clusters, w * 64
+                it = mg.constant(0, mg.i32)
+            half_at = mg.cast(half, mg.index) * BK
+            if TMA_EPILOGUE:
+                # This warpgroup's two store buffers, after the stages (1024-byte aligned:
+                # the 128-byte swizzle's period), viewed as C's type.
+                out = mg.shared.dynamic(C.dtype)
+                out_first = ((first + STAGES * STAGE) * dtype.itemsize + mg.cast(w, mg.index)
+                             * (STORE_BUFFERS * STORE_BOX_BYTES)) // C.dtype.itemsize
+                BOX_COLUMNS = 128 // C.dtype.itemsize
+                CHUNK = 16 // C.dtype.itemsize  # elements per 16 bytes, what the swizzle permutes
+            for tile in range(first_tile, tiles_m * tiles_n, step):
+                pid = mg.cast(tile, mg.i32)
+                group_first = pid // (GROUP_M * tiles_n) * GROUP_M
+                group_rows = mg.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
+                m0 = (group_first + pid % group_rows) * (BM * CM) + (rank * BM if CM > 1 else 0)
+                n0 = pid % (GROUP_M * tiles_n) // group_rows * (BN * CN) + (rank * BN if CN > 1 else 0)
+                if PINGPONG:
+                    # Zeros the compiler cannot see (returned by a wait on nothing): it would
+                    # otherwise rebuild the second accumulator's zeros between the two
+                    # wgmmas of the first slice, which ptxas fences (warnings C7519, C7517).
+                    acc = mg.wgmma.wait_group(0, mg.wgmma.zeros(BN) * HALVES)
+                else:
+                    acc = mg.wgmma.zeros(BN)
+                if PINGPONG:
+                    # The tensor cores are the other warpgroup's until it has issued its
+                    # tile's wgmmas (the first warpgroup's first tile waits for nothing).
+                    if (w == 1) | (tile != first_tile):
+                        mg.warpgroup.barrier(4 - w, 256)
+                for kt in range(k_tiles):
+                    s = it % STAGES
+                    full.wait(s, it // STAGES % 2)
+                    a_at = first + mg.cast(s, mg.index) * STAGE + half_at
+                    b_at = first + mg.cast(s, mg.index) * STAGE + BM * BK
+                    mg.wgmma.fence()
+                    for kk in mg.static_range(BK // K_STEP):
+                        a = mg.wgmma.descriptor(smem, A_TILE, offset=a_at, k_block=kk)
+                        b = mg.wgmma.descriptor(smem, B_TILE, offset=b_at, k_block=kk, major=B_MAJOR)
+                        if PINGPONG:
+                            # The tile's two 64-row halves, two accumulators, one B.
+                            a_low = mg.wgmma.descriptor(smem, A_TILE, offset=a_at + 64 * BK, k_block=kk)
+                            acc = (mg.wgmma.mma(acc[:BN // 2], a, b, n=BN)
+                                   + mg.wgmma.mma(acc[BN // 2:], a_low, b, n=BN))
+                        else:
+                            acc = mg.wgmma.mma(acc, a, b, n=BN)
+                    mg.wgmma.commit_group()
+                    # The previous slice's wgmmas are done: free its stage (in both
+                    # blocks of a cluster, whose producers both write into it).
+                    acc = mg.wgmma.wait_group(1, acc)
+                    if CLUSTER > 1:
+                        if (kt > 0) & (t % 32 < CLUSTER):
+                            empty.arrive_cluster((it + (STAGES - 1)) % STAGES, t % 32)
+                    elif (kt > 0) & (t % 32 == 0):
+                        empty.arrive((it + (STAGES - 1)) % STAGES)
+                    it = it + 1
+                if PINGPONG:
+                    # The other warpgroup's turn, if it has a tile after this one: its
+                    # wgmmas run while this one's finish and its epilogue stores them.
+                    if tile + clusters < tiles_m * tiles_n:
+                        mg.warpgroup.arrive(3 + w, 256)
+                acc = mg.wgmma.wait_group(0, acc)
+                # The tile's last slice.
+                if CLUSTER > 1:
+                    if t % 32 < CLUSTER:
+                        empty.arrive_cluster((it + (STAGES - 1)) % STAGES, t % 32)
+                elif t % 32 == 0:
+                    empty.arrive((it + (STAGES - 1)) % STAGES)
+                if PINGPONG:
+                    it = it + k_tiles  # past the other warpgroup's tile
+                if SCALED:
+                    scale = scale_a * scale_b
+                    acc = [v * scale for v in acc]
+                for h in mg.static_range(HALVES):
+                    values = acc[h * (BN // 2):(h + 1) * (BN // 2)]
+                    row0 = m0 + half + 64 * h
+                    if TMA_EPILOGUE:
+                        # Box after box of 64 rows x 128 bytes: written in C's type into a buffer
+                        # laid out as the 128-byte swizzle (16-byte chunk c of row r at chunk
+                        # c ^ (r % 8): the 8 rows a warp writes at once fall in different banks),
+                        # then one thread has TMA copy it to C, which clips it at C's edges.
+                        for box in mg.static_range(BN // BOX_COLUMNS):
+                            at = out_first + (box % STORE_BUFFERS) * (STORE_BOX_BYTES // C.dtype.itemsize)
+                            for r in mg.static_range(box * BOX_COLUMNS // 2, (box + 1) * BOX_COLUMNS // 2, 2):
+                                row, col = mg.wgmma.accumulator_coordinates(r, t)
+                                element = row * BOX_COLUMNS + (col - box * BOX_COLUMNS)
+                                swizzled = mg.cast(element ^ ((row % 8) * CHUNK), mg.index)
+                                mg.vstore(out, at + swizzled,
+                                          (mg.cast(values[r], C.dtype), mg.cast(values[r + 1], C.dtype)))
+                            mg.tma.fence_proxy_async()  # the writes above, before the copy engine reads them
+                            if t == 0:
+                                # The previous box's copy has read the other buffer: the next box may overwrite it.
+                                mg.tma.wait_group(0, read=True)
+                            mg.warpgroup.barrier(wg)  # the warpgroup's writes are all in (ids 1 and 2)
+                            if t == 0:
+                                mg.tma.store(c_map, out, (row0, n0 + box * BOX_COLUMNS), offset=at)
+                                mg.tma.commit_group()
+                    else:
+                        inside = (m0 + BM <= rows) & (n0 + BN <= columns)
+                        if inside:
+                            for r in mg.static_range(0, BN // 2, 2):
+                                row, col = mg.wgmma.accumulator_coordinates(r, t)
+                                if columns % 2 == 0:
+                                    # Values r and r + 1 are adjacent columns of one row: one paired store.
+                                    mg.vstore(C, (row0 + row, n0 + col),
+                                              (mg.cast(values[r], C.dtype), mg.cast(values[r + 1], C.dtype)))
+                                else:
+                                    C[row0 + row, n0 + col] = mg.cast(values[r], C.dtype)
+                                    C[row0 + row, n0 + col + 1] = mg.cast(values[r + 1], C.dtype)
+                        else:
+                            for r in mg.static_range(BN // 2):
+                                row, col = mg.wgmma.accumulator_coordinates(r, t)
+                                if (row0 + row < rows) & (n0 + col < columns):
+                                    C[row0 + row, n0 + col] = mg.cast(values[r], C.dtype)
+            if TMA_EPILOGUE:
+                if t == 0:
+                    mg.tma.wait_group(0)  # the last stores are done before the block's shared memory goes
+        if CLUSTER > 1:
+            # Neither block leaves while the other may still arrive on its barriers.
+            mg.warpgroup.cluster_sync()
+
+    return hopper_gemm
+
+
+def config_for(config, dtype):
+    """`config` (CONFIGS[0] if None, with B given as N x K for 8-bit inputs) for inputs of `dtype`."""
+    if config is None:
+        config = CONFIGS[0].replace(b_major="K") if dtype in FLOATS8 else CONFIGS[0]
+    return config.for_dtype(dtype)
+
+
+_KERNELS = {}
+
+
+def kernel_for(config, dtype):
+    key = (repr(config.for_dtype(dtype)), dtype)
+    if key not in _KERNELS:
+        _KERNELS[key] = build(config, dtype)
+    return _KERNELS[key]
+
+
+def _padded(array, axis, multiple):
+    """`array` (a DeviceArray) with `axis` zero-padded to a multiple of `multiple`."""
+    size = array.shape[axis]
+    if size % multiple == 0:
+        return array
+    host = array.get()
+    shape = list(host.shape)
+    shape[axis] = -(-size // multiple) * multiple
+    padded = np.zeros(shape, host.dtype)
+    padded[tuple(slice(0, n) for n in host.shape)] = host
+    return mg.to_device(padded)
+
+
+def prepare(A, B, config):
+    """The tensor maps of A (M x K) and B (K x N, or N x K for b_major="K")."""
+    # Rows of K (A, and B given as N x K) or of N (B given as K x N) become multiples of 16 bytes.
+    A, B = _padded(A, 1, 16 // A.dtype.itemsize), _padded(B, 1, 16 // B.dtype.itemsize)
+    # A block that shares a tile with the other block of its cluster loads half of it.
+    a_rows = config.bm // 2 if config.multicast == "A" else config.bm
+    b_part = config.bn // 2 if config.multicast == "B" else config.bn
+    a_map = mg.tensor_map(A, box=(a_rows, config.bk), swizzle="128B")
+    if config.b_major == "K":
+        b_map = mg.tensor_map(B, box=(b_part, config.bk), swizzle="128B")
+    else:
+        b_map = mg.tensor_map(B, box=(config.bk, 64), swizzle="128B")
+    return a_map, b_map
+
+
+def store_map(C):
+    """The tensor map the TMA epilogue stores C through (boxes of 64 rows x
+    128 bytes, 128-byte swizzle), or None where TMA cannot address C: its
+    rows must be multiples of 16 bytes, its start 16-byte aligned."""
+    address = C.ctypes.data if isinstance(C, np.ndarray) else C.ptr   # NumPy: the CPU backend's arrays
+    if C.strides[-1] != C.dtype.itemsize or C.strides[0] % 16 or address % 16:
+        return None
+    return mg.tensor_map(C, box=(64, 128 // C.dtype.itemsize), swizzle="128B")
+
+
+def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None, scale_a=1.0, scale_b=1.0):
+    """C = A @ B on the GPU (A: M x K, B: K x N, or N x K with config.b_major == "K"); the
+    arrays are DeviceArrays or any CUDA array object (torch tensors too). `maps`: the
+    tensor maps of A, B and C as prepare() and store_map() make them. With 8-bit A and B
+    (B given as N x K), C = (scale_a * scale_b) * (A @ B)."""
+    A, B = mg.asarray(A), mg.asarray(B)
+    check_scales(A, scale_a, scale_b)
+    C = None if C is None else mg.asarray(C)
+    if C is None:
+        N = B.shape[0] if config_for(config, A.dtype).b_major == "K" else B.shape[1]
+        C = mg.empty((A.shape[0], N), out_dtype)
+    gemm, arguments, keywords = plan(A, B, C, config, maps)
+    gemm(*arguments, scale_a, scale_b, stream=stream, **keywords)
+    return C
+
+
+def device_array(array):
+    """`array` as a DeviceArray (a view of a CUDA array object)."""
+    return array if type(array) is mg.DeviceArray else mg.asarray(array)
+
+
+def check_scales(A, scale_a, scale_b):
+    if (scale_a, scale_b) != (1.0, 1.0) and A.dtype not in FLOATS8:
+        raise ValueError(f"scale_a and scale_b scale 8-bit inputs, not {A.dtype.name}")
+
+
+def plan(A, B, C, config=None, maps=None):
+    """What a launch of C = A @ B needs but the scales and the stream: the
+    specialization, its arguments up to the scales, and its launch keywords."""
+    config = config_for(config, A.dtype)
+    M, K = A.shape
+    N = B.shape[0] if config.b_major == "K" else B.shape[1]
+    a_map, b_map, c_map = maps or (prepare(A, B, config) + (store_map(C) if config.epilogue == "tma" else None,))
+    if config.epilogue == "tma" and c_map is None:
+        # C's rows are not 16-byte multiples (an odd N of a 2-byte type, say): its
+        # threads store it instead.
+        config = config.replace(epilogue="registers")
+    gemm = kernel_for(config, A.dtype)
+    cm, cn = config.cluster
+    clusters = -(-N // (config.bn * cn)) * -(-M // (config.bm * cm))
+    # (The CPU backend runs one block at a time: one persistent block takes every tile.)
+    sms = mg.cuda.Device(mg.cuda.current_device()).multiprocessor_count if mg.backend() == "cuda" else 1
+    # Persistent: at most one block per SM, whole clusters (a cluster of 2 fits a pair of SMs).
+    grid = min(clusters, sms // (cm * cn)) * cm * cn
+    keywords = {"grid": grid, "block": THREADS, "shared_mem": config.shared_bytes(),
+                "cluster": (cm * cn, 1, 1) if cm * cn > 1 else None}
+    return gemm[M, N, C.dtype], (a_map, b_map, c_map or a_map, C, K), keywords
+
+
+def available():
+    """Whether the GPU backend's current device runs these kernels (sm_90a)."""
+    return mg.backend() == "cuda" and mg.cuda.Device(mg.cuda.current_device()).chip == "sm_90a"
+
+
+# The plans of the most recent launches, least recently used first: a plan's
+# tensor maps keep its arrays alive, so only a few are kept.
+_PLANS = {}
+PLANS_KEPT = 16
+
+
+def launch(A, B, C, config=None, stream=None, scale_a=1.0, scale_b=1.0):
+    """C = A @ B (A: M x K, B: K x N, C: M x N, DeviceArrays or CUDA arrays of
+    C's type) with `config`; what the launch needs (the specialization, the
+    tensor maps of A, B and C, the grid) is planned on the first launch with
+    these arrays and kept, as a library caches it, so that later launches go
+    straight to the kernel's C fast path. With 8-bit A and B (B given as
+    N x K), C = (scale_a * scale_b) * (A @ B)."""
+    A, B, C = device_array(A), device_array(B), device_array(C)
+    check_scales(A, scale_a, scale_b)
+    # `config` by identity: the plan keeps it, so no other object can take its id.
+    key = (config, A.ptr, A.shape, A.dtype, B.ptr, B.shape, C.ptr, C.shape, C.dtype)
+    planned = _PLANS.pop(key, None) or plan(A, B, C, config)
+    a_map, b_map = planned[1][:2]
+    # Where A or B was padded into a copy, the next launch pads their contents anew.
+    if a_map.owner is A and b_map.owner is B:
+        if len(_PLANS) >= PLANS_KEPT:
+            del _PLANS[next(iter(_PLANS))]
+        _PLANS[key] = planned   # the most recent last
+    gemm, arguments, keywords = planned
+    gemm(*arguments, scale_a, scale_b, stream=stream, **keywords)
+    return C

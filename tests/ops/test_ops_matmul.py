@@ -1,0 +1,240 @@
+"""mlirgpu.ops.matmul: the kernel choice (`choose`) at the shapes it is made
+for, every kernel and TileScheduler mode it runs on the CPU backend at odd
+sizes against float64 NumPy (the CPU backend standing in for a GPU of a
+given chip and number of multiprocessors), the per-shape cache, empty
+products, each bad input's exception, and on a GPU against torch.matmul at
+full sizes.
+
+Each (kernel, mode, shape) is a compilation of its own, which takes tens of
+seconds for the CPU: the cases are few and small."""
+import sys
+
+import numpy as np
+import pytest
+
+import mlirgpu as mg
+import mlirgpu.ops
+
+from support.backends import current_backend
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+gemm = sys.modules["mlirgpu.ops.gemm"]
+
+DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
+# f32 sums of products of rounded inputs, the result rounded to the output type: relative to max |C|.
+TOLERANCE = {"f16": 2e-3, "bf16": 1e-2}
+
+
+def operands(m, k, n, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((m, k)).astype(DTYPES[dtype]), rng.standard_normal((k, n)).astype(DTYPES[dtype]))
+
+
+def relative_error(c, a, b):
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    return np.abs(np.asarray(c, np.float64) - exact).max() / np.abs(exact).max()
+
+
+@pytest.fixture
+def device(monkeypatch):
+    """The CPU backend, planning as a GPU of the chip and multiprocessors a test sets."""
+    def pretend(chip, multiprocessors):
+        monkeypatch.setattr(gemm, "_device", lambda: (chip, multiprocessors))
+        gemm._CALLS.clear()
+    with current_backend("cpu"):
+        yield pretend
+    gemm._CALLS.clear()
+
+
+# ==========================================================================
+# The choice
+
+H200 = ("sm_90a", 132)
+
+
+@pytest.mark.parametrize("m, k, n, kernel, mode", [
+    (8192, 8192, 8192, "wgmma", None),
+    (4096, 4096, 4096, "wgmma", None),
+    (1024, 8192, 8192, "wgmma", None),        # 256 tiles of 128 x 256: past one wave of 132
+    (2048, 2048, 2048, "mma.sync", "stream_k"),   # 128 tiles: stream-K over 264 blocks of 128 x 128
+    (512, 4096, 14336, "wgmma", None),        # 224 tiles
+    (1024, 1024, 1024, "mma.sync", "stream_k"),
+    (128, 8192, 8192, "mma.sync", "split_k"),
+    (16, 8192, 8192, "mma.sync", "split_k"),
+    (1, 4096, 4096, "mma.sync", "split_k"),
+    (4096, 4100, 4096, "mma.sync", "hybrid"),  # rows of 4100 halves are not 16-byte multiples: no TMA
+    (4096, 4096, 4096 - 4, "mma.sync", "hybrid"),
+])
+def test_the_choice_on_an_h200(m, k, n, kernel, mode):
+    choice = gemm.choose(m, k, n, *H200)
+    assert (choice.kernel, choice.mode) == (kernel, mode)
+
+
+def test_skinny_products_split_k_so_that_every_multiprocessor_reads_b():
+    choice = gemm.choose(16, 8192, 8192, *H200)
+    assert choice.config is gemm.SKINNY
+    tiles = 8192 // choice.config.bn
+    assert tiles * choice.split >= 2 * 132 and choice.units == tiles * choice.split
+    assert gemm.choose(64, 8192, 8192, *H200).config is gemm.SHORT
+    assert gemm.choose(200, 8192, 8192, *H200).config is gemm.SQUARE
+
+
+def test_a_short_k_is_not_split_below_a_full_pipeline():
+    choice = gemm.choose(16, 256, 8192, *H200)
+    assert choice.mode == "data_parallel"   # 4 steps of 64: one slice
+
+
+def test_without_sm_90a_every_shape_runs_mma_sync():
+    for m, k, n in [(8192, 8192, 8192), (16, 8192, 8192), (2048, 2048, 2048)]:
+        assert gemm.choose(m, k, n, "sm_80", 108).kernel == "mma.sync"
+        assert gemm.choose(m, k, n, "sm_89", 128).kernel == "mma.sync"
+    assert gemm.choose(8192, 8192, 8192, "sm_80", 108).config is gemm.SQUARE
+
+
+# ==========================================================================
+# Every kernel and mode on the CPU backend, against NumPy
+
+CPU_CASES = [
+    # (chip, multiprocessors, m, k, n, dtype, kernel, mode)
+    ("sm_80", 4, 5, 600, 130, "bf16", "mma.sync", "split_k"),        # 16-row tiles, 2 slices of 5 steps
+    ("sm_80", 4, 40, 520, 70, "f16", "mma.sync", "split_k"),         # 64-row tiles, a slice's last step partial
+    ("sm_86", 3, 300, 150, 100, "bf16", "mma.sync", "data_parallel"),  # 3 tiles, 3 units
+    ("sm_86", 2, 300, 150, 100, "bf16", "mma.sync", "hybrid"),       # 2 whole tiles, 1 streamed over 2 units
+    ("sm_86", 4, 300, 150, 100, "f16", "mma.sync", "stream_k"),      # 3 tiles streamed over 4 units
+    ("sm_90a", 1, 300, 200, 264, "bf16", "wgmma", None),
+]
+
+
+@pytest.mark.parametrize("chip, multiprocessors, m, k, n, dtype, kernel, mode", CPU_CASES,
+                         ids=[f"{c[6]}-{c[7]}-{c[2]}x{c[3]}x{c[4]}-{c[5]}" for c in CPU_CASES])
+def test_matmul_on_the_cpu(device, chip, multiprocessors, m, k, n, dtype, kernel, mode):
+    device(chip, multiprocessors)
+    a, b = operands(m, k, n, dtype)
+    c = mlirgpu.ops.matmul(a, b)
+    (call,) = gemm._CALLS.values()
+    assert (call.choice.kernel, call.choice.mode) == (kernel, mode)
+    assert c.shape == (m, n) and c.dtype == a.dtype
+    assert relative_error(c, a, b) < TOLERANCE[dtype]
+    # Again, into `out`, through the kept choice: split tiles' counters were left at zero.
+    out = np.full((m, n), np.nan, DTYPES[dtype])
+    assert mlirgpu.ops.matmul(a, b, out=out) is out
+    assert len(gemm._CALLS) == 1
+    np.testing.assert_array_equal(out, c)
+
+
+def test_an_empty_k_gives_zeros_and_an_empty_output_nothing(device):
+    device("sm_80", 4)
+    a, b = operands(3, 0, 5, "bf16")
+    np.testing.assert_array_equal(mlirgpu.ops.matmul(a, b, out=np.ones((3, 5), DTYPES["bf16"])), 0)
+    a, b = operands(0, 7, 5, "bf16")
+    assert mlirgpu.ops.matmul(a, b).shape == (0, 5)
+
+
+# ==========================================================================
+# Bad input
+
+def test_shapes_that_do_not_multiply_are_a_launch_error(device):
+    device("sm_80", 4)
+    a, b = operands(3, 4, 5, "bf16")
+    with pytest.raises(mg.LaunchError, match=r"do not multiply: a has 4 columns, b 5 rows"):
+        mlirgpu.ops.matmul(a, b.T.copy())
+    with pytest.raises(mg.LaunchError, match="2-d arrays"):
+        mlirgpu.ops.matmul(a.reshape(3, 2, 2), b)
+    assert issubclass(mg.LaunchError, ValueError)
+
+
+def test_dtypes_other_than_one_half_precision_are_a_launch_error(device):
+    device("sm_80", 4)
+    a, b = operands(3, 4, 5, "bf16")
+    with pytest.raises(mg.LaunchError, match="one dtype, f16 or bf16"):
+        mlirgpu.ops.matmul(a.astype(np.float32), b.astype(np.float32))
+    with pytest.raises(mg.LaunchError, match="one dtype, f16 or bf16"):
+        mlirgpu.ops.matmul(a, b.astype(np.float16))
+
+
+def test_non_contiguous_operands_are_a_launch_error(device):
+    device("sm_80", 4)
+    a, b = operands(3, 8, 5, "bf16")
+    with pytest.raises(mg.LaunchError, match="C-contiguous"):
+        mlirgpu.ops.matmul(np.zeros((3, 16), a.dtype)[:, ::2], b)
+
+
+def test_a_bad_out_is_a_launch_error(device):
+    device("sm_80", 4)
+    a, b = operands(3, 8, 5, "bf16")
+    for out in (np.zeros((3, 4), a.dtype), np.zeros((3, 5), np.float32), np.zeros((5, 3), a.dtype).T):
+        with pytest.raises(mg.LaunchError, match=r"out is a C-contiguous bf16 array of shape \(3, 5\)"):
+            mlirgpu.ops.matmul(a, b, out=out)
+
+
+def test_what_is_no_array_is_a_type_error(device):
+    device("sm_80", 4)
+    with pytest.raises(TypeError, match="matmul's a is an array"):
+        mlirgpu.ops.matmul([[1.0]], [[2.0]])
+
+
+# ==========================================================================
+# On a GPU, at full sizes, against torch.matmul (NumPy in float64 without torch)
+
+GPU_SHAPES = [(1, 4096, 4096), (16, 8192, 8192), (128, 8192, 8192), (256, 4096, 14336), (1024, 1024, 1024),
+              (2048, 2048, 2048), (4096, 4096, 4096), (1000, 1000, 1000), (8192, 8192, 8192), (777, 520, 1000)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("m, k, n", GPU_SHAPES, ids=[f"{m}x{k}x{n}" for m, k, n in GPU_SHAPES])
+def test_matmul_on_the_gpu(m, k, n, dtype):
+    torch = pytest.importorskip("torch")
+    kind = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    with current_backend("cuda"):
+        generator = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn((m, k), device="cuda", dtype=kind, generator=generator)
+        b = torch.randn((k, n), device="cuda", dtype=kind, generator=generator)
+        c = mlirgpu.ops.matmul(a, b)
+        again = mlirgpu.ops.matmul(a, b)
+        torch.cuda.synchronize()
+        exact = a.double() @ b.double()
+        expected = torch.matmul(a, b).double()
+        scale = exact.abs().max().item()
+    assert c.dtype == kind and tuple(c.shape) == (m, n)
+    ours, theirs = ((c.double() - exact).abs().max().item(), (expected - exact).abs().max().item())
+    # As close to the exact product as cuBLAS, up to the rounding of the output.
+    assert ours / scale < TOLERANCE[dtype] and ours <= theirs + scale * TOLERANCE[dtype] / 4
+    assert torch.equal(c, again)
+
+
+# ==========================================================================
+# torch.ops.mlirgpu.matmul (where torch is installed)
+
+def test_the_torch_op_has_a_fake_implementation_of_the_output_shape():
+    torch = pytest.importorskip("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = gemm.register_torch()
+    assert op is gemm.register_torch() is torch.ops.mlirgpu.matmul
+    with FakeTensorMode():
+        c = op(torch.empty((7, 5), dtype=torch.bfloat16), torch.empty((5, 3), dtype=torch.bfloat16))
+        assert (tuple(c.shape), c.dtype) == ((7, 3), torch.bfloat16)
+        with pytest.raises(RuntimeError, match=r"multiplies \(M, K\) by \(K, N\)"):
+            op(torch.empty((7, 5), dtype=torch.bfloat16), torch.empty((4, 3), dtype=torch.bfloat16))
+        with pytest.raises(RuntimeError, match="one dtype, f16 or bf16"):
+            op(torch.empty((7, 5), dtype=torch.float32), torch.empty((5, 3), dtype=torch.float32))
+
+
+@pytest.mark.gpu
+def test_matmul_under_torch_compile_has_no_graph_break():
+    torch = pytest.importorskip("torch")
+    with current_backend("cuda"):
+        a = torch.randn((300, 512), device="cuda", dtype=torch.bfloat16)
+        b = torch.randn((512, 264), device="cuda", dtype=torch.bfloat16)
+
+        def f(a, b):
+            return mlirgpu.ops.matmul(a, b).float() * 2 + 1
+
+        torch._dynamo.reset()
+        compiled = torch.compile(f, fullgraph=True)   # a graph break is an error
+        got = compiled(a, b)
+        torch.cuda.synchronize()
+        expected = f(a, b)
+        assert torch.equal(got, expected)
+        assert torch.equal(torch.ops.mlirgpu.matmul(a, b), mlirgpu.ops.matmul(a, b))
