@@ -14,7 +14,7 @@ pipeline's depth); `CONFIGS` lists a few, the first the default:
 - A block of (BM / WM) x (BN / WN) warps computes a BM x BN tile of C, each
   warp a WM x WN tile: (WM / 16) x (WN / 8) mma.sync m16n8k16 atoms, each
   a fragment of 4 f32 accumulators a lane (a 64 x 64 warp tile: 128 of them).
-- The blocks take their work from an mg.TileScheduler (`build`'s mode):
+- The blocks take their work from an lang.TileScheduler (`build`'s mode):
   a block per tile ("data_parallel"), or persistent blocks looping over
   work units, whole tiles or ranges of a tile's K-steps ("split_k",
   "stream_k", "hybrid"), whose partial sums sched.fixup adds in a
@@ -49,9 +49,12 @@ ordinary loads and stores (slower, still correct).
 """
 import numpy as np
 
-import mlirgpu as mg
-from mlirgpu import thread_idx
-from mlirgpu.layout import Swizzle, composition, row_major
+from .. import language as lang
+from .._mlirgpu import f16, f32, i32, index
+from ..language import thread_idx
+from ..layout import Swizzle, composition, row_major
+from ..runtime import backend
+from ..runtime.kernel import kernel
 
 CHUNK = 8      # 16-bit elements in a 16-byte cp.async (and in an ldmatrix row)
 GROUP_M = 8    # tile rows a group of blocks covers (for L2 reuse)
@@ -148,13 +151,13 @@ def _copy(tile, row, col, source, r, c, rows, columns):
     r_ok = r < rows
     if source.shape[1] % CHUNK == 0:  # 16-byte aligned rows: one cp.async, whole chunks in or out
         c_ok = c < columns
-        mg.mma.cp_async(tile, (row, col), source, (mg.select(r_ok, r, 0), mg.select(c_ok, c, 0)), 16,
+        lang.mma.cp_async(tile, (row, col), source, (lang.select(r_ok, r, 0), lang.select(c_ok, c, 0)), 16,
                         r_ok & c_ok)
     else:
         for e in range(CHUNK):
             c_ok = c + e < columns
-            value = source[mg.select(r_ok, r, 0), mg.select(c_ok, c + e, 0)]
-            tile[row, col + e] = mg.select(r_ok & c_ok, value, mg.cast(0.0, source.dtype))
+            value = source[lang.select(r_ok, r, 0), lang.select(c_ok, c + e, 0)]
+            tile[row, col + e] = lang.select(r_ok & c_ok, value, lang.cast(0.0, source.dtype))
 
 
 def build(config, mode="data_parallel", split=None):
@@ -174,7 +177,7 @@ def build(config, mode="data_parallel", split=None):
     # A slice's mmas (mi, ni), serpentine: odd rows of atoms take the B fragments backwards, so that each
     # mma shares an operand with the one before it (A along a row, B at the turns).
     MMAS = [(mi, ni if mi % 2 == 0 else WN // 8 - 1 - ni) for mi in range(WM // 16) for ni in range(WN // 8)]
-    M, K, N, T, OUT = mg.generics("M K N T OUT")
+    M, K, N, T, OUT = lang.generics("M K N T OUT")
 
     class Block:
         """One block's view of a work unit, for the kernel's copies and
@@ -186,7 +189,7 @@ def build(config, mode="data_parallel", split=None):
         def __init__(self, A, B, smem, bm, bn, k_stop, tid):
             self.A, self.B, self.bm, self.bn, self.k_stop, self.tid = A, B, bm, bn, k_stop, tid
             (self.m, self.k), self.n = A.shape, B.shape[1]
-            self.tiles = (mg.mma.tile(smem, A_TILE), mg.mma.tile(smem, B_TILE).at(BM * BK))
+            self.tiles = (lang.mma.tile(smem, A_TILE), lang.mma.tile(smem, B_TILE).at(BM * BK))
             self.lane, warp = tid % 32, tid // 32
             self.wm, self.wn = warp % WARPS_M * WM, warp // WARPS_M * WN
 
@@ -226,88 +229,88 @@ def build(config, mode="data_parallel", split=None):
             lane = self.lane
             a_row, a_col = lane % 8 + lane // 8 % 2 * 8, lane // 16 * 8
             b_row, b_col = lane % 8 + lane // 8 % 2 * 8, lane // 16 * 8
-            a = [mg.mma.ldmatrix(self.tiles[0].at(at + mi * 16 * BK), (self.wm + a_row, kk * 16 + a_col), 4)
+            a = [lang.mma.ldmatrix(self.tiles[0].at(at + mi * 16 * BK), (self.wm + a_row, kk * 16 + a_col), 4)
                  for mi in range(WM // 16)]
             b = []
             for nj in range(WN // 16):
-                pair = mg.mma.ldmatrix(self.tiles[1].at(at + kk * 16 * BN), (b_row, self.wn + nj * 16 + b_col), 4,
+                pair = lang.mma.ldmatrix(self.tiles[1].at(at + kk * 16 * BN), (b_row, self.wn + nj * 16 + b_col), 4,
                                        transpose=True, order="row")
                 b += [pair.select(0, 1, 2, 3), pair.select(4, 5, 6, 7)]
             return a, b
 
-    @mg.kernel(generics=(M, K, N, T, OUT), max_threads=THREADS)
-    def ampere_gemm(A: mg.memref[M, K, T], B: mg.memref[K, N, T], C: mg.memref[M, N, OUT],
-                    partials: mg.memref[None, None, mg.f32], counters: mg.memref[None, mg.i32]):
+    @kernel(generics=(M, K, N, T, OUT), max_threads=THREADS)
+    def ampere_gemm(A: lang.memref[M, K, T], B: lang.memref[K, N, T], C: lang.memref[M, N, OUT],
+                    partials: lang.memref[None, None, f32], counters: lang.memref[None, i32]):
         (m, k), n = A.shape, B.shape[1]
-        atom = mg.mma.M16N8K16_F16 if A.dtype == mg.f16 else mg.mma.M16N8K16_BF16
+        atom = lang.mma.M16N8K16_F16 if A.dtype == f16 else lang.mma.M16N8K16_BF16
         steps = (k + BK - 1) // BK
-        sched = mg.TileScheduler((m + BM - 1) // BM, (n + BN - 1) // BN, steps, mode=mode, split=split,
+        sched = lang.TileScheduler((m + BM - 1) // BM, (n + BN - 1) // BN, steps, mode=mode, split=split,
                                  group=GROUP_M)
-        smem = mg.shared.dynamic(A.dtype)
+        smem = lang.shared.dynamic(A.dtype)
         # Data-parallel: a block per tile and no loop, whose registers the 128 accumulators need.
         for work in ([sched.work(0)] if mode == "data_parallel" else sched):
             bm, bn = work.m * BM, work.n * BN
             block = Block(A, B, smem, bm, bn, min(work.k_end * BK, k), thread_idx.x)
             # Every warp is done with the previous work unit's stages before they are refilled.
-            mg.syncthreads()
+            lang.syncthreads()
 
             # Steps k_begin .. k_begin + STAGES - 2 into stages 0 .. STAGES - 2, a group each.
-            for s in mg.static_range(STAGES - 1):
+            for s in lang.static_range(STAGES - 1):
                 for which, i in COPIES:
                     block.copy(which, i, work.k_begin + s, s * STAGE)
-                mg.mma.commit_group()
+                lang.mma.commit_group()
             # The first step has landed: this thread's copies, and every thread's after the barrier.
-            mg.mma.wait_group(STAGES - 2)
-            mg.syncthreads()
+            lang.mma.wait_group(STAGES - 2)
+            lang.syncthreads()
             a, b = block.fragments(0, 0)
 
-            acc = [[mg.mma.zeros(atom) for _ in mg.static_range(WN // 8)] for _ in mg.static_range(WM // 16)]
+            acc = [[lang.mma.zeros(atom) for _ in lang.static_range(WN // 8)] for _ in lang.static_range(WM // 16)]
             # Step t computes on stage (t - k_begin) % STAGES (at `here`) and
             # copies step t + STAGES - 1 into the stage before it (at `free`),
             # which every warp finished reading before the barrier of step
             # t - 1. The offsets go round the ring from one step to the next
             # (one add and one select a step, not a remainder and a product for
             # each address).
-            here, free = mg.constant(0, mg.index), mg.constant((STAGES - 1) * STAGE, mg.index)
+            here, free = lang.constant(0, index), lang.constant((STAGES - 1) * STAGE, index)
             for t in range(work.k_begin, work.k_end):
-                after = mg.select(here == (STAGES - 1) * STAGE, 0, here + STAGE)
-                for kk in mg.static_range(SLICES):
+                after = lang.select(here == (STAGES - 1) * STAGE, 0, here + STAGE)
+                for kk in lang.static_range(SLICES):
                     for which, i in SHARE[kk]:
                         block.copy(which, i, t + STAGES - 1, free)
                     if kk == SLICES - 1:
                         # Step t + 1 has landed and every warp has read all of step
                         # t's fragments: the next ones are slice 0 of step t + 1.
-                        mg.mma.commit_group()
-                        mg.mma.wait_group(STAGES - 2)
-                        mg.syncthreads()
+                        lang.mma.commit_group()
+                        lang.mma.wait_group(STAGES - 2)
+                        lang.syncthreads()
                         next_a, next_b = block.fragments(after, 0)
                     else:
                         next_a, next_b = block.fragments(here, kk + 1)
                     for mi, ni in MMAS:
-                        acc[mi][ni] = mg.mma.sync(atom, a[mi], b[ni], acc[mi][ni])
+                        acc[mi][ni] = lang.mma.sync(atom, a[mi], b[ni], acc[mi][ni])
                     a, b = next_a, next_b
                 here, free = after, here
-            mg.mma.wait_group(0)
+            lang.mma.wait_group(0)
 
             # A tile split along K is completed by the unit that brings its last part.
             values = [x for row in acc for fragment in row for x in fragment]
             values, done = sched.fixup(work, partials, counters, values)
             if done:
-                for mi in mg.static_range(WM // 16):
-                    for ni in mg.static_range(WN // 8):
-                        for v in mg.static_range(0, 4, 2):
+                for mi in lang.static_range(WM // 16):
+                    for ni in lang.static_range(WN // 8):
+                        for v in lang.static_range(0, 4, 2):
                             # Values v and v + 1 are columns c and c + 1 of one row.
                             x, y = values[(mi * (WN // 8) + ni) * 4 + v:(mi * (WN // 8) + ni) * 4 + v + 2]
-                            r, c = mg.mma.coordinate(atom, "c", v)
+                            r, c = lang.mma.coordinate(atom, "c", v)
                             row, col = bm + block.wm + mi * 16 + r, bn + block.wn + ni * 8 + c
                             if n % 2 == 0:  # c is even: both columns are in, or neither
                                 if (row < m) & (col < n):
-                                    mg.vstore(C, (row, col), (mg.cast(x, C.dtype), mg.cast(y, C.dtype)))
+                                    lang.vstore(C, (row, col), (lang.cast(x, C.dtype), lang.cast(y, C.dtype)))
                             else:
                                 if (row < m) & (col < n):
-                                    C[row, col] = mg.cast(x, C.dtype)
+                                    C[row, col] = lang.cast(x, C.dtype)
                                 if (row < m) & (col + 1 < n):
-                                    C[row, col + 1] = mg.cast(y, C.dtype)
+                                    C[row, col + 1] = lang.cast(y, C.dtype)
 
     return ampere_gemm
 
@@ -330,16 +333,16 @@ def plan(m, k, n, config, mode="data_parallel", split=None, units=None):
     tiles_m, tiles_n, steps = -(-m // config.bm), -(-n // config.bn), -(-k // config.bk)
     if mode == "data_parallel":
         units = tiles_m * tiles_n
-    return mg.TileScheduler.plan(tiles_m, tiles_n, steps, mode=mode, split=split, group=GROUP_M, units=units,
+    return lang.TileScheduler.plan(tiles_m, tiles_n, steps, mode=mode, split=split, group=GROUP_M, units=units,
                                  values=config.threads * config.values)
 
 
 def workspace(plan):
     """The partial sums and tile counters (zeros) a launch of `plan` takes,
     in the current backend's arrays (NumPy on the CPU)."""
-    if mg.backend() == "cpu":
+    if backend.backend() == "cpu":
         return np.zeros(plan.partials, np.float32), np.zeros(plan.counters, np.int32)
-    return mg.zeros(plan.partials, mg.f32), mg.zeros(plan.counters, mg.i32)
+    return backend.zeros(plan.partials, f32), backend.zeros(plan.counters, i32)
 
 
 def launch(A, B, C, config=None, stream=None, mode="data_parallel", split=None, units=None, work=None):

@@ -64,8 +64,13 @@ they are converted to C's type.
 """
 import numpy as np
 
-import mlirgpu as mg
-from mlirgpu.layout import wgmma as wgmma_layout
+from .. import cuda, layout
+from .. import language as lang
+from .._mlirgpu import DeviceArray, TensorMap, f8e4m3, f8e5m2, f32, i32, index
+from ..layout import wgmma as wgmma_layout
+from ..runtime import backend
+from ..runtime.kernel import kernel
+from ..runtime.tensormap import tensor_map
 
 CONSUMERS = 2                       # consumer warpgroups: 64 rows of each tile each, or whole tiles in turn
 THREADS = 128 * (1 + CONSUMERS)
@@ -73,7 +78,7 @@ PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
 GROUP_M = 8                         # row tiles per group of the block order
 SHARED_LIMIT = 227 * 1024           # shared memory one block may have on the H100
 ROW_BYTES = 128                     # a stage's slice of K: one row of the 128-byte swizzle
-FLOATS8 = (mg.f8e4m3, mg.f8e5m2)
+FLOATS8 = (f8e4m3, f8e5m2)
 # The TMA-store epilogue writes C in boxes of 64 rows of 128 bytes (the 128-byte
 # swizzle's row), two boxes per consumer warpgroup in turn.
 STORE_BOX_BYTES = 64 * 128
@@ -173,8 +178,8 @@ CONFIGS = [Config(256, 64, 4, epilogue="tma"), Config(128, 64, 6, epilogue="tma"
 
 
 def build(config, dtype):
-    """The kernel of `config` for inputs of `dtype` (mg.bf16, mg.f16, or
-    mg.f8e4m3 or mg.f8e5m2 with config.b_major == "K"), with BK = one
+    """The kernel of `config` for inputs of `dtype` (bf16, f16, or
+    f8e4m3 or f8e5m2 with config.b_major == "K"), with BK = one
     128-byte row of them (`config.for_dtype(dtype)`)."""
     config = config.for_dtype(dtype)
     BM, BN, BK, STAGES = config.bm, config.bn, config.bk, config.stages
@@ -194,51 +199,51 @@ def build(config, dtype):
     if B_MAJOR == "K":
         B_TILE = wgmma_layout.tile_layout((BN, BK), dtype.itemsize, "128B")
     else:
-        B_TILE = mg.layout.ComposedLayout(
+        B_TILE = layout.ComposedLayout(
             wgmma_layout.swizzle_for("128B", dtype.itemsize), 0,
-            mg.layout.Layout(((64, BN // 64), (8, BK // 8)), ((1, 64 * BK), (64, 8 * 64))))
-    M, N, out_dtype = mg.generics("M N out_dtype")
+            layout.Layout(((64, BN // 64), (8, BK // 8)), ((1, 64 * BK), (64, 8 * 64))))
+    M, N, out_dtype = lang.generics("M N out_dtype")
 
     # c_map is read by the TMA epilogue only (the register epilogue is passed A's map in its place);
     # scale_a and scale_b by the 8-bit kernels only.
-    @mg.kernel(generics=(M, N, out_dtype), max_threads=THREADS, min_blocks=1)
-    def hopper_gemm(a_map: mg.TensorMap, b_map: mg.TensorMap, c_map: mg.TensorMap,
-                    C: mg.memref[M, N, out_dtype], K: mg.i32, scale_a: mg.f32, scale_b: mg.f32):
-        smem = mg.shared.dynamic(dtype)
-        base = mg.shared.address(smem)
-        first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index) // dtype.itemsize
-        full = mg.mbarrier.array(STAGES)
-        empty = mg.mbarrier.array(STAGES)
-        wg = mg.warpgroup.index()
-        t = mg.warpgroup.thread_index()
+    @kernel(generics=(M, N, out_dtype), max_threads=THREADS, min_blocks=1)
+    def hopper_gemm(a_map: TensorMap, b_map: TensorMap, c_map: TensorMap,
+                    C: lang.memref[M, N, out_dtype], K: i32, scale_a: f32, scale_b: f32):
+        smem = lang.shared.dynamic(dtype)
+        base = lang.shared.address(smem)
+        first = lang.cast(((base + 1023) & 0xFFFFFC00) - base, index) // dtype.itemsize
+        full = lang.mbarrier.array(STAGES)
+        empty = lang.mbarrier.array(STAGES)
+        wg = lang.warpgroup.index()
+        t = lang.warpgroup.thread_index()
         rows, columns = C.shape
         # A cluster's blocks take the CM x CN tiles of one "cluster tile", block `rank` the rank-th.
-        rank = mg.warpgroup.cluster_rank() if CLUSTER > 1 else 0
+        rank = lang.warpgroup.cluster_rank() if CLUSTER > 1 else 0
         tiles_m, tiles_n = -(-rows // (BM * CM)), -(-columns // (BN * CN))
         k_tiles = (K + (BK - 1)) // BK
-        if mg.thread_idx.x == 0:
-            for s in mg.static_range(STAGES):
+        if lang.thread_idx.x == 0:
+            for s in lang.static_range(STAGES):
                 full.init(s, 1)
                 # One arrival per consumer warp that reads the stage (one warpgroup's
                 # in ping-pong), in every block whose consumers read it.
                 empty.init(s, 4 * (1 if PINGPONG else CONSUMERS) * CLUSTER)
-            mg.mbarrier.fence_init()
+            lang.mbarrier.fence_init()
         if CLUSTER > 1:
-            mg.warpgroup.cluster_sync()  # the other block's barriers are ready before anything reaches them
+            lang.warpgroup.cluster_sync()  # the other block's barriers are ready before anything reaches them
         else:
-            mg.syncthreads()
+            lang.syncthreads()
         # Persistent: each block (cluster) takes tiles block_idx.x, + grid_dim.x, ...; the
         # stages and their phases run on across tiles (`it` counts K slices).
         if wg == 0:
-            mg.warpgroup.set_max_registers(PRODUCER_REGISTERS, increase=False)
+            lang.warpgroup.set_max_registers(PRODUCER_REGISTERS, increase=False)
             if t == 0:
-                it = mg.constant(0, mg.i32)
-                for tile in range(mg.block_idx.x // CLUSTER, tiles_m * tiles_n, mg.grid_dim.x // CLUSTER):
+                it = lang.constant(0, i32)
+                for tile in range(lang.block_idx.x // CLUSTER, tiles_m * tiles_n, lang.grid_dim.x // CLUSTER):
                     # Tiles in groups of GROUP_M rows, column after column inside a
                     # group: blocks running together share A's and B's panels in L2.
-                    pid = mg.cast(tile, mg.i32)
+                    pid = lang.cast(tile, i32)
                     group_first = pid // (GROUP_M * tiles_n) * GROUP_M
-                    group_rows = mg.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
+                    group_rows = lang.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
                     m0 = (group_first + pid % group_rows) * (BM * CM) + (rank * BM if CM > 1 else 0)
                     n0 = pid % (GROUP_M * tiles_n) // group_rows * (BN * CN) + (rank * BN if CN > 1 else 0)
                     for kt in range(k_tiles):
@@ -248,96 +253,96 @@ def build(config, dtype):
                         # Every block's stage receives all of A's and B's tiles, part of
                         # them from the other block of the cluster when they are shared.
                         full.arrive_expect_tx(s, STAGE_BYTES)
-                        a_at = first + mg.cast(s, mg.index) * STAGE
+                        a_at = first + lang.cast(s, index) * STAGE
                         b_at = a_at + BM * BK
                         if MULTICAST == "A":
                             # Each block loads 64 rows of the shared A tile into both.
-                            mg.tma.load(a_map, smem, (m0 + 64 * rank, kt * BK), full, s,
-                                        offset=a_at + mg.cast(rank, mg.index) * (64 * BK), multicast=0b11)
+                            lang.tma.load(a_map, smem, (m0 + 64 * rank, kt * BK), full, s,
+                                        offset=a_at + lang.cast(rank, index) * (64 * BK), multicast=0b11)
                         else:
-                            mg.tma.load(a_map, smem, (m0, kt * BK), full, s, offset=a_at)
+                            lang.tma.load(a_map, smem, (m0, kt * BK), full, s, offset=a_at)
                         if MULTICAST == "B":
                             # Each block loads half of the shared B tile into both.
-                            half_at = b_at + mg.cast(rank, mg.index) * (BN // 2 * BK)
+                            half_at = b_at + lang.cast(rank, index) * (BN // 2 * BK)
                             if B_MAJOR == "K":
-                                mg.tma.load(b_map, smem, (n0 + BN // 2 * rank, kt * BK), full, s,
+                                lang.tma.load(b_map, smem, (n0 + BN // 2 * rank, kt * BK), full, s,
                                             offset=half_at, multicast=0b11)
                             else:
-                                for j in mg.static_range(BN // 128):
-                                    mg.tma.load(b_map, smem, (kt * BK, n0 + BN // 2 * rank + 64 * j), full, s,
+                                for j in lang.static_range(BN // 128):
+                                    lang.tma.load(b_map, smem, (kt * BK, n0 + BN // 2 * rank + 64 * j), full, s,
                                                 offset=half_at + j * 64 * BK, multicast=0b11)
                         elif B_MAJOR == "K":
-                            mg.tma.load(b_map, smem, (n0, kt * BK), full, s, offset=b_at)
+                            lang.tma.load(b_map, smem, (n0, kt * BK), full, s, offset=b_at)
                         else:
-                            for j in mg.static_range(BN // 64):
-                                mg.tma.load(b_map, smem, (kt * BK, n0 + 64 * j), full, s,
+                            for j in lang.static_range(BN // 64):
+                                lang.tma.load(b_map, smem, (kt * BK, n0 + 64 * j), full, s,
                                             offset=b_at + j * 64 * BK)
                         it = it + 1
         else:
-            mg.warpgroup.set_max_registers(CONSUMER_REGISTERS, increase=True)
+            lang.warpgroup.set_max_registers(CONSUMER_REGISTERS, increase=True)
             w = wg - 1
-            clusters = mg.grid_dim.x // CLUSTER
+            clusters = lang.grid_dim.x // CLUSTER
             if PINGPONG:
                 # The tile loop depends on the warpgroup here: read from lane 0, its
                 # index is visibly the same in the whole warp, and ptxas keeps the
                 # wgmmas inside the loop asynchronous (else its warning C7520).
-                w = mg.warp.shfl_idx(w, 0)
+                w = lang.warp.shfl_idx(w, 0)
                 # Whole tiles in turn: this warpgroup's are every other one of the block's,
                 # and its stages every other run of k_tiles in the ring.
-                first_tile = mg.block_idx.x // CLUSTER + mg.cast(w, mg.index) * clusters
+                first_tile = lang.block_idx.x // CLUSTER + lang.cast(w, index) * clusters
                 step, half = 2 * clusters, 0
                 it = w * k_tiles
             else:
                 # Each warpgroup its 64 rows of every tile.
-                first_tile, step, half = mg.block_idx.x // CLUSTER, clusters, w * 64
-                it = mg.constant(0, mg.i32)
-            half_at = mg.cast(half, mg.index) * BK
+                first_tile, step, half = lang.block_idx.x // CLUSTER, clusters, w * 64
+                it = lang.constant(0, i32)
+            half_at = lang.cast(half, index) * BK
             if TMA_EPILOGUE:
                 # This warpgroup's two store buffers, after the stages (1024-byte aligned:
                 # the 128-byte swizzle's period), viewed as C's type.
-                out = mg.shared.dynamic(C.dtype)
-                out_first = ((first + STAGES * STAGE) * dtype.itemsize + mg.cast(w, mg.index)
+                out = lang.shared.dynamic(C.dtype)
+                out_first = ((first + STAGES * STAGE) * dtype.itemsize + lang.cast(w, index)
                              * (STORE_BUFFERS * STORE_BOX_BYTES)) // C.dtype.itemsize
                 BOX_COLUMNS = 128 // C.dtype.itemsize
                 CHUNK = 16 // C.dtype.itemsize  # elements per 16 bytes, what the swizzle permutes
             for tile in range(first_tile, tiles_m * tiles_n, step):
-                pid = mg.cast(tile, mg.i32)
+                pid = lang.cast(tile, i32)
                 group_first = pid // (GROUP_M * tiles_n) * GROUP_M
-                group_rows = mg.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
+                group_rows = lang.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
                 m0 = (group_first + pid % group_rows) * (BM * CM) + (rank * BM if CM > 1 else 0)
                 n0 = pid % (GROUP_M * tiles_n) // group_rows * (BN * CN) + (rank * BN if CN > 1 else 0)
                 if PINGPONG:
                     # Zeros the compiler cannot see (returned by a wait on nothing): it would
                     # otherwise rebuild the second accumulator's zeros between the two
                     # wgmmas of the first slice, which ptxas fences (warnings C7519, C7517).
-                    acc = mg.wgmma.wait_group(0, mg.wgmma.zeros(BN) * HALVES)
+                    acc = lang.wgmma.wait_group(0, lang.wgmma.zeros(BN) * HALVES)
                 else:
-                    acc = mg.wgmma.zeros(BN)
+                    acc = lang.wgmma.zeros(BN)
                 if PINGPONG:
                     # The tensor cores are the other warpgroup's until it has issued its
                     # tile's wgmmas (the first warpgroup's first tile waits for nothing).
                     if (w == 1) | (tile != first_tile):
-                        mg.warpgroup.barrier(4 - w, 256)
+                        lang.warpgroup.barrier(4 - w, 256)
                 for kt in range(k_tiles):
                     s = it % STAGES
                     full.wait(s, it // STAGES % 2)
-                    a_at = first + mg.cast(s, mg.index) * STAGE + half_at
-                    b_at = first + mg.cast(s, mg.index) * STAGE + BM * BK
-                    mg.wgmma.fence()
-                    for kk in mg.static_range(BK // K_STEP):
-                        a = mg.wgmma.descriptor(smem, A_TILE, offset=a_at, k_block=kk)
-                        b = mg.wgmma.descriptor(smem, B_TILE, offset=b_at, k_block=kk, major=B_MAJOR)
+                    a_at = first + lang.cast(s, index) * STAGE + half_at
+                    b_at = first + lang.cast(s, index) * STAGE + BM * BK
+                    lang.wgmma.fence()
+                    for kk in lang.static_range(BK // K_STEP):
+                        a = lang.wgmma.descriptor(smem, A_TILE, offset=a_at, k_block=kk)
+                        b = lang.wgmma.descriptor(smem, B_TILE, offset=b_at, k_block=kk, major=B_MAJOR)
                         if PINGPONG:
                             # The tile's two 64-row halves, two accumulators, one B.
-                            a_low = mg.wgmma.descriptor(smem, A_TILE, offset=a_at + 64 * BK, k_block=kk)
-                            acc = (mg.wgmma.mma(acc[:BN // 2], a, b, n=BN)
-                                   + mg.wgmma.mma(acc[BN // 2:], a_low, b, n=BN))
+                            a_low = lang.wgmma.descriptor(smem, A_TILE, offset=a_at + 64 * BK, k_block=kk)
+                            acc = (lang.wgmma.mma(acc[:BN // 2], a, b, n=BN)
+                                   + lang.wgmma.mma(acc[BN // 2:], a_low, b, n=BN))
                         else:
-                            acc = mg.wgmma.mma(acc, a, b, n=BN)
-                    mg.wgmma.commit_group()
+                            acc = lang.wgmma.mma(acc, a, b, n=BN)
+                    lang.wgmma.commit_group()
                     # The previous slice's wgmmas are done: free its stage (in both
                     # blocks of a cluster, whose producers both write into it).
-                    acc = mg.wgmma.wait_group(1, acc)
+                    acc = lang.wgmma.wait_group(1, acc)
                     if CLUSTER > 1:
                         if (kt > 0) & (t % 32 < CLUSTER):
                             empty.arrive_cluster((it + (STAGES - 1)) % STAGES, t % 32)
@@ -348,8 +353,8 @@ def build(config, dtype):
                     # The other warpgroup's turn, if it has a tile after this one: its
                     # wgmmas run while this one's finish and its epilogue stores them.
                     if tile + clusters < tiles_m * tiles_n:
-                        mg.warpgroup.arrive(3 + w, 256)
-                acc = mg.wgmma.wait_group(0, acc)
+                        lang.warpgroup.arrive(3 + w, 256)
+                acc = lang.wgmma.wait_group(0, acc)
                 # The tile's last slice.
                 if CLUSTER > 1:
                     if t % 32 < CLUSTER:
@@ -361,7 +366,7 @@ def build(config, dtype):
                 if SCALED:
                     scale = scale_a * scale_b
                     acc = [v * scale for v in acc]
-                for h in mg.static_range(HALVES):
+                for h in lang.static_range(HALVES):
                     values = acc[h * (BN // 2):(h + 1) * (BN // 2)]
                     row0 = m0 + half + 64 * h
                     if TMA_EPILOGUE:
@@ -369,45 +374,45 @@ def build(config, dtype):
                         # laid out as the 128-byte swizzle (16-byte chunk c of row r at chunk
                         # c ^ (r % 8): the 8 rows a warp writes at once fall in different banks),
                         # then one thread has TMA copy it to C, which clips it at C's edges.
-                        for box in mg.static_range(BN // BOX_COLUMNS):
+                        for box in lang.static_range(BN // BOX_COLUMNS):
                             at = out_first + (box % STORE_BUFFERS) * (STORE_BOX_BYTES // C.dtype.itemsize)
-                            for r in mg.static_range(box * BOX_COLUMNS // 2, (box + 1) * BOX_COLUMNS // 2, 2):
-                                row, col = mg.wgmma.accumulator_coordinates(r, t)
+                            for r in lang.static_range(box * BOX_COLUMNS // 2, (box + 1) * BOX_COLUMNS // 2, 2):
+                                row, col = lang.wgmma.accumulator_coordinates(r, t)
                                 element = row * BOX_COLUMNS + (col - box * BOX_COLUMNS)
-                                swizzled = mg.cast(element ^ ((row % 8) * CHUNK), mg.index)
-                                mg.vstore(out, at + swizzled,
-                                          (mg.cast(values[r], C.dtype), mg.cast(values[r + 1], C.dtype)))
-                            mg.tma.fence_proxy_async()  # the writes above, before the copy engine reads them
+                                swizzled = lang.cast(element ^ ((row % 8) * CHUNK), index)
+                                lang.vstore(out, at + swizzled,
+                                          (lang.cast(values[r], C.dtype), lang.cast(values[r + 1], C.dtype)))
+                            lang.tma.fence_proxy_async()  # the writes above, before the copy engine reads them
                             if t == 0:
                                 # The previous box's copy has read the other buffer: the next box may overwrite it.
-                                mg.tma.wait_group(0, read=True)
-                            mg.warpgroup.barrier(wg)  # the warpgroup's writes are all in (ids 1 and 2)
+                                lang.tma.wait_group(0, read=True)
+                            lang.warpgroup.barrier(wg)  # the warpgroup's writes are all in (ids 1 and 2)
                             if t == 0:
-                                mg.tma.store(c_map, out, (row0, n0 + box * BOX_COLUMNS), offset=at)
-                                mg.tma.commit_group()
+                                lang.tma.store(c_map, out, (row0, n0 + box * BOX_COLUMNS), offset=at)
+                                lang.tma.commit_group()
                     else:
                         inside = (m0 + BM <= rows) & (n0 + BN <= columns)
                         if inside:
-                            for r in mg.static_range(0, BN // 2, 2):
-                                row, col = mg.wgmma.accumulator_coordinates(r, t)
+                            for r in lang.static_range(0, BN // 2, 2):
+                                row, col = lang.wgmma.accumulator_coordinates(r, t)
                                 if columns % 2 == 0:
                                     # Values r and r + 1 are adjacent columns of one row: one paired store.
-                                    mg.vstore(C, (row0 + row, n0 + col),
-                                              (mg.cast(values[r], C.dtype), mg.cast(values[r + 1], C.dtype)))
+                                    lang.vstore(C, (row0 + row, n0 + col),
+                                              (lang.cast(values[r], C.dtype), lang.cast(values[r + 1], C.dtype)))
                                 else:
-                                    C[row0 + row, n0 + col] = mg.cast(values[r], C.dtype)
-                                    C[row0 + row, n0 + col + 1] = mg.cast(values[r + 1], C.dtype)
+                                    C[row0 + row, n0 + col] = lang.cast(values[r], C.dtype)
+                                    C[row0 + row, n0 + col + 1] = lang.cast(values[r + 1], C.dtype)
                         else:
-                            for r in mg.static_range(BN // 2):
-                                row, col = mg.wgmma.accumulator_coordinates(r, t)
+                            for r in lang.static_range(BN // 2):
+                                row, col = lang.wgmma.accumulator_coordinates(r, t)
                                 if (row0 + row < rows) & (n0 + col < columns):
-                                    C[row0 + row, n0 + col] = mg.cast(values[r], C.dtype)
+                                    C[row0 + row, n0 + col] = lang.cast(values[r], C.dtype)
             if TMA_EPILOGUE:
                 if t == 0:
-                    mg.tma.wait_group(0)  # the last stores are done before the block's shared memory goes
+                    lang.tma.wait_group(0)  # the last stores are done before the block's shared memory goes
         if CLUSTER > 1:
             # Neither block leaves while the other may still arrive on its barriers.
-            mg.warpgroup.cluster_sync()
+            lang.warpgroup.cluster_sync()
 
     return hopper_gemm
 
@@ -439,7 +444,7 @@ def _padded(array, axis, multiple):
     shape[axis] = -(-size // multiple) * multiple
     padded = np.zeros(shape, host.dtype)
     padded[tuple(slice(0, n) for n in host.shape)] = host
-    return mg.to_device(padded)
+    return backend.to_device(padded)
 
 
 def prepare(A, B, config):
@@ -449,11 +454,11 @@ def prepare(A, B, config):
     # A block that shares a tile with the other block of its cluster loads half of it.
     a_rows = config.bm // 2 if config.multicast == "A" else config.bm
     b_part = config.bn // 2 if config.multicast == "B" else config.bn
-    a_map = mg.tensor_map(A, box=(a_rows, config.bk), swizzle="128B")
+    a_map = tensor_map(A, box=(a_rows, config.bk), swizzle="128B")
     if config.b_major == "K":
-        b_map = mg.tensor_map(B, box=(b_part, config.bk), swizzle="128B")
+        b_map = tensor_map(B, box=(b_part, config.bk), swizzle="128B")
     else:
-        b_map = mg.tensor_map(B, box=(config.bk, 64), swizzle="128B")
+        b_map = tensor_map(B, box=(config.bk, 64), swizzle="128B")
     return a_map, b_map
 
 
@@ -464,20 +469,20 @@ def store_map(C):
     address = C.ctypes.data if isinstance(C, np.ndarray) else C.ptr   # NumPy: the CPU backend's arrays
     if C.strides[-1] != C.dtype.itemsize or C.strides[0] % 16 or address % 16:
         return None
-    return mg.tensor_map(C, box=(64, 128 // C.dtype.itemsize), swizzle="128B")
+    return tensor_map(C, box=(64, 128 // C.dtype.itemsize), swizzle="128B")
 
 
-def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None, scale_a=1.0, scale_b=1.0):
+def matmul(A, B, out_dtype=f32, config=None, C=None, maps=None, stream=None, scale_a=1.0, scale_b=1.0):
     """C = A @ B on the GPU (A: M x K, B: K x N, or N x K with config.b_major == "K"); the
     arrays are DeviceArrays or any CUDA array object (torch tensors too). `maps`: the
     tensor maps of A, B and C as prepare() and store_map() make them. With 8-bit A and B
     (B given as N x K), C = (scale_a * scale_b) * (A @ B)."""
-    A, B = mg.asarray(A), mg.asarray(B)
+    A, B = backend.asarray(A), backend.asarray(B)
     check_scales(A, scale_a, scale_b)
-    C = None if C is None else mg.asarray(C)
+    C = None if C is None else backend.asarray(C)
     if C is None:
         N = B.shape[0] if config_for(config, A.dtype).b_major == "K" else B.shape[1]
-        C = mg.empty((A.shape[0], N), out_dtype)
+        C = backend.empty((A.shape[0], N), out_dtype)
     gemm, arguments, keywords = plan(A, B, C, config, maps)
     gemm(*arguments, scale_a, scale_b, stream=stream, **keywords)
     return C
@@ -485,7 +490,7 @@ def matmul(A, B, out_dtype=mg.f32, config=None, C=None, maps=None, stream=None, 
 
 def device_array(array):
     """`array` as a DeviceArray (a view of a CUDA array object)."""
-    return array if type(array) is mg.DeviceArray else mg.asarray(array)
+    return array if type(array) is DeviceArray else backend.asarray(array)
 
 
 def check_scales(A, scale_a, scale_b):
@@ -508,7 +513,7 @@ def plan(A, B, C, config=None, maps=None):
     cm, cn = config.cluster
     clusters = -(-N // (config.bn * cn)) * -(-M // (config.bm * cm))
     # (The CPU backend runs one block at a time: one persistent block takes every tile.)
-    sms = mg.cuda.Device(mg.cuda.current_device()).multiprocessor_count if mg.backend() == "cuda" else 1
+    sms = cuda.Device(cuda.current_device()).multiprocessor_count if backend.backend() == "cuda" else 1
     # Persistent: at most one block per SM, whole clusters (a cluster of 2 fits a pair of SMs).
     grid = min(clusters, sms // (cm * cn)) * cm * cn
     keywords = {"grid": grid, "block": THREADS, "shared_mem": config.shared_bytes(),
@@ -518,7 +523,7 @@ def plan(A, B, C, config=None, maps=None):
 
 def available():
     """Whether the GPU backend's current device runs these kernels (sm_90a)."""
-    return mg.backend() == "cuda" and mg.cuda.Device(mg.cuda.current_device()).chip == "sm_90a"
+    return backend.backend() == "cuda" and cuda.Device(cuda.current_device()).chip == "sm_90a"
 
 
 # The plans of the most recent launches, least recently used first: a plan's
