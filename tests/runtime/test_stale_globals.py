@@ -162,3 +162,15 @@ def test_a_helpers_value_without_a_fingerprint_stays_out_of_the_key():
     key = sized_by_helper[()].cache_key("sm_90a")
     assert "compile_time_size" in key.details["globals"]
     assert not any("UNKEYABLE" in name for name in key.details["globals"])
+
+
+@mg.kernel
+def names_modules_only(x: mg.memref[4, mg.f32]):
+    x[mg.thread_idx.x] = np.float32(1.0)
+
+
+def test_a_kernel_naming_only_modules_reads_no_globals():
+    # Modules are not rebound between launches: such a kernel keeps the C launch path
+    # (a kernel with a global to check launches through Python).
+    assert launch(names_modules_only) == 1.0
+    assert names_modules_only.traced_globals.values == {}

@@ -11,6 +11,7 @@ function it was traced from, which the cache key names), `check_globals()`
 (which forgets stale traces), `traced_globals`, `gpu_module()`,
 `cache_fields()` and `function_params()`.
 """
+import functools
 import hashlib
 import linecache
 import opcode
@@ -82,8 +83,10 @@ def _read_values(function, prefix, values, seen):
             seen.add(helper)
             _read_values(helper, f"{prefix}{helper.__qualname__}.", values, seen)
         # mlirgpu's own names (mg.thread_idx, mg.constant, ...) change only
-        # with mlirgpu, which the cache's entries record already.
-        if not is_symbol(value) and not _is_mlirgpu_object(value):
+        # with mlirgpu, which the cache's entries record already. A module
+        # (mg, np, math) is not rebound between launches; tracking it would
+        # send every kernel that names one off the C fast path.
+        if not is_symbol(value) and not _is_mlirgpu_object(value) and not isinstance(value, types.ModuleType):
             values[prefix + name] = value
 
 
@@ -180,6 +183,7 @@ _LOAD_GLOBAL, _LOAD_NAME = opcode.opmap["LOAD_GLOBAL"], opcode.opmap["LOAD_NAME"
 _GLOBAL_SHIFT = 1 if sys.version_info >= (3, 11) else 0
 
 
+@functools.lru_cache(maxsize=4096)   # every launch of a kernel that reads globals asks again
 def _loaded_globals(code):
     """The names `code` loads with LOAD_GLOBAL (co_names[arg >> 1], before
     Python 3.11 co_names[arg]) or LOAD_NAME (co_names[arg]). The
@@ -199,7 +203,7 @@ def _loaded_globals(code):
             found.add(names[arg >> _GLOBAL_SHIFT])
         elif op == _LOAD_NAME:
             found.add(names[arg])
-    return found
+    return frozenset(found)
 
 
 def _is_mlirgpu_object(value):
