@@ -592,7 +592,7 @@ def test_hopper_gemm_fp8_needs_b_given_as_n_by_k():
         hopper_gemm.kernel_for(config, mg.f8e4m3)[256, 256, mg.bf16].ptx("sm_90a")
     # The kernel is written in mlirgpu.ops (the example imports it): errors point there.
     assert info.value.filename == sys.modules["mlirgpu.ops.hopper_gemm"].__file__
-    assert "mg.wgmma.descriptor(smem, B_TILE" in str(info.value)
+    assert "lang.wgmma.descriptor(smem, B_TILE" in str(info.value)
     with pytest.raises(mg.CompileError, match="needs sm_90") as info:
         hopper_gemm.kernel_for(config.replace(b_major="K"), mg.f8e4m3)[256, 256, mg.bf16].ptx("sm_80")
     assert info.value.filename == sys.modules["mlirgpu.ops.hopper_gemm"].__file__

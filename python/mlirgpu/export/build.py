@@ -203,7 +203,7 @@ def _cpu_object(spec, symbol, exported, directory, llc):
     kernel needs the CPU backend's runtime (barriers, shared memory, warp operations)."""
     if any(shape is None and dtype.name not in _CPU_SCALARS for _, shape, dtype in exported.params):
         return None
-    traced = spec.trace(CpuLowering(frozenset()), name=symbol)
+    traced = spec.trace(CpuLowering(frozenset(), runtime=False), name=symbol)
     lowered = ir.Module.parse(_mlirgpu.lower(traced, PIPELINE), context=traced.context)
     text = _mlirgpu.translate_to_llvm_ir(lowered)
     if re.search(r"^declare .*@mg_cpu_", text, re.MULTILINE):

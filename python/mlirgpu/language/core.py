@@ -494,8 +494,8 @@ def _intdiv(a, b, kind, op):
     suffix = "ui" if a.dtype in UNSIGNED else "si"
     faults = state.division_faults
     if faults is None:
-        target().check_division(a, b)
-        return Scalar(emit(f"arith.{kind}{suffix}", [a, b], [a.value.type]).result, a.dtype)
+        divisor = target().check_division(a, b)
+        return Scalar(emit(f"arith.{kind}{suffix}", [a, divisor], [a.value.type]).result, a.dtype)
     # NumPy's answers where the hardware traps: 0 for a zero divisor, MIN // -1 wrapping to MIN (and
     # MIN % -1 to 0, what dividing by 1 gives), each recorded for the warning NumPy gives.
     zero, ufunc = constant(0, a.dtype), "floor_divide" if kind == "div" else "remainder"

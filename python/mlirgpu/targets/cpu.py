@@ -134,8 +134,12 @@ class CpuLowering(GpuLowering):
 
     return_op = "func.return"
 
-    def __init__(self, checks=frozenset()):
+    def __init__(self, checks=frozenset(), runtime=True):
         self.checks = frozenset(checks)
+        # False for a build that runs without mlirgpu's CPU runtime (a kernel exported into a
+        # C library): no Ctrl-C polls, and a division that would trap gives an unspecified
+        # value, as on a GPU.
+        self.runtime = runtime
 
     # -- functions and their index arguments ------------------------------
     def kernel_function(self, module, name, types, location, attributes, argument_attributes=None):
@@ -461,26 +465,29 @@ class CpuLowering(GpuLowering):
         """A check for Ctrl-C at the top of each iteration of a loop that may
         run long (a while loop, or more than a few iterations): the launch
         stops there with KeyboardInterrupt instead of running on for ever."""
-        if trips is None or trips > _SHORT_LOOP:
+        if self.runtime and (trips is None or trips > _SHORT_LOOP):
             _call("mg_cpu_poll", [_line()])
 
     def check_division(self, a, b):
-        """Always: the host's division traps (SIGFPE) where the GPU's gives an
+        """The divisor, checked always: the host's division traps (SIGFPE) where the GPU's gives an
         unspecified value, so a zero divisor, or INT_MIN over -1, ends the
         launch with the runtime's report of it instead."""
         signed = a.dtype not in lang.UNSIGNED
         divisor = lang.constant_value(b)
         if divisor is not None and divisor != 0 and not (signed and divisor == -1):
-            return
+            return b
         zero = b == lang.constant(0, b.dtype)
         bad = zero
         if signed:
             lowest = lang.integer_range(a.dtype)[0] if a.dtype != lang.index else -2 ** 63
             bad = bad | ((a == lang.constant(lowest, a.dtype)) & (b == lang.constant(-1, b.dtype)))
+        if not self.runtime:
+            return lang.select(bad, lang.constant(1, b.dtype), b)
         op = lang.emit("scf.if", [bad], [], regions=2)
         with ir.InsertionPoint(op.regions[0].append_block()):
             _call("mg_cpu_division_fault", [lang.cast(~zero, lang.i32), _line()])
             lang.emit("scf.yield")
+        return b
 
 
 def _call(name, operands=()):

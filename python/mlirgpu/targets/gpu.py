@@ -387,8 +387,10 @@ class GpuLowering:
         knows it, else None): nothing on the GPU."""
 
     def check_division(self, a, b):
-        """Before the integer division a // b or a % b: nothing on the GPU,
-        where dividing by zero (or INT_MIN by -1) gives an unspecified value."""
+        """Before the integer division a // b or a % b: the divisor to divide
+        by. `b` on the GPU, where dividing by zero (or INT_MIN by -1) gives an
+        unspecified value."""
+        return b
 
     def finish(self, module, state):
         """Called once the kernel's module is traced: what it requires of the
