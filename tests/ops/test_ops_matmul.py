@@ -238,3 +238,24 @@ def test_matmul_under_torch_compile_has_no_graph_break():
         expected = f(a, b)
         assert torch.equal(got, expected)
         assert torch.equal(torch.ops.mlirgpu.matmul(a, b), mlirgpu.ops.matmul(a, b))
+
+
+@pytest.mark.gpu
+def test_matmul_launches_on_torchs_current_stream():
+    torch = pytest.importorskip("torch")
+    with current_backend("cuda"):
+        a = torch.randn((300, 512), device="cuda", dtype=torch.bfloat16)
+        b = torch.randn((512, 264), device="cuda", dtype=torch.bfloat16)
+        late = torch.zeros_like(a)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            # The side stream is busy for a while before `late` gets a's values: a
+            # launch on another stream would multiply zeros.
+            torch.cuda._sleep(200_000_000)
+            late.copy_(a)
+            c = mlirgpu.ops.matmul(late, b)
+        side.synchronize()
+        expected = mlirgpu.ops.matmul(a, b)   # on the default stream, after the side stream's work
+        torch.cuda.synchronize()
+    assert torch.equal(c, expected)

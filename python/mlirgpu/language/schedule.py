@@ -40,6 +40,12 @@ The counter is back at zero after each tile, ready for the next launch.
 TileScheduler.plan(...) gives, on the host, the grid and the sizes of the
 workspace (`partials`, a 2-d array of the values' dtype) and the counters
 (an i32 array, zero before the first launch).
+
+GroupedTiles is the schedule of a grouped GEMM (mixture-of-experts): groups
+of rows laid end to end, each multiplied by its own B, their row ends read
+from device memory by the kernel, so no host ever sees the group sizes. A
+unit's linear tile index is mapped to (group, rows, tile column) by walking
+the groups' tile counts.
 """
 import builtins
 from collections import namedtuple
@@ -52,7 +58,7 @@ from . import shared
 from .block import _when
 from .intrinsics import syncthreads, threadfence
 
-__all__ = ["TileScheduler", "WorkUnit", "Plan", "MODES"]
+__all__ = ["TileScheduler", "WorkUnit", "Plan", "MODES", "GroupedTiles", "GroupedTile"]
 
 MODES = ("data_parallel", "split_k", "stream_k", "hybrid")
 
@@ -400,3 +406,77 @@ class TileScheduler:
                 "hybrid": 2 * units}[mode] * blocks
         counters = 0 if mode == "data_parallel" else tiles * blocks
         return Plan(units * blocks, units, (builtins.max(rows, 1), values), builtins.max(counters, 1))
+
+
+#: One tile of a grouped GEMM: its group, its rows [row, row_end) (row_end
+#: the group's end: the tile's rows past it belong to the next group), its
+#: tile column n, and its K-tiles [k_begin, k_end) (all of them).
+GroupedTile = namedtuple("GroupedTile", "group row row_end n k_begin k_end")
+
+
+class GroupedTiles:
+    """The whole tiles of a grouped GEMM, taken in turn by persistent units:
+    `offsets` (a 1-d i32 memref) holds the groups' cumulative row ends, group
+    g owning rows offsets[g - 1] .. offsets[g] (from 0 for g = 0); each group
+    is cut into tiles of `block_m` rows (the last one of a group partial) by
+    `tiles_n` columns, row after row, the groups one after another.
+
+        tiles = GroupedTiles(offsets, block_m, tiles_n, k_tiles)
+        for tile in tiles:          # tile.group, tile.row .. tile.row_end, tile.n
+            ...                     # K-tiles tile.k_begin .. tile.k_end
+
+    units: the persistent units, by default grid_dim.x. `total` is the
+    number of tiles and `locate(tile)` the GroupedTile of a linear index,
+    for kernels that walk the tiles themselves. Offsets that decrease make
+    no sense (the caller's contract): their groups get no tiles or too many."""
+
+    def __init__(self, offsets, block_m, tiles_n, k_tiles, *, units=None):
+        if not isinstance(offsets, lang.MemRef) or offsets.ndim != 1 or offsets.dtype != lang.i32:
+            raise CompileError("GroupedTiles takes the groups' row ends as a 1-d i32 memref")
+        self.offsets, self.block_m, self.tiles_n = offsets, block_m, lang.as_index(tiles_n)
+        self.k_tiles = lang.as_index(k_tiles)
+        self.units = lang.as_index(lang.grid_dim.x if units is None else units)
+        self.unit = lang.block_idx.x
+        zero = lang.constant(0, lang.index)
+        self.total = self._walk(zero)[0]
+
+    def _walk(self, tile):
+        """One pass over the groups: [all their tiles, the last row end, and
+        for linear tile `tile` its group, the group's first tile and its
+        first row]."""
+        zero = lang.constant(0, lang.index)
+
+        def group(g, carried):
+            seen, begin, found, first, row = carried
+            end = lang.as_index(self.offsets[g])
+            count = _ceil_div(_max(end - begin, 0), self.block_m) * self.tiles_n
+            hit = (tile >= seen) & (tile < seen + count)
+            return [seen + count, end, lang.select(hit, g, found), lang.select(hit, seen, first),
+                    lang.select(hit, begin, row)]
+        return _loop(self.offsets.shape[0], [zero] * 5, group)
+
+    @property
+    def count(self):
+        """How many tiles this unit takes (a traced index)."""
+        return _ceil_div(_max(self.total - self.unit, 0), self.units)
+
+    def tile(self, i):
+        """This unit's i-th tile (a GroupedTile of index values)."""
+        return self.locate(self.unit + lang.as_index(i) * self.units)
+
+    def locate(self, tile):
+        """Linear tile `tile` (of [0, total)), as a GroupedTile of index values."""
+        tile = lang.as_index(tile)
+        _, _, group, first, begin = self._walk(tile)
+        within = tile - first
+        return GroupedTile(group, begin + within // self.tiles_n * self.block_m,
+                           lang.as_index(self.offsets[group]), within % self.tiles_n,
+                           lang.constant(0, lang.index), self.k_tiles)
+
+    def fixup(self, work, partials, counters, values):
+        """TileScheduler.fixup's interface: whole tiles are done as they are."""
+        return values, True
+
+    def _traced_items(self):
+        """`for tile in tiles:` in a kernel: an scf.for over this unit's tiles."""
+        return self.count, self.tile

@@ -52,6 +52,7 @@ import numpy as np
 from .. import language as lang
 from .._mlirgpu import f16, f32, i32, index
 from ..language import thread_idx
+from ..language.schedule import GroupedTiles
 from ..layout import Swizzle, composition, row_major
 from ..runtime import backend
 from ..runtime.kernel import kernel
@@ -162,7 +163,14 @@ def _copy(tile, row, col, source, r, c, rows, columns):
 
 def build(config, mode="data_parallel", split=None):
     """The kernel of `config` and the TileScheduler `mode` (`split` K slices
-    for "split_k"), generic over M, K, N, the inputs' dtype T and C's dtype OUT."""
+    for "split_k"), generic over M, K, N, the inputs' dtype T and C's dtype OUT.
+
+    mode "grouped" is the grouped GEMM (lang.GroupedTiles): A holds the
+    groups' rows end to end, B the groups' K x N matrices one below the
+    other (G * K rows), `offsets` the groups' row ends; each persistent
+    block takes whole tiles of one group in turn. The other modes are passed
+    `counters` as `offsets`, which they do not read."""
+    GROUPED = mode == "grouped"
     BM, BN, BK, WM, WN, STAGES = config.bm, config.bn, config.bk, config.wm, config.wn, config.stages
     THREADS, WARPS_M, STAGE = config.threads, BM // WM, config.stage_elements
     # Swizzled shared tiles: (row, col) -> element index in a stage's A or B part.
@@ -183,12 +191,12 @@ def build(config, mode="data_parallel", split=None):
         """One block's view of a work unit, for the kernel's copies and
         fragment loads: the operands and their sizes, the shared tiles (A's
         and B's of stage 0; stage s is `at` s * STAGE elements), the corner
-        (bm, bn) of its tile of C, where its K ends (k_stop), and this
-        thread's place in it."""
+        (bm, bn) of its tile of C, where its rows (m_stop) and its K (k_stop)
+        end, the first row of B's matrix (b_row), and this thread's place in it."""
 
-        def __init__(self, A, B, smem, bm, bn, k_stop, tid):
+        def __init__(self, A, B, smem, bm, bn, m_stop, k_stop, b_row, tid):
             self.A, self.B, self.bm, self.bn, self.k_stop, self.tid = A, B, bm, bn, k_stop, tid
-            (self.m, self.k), self.n = A.shape, B.shape[1]
+            self.m, self.b_row, self.n = m_stop, b_row, B.shape[1]
             self.tiles = (lang.mma.tile(smem, A_TILE), lang.mma.tile(smem, B_TILE).at(BM * BK))
             self.lane, warp = tid % 32, tid // 32
             self.wm, self.wn = warp % WARPS_M * WM, warp // WARPS_M * WN
@@ -205,8 +213,8 @@ def build(config, mode="data_parallel", split=None):
                 _copy(self.tiles[0].at(at), row, col, self.A, r, c, self.m, self.k_stop)
             else:
                 row, col = chunk // (BN // CHUNK), chunk % (BN // CHUNK) * CHUNK
-                r, c = step * BK + row, self.bn + col
-                _copy(self.tiles[1].at(at), row, col, self.B, r, c, self.k_stop, self.n)
+                r, c = self.b_row + step * BK + row, self.bn + col
+                _copy(self.tiles[1].at(at), row, col, self.B, r, c, self.b_row + self.k_stop, self.n)
 
         def fragments(self, at, kk):
             """This warp's A fragments (WM / 16 of them) and B fragments
@@ -239,18 +247,27 @@ def build(config, mode="data_parallel", split=None):
             return a, b
 
     @kernel(generics=(M, K, N, T, OUT), max_threads=THREADS)
-    def ampere_gemm(A: lang.memref[M, K, T], B: lang.memref[K, N, T], C: lang.memref[M, N, OUT],
-                    partials: lang.memref[None, None, f32], counters: lang.memref[None, i32]):
+    def ampere_gemm(A: lang.memref[M, K, T], B: lang.memref[None, N, T], C: lang.memref[M, N, OUT],
+                    partials: lang.memref[None, None, f32], counters: lang.memref[None, i32],
+                    offsets: lang.memref[None, i32]):
         (m, k), n = A.shape, B.shape[1]
         atom = lang.mma.M16N8K16_F16 if A.dtype == f16 else lang.mma.M16N8K16_BF16
         steps = (k + BK - 1) // BK
-        sched = lang.TileScheduler((m + BM - 1) // BM, (n + BN - 1) // BN, steps, mode=mode, split=split,
-                                 group=GROUP_M)
+        tiles_n = (n + BN - 1) // BN
+        if GROUPED:
+            sched = GroupedTiles(offsets, BM, tiles_n, steps)
+        else:
+            sched = lang.TileScheduler((m + BM - 1) // BM, tiles_n, steps, mode=mode, split=split, group=GROUP_M)
         smem = lang.shared.dynamic(A.dtype)
         # Data-parallel: a block per tile and no loop, whose registers the 128 accumulators need.
         for work in ([sched.work(0)] if mode == "data_parallel" else sched):
-            bm, bn = work.m * BM, work.n * BN
-            block = Block(A, B, smem, bm, bn, min(work.k_end * BK, k), thread_idx.x)
+            if GROUPED:
+                # Rows past the group's end are the next group's: read as zeros, not written.
+                bm, m_stop, b_row = work.row, work.row_end, work.group * k
+            else:
+                bm, m_stop, b_row = work.m * BM, m, 0
+            bn = work.n * BN
+            block = Block(A, B, smem, bm, bn, m_stop, min(work.k_end * BK, k), b_row, thread_idx.x)
             # Every warp is done with the previous work unit's stages before they are refilled.
             lang.syncthreads()
 
@@ -304,12 +321,12 @@ def build(config, mode="data_parallel", split=None):
                             r, c = lang.mma.coordinate(atom, "c", v)
                             row, col = bm + block.wm + mi * 16 + r, bn + block.wn + ni * 8 + c
                             if n % 2 == 0:  # c is even: both columns are in, or neither
-                                if (row < m) & (col < n):
+                                if (row < m_stop) & (col < n):
                                     lang.vstore(C, (row, col), (lang.cast(x, C.dtype), lang.cast(y, C.dtype)))
                             else:
-                                if (row < m) & (col < n):
+                                if (row < m_stop) & (col < n):
                                     C[row, col] = lang.cast(x, C.dtype)
-                                if (row < m) & (col + 1 < n):
+                                if (row < m_stop) & (col + 1 < n):
                                     C[row, col + 1] = lang.cast(y, C.dtype)
 
     return ampere_gemm
@@ -359,6 +376,6 @@ def launch(A, B, C, config=None, stream=None, mode="data_parallel", split=None, 
         schedule = plan(m, k, n, config, mode, split, units)
         work = (schedule, *workspace(schedule))
     schedule, partials, counters = work
-    kernel_for(config, mode, split)(A, B, C, partials, counters, grid=schedule.grid, block=config.threads,
-                                    shared_mem=config.shared_bytes(A.dtype.itemsize),
+    kernel_for(config, mode, split)(A, B, C, partials, counters, counters, grid=schedule.grid,
+                                    block=config.threads, shared_mem=config.shared_bytes(A.dtype.itemsize),
                                     **({"stream": stream} if stream is not None else {}))

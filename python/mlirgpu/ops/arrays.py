@@ -4,7 +4,7 @@ copy, reads their dtype, and makes outputs in the caller's library."""
 from .._mlirgpu import DType, bf16, dtype, f16, f32, i32
 from ..runtime import backend
 
-__all__ = ["as_array", "dtype_of", "is_contiguous", "new_like"]
+__all__ = ["as_array", "dtype_of", "is_contiguous", "new_like", "torch_stream"]
 
 
 def as_array(x, what):
@@ -40,6 +40,17 @@ def is_contiguous(array):
     if hasattr(array, "is_contiguous"):           # torch
         return array.is_contiguous()
     return as_array(array, "an array").is_c_contiguous
+
+
+def torch_stream(x):
+    """torch's current stream where x is a CUDA tensor (so that torch's
+    allocations, its graph captures and an op's launches stay in one order),
+    else None: the default stream."""
+    if type(x).__module__.split(".")[0] != "torch" or x.device.type != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.current_stream(x.device)
 
 
 def new_like(x, shape, kind, zeros=False):

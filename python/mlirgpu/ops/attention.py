@@ -51,8 +51,7 @@ from .._mlirgpu import LaunchError, bf16, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
 from ..runtime.kernel import kernel
 from . import arrays, attention_sm90, attention_torch
-from .arrays import dtype_of, is_contiguous, new_like
-from .attention_torch import is_torch
+from .arrays import dtype_of, is_contiguous, new_like, torch_stream
 
 __all__ = ["attention", "HEAD_DIMS"]
 
@@ -356,17 +355,6 @@ def combine_kernel_for(head_dim):
 def as_array(x, name):
     """x as an array the kernels take (arrays.as_array), named as attention's `name`."""
     return arrays.as_array(x, f"attention's {name}")
-
-
-def torch_stream(x):
-    """torch's current stream where x is a CUDA tensor (so that torch's
-    allocations, its graph captures and these launches stay in one order),
-    else None: the default stream."""
-    if not is_torch(x) or x.device.type != "cuda":
-        return None
-    import torch
-
-    return torch.cuda.current_stream(x.device)
 
 
 class Problem:

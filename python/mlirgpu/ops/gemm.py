@@ -26,7 +26,7 @@ import numpy as np
 from .._mlirgpu import LaunchError, bf16, current_device, f16
 from ..runtime import backend
 from . import ampere_gemm, hopper_gemm
-from .arrays import as_array, dtype_of, is_contiguous, new_like
+from .arrays import as_array, dtype_of, is_contiguous, new_like, torch_stream
 
 __all__ = ["matmul", "choose", "register_torch", "Choice", "SMALL_M"]
 
@@ -92,8 +92,8 @@ def _mma_sync(choice, m, k, n):
     kernel = ampere_gemm.kernel_for(config, mode, split)
     grid, block, shared = plan.grid, config.threads, config.shared_bytes()
 
-    def run(a, b, c):
-        kernel(a, b, c, partials, counters, grid=grid, block=block, shared_mem=shared)
+    def run(a, b, c, stream):
+        kernel(a, b, c, partials, counters, counters, grid=grid, block=block, shared_mem=shared, stream=stream)
     return run
 
 
@@ -104,15 +104,16 @@ def _wgmma(choice, m, k, n):
     grid = min(_ceil_div(m, config.bm) * _ceil_div(n, config.bn), choice.units)
     shared = config.shared_bytes()
 
-    def run(a, b, c):
+    def run(a, b, c, stream):
         if not isinstance(a, np.ndarray):
             a, b, c = backend.asarray(a), backend.asarray(b), backend.asarray(c)
         a_map, b_map = hopper_gemm.prepare(a, b, config)
         c_map = hopper_gemm.store_map(c)
         # A C that TMA cannot address (its start off 16 bytes) is stored from the registers.
         chosen = config if c_map is not None else config.replace(epilogue="registers")
-        hopper_gemm.kernel_for(chosen, dtype_of(a))(a_map, b_map, c_map or a_map, c, k, 1.0, 1.0, grid=grid,
-                                                      block=hopper_gemm.THREADS, shared_mem=shared)
+        hopper_gemm.kernel_for(chosen, dtype_of(a))(a_map, b_map, c_map or a_map, c, k, 1.0, 1.0,
+                                                      hopper_gemm.no_offsets(), grid=grid, block=hopper_gemm.THREADS,
+                                                      shared_mem=shared, stream=stream)
     return run
 
 
@@ -144,7 +145,7 @@ class _Call:
             self.run = (_wgmma if self.choice.kernel == "wgmma" else _mma_sync)(self.choice, m, k, n)
 
 
-def _zeros(a, b, c):
+def _zeros(a, b, c, stream):
     """A product over an empty K: zeros."""
     as_array(c, "matmul's out").fill(0)
 
@@ -238,5 +239,6 @@ def _launch(a, b, out):
         raise LaunchError(f"matmul's out is a C-contiguous {call.dtype.name} array of shape {call.shape}, "
                           f"not {out.dtype} of shape {tuple(out.shape)}")
     if call.run is not None:
-        call.run(a, b, out)
+        # On torch's current stream for CUDA tensors (torch.cuda.stream(...) blocks, graph captures).
+        call.run(a, b, out, torch_stream(a))
     return out

@@ -61,12 +61,24 @@ elements (BK = 128), and each wgmma is m64nBNk32. The scales of A and B
 (per tensor, as FP8 checkpoints carry them) are two f32 kernel scalars
 whose product multiplies the f32 accumulators in the epilogue, before
 they are converted to C's type.
+
+Grouped (`build(..., grouped=True)`, mlirgpu.ops.grouped_matmul on sm_90a):
+A holds groups of rows end to end, B (G x K x N) one matrix per group, and
+`offsets` the groups' row ends, which the kernel reads (lang.GroupedTiles:
+a tile's linear index is mapped to its group, rows and columns by walking
+the groups' tile counts). A is read through one 2-d tensor map: a tile
+that runs past its group's last row loads rows of the next group (or TMA's
+zeros past A), which only feed accumulator rows that are never stored. B
+is read through one 3-d tensor map with the group as its outer coordinate,
+so no map is made per group. The epilogue stores from the registers, the
+rows of the tile's group only.
 """
 import numpy as np
 
 from .. import cuda, layout
 from .. import language as lang
 from .._mlirgpu import DeviceArray, TensorMap, f8e4m3, f8e5m2, f32, i32, index
+from ..language.schedule import GroupedTiles
 from ..layout import wgmma as wgmma_layout
 from ..runtime import backend
 from ..runtime.kernel import kernel
@@ -177,11 +189,16 @@ CONFIGS = [Config(256, 64, 4, epilogue="tma"), Config(128, 64, 6, epilogue="tma"
            Config(256, 64, 4, epilogue="tma", multicast="B")]
 
 
-def build(config, dtype):
+def build(config, dtype, grouped=False):
     """The kernel of `config` for inputs of `dtype` (bf16, f16, or
     f8e4m3 or f8e5m2 with config.b_major == "K"), with BK = one
-    128-byte row of them (`config.for_dtype(dtype)`)."""
+    128-byte row of them (`config.for_dtype(dtype)`); `grouped`: the
+    grouped GEMM (2-byte inputs, B given as G x K x N, no multicast, the
+    register epilogue)."""
     config = config.for_dtype(dtype)
+    if grouped and (dtype in FLOATS8 or config.b_major != "MN" or config.multicast or config.epilogue != "registers"):
+        raise ValueError(f"the grouped GEMM takes 2-byte inputs, B as G x K x N, no multicast and the register "
+                         f"epilogue, not {config} for {dtype.name}")
     BM, BN, BK, STAGES = config.bm, config.bn, config.bk, config.stages
     K_STEP = 32 // dtype.itemsize  # the K of one wgmma: 32 bytes
     SCALED = dtype in FLOATS8
@@ -204,11 +221,28 @@ def build(config, dtype):
             layout.Layout(((64, BN // 64), (8, BK // 8)), ((1, 64 * BK), (64, 8 * 64))))
     M, N, out_dtype = lang.generics("M N out_dtype")
 
+    def place(tile, tiles, rows, tiles_m, tiles_n, rank):
+        """(first row, first column, B's group, the row where the tile's rows
+        end) of linear tile `tile`, as i32."""
+        if grouped:
+            at = tiles.locate(tile)
+            return tuple(lang.cast(x, i32) for x in (at.row, at.n * BN, at.group, at.row_end))
+        # Tiles in groups of GROUP_M rows, column after column inside a
+        # group: blocks running together share A's and B's panels in L2.
+        pid = lang.cast(tile, i32)
+        group_first = pid // (GROUP_M * tiles_n) * GROUP_M
+        group_rows = lang.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
+        m0 = (group_first + pid % group_rows) * (BM * CM) + (rank * BM if CM > 1 else 0)
+        n0 = pid % (GROUP_M * tiles_n) // group_rows * (BN * CN) + (rank * BN if CN > 1 else 0)
+        return m0, n0, 0, rows
+
     # c_map is read by the TMA epilogue only (the register epilogue is passed A's map in its place);
-    # scale_a and scale_b by the 8-bit kernels only.
+    # scale_a and scale_b by the 8-bit kernels only; offsets by the grouped kernel only (the others
+    # are passed no_offsets()).
     @kernel(generics=(M, N, out_dtype), max_threads=THREADS, min_blocks=1)
     def hopper_gemm(a_map: TensorMap, b_map: TensorMap, c_map: TensorMap,
-                    C: lang.memref[M, N, out_dtype], K: i32, scale_a: f32, scale_b: f32):
+                    C: lang.memref[M, N, out_dtype], K: i32, scale_a: f32, scale_b: f32,
+                    offsets: lang.memref[None, i32]):
         smem = lang.shared.dynamic(dtype)
         base = lang.shared.address(smem)
         first = lang.cast(((base + 1023) & 0xFFFFFC00) - base, index) // dtype.itemsize
@@ -221,6 +255,8 @@ def build(config, dtype):
         rank = lang.warpgroup.cluster_rank() if CLUSTER > 1 else 0
         tiles_m, tiles_n = -(-rows // (BM * CM)), -(-columns // (BN * CN))
         k_tiles = (K + (BK - 1)) // BK
+        tiles = GroupedTiles(offsets, BM, tiles_n, k_tiles) if grouped else None
+        total = tiles.total if grouped else tiles_m * tiles_n
         if lang.thread_idx.x == 0:
             for s in lang.static_range(STAGES):
                 full.init(s, 1)
@@ -238,14 +274,8 @@ def build(config, dtype):
             lang.warpgroup.set_max_registers(PRODUCER_REGISTERS, increase=False)
             if t == 0:
                 it = lang.constant(0, i32)
-                for tile in range(lang.block_idx.x // CLUSTER, tiles_m * tiles_n, lang.grid_dim.x // CLUSTER):
-                    # Tiles in groups of GROUP_M rows, column after column inside a
-                    # group: blocks running together share A's and B's panels in L2.
-                    pid = lang.cast(tile, i32)
-                    group_first = pid // (GROUP_M * tiles_n) * GROUP_M
-                    group_rows = lang.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
-                    m0 = (group_first + pid % group_rows) * (BM * CM) + (rank * BM if CM > 1 else 0)
-                    n0 = pid % (GROUP_M * tiles_n) // group_rows * (BN * CN) + (rank * BN if CN > 1 else 0)
+                for tile in range(lang.block_idx.x // CLUSTER, total, lang.grid_dim.x // CLUSTER):
+                    m0, n0, group, _ = place(tile, tiles, rows, tiles_m, tiles_n, rank)
                     for kt in range(k_tiles):
                         s = it % STAGES
                         if it >= STAGES:
@@ -275,8 +305,8 @@ def build(config, dtype):
                             lang.tma.load(b_map, smem, (n0, kt * BK), full, s, offset=b_at)
                         else:
                             for j in lang.static_range(BN // 64):
-                                lang.tma.load(b_map, smem, (kt * BK, n0 + 64 * j), full, s,
-                                            offset=b_at + j * 64 * BK)
+                                at = (group, kt * BK, n0 + 64 * j) if grouped else (kt * BK, n0 + 64 * j)
+                                lang.tma.load(b_map, smem, at, full, s, offset=b_at + j * 64 * BK)
                         it = it + 1
         else:
             lang.warpgroup.set_max_registers(CONSUMER_REGISTERS, increase=True)
@@ -305,12 +335,8 @@ def build(config, dtype):
                              * (STORE_BUFFERS * STORE_BOX_BYTES)) // C.dtype.itemsize
                 BOX_COLUMNS = 128 // C.dtype.itemsize
                 CHUNK = 16 // C.dtype.itemsize  # elements per 16 bytes, what the swizzle permutes
-            for tile in range(first_tile, tiles_m * tiles_n, step):
-                pid = lang.cast(tile, i32)
-                group_first = pid // (GROUP_M * tiles_n) * GROUP_M
-                group_rows = lang.select(tiles_m - group_first < GROUP_M, tiles_m - group_first, GROUP_M)
-                m0 = (group_first + pid % group_rows) * (BM * CM) + (rank * BM if CM > 1 else 0)
-                n0 = pid % (GROUP_M * tiles_n) // group_rows * (BN * CN) + (rank * BN if CN > 1 else 0)
+            for tile in range(first_tile, total, step):
+                m0, n0, _, row_end = place(tile, tiles, rows, tiles_m, tiles_n, rank)
                 if PINGPONG:
                     # Zeros the compiler cannot see (returned by a wait on nothing): it would
                     # otherwise rebuild the second accumulator's zeros between the two
@@ -352,7 +378,7 @@ def build(config, dtype):
                 if PINGPONG:
                     # The other warpgroup's turn, if it has a tile after this one: its
                     # wgmmas run while this one's finish and its epilogue stores them.
-                    if tile + clusters < tiles_m * tiles_n:
+                    if tile + clusters < total:
                         lang.warpgroup.arrive(3 + w, 256)
                 acc = lang.wgmma.wait_group(0, acc)
                 # The tile's last slice.
@@ -391,7 +417,7 @@ def build(config, dtype):
                                 lang.tma.store(c_map, out, (row0, n0 + box * BOX_COLUMNS), offset=at)
                                 lang.tma.commit_group()
                     else:
-                        inside = (m0 + BM <= rows) & (n0 + BN <= columns)
+                        inside = (m0 + BM <= row_end) & (n0 + BN <= columns)
                         if inside:
                             for r in lang.static_range(0, BN // 2, 2):
                                 row, col = lang.wgmma.accumulator_coordinates(r, t)
@@ -405,7 +431,7 @@ def build(config, dtype):
                         else:
                             for r in lang.static_range(BN // 2):
                                 row, col = lang.wgmma.accumulator_coordinates(r, t)
-                                if (row0 + row < rows) & (n0 + col < columns):
+                                if (row0 + row < row_end) & (n0 + col < columns):
                                     C[row0 + row, n0 + col] = lang.cast(values[r], C.dtype)
             if TMA_EPILOGUE:
                 if t == 0:
@@ -427,11 +453,23 @@ def config_for(config, dtype):
 _KERNELS = {}
 
 
-def kernel_for(config, dtype):
-    key = (repr(config.for_dtype(dtype)), dtype)
+def kernel_for(config, dtype, grouped=False):
+    key = (repr(config.for_dtype(dtype)), dtype, grouped)
     if key not in _KERNELS:
-        _KERNELS[key] = build(config, dtype)
+        _KERNELS[key] = build(config, dtype, grouped)
     return _KERNELS[key]
+
+
+_NO_OFFSETS = {}
+
+
+def no_offsets():
+    """The `offsets` argument of the kernels that do not read it: an i32
+    array of one element on the current backend and device, made once."""
+    key = (backend.backend(), cuda.current_device() if backend.backend() == "cuda" else None)
+    if key not in _NO_OFFSETS:
+        _NO_OFFSETS[key] = np.zeros(1, np.int32) if key[0] == "cpu" else backend.zeros((1,), i32)
+    return _NO_OFFSETS[key]
 
 
 def _padded(array, axis, multiple):
@@ -484,7 +522,7 @@ def matmul(A, B, out_dtype=f32, config=None, C=None, maps=None, stream=None, sca
         N = B.shape[0] if config_for(config, A.dtype).b_major == "K" else B.shape[1]
         C = backend.empty((A.shape[0], N), out_dtype)
     gemm, arguments, keywords = plan(A, B, C, config, maps)
-    gemm(*arguments, scale_a, scale_b, stream=stream, **keywords)
+    gemm(*arguments, scale_a, scale_b, no_offsets(), stream=stream, **keywords)
     return C
 
 
@@ -500,7 +538,8 @@ def check_scales(A, scale_a, scale_b):
 
 def plan(A, B, C, config=None, maps=None):
     """What a launch of C = A @ B needs but the scales and the stream: the
-    specialization, its arguments up to the scales, and its launch keywords."""
+    specialization, its arguments up to the scales (after them it takes
+    no_offsets()), and its launch keywords."""
     config = config_for(config, A.dtype)
     M, K = A.shape
     N = B.shape[0] if config.b_major == "K" else B.shape[1]
@@ -519,6 +558,28 @@ def plan(A, B, C, config=None, maps=None):
     keywords = {"grid": grid, "block": THREADS, "shared_mem": config.shared_bytes(),
                 "cluster": (cm * cn, 1, 1) if cm * cn > 1 else None}
     return gemm[M, N, C.dtype], (a_map, b_map, c_map or a_map, C, K), keywords
+
+
+#: The grouped kernel's configuration: 128 x 256 tiles, 4 stages, the register epilogue.
+GROUPED = Config(256, 64, 4)
+
+
+def grouped_plan(A, B, offsets, C, config=GROUPED):
+    """What a launch of the grouped GEMM needs but the stream (A: total_M x K,
+    B: G x K x N, offsets: the groups' row ends, an i32 array the kernel
+    reads, C: total_M x N): the specialization, its arguments and its launch
+    keywords. K and N are multiples of 8 (TMA reads rows of 16-byte
+    multiples: tensor_map refuses others)."""
+    (total_m, k), (groups, _, n) = A.shape, B.shape
+    config = config.for_dtype(A.dtype)
+    a_map = tensor_map(A, box=(config.bm, config.bk), swizzle="128B")
+    b_map = tensor_map(B, box=(1, config.bk, 64), swizzle="128B")
+    # Each group's tiles: at most one more row of tiles than its rows fill.
+    tiles = (-(-total_m // config.bm) + groups) * -(-n // config.bn)
+    sms = cuda.Device(cuda.current_device()).multiprocessor_count if backend.backend() == "cuda" else 1
+    keywords = {"grid": min(tiles, sms), "block": THREADS, "shared_mem": config.shared_bytes()}
+    gemm = kernel_for(config, A.dtype, grouped=True)
+    return gemm[total_m, n, C.dtype], (a_map, b_map, a_map, C, k, 1.0, 1.0, offsets), keywords
 
 
 def available():
@@ -551,5 +612,5 @@ def launch(A, B, C, config=None, stream=None, scale_a=1.0, scale_b=1.0):
             del _PLANS[next(iter(_PLANS))]
         _PLANS[key] = planned   # the most recent last
     gemm, arguments, keywords = planned
-    gemm(*arguments, scale_a, scale_b, stream=stream, **keywords)
+    gemm(*arguments, scale_a, scale_b, no_offsets(), stream=stream, **keywords)
     return C

@@ -1,0 +1,201 @@
+"""Grouped GEMM, as a mixture-of-experts layer runs it: mlirgpu.ops.grouped_matmul
+multiplies each group of rows of A by its own matrix of B, in one launch.
+
+A (total_M, K) holds the groups' rows end to end, B (G, K, N) one matrix per
+group, offs (G,) int32 the groups' cumulative row ends: group g owns rows
+offs[g - 1] .. offs[g] of A and of C (from row 0 for g = 0), as
+torch._grouped_mm takes them. The kernel reads the offsets from device
+memory: no host synchronization and no work per group on the host. Its
+persistent blocks take whole tiles in turn, a tile's linear index mapped to
+(group, rows, columns) by walking the groups' tile counts in the kernel
+(lang.GroupedTiles): a tile covers rows of one group only, the last of a
+group partial.
+
+Two kernels, chosen by the GPU (the CPU backend plans as gemm._device says):
+
+- "wgmma" on sm_90a: hopper_gemm's persistent warp-specialized kernel in its
+  grouped form (128 x 256 tiles, TMA through one 2-d map of A and one 3-d
+  map of B, the register epilogue storing the group's rows only). TMA reads
+  rows of 16-byte multiples: K and N must be multiples of 8.
+- "mma.sync" elsewhere: ampere_gemm's kernel in its "grouped" mode (128 x 128
+  tiles, B viewed as G * K rows of N): rows past a tile's group read as
+  zeros and are not written, so any K and N work.
+
+Either takes empty groups and groups smaller than a tile.
+"""
+from collections import namedtuple
+
+import numpy as np
+
+from .._mlirgpu import LaunchError, bf16, f16, i32
+from ..runtime import backend
+from . import ampere_gemm, gemm, hopper_gemm
+from .arrays import as_array, dtype_of, is_contiguous, new_like, torch_stream
+
+__all__ = ["grouped_matmul", "register_torch"]
+
+CONFIG = gemm.SQUARE     # mma.sync: 128 x 128 tiles, 3 stages of BK = 64, fits every sm_80-90
+
+#: What a grouped matmul of one (shapes, dtype, device) runs: the kernel
+#: ("wgmma" or "mma.sync"), the output's shape and dtype, and for mma.sync
+#: the persistent grid and the workspace the kernel is passed.
+_Call = namedtuple("_Call", "kernel shape dtype grid partials counters")
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def _check(A, B, O):
+    """The shapes and dtypes grouped_matmul takes, or a LaunchError."""
+    if len(A.shape) != 2 or len(B.shape) != 3 or len(O.shape) != 1:
+        raise LaunchError(f"grouped_matmul takes a (total_M, K), b (G, K, N) and offs (G,), not shapes "
+                          f"{tuple(A.shape)}, {tuple(B.shape)} and {tuple(O.shape)}")
+    (total_m, k), (groups, k2, n) = A.shape, B.shape
+    if k != k2:
+        raise LaunchError(f"grouped_matmul's a {tuple(A.shape)} and b {tuple(B.shape)} do not multiply: "
+                          f"a has {k} columns, b's matrices {k2} rows")
+    if O.shape[0] != groups:
+        raise LaunchError(f"grouped_matmul's offs has one row end per group of b: {groups}, not {O.shape[0]}")
+    dtype = dtype_of(A)
+    if dtype not in (f16, bf16) or dtype_of(B) != dtype:
+        raise LaunchError(f"grouped_matmul takes a and b of one dtype, f16 or bf16; got {A.dtype} and {B.dtype}")
+    if dtype_of(O) != i32:
+        raise LaunchError(f"grouped_matmul's offs are int32, not {O.dtype}")
+    return (total_m, n), dtype
+
+
+def check_offsets(offsets, total_m):
+    """Host offsets (a NumPy array) that rise from 0 to at most total_m, or a
+    LaunchError naming the first that does not."""
+    previous = 0
+    for g, end in enumerate(offsets.tolist()):
+        if end < previous:
+            raise LaunchError(f"grouped_matmul's offs must not decrease: offs[{g}] = {end} < {previous}")
+        previous = end
+    if previous > total_m:
+        raise LaunchError(f"grouped_matmul's offs end at row {previous}, past a's {total_m} rows")
+
+
+def _plan(shape, dtype, groups, k):
+    """The kernel of the launch, and for mma.sync its grid and workspace:
+    persistent blocks, as many as the tiles of the largest split of rows
+    into groups, at most the GPU's."""
+    (total_m, n) = shape
+    chip, multiprocessors = gemm._device()
+    if chip == "sm_90a":
+        if k % 8 or n % 8:
+            raise LaunchError(f"grouped_matmul on sm_90a needs K and N multiples of 8 (TMA reads rows of "
+                              f"16-byte multiples), not K = {k}, N = {n}")
+        return _Call("wgmma", shape, dtype, None, None, None)
+    per_sm = 2 if chip == "sm_80" else 1
+    # Each group's tiles: at most one more row of tiles than its rows fill.
+    tiles = (_ceil_div(total_m, CONFIG.bm) + groups) * _ceil_div(n, CONFIG.bn)
+    schedule = ampere_gemm.plan(1, max(k, 1), n, CONFIG)
+    return _Call("mma.sync", shape, dtype, min(tiles, per_sm * multiprocessors), *ampere_gemm.workspace(schedule))
+
+
+_CALLS = {}
+
+
+def _launch(a, b, offsets, out):
+    """grouped_matmul's work, outside torch.compile's tracing."""
+    A, B, O = (as_array(a, "grouped_matmul's a"), as_array(b, "grouped_matmul's b"),
+               as_array(offsets, "grouped_matmul's offs"))
+    key = gemm._key(a, b) + (tuple(O.shape),)
+    call = _CALLS.get(key)
+    if call is None:
+        shape, dtype = _check(A, B, O)
+        call = _CALLS[key] = _plan(shape, dtype, B.shape[0], B.shape[1])
+        if gemm._compiling is None and type(a).__module__.split(".")[0] == "torch":
+            gemm.register_torch()
+    if not (is_contiguous(a) and is_contiguous(b) and is_contiguous(offsets)):
+        raise LaunchError("grouped_matmul's a, b and offs must be C-contiguous (copy them first)")
+    if isinstance(offsets, np.ndarray):
+        check_offsets(offsets, call.shape[0])
+        if backend.current().name != "cpu":
+            O = backend.to_device(offsets)
+    if out is None:
+        out = new_like(a, call.shape, call.dtype)
+    elif tuple(out.shape) != call.shape or (out.dtype != a.dtype and dtype_of(out) != call.dtype) or \
+            not is_contiguous(out):
+        raise LaunchError(f"grouped_matmul's out is a C-contiguous {call.dtype.name} array of shape {call.shape}, "
+                          f"not {out.dtype} of shape {tuple(out.shape)}")
+    groups, k, n = B.shape
+    if call.shape[0] * n * k * groups == 0:
+        # Nothing to multiply: the groups' rows (all of them, at most) are sums over an empty K.
+        if k == 0:
+            as_array(out, "grouped_matmul's out").fill(0)
+        return out
+    C, stream = as_array(out, "grouped_matmul's out"), torch_stream(a)
+    if call.kernel == "wgmma":
+        # The tensor maps hold the arrays' addresses: made per call.
+        spec, arguments, keywords = hopper_gemm.grouped_plan(A, B, O, C)
+        spec(*arguments, stream=stream, **keywords)
+        return out
+    # B's matrices one below the other: group g's rows of B start at row g * K.
+    ampere_gemm.kernel_for(CONFIG, "grouped")(A, B.reshape(groups * k, n), C, call.partials, call.counters, O,
+                                              grid=call.grid, block=CONFIG.threads, shared_mem=CONFIG.shared_bytes(),
+                                              stream=stream)
+    return out
+
+
+def grouped_matmul(a, b, offs, *, out=None):
+    """For each group g: C[rows of g] = A[rows of g] @ B[g], in one launch.
+
+    a (total_M, K) holds the groups' rows end to end and b (G, K, N) their
+    matrices, both f16 or both bf16 and C-contiguous; offs (G,) int32 holds
+    the groups' cumulative row ends (group g owns rows offs[g - 1] ..
+    offs[g], from row 0 for g = 0), as torch._grouped_mm takes them.
+    Returns C (total_M, N) of a's dtype, the products summed in float32: out
+    (a C-contiguous array of that shape and dtype) or a new array in a's
+    library. Rows past offs[-1] are not written.
+
+    Offsets on the host (a NumPy array) are checked: offsets that decrease
+    or end past a's rows are a LaunchError. Offsets on the device are read
+    by the kernel only, never by the host; that they rise is then the
+    caller's contract, as for torch._grouped_mm. Bad shapes and dtypes are a
+    LaunchError (a ValueError), what is no array a TypeError.
+
+        c = mlirgpu.ops.grouped_matmul(tokens, expert_weights, offs)
+
+    With torch tensors it is also torch.ops.mlirgpu.grouped_matmul, which
+    torch.compile keeps in its graph.
+    """
+    if gemm._compiling is not None and gemm._compiling():
+        result = register_torch()(a, b, offs)
+        return result if out is None else out.copy_(result)
+    return _launch(a, b, offs, out)
+
+
+_registered = None
+
+
+def register_torch():
+    """Registers torch.ops.mlirgpu.grouped_matmul, a torch custom op running
+    grouped_matmul, with a fake implementation (the output's shape and
+    dtype) for torch.compile; once. Returns the op."""
+    global _registered
+    import torch
+
+    if _registered is None:
+        @torch.library.custom_op("mlirgpu::grouped_matmul", mutates_args=())
+        def grouped_matmul_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+            # Rows past the last group are zeros here: an op's output holds no garbage.
+            return _launch(a, b, offs, a.new_zeros((a.shape[0], b.shape[2])))
+
+        @grouped_matmul_op.register_fake
+        def _(a, b, offs):
+            torch._check(a.dim() == 2 and b.dim() == 3 and a.shape[1] == b.shape[1],
+                         lambda: f"mlirgpu::grouped_matmul multiplies (total_M, K) by (G, K, N), "
+                                 f"not {a.shape} by {b.shape}")
+            torch._check(offs.dim() == 1 and offs.shape[0] == b.shape[0] and offs.dtype == torch.int32,
+                         lambda: f"mlirgpu::grouped_matmul takes int32 offs of shape (G,), not {offs.dtype} "
+                                 f"of shape {offs.shape}")
+            torch._check(a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16),
+                         lambda: f"mlirgpu::grouped_matmul takes one dtype, f16 or bf16, not {a.dtype} and {b.dtype}")
+            return a.new_empty((a.shape[0], b.shape[2]))
+
+        _registered = grouped_matmul_op
+    gemm.register_torch()    # torch.compiler.is_compiling, which grouped_matmul asks
+    return torch.ops.mlirgpu.grouped_matmul

@@ -1,0 +1,122 @@
+"""C = (scale_a * scale_b) * (A @ B) in 8-bit floats: mlirgpu.ops.scaled_matmul,
+as torch._scaled_mm takes it, through hopper_gemm's FP8 kernel (TMA and
+wgmma m64nNk32, the scales applied to the f32 accumulators in the epilogue).
+
+A (M, K) is f8e4m3 and row-major; B (K, N) is f8e4m3 and column-major (B.T
+is C-contiguous: an (N, K) weight w passed as w.t(), as torch._scaled_mm
+wants it), which is the N x K operand wgmma reads 8-bit inputs as. The
+scales are per tensor: numbers, or arrays of one element. Only sm_90a's
+wgmma reads 8-bit floats here: elsewhere, the CPU backend included (it
+emulates no FP8 wgmma), the op is a LaunchError saying so.
+"""
+import numbers
+
+from .._mlirgpu import DType, LaunchError, bf16, dtype, f8e4m3, f16, f32
+from ..runtime import backend
+from . import gemm, hopper_gemm
+from .arrays import as_array, dtype_of, is_contiguous, new_like, torch_stream
+
+__all__ = ["scaled_matmul", "register_torch"]
+
+OUT_DTYPES = (bf16, f16, f32)
+
+
+def _scale(value, what):
+    """A per-tensor scale as a Python float: a number, or an array of one
+    element (read on the host: a device array's is copied back)."""
+    if isinstance(value, numbers.Real):
+        return float(value)
+    shape = tuple(getattr(value, "shape", (None,)))
+    if len(shape) > 1 or shape not in ((), (1,)):
+        raise LaunchError(f"scaled_matmul's {what} is a per-tensor scale: a number or an array of one element, "
+                          f"not {type(value).__name__} of shape {shape}")
+    if hasattr(value, "item"):     # NumPy, torch, CuPy, JAX
+        return float(value.item())
+    return float(value.get().reshape(()))
+
+
+def _out_dtype(kind):
+    """out_dtype as an mlirgpu dtype: given as one, a NumPy dtype, a name or a torch dtype."""
+    if type(kind).__module__ == "torch":
+        kind = str(kind).removeprefix("torch.")    # torch.bfloat16 -> "bfloat16"
+    try:
+        kind = kind if isinstance(kind, DType) else dtype(kind)
+    except (TypeError, ValueError):
+        kind = None
+    if kind not in OUT_DTYPES:
+        raise LaunchError(f"scaled_matmul's out_dtype is bf16, f16 or f32, not {kind}")
+    return kind
+
+
+def scaled_matmul(a, b, scale_a, scale_b, out_dtype=bf16, *, out=None):
+    """(scale_a * scale_b) * (a @ b) for f8e4m3 a (M, K), row-major, and b
+    (K, N), column-major (b.T C-contiguous), as torch._scaled_mm takes them;
+    the products summed in float32, scaled, and returned as `out_dtype`
+    (bf16, f16 or f32, or torch's): `out` (a C-contiguous (M, N) array of
+    it) or a new array in a's library. scale_a and scale_b are numbers or
+    arrays of one element (a device array's is read back to the host). K
+    and N are multiples of 16 (TMA reads rows of 16-byte multiples).
+
+    Runs on sm_90a GPUs (wgmma reads 8-bit floats); elsewhere it is a
+    LaunchError, as are bad shapes, layouts and dtypes (a ValueError); what
+    is no array is a TypeError.
+
+        c = mlirgpu.ops.scaled_matmul(x8, w8.t(), scale_x, scale_w)
+    """
+    out_dtype = _out_dtype(out_dtype)
+    A, B = as_array(a, "scaled_matmul's a"), as_array(b, "scaled_matmul's b")
+    if len(A.shape) != 2 or len(B.shape) != 2:
+        raise LaunchError(f"scaled_matmul multiplies 2-d arrays, not shapes {tuple(A.shape)} and {tuple(B.shape)}")
+    B = B.T    # N x K, as the kernel reads it
+    (m, k), (n, k2) = A.shape, B.shape
+    if k != k2:
+        raise LaunchError(f"scaled_matmul's a {tuple(A.shape)} and b {tuple(b.shape)} do not multiply: "
+                          f"a has {k} columns, b {k2} rows")
+    if dtype_of(A) != f8e4m3 or dtype_of(B) != f8e4m3:
+        raise LaunchError(f"scaled_matmul takes a and b of f8e4m3, not {A.dtype} and {B.dtype}")
+    if k % 16 or n % 16:
+        raise LaunchError(f"scaled_matmul needs K and N multiples of 16 (TMA reads rows of 16-byte multiples), "
+                          f"not K = {k}, N = {n}")
+    if not (is_contiguous(A) and is_contiguous(B)):
+        raise LaunchError("scaled_matmul's a is row-major and b column-major (b.T C-contiguous), "
+                          "as torch._scaled_mm takes them")
+    where = "the CPU backend, which emulates no FP8 wgmma" if backend.current().name == "cpu" else gemm._device()[0]
+    if where != "sm_90a":
+        raise LaunchError(f"scaled_matmul needs an sm_90a GPU (wgmma reads the 8-bit floats), not {where}")
+    if out is None:
+        out = new_like(a, (m, n), out_dtype)
+    elif tuple(out.shape) != (m, n) or dtype_of(out) != out_dtype or not is_contiguous(out):
+        raise LaunchError(f"scaled_matmul's out is a C-contiguous {out_dtype.name} array of shape {(m, n)}, "
+                          f"not {out.dtype} of shape {tuple(out.shape)}")
+    hopper_gemm.launch(A, B, as_array(out, "scaled_matmul's out"), stream=torch_stream(a),
+                       scale_a=_scale(scale_a, "scale_a"), scale_b=_scale(scale_b, "scale_b"))
+    return out
+
+
+_registered = None
+
+
+def register_torch():
+    """Registers torch.ops.mlirgpu.scaled_matmul, a torch custom op running
+    scaled_matmul (scales as 1-element float32 tensors, the output's dtype
+    as a torch dtype), with a fake implementation for torch.compile; once.
+    Returns the op."""
+    global _registered
+    import torch
+
+    if _registered is None:
+        @torch.library.custom_op("mlirgpu::scaled_matmul", mutates_args=())
+        def scaled_matmul_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                             out_dtype: torch.dtype) -> torch.Tensor:
+            return scaled_matmul(a, b, scale_a, scale_b, out_dtype)
+
+        @scaled_matmul_op.register_fake
+        def _(a, b, scale_a, scale_b, out_dtype):
+            torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
+                         lambda: f"mlirgpu::scaled_matmul multiplies (M, K) by (K, N), not {a.shape} by {b.shape}")
+            torch._check(a.dtype == b.dtype == torch.float8_e4m3fn,
+                         lambda: f"mlirgpu::scaled_matmul takes float8_e4m3fn, not {a.dtype} and {b.dtype}")
+            return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+        _registered = scaled_matmul_op
+    return torch.ops.mlirgpu.scaled_matmul
