@@ -232,6 +232,17 @@ def test_export_refuses_bad_options(tmp_path, options, message):
         mg.export([reverse], tmp_path, **options)
 
 
+@mg.kernel
+def mapped(x_map: mg.TensorMap, x: mg.memref[L, mg.f32]):
+    x[mg.thread_idx.x] = 1.0
+
+
+def test_export_refuses_tensor_maps_naming_the_kernel_and_why(tmp_path):
+    with pytest.raises(ValueError, match=r"mapped takes tensor maps \(x_map\), which an exported function "
+                                         r"cannot: a tensor map is encoded by the driver"):
+        mg.export([mapped], tmp_path)
+
+
 def test_export_takes_kernels_only(tmp_path):
     with pytest.raises(TypeError, match="takes kernels and specializations, not function"):
         mg.export([lambda: None], tmp_path)

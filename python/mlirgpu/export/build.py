@@ -66,8 +66,12 @@ class _Exported:
                 raise ValueError(f"mg.export: the specializations of {self.name} differ in element types; a C "
                                  f"function has one set of pointer types: export each under a kernel of its own")
         self.params = first._param_types()
-        if any(dtype is TensorMap for _, _, dtype in self.params):
-            raise ValueError(f"mg.export: {self.name} takes a tensor map, which an exported function cannot")
+        maps = [p.name for p, _, dtype in self.params if dtype is TensorMap]
+        if maps:
+            raise ValueError(f"mg.export: {self.name} takes tensor maps ({', '.join(maps)}), which an exported "
+                             f"function cannot: a tensor map is encoded by the driver from the caller's pointer "
+                             f"and shape, and the library does not encode them yet. Export a kernel that takes "
+                             f"the arrays themselves (mma.sync rather than TMA), or launch this one from Python")
         self.extents = [f"{p.name}_extent{d}" for p, shape, _ in self.params if shape is not None
                         for d, size in enumerate(p.memref.shape) if size is None]
         stored = set().union(*(map(_owners(spec).__getitem__, spec.stored_params()) for spec, _ in self.variants))
