@@ -169,6 +169,13 @@ def test_the_c_program_of_the_example_runs_on_the_cpu_build(tmp_path):
     errors = [float(e) for e in re.findall(r"on the cpu: relative error (\S+)", done.stdout)]
     assert len(errors) == 3 and all(e < 1e-5 for e in errors), done.stdout
     assert "a zero size: sgemm: size M is 0; sizes are positive" in done.stdout
+    # Attention is in the library, and without a GPU its call fails with a status and a message.
+    assert re.search(r"attention: not run on the cpu: attention_forward: there is no GPU \(MLIRGPU_BACKEND=cpu\) "
+                     r"and the library has no CPU build of \S*attention_forward\[T=f16\]", done.stdout), done.stdout
+    header = (tmp_path / "out" / "kernels.h").read_text()
+    assert ("kernels_status kernels_attention_forward(void *stream, const uint16_t *q, const uint16_t *k, "
+            "const uint16_t *v, uint16_t *o, float *lse, const int32_t *cu_q, const int32_t *cu_k, float scale_log2, "
+            "int32_t left, int32_t right, int64_t q_extent0,") in header
 
 
 def test_the_command_line_exports(tmp_path, on_cpu):
@@ -280,8 +287,11 @@ def test_the_c_program_of_the_example_runs_on_the_gpu(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "export" / "build.py"), str(tmp_path / "out")],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    errors = [float(e) for e in re.findall(r"on the cuda: relative error (\S+)", done.stdout)]
+    errors = [float(e) for e in re.findall(r"sgemm .* on the cuda: relative error (\S+)", done.stdout)]
     assert len(errors) == 3 and all(e < 1e-5 for e in errors), done.stdout
+    attention = re.findall(r"attention 2x80x2x64 on the cuda: relative error (\S+), log-sum-exp error (\S+)",
+                           done.stdout)
+    assert len(attention) == 1 and float(attention[0][0]) < 1e-2 and float(attention[0][1]) < 1e-3, done.stdout
 
 
 def test_the_library_holds_one_cpu_build_per_variant(sgemm_library):

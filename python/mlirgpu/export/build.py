@@ -75,7 +75,9 @@ class _Exported:
         self.extents = [f"{p.name}_extent{d}" for p, shape, _ in self.params if shape is not None
                         for d, size in enumerate(p.memref.shape) if size is None]
         stored = set().union(*(map(_owners(spec).__getitem__, spec.stored_params()) for spec, _ in self.variants))
-        self.readonly = {i for i, (_, shape, _) in enumerate(self.params) if shape is not None and i not in stored}
+        # An array annotated .readonly() is const too: storing to it does not compile, a cp.async from it reads.
+        self.readonly = {i for i, (p, shape, _) in enumerate(self.params)
+                         if shape is not None and (i not in stored or p.memref.is_readonly)}
         self.launch = _launch_rule(self.name, launch, self.size_names + self.extents)
 
     def c_parameters(self) -> list[tuple[str, str]]:
