@@ -120,8 +120,9 @@ def measure_all(paths, launches, repeats, batch):
     return medians, over
 
 
-def c_floor(cubin, launches, repeats, batch):
-    """{stream: (host, +sync)} of cuLaunchKernel from C, or {} where it cannot be built."""
+def c_floor(cubin, launches, repeats, batch, library=None, kernel=None):
+    """{stream: (host, +sync)} of cuLaunchKernel from C, and with an exported `library` and its
+    `kernel` of the same work also {"exported-" + stream: ...} of its function; {} where it cannot be built."""
     source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_floor.c")
     cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     if shutil.which("gcc") is None or not os.path.exists(os.path.join(cuda_home, "include", "cuda.h")):
@@ -131,8 +132,9 @@ def c_floor(cubin, launches, repeats, batch):
         with open(image, "wb") as f:
             f.write(cubin)
         subprocess.run(["gcc", "-O2", "-std=c11", "-D_POSIX_C_SOURCE=199309L", f"-I{cuda_home}/include",
-                        source, f"-L{cuda_home}/lib64/stubs", "-lcuda", "-o", binary], check=True)
-        out = subprocess.run([binary, image, "add", str(launches), str(repeats), str(batch)],
+                        source, f"-L{cuda_home}/lib64/stubs", "-lcuda", "-ldl", "-o", binary], check=True)
+        exported = [str(library), kernel] if library else []
+        out = subprocess.run([binary, image, "add", str(launches), str(repeats), str(batch), *exported],
                              check=True, capture_output=True, text=True).stdout
     return {name: (float(host), float(synced)) for name, host, synced in map(str.split, out.splitlines())}
 
