@@ -126,6 +126,62 @@ def test_a_kernel_without_a_cpu_build_says_so(tmp_path, on_cpu):
         lib.reverse(None, x, np.zeros_like(x), 10, grid=1, block=64)
 
 
+BLOCK = mg.generics("BLOCK")
+
+
+@mg.autotune(configs=[dict(BLOCK=32), dict(BLOCK=64)], key=["N"], progress=False)
+@mg.kernel(generics=(N, BLOCK))
+def tiles(out: mg.memref[N, mg.i32]):
+    i = mg.block_idx.x * BLOCK + mg.thread_idx.x
+    if i < N:
+        out[i] = mg.cast(BLOCK * 1000 + mg.block_idx.x, mg.i32)
+
+
+TILES_LAUNCH = {"tiles": {"grid": ("(N + BLOCK - 1) / BLOCK",), "block": ("BLOCK",)}}
+
+
+def test_an_autotuning_table_exports_each_tuned_config_chosen_by_size(tmp_path, on_cpu):
+    table = {(100,): {"BLOCK": 32}, (256,): {"BLOCK": 64}}
+    library = mg.export([tiles], tmp_path, name="tuned", chips=["sm_80"], tuned={"tiles": table},
+                        launch=TILES_LAUNCH)
+    # The tuned generic is no parameter: the size picks the config, and the launch rule reads it.
+    assert "tuned_status tuned_tiles(void *stream, int32_t *out, int64_t N);" in (tmp_path / "tuned.h").read_text()
+    readme = (tmp_path / "README.md").read_text()
+    assert "tiles[N=100, BLOCK=32]" in readme and "tiles[N=256, BLOCK=64]" in readme
+    lib = mg.load_library(library)
+    for size, block in ((100, 32), (256, 64)):
+        out = np.zeros(size, np.int32)
+        lib.tiles(None, out, size)
+        np.testing.assert_array_equal(out, block * 1000 + np.arange(size) // block)
+    with pytest.raises(mg.LaunchError, match="tiles: no exported specialization serves N=7"):
+        lib.tiles(None, np.zeros(7, np.int32), 7)
+
+
+def test_an_autotuned_kernel_exports_the_choices_recorded_for_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLIRGPU_CACHE_DIR", str(tmp_path / "cache"))
+    tiles._store("NVIDIA H200", (512,), {"BLOCK": 64})
+    tiles._store("NVIDIA A100-SXM4-80GB", (512,), {"BLOCK": 32})
+    assert tiles.table("NVIDIA H200") == {(512,): {"BLOCK": 64}}
+    assert tiles.table("NVIDIA A100-SXM4-80GB") == {(512,): {"BLOCK": 32}}
+    library = mg.export([tiles], tmp_path / "out", chips=["sm_90a"], tuned={"tiles": tiles.table("NVIDIA H200")},
+                        launch=TILES_LAUNCH)
+    assert "tiles[N=512, BLOCK=64]" in (library.parent / "README.md").read_text()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"launch": TILES_LAUNCH}, r"tiles is autotuned and has no table: tune it on the GPU"),
+    ({"tuned": {"tiles": {(100,): {"BLOCK": 32}}}}, r"tiles is autotuned: its launch shape depends on the tuned "
+                                                    r"config, so give it a rule in launch= on its sizes and BLOCK"),
+    ({"tuned": {"tiles": {(100,): {"WIDTH": 32}}}, "launch": TILES_LAUNCH},
+     r"tiles's table maps the values of \(N\) to a config of BLOCK"),
+    ({"tuned": {"other": {}}, "launch": TILES_LAUNCH}, r"names kernels that are not exported autotuned"),
+])
+def test_an_autotuned_export_refuses_what_it_cannot_build(tmp_path, options, message, monkeypatch):
+    monkeypatch.setenv("MLIRGPU_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=message):
+        mg.export([tiles], tmp_path, chips=["sm_80"], **options)
+
+
 FAKE_DRIVER_CALLS = """
 import ctypes, sys
 fake = ctypes.CDLL(sys.argv[1])
