@@ -23,8 +23,8 @@ from .. import _mlirgpu, ir
 from .._mlirgpu import CompileError, TensorMap
 from ..compiler import toolkit
 from ..language.generics import DIVISOR, Dynamic
-from ..runtime.cpu import PIPELINE
 from ..runtime.autotune import Autotuner
+from ..runtime.cpu import PIPELINE
 from ..runtime.kernel import Kernel, Specialization
 from ..targets.cpu import INDICES, CpuLowering
 
@@ -39,7 +39,7 @@ C_TYPES = {"bool_": "uint8_t", "i8": "int8_t", "i16": "int16_t", "i32": "int32_t
 # Scalars a CPU build takes by value as the C type above (f16 and bf16 travel in float registers).
 _CPU_SCALARS = set(C_TYPES) - {"f16", "bf16"}
 _CHIP = re.compile(r"sm_(\d+)(a?)")
-_GRID_EXPRESSION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+|[-+*/%() ]")
+_LAUNCH_EXPRESSION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+|[-+*/%() ]")
 _RUNTIME_NAMES = {"last_error", "backend", "alloc", "free", "copy_to_device", "copy_to_host", "signatures"}
 
 
@@ -143,13 +143,14 @@ def _launch_rule(name, launch, sizes):
         raise ValueError(f"mg.export(launch=...): {name}'s grid and block have 1 to 3 entries")
     shape = {"grid": grid, "block": block, "shared_mem": (rule.get("shared_mem", 0),)}
     for part, entries in shape.items():
+        least = 1 if part == "block" else 0
         for entry in entries:
             if isinstance(entry, bool) or not isinstance(entry, (int, str)) or (isinstance(entry, int) and
-                                                                                  entry < (part == "block")):
+                                                                                  entry < least):
                 raise ValueError(f"mg.export(launch=...): {name}'s {part} takes ints and C expressions of its "
                                  f"sizes, got {entry!r}")
             text = str(entry)
-            tokens = _GRID_EXPRESSION.findall(text)
+            tokens = _LAUNCH_EXPRESSION.findall(text)
             names = {t for t in tokens if t[0].isalpha() or t[0] == "_"}
             if "".join(tokens) != text or names - set(sizes):
                 raise ValueError(f"mg.export(launch=...): {name}'s {part} entry {text!r} is not arithmetic on its "
