@@ -110,14 +110,20 @@ POLL = "mg_host_poll"
 
 def _poll_loops(module):
     """A call of POLL at the top of each loop body of the host functions, but
-    inside async.execute (whose body may run on a thread of the runtime)."""
+    inside async.execute (whose body may run on a thread of the runtime): of
+    scf and affine loops, and of every block a branch reaches (a loop of
+    cf.br goes through one: an entry block has no predecessor)."""
     bodies = []
     for function in module.body.operations:
         if function.name != "func.func":
             continue
         for op in function.walk():
-            if op.name in ("scf.for", "scf.while", "affine.for") and not _in_async(op):
+            if _in_async(op):
+                continue
+            if op.name in ("scf.for", "scf.while", "affine.for"):
                 bodies.append(op.regions[1 if op.name == "scf.while" else 0].blocks[0])
+            for region in op.regions:
+                bodies.extend(list(region.blocks)[1:])
     if not bodies:
         return
     context = module.context
