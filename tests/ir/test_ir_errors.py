@@ -589,12 +589,14 @@ def test_replace_all_uses_with_a_result_of_a_user(ctx):
     "ir.Attribute.parse('[' * 4000 + ']' * 4000)",
     "_mlirgpu.lower('module {' * 4000 + '}' * 4000, 'canonicalize')",
     "mg.HostProgram('module {' * 4000 + '}' * 4000)",
+    "passes.run(ir.Module.parse('module {}'), 'builtin.module(' * 100000 + 'canonicalize' + ')' * 100000)",
+    "_mlirgpu.lower('module {}', 'func.func(' * 100000 + ')' * 100000)",
 ])
 def test_deeply_nested_text_raises_instead_of_overflowing_the_stack(parse):
     assert_isolated(f"""
         import threading
         import mlirgpu as mg
-        from mlirgpu import _mlirgpu, ir
+        from mlirgpu import _mlirgpu, ir, passes
         def parse():
             with ir.Context():
                 try:
