@@ -94,13 +94,7 @@ print("then", x[31])
 """, "KeyboardInterrupt\nthen 31")
 
 
-def test_ctrl_c_stops_a_host_program_that_loops():
-    assert_isolated(INTERRUPT + """
-import mlirgpu as mg
-program = mg.HostProgram('''
-func.func @spin(%n: i64) -> i64 {
-  %c1 = arith.constant 1 : i64
-  %c0 = arith.constant 0 : i64
+@pytest.mark.parametrize("loop", ["""
   %r = scf.while (%i = %n) : (i64) -> i64 {
     %more = arith.cmpi sge, %i, %c0 : i64
     scf.condition(%more) %i : i64
@@ -109,8 +103,22 @@ func.func @spin(%n: i64) -> i64 {
     %next = arith.addi %i, %c1 : i64
     scf.yield %next : i64
   }
-  return %r : i64
-}''')
+  return %r : i64""", """
+  cf.br ^loop(%n : i64)
+^loop(%i: i64):
+  %more = arith.cmpi sge, %i, %c0 : i64
+  %next = arith.addi %i, %c1 : i64
+  cf.cond_br %more, ^loop(%next : i64), ^done(%i : i64)
+^done(%r: i64):
+  return %r : i64"""], ids=["scf.while", "cf.br"])
+def test_ctrl_c_stops_a_host_program_that_loops(loop):
+    assert_isolated(INTERRUPT + f"""
+import mlirgpu as mg
+program = mg.HostProgram('''
+func.func @spin(%n: i64) -> i64 {{
+  %c1 = arith.constant 1 : i64
+  %c0 = arith.constant 0 : i64{loop}
+}}''')
 print(interrupted(lambda: program("spin", 0)))
 print("then", program("spin", -3))
 """, "KeyboardInterrupt\nthen -3")

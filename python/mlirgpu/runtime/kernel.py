@@ -15,8 +15,10 @@ and inside the body the generic's name evaluates to its value (so
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +42,15 @@ __all__ = ["kernel", "Kernel", "Specialization"]
 
 _SCALAR_ANNOTATIONS = {int: lang.i32, float: lang.f32, bool: lang.bool_}
 _DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use without asking
+
+#: How many specializations of all kernels stay in memory with what they
+#: traced and compiled (about 1.6 MB each on the CPU backend). Beyond it the
+#: one least recently specialized is dropped: the next launch that needs it
+#: traces it again, and compiles it again or, for a GPU, loads its image from
+#: the disk cache.
+SPECIALIZATION_CACHE_SIZE = 1024
+_resident = collections.OrderedDict()  # Specialization -> None, the least recently specialized first
+_resident_lock = threading.Lock()  # threads specialize concurrently
 
 
 class Parameter:
@@ -200,7 +211,17 @@ class Kernel(_mlirgpu.Dispatcher):
         spec = store.get(key)
         if spec is None:
             spec = store[key] = Specialization(self, dict(bound), aligned)
+        _keep_resident(spec)
         return spec
+
+    def forget_specialization(self, spec: Specialization) -> None:
+        """Drops `spec` (the specialization cache let go of it) and the launches
+        the dispatcher registered, which may hold its loaded kernel."""
+        store = self._aligned_specializations if spec.aligned else self._specializations
+        key = tuple(spec.values[name] for name in self.generics)
+        if store.get(key) is spec:
+            del store[key]
+        self.clear()
 
     def check_globals(self) -> None:
         """Forgets every specialization's traces where a global or closure value
@@ -291,6 +312,17 @@ class Kernel(_mlirgpu.Dispatcher):
             except ValueError:
                 pass  # arguments the dispatcher cannot classify: this path serves them each time
         spec.launch(args, **kwargs)
+
+
+def _keep_resident(spec):
+    """Marks `spec` the most recently specialized; forgets the least recently
+    specialized beyond SPECIALIZATION_CACHE_SIZE."""
+    with _resident_lock:
+        _resident[spec] = None
+        _resident.move_to_end(spec)
+        evicted = [_resident.popitem(last=False)[0] for _ in range(len(_resident) - SPECIALIZATION_CACHE_SIZE)]
+    for old in evicted:
+        old.kernel.forget_specialization(old)
 
 
 def _dispatches_in_c(kernel, args):
