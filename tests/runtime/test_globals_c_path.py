@@ -140,6 +140,30 @@ def test_a_hit_under_the_guards_means_the_check_in_python_finds_no_change(restor
             assert dispatcher(1, grid=1, block=1) == "hit"
 
 
+@mg.kernel
+def adds_globals(x: mg.memref[4, mg.f32]):
+    x[mg.thread_idx.x] = SCALE + TABLE[0] + OFFSETS[0]
+
+
+def test_device_array_launches_compute_with_each_new_value(backend, restore_globals):
+    """On a GPU from C (one dispatcher entry at the end), on the CPU backend through Python."""
+    global SCALE
+    x = mg.to_device(np.zeros(4, np.float32))
+
+    def launch():
+        adds_globals(x, grid=1, block=4)
+        return x.get().tolist()
+
+    assert launch() == launch() == [3.0] * 4
+    SCALE = 5.0
+    assert launch() == launch() == [6.0] * 4
+    TABLE[0] = 10.0
+    assert launch() == launch() == [15.0] * 4
+    OFFSETS[0] = 100.0
+    assert launch() == launch() == [115.0] * 4
+    assert len(adds_globals) == (1 if backend == "cuda" else 0)
+
+
 # ---------------------------------------------------------------------------
 # a kernel on the fake CUDA driver
 
