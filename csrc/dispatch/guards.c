@@ -6,7 +6,8 @@
  * Identity says all for a value compared by identity; a value compared by
  * content also has a witness: a list the tuple of its items (which must be
  * the same objects), a NumPy array a C-contiguous copy (same dtype object,
- * shape and bytes). Nothing here reads more than the guards name. */
+ * shape and bytes). A guard holds what it compares with, so an equal
+ * address is the same object, never a new one at a freed one's address. */
 #include "dispatch/guards.h"
 #include "base/numpy_api.h"
 
