@@ -305,10 +305,11 @@ class Kernel(_mlirgpu.Dispatcher):
 
     def _miss(self, args, kwargs):
         self.check_globals()
+        guards = _c_guards(self, args)
         spec = self.specialize(self.bind(args), self.aligned(args))
-        if _dispatches_in_c(self, args):
+        if guards is not None:
             try:
-                self.register(args, spec.function_for(args))
+                self.register(args, spec.function_for(args), guards)
             except ValueError:
                 pass  # arguments the dispatcher cannot classify: this path serves them each time
         spec.launch(args, **kwargs)
@@ -325,11 +326,14 @@ def _keep_resident(spec):
         old.kernel.forget_specialization(old)
 
 
-def _dispatches_in_c(kernel, args):
-    """Whether later calls like this one may launch from C, which checks no
-    globals: only for a kernel that reads none, and never for NumPy arguments."""
-    return current().dispatches_in_c and not kernel.traced_globals.values and \
-        not any(isinstance(a, np.ndarray) for a in args)
+def _c_guards(kernel, args):
+    """The guards under which later calls like this one launch from C (the
+    globals the kernel reads, as they are just after check_globals), or None
+    where they may not: on a backend that launches from Python, for NumPy
+    arguments, or where a global has no witness the dispatcher can compare."""
+    if not current().dispatches_in_c or any(isinstance(a, np.ndarray) for a in args):
+        return None
+    return kernel.traced_globals.guards()
 
 
 _LAUNCH_KEYWORDS = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
@@ -520,8 +524,10 @@ def kernel(function: Callable | None = None, *, generics: Iterable | None = None
     compiles it again (`on_global_change="recompile"`, the default) or raises
     CompileError naming the global (`on_global_change="error"`). The
     environment variable MLIRGPU_GLOBALS=error|recompile sets the default.
-    Launches of a kernel that reads globals check them in Python each time;
-    one that reads none launches from C.
+    A launch checks them in C, on the same fast path as a kernel that reads
+    none, except where a global is a dict, a list of anything but scalars
+    (or of more than 512), or a NumPy array that is not C-contiguous or holds
+    more than 4 KiB: the launches of such a kernel check in Python each time.
 
     `max_threads` and `min_blocks` are CUDA's `__launch_bounds__`: the most
     threads a launch's block may have (PTX `.maxntid`; a larger block is a
@@ -706,9 +712,10 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         if unknown:
             raise TypeError(f"{self!r}: unknown launch keyword {sorted(unknown)[0]!r}")
         self.kernel.check_globals()
-        if _dispatches_in_c(self.kernel, args):
+        guards = _c_guards(self.kernel, args)
+        if guards is not None:
             try:
-                self.register(args, self.function_for(args))
+                self.register(args, self.function_for(args), guards)
             except ValueError:
                 pass  # arguments the dispatcher cannot classify: this path serves them each time
         self.launch(args, **kwargs)
