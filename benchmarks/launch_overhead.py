@@ -24,7 +24,9 @@ with DeviceArrays: what passing that library's arrays costs per launch, the
 median of the two rows' differences within each run (host figures). One
 more @mlirgpu.kernel row passes two tensor maps (mg.tensor_map of the
 inputs) and two scalars besides the three DeviceArrays, as a TMA kernel is
-called; its last column is its cost over the arrays-only row.
+called; its last column is its cost over the arrays-only row. Another reads
+a module global (a float), which its dispatcher checks in C before each
+launch; its last column is what that check costs over the same row.
 
 Peers, each where importable: CuPy RawKernel, a torch in-place add, Triton,
 and cuLaunchKernel called from C (benchmarks/launch_floor.c, built with gcc
@@ -120,8 +122,9 @@ def measure_all(paths, launches, repeats, batch):
     return medians, over
 
 
-def c_floor(cubin, launches, repeats, batch):
-    """{stream: (host, +sync)} of cuLaunchKernel from C, or {} where it cannot be built."""
+def c_floor(cubin, launches, repeats, batch, library=None, kernel=None):
+    """{stream: (host, +sync)} of cuLaunchKernel from C, and with an exported `library` and its
+    `kernel` of the same work also {"exported-" + stream: ...} of its function; {} where it cannot be built."""
     source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_floor.c")
     cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     if shutil.which("gcc") is None or not os.path.exists(os.path.join(cuda_home, "include", "cuda.h")):
@@ -131,8 +134,9 @@ def c_floor(cubin, launches, repeats, batch):
         with open(image, "wb") as f:
             f.write(cubin)
         subprocess.run(["gcc", "-O2", "-std=c11", "-D_POSIX_C_SOURCE=199309L", f"-I{cuda_home}/include",
-                        source, f"-L{cuda_home}/lib64/stubs", "-lcuda", "-o", binary], check=True)
-        out = subprocess.run([binary, image, "add", str(launches), str(repeats), str(batch)],
+                        source, f"-L{cuda_home}/lib64/stubs", "-lcuda", "-ldl", "-o", binary], check=True)
+        exported = [str(library), kernel] if library else []
+        out = subprocess.run([binary, image, "add", str(launches), str(repeats), str(batch), *exported],
                              check=True, capture_output=True, text=True).stdout
     return {name: (float(host), float(synced)) for name, host, synced in map(str.split, out.splitlines())}
 
@@ -220,6 +224,28 @@ def mapped_runner(arrays, check):
     return launch
 
 
+ALPHA = 1.0
+
+
+@mg.kernel
+def add_alpha(a: mg.memref[L, mg.f32], b: mg.memref[L, mg.f32], c: mg.memref[L, mg.f32]):
+    i = mg.block_idx.x * mg.block_dim.x + mg.thread_idx.x
+    c[i] = a[i] + ALPHA * b[i]
+
+
+def global_runner(arrays, check):
+    """A kernel that reads the global ALPHA: the C fast path, the global checked there."""
+    a, b, c = arrays
+
+    def launch():
+        add_alpha(a, b, c, grid=(N_ELEMENTS // 256,), block=(256,))
+
+    launch()
+    check(c)
+    assert len(add_alpha) == 1, "the kernel's dispatcher has no entry: its launches take the Python path"
+    return launch
+
+
 def jax_arrays(host):
     """Two JAX arrays on the GPU, and a DeviceArray for the output: JAX
     arrays are immutable, and a kernel may not store to them."""
@@ -303,6 +329,9 @@ def main():
                               lambda c: np.testing.assert_array_equal(c.get(), 2 * host)), sync)
     paths["mlirgpu @mg.kernel (TensorMap + array + scalar args)"] = (
         mapped_runner((mg.to_device(host), mg.to_device(host), mg.empty((N_ELEMENTS,), mg.f32)),
+                      lambda c: np.testing.assert_array_equal(c.get(), 2 * host)), sync)
+    paths["mlirgpu @mg.kernel (global + array args)"] = (
+        global_runner((mg.to_device(host), mg.to_device(host), mg.empty((N_ELEMENTS,), mg.f32)),
                       lambda c: np.testing.assert_array_equal(c.get(), 2 * host)), sync)
     paths["mlirgpu Function (DeviceArray args)"] = (launch, sync)
     libraries = {}

@@ -59,6 +59,7 @@ int mg_cpu_run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
         makecontext(&f->context, mg_cpu_fiber_main, 0);
         f->state = FIBER_READY;
         f->ndata = 0; /* a fiber abandoned mid-collective may have left words behind */
+        f->warp_syncs = 0;
     }
     memset(l->named, 0, (size_t)nblocks * MG_CPU_NAMED_BARRIERS * 2 * sizeof *l->named);
     for (;;) {
@@ -98,7 +99,7 @@ int mg_cpu_run_blocks(mg_cpu_launch *l, int nblocks, int per_block)
                     mg_cpu_exchange(fibers, first, end);
                 else if (mg_cpu_collective(l, fibers, first, end) != BLOCK_OK)
                     return l->failed;
-                mg_cpu_synchronized(l);
+                mg_cpu_warp_synchronized(fibers, first, end);
                 progress = 1;
             }
         }

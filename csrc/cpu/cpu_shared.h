@@ -54,6 +54,7 @@ typedef struct {
     uint64_t *wait_on; /* waiting: the mbarrier, or the named barrier's generation */
     uint64_t wait_value; /* waiting: the phase parity, or the generation it arrived in */
     float wgmma[MG_CPU_WGMMA_MAX]; /* wgmma: the thread's accumulators, in and out */
+    uint32_t warp_syncs; /* collectives its warp completed in this group of blocks (races.c) */
 } mg_fiber;
 
 enum { MG_SHFL_XOR, MG_SHFL_DOWN, MG_SHFL_UP, MG_SHFL_IDX, MG_VOTE_BALLOT };
@@ -77,11 +78,13 @@ enum { BLOCK_OK, BLOCK_OUT_OF_BOUNDS, BLOCK_BARRIER_DIVERGENCE, BLOCK_WARP_DIVER
 
 /* What the race and uninitialized-read checks know of one byte of shared
  * memory (races.c): the synchronization epoch and thread of its last write,
- * and of up to two threads that read it in the current epoch. */
+ * and of up to two threads that read it in the current epoch, each with the
+ * count of its warp's collectives then (which order the lanes of that warp). */
 #define MG_CPU_NO_THREAD 0xffffffffu
 typedef struct {
     uint32_t write_epoch, read_epoch;
     uint32_t writer, reader, reader2;
+    uint32_t write_syncs, read_syncs, read_syncs2;
     int32_t write_line, read_line, read_line2;
 } mg_shadow;
 
@@ -204,6 +207,14 @@ int mg_cpu_uninitialized_read(mg_cpu_launch *l, int finished);
 static inline void mg_cpu_synchronized(mg_cpu_launch *l)
 {
     l->epoch++;
+}
+
+/* The lanes first .. end - 1 of one warp completed a collective: it orders
+ * their accesses, not those of the block's other warps. */
+static inline void mg_cpu_warp_synchronized(mg_fiber *fibers, int first, int end)
+{
+    for (int t = first; t < end; t++)
+        fibers[t].warp_syncs++;
 }
 void mg_cpu_raise_block_error(mg_cpu_launch *l, const mg_group_place *at);
 int mg_cpu_run_blocks(mg_cpu_launch *l, int nblocks, int per_block);

@@ -1,8 +1,10 @@
 /* mlirgpu.Dispatcher: the launch fast path of @mlirgpu.kernel. A call reads
  * each argument once, writes its signature as 64-bit words, finds the words
  * in an open-addressing hash table and launches the Function stored there
- * with the pointers already read. Nothing Python-level happens on a hit. */
+ * with the pointers already read, once the entry's guards (the globals its
+ * kernel's trace read) hold. Nothing Python-level happens on a hit. */
 #include "dispatch/dispatch.h"
+#include "dispatch/guards.h"
 #include "arrays/array.h"
 #include "cuda/driver.h"
 #include "launch/function.h"
@@ -275,6 +277,7 @@ typedef struct {
     uint64_t *words;     /* PyMem_Malloc'd copy */
     Py_ssize_t nwords;
     PyObject *target;    /* strong; NULL marks an empty slot */
+    PyObject *guards;    /* strong: a tuple of guards (guards.h), or NULL for none */
 } sig_entry;
 
 typedef struct {
@@ -327,16 +330,17 @@ static int table_grow(mg_dispatcher *self)
     return 0;
 }
 
-/* Stores `target` (a new reference is taken) under the words of `b`. */
-static int table_insert(mg_dispatcher *self, const sig_builder *b, PyObject *target)
+/* Stores `target` and `guards` (NULL for none; new references are taken) under the words of `b`. */
+static int table_insert(mg_dispatcher *self, const sig_builder *b, PyObject *target, PyObject *guards)
 {
     if ((self->count + 1) * 2 > self->capacity && table_grow(self) < 0)
         return -1;
     uint64_t hash = sig_hash(b->words, b->n);
     sig_entry *e = table_find(self->entries, self->capacity, hash, b->words, b->n);
     if (e->target != NULL) {
-        /* Same signature again: the new target replaces the old one. */
+        /* Same signature again: the new target and guards replace the old ones. */
         Py_SETREF(e->target, Py_NewRef(target));
+        Py_XSETREF(e->guards, Py_XNewRef(guards));
         return 0;
     }
     uint64_t *words = PyMem_Malloc((size_t)b->n * sizeof *words);
@@ -349,6 +353,7 @@ static int table_insert(mg_dispatcher *self, const sig_builder *b, PyObject *tar
     e->words = words;
     e->nwords = b->n;
     e->target = Py_NewRef(target);
+    e->guards = Py_XNewRef(guards);
     self->count++;
     return 0;
 }
@@ -364,6 +369,7 @@ static void table_clear(mg_dispatcher *self)
         if (entries[i].target != NULL) {
             PyMem_Free(entries[i].words);
             Py_DECREF(entries[i].target);
+            Py_XDECREF(entries[i].guards);
         }
     }
     PyMem_Free(entries);
@@ -420,17 +426,28 @@ static PyObject *dispatcher_vectorcall(PyObject *callable, PyObject *const *args
     /* Reading the arguments ran Python code (__cuda_array_interface__,
      * __dlpack__, torch's methods), which may have cleared or grown the
      * table, here or from another thread: it is read only now. */
-    PyObject *target = NULL;
+    PyObject *target = NULL, *guards = NULL;
     if (b.unlaunchable < 0 && self->count > 0) {
         sig_entry *e = table_find(self->entries, self->capacity, sig_hash(b.words, b.n), b.words, b.n);
         target = e->target;
+        guards = e->guards;
     }
     if (target == NULL) {
         sig_release(&b);
         return call_miss(self, args, nargs, kwnames);
     }
-    /* Held across the launch: packing may run Python code that clears the table. */
+    /* Held across the guards and the launch: a lookup or packing may run Python code that clears the table. */
     Py_INCREF(target);
+    if (guards != NULL) {
+        Py_INCREF(guards);
+        int hold = mg_guards_hold(guards);
+        Py_DECREF(guards);
+        if (hold <= 0) {
+            Py_DECREF(target);
+            sig_release(&b);
+            return hold < 0 ? NULL : call_miss(self, args, nargs, kwnames);
+        }
+    }
     PyObject *result;
     if (Py_IS_TYPE(target, mg_cu_Function_type))
         result = mg_cu_function_launch_known(target, args, nargs, kwnames, configured ? &config : NULL, &b.read);
@@ -463,12 +480,15 @@ static int args_from(PyObject *args, PyObject **tuple)
 
 static PyObject *dispatcher_register(mg_dispatcher *self, PyObject *const *fargs, Py_ssize_t nfargs)
 {
-    if (nfargs != 2)
-        return PyErr_Format(PyExc_TypeError, "register(args, function) takes 2 arguments, got %zd", nfargs);
-    PyObject *target = fargs[1], *tuple;
+    if (nfargs != 2 && nfargs != 3)
+        return PyErr_Format(PyExc_TypeError, "register(args, function, guards=None) takes 2 or 3 arguments, "
+                            "got %zd", nfargs);
+    PyObject *target = fargs[1], *guards = nfargs == 3 && fargs[2] != Py_None ? fargs[2] : NULL, *tuple;
     if (!PyCallable_Check(target))
         return PyErr_Format(PyExc_TypeError, "register needs an mlirgpu Function or a callable, not %.100s",
                             Py_TYPE(target)->tp_name);
+    if (guards != NULL && mg_guards_validate(guards) < 0)
+        return NULL;
     if (args_from(fargs[0], &tuple) < 0)
         return NULL;
     Py_ssize_t nargs = PyTuple_GET_SIZE(tuple);
@@ -497,7 +517,7 @@ static PyObject *dispatcher_register(mg_dispatcher *self, PyObject *const *fargs
                          "a Python or NumPy scalar", b->unlaunchable, Py_TYPE(arg)->tp_name);
         goto error;
     }
-    if (table_insert(self, b, target) < 0)
+    if (table_insert(self, b, target, guards) < 0)
         goto error;
     result = Py_NewRef(Py_None);
 error:
@@ -598,8 +618,10 @@ static int dispatcher_traverse(mg_dispatcher *self, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->miss);
     Py_VISIT(self->dict);
-    for (Py_ssize_t i = 0; i < self->capacity; i++)
+    for (Py_ssize_t i = 0; i < self->capacity; i++) {
         Py_VISIT(self->entries[i].target);
+        Py_VISIT(self->entries[i].guards);
+    }
     return 0;
 }
 
@@ -631,8 +653,13 @@ static PyObject *dispatcher_repr(mg_dispatcher *self)
 
 static PyMethodDef dispatcher_methods[] = {
     {"register", (PyCFunction)(void (*)(void))dispatcher_register, METH_FASTCALL,
-     "register(args, function): later calls whose arguments have the signature of `args` launch `function` "
-     "(an mlirgpu Function, launched in C; any other callable is called with the call's arguments)."},
+     "register(args, function, guards=None): later calls whose arguments have the signature of `args` launch "
+     "`function` (an mlirgpu Function, launched in C; any other callable is called with the call's arguments) "
+     "while every guard holds, and miss otherwise. `guards` is a tuple of (namespace, key, value, witness): "
+     "(dict, name, value, witness) holds while dict[name] is value (Dispatcher.UNBOUND: absent), (cell, None, "
+     "value, witness) while the cell holds value (UNBOUND: empty), (function, None, code, None) while "
+     "function.__code__ is code; a witness other than None is a list value's items as a tuple, or a "
+     "C-contiguous copy of a NumPy array value, whose dtype object, shape and bytes must match too."},
     {"signature", (PyCFunction)dispatcher_signature, METH_O,
      "signature(args): the signature of a call with these positional arguments, one tuple per argument."},
     {"clear", (PyCFunction)dispatcher_clear_method, METH_NOARGS, "Forgets every registered signature."},
@@ -684,5 +711,8 @@ static PyType_Spec dispatcher_spec = {
 int mg_dispatch_init(PyObject *module)
 {
     mg_Dispatcher_type = mg_add_type(module, &dispatcher_spec, NULL);
-    return mg_Dispatcher_type == NULL ? -1 : 0;
+    if (mg_Dispatcher_type == NULL || mg_guards_init() < 0)
+        return -1;
+    /* What a guard's value reads where its name or cell is unbound. */
+    return PyObject_SetAttrString((PyObject *)mg_Dispatcher_type, "UNBOUND", mg_guard_unbound);
 }

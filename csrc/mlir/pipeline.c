@@ -130,8 +130,8 @@ static int parse_pipeline(MlirPassManager pm, PyObject *text)
 {
     Py_ssize_t len;
     const char *data = PyUnicode_AsUTF8AndSize(text, &len);
-    if (data == NULL)
-        return -1;
+    if (data == NULL || mg_ir_check_nesting(mlirStringRefCreate(data, (size_t)len)) < 0)
+        return -1; /* MLIR's pipeline parser recurses per level as its IR parser does */
     mg_buf err = {0};
     /* A bad pass option is reported by LLVM's option parser on fd 2. */
     capture cap;
@@ -700,8 +700,8 @@ static PyObject *lower(PyObject *self, PyObject *args, PyObject *kwds)
     Py_XDECREF(opname);
     Py_ssize_t text_len;
     const char *text_data = text != NULL ? PyUnicode_AsUTF8AndSize(text, &text_len) : NULL;
-    if (text_data == NULL)
-        goto done;
+    if (text_data == NULL || mg_ir_check_nesting(mlirStringRefCreate(text_data, (size_t)text_len)) < 0)
+        goto done; /* add_marked and MLIR's pipeline parser recurse per level */
     register_passes_once();
     l.taken = mg_ir_private_take(allow_unregistered, &l.diags);
     l.context = l.taken.context;

@@ -294,11 +294,13 @@ int mg_ir_insert_operation(mg_ir_Block *block, mg_ir_Operation *before, PyObject
         PyErr_SetString(PyExc_ValueError, "the operation is already in a block; only a detached operation can be inserted");
         return -1;
     }
+    size_t depth = 0; /* the operations around the block */
     for (MlirOperation p = block->anchor->op; !mlirOperationIsNull(p); p = mlirOperationGetParentOperation(p)) {
         if (mlirOperationEqual(p, op->op)) {
             PyErr_SetString(PyExc_ValueError, "cannot insert an operation into its own region");
             return -1;
         }
+        depth++;
     }
     /* Uses across two roots would dangle once either root is freed: every
      * operand of the operation and of the operations nested in it (a clone's
@@ -310,6 +312,22 @@ int mg_ir_insert_operation(mg_ir_Block *block, mg_ir_Operation *before, PyObject
     if (nested.failed) {
         free(nested.ops);
         PyErr_NoMemory();
+        return -1;
+    }
+    /* MLIR prints, clones, verifies and frees IR recursively: no tree nests
+     * deeper than text may (MG_IR_MAX_NESTING), so none overflows the stack. */
+    size_t height = 0;
+    for (size_t k = 0; k < nested.n; k++) {
+        size_t h = 1;
+        for (MlirOperation p = mlirOperationGetParentOperation(nested.ops[k]); !mlirOperationIsNull(p);
+             p = mlirOperationGetParentOperation(p))
+            h++;
+        height = h > height ? h : height;
+    }
+    if (depth + height > MG_IR_MAX_NESTING) {
+        free(nested.ops);
+        PyErr_Format(PyExc_ValueError, "inserting the operation would nest operations %zu deep: IR nests at most "
+                     MG_IR_MAX_NESTING_TEXT " deep (see docs/ir.md)", depth + height);
         return -1;
     }
     for (size_t k = 0; k < nested.n; k++) {

@@ -1,12 +1,14 @@
-"""Exports examples/export/sgemm.py's kernel into a C library, builds main.c
+"""Exports the kernels of examples/export/sgemm.py (the worklog's naive SGEMM)
+and attention.py (attention's forward pass) into one C library, builds main.c
 against it with the system C compiler and runs it.
 
     python examples/export/build.py [out_dir]      # default: ./export_out
 
-The directory gets libsgemm.so, sgemm.h and README.md (what mg.export
-writes) and the program `main`. On a GPU the program runs the cubin (or
+The directory gets libkernels.so, kernels.h and README.md (what mg.export
+writes) and the program `main`. On a GPU the program runs the cubins (or
 PTX) of the library; without one (or with MLIRGPU_BACKEND=cpu) the library's
-CPU build. Building needs a C compiler (CC, else cc); so does exporting.
+CPU builds, which attention has none of. Building needs a C compiler (CC,
+else cc); so does exporting.
 """
 import os
 import shutil
@@ -18,19 +20,21 @@ import mlirgpu as mg
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import sgemm  # noqa: E402  (the kernel, next to this script)
+import attention  # noqa: E402  (the kernels, next to this script)
+import sgemm  # noqa: E402
 
 
 def main(out_dir):
     out = Path(out_dir)
-    library = mg.export([sgemm.sgemm], out, name="sgemm", chips=["sm_80", "sm_90a"], launch=sgemm.LAUNCH)
+    library = mg.export([sgemm.sgemm, attention.attention_forward], out, name="kernels", chips=["sm_80", "sm_90a"],
+                        launch={**sgemm.LAUNCH, **attention.LAUNCH})
     print(f"exported {library}")
     program = out / "main"
     compiler = os.environ.get("CC") or "cc"
     if shutil.which(compiler) is None:
         raise SystemExit(f"no C compiler: {compiler!r} is not found (set CC)")
     subprocess.run([compiler, "-std=c11", "-O2", "-Wall", "-Werror", str(HERE / "main.c"), f"-I{out}", f"-L{out}",
-                    "-lsgemm", "-lm", "-Wl,-rpath,$ORIGIN", "-o", str(program)], check=True)
+                    "-lkernels", "-lm", "-Wl,-rpath,$ORIGIN", "-o", str(program)], check=True)
     done = subprocess.run([str(program)], capture_output=True, text=True)
     print(done.stdout, end="")
     if done.returncode != 0:

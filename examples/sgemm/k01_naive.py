@@ -15,19 +15,27 @@ TITLE = "1: naive"
 MULTIPLE = (1, 1, 1)
 BLOCK = 32
 
-M, K, N = mg.generics("M K N")
+
+def naive(dynamic=False):
+    """The kernel over generics M, K, N; `dynamic=True` makes them sizes known
+    only at launch, one compile for every size (what examples/export exports)."""
+    M, K, N = mg.generics("M K N", dynamic=dynamic)
+
+    @mg.kernel
+    def sgemm(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[M, N, mg.f32],
+              alpha: mg.f32, beta: mg.f32):
+        x = block_idx.x * block_dim.x + thread_idx.x
+        y = block_idx.y * block_dim.y + thread_idx.y
+        if (x < M) & (y < N):
+            tmp = mg.constant(0.0, mg.f32)
+            for i in range(K):
+                tmp += A[x, i] * B[i, y]
+            C[x, y] = alpha * tmp + beta * C[x, y]
+
+    return sgemm
 
 
-@mg.kernel
-def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[M, N, mg.f32],
-           alpha: mg.f32, beta: mg.f32):
-    x = block_idx.x * block_dim.x + thread_idx.x
-    y = block_idx.y * block_dim.y + thread_idx.y
-    if (x < M) & (y < N):
-        tmp = mg.constant(0.0, mg.f32)
-        for i in range(K):
-            tmp += A[x, i] * B[i, y]
-        C[x, y] = alpha * tmp + beta * C[x, y]
+kernel = naive()
 
 
 def specialize(M, K, N):

@@ -7,8 +7,8 @@ mlirgpu.passes (PassManager, also mlirgpu.ir.passes).
 
 import builtins
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import EllipsisType, TracebackType
-from typing import Any, Final, Literal, Protocol, SupportsIndex, TypeAlias, final, overload, type_check_only
+from types import CellType, CodeType, EllipsisType, FunctionType, TracebackType
+from typing import Any, ClassVar, Final, Literal, Protocol, SupportsIndex, TypeAlias, final, overload, type_check_only
 
 import numpy as np
 import numpy.typing as npt
@@ -685,8 +685,17 @@ def asarray(
 
 # ---- launch dispatch ----
 
+# What a registered launch checks before a hit: (globals, name, value, witness), (cell, None, value,
+# witness) or (function, None, code, None); value Dispatcher.UNBOUND where the name or cell is unbound.
+_Guard: TypeAlias = (
+    tuple[dict[str, Any], str, Any, tuple[Any, ...] | npt.NDArray[Any] | None]
+    | tuple[CellType, None, Any, tuple[Any, ...] | npt.NDArray[Any] | None]
+    | tuple[FunctionType, None, CodeType, None]
+)
+
 @final
 class Dispatcher:
+    UNBOUND: ClassVar[object]
     def __new__(cls, miss: Callable[[tuple[Any, ...], dict[str, Any]], Any], name: str) -> Self: ...
     def __call__(
         self,
@@ -698,7 +707,13 @@ class Dispatcher:
         cluster: _Dim3 | None = None,
     ) -> Any: ...
     def __len__(self) -> int: ...
-    def register(self, args: tuple[Any, ...] | list[Any], function: Callable[..., Any], /) -> None: ...
+    def register(
+        self,
+        args: tuple[Any, ...] | list[Any],
+        function: Callable[..., Any],
+        guards: tuple[_Guard, ...] | None = None,
+        /,
+    ) -> None: ...
     def signature(self, args: tuple[Any, ...] | list[Any], /) -> tuple[tuple[Any, ...], ...]: ...
     def clear(self) -> None: ...
     def set_dynamic(self, dims: Sequence[Sequence[int]], /) -> None: ...

@@ -390,6 +390,231 @@ def test_misses_and_registrations_do_not_leak():
 
 
 # ---------------------------------------------------------------------------
+# guards: the globals, cells and code a kernel's trace read, checked before a hit
+
+UNBOUND = C.Dispatcher.UNBOUND
+
+
+def closure_cell(value):
+    def inner():
+        return value
+    return inner.__closure__[0]
+
+
+def test_guards_hold_while_globals_cells_and_code_are_unchanged():
+    d, miss = make()
+    names, cell = {"SCALE": 2.0, "mg": np}, closure_cell(3)
+
+    def kernel():
+        pass
+
+    d.register((1,), hit_target, ((kernel, None, kernel.__code__, None), (names, "SCALE", names["SCALE"], None),
+                                  (names, "range", UNBOUND, None), (cell, None, 3, None)))
+    assert d(1, grid=1, block=1)[0] == "hit"
+    original = names["SCALE"], kernel.__code__
+    # An equal float that is another object misses too: identity decides, as in the check in Python.
+    changes = [(lambda: names.__setitem__("SCALE", float("2.0")), lambda: names.__setitem__("SCALE", original[0])),
+               (lambda: names.pop("SCALE"), lambda: names.__setitem__("SCALE", original[0])),
+               (lambda: names.__setitem__("range", range), lambda: names.pop("range")),
+               (lambda: setattr(cell, "cell_contents", 4), lambda: setattr(cell, "cell_contents", 3)),
+               (lambda: delattr(cell, "cell_contents"), lambda: setattr(cell, "cell_contents", 3)),
+               (lambda: setattr(kernel, "__code__", (lambda: None).__code__),
+                lambda: setattr(kernel, "__code__", original[1]))]
+    for change, undo in changes:
+        change()
+        assert d(1, grid=1, block=1) == ("missed", 1)
+        undo()
+        assert d(1, grid=1, block=1)[0] == "hit"
+    assert len(miss.calls) == len(changes) and len(d) == 1
+
+
+def test_an_unbound_cell_and_a_new_registration_replace_the_guards():
+    d, miss = make()
+    cell = closure_cell(0)
+    del cell.cell_contents
+    d.register((1,), hit_target, ((cell, None, UNBOUND, None),))
+    assert d(1, grid=1, block=1)[0] == "hit"
+    cell.cell_contents = 1
+    assert d(1, grid=1, block=1) == ("missed", 1)
+    d.register((1,), hit_target, ((cell, None, 1, None),))   # what a miss that found no change does
+    assert d(1, grid=1, block=1)[0] == "hit" and len(d) == 1
+    d.register((1,), hit_target)   # no guards: always a hit
+    cell.cell_contents = 2
+    assert d(1, grid=1, block=1)[0] == "hit"
+
+
+def test_list_witnesses_compare_the_items():
+    d, miss = make()
+    names = {"OFFSETS": [0.0, 1.5, "x"]}
+    offsets = names["OFFSETS"]
+    d.register((1,), hit_target, ((names, "OFFSETS", offsets, tuple(offsets)),))
+    assert d(1, grid=1, block=1)[0] == "hit"
+    first = offsets[0]
+    for change in (lambda: offsets.__setitem__(0, 100.0), lambda: offsets.append(2.0), lambda: offsets.pop(),
+                   lambda: offsets.clear()):
+        saved = list(offsets)
+        change()
+        assert d(1, grid=1, block=1) == ("missed", 1)
+        offsets[:] = saved
+    offsets[0] = first
+    assert d(1, grid=1, block=1)[0] == "hit"
+    names["OFFSETS"] = list(offsets)   # equal, but another list
+    assert d(1, grid=1, block=1) == ("missed", 1)
+
+
+def test_array_witnesses_compare_dtype_shape_and_bytes():
+    d, miss = make()
+    table = np.arange(4, dtype=np.float32)
+    names = {"TABLE": table}
+    d.register((1,), hit_target, ((names, "TABLE", table, table.copy()),))
+    assert d(1, grid=1, block=1)[0] == "hit"
+    table[3] = 10.0
+    assert d(1, grid=1, block=1) == ("missed", 1)
+    table[3] = 3.0
+    assert d(1, grid=1, block=1)[0] == "hit"
+    table.shape = (2, 2)
+    assert d(1, grid=1, block=1) == ("missed", 1)
+    table.shape = (4,)
+    table.dtype = np.int32   # the same bytes read as another dtype
+    assert d(1, grid=1, block=1) == ("missed", 1)
+    table.dtype = np.float32
+    assert d(1, grid=1, block=1)[0] == "hit"
+    assert len(miss.calls) == 3
+
+
+def test_register_checks_its_guards():
+    d, _ = make()
+    names, cell = {"X": 1}, closure_cell(1)
+
+    def kernel():
+        pass
+
+    bad = [[(names, "X", 1, None)],                          # a list, not a tuple
+           ((names, "X", 1),),                                # three items
+           ([names, "X", 1, None],),
+           (({"X": 1}.items(), "X", 1, None),),               # no namespace
+           (({1: 1}, 1, 1, None),),                           # a dict's key is a str
+           ((cell, "X", 1, None),),                           # a cell's key is None
+           ((kernel, None, 1, None),),                        # a function's value is its code
+           ((kernel, None, kernel.__code__, ()),),
+           ((names, "X", [1], [1]),),                         # a list's witness is a tuple
+           ((names, "X", np.zeros(4), (0.0,) * 4),),          # an array's, an array
+           ((names, "X", np.zeros(4), np.zeros(8)[::2]),),    # a C-contiguous one
+           ((names, "X", 1, (1,)),)]                          # an int has none
+    for guards in bad:
+        with pytest.raises(TypeError):
+            d.register((1,), hit_target, guards)
+    assert len(d) == 0
+    with pytest.raises(TypeError, match="2 or 3 arguments"):
+        d.register((1,), hit_target, (), None)
+    d.register((1,), hit_target, None)
+    assert d(1, grid=1, block=1)[0] == "hit"
+
+
+class Colliding:
+    """A globals key that hashes like "X": a lookup of "X" runs its __eq__,
+    which runs `on_eq` once the dict is made."""
+
+    on_eq = None
+
+    def __hash__(self):
+        return hash("X")
+
+    def __eq__(self, other):
+        return self.on_eq() if self.on_eq else False
+
+
+def colliding_globals(on_eq):
+    key = Colliding()
+    names = {key: 0, "X": 1}
+    key.on_eq = on_eq
+    return names
+
+
+def test_a_lookup_that_raises_misses_and_one_that_clears_the_table_still_launches():
+    def raising():
+        raise ValueError("from __eq__")
+
+    d, miss = make()
+    names = colliding_globals(raising)
+    d.register((1,), hit_target, ((names, "X", 1, None),))
+    assert d(1, grid=1, block=1) == ("missed", 1)   # miss meets the error again, as the check in Python does
+
+    def interrupting():
+        raise KeyboardInterrupt
+
+    names = colliding_globals(interrupting)
+    d.register((1,), hit_target, ((names, "X", 1, None),))
+    with pytest.raises(KeyboardInterrupt):
+        d(1, grid=1, block=1)
+
+    def clearing():
+        d.clear()
+        return False
+
+    def target(*args, **kwargs):
+        return "hit"
+
+    names = colliding_globals(clearing)
+    target_ref = weakref.ref(target)
+    d.register((1,), target, ((names, "X", 1, None), (names, "Y", UNBOUND, None)))
+    del target
+    assert d(1, grid=1, block=1) == "hit" and len(d) == 0   # the hit held what the table let go
+    gc.collect()
+    assert target_ref() is None
+
+
+def test_guards_are_kept_alive_and_cycles_through_them_are_collected():
+    class Value:
+        pass
+
+    d, _ = make()
+    names = {"V": Value()}
+    ref = weakref.ref(names["V"])
+    d.register((1,), hit_target, ((names, "V", names["V"], None),))
+    names.clear()
+    gc.collect()
+    assert ref() is not None and d(1, grid=1, block=1) == ("missed", 1)
+    d.clear()
+    gc.collect()
+    assert ref() is None
+    cyclic = {"d": C.Dispatcher(lambda args, kwargs: None, "cyclic")}
+    cyclic["d"].register((1,), hit_target, ((cyclic, "d", cyclic["d"], None),))
+    dispatcher_ref = weakref.ref(cyclic["d"])
+    del cyclic
+    gc.collect()
+    assert dispatcher_ref() is None
+
+
+def test_guarded_hits_and_registrations_do_not_leak():
+    d = C.Dispatcher(lambda args, kwargs: "missed", "k")
+    table, offsets = np.arange(8, dtype=np.float32), [0.0, 1.0]
+    names, cell = {"TABLE": table, "OFFSETS": offsets, "SCALE": 2.0}, closure_cell(3)
+    guards = ((names, "TABLE", table, table.copy()), (names, "OFFSETS", offsets, tuple(offsets)),
+              (names, "SCALE", names["SCALE"], None), (names, "range", UNBOUND, None), (cell, None, 3, None))
+
+    def loop(n):
+        for i in range(n):
+            d.register((1,), hit_target, guards)
+            d(1, grid=1, block=1)
+            offsets[0] = float(i % 2)   # a miss every other call
+            d(1, grid=1, block=1)
+            offsets[0] = 0.0
+
+    loop(1000)
+    gc.collect()
+    refs = [sys.getrefcount(x) for x in (table, offsets, names, cell, hit_target, guards)]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    loop(10000)
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 10000, grown
+    assert refs == [sys.getrefcount(x) for x in (table, offsets, names, cell, hit_target, guards)]
+
+
+# ---------------------------------------------------------------------------
 # torch-like objects (the reader is chosen by type name; real torch: test_dispatch_gpu.py)
 
 FAKE_TORCH = '''

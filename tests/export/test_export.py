@@ -126,6 +126,62 @@ def test_a_kernel_without_a_cpu_build_says_so(tmp_path, on_cpu):
         lib.reverse(None, x, np.zeros_like(x), 10, grid=1, block=64)
 
 
+BLOCK = mg.generics("BLOCK")
+
+
+@mg.autotune(configs=[dict(BLOCK=32), dict(BLOCK=64)], key=["N"], progress=False)
+@mg.kernel(generics=(N, BLOCK))
+def tiles(out: mg.memref[N, mg.i32]):
+    i = mg.block_idx.x * BLOCK + mg.thread_idx.x
+    if i < N:
+        out[i] = mg.cast(BLOCK * 1000 + mg.block_idx.x, mg.i32)
+
+
+TILES_LAUNCH = {"tiles": {"grid": ("(N + BLOCK - 1) / BLOCK",), "block": ("BLOCK",)}}
+
+
+def test_an_autotuning_table_exports_each_tuned_config_chosen_by_size(tmp_path, on_cpu):
+    table = {(100,): {"BLOCK": 32}, (256,): {"BLOCK": 64}}
+    library = mg.export([tiles], tmp_path, name="tuned", chips=["sm_80"], tuned={"tiles": table},
+                        launch=TILES_LAUNCH)
+    # The tuned generic is no parameter: the size picks the config, and the launch rule reads it.
+    assert "tuned_status tuned_tiles(void *stream, int32_t *out, int64_t N);" in (tmp_path / "tuned.h").read_text()
+    readme = (tmp_path / "README.md").read_text()
+    assert "tiles[N=100, BLOCK=32]" in readme and "tiles[N=256, BLOCK=64]" in readme
+    lib = mg.load_library(library)
+    for size, block in ((100, 32), (256, 64)):
+        out = np.zeros(size, np.int32)
+        lib.tiles(None, out, size)
+        np.testing.assert_array_equal(out, block * 1000 + np.arange(size) // block)
+    with pytest.raises(mg.LaunchError, match="tiles: no exported specialization serves N=7"):
+        lib.tiles(None, np.zeros(7, np.int32), 7)
+
+
+def test_an_autotuned_kernel_exports_the_choices_recorded_for_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLIRGPU_CACHE_DIR", str(tmp_path / "cache"))
+    tiles._store("NVIDIA H200", (512,), {"BLOCK": 64})
+    tiles._store("NVIDIA A100-SXM4-80GB", (512,), {"BLOCK": 32})
+    assert tiles.table("NVIDIA H200") == {(512,): {"BLOCK": 64}}
+    assert tiles.table("NVIDIA A100-SXM4-80GB") == {(512,): {"BLOCK": 32}}
+    library = mg.export([tiles], tmp_path / "out", chips=["sm_90a"], tuned={"tiles": tiles.table("NVIDIA H200")},
+                        launch=TILES_LAUNCH)
+    assert "tiles[N=512, BLOCK=64]" in (library.parent / "README.md").read_text()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"launch": TILES_LAUNCH}, r"tiles is autotuned and has no table: tune it on the GPU"),
+    ({"tuned": {"tiles": {(100,): {"BLOCK": 32}}}}, r"tiles is autotuned: its launch shape depends on the tuned "
+                                                    r"config, so give it a rule in launch= on its sizes and BLOCK"),
+    ({"tuned": {"tiles": {(100,): {"WIDTH": 32}}}, "launch": TILES_LAUNCH},
+     r"tiles's table maps the values of \(N\) to a config of BLOCK"),
+    ({"tuned": {"other": {}}, "launch": TILES_LAUNCH}, r"names kernels that are not exported autotuned"),
+])
+def test_an_autotuned_export_refuses_what_it_cannot_build(tmp_path, options, message, monkeypatch):
+    monkeypatch.setenv("MLIRGPU_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=message):
+        mg.export([tiles], tmp_path, chips=["sm_80"], **options)
+
+
 FAKE_DRIVER_CALLS = """
 import ctypes, sys
 fake = ctypes.CDLL(sys.argv[1])
@@ -169,6 +225,13 @@ def test_the_c_program_of_the_example_runs_on_the_cpu_build(tmp_path):
     errors = [float(e) for e in re.findall(r"on the cpu: relative error (\S+)", done.stdout)]
     assert len(errors) == 3 and all(e < 1e-5 for e in errors), done.stdout
     assert "a zero size: sgemm: size M is 0; sizes are positive" in done.stdout
+    # Attention is in the library, and without a GPU its call fails with a status and a message.
+    assert re.search(r"attention: not run on the cpu: attention_forward: there is no GPU \(MLIRGPU_BACKEND=cpu\) "
+                     r"and the library has no CPU build of \S*attention_forward\[T=f16\]", done.stdout), done.stdout
+    header = (tmp_path / "out" / "kernels.h").read_text()
+    assert ("kernels_status kernels_attention_forward(void *stream, const uint16_t *q, const uint16_t *k, "
+            "const uint16_t *v, uint16_t *o, float *lse, const int32_t *cu_q, const int32_t *cu_k, float scale_log2, "
+            "int32_t left, int32_t right, int64_t q_extent0,") in header
 
 
 def test_the_command_line_exports(tmp_path, on_cpu):
@@ -232,6 +295,17 @@ def test_export_refuses_bad_options(tmp_path, options, message):
         mg.export([reverse], tmp_path, **options)
 
 
+@mg.kernel
+def mapped(x_map: mg.TensorMap, x: mg.memref[L, mg.f32]):
+    x[mg.thread_idx.x] = 1.0
+
+
+def test_export_refuses_tensor_maps_naming_the_kernel_and_why(tmp_path):
+    with pytest.raises(ValueError, match=r"mapped takes tensor maps \(x_map\), which an exported function "
+                                         r"cannot: a tensor map is encoded by the driver"):
+        mg.export([mapped], tmp_path)
+
+
 def test_export_takes_kernels_only(tmp_path):
     with pytest.raises(TypeError, match="takes kernels and specializations, not function"):
         mg.export([lambda: None], tmp_path)
@@ -269,8 +343,11 @@ def test_the_c_program_of_the_example_runs_on_the_gpu(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "export" / "build.py"), str(tmp_path / "out")],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    errors = [float(e) for e in re.findall(r"on the cuda: relative error (\S+)", done.stdout)]
+    errors = [float(e) for e in re.findall(r"sgemm .* on the cuda: relative error (\S+)", done.stdout)]
     assert len(errors) == 3 and all(e < 1e-5 for e in errors), done.stdout
+    attention = re.findall(r"attention 2x80x2x64 on the cuda: relative error (\S+), log-sum-exp error (\S+)",
+                           done.stdout)
+    assert len(attention) == 1 and float(attention[0][0]) < 1e-2 and float(attention[0][1]) < 1e-3, done.stdout
 
 
 def test_the_library_holds_one_cpu_build_per_variant(sgemm_library):

@@ -589,12 +589,14 @@ def test_replace_all_uses_with_a_result_of_a_user(ctx):
     "ir.Attribute.parse('[' * 4000 + ']' * 4000)",
     "_mlirgpu.lower('module {' * 4000 + '}' * 4000, 'canonicalize')",
     "mg.HostProgram('module {' * 4000 + '}' * 4000)",
+    "passes.run(ir.Module.parse('module {}'), 'builtin.module(' * 100000 + 'canonicalize' + ')' * 100000)",
+    "_mlirgpu.lower('module {}', 'func.func(' * 100000 + ')' * 100000)",
 ])
 def test_deeply_nested_text_raises_instead_of_overflowing_the_stack(parse):
     assert_isolated(f"""
         import threading
         import mlirgpu as mg
-        from mlirgpu import _mlirgpu, ir
+        from mlirgpu import _mlirgpu, ir, passes
         def parse():
             with ir.Context():
                 try:
@@ -607,6 +609,37 @@ def test_deeply_nested_text_raises_instead_of_overflowing_the_stack(parse):
         thread.join()
         parse()
     """, "nests brackets deeper than 256 levels")
+
+
+def test_deeply_nested_operations_built_in_python_are_refused():
+    # Before the limit, a few ten thousand nested operations crashed str() and clone().
+    assert_isolated("""
+        from mlirgpu import ir
+        def nest(block, levels):  # `levels` operations, each in the last one's region; the innermost block
+            for _ in range(levels):
+                with ir.InsertionPoint(block):
+                    op = ir.Operation.create("scf.execute_region", regions=1)
+                block = op.regions[0].append_block()
+            return block
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.create()
+            deepest = nest(module.body, 255)                 # inside the module and 255 operations
+            try:
+                nest(deepest, 40000)
+            except ValueError as e:
+                print("refused:", e)
+            top = ir.Operation.create("scf.execute_region", regions=1)
+            nest(top.regions[0].append_block(), 200)
+            try:
+                ir.InsertionPoint(deepest).insert(top)       # 256 + 201 deep
+            except ValueError as e:
+                print("refused:", e)
+            ir.InsertionPoint(module.body).insert(top)       # 1 + 201 deep
+            print(str(module).count("scf.execute_region"), module.operation.clone() is not None)
+    """, "refused: inserting the operation would nest operations 257 deep: IR nests at most 256 deep "
+         "(see docs/ir.md)\n"
+         "refused: inserting the operation would nest operations 457 deep: IR nests at most 256 deep "
+         "(see docs/ir.md)\n456 True")
 
 
 def test_nesting_within_the_limit_and_in_strings_parses(ctx):

@@ -145,3 +145,28 @@ def test_an_array_whose_protocol_comes_from_getattr_is_an_argument():
     with current_backend("cpu"):
         double_all(Delegating(x), grid=1, block=8)
     np.testing.assert_array_equal(x, 2 * np.arange(8, dtype=np.float32))
+
+
+@mg.kernel
+def fill_size(x: mg.memref[N, mg.i32]):
+    x[thread_idx.x] = N
+
+
+def test_specializations_beyond_the_budget_are_dropped_and_made_again(monkeypatch):
+    import weakref
+
+    from mlirgpu.runtime import kernel
+    monkeypatch.setattr(kernel, "SPECIALIZATION_CACHE_SIZE", 3)
+    with current_backend("cpu"):
+        first = weakref.ref(fill_size[1])
+        for n in range(1, 9):
+            x = np.zeros(n, np.int32)
+            fill_size(x, grid=1, block=n)
+            np.testing.assert_array_equal(x, n)
+        assert len(fill_size._specializations) <= 3
+        gc.collect()
+        assert first() is None                 # dropped with what it compiled
+        x = np.zeros(1, np.int32)
+        fill_size(x, grid=1, block=1)          # made again on demand
+        np.testing.assert_array_equal(x, 1)
+        assert len(fill_size._specializations) <= 3

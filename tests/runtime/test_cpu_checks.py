@@ -94,13 +94,7 @@ print("then", x[31])
 """, "KeyboardInterrupt\nthen 31")
 
 
-def test_ctrl_c_stops_a_host_program_that_loops():
-    assert_isolated(INTERRUPT + """
-import mlirgpu as mg
-program = mg.HostProgram('''
-func.func @spin(%n: i64) -> i64 {
-  %c1 = arith.constant 1 : i64
-  %c0 = arith.constant 0 : i64
+@pytest.mark.parametrize("loop", ["""
   %r = scf.while (%i = %n) : (i64) -> i64 {
     %more = arith.cmpi sge, %i, %c0 : i64
     scf.condition(%more) %i : i64
@@ -109,8 +103,22 @@ func.func @spin(%n: i64) -> i64 {
     %next = arith.addi %i, %c1 : i64
     scf.yield %next : i64
   }
-  return %r : i64
-}''')
+  return %r : i64""", """
+  cf.br ^loop(%n : i64)
+^loop(%i: i64):
+  %more = arith.cmpi sge, %i, %c0 : i64
+  %next = arith.addi %i, %c1 : i64
+  cf.cond_br %more, ^loop(%next : i64), ^done(%i : i64)
+^done(%r: i64):
+  return %r : i64"""], ids=["scf.while", "cf.br"])
+def test_ctrl_c_stops_a_host_program_that_loops(loop):
+    assert_isolated(INTERRUPT + f"""
+import mlirgpu as mg
+program = mg.HostProgram('''
+func.func @spin(%n: i64) -> i64 {{
+  %c1 = arith.constant 1 : i64
+  %c0 = arith.constant 0 : i64{loop}
+}}''')
 print(interrupted(lambda: program("spin", 0)))
 print("then", program("spin", -3))
 """, "KeyboardInterrupt\nthen -3")
@@ -203,6 +211,17 @@ def everyone_writes_one(x: mg.memref[M, mg.f32]):
 
 
 @mg.kernel
+def other_warp_after_a_shuffle(x: mg.memref[M, mg.f32]):
+    s = mg.shared.array((32,), mg.f32)
+    t = thread_idx.x
+    if t < 32:
+        s[t] = x[t]                                      # warp 0 writes
+    y = mg.warp.shfl_xor(x[t], 1)                        # each warp's shuffle orders its own lanes only
+    if t >= 32:
+        x[t] = s[t - 32] + y                             # warp 1 reads warp 0's writes with no barrier
+
+
+@mg.kernel
 def reads_past_what_was_written(x: mg.memref[M, mg.f32]):
     s = mg.shared.array((64,), mg.f32)
     t = thread_idx.x
@@ -234,6 +253,15 @@ def test_a_barrier_between_write_and_read_is_no_race():
     x = np.arange(32, dtype=np.float32)
     mg.cpu.run(neighbour_with_barrier[32], [x], grid=1, block=32)
     np.testing.assert_array_equal(x, np.roll(np.arange(32, dtype=np.float32), -1))
+
+
+def test_a_warp_collective_orders_only_its_own_warps_accesses():
+    # Tensor-core kernels run a collective (mma.sync, ldmatrix) between most accesses: one warp's must
+    # not hide another warp's read of shared memory that no barrier separates from its write.
+    with pytest.raises(mg.KernelError, match=r"data race on shared memory at .*:%d: thread \(32, 0, 0\) of block "
+                       r"\(0, 0, 0\) reads byte 0 .* which thread \(0, 0, 0\) of block \(0, 0, 0\) wrote at .*:%d"
+                       % (line_of("with no barrier"), line_of("warp 0 writes"))):
+        mg.cpu.run(other_warp_after_a_shuffle[64], [np.arange(64, dtype=np.float32)], grid=1, block=64)
 
 
 def test_a_read_of_shared_memory_no_thread_wrote_is_an_error(monkeypatch):

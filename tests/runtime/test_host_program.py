@@ -721,3 +721,27 @@ def test_the_example_runs(libcuda, request):
         error = float(done.stdout.split("relative error against NumPy (float64) ")[1].split()[0])
         assert error < 1e-5
         assert done.stdout.count("\nmatmul ") == 2 and "\nadd " in done.stdout
+
+
+@pytest.mark.parametrize("body", ["""
+      scf.for %i = %c0 to %c4 step %c1 {
+        memref.store %f, %m[%i] : memref<4xf32>
+      }""", """
+      cf.br ^next
+    ^next:
+      memref.store %f, %m[%c0] : memref<4xf32>"""], ids=["scf.for", "cf.br"])
+def test_a_kernels_loops_and_branches_have_no_ctrl_c_poll(body):
+    # The poll is the host's (Ctrl-C ends a call there): a kernel calling it would not load.
+    program = mg.HostProgram("""
+func.func @main(%m: memref<4xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  %f = arith.constant 1.0 : f32
+  gpu.launch blocks(%bx, %by, %bz) in (%x = %c1, %y = %c1, %z = %c1)
+             threads(%tx, %ty, %tz) in (%a = %c1, %b = %c1, %c = %c1) {""" + body + """
+      gpu.terminator
+  }
+  return
+}""", format="ptx")
+    assert ".entry" in program.ptx and "mg_host_poll" not in program.ptx

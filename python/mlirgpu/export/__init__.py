@@ -25,15 +25,21 @@ from .library import Library, load_library
 __all__ = ["export", "load_library", "Library"]
 
 
-def export(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launch=None, cpu=None, cc=None):
+def export(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launch=None, tuned=None, cpu=None,
+           cc=None):
     """Write `out_dir`/lib<name>.so, <name>.h and README.md: a C library of
     `kernels` (kernels whose generics are all dynamic, or specializations,
-    several of one kernel dispatched by their sizes) with cubins for `chips`
-    and PTX for newer GPUs; returns the library's path.
+    several of one kernel dispatched by their sizes, or autotuned kernels)
+    with cubins for `chips` and PTX for newer GPUs; returns the library's path.
 
     `launch` gives kernels their own launch shape, {kernel name: {"grid": C
-    expressions of its sizes, "block": ints, "shared_mem": bytes}}; the
-    functions of the others take grid, block and shared_mem. `cpu`: put in
+    expressions of its sizes, "block": the same or ints, "shared_mem": the
+    same or bytes}}; the functions of the others take grid, block and
+    shared_mem. An @mg.autotune kernel is exported with its table, {key
+    values: config} (`tuned`, {kernel name: table}; else the choices
+    recorded for the current GPU, autotuned.table()): each config as the
+    specialization of its key's values, the function choosing it by size,
+    and its launch rule may name the tuned generics. `cpu`: put in
     the CPU builds (True: required, None: where LLVM's llc is found). `cc`:
     the C compiler (default: CC, else cc). For example::
 
@@ -46,7 +52,7 @@ def export(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launc
         mg.export([sgemm], "out", chips=["sm_90a"],
                   launch={"sgemm": {"grid": ("(M + 15) / 16", "(N + 15) / 16"), "block": (16, 16)}})
     """
-    return build(kernels, out_dir, chips=chips, name=name, launch=launch, cpu=cpu, cc=cc)
+    return build(kernels, out_dir, chips=chips, name=name, launch=launch, tuned=tuned, cpu=cpu, cc=cc)
 
 
 class _CallableModule(types.ModuleType):

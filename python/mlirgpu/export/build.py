@@ -23,6 +23,7 @@ from .. import _mlirgpu, ir
 from .._mlirgpu import CompileError, TensorMap
 from ..compiler import toolkit
 from ..language.generics import DIVISOR, Dynamic
+from ..runtime.autotune import Autotuner
 from ..runtime.cpu import PIPELINE
 from ..runtime.kernel import Kernel, Specialization
 from ..targets.cpu import INDICES, CpuLowering
@@ -38,19 +39,21 @@ C_TYPES = {"bool_": "uint8_t", "i8": "int8_t", "i16": "int16_t", "i32": "int32_t
 # Scalars a CPU build takes by value as the C type above (f16 and bf16 travel in float registers).
 _CPU_SCALARS = set(C_TYPES) - {"f16", "bf16"}
 _CHIP = re.compile(r"sm_(\d+)(a?)")
-_GRID_EXPRESSION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+|[-+*/%() ]")
+_LAUNCH_EXPRESSION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+|[-+*/%() ]")
 _RUNTIME_NAMES = {"last_error", "backend", "alloc", "free", "copy_to_device", "copy_to_host", "signatures"}
 
 
 class _Exported:
     """One kernel of the library: its specializations (one per variant of
     each set of static generic values), the C function's parameters, and how
-    the launch's parameters follow from them."""
+    the launch's parameters follow from them. `tuned`: the generics an
+    autotuning table gives per set of sizes (not parameters of the function;
+    its launch rule may name them)."""
 
-    def __init__(self, kernel: Kernel, bindings: list[dict], launch: dict | None):
-        self.kernel, self.name = kernel, kernel.__name__
+    def __init__(self, kernel: Kernel, bindings: list[dict], launch: dict | None, tuned=()):
+        self.kernel, self.name, self.tuned = kernel, kernel.__name__, list(tuned)
         dtype_generics = kernel.dtype_generics()
-        self.size_names = [g for g in kernel.generics if g not in dtype_generics]
+        self.size_names = [g for g in kernel.generics if g not in dtype_generics and g not in self.tuned]
         self.variants = []     # (specialization, rules)
         dynamic = list(kernel.dynamic)
         for binding in bindings:
@@ -66,13 +69,22 @@ class _Exported:
                 raise ValueError(f"mg.export: the specializations of {self.name} differ in element types; a C "
                                  f"function has one set of pointer types: export each under a kernel of its own")
         self.params = first._param_types()
-        if any(dtype is TensorMap for _, _, dtype in self.params):
-            raise ValueError(f"mg.export: {self.name} takes a tensor map, which an exported function cannot")
+        maps = [p.name for p, _, dtype in self.params if dtype is TensorMap]
+        if maps:
+            raise ValueError(f"mg.export: {self.name} takes tensor maps ({', '.join(maps)}), which an exported "
+                             f"function cannot: a tensor map is encoded by the driver from the caller's pointer "
+                             f"and shape, and the library does not encode them yet. Export a kernel that takes "
+                             f"the arrays themselves (mma.sync rather than TMA), or launch this one from Python")
         self.extents = [f"{p.name}_extent{d}" for p, shape, _ in self.params if shape is not None
                         for d, size in enumerate(p.memref.shape) if size is None]
         stored = set().union(*(map(_owners(spec).__getitem__, spec.stored_params()) for spec, _ in self.variants))
-        self.readonly = {i for i, (_, shape, _) in enumerate(self.params) if shape is not None and i not in stored}
-        self.launch = _launch_rule(self.name, launch, self.size_names + self.extents)
+        # An array annotated .readonly() is const too: storing to it does not compile, a cp.async from it reads.
+        self.readonly = {i for i, (p, shape, _) in enumerate(self.params)
+                         if shape is not None and (i not in stored or p.memref.is_readonly)}
+        self.launch = _launch_rule(self.name, launch, self.size_names + self.extents + self.tuned)
+        if self.tuned and self.launch is None:
+            raise ValueError(f"mg.export: {self.name} is autotuned: its launch shape depends on the tuned "
+                             f"config, so give it a rule in launch= on its sizes and {', '.join(self.tuned)}")
 
     def c_parameters(self) -> list[tuple[str, str]]:
         """(C type, name) of the function's parameters after the stream, grid and block aside."""
@@ -117,8 +129,8 @@ def _rule(value):
 
 
 def _launch_rule(name, launch, sizes):
-    """The kernel's own launch shape ({"grid": C expressions of its sizes, "block": ints,
-    "shared_mem": int}), or None: the function takes grid, block and shared_mem."""
+    """The kernel's own launch shape ({"grid": C expressions of its sizes, "block": the same,
+    "shared_mem": one}, as strings), or None: the function takes grid, block and shared_mem."""
     if launch is None or name not in launch:
         return None
     rule = dict(launch[name])
@@ -129,41 +141,82 @@ def _launch_rule(name, launch, sizes):
     grid, block = (tuple(rule[k]) + (1,) * (3 - len(rule[k])) for k in ("grid", "block"))
     if len(grid) != 3 or len(block) != 3:
         raise ValueError(f"mg.export(launch=...): {name}'s grid and block have 1 to 3 entries")
-    for expression in grid:
-        text = str(expression)
-        tokens = _GRID_EXPRESSION.findall(text)
-        names = {t for t in tokens if t[0].isalpha() or t[0] == "_"}
-        if "".join(tokens) != text or names - set(sizes):
-            raise ValueError(f"mg.export(launch=...): {name}'s grid entry {text!r} is not arithmetic on its "
-                             f"sizes ({', '.join(sizes)})")
-    if not all(isinstance(b, int) and b > 0 for b in block):
-        raise ValueError(f"mg.export(launch=...): {name}'s block takes positive ints, got {block}")
-    return {"grid": [str(g) for g in grid], "block": list(block), "shared_mem": int(rule.get("shared_mem", 0))}
+    shape = {"grid": grid, "block": block, "shared_mem": (rule.get("shared_mem", 0),)}
+    for part, entries in shape.items():
+        least = 1 if part == "block" else 0
+        for entry in entries:
+            if isinstance(entry, bool) or not isinstance(entry, (int, str)) or (isinstance(entry, int) and
+                                                                                  entry < least):
+                raise ValueError(f"mg.export(launch=...): {name}'s {part} takes ints and C expressions of its "
+                                 f"sizes, got {entry!r}")
+            text = str(entry)
+            tokens = _LAUNCH_EXPRESSION.findall(text)
+            names = {t for t in tokens if t[0].isalpha() or t[0] == "_"}
+            if "".join(tokens) != text or names - set(sizes):
+                raise ValueError(f"mg.export(launch=...): {name}'s {part} entry {text!r} is not arithmetic on its "
+                                 f"sizes ({', '.join(sizes)})")
+    return {part: [str(e) for e in entries] for part, entries in shape.items()}
 
 
-def _group(kernels):
-    """{kernel: [static generic values, ...]} of the export's entries, in their order."""
-    if isinstance(kernels, (Kernel, Specialization)):
+def _group(kernels, tuned):
+    """{kernel: ([static generic values, ...], [tuned generics])} of the export's entries, in
+    their order; an autotuned kernel's entries are its table's (`tuned`'s, else its recorded one)."""
+    if isinstance(kernels, (Kernel, Specialization, Autotuner)):
         kernels = [kernels]
+    kernels = list(kernels)
+    unknown = set(tuned or {}) - {k.__name__ for k in kernels if isinstance(k, Autotuner)}
+    if unknown:
+        raise ValueError(f"mg.export(tuned=...) names kernels that are not exported autotuned: {sorted(unknown)}")
     groups = {}
     for entry in kernels:
+        names = []
         if isinstance(entry, Specialization):
             kernel = entry.kernel
-            binding = {k: v for k, v in entry.values.items() if k not in kernel.dynamic}
+            entries = [{k: v for k, v in entry.values.items() if k not in kernel.dynamic}]
+        elif isinstance(entry, Autotuner):
+            kernel = entry.kernel
+            names = [g for g in kernel.generics if g in entry.configs[0]]
+            entries = _tuned_entries(entry, names, (tuned or {}).get(entry.__name__))
         elif isinstance(entry, Kernel):
-            kernel, binding = entry, {}
+            kernel, entries = entry, [{}]
             static = [g for g in kernel.generics if g not in kernel.dynamic]
             if static:
                 raise ValueError(f"mg.export: {kernel.__name__} has generics that are not dynamic "
                                  f"({', '.join(static)}): export its specializations, e.g. {kernel.__name__}[...]")
         else:
-            raise TypeError(f"mg.export takes kernels and specializations, not {type(entry).__name__}")
-        bindings = groups.setdefault(kernel, [])
-        if binding not in bindings:
-            bindings.append(binding)
+            raise TypeError(f"mg.export takes kernels and specializations, not {type(entry).__name__}: an "
+                            f"@mg.kernel, a kernel[...] or an @mg.autotune over a kernel")
+        bindings, known = groups.setdefault(kernel, ([], names))
+        if known != names:
+            raise ValueError(f"mg.export: {kernel.__name__} is given both autotuned and not: export one of them")
+        bindings += [binding for binding in entries if binding not in bindings]
     if not groups:
         raise ValueError("mg.export needs at least one kernel")
     return groups
+
+
+def _tuned_entries(tuner, names, table):
+    """The generic values of each entry of an autotuning table ({key values: config}, the key's
+    values in tuner.key's order), or of the tuner's choices recorded for the current GPU."""
+    name = tuner.__name__
+    table = tuner.table() if table is None else table
+    if not isinstance(table, dict) or not table:
+        raise ValueError(f"mg.export: {name} is autotuned and has no table: tune it on the GPU (launch it there) "
+                         f"first, or give tuned={{{name!r}: {{({', '.join(tuner.key)}): config, ...}}}}")
+    static = [g for g in tuner.kernel.generics if g not in tuner.kernel.dynamic]
+    entries = []
+    for key, config in table.items():
+        key = key if isinstance(key, tuple) else (key,)
+        if len(key) != len(tuner.key) or not isinstance(config, dict) or set(config) != set(names):
+            raise ValueError(f"mg.export(tuned=...): {name}'s table maps the values of ({', '.join(tuner.key)}) to "
+                             f"a config of {', '.join(names)}, got {key!r}: {config!r}")
+        binding = {**dict(zip(tuner.key, key)), **config}
+        missing = [g for g in static if g not in binding]
+        if missing:
+            raise ValueError(f"mg.export: {name}'s autotuning key leaves {', '.join(missing)} unknown: a tuned "
+                             f"entry must give every generic that is not dynamic (its key: {', '.join(tuner.key)})")
+        entries.append(binding)
+    return entries
 
 
 def _chip_capability(chip):
@@ -289,7 +342,7 @@ def _header(prefix, kernels):
              f"{prefix}_status {prefix}_copy_to_host(void *host, const void *device, size_t bytes);", ""]
     for exported in kernels:
         rule = exported.launch
-        how = (f"grid ({', '.join(rule['grid'])}), block {tuple(rule['block'])}" if rule else
+        how = (f"grid ({', '.join(rule['grid'])}), block ({', '.join(rule['block'])})" if rule else
                "the grid, block and dynamic shared memory given")
         lines += [f"/* {exported.name}: launched with {how}. */", _signature(prefix, exported) + ";", ""]
     lines += ["#ifdef __cplusplus", "}", "#endif", "", f"#endif /* {guard} */", ""]
@@ -311,11 +364,13 @@ def _source(prefix, kernels, cpu_symbols, images, metadata):
                                   f'{len(data)}}}')
             out.append(f"static const mgx_image images_{k}_{v}[] = {{{', '.join(image_rows)}}};")
             out.append(f"static const int64_t rules_{k}_{v}[] = {{{', '.join(map(str, rules)) or '0'}}};")
+            tuned = ", ".join(str(spec.values[g]) for g in exported.tuned)
+            out.append(f"static const int64_t tuned_{k}_{v}[] = {{{tuned or '0'}}};")
             if symbol:
                 out.append(_cpu_thunk(exported, spec, symbol))
             description = json.dumps(repr(spec).strip("<>"))
-            variant_rows.append(f'{{{description}, "{exported.name}", rules_{k}_{v}, {int(spec.aligned)}, '
-                                f'{len(image_rows)}, '
+            variant_rows.append(f'{{{description}, "{exported.name}", rules_{k}_{v}, tuned_{k}_{v}, '
+                                f'{int(spec.aligned)}, {len(image_rows)}, '
                                 f'images_{k}_{v}, {f"cpu_{symbol}" if symbol else "NULL"}, {{NULL}}}}')
         names = ", ".join(f'"{n}"' for n in exported.size_names) or "NULL"
         out += [f"static mgx_variant variants_{k}[] = {{\n    " + ",\n    ".join(variant_rows) + "\n};",
@@ -340,16 +395,22 @@ def _source(prefix, kernels, cpu_symbols, images, metadata):
             if shape is not None:
                 body.append(f'    if ({p.name} == NULL) return ({prefix}_status)mgx_fail(MGX_INVALID_VALUE, '
                             f'"{exported.name}: {p.name} is NULL");')
+        body += ["    mgx_variant *mgx_v;",
+                 f"    int mgx_status = mgx_variant_for(&kernel_{k}, mgx_sizes, mgx_aligned, &mgx_v);",
+                 f"    if (mgx_status != MGX_SUCCESS) return ({prefix}_status)mgx_status;"]
+        # The tuned generics' values in the variant the sizes chose, which the launch rule may name.
+        body += [f"    const int64_t {g} = mgx_v->tuned[{i}];" for i, g in enumerate(exported.tuned)]
+        body += [f"    (void){g};" for g in exported.tuned]
         if rule:
             body += [f"    const unsigned mgx_grid[3] = {{{', '.join(f'(unsigned)({g})' for g in rule['grid'])}}};",
-                     f"    const unsigned mgx_block[3] = {{{', '.join(map(str, rule['block']))}}};",
-                     f"    const unsigned shared_mem = {rule['shared_mem']};"]
+                     f"    const unsigned mgx_block[3] = {{{', '.join(f'(unsigned)({b})' for b in rule['block'])}}};",
+                     f"    const unsigned shared_mem = (unsigned)({rule['shared_mem'][0]});"]
         else:
             body += ["    const unsigned mgx_grid[3] = {grid.x, grid.y, grid.z};",
                      "    const unsigned mgx_block[3] = {block.x, block.y, block.z};"]
         body += ["    (void)mgx_extents;",
-                 f"    return ({prefix}_status)mgx_launch(&kernel_{k}, stream, mgx_sizes, mgx_aligned, mgx_params, "
-                 f"mgx_grid, mgx_block, shared_mem);", "}", ""]
+                 f"    return ({prefix}_status)mgx_launch(&kernel_{k}, mgx_v, stream, mgx_params, mgx_grid, mgx_block, "
+                 f"shared_mem);", "}", ""]
         out += body
     out += [f"const char *{prefix}_last_error(void) {{ return mgx_last_error(); }}",
             f'const char *{prefix}_backend(void) {{ return mgx_backend_is_cuda() ? "cuda" : "cpu"; }}',
@@ -398,7 +459,7 @@ def _readme(prefix, kernels, chips, with_cpu):
     return "\n".join(lines)
 
 
-def build(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launch=None, cpu=None,
+def build(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launch=None, tuned=None, cpu=None,
           cc=None) -> Path:
     """mg.export's work; returns the library's path."""
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
@@ -414,7 +475,10 @@ def build(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launch
     if cpu is True and llc is None:
         raise CompileError("mg.export(cpu=True) needs LLVM 22's llc to compile the CPU builds: install it, or "
                            "name it in MLIRGPU_LLC")
-    exported = [_Exported(kernel, bindings, launch) for kernel, bindings in _group(kernels).items()]
+    if tuned is not None and not isinstance(tuned, dict):
+        raise ValueError(f"mg.export(tuned=...) maps autotuned kernels' names to tables, not {tuned!r}")
+    exported = [_Exported(kernel, bindings, launch, names)
+                for kernel, (bindings, names) in _group(kernels, tuned).items()]
     for e in exported:
         if e.name in _RUNTIME_NAMES:
             raise ValueError(f"mg.export: a kernel named {e.name} would clash with {name}_{e.name} of the runtime")

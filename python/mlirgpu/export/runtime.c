@@ -52,12 +52,14 @@ typedef struct {
 typedef void (*mgx_cpu_entry)(void **params, const int64_t indices[12]);
 
 /* A variant: one compiled specialization, the sizes it serves (per size: a value it needs,
- * > 0; a divisor, < 0; or 0, any), whether it needs aligned arrays, and its functions once
- * loaded, per device. */
+ * > 0; a divisor, < 0; or 0, any), the values of the generics an autotuning table chose for
+ * them (which its launch rule may read), whether it needs aligned arrays, and its functions
+ * once loaded, per device. */
 typedef struct {
     const char *description;
     const char *symbol;
     const int64_t *rules;
+    const int64_t *tuned;
     int aligned;
     int nimages;
     const mgx_image *images;
@@ -312,17 +314,15 @@ static void mgx_cpu_run(mgx_cpu_entry entry, void **params, const unsigned grid[
                             entry(params, ix);
 }
 
-static int mgx_launch(const mgx_kernel *k, void *stream, const int64_t *sizes, int aligned, void **params,
-                      const unsigned grid[3], const unsigned block[3], unsigned shared_mem)
+/* Launches variant `v` of `k` (mgx_variant_for's choice). */
+static int mgx_launch(const mgx_kernel *k, mgx_variant *v, void *stream, void **params, const unsigned grid[3],
+                      const unsigned block[3], unsigned shared_mem)
 {
     for (int d = 0; d < 3; d++)
         if (grid[d] == 0 || block[d] == 0)
             return mgx_fail(MGX_INVALID_VALUE, "%s: the grid and the block need at least 1 in each dimension",
                             k->name);
-    mgx_variant *v;
-    int status = mgx_variant_for(k, sizes, aligned, &v);
-    if (status != MGX_SUCCESS)
-        return status;
+    int status;
     if (!mgx_backend_is_cuda()) {
         if (v->cpu == NULL)
             return mgx_fail(MGX_NO_BACKEND, "%s: there is no GPU (%s) and the library has no CPU build of %s",

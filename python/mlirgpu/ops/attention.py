@@ -104,6 +104,62 @@ def b_fragments(tile, row, col, lane, transpose):
     return pair.select(0, 1, 2, 3), pair.select(4, 5, 6, 7)
 
 
+def next_stage(stage, rows, copies, start, first, count, head, tid):
+    """The top of a step of a double-buffered loop: waits until the tiles at
+    `stage` have landed and every warp is done with the other stage, then
+    fills that one with `rows` rows from `first` of each (tile, source) of
+    `copies` (copy_rows) and commits them, to land during this step."""
+    lang.mma.wait_group(0)
+    lang.syncthreads()
+    after = rows * copies[0][1].shape[2] - stage
+    for tile, source in copies:
+        copy_rows(tile.at(after), rows, source, start, first, count, head, tid)
+    lang.mma.commit_group()
+
+
+def a_operand(a, kk, lane):
+    """The A fragment of columns 16kk .. 16kk+15 of an A operand: a list of
+    fragments held in registers, or a (tile, first row) read by a_fragment."""
+    return a[kk] if isinstance(a, list) else a_fragment(a[0], a[1], kk, lane)
+
+
+def scores(atom, operands, rows, depth, lane):
+    """A B^T for each (A, tile) of `operands`: the rows / 8 C fragments of 16
+    rows of A (a_operand) times `rows` rows of the tile (N x K, K fastest, as
+    b_fragments reads it), over `depth` columns."""
+    products = [[lang.mma.zeros(atom) for _ in lang.static_range(rows // 8)] for _ in operands]
+    for kk in lang.static_range(depth // 16):
+        for (a, tile), acc in zip(operands, products):
+            fragment = a_operand(a, kk, lane)
+            for nj in lang.static_range(rows // 16):
+                low, high = b_fragments(tile, nj * 16, kk * 16, lane, False)
+                acc[2 * nj] = lang.mma.sync(atom, fragment, low, acc[2 * nj])
+                acc[2 * nj + 1] = lang.mma.sync(atom, fragment, high, acc[2 * nj + 1])
+    return products
+
+
+def add_products(atom, products, depth, width, lane):
+    """acc + A B for each (acc, A, tile) of `products`: 16 rows of A (a_operand)
+    over `depth` columns times the tile's `depth` rows (K x N, N fastest: read
+    transposed) of `width` columns; the new accumulators, in that order."""
+    sums = [list(acc) for acc, _, _ in products]
+    for i in lang.static_range(depth // 16):
+        for (_, a, tile), acc in zip(products, sums):
+            fragment = a_operand(a, i, lane)
+            for dj in lang.static_range(width // 16):
+                low, high = b_fragments(tile, i * 16, dj * 16, lane, True)
+                acc[2 * dj] = lang.mma.sync(atom, fragment, low, acc[2 * dj])
+                acc[2 * dj + 1] = lang.mma.sync(atom, fragment, high, acc[2 * dj + 1])
+    return sums
+
+
+def rounded(atom, c, dtype):
+    """C fragments (of 8 columns each) rounded to `dtype` as A fragments of 16
+    columns: two neighbouring C fragments are exactly an A fragment's layout."""
+    return [lang.mma.fragment(atom, "a", [lang.cast(x, dtype) for x in c[2 * i] + c[2 * i + 1]])
+            for i in lang.static_range(len(c) // 2)]
+
+
 def larger(a, b):
     """max of two signed indices (mg.math.max reads index values as unsigned)."""
     return lang.select(a > b, a, b)
@@ -121,6 +177,30 @@ def sequence(varlen, b, cu_q, cu_k, lq, lk):
         q0, k0 = lang.cast(cu_q[b], index), lang.cast(cu_k[b], index)
         return q0, lang.cast(cu_q[b + 1], index) - q0, k0, lang.cast(cu_k[b + 1], index) - k0
     return b * lq, lq, b * lk, lk
+
+
+def query_block(varlen, q, k, cu_q, cu_k):
+    """Where a block of the forward's grid (query tiles, batch x query heads)
+    works: its query head, the key/value head that one reads, its first
+    query m0, and its sequence's first query token, Lq, first key token and
+    Lk (`sequence`)."""
+    hq, hk = q.shape[1], k.shape[1]
+    batch = lang.grid_dim.y // hq
+    b, h = lang.block_idx.y // hq, lang.block_idx.y % hq
+    q0, lq, k0, lk = sequence(varlen, b, cu_q, cu_k, q.shape[0] // batch, k.shape[0] // batch)
+    return h, h // (hq // hk), lang.block_idx.x * BM, q0, lq, k0, lk
+
+
+def key_tiles(m0, lq, lk, left, right, banded, tile):
+    """(first, end): the key tiles of `tile` keys that the BM rows from m0
+    read: all of them, or within the band those from the first key the first
+    row sees to the last the last row sees."""
+    first, end = 0, (lk + tile - 1) // tile
+    if banded:
+        first = larger(m0 + lk - lq - left, 0) // tile
+        end = larger(smaller(smaller(m0 + BM, lq) - 1 + lk - lq + right, lk - 1) + tile, 0) // tile
+        end = larger(end, first)
+    return first, end
 
 
 def hidden(query, key, lq, lk, left, right, banded):
@@ -161,26 +241,15 @@ def _build(head_dim, banded, varlen, split):
         o is q's shape (grid.z times over with `split`), lse (B x Hq, Lq), or
         (Hq, tokens) with `varlen` (grid.z times over with `split`)."""
         atom = lang.mma.M16N8K16_F16 if q.dtype == f16 else lang.mma.M16N8K16_BF16
-        hq, hk = q.shape[1], k.shape[1]
-        batch = lang.grid_dim.y // hq
         tid = lang.thread_idx.x
         lane, warp = tid % 32, tid // 32
-        b, h = lang.block_idx.y // hq, lang.block_idx.y % hq
-        q0, lq, k0, lk = sequence(varlen, b, cu_q, cu_k, q.shape[0] // batch, k.shape[0] // batch)
-        kv_head = h // (hq // hk)
-        m0 = lang.block_idx.x * BM
+        h, kv_head, m0, q0, lq, k0, lk = query_block(varlen, q, k, cu_q, cu_k)
         left, right = lang.cast(left, index), lang.cast(right, index)
         smem = lang.shared.dynamic(q.dtype)
         q_tile = lang.mma.tile(smem, Q_TILE)
         k_tile, v_tile = lang.mma.tile(smem, KV_TILE).at(K_AT), lang.mma.tile(smem, KV_TILE).at(V_AT)
 
-        # Key tiles this block reads: all of them, or within the band those from
-        # the first key its first row sees to the last its last row sees.
-        first, end = 0, (lk + BN - 1) // BN
-        if banded:
-            first = larger(m0 + lk - lq - left, 0) // BN
-            end = larger(smaller(smaller(m0 + BM, lq) - 1 + lk - lq + right, lk - 1) + BN, 0) // BN
-            end = larger(end, first)
+        first, end = key_tiles(m0, lq, lk, left, right, banded, BN)
         if split:
             share = (end - first + lang.grid_dim.z - 1) // lang.grid_dim.z
             first = smaller(first + lang.block_idx.z * share, end)
@@ -209,21 +278,10 @@ def _build(head_dim, banded, varlen, split):
             stage = (t - first) % 2 * (BN * D)
             n0 = t * BN
             # Tile t has landed, and every warp is done with tile t - 1's stage, which tile t + 1 now fills.
-            lang.mma.wait_group(0)
-            lang.syncthreads()
-            after = BN * D - stage
-            copy_rows(k_tile.at(after), BN, k, k0, n0 + BN, lk, kv_head, tid)
-            copy_rows(v_tile.at(after), BN, v, k0, n0 + BN, lk, kv_head, tid)
-            lang.mma.commit_group()
+            next_stage(stage, BN, [(k_tile, k), (v_tile, v)], k0, n0 + BN, lk, kv_head, tid)
 
             # S = Q K^T for the warp's 16 rows and the tile's BN keys: BN / 8 C fragments.
-            s = [lang.mma.zeros(atom) for _ in lang.static_range(BN // 8)]
-            for kk in lang.static_range(D // 16):
-                a = q_frags[kk] if Q_IN_REGISTERS else a_fragment(q_tile, qrow0, kk, lane)
-                for nj in lang.static_range(BN // 16):
-                    low, high = b_fragments(k_tile.at(stage), nj * 16, kk * 16, lane, False)
-                    s[2 * nj] = lang.mma.sync(atom, a, low, s[2 * nj])
-                    s[2 * nj + 1] = lang.mma.sync(atom, a, high, s[2 * nj + 1])
+            s = scores(atom, [(q_frags if Q_IN_REGISTERS else (q_tile, qrow0), k_tile.at(stage))], BN, D, lane)[0]
 
             # Keys past Lk, and outside the band, are -inf: only in tiles where that can happen.
             edge = n0 + BN > lk
@@ -256,13 +314,8 @@ def _build(head_dim, banded, varlen, split):
                     for e in lang.static_range(2 * half, 2 * half + 2):
                         acc[j][e] = acc[j][e] * alpha
 
-            # O += P V: P's C fragments of keys 16i .. 16i+15, rounded to T, are an A fragment as they stand.
-            for i in lang.static_range(BN // 16):
-                p = lang.mma.fragment(atom, "a", [lang.cast(x, q.dtype) for x in s[2 * i] + s[2 * i + 1]])
-                for dj in lang.static_range(D // 16):
-                    low, high = b_fragments(v_tile.at(stage), i * 16, dj * 16, lane, True)
-                    acc[2 * dj] = lang.mma.sync(atom, p, low, acc[2 * dj])
-                    acc[2 * dj + 1] = lang.mma.sync(atom, p, high, acc[2 * dj + 1])
+            # O += P V: P's C fragments, rounded to T, are its A fragments as they stand.
+            acc = add_products(atom, [(acc, rounded(atom, s, q.dtype), v_tile.at(stage))], BN, D, lane)[0]
         lang.mma.wait_group(0)
 
         # O / l and the log-sum-exp (natural log), row by row; a row that saw no key gets 0 and -inf.
@@ -332,24 +385,17 @@ def _build_combine(head_dim):
     return attention_combine
 
 
-KERNELS = {}
-
-
+@functools.cache
 def kernel_for(head_dim, banded=False, varlen=False, split=False):
     """The forward kernel of (head dimension, banded mask, packed sequences,
     split keys), built once; its dtype is a generic."""
-    key = ("forward", head_dim, bool(banded), bool(varlen), bool(split))
-    if key not in KERNELS:
-        KERNELS[key] = _build(head_dim, bool(banded), bool(varlen), bool(split))
-    return KERNELS[key]
+    return _build(head_dim, bool(banded), bool(varlen), bool(split))
 
 
+@functools.cache
 def combine_kernel_for(head_dim):
     """The kernel merging a split forward's partial outputs, built once."""
-    key = ("combine", head_dim)
-    if key not in KERNELS:
-        KERNELS[key] = _build_combine(head_dim)
-    return KERNELS[key]
+    return _build_combine(head_dim)
 
 
 def as_array(x, name):

@@ -21,13 +21,15 @@ Three kernels:
   block at a time over the key tiles (the forward's loop, with dS for P
   and K for V): no atomics, the same bits every run.
 """
+import functools
+
 from .. import language as lang
 from .._mlirgpu import LaunchError, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
 from ..runtime import backend
 from ..runtime.kernel import kernel
-from .attention import (BM, CHUNK, KERNELS, LOG2E, THREADS, WARPS, Problem, a_fragment, as_array, b_fragments,
-                        copy_rows, hidden, larger, new_like, sequence, smaller)
+from .attention import (BM, CHUNK, LOG2E, THREADS, WARPS, Problem, add_products, as_array, copy_rows, hidden,
+                        key_tiles, larger, new_like, next_stage, query_block, rounded, scores, sequence, smaller)
 
 __all__ = ["attention_backward", "HEAD_DIMS"]
 
@@ -146,27 +148,12 @@ def _build_kv(head_dim, banded, varlen, atomic):
         for step in range(steps):
             stage = step % 2 * (BM * D)
             h, m0 = head_and_row(step, kv_head, group, first, count)
-            lang.mma.wait_group(0)
-            lang.syncthreads()
-            after = BM * D - stage
             h_next, m_next = head_and_row(step + 1, kv_head, group, first, count)
-            copy_rows(q_tile.at(after), BM, q, q0, m_next, lq, h_next, tid)
-            copy_rows(do_tile.at(after), BM, do, q0, m_next, lq, h_next, tid)
-            lang.mma.commit_group()
+            next_stage(stage, BM, [(q_tile, q), (do_tile, do)], q0, m_next, lq, h_next, tid)
 
             # S^T = K Q^T and dP^T = V dO^T: the warp's 16 keys x the tile's BM queries.
-            s = [lang.mma.zeros(atom) for _ in lang.static_range(BM // 8)]
-            dp = [lang.mma.zeros(atom) for _ in lang.static_range(BM // 8)]
-            for kk in lang.static_range(D // 16):
-                ka = a_fragment(k_tile, krow0, kk, lane)
-                va = a_fragment(v_tile, krow0, kk, lane)
-                for nj in lang.static_range(BM // 16):
-                    low, high = b_fragments(q_tile.at(stage), nj * 16, kk * 16, lane, False)
-                    s[2 * nj] = lang.mma.sync(atom, ka, low, s[2 * nj])
-                    s[2 * nj + 1] = lang.mma.sync(atom, ka, high, s[2 * nj + 1])
-                    low, high = b_fragments(do_tile.at(stage), nj * 16, kk * 16, lane, False)
-                    dp[2 * nj] = lang.mma.sync(atom, va, low, dp[2 * nj])
-                    dp[2 * nj + 1] = lang.mma.sync(atom, va, high, dp[2 * nj + 1])
+            s, dp = scores(atom, [((k_tile, krow0), q_tile.at(stage)), ((v_tile, krow0), do_tile.at(stage))], BM, D,
+                           lane)
 
             # P^T = exp2(S^T scale log2(e) - lse log2(e)), 0 where masked (also queries past Lq);
             # dS^T = P^T (dP^T - D). Each lane's columns are queries m0 + 8j + c and +1.
@@ -183,16 +170,8 @@ def _build_kv(head_dim, banded, varlen, atomic):
                     dp[j][e] = s[j][e] * (dp[j][e] - delta[stat_row, at])
 
             # dV += P^T dO and dK += dS^T Q: C fragments of 16 queries are A fragments as they stand.
-            for i in lang.static_range(BM // 16):
-                pa = lang.mma.fragment(atom, "a", [lang.cast(x, q.dtype) for x in s[2 * i] + s[2 * i + 1]])
-                dsa = lang.mma.fragment(atom, "a", [lang.cast(x, q.dtype) for x in dp[2 * i] + dp[2 * i + 1]])
-                for dj in lang.static_range(D // 16):
-                    low, high = b_fragments(do_tile.at(stage), i * 16, dj * 16, lane, True)
-                    dv_acc[2 * dj] = lang.mma.sync(atom, pa, low, dv_acc[2 * dj])
-                    dv_acc[2 * dj + 1] = lang.mma.sync(atom, pa, high, dv_acc[2 * dj + 1])
-                    low, high = b_fragments(q_tile.at(stage), i * 16, dj * 16, lane, True)
-                    dk_acc[2 * dj] = lang.mma.sync(atom, dsa, low, dk_acc[2 * dj])
-                    dk_acc[2 * dj + 1] = lang.mma.sync(atom, dsa, high, dk_acc[2 * dj + 1])
+            dv_acc, dk_acc = add_products(atom, [(dv_acc, rounded(atom, s, q.dtype), do_tile.at(stage)),
+                                                 (dk_acc, rounded(atom, dp, q.dtype), q_tile.at(stage))], BM, D, lane)
 
             if atomic:
                 # dQ += dS K: dS^T goes to shared memory as dS (queries x keys), each warp then
@@ -201,13 +180,8 @@ def _build_kv(head_dim, banded, varlen, atomic):
                     for e in lang.static_range(4):
                         ds_tile[j * 8 + c + e % 2, krow0 + r + e // 2 * 8] = lang.cast(dp[j][e], q.dtype)
                 lang.syncthreads()
-                dq_acc = [lang.mma.zeros(atom) for _ in lang.static_range(D // 8)]
-                for i in lang.static_range(BN // 16):
-                    a = a_fragment(ds_tile, krow0, i, lane)
-                    for dj in lang.static_range(D // 16):
-                        low, high = b_fragments(k_tile, i * 16, dj * 16, lane, True)
-                        dq_acc[2 * dj] = lang.mma.sync(atom, a, low, dq_acc[2 * dj])
-                        dq_acc[2 * dj + 1] = lang.mma.sync(atom, a, high, dq_acc[2 * dj + 1])
+                zeros = [lang.mma.zeros(atom) for _ in lang.static_range(D // 8)]
+                dq_acc = add_products(atom, [(zeros, (ds_tile, krow0), k_tile)], BN, D, lane)[0]
                 # Queries past Lq have dS = 0: adding it to the last real row changes nothing.
                 for j in lang.static_range(D // 8):
                     for e in lang.static_range(4):
@@ -251,26 +225,17 @@ def _build_q(head_dim, banded, varlen):
                              scale_log2: f32, left: i32, right: i32, scale: f32):
         """The forward's layout and grid; dq written."""
         atom = lang.mma.M16N8K16_F16 if q.dtype == f16 else lang.mma.M16N8K16_BF16
-        hq, hk = q.shape[1], k.shape[1]
-        batch = lang.grid_dim.y // hq
         tid = lang.thread_idx.x
         lane, warp = tid % 32, tid // 32
-        b, h = lang.block_idx.y // hq, lang.block_idx.y % hq
-        q0, lq, k0, lk = sequence(varlen, b, cu_q, cu_k, q.shape[0] // batch, k.shape[0] // batch)
-        kv_head = h // (hq // hk)
-        m0 = lang.block_idx.x * BM
+        h, kv_head, m0, q0, lq, k0, lk = query_block(varlen, q, k, cu_q, cu_k)
         left, right = lang.cast(left, index), lang.cast(right, index)
         smem = lang.shared.dynamic(q.dtype)
         q_tile, do_tile = lang.mma.tile(smem, Q_TILE), lang.mma.tile(smem, Q_TILE).at(DO_AT)
         k_tile, v_tile = lang.mma.tile(smem, KV_TILE).at(K_AT), lang.mma.tile(smem, KV_TILE).at(V_AT)
 
-        first, end = 0, (lk + BN - 1) // BN
-        if banded:
-            first = larger(m0 + lk - lq - left, 0) // BN
-            end = larger(smaller(smaller(m0 + BM, lq) - 1 + lk - lq + right, lk - 1) + BN, 0) // BN
-            end = larger(end, first)
+        first, end = key_tiles(m0, lq, lk, left, right, banded, BN)
         if varlen:
-            end = lang.select(m0 < lq, end, first)
+            end = lang.select(m0 < lq, end, first)    # blocks past this sequence's queries
 
         copy_rows(q_tile, BM, q, q0, m0, lq, h, tid)
         copy_rows(do_tile, BM, do, q0, m0, lq, h, tid)
@@ -291,25 +256,10 @@ def _build_q(head_dim, banded, varlen):
         for t in range(first, end):
             stage = (t - first) % 2 * (BN * D)
             n0 = t * BN
-            lang.mma.wait_group(0)
-            lang.syncthreads()
-            after = BN * D - stage
-            copy_rows(k_tile.at(after), BN, k, k0, n0 + BN, lk, kv_head, tid)
-            copy_rows(v_tile.at(after), BN, v, k0, n0 + BN, lk, kv_head, tid)
-            lang.mma.commit_group()
+            next_stage(stage, BN, [(k_tile, k), (v_tile, v)], k0, n0 + BN, lk, kv_head, tid)
 
-            s = [lang.mma.zeros(atom) for _ in lang.static_range(BN // 8)]
-            dp = [lang.mma.zeros(atom) for _ in lang.static_range(BN // 8)]
-            for kk in lang.static_range(D // 16):
-                qa = a_fragment(q_tile, qrow0, kk, lane)
-                da = a_fragment(do_tile, qrow0, kk, lane)
-                for nj in lang.static_range(BN // 16):
-                    low, high = b_fragments(k_tile.at(stage), nj * 16, kk * 16, lane, False)
-                    s[2 * nj] = lang.mma.sync(atom, qa, low, s[2 * nj])
-                    s[2 * nj + 1] = lang.mma.sync(atom, qa, high, s[2 * nj + 1])
-                    low, high = b_fragments(v_tile.at(stage), nj * 16, kk * 16, lane, False)
-                    dp[2 * nj] = lang.mma.sync(atom, da, low, dp[2 * nj])
-                    dp[2 * nj + 1] = lang.mma.sync(atom, da, high, dp[2 * nj + 1])
+            s, dp = scores(atom, [((q_tile, qrow0), k_tile.at(stage)), ((do_tile, qrow0), v_tile.at(stage))], BN, D,
+                           lane)
 
             for j in lang.static_range(BN // 8):
                 for e in lang.static_range(4):
@@ -319,12 +269,7 @@ def _build_q(head_dim, banded, varlen):
                     dp[j][e] = lang.select(masked, lang.constant(0.0, f32), p * (dp[j][e] - deltas[e // 2]))
 
             # dQ += dS K: dS's C fragments as A fragments, K (keys x D) as V is read in the forward.
-            for i in lang.static_range(BN // 16):
-                dsa = lang.mma.fragment(atom, "a", [lang.cast(x, q.dtype) for x in dp[2 * i] + dp[2 * i + 1]])
-                for dj in lang.static_range(D // 16):
-                    low, high = b_fragments(k_tile.at(stage), i * 16, dj * 16, lane, True)
-                    acc[2 * dj] = lang.mma.sync(atom, dsa, low, acc[2 * dj])
-                    acc[2 * dj + 1] = lang.mma.sync(atom, dsa, high, acc[2 * dj + 1])
+            acc = add_products(atom, [(acc, rounded(atom, dp, q.dtype), k_tile.at(stage))], BN, D, lane)[0]
         lang.mma.wait_group(0)
 
         for half in lang.static_range(2):
@@ -350,13 +295,10 @@ def _build_convert():
     return attention_backward_convert
 
 
+@functools.cache
 def kernel_for(name, *key):
     """The backward kernel `name` ("rows", "kv", "q", "convert") of `key`, built once."""
-    built = KERNELS
-    if ("backward", name, key) not in built:
-        builder = {"rows": _build_rows, "kv": _build_kv, "q": _build_q, "convert": _build_convert}[name]
-        built["backward", name, key] = builder(*key)
-    return built["backward", name, key]
+    return {"rows": _build_rows, "kv": _build_kv, "q": _build_q, "convert": _build_convert}[name](*key)
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, window=None, cu_seqlens_q=None,

@@ -28,6 +28,7 @@ issued before O += P V of tile n - 1, and its softmax runs while the tensor
 cores do that product), and the two consumers take turns at issuing their
 wgmmas (named barriers), so that one's softmax runs under the other's.
 """
+import functools
 import math
 
 from .. import language as lang
@@ -307,15 +308,10 @@ def _build(head_dim, causal):
     return attention_forward_sm90
 
 
-_KERNELS = {}
-
-
+@functools.cache
 def kernel_for(head_dim, causal):
     """The kernel of (head dimension, causal), built once; its dtype is a generic."""
-    key = (head_dim, bool(causal))
-    if key not in _KERNELS:
-        _KERNELS[key] = _build(head_dim, causal)
-    return _KERNELS[key]
+    return _build(head_dim, bool(causal))
 
 
 def supported(q, k, v, head_dim):

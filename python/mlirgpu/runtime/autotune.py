@@ -79,7 +79,8 @@ class Autotuner:
     whose values name a tuning problem: those given, then the dtype generics
     the arguments bind), timings and skipped (per key tuple, from its last
     tuning in this process: [(config, median ms)] and [(config, reason)]),
-    best_config (the config of the last launch), best(**key_values), path().
+    best_config (the config of the last launch), best(**key_values), table(gpu)
+    (every choice recorded for a GPU, which mg.export takes), path().
 
     For example::
 
@@ -151,6 +152,31 @@ class Autotuner:
         if config is None and gpu is not None:
             config = self._load(gpu, key)
         return config
+
+    def table(self, gpu: str | None = None) -> dict[tuple, dict[str, Any]]:
+        """{key values: config} of every choice recorded for `gpu` (a GPU's
+        name, as mg.cuda.Device(0).name gives it; default: the current GPU's),
+        in this process or the cache directory: what mg.export takes to build
+        each tuned config, dispatched by the key's values."""
+        gpu = gpu if gpu is not None else _gpu_name()
+        if gpu is None:
+            return {}
+        dtypes = self.kernel.dtype_generics()
+        table = {}
+        for entry, stored in self._read().items():
+            name, _, values = entry.partition("|")
+            pairs = dict(pair.split("=", 1) for pair in values.split(",") if "=" in pair)
+            config = next((c for c in self.configs if _as_json(c) == stored), None)
+            if name != gpu or config is None or set(pairs) != set(self.key):
+                continue
+            try:
+                key = tuple(check_generic_value(n, pairs[n] if n in dtypes else int(pairs[n]), dtypes)
+                            for n in self.key)
+            except (CompileError, ValueError):
+                continue   # an entry this kernel's key cannot read: not its choice
+            table[key] = config
+        table.update({key: config for (name, key), config in self._chosen.items() if name == gpu})
+        return table
 
     def path(self) -> Path:
         """The file in the cache directory that holds this kernel's choices:

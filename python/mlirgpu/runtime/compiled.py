@@ -19,8 +19,10 @@ import os
 import sys
 import types
 
+import numpy as np
+
 from .. import cuda
-from .._mlirgpu import CompileError, DType
+from .._mlirgpu import CompileError, Dispatcher, DType
 from ..compiler import cache, toolkit
 from ..compiler.nvvm import NO_PTXAS, Compilation
 from ..frontend.function import DeviceFunction
@@ -63,31 +65,48 @@ def read_values(function):
     generics, and those of the @mg.func helpers (and plain functions of its
     module) it names, as "helper.NAME": what compiling it depends on besides
     its source."""
-    values = {}
-    _read_values(function, "", values, {function})
-    return values
+    return {name: value for name, _, _, value in _reads(function, "", {function})
+            if name is not None and value is not UNBOUND and _tracked(value)}
 
 
-def _read_values(function, prefix, values, seen):
+#: The value _reads gives a name its function's globals do not hold.
+UNBOUND = Dispatcher.UNBOUND
+
+
+def _reads(function, prefix, seen):
+    """Where read_values looks, each as (name, namespace, key, value): per
+    function its code, (None, function, None, code); per global its code
+    loads (name, its globals, name, value or UNBOUND); per closure variable
+    (name, cell, None, value); then those of the helpers they name, whose
+    names take the prefix "helper."."""
     code = function.__code__
+    yield None, function, None, code
     # The globals its code loads: co_names also holds attribute names (the x of thread_idx.x), which
     # would drag an unrelated global of that name into the key.
     names = set()
     for c in code_objects(code):
         names |= _loaded_globals(c)
-    found = {name: function.__globals__[name] for name in sorted(names) if name in function.__globals__}
-    found.update(zip(code.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
-    for name, value in found.items():
+    namespace = function.__globals__
+    # A closure variable hides a global of its name, which is read all the same.
+    found = {name: (namespace, name, namespace.get(name, UNBOUND)) for name in sorted(names)}
+    for name, cell in zip(code.co_freevars, function.__closure__ or ()):
+        if name in found:
+            yield None, *found[name]
+        found[name] = cell, None, cell.cell_contents
+    for name, (namespace, key, value) in found.items():
         helper = _helper_function(value, function)
         if helper is not None and helper not in seen:
             seen.add(helper)
-            _read_values(helper, f"{prefix}{helper.__qualname__}.", values, seen)
-        # mlirgpu's own names (mg.thread_idx, mg.constant, ...) change only
-        # with mlirgpu, which the cache's entries record already. A module
-        # (mg, np, math) is not rebound between launches; tracking it would
-        # send every kernel that names one off the C fast path.
-        if not is_symbol(value) and not _is_mlirgpu_object(value) and not isinstance(value, types.ModuleType):
-            values[prefix + name] = value
+            yield from _reads(helper, f"{prefix}{helper.__qualname__}.", seen)
+        yield prefix + name, namespace, key, value
+
+
+def _tracked(value):
+    """Whether a change of `value` is one a launch checks."""
+    # mlirgpu's own names (mg.thread_idx, mg.constant, ...) change only
+    # with mlirgpu, which the cache's entries record already; a module
+    # (mg, np, math) is not rebound between launches.
+    return not is_symbol(value) and not _is_mlirgpu_object(value) and not isinstance(value, types.ModuleType)
 
 
 def _helper_function(value, caller):
@@ -104,6 +123,30 @@ def _helper_function(value, caller):
 #: has changed since: trace and compile it again, or raise CompileError.
 GLOBAL_POLICIES = ("recompile", "error")
 _MUTABLE = (list, dict, set, bytearray)
+# A launch from C compares a list's items, or an array's bytes, at most this many of them.
+_WITNESS_ITEMS, _WITNESS_BYTES = 512, 4096
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_NO_WITNESS = object()
+
+
+def _compared_by_content(value):
+    return isinstance(value, _MUTABLE) or hasattr(value, "__array_interface__")
+
+
+def _witness(value):
+    """What a launch from C compares a value compared by content with
+    besides its identity (Dispatcher.register's witness), or _NO_WITNESS:
+    nothing for a NumPy scalar (immutable), the items of a short list of
+    scalars, a copy of a small C-contiguous NumPy array of numbers. Anything
+    else would cost a launch as long to compare as the check in Python."""
+    if isinstance(value, np.generic) and not isinstance(value, np.void):
+        return None
+    if type(value) is list and len(value) <= _WITNESS_ITEMS and all(type(item) in _SCALARS for item in value):
+        return tuple(value)
+    if (type(value) is np.ndarray and value.flags.c_contiguous and value.dtype.kind in "biufc"
+            and value.nbytes <= _WITNESS_BYTES):
+        return value.copy()
+    return _NO_WITNESS
 
 
 def _fingerprint_or_none(value):
@@ -131,8 +174,7 @@ class TracedGlobals:
     def _record(self):
         values = read_values(self.function)
         self.values = values
-        self.prints = {name: _fingerprint_or_none(v) for name, v in values.items()
-                       if isinstance(v, _MUTABLE) or hasattr(v, "__array_interface__")}
+        self.prints = {name: _fingerprint_or_none(v) for name, v in values.items() if _compared_by_content(v)}
         # A helper's value that has no fingerprint stays out of the key (as helpers' values all were),
         # a launch still comparing it by identity; the kernel's own must have one.
         keyed = {name: v for name, v in values.items() if "." not in name or _fingerprint_or_none(v) is not None}
@@ -169,6 +211,21 @@ class TracedGlobals:
                                f"argument, or let the kernel recompile (on_global_change='recompile')")
         forget()
         self._record()
+
+    def guards(self):
+        """What a launch from C checks instead (Dispatcher.register's
+        guards): every global, closure cell and code object that changed()
+        reads, as it is now, which check() has just found unchanged; None
+        where a value has no witness to compare (a dict, a large array), so
+        that such launches keep coming through check()."""
+        guards = []
+        for _, namespace, key, value in _reads(self.function, "", {self.function}):
+            witness = _witness(value) if _tracked(value) and _compared_by_content(value) else None
+            # The dispatcher reads exact dicts only: a subclass's lookup is its own code.
+            if witness is _NO_WITNESS or isinstance(namespace, dict) and type(namespace) is not dict:
+                return None
+            guards.append((namespace, key, value, witness))
+        return tuple(guards)
 
     def key(self):
         """(digest, details) of the traced values for the compile cache's key."""

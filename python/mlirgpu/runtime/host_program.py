@@ -110,14 +110,21 @@ POLL = "mg_host_poll"
 
 def _poll_loops(module):
     """A call of POLL at the top of each loop body of the host functions, but
-    inside async.execute (whose body may run on a thread of the runtime)."""
+    inside async.execute (whose body may run on a thread of the runtime) and
+    gpu.launch (a kernel, which has no POLL): of scf and affine loops, and of
+    every block a branch reaches (a loop of cf.br goes through one: an entry
+    block has no predecessor)."""
     bodies = []
     for function in module.body.operations:
         if function.name != "func.func":
             continue
         for op in function.walk():
-            if op.name in ("scf.for", "scf.while", "affine.for") and not _in_async(op):
+            if op.name in ("async.execute", "gpu.launch") or _inside(op, ("async.execute", "gpu.launch")):
+                continue
+            if op.name in ("scf.for", "scf.while", "affine.for"):
                 bodies.append(op.regions[1 if op.name == "scf.while" else 0].blocks[0])
+            for region in op.regions:
+                bodies.extend(list(region.blocks)[1:])
     if not bodies:
         return
     context = module.context
@@ -132,9 +139,10 @@ def _poll_loops(module):
                 "callee": ir.Attribute.symbol_ref(POLL, context=context)})
 
 
-def _in_async(op):
+def _inside(op, names):
+    """Whether an operation named in `names` holds `op`."""
     parent = op.parent
-    while parent is not None and parent.name != "async.execute":
+    while parent is not None and parent.name not in names:
         parent = parent.parent
     return parent is not None
 

@@ -15,8 +15,10 @@ and inside the body the generic's name evaluates to its value (so
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +42,15 @@ __all__ = ["kernel", "Kernel", "Specialization"]
 
 _SCALAR_ANNOTATIONS = {int: lang.i32, float: lang.f32, bool: lang.bool_}
 _DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use without asking
+
+#: How many specializations of all kernels stay in memory with what they
+#: traced and compiled (about 1.6 MB each on the CPU backend). Beyond it the
+#: one least recently specialized is dropped: the next launch that needs it
+#: traces it again, and compiles it again or, for a GPU, loads its image from
+#: the disk cache.
+SPECIALIZATION_CACHE_SIZE = 1024
+_resident = collections.OrderedDict()  # Specialization -> None, the least recently specialized first
+_resident_lock = threading.Lock()  # threads specialize concurrently
 
 
 class Parameter:
@@ -200,7 +211,17 @@ class Kernel(_mlirgpu.Dispatcher):
         spec = store.get(key)
         if spec is None:
             spec = store[key] = Specialization(self, dict(bound), aligned)
+        _keep_resident(spec)
         return spec
+
+    def forget_specialization(self, spec: Specialization) -> None:
+        """Drops `spec` (the specialization cache let go of it) and the launches
+        the dispatcher registered, which may hold its loaded kernel."""
+        store = self._aligned_specializations if spec.aligned else self._specializations
+        key = tuple(spec.values[name] for name in self.generics)
+        if store.get(key) is spec:
+            del store[key]
+        self.clear()
 
     def check_globals(self) -> None:
         """Forgets every specialization's traces where a global or closure value
@@ -284,20 +305,35 @@ class Kernel(_mlirgpu.Dispatcher):
 
     def _miss(self, args, kwargs):
         self.check_globals()
+        guards = _c_guards(self, args)
         spec = self.specialize(self.bind(args), self.aligned(args))
-        if _dispatches_in_c(self, args):
+        if guards is not None:
             try:
-                self.register(args, spec.function_for(args))
+                self.register(args, spec.function_for(args), guards)
             except ValueError:
                 pass  # arguments the dispatcher cannot classify: this path serves them each time
         spec.launch(args, **kwargs)
 
 
-def _dispatches_in_c(kernel, args):
-    """Whether later calls like this one may launch from C, which checks no
-    globals: only for a kernel that reads none, and never for NumPy arguments."""
-    return current().dispatches_in_c and not kernel.traced_globals.values and \
-        not any(isinstance(a, np.ndarray) for a in args)
+def _keep_resident(spec):
+    """Marks `spec` the most recently specialized; forgets the least recently
+    specialized beyond SPECIALIZATION_CACHE_SIZE."""
+    with _resident_lock:
+        _resident[spec] = None
+        _resident.move_to_end(spec)
+        evicted = [_resident.popitem(last=False)[0] for _ in range(len(_resident) - SPECIALIZATION_CACHE_SIZE)]
+    for old in evicted:
+        old.kernel.forget_specialization(old)
+
+
+def _c_guards(kernel, args):
+    """The guards under which later calls like this one launch from C (the
+    globals the kernel reads, as they are just after check_globals), or None
+    where they may not: on a backend that launches from Python, for NumPy
+    arguments, or where a global has no witness the dispatcher can compare."""
+    if not current().dispatches_in_c or any(isinstance(a, np.ndarray) for a in args):
+        return None
+    return kernel.traced_globals.guards()
 
 
 _LAUNCH_KEYWORDS = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
@@ -488,8 +524,10 @@ def kernel(function: Callable | None = None, *, generics: Iterable | None = None
     compiles it again (`on_global_change="recompile"`, the default) or raises
     CompileError naming the global (`on_global_change="error"`). The
     environment variable MLIRGPU_GLOBALS=error|recompile sets the default.
-    Launches of a kernel that reads globals check them in Python each time;
-    one that reads none launches from C.
+    A launch checks them in C, on the same fast path as a kernel that reads
+    none, except where a global is a dict, a list of anything but scalars
+    (or of more than 512), or a NumPy array that is not C-contiguous or holds
+    more than 4 KiB: the launches of such a kernel check in Python each time.
 
     `max_threads` and `min_blocks` are CUDA's `__launch_bounds__`: the most
     threads a launch's block may have (PTX `.maxntid`; a larger block is a
@@ -674,9 +712,10 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         if unknown:
             raise TypeError(f"{self!r}: unknown launch keyword {sorted(unknown)[0]!r}")
         self.kernel.check_globals()
-        if _dispatches_in_c(self.kernel, args):
+        guards = _c_guards(self.kernel, args)
+        if guards is not None:
             try:
-                self.register(args, self.function_for(args))
+                self.register(args, self.function_for(args), guards)
             except ValueError:
                 pass  # arguments the dispatcher cannot classify: this path serves them each time
         self.launch(args, **kwargs)
