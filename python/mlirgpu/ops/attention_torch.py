@@ -41,6 +41,9 @@ def register():
     def attention_op(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: Optional[float], left: int, right: int,
                      cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                      num_splits: int) -> tuple[Tensor, Tensor]:
+        # An op's implementation runs below autograd, but its tensors still say requires_grad,
+        # which DLPack refuses to export: the kernels read them as plain tensors.
+        q, k, v = q.detach(), k.detach(), v.detach()
         return forward(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, num_splits=num_splits or None,
                        return_lse=True, **options(causal, scale, left, right, max_seqlen_q, max_seqlen_k))
 
@@ -54,6 +57,7 @@ def register():
                     scale: Optional[float], left: int, right: int, cu_seqlens_q: Optional[Tensor],
                     cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                     deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+        dout, q, k, v, out = (x.detach() for x in (dout, q, k, v, out))
         return attention_backward(dout, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                   deterministic=deterministic,
                                   **options(causal, scale, left, right, max_seqlen_q, max_seqlen_k))

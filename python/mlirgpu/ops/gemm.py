@@ -178,7 +178,8 @@ def register_torch():
     if _compiling is None:
         @torch.library.custom_op("mlirgpu::matmul", mutates_args=())
         def matmul_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            return _launch(a, b, None)
+            # Below autograd, yet still marked requires_grad, which DLPack refuses to export.
+            return _launch(a.detach(), b.detach(), None)
 
         @matmul_op.register_fake
         def _(a, b):

@@ -107,8 +107,8 @@ def _launch(a, b, offsets, out):
     if call is None:
         shape, dtype = _check(A, B, O)
         call = _CALLS[key] = _plan(shape, dtype, B.shape[0], B.shape[1])
-        if gemm._compiling is None and type(a).__module__.split(".")[0] == "torch":
-            gemm.register_torch()
+        if _registered is None and type(a).__module__.split(".")[0] == "torch":
+            register_torch()
     if not (is_contiguous(a) and is_contiguous(b) and is_contiguous(offsets)):
         raise LaunchError("grouped_matmul's a, b and offs must be C-contiguous (copy them first)")
     if isinstance(offsets, np.ndarray):
@@ -182,6 +182,7 @@ def register_torch():
         @torch.library.custom_op("mlirgpu::grouped_matmul", mutates_args=())
         def grouped_matmul_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
             # Rows past the last group are zeros here: an op's output holds no garbage.
+            a, b = a.detach(), b.detach()    # below autograd, yet marked requires_grad, which DLPack refuses
             return _launch(a, b, offs, a.new_zeros((a.shape[0], b.shape[2])))
 
         @grouped_matmul_op.register_fake

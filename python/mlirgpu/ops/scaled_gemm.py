@@ -62,7 +62,21 @@ def scaled_matmul(a, b, scale_a, scale_b, out_dtype=bf16, *, out=None):
     is no array is a TypeError.
 
         c = mlirgpu.ops.scaled_matmul(x8, w8.t(), scale_x, scale_w)
+
+    With torch tensors it is also torch.ops.mlirgpu.scaled_matmul, which
+    torch.compile keeps in its graph; traced there, the scales are 1-element
+    float32 tensors and out_dtype a torch dtype, as the op takes them.
     """
+    if gemm._compiling is not None and gemm._compiling():
+        result = register_torch()(a, b, scale_a, scale_b, out_dtype)
+        return result if out is None else out.copy_(result)
+    if _registered is None and type(a).__module__.split(".")[0] == "torch":
+        register_torch()
+    return _launch(a, b, scale_a, scale_b, out_dtype, out)
+
+
+def _launch(a, b, scale_a, scale_b, out_dtype, out):
+    """scaled_matmul's work, outside torch.compile's tracing."""
     out_dtype = _out_dtype(out_dtype)
     A, B = as_array(a, "scaled_matmul's a"), as_array(b, "scaled_matmul's b")
     if len(A.shape) != 2 or len(B.shape) != 2:
@@ -108,7 +122,8 @@ def register_torch():
         @torch.library.custom_op("mlirgpu::scaled_matmul", mutates_args=())
         def scaled_matmul_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                              out_dtype: torch.dtype) -> torch.Tensor:
-            return scaled_matmul(a, b, scale_a, scale_b, out_dtype)
+            a, b = a.detach(), b.detach()    # below autograd, yet marked requires_grad, which DLPack refuses
+            return _launch(a, b, scale_a, scale_b, out_dtype, None)
 
         @scaled_matmul_op.register_fake
         def _(a, b, scale_a, scale_b, out_dtype):
@@ -119,4 +134,5 @@ def register_torch():
             return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
         _registered = scaled_matmul_op
+    gemm.register_torch()    # torch.compiler.is_compiling, which scaled_matmul asks
     return torch.ops.mlirgpu.scaled_matmul
