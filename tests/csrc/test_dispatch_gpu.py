@@ -165,7 +165,8 @@ def test_dispatcher_hits_with_torch_views_parameters_and_subclasses(torch, add3)
     d(a, b, c, N, **launch_config())
     torch.cuda.synchronize()
     assert torch.equal(c.detach(), a + 2)
-    logged = torch.zeros(N, device="cuda").as_subclass(Logged)
+    # Off 16 bytes as c is, so that both calls take the same (unaligned) variant.
+    logged = torch.zeros(N + 3, device="cuda")[3:].as_subclass(Logged)
     d(a, b, logged, N, **launch_config())
     torch.cuda.synchronize()
     assert torch.equal(logged.as_subclass(torch.Tensor), a + 2) and Logged.calls > 0
