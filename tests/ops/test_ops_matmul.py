@@ -105,6 +105,20 @@ CPU_CASES = [
 ]
 
 
+@pytest.mark.parametrize("mode", ["data_parallel", "split_k", "stream_k", "hybrid", "grouped"])
+def test_every_gemm_kernel_launches_from_c(mode):
+    """Each kernel's closure holds only values the C dispatcher can compare, so
+    that its launches after the first skip Python (a list there cost a Python
+    check of every global on each launch: hundreds of microseconds on a GPU)."""
+    ampere_gemm, gemm = sys.modules["mlirgpu.ops.ampere_gemm"], sys.modules["mlirgpu.ops.gemm"]
+    for config in (gemm.SKINNY, gemm.SHORT, gemm.SQUARE):
+        kernel = ampere_gemm.kernel_for(config, mode, 2 if mode == "split_k" else None)
+        assert kernel.traced_globals.guards() is not None, (config, mode)
+    hopper_gemm = sys.modules["mlirgpu.ops.hopper_gemm"]
+    for config in hopper_gemm.CONFIGS:
+        assert hopper_gemm.kernel_for(config, mg.bf16).traced_globals.guards() is not None, config
+
+
 @pytest.mark.parametrize("chip, multiprocessors, m, k, n, dtype, kernel, mode", CPU_CASES,
                          ids=[f"{c[6]}-{c[7]}-{c[2]}x{c[3]}x{c[4]}-{c[5]}" for c in CPU_CASES])
 def test_matmul_on_the_cpu(device, chip, multiprocessors, m, k, n, dtype, kernel, mode):

@@ -178,13 +178,15 @@ def build(config, mode="data_parallel", split=None):
     B_TILE = composition(swizzle_for(BN), row_major((BK, BN)))
     SLICES = BK // 16  # the 16-wide slices of K a step's mmas take, one after the other
     # This thread's 16-byte chunks of a stage, as ("a" or "b", i): chunk tid + i * THREADS of that tile;
-    # SHARE[kk]: those issued before the mmas of slice kk, spread evenly over the step.
-    COPIES = ([("a", i) for i in range(BM * BK // CHUNK // THREADS)] +
-              [("b", i) for i in range(BK * BN // CHUNK // THREADS)])
-    SHARE = [COPIES[len(COPIES) * kk // SLICES:len(COPIES) * (kk + 1) // SLICES] for kk in range(SLICES)]
+    # SHARE[kk]: those issued before the mmas of slice kk, spread evenly over the step. Tuples, not
+    # lists: the kernel reads them, and a launch checks only immutable values from C (a list goes
+    # through Python's check on every launch).
+    COPIES = (tuple(("a", i) for i in range(BM * BK // CHUNK // THREADS)) +
+              tuple(("b", i) for i in range(BK * BN // CHUNK // THREADS)))
+    SHARE = tuple(COPIES[len(COPIES) * kk // SLICES:len(COPIES) * (kk + 1) // SLICES] for kk in range(SLICES))
     # A slice's mmas (mi, ni), serpentine: odd rows of atoms take the B fragments backwards, so that each
     # mma shares an operand with the one before it (A along a row, B at the turns).
-    MMAS = [(mi, ni if mi % 2 == 0 else WN // 8 - 1 - ni) for mi in range(WM // 16) for ni in range(WN // 8)]
+    MMAS = tuple((mi, ni if mi % 2 == 0 else WN // 8 - 1 - ni) for mi in range(WM // 16) for ni in range(WN // 8))
     M, K, N, T, OUT = lang.generics("M K N T OUT")
 
     class Block:
