@@ -388,7 +388,10 @@ int mg_cu_stream_order(CUstream producer, CUstream consumer)
         return 0;
     if (mg_cu_ensure_context() < 0)
         return -1;
-    if (mg_cu_stream_capturing(consumer) && !mg_cu_stream_capturing(producer))
+    /* Work being captured runs only when its graph is launched: a capturing stream takes no
+     * dependency on work outside the capture, and a stream outside it cannot wait for the
+     * captured work (the driver refuses, and the capture is lost). */
+    if (mg_cu_stream_capturing(consumer) != mg_cu_stream_capturing(producer))
         return 0;
     CUevent event = NULL;
     int status = -1;
