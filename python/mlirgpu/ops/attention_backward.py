@@ -26,7 +26,6 @@ import functools
 from .. import language as lang
 from .._mlirgpu import LaunchError, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
-from ..runtime import backend
 from ..runtime.kernel import kernel
 from .attention import (BM, CHUNK, LOG2E, THREADS, WARPS, Problem, add_products, as_array, copy_rows, hidden,
                         key_tiles, larger, new_like, next_stage, query_block, rounded, scores, sequence, smaller)
@@ -311,9 +310,6 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
     or 128. dq, dk and dv are new arrays in q's library or the given ones
     (C-contiguous, q's and k's shapes and dtype).
 
-    On a GPU it raises LaunchError for now: there its gradients do not yet
-    match the reference.
-
     dQ is summed in float32 with atomics by default, in an order that can
     change from run to run; `deterministic` computes it by a separate pass
     instead (the same bits every run, about a third more work).
@@ -322,11 +318,6 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
         dq, dk, dv = mlirgpu.ops.attention_backward(do, q, k, v, o, lse, causal=True)
     """
     what = "attention_backward"
-    if backend.backend() == "cuda":
-        # Measured on an H200, its gradients differ from SDPA's (by up to 1.2 with causal=True),
-        # though they match float64 NumPy on the CPU backend: refused rather than wrong.
-        raise LaunchError(f"{what} runs on the CPU backend only for now: on a GPU its gradients do not yet "
-                          f"match the reference (use torch's scaled_dot_product_attention for training)")
     p = Problem(what, q, k, v, causal, scale, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if p.d not in HEAD_DIMS:
         raise LaunchError(f"{what}'s head_dim is one of {', '.join(map(str, HEAD_DIMS))}, not {p.d}")
