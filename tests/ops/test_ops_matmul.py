@@ -57,9 +57,10 @@ H200 = ("sm_90a", 132)
     (4096, 4096, 4096, "wgmma", None),
     (1024, 8192, 8192, "wgmma", None),        # 256 tiles of 128 x 256: past one wave of 132
     (2048, 2048, 2048, "mma.sync", "stream_k"),   # 128 tiles: stream-K over 264 blocks of 128 x 128
+    (512, 4096, 4096, "mma.sync", "data_parallel"),   # 64 tiles of 128 x 256: 256 blocks of 64 x 128
     (512, 4096, 14336, "wgmma", None),        # 224 tiles
-    (1024, 1024, 1024, "mma.sync", "stream_k"),
-    (128, 8192, 8192, "mma.sync", "split_k"),
+    (1024, 1024, 1024, "mma.sync", "data_parallel"),
+    (128, 8192, 8192, "mma.sync", "data_parallel"),
     (16, 8192, 8192, "mma.sync", "split_k"),
     (1, 4096, 4096, "mma.sync", "split_k"),
     (4096, 4100, 4096, "mma.sync", "hybrid"),  # rows of 4100 halves are not 16-byte multiples: no TMA
@@ -75,8 +76,10 @@ def test_skinny_products_split_k_so_that_every_multiprocessor_reads_b():
     assert choice.config is gemm.SKINNY
     tiles = 8192 // choice.config.bn
     assert tiles * choice.split >= 2 * 132 and choice.units == tiles * choice.split
-    assert gemm.choose(64, 8192, 8192, *H200).config is gemm.SHORT
-    assert gemm.choose(200, 8192, 8192, *H200).config is gemm.SQUARE
+    assert gemm.choose(64, 8192, 8192, "sm_80", 108).config is gemm.SHORT
+    assert gemm.choose(200, 8192, 8192, "sm_80", 108).config is gemm.SQUARE
+    # On sm_90a, past 16 rows: 64 x 128 tiles, a block each.
+    assert gemm.choose(64, 8192, 8192, *H200) == ("mma.sync", gemm.SHORT, "data_parallel", None, 64)
 
 
 def test_a_short_k_is_not_split_below_a_full_pipeline():
@@ -91,20 +94,6 @@ def test_without_sm_90a_every_shape_runs_mma_sync():
     assert gemm.choose(8192, 8192, 8192, "sm_80", 108).config is gemm.SQUARE
 
 
-# ==========================================================================
-# Every kernel and mode on the CPU backend, against NumPy
-
-CPU_CASES = [
-    # (chip, multiprocessors, m, k, n, dtype, kernel, mode)
-    ("sm_80", 4, 5, 600, 130, "bf16", "mma.sync", "split_k"),        # 16-row tiles, 2 slices of 5 steps
-    ("sm_80", 4, 40, 520, 70, "f16", "mma.sync", "split_k"),         # 64-row tiles, a slice's last step partial
-    ("sm_86", 3, 300, 150, 100, "bf16", "mma.sync", "data_parallel"),  # 3 tiles, 3 units
-    ("sm_86", 2, 300, 150, 100, "bf16", "mma.sync", "hybrid"),       # 2 whole tiles, 1 streamed over 2 units
-    ("sm_86", 4, 300, 150, 100, "f16", "mma.sync", "stream_k"),      # 3 tiles streamed over 4 units
-    ("sm_90a", 1, 300, 200, 264, "bf16", "wgmma", None),
-]
-
-
 @pytest.mark.parametrize("mode", ["data_parallel", "split_k", "stream_k", "hybrid", "grouped"])
 def test_every_gemm_kernel_launches_from_c(mode):
     """Each kernel's closure holds only values the C dispatcher can compare, so
@@ -117,6 +106,20 @@ def test_every_gemm_kernel_launches_from_c(mode):
     hopper_gemm = sys.modules["mlirgpu.ops.hopper_gemm"]
     for config in hopper_gemm.CONFIGS:
         assert hopper_gemm.kernel_for(config, mg.bf16).traced_globals.guards() is not None, config
+
+
+# ==========================================================================
+# Every kernel and mode on the CPU backend, against NumPy
+
+CPU_CASES = [
+    # (chip, multiprocessors, m, k, n, dtype, kernel, mode)
+    ("sm_80", 4, 5, 600, 130, "bf16", "mma.sync", "split_k"),        # 16-row tiles, 2 slices of 5 steps
+    ("sm_80", 4, 40, 520, 70, "f16", "mma.sync", "split_k"),         # 64-row tiles, a slice's last step partial
+    ("sm_86", 3, 300, 150, 100, "bf16", "mma.sync", "data_parallel"),  # 3 tiles, 3 units
+    ("sm_86", 2, 300, 150, 100, "bf16", "mma.sync", "hybrid"),       # 2 whole tiles, 1 streamed over 2 units
+    ("sm_86", 4, 300, 150, 100, "f16", "mma.sync", "stream_k"),      # 3 tiles streamed over 4 units
+    ("sm_90a", 1, 300, 200, 264, "bf16", "wgmma", None),
+]
 
 
 @pytest.mark.parametrize("chip, multiprocessors, m, k, n, dtype, kernel, mode", CPU_CASES,
