@@ -167,13 +167,13 @@ def load_times(repeats, work):
         path = work / f"{k.__name__}.cubin"
         path.write_bytes(k.specialize({"L": 1024}, aligned=True).cubin(chip=chip))
         cubins.append(str(path))
-    (work / "one").write_text(cubins[0])
-    (work / "all").write_text("\n".join(cubins))
+    (work / "one.list").write_text(cubins[0])
+    (work / "all.list").write_text("\n".join(cubins))
     program = work / "load.py"
     program.write_text(LOAD_PROGRAM)
     runs = {"library": [], "one": [], "all": []}
     for _ in range(repeats):
-        for what, path in (("library", library), ("one", work / "one"), ("all", work / "all")):
+        for what, path in (("library", library), ("one", work / "one.list"), ("all", work / "all.list")):
             done = subprocess.run([sys.executable, str(program), what, str(path)], capture_output=True, text=True,
                                   check=True)
             runs[what].append(float(done.stdout))
