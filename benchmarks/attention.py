@@ -233,6 +233,8 @@ def main(argv=None):
                       f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
                 report(results)
     print("\nattention backward (dq, dk, dv; TFLOP/s count 2.5 forwards)")
+    header = (f"{'L':>6} {'B':>3} {'H':>3} {'d':>4} {'causal':>6} | {MLIRGPU:>8} {FLASH:>10} {CUDNN:>10} | "
+              f"{'mlirgpu/cuDNN':>13} {'mlirgpu/flash':>13}")
     print(header)
     print("-" * len(header))
     for length in QUICK_LENGTHS if args.quick else LENGTHS[:2]:
