@@ -2,7 +2,8 @@
 torch.ops.mlirgpu.attention: gradients through .backward() against torch
 SDPA's math backend, torch.compile(fullgraph=True) (no graph break), and
 capture and replay in a CUDA graph. Needs torch and a GPU; without torch,
-mlirgpu.ops imports and registers nothing."""
+mlirgpu.ops imports and registers nothing, and it registers every op as soon
+as torch is imported, in either order (checked with a stand-in for torch)."""
 import os
 import subprocess
 import sys
@@ -20,6 +21,40 @@ def test_ops_import_without_torch_registers_nothing():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     assert out.split() == ["False", "True"]
+
+
+# A stand-in for torch with what registering the ops touches: it records the op names.
+STAND_IN_TORCH = """
+import types
+registered = []
+class Tensor: pass
+class dtype: pass
+class _Op:
+    def register_fake(self, fake): return fake
+    def register_autograd(self, backward, setup_context=None): pass
+def _custom_op(name, mutates_args):
+    registered.append(name)
+    return lambda fn: _Op()
+library = types.SimpleNamespace(custom_op=_custom_op)
+compiler = types.SimpleNamespace(is_compiling=lambda: False)
+ops = types.SimpleNamespace(mlirgpu=types.SimpleNamespace(matmul=1, grouped_matmul=2, scaled_matmul=3))
+"""
+
+
+@pytest.mark.parametrize("first", ["mlirgpu.ops", "torch"])
+def test_the_torch_ops_register_whichever_is_imported_first(first, tmp_path):
+    """torch.compile cannot trace an op's registration, so it happens as soon
+    as both are imported: a model compiled before any eager call still finds
+    the ops."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(STAND_IN_TORCH)
+    second = "torch" if first == "mlirgpu.ops" else "mlirgpu.ops"
+    code = f"import {first}, {second}, torch; print(sorted(torch.registered))"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path)] + sys.path))
+    out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["['mlirgpu::attention',", "'mlirgpu::attention_backward',",
+                                  "'mlirgpu::grouped_matmul',", "'mlirgpu::matmul',", "'mlirgpu::scaled_matmul']"]
 
 
 def sdpa(q, k, v, causal):

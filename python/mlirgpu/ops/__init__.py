@@ -9,9 +9,13 @@
 A layer above the runtime: each op validates its arguments, picks the
 kernel specialization and launches it. Importing `mlirgpu` does not import
 this package; `import mlirgpu.ops` does, and builds no kernel until a call.
-With torch imported, the ops are also torch custom ops (torch.ops.mlirgpu.*).
+With torch, the ops are also torch custom ops (torch.ops.mlirgpu.*),
+registered as soon as torch is imported, before or after this package.
 """
+import importlib.abc
+import importlib.util
 import sys
+import warnings
 
 from . import attention_torch, grouped_gemm, scaled_gemm
 from .attention import attention, forward
@@ -24,7 +28,45 @@ attention_torch.provide(forward, attention_backward)
 
 __all__ = ["attention", "attention_backward", "grouped_matmul", "matmul", "scaled_matmul"]
 
-if "torch" in sys.modules:  # torch.ops.mlirgpu.*, for torch.compile (not worth importing torch for)
+
+
+def _register_torch_ops():
+    """torch.ops.mlirgpu.*: torch.compile traces a call into the op, but
+    cannot trace the op's registration, so it happens before any tracing."""
+    attention_torch.register()
     register_torch()
     grouped_gemm.register_torch()
     scaled_gemm.register_torch()
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `then` once the module `name` has been imported, the first time
+    it is: the ops register when torch arrives, without importing it."""
+
+    def __init__(self, name, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)      # once, and no recursion through the lookup below
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then(module):
+            exec_module(module)
+            try:
+                self.then()
+            except Exception as error:   # torch itself imported fine: its import must not fail for us
+                warnings.warn(f"mlirgpu.ops could not register its torch ops: {error!r}", RuntimeWarning,
+                              stacklevel=2)
+        spec.loader.exec_module = exec_then
+        return spec
+
+
+if "torch" in sys.modules:
+    _register_torch_ops()
+else:  # not worth importing torch for: registered when it is imported
+    sys.meta_path.insert(0, _AfterImport("torch", _register_torch_ops))

@@ -1,14 +1,13 @@
 """mlirgpu.ops.attention as the torch custom op `mlirgpu::attention`, with
-`mlirgpu::attention_backward` as its autograd formula: registered when
-`mlirgpu.ops` is imported after torch, or at the first call on a torch
-tensor (nothing here imports torch before that). mlirgpu.ops hands it the
+`mlirgpu::attention_backward` as its autograd formula: registered once
+both `mlirgpu.ops` and torch are imported, or at the first call on a torch
+tensor (nothing here imports torch). mlirgpu.ops hands it the
 forward and backward functions, so that it imports neither.
 
 The ops take plain arguments (a window as two ints, -1 for no bound; 0 for
 "no maximum length" and "choose the split"), have fake implementations
 that give the outputs' shapes (torch.compile traces them without a graph
 break) and launch on torch's current stream (CUDA graphs capture them)."""
-import sys
 from typing import Optional
 
 OPS = None     # (torch.Tensor, the forward op, the backward op) once registered
@@ -17,11 +16,9 @@ KERNELS = None     # (forward, backward): the functions the ops call, given by m
 
 def provide(forward, backward):
     """Gives the ops the functions they call (mlirgpu.ops does, at its import:
-    this module imports neither) and registers them if torch is imported."""
+    this module imports neither); mlirgpu.ops registers them once torch is imported."""
     global KERNELS
     KERNELS = (forward, backward)
-    if "torch" in sys.modules:
-        register()
 
 
 def register():

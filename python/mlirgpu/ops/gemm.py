@@ -177,9 +177,9 @@ def register_torch():
     """Registers torch.ops.mlirgpu.matmul, a torch custom op (torch.library)
     running ops.matmul, with a fake implementation (the output's shape and
     dtype) so that torch.compile traces it without a graph break; from then
-    on ops.matmul itself, traced by torch.compile, is that op. Done on
-    `import mlirgpu.ops` when torch is imported already, and on the first
-    matmul of torch tensors; once. Returns the op."""
+    on ops.matmul itself, traced by torch.compile, is that op. Done once
+    torch is imported (mlirgpu.ops watches for it) and on the first matmul
+    of torch tensors; once. Returns the op."""
     global _compiling
     import torch
 
