@@ -100,6 +100,7 @@ def _launch(a, b, scale_a, scale_b, out_dtype, out):
     if not (is_contiguous(A) and is_contiguous(B)):
         raise LaunchError("scaled_matmul's a is row-major and b column-major (b.T C-contiguous), "
                           "as torch._scaled_mm takes them")
+    scales = _scale(scale_a, "scale_a"), _scale(scale_b, "scale_b")   # what is wrong with the call, before where
     where = "the CPU backend, which emulates no FP8 wgmma" if backend.current().name == "cpu" else gemm._device()[0]
     if where != "sm_90a":
         raise LaunchError(f"scaled_matmul needs an sm_90a GPU (wgmma reads the 8-bit floats), not {where}")
@@ -109,7 +110,7 @@ def _launch(a, b, scale_a, scale_b, out_dtype, out):
         raise LaunchError(f"scaled_matmul's out is a C-contiguous {out_dtype.name} array of shape {(m, n)}, "
                           f"not {out.dtype} of shape {tuple(out.shape)}")
     hopper_gemm.launch(A, B, as_array(out, "scaled_matmul's out"), stream=torch_stream(a),
-                       scale_a=_scale(scale_a, "scale_a"), scale_b=_scale(scale_b, "scale_b"))
+                       scale_a=scales[0], scale_b=scales[1])
     return out
 
 
