@@ -15,6 +15,7 @@ registered as soon as torch is imported, before or after this package.
 import importlib.abc
 import importlib.util
 import sys
+import threading
 import warnings
 
 from . import attention_torch, grouped_gemm, scaled_gemm
@@ -41,22 +42,29 @@ def _register_torch_ops():
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Calls `then` once the module `name` has been imported, the first time
-    it is: the ops register when torch arrives, without importing it."""
+    it is: the ops register when torch arrives, without importing it. A
+    lookup that imports nothing (importlib.util.find_spec) leaves it waiting."""
 
     def __init__(self, name, then):
         self.name, self.then = name, then
+        self._looking = threading.local()
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
+        if fullname != self.name or getattr(self._looking, "now", False):
             return None
-        sys.meta_path.remove(self)      # once, and no recursion through the lookup below
-        spec = importlib.util.find_spec(fullname)
+        self._looking.now = True         # the lookup below asks the finders again, this one included
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._looking.now = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_then(module):
             exec_module(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             try:
                 self.then()
             except Exception as error:   # torch itself imported fine: its import must not fail for us
