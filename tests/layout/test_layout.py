@@ -35,6 +35,7 @@ from mlirgpu.layout import (
     make_ordered_layout,
     mma,
     prepend,
+    product,
     raked_product,
     right_inverse,
     row_major,
@@ -147,6 +148,63 @@ def test_bad_coordinates():
         lay(1, 2, 3)
     with pytest.raises(TypeError):
         lay(1.5)
+
+
+def _nested(levels, leaf=2):
+    """`leaf` inside `levels` one-element tuples: (((leaf,),),) for 3."""
+    for _ in range(levels):
+        leaf = (leaf,)
+    return leaf
+
+
+_DEEP = _nested(5000)
+_LAYOUT = Layout((4, 8))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: Layout(_DEEP),
+        lambda: Layout(((4, 8),), (_DEEP,)),
+        lambda: Layout([_DEEP]),
+        lambda: column_major(_DEEP),
+        lambda: row_major(_DEEP),
+        lambda: make_ordered_layout((4, 8), _DEEP),
+        lambda: flatten(_DEEP),
+        lambda: product(_DEEP),
+        lambda: idx2crd(3, _DEEP),
+        lambda: crd2idx(_DEEP, (4, 8)),
+        lambda: crd2idx(3, _DEEP),
+        lambda: _LAYOUT(_DEEP),
+        lambda: _LAYOUT(_nested(5000, None)),
+        lambda: _LAYOUT.crd2idx(_DEEP),
+        lambda: coalesce(_LAYOUT, _DEEP),
+        lambda: composition(_LAYOUT, _DEEP),
+        lambda: complement(_LAYOUT, _DEEP),
+        lambda: logical_divide(_LAYOUT, _DEEP),
+        lambda: logical_product(_LAYOUT, _DEEP),
+        lambda: tv_grid(_LAYOUT, _DEEP),
+    ],
+)
+def test_deep_integer_tuples_are_a_value_error(call):
+    """A shape, coordinate, tiler or profile nested thousands of levels deep is
+    refused at the entry, not a RecursionError from inside the algebra."""
+    with pytest.raises(ValueError, match="nests more than 256 levels deep"):
+        call()
+
+
+def test_the_nesting_bound_is_256_levels():
+    deepest = Layout(_nested(256))
+    assert deepest.depth == 256 and deepest.size == 2
+    assert coalesce(deepest) == Layout(2, 1)
+    assert composition(Layout(4, 2), deepest) == Layout(_nested(256), _nested(256, 2))
+    assert composition(deepest, Layout(2, 1)) == Layout(2, 1)
+    assert deepest(_nested(256, 1)) == 1 and deepest.indices() == [0, 1]
+    assert "0  1" in grid(deepest)
+    with pytest.raises(ValueError, match="nests more than 256 levels deep"):
+        Layout(_nested(257))
+    with pytest.raises(ValueError, match="nests more than 256 levels deep"):
+        make_layout(deepest)
 
 
 def test_building_helpers():

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TypeAlias, Union
 
 from . import inttuple, pictures
-from .inttuple import IntTuple, IntTupleLike, _fmt, as_int_tuple, congruent, is_int, is_tuple, prefix_product, product
+from .inttuple import IntTuple, IntTupleLike, _check_depth, _fmt, as_int_tuple, congruent, is_int, is_tuple, prefix_product, product
 from .swizzle import Swizzle
 
 __all__ = [
@@ -168,7 +168,7 @@ class Layout:
     def __call__(self, *coord: Coordinate) -> int | Layout:
         if not coord:
             raise TypeError("a layout is called with a coordinate: L(i), L(i, j) or L((i, j))")
-        coord = coord[0] if len(coord) == 1 else coord
+        coord = _check_depth(coord[0] if len(coord) == 1 else coord, "coordinate")
         if _has_none(coord):
             return _slice(self, coord)
         coord = as_int_tuple(coord, "coordinate")
@@ -410,7 +410,7 @@ def coalesce(layout: Layout | int, profile: IntTuple | None = None) -> Layout:
     (2,6):(1,2)
     """
     layout = _as_layout(layout, "coalesce's layout")
-    if is_tuple(profile):
+    if is_tuple(_check_depth(profile, "coalesce's profile")):
         if len(profile) > layout.rank:
             raise ValueError(f"profile {profile!r} has more modes than {layout}")
         modes = [coalesce(layout[i], p) for i, p in enumerate(profile)]
@@ -487,7 +487,7 @@ def composition(a: Layout | int | Swizzle | ComposedLayout, b: Tiler | None) -> 
 
 
 def _by_mode(op, a, tiler, name):
-    if len(tiler) > a.rank:
+    if len(_check_depth(tiler, f"{name}'s tiler")) > a.rank:
         raise ValueError(f"{name}: tiler of {len(tiler)} modes for {a} of rank {a.rank}")
     modes = [op(a[i], t) for i, t in enumerate(tiler)]
     modes += list(a)[len(tiler):]

@@ -2,7 +2,8 @@
 
 Shapes, strides and coordinates of a layout are integer tuples. These are
 the few functions on them that the layout algebra is written with; they are
-public because coordinates are integer tuples too.
+public because coordinates are integer tuples too. Each refuses an integer
+tuple nested more than MAX_DEPTH (256) levels deep with ValueError.
 
 >>> product((2, (3, 4)))
 24
@@ -28,6 +29,7 @@ __all__ = [
     "crd2idx",
     "IntTuple",
     "IntTupleLike",
+    "MAX_DEPTH",
 ]
 
 #: An integer, or a tuple of integer tuples: a shape, a stride or a coordinate.
@@ -36,6 +38,25 @@ IntTuple: TypeAlias = Union[int, tuple["IntTuple", ...]]
 IntTupleLike: TypeAlias = Union[SupportsIndex, Sequence["IntTupleLike"]]
 # A traced integer of the kernel language, which crd2idx computes with as with an int.
 _Traced = TypeVar("_Traced")
+
+#: The deepest an integer tuple (or a coordinate, a tiler, a profile) may nest.
+#: The algebra recurses once per level, so every public function refuses a
+#: deeper one with ValueError at its entry, as IR nested deeper than 256 is,
+#: instead of running into Python's recursion limit somewhere inside.
+MAX_DEPTH = 256
+
+
+def _check_depth(t, what="integer tuple"):
+    """`t`, once a walk without recursion has found its tuples and lists
+    nest at most MAX_DEPTH deep; ValueError naming `what` otherwise."""
+    stack = [(t, 0)]
+    while stack:
+        x, level = stack.pop()
+        if isinstance(x, (tuple, list)):
+            if level == MAX_DEPTH:
+                raise ValueError(f"{what} nests more than {MAX_DEPTH} levels deep")
+            stack.extend((e, level + 1) for e in x)
+    return t
 
 
 def is_int(x: object) -> bool:
@@ -54,9 +75,15 @@ def as_int_tuple(x: IntTupleLike, what: str = "value") -> IntTuple:
 
     >>> as_int_tuple([2, [3, 4]])
     (2, (3, 4))
+
+    A value nested more than MAX_DEPTH deep raises ValueError.
     """
+    return _as_int_tuple(_check_depth(x, what), what)
+
+
+def _as_int_tuple(x, what):
     if isinstance(x, (tuple, list)):
-        return tuple(as_int_tuple(e, what) for e in x)
+        return tuple(_as_int_tuple(e, what) for e in x)
     if isinstance(x, bool):
         raise TypeError(f"{what} must be an integer or a tuple of them, not bool")
     try:
@@ -69,10 +96,14 @@ def as_int_tuple(x: IntTupleLike, what: str = "value") -> IntTuple:
 
 def product(t: IntTuple) -> int:
     """The product of all integers in `t`: `product((2, (3, 4)))` is 24."""
+    return _product(_check_depth(t))
+
+
+def _product(t):
     if is_tuple(t):
         result = 1
         for e in t:
-            result *= product(e)
+            result *= _product(e)
         return result
     return t
 
@@ -80,8 +111,12 @@ def product(t: IntTuple) -> int:
 def flatten(t: IntTuple) -> tuple[int, ...]:
     """The integers of `t` in order, as one flat tuple: `flatten((2, (3, 4)))` is (2, 3, 4).
     An integer flattens to a 1-tuple."""
+    return _flatten(_check_depth(t))
+
+
+def _flatten(t):
     if is_tuple(t):
-        return tuple(x for e in t for x in flatten(e))
+        return tuple(x for e in t for x in _flatten(e))
     return (t,)
 
 
@@ -92,27 +127,39 @@ def rank(t: IntTuple) -> int:
 
 def depth(t: IntTuple) -> int:
     """The nesting depth: `depth(5)` is 0, `depth((2, 3))` is 1, `depth((2, (3, 4)))` is 2."""
+    return _depth(_check_depth(t))
+
+
+def _depth(t):
     if is_tuple(t):
-        return 1 + max((depth(e) for e in t), default=0)
+        return 1 + max((_depth(e) for e in t), default=0)
     return 0
 
 
 def congruent(a: IntTuple, b: IntTuple) -> bool:
     """True when `a` and `b` have the same tree structure:
     `congruent((2, (3, 4)), (1, (2, 6)))` is True, `congruent((2, 3), 6)` False."""
+    return _congruent(_check_depth(a), _check_depth(b))
+
+
+def _congruent(a, b):
     if is_tuple(a) and is_tuple(b):
-        return len(a) == len(b) and all(congruent(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_congruent(x, y) for x, y in zip(a, b))
     return not is_tuple(a) and not is_tuple(b)
 
 
 def prefix_product(shape: IntTuple, init: int = 1) -> IntTuple:
     """Column-major (compact, first mode fastest) strides for `shape`,
     congruent with it: `prefix_product((2, (3, 4)))` is (1, (2, 6))."""
+    return _prefix_product(_check_depth(shape, "shape"), init)
+
+
+def _prefix_product(shape, init):
     if is_tuple(shape):
         result = []
         for mode in shape:
-            result.append(prefix_product(mode, init))
-            init *= product(mode)
+            result.append(_prefix_product(mode, init))
+            init *= _product(mode)
         return tuple(result)
     return init
 
@@ -127,18 +174,22 @@ def shape_div(a: IntTuple, b: IntTuple) -> IntTuple:
     Raises ValueError where a mode neither divides nor is divided by what is
     left of `b`, since the result would not be a shape.
     """
+    return _shape_div(_check_depth(a, "shape"), _check_depth(b, "shape"))
+
+
+def _shape_div(a, b):
     if is_tuple(a):
         if is_tuple(b):
             if len(a) != len(b):
                 raise ValueError(f"shape_div: {a} and {b} have different ranks")
-            return tuple(shape_div(x, y) for x, y in zip(a, b))
+            return tuple(_shape_div(x, y) for x, y in zip(a, b))
         result = []
         for mode in a:
-            result.append(shape_div(mode, b))
-            b = shape_div(b, product(mode))
+            result.append(_shape_div(mode, b))
+            b = _shape_div(b, _product(mode))
         return tuple(result)
     if is_tuple(b):
-        return shape_div(a, product(b))
+        return _shape_div(a, _product(b))
     if a % b != 0 and b % a != 0:
         raise ValueError(f"shape_div: {a} and {b} do not divide one another")
     return (a + b - 1) // b
@@ -153,14 +204,18 @@ def idx2crd(index: int, shape: IntTuple) -> IntTuple:
 
     An index past the end carries on in the last mode, as `crd2idx` does.
     """
+    return _idx2crd(index, _check_depth(shape, "shape"))
+
+
+def _idx2crd(index, shape):
     if is_tuple(shape):
         result = []
         for i, mode in enumerate(shape):
             if i == len(shape) - 1:
-                result.append(idx2crd(index, mode))
+                result.append(_idx2crd(index, mode))
             else:
-                n = product(mode)
-                result.append(idx2crd(index % n, mode))
+                n = _product(mode)
+                result.append(_idx2crd(index % n, mode))
                 index //= n
         return tuple(result)
     return index
@@ -187,24 +242,30 @@ def crd2idx(coord: IntTuple | _Traced, shape: IntTuple, stride: IntTuple | None 
     whatever the coordinate (a stride of 0, a size-1 mode before the last)
     are left out rather than added, so that they emit no operations there.
     """
+    _check_depth(coord, "coordinate")
+    _check_depth(shape, "shape")
     if stride is None:
-        stride = prefix_product(shape)
+        stride = _prefix_product(shape, 1)
+    return _crd2idx(coord, shape, _check_depth(stride, "stride"))
+
+
+def _crd2idx(coord, shape, stride):
     if is_tuple(coord):
         if not is_tuple(shape) or len(coord) != len(shape):
             raise ValueError(f"coordinate {_fmt(coord)} does not match shape {_fmt(shape)}")
         result = 0
         for c, s, d in zip(coord, shape, stride):
-            result = _plus(result, crd2idx(c, s, d))
+            result = _plus(result, _crd2idx(c, s, d))
         return result
     if is_tuple(shape):
         result = 0
         for i, (s, d) in enumerate(zip(shape, stride)):
             if i == len(shape) - 1:
-                result = _plus(result, crd2idx(coord, s, d))
+                result = _plus(result, _crd2idx(coord, s, d))
             else:
-                n = product(s)
+                n = _product(s)
                 if n != 1:
-                    result = _plus(result, crd2idx(coord % n, s, d))
+                    result = _plus(result, _crd2idx(coord % n, s, d))
                     coord //= n
         return result
     return 0 if stride == 0 else coord * stride
