@@ -1,10 +1,10 @@
 """What every op does with its array arguments: takes torch tensors, CuPy or
 JAX arrays, DeviceArrays (and NumPy arrays on the CPU backend) without a
 copy, reads their dtype, and makes outputs in the caller's library."""
-from .._mlirgpu import DType, bf16, dtype, f16, f32, i32
+from .._mlirgpu import DType, LaunchError, bf16, dtype, f16, f32, i32
 from ..runtime import backend
 
-__all__ = ["as_array", "dtype_of", "is_contiguous", "new_like", "torch_stream"]
+__all__ = ["as_array", "dtype_of", "is_contiguous", "new_like", "output", "torch_stream", "zero"]
 
 
 def as_array(x, what):
@@ -67,3 +67,26 @@ def new_like(x, shape, kind, zeros=False):
     if isinstance(x, np.ndarray):
         return (np.zeros if zeros else np.empty)(shape, kind.numpy)
     return (backend.zeros if zeros else backend.empty)(shape, kind)
+
+
+def output(x, out, shape, kind, what):
+    """An op's output: `out` where given (a LaunchError naming `what` unless it
+    is a C-contiguous array of `shape` and mlirgpu dtype `kind`), else a new
+    one in x's library (new_like)."""
+    if out is None:
+        return new_like(x, shape, kind)
+    if tuple(out.shape) != shape or dtype_of(out) != kind or not is_contiguous(out):
+        raise LaunchError(f"{what}'s out is a C-contiguous {kind.name} array of shape {shape}, "
+                          f"not {out.dtype} of shape {tuple(out.shape)}")
+    return out
+
+
+def zero(out, what):
+    """Sets an op's output to zeros in its own library: torch's zero_ and
+    CuPy's fill on their current streams, in order with their other work."""
+    if type(out).__module__.split(".")[0] == "torch":
+        out.zero_()
+    elif hasattr(out, "fill"):   # NumPy, CuPy and DeviceArrays fill alike
+        out.fill(0)
+    else:
+        as_array(out, f"{what}'s out").fill(0)

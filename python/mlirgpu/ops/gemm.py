@@ -29,7 +29,7 @@ import numpy as np
 from .._mlirgpu import LaunchError, bf16, current_device, f16
 from ..runtime import backend
 from . import ampere_gemm, hopper_gemm
-from .arrays import as_array, dtype_of, is_contiguous, new_like, torch_stream
+from .arrays import as_array, dtype_of, is_contiguous, output, torch_stream, zero
 
 __all__ = ["matmul", "choose", "register_torch", "Choice", "SMALL_M"]
 
@@ -154,14 +154,8 @@ class _Call:
 
 
 def _zeros(a, b, c, stream):
-    """A product over an empty K: zeros, written by c's own library (torch and
-    CuPy on their current streams, in order with their other work)."""
-    if type(c).__module__.split(".")[0] == "torch":
-        c.zero_()
-    elif hasattr(c, "fill"):   # NumPy, CuPy and DeviceArrays fill alike
-        c.fill(0)
-    else:
-        as_array(c, "matmul's out").fill(0)
+    """A product over an empty K: zeros."""
+    zero(c, "matmul")
 
 
 _CALLS = {}
@@ -247,12 +241,7 @@ def _launch(a, b, out):
     # The arrays of a key can still differ in their strides.
     if not (is_contiguous(a) and is_contiguous(b)):
         raise LaunchError("matmul's a and b must be C-contiguous (copy them first)")
-    if out is None:
-        out = new_like(a, call.shape, call.dtype)
-    elif tuple(out.shape) != call.shape or (out.dtype != a.dtype and dtype_of(out) != call.dtype) or \
-            not is_contiguous(out):
-        raise LaunchError(f"matmul's out is a C-contiguous {call.dtype.name} array of shape {call.shape}, "
-                          f"not {out.dtype} of shape {tuple(out.shape)}")
+    out = output(a, out, call.shape, call.dtype, "matmul")
     if call.run is not None:
         # On torch's current stream for CUDA tensors (torch.cuda.stream(...) blocks, graph captures).
         call.run(a, b, out, torch_stream(a))

@@ -30,7 +30,7 @@ import numpy as np
 from .._mlirgpu import LaunchError, bf16, f16, i32
 from ..runtime import backend
 from . import ampere_gemm, gemm, hopper_gemm
-from .arrays import as_array, dtype_of, is_contiguous, new_like, torch_stream
+from .arrays import as_array, dtype_of, is_contiguous, output, torch_stream, zero
 
 __all__ = ["grouped_matmul", "register_torch"]
 
@@ -115,17 +115,12 @@ def _launch(a, b, offsets, out):
         check_offsets(offsets, call.shape[0])
         if backend.current().name != "cpu":
             O = backend.to_device(offsets)
-    if out is None:
-        out = new_like(a, call.shape, call.dtype)
-    elif tuple(out.shape) != call.shape or (out.dtype != a.dtype and dtype_of(out) != call.dtype) or \
-            not is_contiguous(out):
-        raise LaunchError(f"grouped_matmul's out is a C-contiguous {call.dtype.name} array of shape {call.shape}, "
-                          f"not {out.dtype} of shape {tuple(out.shape)}")
+    out = output(a, out, call.shape, call.dtype, "grouped_matmul")
     groups, k, n = B.shape
     if call.shape[0] * n * k * groups == 0:
         # Nothing to multiply: the groups' rows (all of them, at most) are sums over an empty K.
         if k == 0:
-            as_array(out, "grouped_matmul's out").fill(0)
+            zero(out, "grouped_matmul")
         return out
     C, stream = as_array(out, "grouped_matmul's out"), torch_stream(a)
     if call.kernel == "wgmma":

@@ -14,7 +14,7 @@ import numbers
 from .._mlirgpu import DType, LaunchError, bf16, dtype, f8e4m3, f16, f32
 from ..runtime import backend
 from . import gemm, hopper_gemm
-from .arrays import as_array, dtype_of, is_contiguous, new_like, torch_stream
+from .arrays import as_array, dtype_of, is_contiguous, output, torch_stream
 
 __all__ = ["scaled_matmul", "register_torch"]
 
@@ -104,11 +104,7 @@ def _launch(a, b, scale_a, scale_b, out_dtype, out):
     where = "the CPU backend, which emulates no FP8 wgmma" if backend.current().name == "cpu" else gemm._device()[0]
     if where != "sm_90a":
         raise LaunchError(f"scaled_matmul needs an sm_90a GPU (wgmma reads the 8-bit floats), not {where}")
-    if out is None:
-        out = new_like(a, (m, n), out_dtype)
-    elif tuple(out.shape) != (m, n) or dtype_of(out) != out_dtype or not is_contiguous(out):
-        raise LaunchError(f"scaled_matmul's out is a C-contiguous {out_dtype.name} array of shape {(m, n)}, "
-                          f"not {out.dtype} of shape {tuple(out.shape)}")
+    out = output(a, out, (m, n), out_dtype, "scaled_matmul")
     hopper_gemm.launch(A, B, as_array(out, "scaled_matmul's out"), stream=torch_stream(a),
                        scale_a=scales[0], scale_b=scales[1])
     return out
