@@ -41,17 +41,6 @@ def expected(a, b, offsets):
     return c
 
 
-@pytest.fixture
-def device(monkeypatch):
-    """The CPU backend, planning as a GPU of the chip and multiprocessors a test sets."""
-    def pretend(chip, multiprocessors):
-        monkeypatch.setattr(gemm, "_device", lambda: (chip, multiprocessors))
-        grouped_gemm._CALLS.clear()
-    with current_backend("cpu"):
-        yield pretend
-    grouped_gemm._CALLS.clear()
-
-
 # ==========================================================================
 # On the CPU backend, against NumPy
 

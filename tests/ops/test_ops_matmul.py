@@ -35,17 +35,6 @@ def relative_error(c, a, b):
     return np.abs(np.asarray(c, np.float64) - exact).max() / np.abs(exact).max()
 
 
-@pytest.fixture
-def device(monkeypatch):
-    """The CPU backend, planning as a GPU of the chip and multiprocessors a test sets."""
-    def pretend(chip, multiprocessors):
-        monkeypatch.setattr(gemm, "_device", lambda: (chip, multiprocessors))
-        gemm._CALLS.clear()
-    with current_backend("cpu"):
-        yield pretend
-    gemm._CALLS.clear()
-
-
 # ==========================================================================
 # The choice
 

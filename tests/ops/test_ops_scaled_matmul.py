@@ -25,15 +25,6 @@ def operands(m, k, n, seed=0):
     return rng.standard_normal((m, k)).astype(E4M3), rng.standard_normal((n, k)).astype(E4M3).T
 
 
-@pytest.fixture
-def device(monkeypatch):
-    """The CPU backend, planning as a GPU of the chip a test sets."""
-    def pretend(chip):
-        monkeypatch.setattr(gemm, "_device", lambda: (chip, 132))
-    with current_backend("cpu"):
-        yield pretend
-
-
 def test_the_cpu_backend_is_a_launch_error_naming_the_requirement(device):
     device("sm_90a")
     a, b = operands(32, 64, 48)
