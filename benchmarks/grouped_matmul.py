@@ -18,6 +18,7 @@ import statistics
 import torch
 
 import mlirgpu.ops
+from matmul_sweep import batch_ms   # the same timing as ops.matmul's sweep
 
 SHAPES = [(8, 16384, 4096, 14336), (64, 32768, 2048, 1408)]
 
@@ -50,16 +51,6 @@ def peer(a, b, offsets):
             begin = end
         return c
     return "torch.matmul per group", loop
-
-
-def batch_ms(call, count):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(count):
-        call()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / count
 
 
 def main():
