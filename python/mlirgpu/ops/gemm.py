@@ -9,8 +9,8 @@ dtype, device), and launches it.
 - "mma.sync": the Ampere-style GEMM (ampere_gemm.py: cp.async, ldmatrix,
   mma.sync) fed by an mg.TileScheduler, everywhere else:
   - on sm_90a, from 17 to 1024 rows: 64 x 128 tiles, a block each (on an
-    H200 these took a half to a third of the time of the split-K and
-    stream-K schedules below, from 128 to 512 rows);
+    H200 these beat the split-K and stream-K schedules below from 128 to
+    512 rows);
   - small M (at most 256 rows): a tile of 16, 64 or 128 rows and split-K,
     so that every multiprocessor streams its share of B (what bounds a
     skinny product is reading B once);
@@ -61,8 +61,8 @@ def choose(m, k, n, chip, multiprocessors):
             _ceil_div(m, WGMMA.bm) * _ceil_div(n, WGMMA.bn) >= multiprocessors:
         return Choice("wgmma", WGMMA, None, None, multiprocessors)
     if chip == "sm_90a" and SKINNY.bm < m <= SHORT_DATA_PARALLEL_M:
-        # Measured on an H200 from 128 to 512 rows: 64 x 128 tiles, a block each, took a half to a
-        # third of the time of split-K or stream-K over larger tiles, whose fix-ups cost more there.
+        # On an H200, from 128 to 512 rows, 64 x 128 tiles, a block each, beat split-K and stream-K
+        # over larger tiles, whose fix-ups cost more than they save there.
         return Choice("mma.sync", SHORT, "data_parallel", None, _ceil_div(m, SHORT.bm) * _ceil_div(n, SHORT.bn))
     # Two blocks of 96 KB of shared memory share an SM of sm_80 and sm_90; one does on sm_86-89.
     per_sm = 2 if chip in ("sm_80", "sm_90a") else 1

@@ -59,9 +59,8 @@ def scaled_matmul(a, b, scale_a, scale_b, out_dtype=bf16, *, out=None):
 
     The products are summed by wgmma's FP8 accumulator, which keeps fewer
     bits than float32 and is not promoted to float32 every few steps: the
-    result is that of torch._scaled_mm(..., use_fast_accum=True) (the same
-    errors on an H200, about 0.4% of max |C| at 4096^3), less accurate than
-    its default.
+    result is that of torch._scaled_mm(..., use_fast_accum=True), less
+    accurate than its default.
 
     Runs on sm_90a GPUs (wgmma reads 8-bit floats); elsewhere it is a
     LaunchError, as are bad shapes, layouts and dtypes (a ValueError); what
