@@ -25,8 +25,13 @@ def as_array(x, what):
 
 def dtype_of(array):
     """An array's mlirgpu dtype, None where mlirgpu has none for it."""
+    kind = array.dtype
+    if isinstance(kind, DType):
+        return kind
+    # torch's dtypes print as "torch.bfloat16": NumPy's names in a namespace.
+    name = str(kind).rpartition(".")[2] if type(kind).__module__.split(".")[0] == "torch" else kind
     try:
-        return array.dtype if isinstance(array.dtype, DType) else dtype(array.dtype)
+        return dtype(name)
     except (TypeError, ValueError):
         return None
 
