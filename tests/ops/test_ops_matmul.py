@@ -7,7 +7,9 @@ full sizes.
 
 Each (kernel, mode, shape) is a compilation of its own, which takes tens of
 seconds for the CPU: the cases are few and small."""
+import gc
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -126,6 +128,29 @@ def test_matmul_on_the_cpu(device, chip, multiprocessors, m, k, n, dtype, kernel
     assert mlirgpu.ops.matmul(a, b, out=out) is out
     assert len(gemm._CALLS) == 1
     np.testing.assert_array_equal(out, c)
+
+
+def test_hopper_launches_keep_tensor_maps_by_address_and_no_array_alive(device):
+    device("sm_90a", 1)
+    a, b = operands(300, 200, 264, "f16")
+    A, B, C = mg.to_device(a), mg.to_device(b), mg.empty((300, 264), mg.f16)
+    assert mlirgpu.ops.matmul(A, B, out=C) is C
+    (call,) = gemm._CALLS.values()
+    assert call.choice.kernel == "wgmma"
+    assert relative_error(C.get(), a, b) < TOLERANCE["f16"]
+    # New values at the same addresses: the kept maps address them.
+    a2, b2 = operands(300, 200, 264, "f16", seed=1)
+    A.copy_from_host(a2)
+    B.copy_from_host(b2)
+    mlirgpu.ops.matmul(A, B, out=C)
+    assert relative_error(C.get(), a2, b2) < TOLERANCE["f16"]
+    # Other arrays: maps of their own.
+    other = mg.to_device(a)
+    assert relative_error(mlirgpu.ops.matmul(other, B).get(), a, b2) < TOLERANCE["f16"]
+    kept = weakref.ref(other)
+    del other
+    gc.collect()
+    assert kept() is None
 
 
 def test_an_empty_k_gives_zeros_and_an_empty_output_nothing(device):

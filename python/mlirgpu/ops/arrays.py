@@ -1,10 +1,10 @@
 """What every op does with its array arguments: takes torch tensors, CuPy or
 JAX arrays, DeviceArrays (and NumPy arrays on the CPU backend) without a
 copy, reads their dtype, and makes outputs in the caller's library."""
-from .._mlirgpu import DType, LaunchError, bf16, dtype, f16, f32, i32
+from .._mlirgpu import DeviceArray, DType, LaunchError, bf16, dtype, f16, f32, i32
 from ..runtime import backend
 
-__all__ = ["as_array", "dtype_of", "is_contiguous", "new_like", "output", "torch_stream", "zero"]
+__all__ = ["address", "as_array", "dtype_of", "is_contiguous", "new_like", "output", "torch_stream", "zero"]
 
 
 def as_array(x, what):
@@ -21,6 +21,21 @@ def as_array(x, what):
     except (TypeError, BufferError) as error:
         raise TypeError(f"{what} is an array (a torch tensor, a CuPy or JAX array, a DeviceArray), "
                         f"not {type(x).__name__}: {error}") from error
+
+
+def address(array):
+    """The address of a device array's first element, read the cheapest way
+    its library offers (torch's data_ptr, CuPy's data.ptr), else through
+    as_array."""
+    kind = type(array)
+    if kind is DeviceArray:
+        return array.ptr
+    library = kind.__module__.split(".")[0]
+    if library == "torch":
+        return array.data_ptr()
+    if library == "cupy":
+        return array.data.ptr
+    return as_array(array, "an array").ptr
 
 
 def dtype_of(array):

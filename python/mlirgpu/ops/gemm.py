@@ -29,13 +29,14 @@ import numpy as np
 from .._mlirgpu import LaunchError, bf16, current_device, f16
 from ..runtime import backend
 from . import ampere_gemm, hopper_gemm
-from .arrays import as_array, dtype_of, is_contiguous, output, torch_stream, zero
+from .arrays import address, as_array, dtype_of, is_contiguous, output, torch_stream, zero
 
 __all__ = ["matmul", "choose", "register_torch", "Choice", "SMALL_M"]
 
 SMALL_M = 256                     # rows up to which a product is "skinny": split-K over B
 SHORT_DATA_PARALLEL_M = 1024      # on sm_90a, rows up to which mma.sync runs 64 x 128 tiles, data-parallel
 CPU_MULTIPROCESSORS = 4           # what the CPU backend plans for: splits and streams on a small grid
+RECENT_ADDRESSES = 64             # (a, b, c) addresses whose tensor maps a Hopper launch keeps
 MIN_STEPS_PER_SLICE = 4           # a split-K slice fills the cp.async pipeline (3 steps ahead) at least once
 
 WGMMA = hopper_gemm.CONFIGS[0]    # 128 x 256 tiles, 4 stages, TMA-store epilogue
@@ -106,22 +107,40 @@ def _mma_sync(choice, m, k, n):
 
 
 def _wgmma(choice, m, k, n):
-    """The launch of the Hopper GEMM for `choice`: its tensor maps are made
-    per call (from the arrays' addresses)."""
+    """The launch of the Hopper GEMM for `choice`. Its tensor maps are made on
+    the first call with a, b and c at given addresses and kept for later
+    calls with the same addresses (RECENT_ADDRESSES of them): a tensor map
+    is a pure function of an array's address and geometry, which the call's
+    key and checks fix, so a map made for an array serves every array of
+    that shape at that address since."""
     config = choice.config
     grid = min(_ceil_div(m, config.bm) * _ceil_div(n, config.bn), choice.units)
     shared = config.shared_bytes()
+    recent = {}   # (addresses of a, b, c) -> the kernel and its tensor maps, the oldest first
 
-    def run(a, b, c, stream):
-        if not isinstance(a, np.ndarray):
-            a, b, c = backend.asarray(a), backend.asarray(b), backend.asarray(c)
+    def launch(a, b, c):
         a_map, b_map = hopper_gemm.prepare(a, b, config)
         c_map = hopper_gemm.store_map(c)
         # A C that TMA cannot address (its start off 16 bytes) is stored from the registers.
         chosen = config if c_map is not None else config.replace(epilogue="registers")
-        hopper_gemm.kernel_for(chosen, dtype_of(a))(a_map, b_map, c_map or a_map, c, k, 1.0, 1.0,
-                                                      hopper_gemm.no_offsets(), grid=grid, block=hopper_gemm.THREADS,
-                                                      shared_mem=shared, stream=stream)
+        return hopper_gemm.kernel_for(chosen, dtype_of(a)), a_map, b_map, c_map or a_map, hopper_gemm.no_offsets()
+
+    def run(a, b, c, stream):
+        if isinstance(a, np.ndarray):   # the CPU backend's arrays, addressed in place
+            kernel, a_map, b_map, c_map, offsets = launch(a, b, c)
+        else:
+            addresses = (address(a), address(b), address(c))
+            found = recent.get(addresses)
+            if found is None:
+                made = launch(backend.asarray(a), backend.asarray(b), backend.asarray(c))
+                # Kept without their arrays, which the cache must not keep alive.
+                found = (made[0], *(each.with_owner(None) for each in made[1:4]), made[4])
+                if len(recent) >= RECENT_ADDRESSES:
+                    recent.pop(next(iter(recent)), None)
+                recent[addresses] = found
+            kernel, a_map, b_map, c_map, offsets = found
+        kernel(a_map, b_map, c_map, c, k, 1.0, 1.0, offsets, grid=grid, block=hopper_gemm.THREADS,
+               shared_mem=shared, stream=stream)
     return run
 
 
