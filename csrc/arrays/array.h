@@ -158,8 +158,12 @@ int mg_dtype_of_scalar(PyObject *obj, mg_dtype **out);
 /* mlirgpu.asarray: a DeviceArray for a DeviceArray (new ref to itself), a
  * __cuda_array_interface__ object or a CUDA DLPack object (zero-copy views).
  * TypeError for host arrays and anything else. (asarray(obj, host=True), the
- * CPU backend's, views host DLPack objects instead: see array.c.) */
-PyObject *mg_array_asarray(PyObject *obj);
+ * CPU backend's, views host DLPack objects instead: see array.c.) With
+ * `synchronize`, the producer orders its pending work before the legacy
+ * default stream (DLPack's stream 1, a CAI v3 stream); without, it orders
+ * nothing (DLPack's -1), for a caller that uses the view on the producer's
+ * own current stream. */
+PyObject *mg_array_asarray(PyObject *obj, int synchronize);
 
 /* Adds DType, DeviceArray and the array functions. */
 int mg_array_init(PyObject *module);

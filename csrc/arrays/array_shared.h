@@ -171,11 +171,11 @@ extern PyObject *mg_arrays_str_cai, *mg_arrays_str_dlpack, *mg_arrays_str_dlpack
 PyObject *mg_arrays_host_array_error(PyObject *obj);
 int mg_arrays_cai_untyped(PyObject *obj, PyObject *cai);
 int mg_arrays_cai_parse(PyObject *cai, cai_fields *f);
-PyObject *mg_arrays_view_from_cai(PyObject *obj, PyObject *cai);
+PyObject *mg_arrays_view_from_cai(PyObject *obj, PyObject *cai, int synchronize);
 int mg_arrays_dtype_from_dl(DLDataType t, mg_dtype **out);
 PyObject *mg_arrays_view_from_capsule_on(PyObject *capsule, int host);
 PyObject *mg_arrays_view_from_capsule(PyObject *capsule);
-PyObject *mg_arrays_view_from_dlpack(PyObject *obj);
+PyObject *mg_arrays_view_from_dlpack(PyObject *obj, int synchronize);
 PyObject *mg_arrays_array_asarray_function(PyObject *module, PyObject *args, PyObject *kwargs);
 extern PyObject *mg_arrays_str_is_cuda, *mg_arrays_str_is_cpu, *mg_arrays_str_data_ptr, *mg_arrays_str_dtype_attr, *mg_arrays_str_shape, *mg_arrays_str_stride,
                 *mg_arrays_str_get_device, *mg_arrays_str_module, *mg_arrays_str_is_contiguous, *mg_arrays_str_data, *mg_arrays_str_ptr, *mg_arrays_str_device_id,

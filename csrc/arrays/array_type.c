@@ -366,8 +366,10 @@ static PyMethodDef array_functions[] = {
     {"pinned_zeros", (PyCFunction)(void (*)(void))mg_arrays_array_pinned_zeros, METH_VARARGS | METH_KEYWORDS,
      "pinned_zeros(shape, dtype=f32, *, host=False): pinned_empty filled with zeros."},
     {"asarray", (PyCFunction)(void (*)(void))mg_arrays_array_asarray_function, METH_VARARGS | METH_KEYWORDS,
-     "asarray(obj, *, host=False): obj itself if a DeviceArray, else a zero-copy view of a "
-     "__cuda_array_interface__ or CUDA __dlpack__ object; with host=True, of a host __dlpack__ object."},
+     "asarray(obj, *, host=False, synchronize=True): obj itself if a DeviceArray, else a zero-copy view of a "
+     "__cuda_array_interface__ or CUDA __dlpack__ object; with host=True, of a host __dlpack__ object. "
+     "synchronize=False: the producer orders none of its pending work before the view (DLPack's stream -1), "
+     "for a caller that uses it on the producer's own current stream."},
     {NULL},
 };
 

@@ -367,13 +367,13 @@ int mg_arrays_cai_parse(PyObject *cai, cai_fields *f)
 
 /* A view of a CAI object. v3: the consumer orders its work after the
  * producer's `stream`: the legacy default stream, the view's stream, waits
- * for it now. */
-PyObject *mg_arrays_view_from_cai(PyObject *obj, PyObject *cai)
+ * for it now (unless not `synchronize`: see mg_array_asarray). */
+PyObject *mg_arrays_view_from_cai(PyObject *obj, PyObject *cai, int synchronize)
 {
     cai_fields f;
     if (mg_arrays_cai_parse(cai, &f) < 0)
         return NULL;
-    if (f.has_stream && mg_cu_stream_order(f.stream, NULL) < 0)
+    if (synchronize && f.has_stream && mg_cu_stream_order(f.stream, NULL) < 0)
         return NULL;
     mg_array *view = mg_arrays_array_create(f.dtype, f.ndim, f.shape, f.has_strides ? f.strides : NULL);
     if (view == NULL)
@@ -499,16 +499,16 @@ PyObject *mg_arrays_view_from_capsule(PyObject *capsule)
     return mg_arrays_view_from_capsule_on(capsule, 0);
 }
 
-/* obj.__dlpack__(max_version=(1, 0), stream=1), or without max_version for
- * producers that predate it. Stream 1: order the export after the
- * producer's work as seen from the legacy default stream. */
-static PyObject *call_dlpack(PyObject *obj)
+/* obj.__dlpack__(max_version=(1, 0), stream=stream), or without max_version
+ * for producers that predate it. Stream 1: order the export after the
+ * producer's work as seen from the legacy default stream; -1: no ordering. */
+static PyObject *call_dlpack(PyObject *obj, int stream)
 {
     PyObject *method = PyObject_GetAttr(obj, mg_arrays_str_dlpack);
     if (method == NULL)
         return NULL;
     PyObject *capsule = NULL;
-    PyObject *kwargs = Py_BuildValue("{s:(ii),s:i}", "max_version", MG_DLPACK_MAJOR, MG_DLPACK_MINOR, "stream", 1);
+    PyObject *kwargs = Py_BuildValue("{s:(ii),s:i}", "max_version", MG_DLPACK_MAJOR, MG_DLPACK_MINOR, "stream", stream);
     PyObject *empty = PyTuple_New(0);
     if (kwargs == NULL || empty == NULL)
         goto error;
@@ -526,7 +526,7 @@ error:
     return capsule;
 }
 
-PyObject *mg_arrays_view_from_dlpack(PyObject *obj)
+PyObject *mg_arrays_view_from_dlpack(PyObject *obj, int synchronize)
 {
     PyObject *device = NULL, *capsule = NULL, *view = NULL;
     int found;
@@ -553,7 +553,7 @@ PyObject *mg_arrays_view_from_dlpack(PyObject *obj)
             goto error;
         }
     }
-    capsule = call_dlpack(obj);
+    capsule = call_dlpack(obj, synchronize ? 1 : -1);
     if (capsule == NULL)
         goto error;
     if (!PyCapsule_CheckExact(capsule)) {

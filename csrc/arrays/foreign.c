@@ -16,7 +16,7 @@
 #include "arrays/array_shared.h"
 static int refuse_deleted_jax(PyObject *obj);
 
-PyObject *mg_array_asarray(PyObject *obj)
+PyObject *mg_array_asarray(PyObject *obj, int synchronize)
 {
     if (PyObject_TypeCheck(obj, mg_array_type))
         return Py_NewRef(obj);
@@ -29,9 +29,9 @@ PyObject *mg_array_asarray(PyObject *obj)
     PyObject *cai = PyObject_GetAttr(obj, mg_arrays_str_cai);
     if (cai != NULL) {
         int untyped = mg_arrays_cai_untyped(obj, cai);
-        PyObject *view = untyped ? NULL : mg_arrays_view_from_cai(obj, cai);
+        PyObject *view = untyped ? NULL : mg_arrays_view_from_cai(obj, cai, synchronize);
         Py_DECREF(cai);
-        return untyped ? mg_arrays_view_from_dlpack(obj) : view;
+        return untyped ? mg_arrays_view_from_dlpack(obj, synchronize) : view;
     }
     if (!PyErr_ExceptionMatches(PyExc_Exception))
         return NULL;
@@ -52,7 +52,7 @@ PyObject *mg_array_asarray(PyObject *obj)
         return NULL;
     }
     if (has_dlpack)
-        return mg_arrays_view_from_dlpack(obj);
+        return mg_arrays_view_from_dlpack(obj, synchronize);
     if (PyObject_HasAttr(obj, mg_arrays_str_array_interface) || PyObject_HasAttr(obj, mg_arrays_str_array))
         return mg_arrays_host_array_error(obj);
     return PyErr_Format(PyExc_TypeError, "cannot view %.100s as a device array: it has neither "
@@ -104,12 +104,12 @@ static PyObject *host_asarray(PyObject *obj)
 
 PyObject *mg_arrays_array_asarray_function(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"obj", "host", NULL};
+    static char *keywords[] = {"obj", "host", "synchronize", NULL};
     PyObject *obj;
-    int host = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$p:asarray", keywords, &obj, &host))
+    int host = 0, synchronize = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$pp:asarray", keywords, &obj, &host, &synchronize))
         return NULL;
-    return host ? host_asarray(obj) : mg_array_asarray(obj);
+    return host ? host_asarray(obj) : mg_array_asarray(obj, synchronize);
 }
 
 /* The entry that holds `obj`, or NULL. Runs no Python code. */
@@ -359,7 +359,7 @@ static int foreign_read(PyObject *obj, mg_foreign *out, int full, mg_foreign_mem
         if (!PyObject_HasAttr(obj, mg_arrays_str_dlpack))
             return 0;
     }
-    PyObject *view = mg_arrays_view_from_dlpack(obj);
+    PyObject *view = mg_arrays_view_from_dlpack(obj, 1);
     if (view == NULL)
         return -1;
     fill_from_array((mg_array *)view, out);

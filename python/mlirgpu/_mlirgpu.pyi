@@ -680,7 +680,8 @@ def to_device(array: npt.ArrayLike, stream: _StreamLike = None, *, host: bool = 
 def pinned_empty(shape: _Shape, dtype: _DTypeLike = ..., *, host: bool = False) -> npt.NDArray[Any]: ...
 def pinned_zeros(shape: _Shape, dtype: _DTypeLike = ..., *, host: bool = False) -> npt.NDArray[Any]: ...
 def asarray(
-    obj: DeviceArray | _CudaArrayInterface | _DLPackExporter | npt.ArrayLike, *, host: bool = False
+    obj: DeviceArray | _CudaArrayInterface | _DLPackExporter | npt.ArrayLike, *, host: bool = False,
+    synchronize: bool = True
 ) -> DeviceArray: ...
 
 # ---- launch dispatch ----

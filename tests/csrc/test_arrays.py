@@ -516,6 +516,16 @@ def test_dlpack_import_asks_for_versioned_and_legacy_default_stream():
     assert producer.calls == [{"stream": 1, "max_version": (1, 1)}]
 
 
+def test_dlpack_import_without_synchronizing_asks_for_no_stream():
+    """For a caller that uses the view on the producer's own current stream
+    (mlirgpu.ops on torch's): stream -1, no ordering, which a CUDA graph
+    capture would refuse."""
+    view = C.asarray(FakeCAI())
+    producer = FakeDLPack(view.__dlpack__(max_version=(1, 0)))
+    assert C.asarray(producer, synchronize=False).ptr == view.ptr
+    assert producer.calls == [{"stream": -1, "max_version": (1, 1)}]
+
+
 def test_dlpack_import_falls_back_without_max_version():
     view = C.asarray(FakeCAI())
     producer = FakeDLPack(view.__dlpack__(), legacy_signature=True)

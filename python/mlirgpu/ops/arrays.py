@@ -1,10 +1,10 @@
 """What every op does with its array arguments: takes torch tensors, CuPy or
 JAX arrays, DeviceArrays (and NumPy arrays on the CPU backend) without a
 copy, reads their dtype, and makes outputs in the caller's library."""
-from .._mlirgpu import DeviceArray, DType, LaunchError, bf16, dtype, f16, f32, i32
+from .._mlirgpu import DeviceArray, DType, LaunchError, asarray, bf16, dtype, f16, f32, i32
 from ..runtime import backend
 
-__all__ = ["address", "as_array", "dtype_of", "is_contiguous", "new_like", "output", "torch_stream", "zero"]
+__all__ = ["as_array", "dtype_of", "geometry", "is_contiguous", "new_like", "output", "torch_stream", "zero"]
 
 
 def as_array(x, what):
@@ -17,25 +17,33 @@ def as_array(x, what):
     if isinstance(x, np.ndarray):
         return x
     try:
+        if type(x).__module__.split(".")[0] == "torch" and not backend.current().host:
+            # The ops launch on torch's current stream (torch_stream), the tensor's producer's:
+            # it need order nothing before the view. The ordering DLPack makes (through the
+            # legacy default stream) costs an event per tensor and breaks a CUDA graph capture.
+            return asarray(x, synchronize=False)
         return backend.asarray(x)
     except (TypeError, BufferError) as error:
         raise TypeError(f"{what} is an array (a torch tensor, a CuPy or JAX array, a DeviceArray), "
                         f"not {type(x).__name__}: {error}") from error
 
 
-def address(array):
-    """The address of a device array's first element, read the cheapest way
-    its library offers (torch's data_ptr, CuPy's data.ptr), else through
-    as_array."""
+def geometry(array):
+    """(type, address, shape, strides, dtype[, read-only]) of an array, read the
+    cheapest way its library offers (torch's data_ptr, CuPy's data.ptr),
+    else through as_array: what a tensor map of it is a function of."""
     kind = type(array)
     if kind is DeviceArray:
-        return array.ptr
+        return kind, array.ptr, array.shape, array.strides, array.dtype, array.readonly
     library = kind.__module__.split(".")[0]
     if library == "torch":
-        return array.data_ptr()
+        return kind, array.data_ptr(), tuple(array.shape), array.stride(), array.dtype
     if library == "cupy":
-        return array.data.ptr
-    return as_array(array, "an array").ptr
+        return kind, array.data.ptr, array.shape, array.strides, array.dtype
+    if library == "numpy":   # the CPU backend's
+        return kind, array.ctypes.data, array.shape, array.strides, array.dtype, not array.flags.writeable
+    view = as_array(array, "an array")
+    return kind, view.ptr, view.shape, view.strides, view.dtype, view.readonly
 
 
 def dtype_of(array):
