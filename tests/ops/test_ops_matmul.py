@@ -47,12 +47,14 @@ H200 = ("sm_90a", 132)
     (8192, 8192, 8192, "wgmma", None),
     (4096, 4096, 4096, "wgmma", None),
     (1024, 8192, 8192, "wgmma", None),        # 256 tiles of 128 x 256: past one wave of 132
-    (2048, 2048, 2048, "mma.sync", "stream_k"),   # 128 tiles: stream-K over 264 blocks of 128 x 128
-    (512, 4096, 4096, "mma.sync", "data_parallel"),   # 64 tiles of 128 x 256: 256 blocks of 64 x 128
+    (2048, 2048, 2048, "wgmma", None),        # 128 tiles of 128 x 256: 256 of 128 x 128, ping-pong
+    (512, 4096, 4096, "wgmma", None),
     (512, 4096, 14336, "wgmma", None),        # 224 tiles
-    (1024, 1024, 1024, "mma.sync", "data_parallel"),
-    (128, 8192, 8192, "mma.sync", "data_parallel"),
+    (1024, 1024, 1024, "wgmma", None),
+    (128, 8192, 8192, "wgmma", None),
+    (17, 8192, 8192, "wgmma", None),
     (16, 8192, 8192, "mma.sync", "split_k"),
+    (128, 8192, 8196, "mma.sync", "data_parallel"),   # no TMA: 64 x 128 tiles, a block each
     (1, 4096, 4096, "mma.sync", "split_k"),
     (4096, 4100, 4096, "mma.sync", "hybrid"),  # rows of 4100 halves are not 16-byte multiples: no TMA
     (4096, 4096, 4096 - 4, "mma.sync", "hybrid"),
@@ -69,8 +71,14 @@ def test_skinny_products_split_k_so_that_every_multiprocessor_reads_b():
     assert tiles * choice.split >= 2 * 132 and choice.units == tiles * choice.split
     assert gemm.choose(64, 8192, 8192, "sm_80", 108).config is gemm.SHORT
     assert gemm.choose(200, 8192, 8192, "sm_80", 108).config is gemm.SQUARE
-    # On sm_90a, past 16 rows: 64 x 128 tiles, a block each.
-    assert gemm.choose(64, 8192, 8192, *H200) == ("mma.sync", gemm.SHORT, "data_parallel", None, 64)
+    # On sm_90a, past 16 rows, where TMA cannot address the rows: 64 x 128 tiles, a block each.
+    assert gemm.choose(64, 8192, 8196, *H200) == ("mma.sync", gemm.SHORT, "data_parallel", None, 65)
+
+
+def test_on_sm_90a_fewer_tiles_than_multiprocessors_take_the_ping_pong_kernel():
+    assert gemm.choose(4096, 4096, 4096, *H200).config is gemm.WGMMA       # 512 tiles of 128 x 256
+    assert gemm.choose(1024, 4096, 4096, *H200).config is gemm.PINGPONG    # 128 tiles of 128 x 256
+    assert gemm.PINGPONG.bn == 128 and gemm.PINGPONG.schedule == "pingpong"
 
 
 def test_a_short_k_is_not_split_below_a_full_pipeline():
@@ -110,6 +118,7 @@ CPU_CASES = [
     ("sm_86", 2, 300, 150, 100, "bf16", "mma.sync", "hybrid"),       # 2 whole tiles, 1 streamed over 2 units
     ("sm_86", 4, 300, 150, 100, "f16", "mma.sync", "stream_k"),      # 3 tiles streamed over 4 units
     ("sm_90a", 1, 300, 200, 264, "bf16", "wgmma", None),
+    ("sm_90a", 132, 300, 200, 264, "f16", "wgmma", None),            # 128 x 128 tiles, ping-pong
 ]
 
 
@@ -207,8 +216,9 @@ def test_what_is_no_array_is_a_type_error(device):
 # ==========================================================================
 # On a GPU, at full sizes, against torch.matmul (NumPy in float64 without torch)
 
-GPU_SHAPES = [(1, 4096, 4096), (16, 8192, 8192), (128, 8192, 8192), (256, 4096, 14336), (1024, 1024, 1024),
-              (2048, 2048, 2048), (4096, 4096, 4096), (1000, 1000, 1000), (8192, 8192, 8192), (777, 520, 1000)]
+GPU_SHAPES = [(1, 4096, 4096), (16, 8192, 8192), (17, 4096, 4104), (128, 8192, 8192), (256, 4096, 14336),
+              (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (1000, 1000, 1000), (8192, 8192, 8192),
+              (777, 520, 1000)]
 
 
 @pytest.mark.gpu

@@ -3,14 +3,16 @@ mlirgpu's tensor-core GEMMs from the shape and the GPU, once per (shape,
 dtype, device), and launches it.
 
 - "wgmma": the persistent, warp-specialized Hopper GEMM (hopper_gemm.py:
-  TMA, wgmma, 128 x 256 tiles) on sm_90a, when its tiles fill every
-  multiprocessor at least once and the rows of A, B and C are whole
-  multiples of 16 bytes (K and N multiples of 8).
+  TMA, wgmma) on sm_90a, past 16 rows, where the rows of A, B and C are
+  whole multiples of 16 bytes (K and N multiples of 8): 128 x 256 tiles
+  where they fill every multiprocessor at least once, else 128 x 128
+  tiles, two warpgroups taking turns (ping-pong), which give twice the
+  tiles and overlap one tile's epilogue with the next one's products.
 - "mma.sync": the Ampere-style GEMM (ampere_gemm.py: cp.async, ldmatrix,
   mma.sync) fed by an mg.TileScheduler, everywhere else:
-  - on sm_90a, from 17 to 1024 rows: 64 x 128 tiles, a block each (on an
-    H200 these beat the split-K and stream-K schedules below from 128 to
-    512 rows);
+  - on sm_90a, from 17 to 1024 rows (where TMA cannot address the rows):
+    64 x 128 tiles, a block each (on an H200 these beat the split-K and
+    stream-K schedules below from 128 to 512 rows);
   - small M (at most 256 rows): a tile of 16, 64 or 128 rows and split-K,
     so that every multiprocessor streams its share of B (what bounds a
     skinny product is reading B once);
@@ -24,22 +26,21 @@ would.
 """
 from collections import namedtuple
 
-import numpy as np
 
 from .._mlirgpu import LaunchError, bf16, current_device, f16
 from ..runtime import backend
 from . import ampere_gemm, hopper_gemm
-from .arrays import address, as_array, dtype_of, is_contiguous, output, torch_stream, zero
+from .arrays import as_array, dtype_of, is_contiguous, output, torch_stream, zero
 
 __all__ = ["matmul", "choose", "register_torch", "Choice", "SMALL_M"]
 
 SMALL_M = 256                     # rows up to which a product is "skinny": split-K over B
 SHORT_DATA_PARALLEL_M = 1024      # on sm_90a, rows up to which mma.sync runs 64 x 128 tiles, data-parallel
 CPU_MULTIPROCESSORS = 4           # what the CPU backend plans for: splits and streams on a small grid
-RECENT_ADDRESSES = 64             # (a, b, c) addresses whose tensor maps a Hopper launch keeps
 MIN_STEPS_PER_SLICE = 4           # a split-K slice fills the cp.async pipeline (3 steps ahead) at least once
 
 WGMMA = hopper_gemm.CONFIGS[0]    # 128 x 256 tiles, 4 stages, TMA-store epilogue
+PINGPONG = hopper_gemm.CONFIGS[1]  # 128 x 128 tiles, 6 stages, ping-pong, TMA-store epilogue
 # mma.sync tiles (ampere_gemm.Config: BM, BN, BK, WM, WN, stages) by the rows of A they suit.
 SKINNY = ampere_gemm.Config(16, 128, 64, 16, 32, 4)    # 4 warps side by side, 72 KB
 SHORT = ampere_gemm.Config(64, 128, 64, 32, 64, 4)     # 2 x 2 warps, 96 KB
@@ -58,9 +59,9 @@ def choose(m, k, n, chip, multiprocessors):
     """The kernel ops.matmul runs for an (m x k) @ (k x n) product on a GPU
     `chip` ("sm_90a", "sm_80", ...) of `multiprocessors` SMs (see the
     module's text for the rule)."""
-    if chip == "sm_90a" and k % 8 == 0 and n % 8 == 0 and \
-            _ceil_div(m, WGMMA.bm) * _ceil_div(n, WGMMA.bn) >= multiprocessors:
-        return Choice("wgmma", WGMMA, None, None, multiprocessors)
+    if chip == "sm_90a" and k % 8 == 0 and n % 8 == 0 and m > SKINNY.bm:
+        whole_waves = _ceil_div(m, WGMMA.bm) * _ceil_div(n, WGMMA.bn) >= multiprocessors
+        return Choice("wgmma", WGMMA if whole_waves else PINGPONG, None, None, multiprocessors)
     if chip == "sm_90a" and SKINNY.bm < m <= SHORT_DATA_PARALLEL_M:
         # On an H200, from 128 to 512 rows, 64 x 128 tiles, a block each, beat split-K and stream-K
         # over larger tiles, whose fix-ups cost more than they save there.
@@ -107,40 +108,10 @@ def _mma_sync(choice, m, k, n):
 
 
 def _wgmma(choice, m, k, n):
-    """The launch of the Hopper GEMM for `choice`. Its tensor maps are made on
-    the first call with a, b and c at given addresses and kept for later
-    calls with the same addresses (RECENT_ADDRESSES of them): a tensor map
-    is a pure function of an array's address and geometry, which the call's
-    key and checks fix, so a map made for an array serves every array of
-    that shape at that address since."""
-    config = choice.config
-    grid = min(_ceil_div(m, config.bm) * _ceil_div(n, config.bn), choice.units)
-    shared = config.shared_bytes()
-    recent = {}   # (addresses of a, b, c) -> the kernel and its tensor maps, the oldest first
-
-    def launch(a, b, c):
-        a_map, b_map = hopper_gemm.prepare(a, b, config)
-        c_map = hopper_gemm.store_map(c)
-        # A C that TMA cannot address (its start off 16 bytes) is stored from the registers.
-        chosen = config if c_map is not None else config.replace(epilogue="registers")
-        return hopper_gemm.kernel_for(chosen, dtype_of(a)), a_map, b_map, c_map or a_map, hopper_gemm.no_offsets()
-
+    """The launch of the Hopper GEMM for `choice` (hopper_gemm.launch keeps
+    its tensor maps for the arrays' addresses)."""
     def run(a, b, c, stream):
-        if isinstance(a, np.ndarray):   # the CPU backend's arrays, addressed in place
-            kernel, a_map, b_map, c_map, offsets = launch(a, b, c)
-        else:
-            addresses = (address(a), address(b), address(c))
-            found = recent.get(addresses)
-            if found is None:
-                made = launch(backend.asarray(a), backend.asarray(b), backend.asarray(c))
-                # Kept without their arrays, which the cache must not keep alive.
-                found = (made[0], *(each.with_owner(None) for each in made[1:4]), made[4])
-                if len(recent) >= RECENT_ADDRESSES:
-                    recent.pop(next(iter(recent)), None)
-                recent[addresses] = found
-            kernel, a_map, b_map, c_map, offsets = found
-        kernel(a_map, b_map, c_map, c, k, 1.0, 1.0, offsets, grid=grid, block=hopper_gemm.THREADS,
-               shared_mem=shared, stream=stream)
+        hopper_gemm.launch(a, b, c, choice.config, stream)
     return run
 
 

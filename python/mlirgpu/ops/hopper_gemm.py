@@ -77,12 +77,13 @@ import numpy as np
 
 from .. import cuda, layout
 from .. import language as lang
-from .._mlirgpu import DeviceArray, TensorMap, f8e4m3, f8e5m2, f32, i32, index
+from .._mlirgpu import TensorMap, f8e4m3, f8e5m2, f32, i32, index
 from ..language.schedule import GroupedTiles
 from ..layout import wgmma as wgmma_layout
 from ..runtime import backend
 from ..runtime.kernel import kernel
 from ..runtime.tensormap import tensor_map
+from .arrays import as_array, dtype_of, geometry
 
 CONSUMERS = 2                       # consumer warpgroups: 64 rows of each tile each, or whole tiles in turn
 THREADS = 128 * (1 + CONSUMERS)
@@ -516,7 +517,7 @@ def matmul(A, B, out_dtype=f32, config=None, C=None, maps=None, stream=None, sca
     tensor maps of A, B and C as prepare() and store_map() make them. With 8-bit A and B
     (B given as N x K), C = (scale_a * scale_b) * (A @ B)."""
     A, B = backend.asarray(A), backend.asarray(B)
-    check_scales(A, scale_a, scale_b)
+    check_scales(A.dtype, scale_a, scale_b)
     C = None if C is None else backend.asarray(C)
     if C is None:
         N = B.shape[0] if config_for(config, A.dtype).b_major == "K" else B.shape[1]
@@ -526,21 +527,17 @@ def matmul(A, B, out_dtype=f32, config=None, C=None, maps=None, stream=None, sca
     return C
 
 
-def device_array(array):
-    """`array` as a DeviceArray (a view of a CUDA array object)."""
-    return array if type(array) is DeviceArray else backend.asarray(array)
-
-
-def check_scales(A, scale_a, scale_b):
-    if (scale_a, scale_b) != (1.0, 1.0) and A.dtype not in FLOATS8:
-        raise ValueError(f"scale_a and scale_b scale 8-bit inputs, not {A.dtype.name}")
+def check_scales(dtype, scale_a, scale_b):
+    if (scale_a, scale_b) != (1.0, 1.0) and dtype not in FLOATS8:
+        raise ValueError(f"scale_a and scale_b scale 8-bit inputs, not {dtype.name}")
 
 
 def plan(A, B, C, config=None, maps=None):
     """What a launch of C = A @ B needs but the scales and the stream: the
     specialization, its arguments up to the scales (after them it takes
     no_offsets()), and its launch keywords."""
-    config = config_for(config, A.dtype)
+    dtype = dtype_of(A)
+    config = config_for(config, dtype)
     M, K = A.shape
     N = B.shape[0] if config.b_major == "K" else B.shape[1]
     a_map, b_map, c_map = maps or (prepare(A, B, config) + (store_map(C) if config.epilogue == "tma" else None,))
@@ -548,7 +545,7 @@ def plan(A, B, C, config=None, maps=None):
         # C's rows are not 16-byte multiples (an odd N of a 2-byte type, say): its
         # threads store it instead.
         config = config.replace(epilogue="registers")
-    gemm = kernel_for(config, A.dtype)
+    gemm = kernel_for(config, dtype)
     cm, cn = config.cluster
     clusters = -(-N // (config.bn * cn)) * -(-M // (config.bm * cm))
     # (The CPU backend runs one block at a time: one persistent block takes every tile.)
@@ -557,7 +554,7 @@ def plan(A, B, C, config=None, maps=None):
     grid = min(clusters, sms // (cm * cn)) * cm * cn
     keywords = {"grid": grid, "block": THREADS, "shared_mem": config.shared_bytes(),
                 "cluster": (cm * cn, 1, 1) if cm * cn > 1 else None}
-    return gemm[M, N, C.dtype], (a_map, b_map, c_map or a_map, C, K), keywords
+    return gemm[M, N, dtype_of(C)], (a_map, b_map, c_map or a_map, C, K), keywords
 
 
 #: The grouped kernel's configuration: 128 x 256 tiles, 4 stages, the register epilogue.
@@ -587,30 +584,39 @@ def available():
     return backend.backend() == "cuda" and cuda.Device(cuda.current_device()).chip == "sm_90a"
 
 
-# The plans of the most recent launches, least recently used first: a plan's
-# tensor maps keep its arrays alive, so only a few are kept.
+# The plans of the most recent launches, the least recently used first, by
+# `config` and the arrays' geometry (arrays.geometry: address, shape, strides,
+# dtype). A tensor map is a pure function of its array's geometry, so a plan
+# made for arrays serves any arrays of that geometry since; its maps keep no
+# array alive.
 _PLANS = {}
-PLANS_KEPT = 16
+PLANS_KEPT = 64
 
 
 def launch(A, B, C, config=None, stream=None, scale_a=1.0, scale_b=1.0):
     """C = A @ B (A: M x K, B: K x N, C: M x N, DeviceArrays or CUDA arrays of
     C's type) with `config`; what the launch needs (the specialization, the
     tensor maps of A, B and C, the grid) is planned on the first launch with
-    these arrays and kept, as a library caches it, so that later launches go
-    straight to the kernel's C fast path. With 8-bit A and B (B given as
-    N x K), C = (scale_a * scale_b) * (A @ B)."""
-    A, B, C = device_array(A), device_array(B), device_array(C)
-    check_scales(A, scale_a, scale_b)
+    arrays of this geometry and kept, as a library caches it, so that later
+    launches read the arrays' addresses and go straight to the kernel's C
+    fast path. With 8-bit A and B (B given as N x K), C = (scale_a *
+    scale_b) * (A @ B)."""
     # `config` by identity: the plan keeps it, so no other object can take its id.
-    key = (config, A.ptr, A.shape, A.dtype, B.ptr, B.shape, C.ptr, C.shape, C.dtype)
-    planned = _PLANS.pop(key, None) or plan(A, B, C, config)
-    a_map, b_map = planned[1][:2]
-    # Where A or B was padded into a copy, the next launch pads their contents anew.
-    if a_map.owner is A and b_map.owner is B:
+    key = (config, geometry(A), geometry(B), geometry(C))
+    planned = _PLANS.pop(key, None)
+    kept = True
+    if planned is None:
+        arrays = [x if isinstance(x, np.ndarray) else as_array(x, "the GEMM's array") for x in (A, B, C)]
+        gemm, arguments, keywords = plan(*arrays, config)
+        maps = arguments[:3]
+        planned = (gemm, tuple(m.with_owner(None) for m in maps), arguments[4], keywords, dtype_of(arrays[0]))
+        # Where A or B was padded into a copy, the next launch pads their contents anew.
+        kept = maps[0].owner is arrays[0] and maps[1].owner is arrays[1]
+    gemm, maps, k, keywords, dtype = planned
+    check_scales(dtype, scale_a, scale_b)
+    if kept:
         if len(_PLANS) >= PLANS_KEPT:
-            del _PLANS[next(iter(_PLANS))]
+            _PLANS.pop(next(iter(_PLANS)), None)
         _PLANS[key] = planned   # the most recent last
-    gemm, arguments, keywords = planned
-    gemm(*arguments, scale_a, scale_b, no_offsets(), stream=stream, **keywords)
+    gemm(*maps, C, k, scale_a, scale_b, no_offsets(), stream=stream, **keywords)
     return C
