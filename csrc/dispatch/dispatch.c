@@ -345,7 +345,7 @@ static int table_insert(mg_dispatcher *self, const sig_builder *b, PyObject *tar
     uint64_t hash = sig_hash(b->words, b->n);
     sig_entry *e = table_find(self->entries, self->capacity, hash, b->words, b->n);
     if (e->target != NULL) {
-        /* Same signature again: the new target and guards replace the old ones. */
+        /* Same signature again: the new target, guards and owner replace the old ones. */
         Py_SETREF(e->target, Py_NewRef(target));
         Py_XSETREF(e->guards, Py_XNewRef(guards));
         Py_XSETREF(e->owner, (mg_dispatcher *)Py_XNewRef((PyObject *)owner));
