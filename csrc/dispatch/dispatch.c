@@ -2,7 +2,8 @@
  * each argument once, writes its signature as 64-bit words, finds the words
  * in an open-addressing hash table and launches the Function stored there
  * with the pointers already read, once the entry's guards (the globals its
- * kernel's trace read) hold. Nothing Python-level happens on a hit. */
+ * kernel's trace read) hold. Nothing Python-level happens on a hit but a
+ * tick of the launch clock, which the specialization cache evicts by. */
 #include "dispatch/dispatch.h"
 #include "dispatch/guards.h"
 #include "arrays/array.h"
@@ -278,9 +279,10 @@ typedef struct {
     Py_ssize_t nwords;
     PyObject *target;    /* strong; NULL marks an empty slot */
     PyObject *guards;    /* strong: a tuple of guards (guards.h), or NULL for none */
+    struct mg_dispatcher *owner; /* strong: whose last_used a hit ticks, or NULL for the table's own */
 } sig_entry;
 
-typedef struct {
+typedef struct mg_dispatcher {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *miss;      /* miss(args, kwargs) */
@@ -291,7 +293,11 @@ typedef struct {
     Py_ssize_t capacity;
     Py_ssize_t count;
     uint8_t dynamic[MG_CU_MAX_ARGS]; /* per argument, bit d: its extent d is dynamic (set_dynamic) */
+    unsigned long long last_used;    /* the launch clock when it (or an entry it owns) was last used */
 } mg_dispatcher;
+
+/* Ticks once per use of any dispatcher (under the GIL): a hit costs a store, not a Python call. */
+static unsigned long long launch_clock;
 
 #define TABLE_INITIAL 8
 
@@ -330,17 +336,19 @@ static int table_grow(mg_dispatcher *self)
     return 0;
 }
 
-/* Stores `target` and `guards` (NULL for none; new references are taken) under the words of `b`. */
-static int table_insert(mg_dispatcher *self, const sig_builder *b, PyObject *target, PyObject *guards)
+/* Stores `target`, `guards` and `owner` (NULL for none; new references are taken) under the words of `b`. */
+static int table_insert(mg_dispatcher *self, const sig_builder *b, PyObject *target, PyObject *guards,
+                        mg_dispatcher *owner)
 {
     if ((self->count + 1) * 2 > self->capacity && table_grow(self) < 0)
         return -1;
     uint64_t hash = sig_hash(b->words, b->n);
     sig_entry *e = table_find(self->entries, self->capacity, hash, b->words, b->n);
     if (e->target != NULL) {
-        /* Same signature again: the new target and guards replace the old ones. */
+        /* Same signature again: the new target, guards and owner replace the old ones. */
         Py_SETREF(e->target, Py_NewRef(target));
         Py_XSETREF(e->guards, Py_XNewRef(guards));
+        Py_XSETREF(e->owner, (mg_dispatcher *)Py_XNewRef((PyObject *)owner));
         return 0;
     }
     uint64_t *words = PyMem_Malloc((size_t)b->n * sizeof *words);
@@ -354,6 +362,7 @@ static int table_insert(mg_dispatcher *self, const sig_builder *b, PyObject *tar
     e->nwords = b->n;
     e->target = Py_NewRef(target);
     e->guards = Py_XNewRef(guards);
+    e->owner = (mg_dispatcher *)Py_XNewRef((PyObject *)owner);
     self->count++;
     return 0;
 }
@@ -370,6 +379,7 @@ static void table_clear(mg_dispatcher *self)
             PyMem_Free(entries[i].words);
             Py_DECREF(entries[i].target);
             Py_XDECREF(entries[i].guards);
+            Py_XDECREF(entries[i].owner);
         }
     }
     PyMem_Free(entries);
@@ -431,6 +441,8 @@ static PyObject *dispatcher_vectorcall(PyObject *callable, PyObject *const *args
         sig_entry *e = table_find(self->entries, self->capacity, sig_hash(b.words, b.n), b.words, b.n);
         target = e->target;
         guards = e->guards;
+        if (target != NULL)
+            (e->owner != NULL ? e->owner : self)->last_used = ++launch_clock;
     }
     if (target == NULL) {
         sig_release(&b);
@@ -480,10 +492,14 @@ static int args_from(PyObject *args, PyObject **tuple)
 
 static PyObject *dispatcher_register(mg_dispatcher *self, PyObject *const *fargs, Py_ssize_t nfargs)
 {
-    if (nfargs != 2 && nfargs != 3)
-        return PyErr_Format(PyExc_TypeError, "register(args, function, guards=None) takes 2 or 3 arguments, "
-                            "got %zd", nfargs);
-    PyObject *target = fargs[1], *guards = nfargs == 3 && fargs[2] != Py_None ? fargs[2] : NULL, *tuple;
+    if (nfargs < 2 || nfargs > 4)
+        return PyErr_Format(PyExc_TypeError, "register(args, function, guards=None, owner=None) takes 2 to 4 "
+                            "arguments, got %zd", nfargs);
+    PyObject *target = fargs[1], *guards = nfargs >= 3 && fargs[2] != Py_None ? fargs[2] : NULL, *tuple;
+    PyObject *owner = nfargs == 4 && fargs[3] != Py_None ? fargs[3] : NULL;
+    if (owner != NULL && !PyObject_TypeCheck(owner, mg_Dispatcher_type))
+        return PyErr_Format(PyExc_TypeError, "register's owner must be a Dispatcher, not %.100s",
+                            Py_TYPE(owner)->tp_name);
     if (!PyCallable_Check(target))
         return PyErr_Format(PyExc_TypeError, "register needs an mlirgpu Function or a callable, not %.100s",
                             Py_TYPE(target)->tp_name);
@@ -517,7 +533,7 @@ static PyObject *dispatcher_register(mg_dispatcher *self, PyObject *const *fargs
                          "a Python or NumPy scalar", b->unlaunchable, Py_TYPE(arg)->tp_name);
         goto error;
     }
-    if (table_insert(self, b, target, guards) < 0)
+    if (table_insert(self, b, target, guards, (mg_dispatcher *)owner) < 0)
         goto error;
     result = Py_NewRef(Py_None);
 error:
@@ -591,6 +607,12 @@ static PyObject *dispatcher_clear_method(mg_dispatcher *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+static PyObject *dispatcher_touch(mg_dispatcher *self, PyObject *unused)
+{
+    self->last_used = ++launch_clock;
+    Py_RETURN_NONE;
+}
+
 static Py_ssize_t dispatcher_length(mg_dispatcher *self)
 {
     return self->count;
@@ -621,6 +643,7 @@ static int dispatcher_traverse(mg_dispatcher *self, visitproc visit, void *arg)
     for (Py_ssize_t i = 0; i < self->capacity; i++) {
         Py_VISIT(self->entries[i].target);
         Py_VISIT(self->entries[i].guards);
+        Py_VISIT((PyObject *)self->entries[i].owner);
     }
     return 0;
 }
@@ -653,9 +676,10 @@ static PyObject *dispatcher_repr(mg_dispatcher *self)
 
 static PyMethodDef dispatcher_methods[] = {
     {"register", (PyCFunction)(void (*)(void))dispatcher_register, METH_FASTCALL,
-     "register(args, function, guards=None): later calls whose arguments have the signature of `args` launch "
-     "`function` (an mlirgpu Function, launched in C; any other callable is called with the call's arguments) "
-     "while every guard holds, and miss otherwise. `guards` is a tuple of (namespace, key, value, witness): "
+     "register(args, function, guards=None, owner=None): later calls whose arguments have the signature of `args` "
+     "launch `function` (an mlirgpu Function, launched in C; any other callable is called with the call's "
+     "arguments) while every guard holds, and miss otherwise; each such call ticks the last_used of `owner` (a "
+     "Dispatcher; None: this one). `guards` is a tuple of (namespace, key, value, witness): "
      "(dict, name, value, witness) holds while dict[name] is value (Dispatcher.UNBOUND: absent), (cell, None, "
      "value, witness) while the cell holds value (UNBOUND: empty), (function, None, code, None) while "
      "function.__code__ is code; a witness other than None is a list value's items as a tuple, or a "
@@ -663,6 +687,8 @@ static PyMethodDef dispatcher_methods[] = {
     {"signature", (PyCFunction)dispatcher_signature, METH_O,
      "signature(args): the signature of a call with these positional arguments, one tuple per argument."},
     {"clear", (PyCFunction)dispatcher_clear_method, METH_NOARGS, "Forgets every registered signature."},
+    {"touch", (PyCFunction)dispatcher_touch, METH_NOARGS,
+     "Sets last_used to the next tick of the launch clock, as a call that hits does."},
     {"set_dynamic", (PyCFunction)dispatcher_set_dynamic, METH_O,
      "set_dynamic(dims): dims[i] lists the dimensions of argument i whose extent is dynamic: any size matches "
      "them (the signature shows None). Forgets every registered signature."},
@@ -675,6 +701,9 @@ static PyMemberDef dispatcher_members[] = {
     {"__weaklistoffset__", T_PYSSIZET, offsetof(mg_dispatcher, weakrefs), READONLY},
     {"name", T_OBJECT, offsetof(mg_dispatcher, name), READONLY, NULL},
     {"miss", T_OBJECT, offsetof(mg_dispatcher, miss), READONLY, "miss(args, kwargs), called on a miss."},
+    {"last_used", T_ULONGLONG, offsetof(mg_dispatcher, last_used), READONLY,
+     "The launch clock's tick at its last touch() or hit (of a registered owner: at a hit of its entries), "
+     "0 before any: a larger one was used later."},
     {NULL},
 };
 

@@ -266,6 +266,39 @@ def test_register_clear_len_and_replace():
     assert d(5, grid=1, block=1)[0] == "hit"
 
 
+def test_hits_tick_last_used_of_the_owner_or_the_dispatcher():
+    d, miss = make()
+    owner, _ = make(name="owner")
+    assert d.last_used == owner.last_used == 0
+    d.register((1,), hit_target)
+    d.register((1.0,), hit_target, None, owner)
+    d(1, grid=1, block=1)
+    mine = d.last_used
+    assert mine > 0 and owner.last_used == 0
+    d(1.0, grid=1, block=1)
+    assert owner.last_used > mine and d.last_used == mine
+    d("missed", grid=1, block=1)                       # a miss ticks nothing
+    assert d.last_used == mine
+    owner.touch()
+    assert owner.last_used > mine
+    d.register((1.0,), hit_target)                     # replaced: the owner goes with the old entry
+    d(1.0, grid=1, block=1)
+    assert d.last_used > owner.last_used
+
+
+def test_owners_are_kept_alive_while_registered_and_cycles_through_them_are_collected():
+    d, owner = make()[0], make(name="owner")[0]
+    owner.dispatcher = d                               # owner -> d -> entry -> owner
+    d.register((1,), hit_target, None, owner)
+    ref, d_ref = weakref.ref(owner), weakref.ref(d)
+    del owner
+    gc.collect()
+    assert ref() is not None
+    del d
+    gc.collect()
+    assert ref() is None and d_ref() is None
+
+
 def test_table_grows_past_its_initial_size():
     d, miss = make()
     targets = {}
@@ -505,8 +538,10 @@ def test_register_checks_its_guards():
         with pytest.raises(TypeError):
             d.register((1,), hit_target, guards)
     assert len(d) == 0
-    with pytest.raises(TypeError, match="2 or 3 arguments"):
-        d.register((1,), hit_target, (), None)
+    with pytest.raises(TypeError, match="2 to 4 arguments"):
+        d.register((1,), hit_target, (), None, None)
+    with pytest.raises(TypeError, match="owner must be a Dispatcher, not int"):
+        d.register((1,), hit_target, None, 1)
     d.register((1,), hit_target, None)
     assert d(1, grid=1, block=1)[0] == "hit"
 

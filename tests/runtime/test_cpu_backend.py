@@ -170,3 +170,37 @@ def test_specializations_beyond_the_budget_are_dropped_and_made_again(monkeypatc
         fill_size(x, grid=1, block=1)          # made again on demand
         np.testing.assert_array_equal(x, 1)
         assert len(fill_size._specializations) <= 3
+
+
+@pytest.mark.parametrize("through", ["kernel", "specialization"])
+def test_a_specialization_launched_from_c_is_not_the_least_recently_used(monkeypatch, through):
+    """A hit of a C dispatcher ticks the specialization it launches: eviction
+    passes over one launched from C since, however long ago it was specialized.
+    (The CPU backend launches from Python and host arrays never hit, so the
+    entry here is for a token argument and stores a callable where a GPU
+    launch stores its Function.)"""
+    from mlirgpu.runtime import kernel
+    monkeypatch.setattr(kernel, "SPECIALIZATION_CACHE_SIZE", 3)
+    with current_backend("cpu"):
+        for n in (1, 2, 3):
+            fill_size(np.zeros(n, np.int32), grid=1, block=n)
+        first = fill_size._specializations[1,]
+        x = np.zeros(1, np.int32)
+        hits = []
+
+        def launch(token, **kwargs):
+            hits.append(token)
+            first.launch([x], **kwargs)
+        if through == "kernel":
+            fill_size.register((0,), launch, None, first)
+            dispatcher = fill_size
+        else:
+            first.register((0,), launch)
+            dispatcher = first
+        before = first.last_used
+        dispatcher(0, grid=1, block=1)
+        assert hits == [0] and first.last_used > before > 0
+        assert first.last_used > fill_size._specializations[2,].last_used
+        np.testing.assert_array_equal(x, 1)
+        fill_size(np.zeros(4, np.int32), grid=1, block=4)      # a fourth: one must go
+        assert set(fill_size._specializations) == {(1,), (3,), (4,)}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mlirgpu as mg
-from support.checks import run_isolated
+from support.checks import run_isolated, toolkit_without_ptxas
 from mlirgpu import thread_idx
 
 N, T = mg.generics("N T")
@@ -74,6 +74,38 @@ print(json.dumps([seen, len(misses), len(spec)]))
     assert proc.returncode == 0, proc.stderr
     seen, misses, entries = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen == [True, True] and misses == 1 and entries == 1
+
+
+def test_launches_from_c_keep_their_specialization_resident(fake_libcuda, tmp_path):
+    """With room for two specializations, one launched from C since another
+    was specialized outlives it: eviction goes by the last use, C hits included."""
+    code = f"""
+import os, json
+os.environ["MLIRGPU_LIBCUDA"] = {fake_libcuda!r}
+os.environ["MLIRGPU_CACHE_DIR"] = {str(tmp_path / "cache")!r}
+os.environ["CUDA_HOME"] = {toolkit_without_ptxas(str(tmp_path))!r}
+import mlirgpu as mg
+from mlirgpu.runtime import kernel
+N = mg.generics("N")
+
+# The fake driver runs the kernel named record_params: it copies the n (here 0) parameters after the first two out.
+@mg.kernel(generics=(N,))
+def record_params(out: mg.memref[8, mg.u64], n: mg.u32, X: mg.memref[N, mg.f32]):
+    out[0] = mg.cast(n, mg.u64)
+
+kernel.SPECIALIZATION_CACHE_SIZE = 2
+misses = []
+record_params._miss = lambda args, kwargs, original=record_params._miss: (misses.append(1), original(args, kwargs))
+buf = mg.zeros(8, mg.u64)
+X = {{n: mg.zeros(n, mg.f32) for n in (4, 8, 16)}}
+for n in (4, 8, 4, 4, 4, 16):
+    record_params(buf, 0, X[n], grid=1, block=1)
+print(json.dumps([len(misses), sorted(key[0] for key in record_params._specializations)]))
+"""
+    proc = run_isolated(code)
+    assert proc.returncode == 0, proc.stderr
+    misses, resident = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert misses == 3 and resident == [4, 16]
 
 
 def test_tensor_maps_and_scalars_take_the_dispatchers_fast_path(fake_libcuda):

@@ -2,12 +2,13 @@
 IR and PTX, results against NumPy on every backend (conftest.py's `backend`:
 the CPU everywhere, the GPU where there is one) for several dtypes, ranks,
 layouts and broadcasts, and each error a call can make."""
+import json
 import warnings
 
 import numpy as np
 import pytest
 from support.backends import current_backend
-from support.checks import filecheck
+from support.checks import filecheck, run_isolated
 
 import mlirgpu as mg
 
@@ -469,6 +470,94 @@ def test_integer_division_by_zero_gives_numpys_result_and_warning():
         warnings.simplefilter("error")
         divide(a, b)
         divide(np.arange(1, 5, dtype=np.int64), np.arange(1, 5, dtype=np.uint8))
+
+
+@mg.vectorize
+def divide_where_positive(a, b):
+    if a > 0:
+        c = a // b
+    else:
+        c = a + 1
+    return c
+
+
+@pytestmark_backend
+def test_integer_division_under_control_flow_warns_only_where_it_ran():
+    with pytest.warns(RuntimeWarning, match="divide by zero encountered in floor_divide"):
+        got = divide_where_positive(np.array([7, -1, 4], np.int32), np.array([2, 0, 0], np.int32))
+    np.testing.assert_array_equal(got, [3, 0, 0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(divide_where_positive(np.array([7, -1], np.int32),
+                                                            np.array([2, 0], np.int32)), [3, 0])
+
+
+def test_integer_division_faults_set_flags_that_every_form_takes_last():
+    """One flag per warning, stored where the element faults: no output per
+    element, no trap; a function without integer division has no flags."""
+    flags = r"%arg4: memref<\?xi1>"
+    spec = divmod_[mg.i32, mg.i32]
+    assert spec.faults == ("divide by zero encountered in floor_divide", "overflow encountered in floor_divide",
+                           "divide by zero encountered in remainder")
+    filecheck(spec.ir(), flags, r"scf.if", r"memref.store %true, %arg4\[%c0\]", r"arith.divsi",
+              r"memref.store %true, %arg4\[%c2\]", r"arith.remsi", r"linalg.yield %\d+, %\d+ : i32, i32")
+    filecheck(spec.ir("gpu"), r"gpu.func @divmod_\(.*" + flags, r"memref.store %true, %arg4")
+    ptx = spec.ptx("sm_90a")
+    assert "st.global.b8" in ptx and "trap" not in ptx
+    assert len(spec.function_params()) == 5 * 5
+    loops = mg.vectorize(mapping="parallel-loops")(divmod_.function)[mg.i32, mg.i32]
+    filecheck(loops.ir("gpu"), r"func.func @divmod_\(.*" + flags, r"gpu.launch", r"memref.store %true, %arg4")
+    plain = add2[mg.i32, mg.i32]
+    assert plain.faults == () and "i1" not in plain.ir() and len(plain.function_params()) == 3 * 5
+
+
+def test_the_cuda_path_reads_the_fault_flags_back_only_where_integers_divide(fake_libcuda):
+    """On the fake driver: the flags are cleared on the launch's stream, the
+    kernel (here one that sets every flag) launched, and the flags copied back
+    after it; a float-only call neither copies nor waits."""
+    code = f"""
+import os, json, warnings, ctypes
+os.environ["MLIRGPU_LIBCUDA"] = {fake_libcuda!r}
+import numpy as np
+import mlirgpu as mg
+
+@mg.vectorize
+def divide(a, b):
+    return a // b, a % b
+
+@mg.vectorize
+def add(a, b):
+    return a + b
+
+fake = ctypes.CDLL(os.environ["MLIRGPU_LIBCUDA"])
+fake.fake_log.restype = ctypes.c_char_p
+x, f = mg.to_device(np.arange(4, dtype=np.int32)), mg.to_device(np.arange(4, dtype=np.float32))
+for vectorized, args, name in ((divide, (x, x), "set_fault_flags"), (add, (f, f), "float_only")):
+    spec = vectorized.specialize(*args)
+    module = mg._mlirgpu.load_module(f".visible .entry {{name}}(\\n")
+    spec._functions[mg.cuda.current_device(), False] = module.get_function(name, params=spec.function_params())
+fake.fake_log_clear()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    divide(x, x)
+divide_log = fake.fake_log().decode().splitlines()
+fake.fake_log_clear()
+add(f, f)
+print(json.dumps([sorted(str(w.message) for w in caught), divide_log, fake.fake_log().decode().splitlines()]))
+"""
+    proc = run_isolated(code)
+    assert proc.returncode == 0, proc.stderr
+    warned, divide_log, add_log = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert warned == ["divide by zero encountered in floor_divide", "divide by zero encountered in remainder",
+                      "overflow encountered in floor_divide"]
+    calls = [line.split()[0] for line in divide_log]
+    clear, launch, copy = calls.index("cuMemsetD8Async"), calls.index("cuLaunchKernel"), calls.index("cuMemcpyDtoHAsync")
+    assert clear < launch < copy < calls.index("cuStreamSynchronize")
+    flags = divide_log[clear].split()[1].split("=")[1]
+    assert "bytes=3" in divide_log[clear] and f"src={flags} bytes=3" in divide_log[copy]
+    assert "function=set_fault_flags" in divide_log[launch]
+    assert any("function=float_only" in line for line in add_log)
+    assert not any(line.startswith(("cuMemcpyDtoH", "cuStreamSynchronize", "cuCtxSynchronize")) for line in add_log)
 
 
 def test_no_signature_matches():

@@ -20,7 +20,14 @@ Arrays are memrefs of dynamic sizes: rank 1 with the identity layout when
 every array of a call is C-contiguous with the output's shape (the call
 flattens them), else the output's rank with a strided layout whose strides
 the call gives, 0 along broadcast dimensions (as NumPy's broadcast views).
+
+With `flags`, every form takes one more parameter after the outputs: a
+memref<?xi1> of fault flags that `apply` may store to (vectorize.py sets
+one where an element's integer division gives a NumPy warning), on the
+host and on the GPU alike.
 """
+import functools
+
 from .. import ir
 from ..language import core as lang
 from ..language import intrinsics as device
@@ -54,9 +61,14 @@ def memref_type(dtype, rank):
     return ir.Type.memref([None] * rank, element, layout=ir.Attribute.strided_layout(None, [None] * rank))
 
 
-def _parameter_types(inputs, outputs, rank):
+def _parameter_types(inputs, outputs, rank, flags):
     types = [memref_type(dtype, rank) if is_array else lang.ir_type(dtype) for dtype, is_array in inputs]
-    return types + [memref_type(dtype, rank) for dtype in outputs]
+    return types + [memref_type(dtype, rank) for dtype in outputs] + [memref_type(lang.bool_, None)] * flags
+
+
+def _flags_parameter(arguments, flags):
+    """The fault flags (the last parameter) as a MemRef, or None without them."""
+    return lang.MemRef(arguments[-1], lang.bool_, [None], "faults") if flags else None
 
 
 def _traced_parameters(arguments, inputs, outputs, rank, names):
@@ -75,15 +87,16 @@ def _traced_parameters(arguments, inputs, outputs, rank, names):
 # ---------------------------------------------------------------------------
 # The linalg form
 
-def linalg_function(module, name, inputs, outputs, rank, apply, location, reversed_loops=False):
+def linalg_function(module, name, inputs, outputs, rank, apply, location, reversed_loops=False, flags=False):
     """Adds func.func @name (with a C interface, for the host) whose body is
-    the linalg.generic of `apply` over the arrays; scalar inputs are used by
-    the region from the function's arguments. With `reversed_loops` its loop
-    d0 runs along the arrays' last dimension (indexing maps (d0..dn) -> (dn..d0))."""
+    the linalg.generic of `apply(values, flags)` over the arrays; scalar
+    inputs and the fault flags are used by the region from the function's
+    arguments. With `reversed_loops` its loop d0 runs along the arrays' last
+    dimension (indexing maps (d0..dn) -> (dn..d0))."""
     r = 1 if rank is None else rank
     indexing = ir.Attribute.permutation_map(list(reversed(range(r)))) if reversed_loops else \
         ir.Attribute.identity_map(r)
-    types = _parameter_types(inputs, outputs, rank)
+    types = _parameter_types(inputs, outputs, rank, flags)
     with ir.InsertionPoint(module.body), location:
         func = ir.Operation.create("func.func", regions=1, attributes={
             "sym_name": ir.Attribute.string(name),
@@ -92,7 +105,7 @@ def linalg_function(module, name, inputs, outputs, rank, apply, location, revers
     entry = func.regions[0].append_block(types, [location] * len(types))
     arguments = list(entry.arguments)
     array_operands = [a for a, (_, is_array) in zip(arguments, inputs) if is_array]
-    out_operands = arguments[len(inputs):]
+    out_operands = arguments[len(inputs):len(inputs) + len(outputs)]
     parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
     with ir.InsertionPoint(entry), location:
         generic = ir.Operation.create("linalg.generic", operands=array_operands + out_operands, regions=1, attributes={
@@ -106,7 +119,7 @@ def linalg_function(module, name, inputs, outputs, rank, apply, location, revers
     values = [lang.Scalar(next(elements), dtype) if is_array else lang.Scalar(argument, dtype)
               for argument, (dtype, is_array) in zip(arguments, inputs)]
     with ir.InsertionPoint(body):
-        results = apply(values)
+        results = apply(values, _flags_parameter(arguments, flags))
         lang.emit("linalg.yield", results)
     return func
 
@@ -114,12 +127,13 @@ def linalg_function(module, name, inputs, outputs, rank, apply, location, revers
 # ---------------------------------------------------------------------------
 # The direct mapping
 
-def direct_kernel(module, name, inputs, outputs, rank, apply, location, names, width, unroll, threads):
+def direct_kernel(module, name, inputs, outputs, rank, apply, location, names, width, unroll, threads,
+                  flags=False):
     """Adds gpu.module @kernels { gpu.func @name } to `module`: the direct
-    mapping for contiguous (rank None) or strided arrays. Must run inside
-    the Trace of `apply`'s function (locations, errors)."""
+    mapping for contiguous (rank None) or strided arrays of `apply(values,
+    flags)`. Must run inside the Trace of `apply`'s function (locations, errors)."""
     module.operation.set_attribute("gpu.container_module", ir.Attribute.unit())
-    types = _parameter_types(inputs, outputs, rank)
+    types = _parameter_types(inputs, outputs, rank, flags)
     with ir.InsertionPoint(module.body):
         gpu_module = ir.Operation.create("gpu.module", attributes={"sym_name": ir.Attribute.string("kernels")},
                                          regions=1, location=location)
@@ -131,6 +145,7 @@ def direct_kernel(module, name, inputs, outputs, rank, apply, location, names, w
             "nvvm.maxntid": ir.Attribute.dense_i32_array([threads, 1, 1])})
     body = func.regions[0].append_block(types, [location] * len(types))
     values, outs = _traced_parameters(list(body.arguments), inputs, outputs, rank, names)
+    apply = functools.partial(apply, flags=_flags_parameter(list(body.arguments), flags))
     with ir.InsertionPoint(body):
         if rank is None:
             _template("contiguous")(values, outs, apply, width, unroll, threads)

@@ -87,7 +87,8 @@ def integer_range(dtype):
 
 class _State(threading.local):
     tracer = None  # the active tracer.Trace, if any
-    # A list while integer // and % follow NumPy (mg.vectorize on the host): (condition, warning) pairs.
+    # While integer // and % follow NumPy (mg.vectorize): called as (condition, warning) at each,
+    # for each condition NumPy warns about.
     division_faults = None
 
 
@@ -497,17 +498,17 @@ def _intdiv(a, b, kind, op):
         divisor = target().check_division(a, b)
         return Scalar(emit(f"arith.{kind}{suffix}", [a, divisor], [a.value.type]).result, a.dtype)
     # NumPy's answers where the hardware traps: 0 for a zero divisor, MIN // -1 wrapping to MIN (and
-    # MIN % -1 to 0, what dividing by 1 gives), each recorded for the warning NumPy gives.
+    # MIN % -1 to 0, what dividing by 1 gives), each reported for the warning NumPy gives.
     zero, ufunc = constant(0, a.dtype), "floor_divide" if kind == "div" else "remainder"
     by_zero = _compare(b, zero, "eq")
     trapping = by_zero
-    faults.append((by_zero, f"divide by zero encountered in {ufunc}"))
+    faults(by_zero, f"divide by zero encountered in {ufunc}")
     if suffix == "si":
         overflow = _bitwise(_compare(a, constant(integer_range(a.dtype)[0], a.dtype), "eq"),
                             _compare(b, constant(-1, a.dtype), "eq"), "andi", "&")
         trapping = _bitwise(by_zero, overflow, "ori", "|")
         if kind == "div":
-            faults.append((overflow, f"overflow encountered in {ufunc}"))
+            faults(overflow, f"overflow encountered in {ufunc}")
     divisor = select(trapping, constant(1, a.dtype), b)
     result = Scalar(emit(f"arith.{kind}{suffix}", [a, divisor], [a.value.type]).result, a.dtype)
     return select(by_zero, zero, result)

@@ -15,8 +15,8 @@ and inside the body the generic's name evaluates to its value (so
 """
 from __future__ import annotations
 
-import collections
 import contextlib
+import heapq
 import inspect
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -45,11 +45,11 @@ _DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use with
 
 #: How many specializations of all kernels stay in memory with what they
 #: traced and compiled (about 1.6 MB each on the CPU backend). Beyond it the
-#: one least recently specialized is dropped: the next launch that needs it
-#: traces it again, and compiles it again or, for a GPU, loads its image from
-#: the disk cache.
+#: one least recently used (specialized, or launched from Python or from the
+#: C dispatcher) is dropped: the next launch that needs it traces it again,
+#: and compiles it again or, for a GPU, loads its image from the disk cache.
 SPECIALIZATION_CACHE_SIZE = 1024
-_resident = collections.OrderedDict()  # Specialization -> None, the least recently specialized first
+_resident = set()  # the Specializations held; each one's last_used (a Dispatcher's) orders them
 _resident_lock = threading.Lock()  # threads specialize concurrently
 
 
@@ -309,19 +309,24 @@ class Kernel(_mlirgpu.Dispatcher):
         spec = self.specialize(self.bind(args), self.aligned(args))
         if guards is not None:
             try:
-                self.register(args, spec.function_for(args), guards)
+                self.register(args, spec.function_for(args), guards, spec)  # its hits tick spec.last_used
             except ValueError:
                 pass  # arguments the dispatcher cannot classify: this path serves them each time
         spec.launch(args, **kwargs)
 
 
 def _keep_resident(spec):
-    """Marks `spec` the most recently specialized; forgets the least recently
-    specialized beyond SPECIALIZATION_CACHE_SIZE."""
+    """Marks `spec` the most recently used; forgets the least recently used
+    beyond SPECIALIZATION_CACHE_SIZE. A launch the C dispatcher serves ticks
+    its specialization's last_used as touch() does, with no Python call."""
+    spec.touch()
     with _resident_lock:
-        _resident[spec] = None
-        _resident.move_to_end(spec)
-        evicted = [_resident.popitem(last=False)[0] for _ in range(len(_resident) - SPECIALIZATION_CACHE_SIZE)]
+        if spec in _resident:
+            return
+        _resident.add(spec)
+        evicted = heapq.nsmallest(len(_resident) - SPECIALIZATION_CACHE_SIZE, _resident,
+                                  key=lambda s: s.last_used)
+        _resident.difference_update(evicted)
     for old in evicted:
         old.kernel.forget_specialization(old)
 
@@ -712,6 +717,7 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         if unknown:
             raise TypeError(f"{self!r}: unknown launch keyword {sorted(unknown)[0]!r}")
         self.kernel.check_globals()
+        self.touch()  # a use, as a hit of this dispatcher is
         guards = _c_guards(self.kernel, args)
         if guards is not None:
             try:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import sysconfig
 import types
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["user_frames", "without_library_frames"]
+__all__ = ["user_frames", "user_stacklevel", "without_library_frames"]
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # The standard library's files (contextlib's, which mlirgpu's frames call), not the packages installed in it.
@@ -38,6 +39,15 @@ def without_library_frames(tb: types.TracebackType | None) -> types.TracebackTyp
     for entry in reversed(kept):
         result = types.TracebackType(result, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
     return result
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` that makes a warning its caller warns point at the
+    user's line: the first frame outside mlirgpu's files."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def user_frames(function: F) -> F:

@@ -44,9 +44,9 @@ from ..frontend.function import at_return
 from ..frontend.trace import tracing
 from ..ir import passes
 from ..language import core as lang
-from .backend import Backend, current, empty, read_only_error
+from .backend import Backend, current, empty, read_only_error, zeros
 from .compiled import CompiledModule, TracedGlobals
-from .tracebacks import user_frames
+from .tracebacks import user_frames, user_stacklevel
 from .host_program import HostProgram
 from .scalars import scalar_bytes
 
@@ -186,12 +186,11 @@ class Vectorized:
         with ir.Context.current(), tracing(self.function, self._rewritten) as trace:
             return build(trace.instance)
 
-    def _apply(self, instance, declared, values, faults=None):
+    def _apply(self, instance, declared, values, faults):
         """The function on traced scalars: its results, as declared (converted) or as they are.
         Without declared signatures the inputs are first converted to their common type, as a
-        NumPy ufunc's are (bools stay bools, for conditions). Given a list `faults`, integer // and %
-        give NumPy's results and each condition NumPy warns about follows the results (as a bool),
-        its warning appended to `faults`."""
+        NumPy ufunc's are (bools stay bools, for conditions). Integer // and % give NumPy's
+        results, calling faults(condition, warning) for each condition NumPy warns about."""
         if not self.signatures:
             values = _promoted(values)
         outer, lang.state.division_faults = lang.state.division_faults, faults
@@ -214,7 +213,7 @@ class Vectorized:
                                        f"traced values, or a tuple of them")
         except CompileError as error:
             raise at_return(self.function, self._rewritten[3], error) from None
-        return results + [condition for condition, _ in faults or ()]
+        return results
 
     def _location(self):
         return ir.Location.file(self._rewritten[3] if self._rewritten else inspect.getsourcefile(self.function),
@@ -222,7 +221,7 @@ class Vectorized:
 
     def _output_dtypes(self, inputs, declared):
         """The output dtypes for inputs ((dtype, is_array) each), found by tracing once, which
-        also finds the warnings its integer divisions may give (self._faults)."""
+        also finds the warnings its integer divisions may give (self._faults), in a fixed order."""
         key = (inputs, declared)
         outputs = self._outputs.get(key)
         if outputs is None:
@@ -236,10 +235,10 @@ class Vectorized:
                 block = func.regions[0].append_block(types, [self._location()] * len(types))
                 with ir.InsertionPoint(block):
                     values = [lang.Scalar(a, d) for a, (d, _) in zip(block.arguments, inputs)]
-                    faults = []
-                    results = self._apply(instance, declared, values, faults)
-                    self._faults[key] = tuple(dict.fromkeys(message for _, message in faults))
-                    return tuple(r.dtype for r in results[:len(results) - len(faults)])
+                    warnings = []
+                    results = self._apply(instance, declared, values, lambda _, warning: warnings.append(warning))
+                    self._faults[key] = tuple(dict.fromkeys(warnings))
+                    return tuple(r.dtype for r in results)
             outputs = self._outputs[key] = self._traced(probe)
         return outputs
 
@@ -500,11 +499,10 @@ class _Plan:
                 args.append(arrays[a.index].reshape(-1))
             else:
                 args.append(np.broadcast_to(arrays[a.index], self.shape))
-        faults = [np.zeros(self.shape, np.bool_) for _ in spec.faults]
-        args += [o.reshape(-1) if contiguous else o for o in views + faults]
-        spec.cpu_engine().invoke(spec.name, args)
-        for message in {m for m, fault in zip(spec.faults, faults) if fault.any()}:
-            _numpy_error(message)
+        args += [o.reshape(-1) if contiguous else o for o in views]
+        flags = spec.fault_flags(np.zeros)
+        spec.cpu_engine().invoke(spec.name, args + [flags] * bool(spec.faults))
+        spec.report_faults(flags)
         return self._result(outs)
 
     # -- the GPU -----------------------------------------------------------
@@ -522,7 +520,10 @@ class _Plan:
             spec = self.vectorized.specialization(self.inputs, self.declared, None if contiguous else len(self.shape))
             if contiguous and spec.width > 1 and not all(_aligned(a, spec.width) for a in arrays):
                 spec = self.vectorized.specialization(self.inputs, self.declared, None, 1)
-            spec.launch(self, device, outs, stream)
+            flags = spec.fault_flags(functools.partial(zeros, stream=stream))
+            spec.launch(self, device, outs, flags, stream)
+            if spec.faults:  # the flags, read once the launch is done: only a call that divides integers waits
+                spec.report_faults(flags.get(stream=stream))
         if self.out is not None:
             for a, o in zip(self.out, outs):
                 if isinstance(a.value, np.ndarray):
@@ -538,7 +539,7 @@ def _numpy_error(message):
     if action == "raise":
         raise FloatingPointError(message)
     if action != "ignore":
-        warnings.warn(message, RuntimeWarning, stacklevel=5)  # the caller of the function
+        warnings.warn(message, RuntimeWarning, stacklevel=user_stacklevel())
 
 
 def _host_view(array):
@@ -648,7 +649,7 @@ class ElementwiseSpecialization(CompiledModule):
         super().__init__()
         self.vectorized, self.inputs, self.declared = vectorized, inputs, declared
         self.outputs, self.rank, self.width = outputs, rank, width
-        # The warnings NumPy gives for its integer divisions, each a bool output of the host's loop.
+        # The warnings NumPy gives for its integer divisions, in the order of the kernel's fault flags.
         self.faults = vectorized._faults[inputs, declared]
         self._linalg = self._gpu = self._engine = None
         self._programs = {}
@@ -683,26 +684,50 @@ class ElementwiseSpecialization(CompiledModule):
         self._linalg = self._gpu = self._engine = None
         self._programs.clear()
 
-    def _build(self, make, faults=None):
+    def _build(self, make):
+        """A module that make(module, apply, flags) fills, `flags` whether it takes fault flags
+        and apply(values, flags) the function on traced values, setting flags where it faults."""
         v = self.vectorized
 
         def build(instance):
+            def apply(values, flags):
+                return v._apply(instance, self.declared, values, functools.partial(self._flag, flags))
             module = ir.Module.create(location=v._location())
-            make(module, functools.partial(v._apply, instance, self.declared, faults=faults))
+            make(module, apply, bool(self.faults))
             module.verify()
             return module
         return v._traced(build)
 
+    def _flag(self, flags, condition, warning):
+        """Sets the flag of `warning` where `condition` holds. Every element that
+        faults stores the same value, so the GPU's threads may race to it."""
+        op = lang.emit("scf.if", [condition], [], regions=2)
+        with ir.InsertionPoint(op.regions[0].append_block()):
+            flags[self.faults.index(warning)] = True
+            lang.emit("scf.yield")
+
+    def fault_flags(self, zeros_like_numpy):
+        """The fault flags a launch passes, all clear: an array made by zeros_like_numpy(shape,
+        dtype) (np.zeros on the host, mg.zeros on a stream); None for a kernel without them."""
+        return zeros_like_numpy((len(self.faults),), np.bool_) if self.faults else None
+
+    def report_faults(self, flags):
+        """NumPy's warning (or error, as np.errstate says) for each fault flag that a launch set."""
+        for warning, flagged in zip(self.faults, flags if flags is not None else ()):
+            if flagged:
+                _numpy_error(warning)
+
     def linalg(self):
-        """The module holding func.func @<name>: one linalg.generic over memrefs."""
+        """The module holding func.func @<name>: one linalg.generic over memrefs
+        (and the fault flags, where integer division may fault)."""
         if self._linalg is None:
-            self._linalg = self._linalg_module(None)
+            self._linalg = self._linalg_module()
         return self._linalg
 
-    def _linalg_module(self, faults):
-        outputs = self.outputs if faults is None else self.outputs + (lang.bool_,) * len(self.faults)
-        return self._build(lambda module, apply: elementwise.linalg_function(
-            module, self.name, self.inputs, outputs, self.rank, apply, self.vectorized._location()), faults)
+    def _linalg_module(self):
+        return self._build(lambda module, apply, flags: elementwise.linalg_function(
+            module, self.name, self.inputs, self.outputs, self.rank, apply, self.vectorized._location(),
+            flags=flags))
 
     def gpu_module(self):
         """The module the GPU mapping makes: gpu.module @kernels for "direct";
@@ -711,13 +736,13 @@ class ElementwiseSpecialization(CompiledModule):
         if self._gpu is None:
             v = self.vectorized
             if v.mapping == "direct":
-                self._gpu = self._build(lambda module, apply: elementwise.direct_kernel(
+                self._gpu = self._build(lambda module, apply, flags: elementwise.direct_kernel(
                     module, self.name, self.inputs, self.outputs, self.rank, apply, v._location(),
-                    v.names, self.width, v.unroll, v.threads))
+                    v.names, self.width, v.unroll, v.threads, flags))
             else:
-                module = self._build(lambda module, apply: elementwise.linalg_function(
+                module = self._build(lambda module, apply, flags: elementwise.linalg_function(
                     module, self.name, self.inputs, self.outputs, self.rank, apply, v._location(),
-                    reversed_loops=True))
+                    reversed_loops=True, flags=flags))
                 try:
                     passes.run(module, elementwise.parallel_loops_pipeline(1 if self.rank is None else self.rank))
                 except _mlirgpu.MLIRError as error:
@@ -741,10 +766,9 @@ class ElementwiseSpecialization(CompiledModule):
 
     # -- running -----------------------------------------------------------
     def cpu_engine(self) -> _mlirgpu.ExecutionEngine:
-        """The linalg form lowered to loops and JIT-compiled for the host, its
-        integer // and % NumPy's (a bool output per warning in self.faults)."""
+        """The linalg form lowered to loops and JIT-compiled for the host."""
         if self._engine is None:
-            module = self._linalg_module([])
+            module = self._linalg_module()
             passes.run(module, _CPU_LOOPS)
             passes.run(module, PIPELINE)
             self._engine = _mlirgpu.ExecutionEngine(module)
@@ -757,16 +781,18 @@ class ElementwiseSpecialization(CompiledModule):
         params = []
         for dtype, is_array in self.inputs:
             params += memref if is_array else [dtype]
-        return params + memref * len(self.outputs)
+        flags = ["ptr", "ptr", _mlirgpu.i64, _mlirgpu.i64, _mlirgpu.i64] * bool(self.faults)
+        return params + memref * len(self.outputs) + flags
 
-    def launch(self, plan, device_inputs, outs, stream):
-        """Runs on the GPU over DeviceArrays: `device_inputs` by argument index, `outs` the outputs."""
+    def launch(self, plan, device_inputs, outs, flags, stream):
+        """Runs on the GPU over DeviceArrays: `device_inputs` by argument index, `outs` the outputs,
+        `flags` the fault flags (fault_flags())."""
         if self.vectorized.mapping == "direct":
-            self._launch_direct(plan, device_inputs, outs, stream)
+            self._launch_direct(plan, device_inputs, outs, flags, stream)
         else:
-            self._run_parallel_loops(plan, device_inputs, outs)
+            self._run_parallel_loops(plan, device_inputs, outs, flags)
 
-    def _launch_direct(self, plan, device_inputs, outs, stream):
+    def _launch_direct(self, plan, device_inputs, outs, flags, stream):
         v, shape = self.vectorized, plan.shape
         args = []
 
@@ -782,6 +808,8 @@ class ElementwiseSpecialization(CompiledModule):
                 args.append(_as_python_number(a.value))
         for o in outs:
             args += descriptor(o)
+        if flags is not None:
+            args += [flags, flags, 0, len(self.faults), 1]
         total = math.prod(shape)
         if self.rank is None:
             grid = -(-total // (v.threads * v.unroll * self.width))
@@ -797,7 +825,7 @@ class ElementwiseSpecialization(CompiledModule):
             program = self._programs[device] = HostProgram(self.gpu_module(), cuda.Device(device).chip)
         return program
 
-    def _run_parallel_loops(self, plan, device_inputs, outs):
+    def _run_parallel_loops(self, plan, device_inputs, outs, flags):
         """The host function MLIR's mapping made, run by the ExecutionEngine on
         the mgpu* runtime: it waits for the device first and for the kernel after."""
         shape = plan.shape
@@ -809,7 +837,7 @@ class ElementwiseSpecialization(CompiledModule):
             return _view(array, shape, [s * array.dtype.itemsize for s in _strides(array, shape)])
 
         args = [memref(device_inputs[a.index]) if a.is_array else _as_python_number(a.value) for a in plan.arguments]
-        self.program().run(self.name, *args, *[memref(o) for o in outs])
+        self.program().run(self.name, *args, *[memref(o) for o in outs], *[flags] * bool(self.faults))
 
 
 def _as_python_number(value):

@@ -257,6 +257,7 @@ static int param_count(const char *name, void **p) {
     if (!strcmp(name, "matmul") || !strcmp(name, "add")) return 3 * 7;
     if (!strcmp(name, "fill")) return 5 + 1;
     if (!strcmp(name, "twice")) return 2 * 5;
+    if (!strcmp(name, "set_fault_flags")) return 5 * 5;
     if (!strcmp(name, "record_params")) return 2 + (int)*(unsigned *)p[1];
     return 0; }
 API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
@@ -336,5 +337,8 @@ static void run_kernel(op_t *op) {
         for (int64_t i = 0; i < n && i < (int64_t)threads; i++) y[i] = 2 * x[i]; }
     else if (!strcmp(name, "fault")) sticky = 700;
     else if (!strcmp(name, "illegal_address")) faulted = 1;
+    // An @mg.vectorize kernel of two contiguous arrays to two each of whose elements faulted: after
+    // the four arrays' descriptors, its fault flags' {allocated, aligned, offset, size, stride}, all set.
+    else if (!strcmp(name, "set_fault_flags")) memset(*(uint8_t **)p[21], 1, (size_t)*(int64_t *)p[23]);
     else if (!strcmp(name, "record_params")) { uint64_t *d = *(uint64_t **)p[0]; unsigned n = *(unsigned *)p[1]; for (unsigned i = 0; i < n; i++) memcpy(&d[i], p[i + 2], 8); }
 }
