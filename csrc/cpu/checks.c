@@ -297,6 +297,15 @@ void mg_cpu_raise_block_error(mg_cpu_launch *l, const mg_group_place *at)
             return;
         }
         thread_text(other, sizeof other, at, r->other, 1);
+        if (r->array >= 0) {
+            mg_raise(mg_st->KernelError,
+                     "data race on global memory at %s:%d: %s %s element %zu of '%s' (address %p), which %s "
+                     "%s at %s:%d, with no barrier between them (MLIRGPU_CHECK without 'races' turns this check "
+                     "off)", source, (int)r->line, who, r->writes ? "writes" : "reads", r->offset,
+                     string_at(l, r->array), (void *)(uintptr_t)r->address, other,
+                     r->other_writes ? "wrote" : "read", source, (int)r->other_line);
+            return;
+        }
         mg_raise(mg_st->KernelError,
                  "data race on shared memory at %s:%d: %s %s byte %zu of its block's shared memory (shared "
                  "address 0x%x), which %s %s at %s:%d, with no barrier between them (MLIRGPU_CHECK without "

@@ -77,6 +77,7 @@ typedef struct {
     int uses_fibers;
     int cooperative;   /* it calls mg.grid.sync(): every block of a launch runs at once */
     int checks_shared; /* it calls mg_cpu_shared_access: a launch keeps a shadow of shared memory (races.c) */
+    int checks_global; /* it calls mg_cpu_global_access: a launch keeps a table of global memory (races.c) */
     Py_ssize_t static_shared; /* bytes of the kernel's mg.shared.array arrays */
     PyObject *name;    /* str */
     PyObject *source;  /* str: the kernel's file, for errors */
@@ -154,6 +155,7 @@ static const struct {
     {"mg_cpu_division_fault", (void *)mg_cpu_division_fault},
     {"mg_cpu_poll", (void *)mg_cpu_poll},
     {"mg_cpu_shared_access", (void *)mg_cpu_shared_access},
+    {"mg_cpu_global_access", (void *)mg_cpu_global_access},
     {"mg_cpu_mbarrier_init", (void *)mg_cpu_mbarrier_init},
     {"mg_cpu_mbarrier_arrive", (void *)mg_cpu_mbarrier_arrive},
     {"mg_cpu_mbarrier_wait", (void *)mg_cpu_mbarrier_wait},
@@ -187,13 +189,13 @@ static void start_engine(void *arg)
 static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"module", "name", "params", "source", "uses_fibers", "strings", "static_shared",
-                             "opt_level", "cooperative", "checks_shared", NULL};
+                             "opt_level", "cooperative", "checks_shared", "checks_global", NULL};
     PyObject *module, *name, *params, *source, *strings = NULL, *held = NULL;
-    int uses_fibers = 1, opt_level = 2, cooperative = 0, checks_shared = 0;
+    int uses_fibers = 1, opt_level = 2, cooperative = 0, checks_shared = 0, checks_global = 0;
     Py_ssize_t static_shared = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOU|pOnipp:CpuEngine", kwlist, &module, &name, &params, &source,
-                                     &uses_fibers, &strings, &static_shared, &opt_level, &cooperative,
-                                     &checks_shared))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOU|pOnippp:CpuEngine", kwlist, &module, &name, &params,
+                                     &source, &uses_fibers, &strings, &static_shared, &opt_level, &cooperative,
+                                     &checks_shared, &checks_global))
         return NULL;
     if (opt_level < 0 || opt_level > 3)
         return PyErr_Format(PyExc_ValueError, "opt_level must be 0..3, not %d", opt_level);
@@ -206,7 +208,8 @@ static PyObject *CpuEngine_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     self->source = Py_NewRef(source);
     self->cooperative = cooperative;
     self->checks_shared = checks_shared;
-    self->uses_fibers = uses_fibers || cooperative || checks_shared;
+    self->checks_global = checks_global;
+    self->uses_fibers = uses_fibers || cooperative || checks_shared || checks_global;
     self->static_shared = static_shared;
     /* Everything that can run Python code (the sequences) before the module is looked at. */
     self->strings = strings != NULL ? PySequence_Tuple(strings) : PyTuple_New(0);
@@ -559,6 +562,42 @@ static void thread_arguments(mg_CpuEngine *self, void **descriptors, void ***per
     }
 }
 
+/* What the race checks a kernel makes keep in its launch (races.c): the
+ * shadow of shared memory, and the table of global memory with the bytes of
+ * each array argument the kernel may store to. 0, or -1 with MemoryError. */
+static int race_state(mg_CpuEngine *self, PyObject *args, mg_cpu_launch *l)
+{
+    /* Zeros: every byte's epochs are before the first block's. */
+    if (self->checks_shared && (l->shadow = PyMem_Calloc(l->shared_total ? l->shared_total : 1,
+                                                         sizeof *l->shadow)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (!self->checks_global)
+        return 0;
+    if (mg_cpu_global_table(l) < 0)
+        return -1;
+    if ((l->written = PyMem_Calloc((size_t)self->nparams + 1, sizeof *l->written)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < self->nparams; i++) {
+        if (self->params[i].kind != PARAM_MEMREF || !self->params[i].written)
+            continue;
+        PyArrayObject *a = (PyArrayObject *)PyTuple_GET_ITEM(args, i); /* checked by pack_argument */
+        uint64_t start = (uint64_t)(uintptr_t)PyArray_DATA(a);
+        l->written[l->nwritten++] = (mg_written_array){start, start + (uint64_t)PyArray_NBYTES(a)};
+    }
+    return 0;
+}
+
+static void race_state_free(mg_cpu_launch *l)
+{
+    PyMem_Free(l->shadow);
+    free(l->global);
+    PyMem_Free(l->written);
+}
+
 static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"args", "grid", "block", "shared_mem", NULL};
@@ -660,12 +699,8 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
     launch->named = named;
     launch->interrupts = mg_interrupt_watch();
     launch->shared_total = shared_bytes;
-    /* Zeros: every byte's epochs are before the first block's. */
-    if (self->checks_shared && (launch->shadow = PyMem_Calloc(shared_bytes ? shared_bytes : 1,
-                                                              sizeof *launch->shadow)) == NULL) {
-        PyErr_NoMemory();
+    if (race_state(self, seq, launch) < 0)
         goto done;
-    }
     if (run_grid(self, launch, grid, block, per_block, group, indices, shared, shared_bytes, source) == 0)
         result = Py_NewRef(Py_None);
 done:
@@ -673,7 +708,7 @@ done:
         if (launch->pool != NULL)
             mg_cpu_pool_give(launch->pool);
         free(launch->output);
-        PyMem_Free(launch->shadow);
+        race_state_free(launch);
         PyMem_Free(launch);
     }
     free(shared);
@@ -700,13 +735,15 @@ static PyMethodDef CpuEngine_methods[] = {
 
 static PyType_Slot CpuEngine_slots[] = {
     {Py_tp_doc, "CpuEngine(module, name, params, source, uses_fibers=True, strings=(), static_shared=0, "
-                "opt_level=2, cooperative=False, checks_shared=False): the host module (lowered to the llvm dialect: an ir.Module, "
+                "opt_level=2, cooperative=False, checks_shared=False, checks_global=False): the host module (lowered to the llvm dialect: an ir.Module, "
                 "or its text as lower() returns it) JIT-compiled without the GIL; `name` is its "
                 "func.func with llvm.emit_c_interface, `params` a (kind, rank, size[, written]) tuple per kernel "
                 "parameter (written, default True: the kernel may store to that memref), `strings` the printf "
                 "formats and array names its runtime calls refer to by index, `static_shared` the bytes of "
                 "its static shared memory, `checks_shared` whether it calls mg_cpu_shared_access (a launch then keeps "
-                "a shadow of shared memory for the race and uninitialized-read checks), `cooperative` whether "
+                "a shadow of shared memory for the race and uninitialized-read checks), `checks_global` whether it "
+                "calls mg_cpu_global_access (a launch then keeps a table of the global memory each epoch touched, "
+                "for the race check), `cooperative` whether "
                 "it calls mg.grid.sync() (every block of a "
                 "launch then runs at once, as fibers of one group)."},
     {Py_tp_new, CpuEngine_new},

@@ -43,6 +43,13 @@ void mg_cpu_poll(int32_t line);
  * reads of bytes no thread of the block wrote. */
 void mg_cpu_shared_access(int64_t address, int32_t bytes, int32_t kind, int32_t line);
 
+/* Before a load or store of `count` elements of `size` bytes of an array
+ * (the check "races"): the first at `address`, element `element` of the
+ * array whose name is string `array`; kind as for mg_cpu_shared_access's
+ * access (0 load, 1 store, 3 vector load, 4 vector store). */
+void mg_cpu_global_access(int64_t address, int64_t element, int32_t size, int32_t count, int32_t kind,
+                          int32_t array, int32_t line);
+
 /* Hopper's operations on the host (docs/design/cpu_backend.md): mbarriers
  * (8 bytes of shared memory at a u32 shared address), named barriers, TMA
  * copies through a host tensor map, and wgmma on a thread's accumulators. */

@@ -88,13 +88,27 @@ typedef struct {
     int32_t write_line, read_line, read_line2;
 } mg_shadow;
 
+/* A slot of the table of global memory (races.c): an element a block of the
+ * group touched in the current epoch, by its address. */
+typedef struct {
+    uint64_t address;
+    uint32_t block;
+    mg_shadow shadow;
+} mg_global_slot;
+
+/* The bytes [start, end) of an array a launch may store to. */
+typedef struct {
+    uint64_t start, end;
+} mg_written_array;
+
 /* A race (two threads, one access each) or a read of bytes never written (`other` unused). */
 typedef struct {
     int thread, other;
     int32_t line, other_line;
     int writes, other_writes; /* whether each access was a write */
-    size_t offset;            /* in the block's shared memory */
-    uint32_t address;         /* the shared address, as mg.shared.address gives it */
+    int32_t array;            /* global memory: the array's name in the string table; shared memory: -1 */
+    size_t offset;            /* shared: the byte in the block's shared memory; global: the array's element */
+    uint64_t address;         /* shared: the shared address, as mg.shared.address gives it; global: the host's */
 } mg_race;
 
 typedef struct {
@@ -141,6 +155,12 @@ typedef struct {
     size_t shared_total;     /* bytes of the group's shared memory, every block's */
     uint32_t epoch;          /* bumped at each synchronization of a thread with others */
     uint32_t block_epoch;    /* the epoch the running group of blocks started in */
+    mg_global_slot *global;  /* where the kernel checks its global accesses (races.c), else NULL */
+    size_t global_mask;      /* its slots - 1 (a power of two) */
+    size_t global_used;      /* its slots in use in global_epoch */
+    uint32_t global_epoch;
+    mg_written_array *written; /* the arrays the kernel may store to: a read elsewhere cannot race */
+    int nwritten;
     mg_race race;
     /* The first read of bytes never written, reported once its epoch is over
      * (blocks.c) unless a thread writes them in it: that is a race instead. */
@@ -200,6 +220,7 @@ void mg_cpu_out_of_bounds(int32_t name, int32_t kind, int32_t line);
 void mg_cpu_division_fault(int32_t overflow, int32_t line);
 void mg_cpu_poll(int32_t line);
 void mg_cpu_shared_access(int64_t address, int32_t bytes, int32_t kind, int32_t line);
+int mg_cpu_global_table(mg_cpu_launch *l);
 void mg_cpu_shadow_written(mg_cpu_launch *l, const char *at, size_t bytes, int32_t line);
 int mg_cpu_uninitialized_read(mg_cpu_launch *l, int finished);
 

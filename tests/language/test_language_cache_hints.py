@@ -60,7 +60,7 @@ def restricted(X: mg.memref[None, mg.f32].readonly(), Y: mg.memref[None, mg.f32]
     i = block_idx.x * block_dim.x + thread_idx.x
     if i < X.shape[0]:
         Y[i] = X[i] + 1.0
-        Z[i % N] = X[i]
+        mg.atomic.add(Z, i % N, X[i])  # atomic: threads i and i + N share an element
 
 
 def test_readonly_and_noalias_parameters(backend):

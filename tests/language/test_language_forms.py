@@ -27,8 +27,9 @@ def every_form(A: mg.memref[None, N, mg.f32], out: mg.memref[None, mg.f32], coun
     votes = mg.cast(mg.warp.ballot(v > 0.0), mg.f32) + mg.cast(mg.warp.any(v > 0.0), mg.f32) + \
         mg.cast(mg.warp.all(v > 0.0), mg.f32)
     w = mg.warp.reduce(v, "add")
-    b = mg.block.reduce(v, "add") + mg.block.scan(v, "add", exclusive=False)
     e = mg.math.exp(mg.vload(out, 0, 4) * 0.0)   # a vector: exp(0) = 1 in each lane
+    # (read before the block-wide reduction's barriers: threads 0-3 store to out[0:4] below)
+    b = mg.block.reduce(v, "add") + mg.block.scan(v, "add", exclusive=False)
     out[block_idx.x * 64 + t] = x + votes + w + b + e[0] + mg.cast(rows, mg.f32)
 
 

@@ -50,13 +50,18 @@ def orderings(count: mg.memref[8, mg.u32], F: mg.memref[4, mg.f32], L: mg.memref
     flags = mg.shared.array((32,), mg.i32)
     flags[t] = 0
     mg.syncthreads()
-    count[1] = mg.atomic.add(count, 0, 1, order="acquire")
+    added = mg.atomic.add(count, 0, 1, order="acquire")
     mg.atomic.or_(count, 2, mg.cast(t, mg.u32) % 4, order="release", scope="sys")
     mg.atomic.cas(count, 3, 0, mg.cast(t, mg.u32) + 1, order="acq_rel", scope="cta")
-    count[4] = mg.atomic.load(count, 6, order="acquire")
+    loaded = mg.atomic.load(count, 6, order="acquire")
     mg.atomic.store(count, 5, 1, order="release", scope="cta")
-    F[1] = mg.atomic.max(F, 0, 1.5, order="acquire")
-    L[1] = mg.atomic.min(L, 0, mg.cast(t, mg.i64), order="acq_rel")
+    largest = mg.atomic.max(F, 0, 1.5, order="acquire")
+    least = mg.atomic.min(L, 0, mg.cast(t, mg.i64), order="acq_rel")
+    if t == 0:  # one thread keeps what its atomics returned: plain stores of all threads to one element race
+        count[1] = added
+        count[4] = loaded
+        F[1] = largest
+        L[1] = least
     mg.atomic.exchange(flags, t, 1, order="relaxed", scope="cta")
     mg.threadfence_block()
     mg.threadfence()

@@ -130,7 +130,7 @@ print("then", program("spin", -3))
 import numpy as np  # noqa: E402
 
 import mlirgpu as mg  # noqa: E402
-from mlirgpu import thread_idx  # noqa: E402
+from mlirgpu import block_idx, thread_idx  # noqa: E402
 
 M = mg.generics("M")
 
@@ -288,6 +288,126 @@ def test_each_check_has_its_switch(monkeypatch, checks, error):
     else:
         with pytest.raises(mg.KernelError, match=error):
             mg.cpu.run(neighbour_without_barrier[32], [x], grid=1, block=32)
+
+
+@mg.kernel
+def rotate_in_place(x: mg.memref[M, mg.f32]):
+    t = thread_idx.x
+    right = x[(t + 1) % 32]                              # each thread reads its neighbour's element
+    x[t] = right                                         # and writes its own, unsynchronized
+
+
+@mg.kernel
+def rotate_in_place_with_barrier(x: mg.memref[M, mg.f32]):
+    t = thread_idx.x
+    right = x[(t + 1) % 32]
+    mg.syncthreads()
+    x[t] = right
+
+
+@mg.kernel
+def everyone_adds_to_one(x: mg.memref[M, mg.f32]):
+    mg.atomic.add(x, 0, 1.0)
+
+
+@mg.kernel
+def everyone_reads_one(x: mg.memref[M, mg.f32], y: mg.memref[M, mg.f32]):
+    y[thread_idx.x] = x[0]
+
+
+@mg.kernel
+def each_block_writes_one(x: mg.memref[M, mg.f32]):
+    if thread_idx.x == 0:
+        x[0] = mg.cast(block_idx.x, mg.f32)
+
+
+@mg.kernel
+def each_block_writes_one_at_once(x: mg.memref[M, mg.f32]):
+    if thread_idx.x == 0:
+        x[0] = mg.cast(block_idx.x, mg.f32)              # the blocks run interleaved: a cooperative launch
+    mg.grid.sync()
+
+
+@mg.kernel
+def global_other_warp_after_a_shuffle(x: mg.memref[M, mg.f32]):
+    t = thread_idx.x
+    if t < 32:
+        x[t] = 1.0                                       # warp 0 writes global memory
+    y = mg.warp.shfl_xor(mg.cast(t, mg.f32), 1)          # each warp's shuffle orders its own lanes only
+    if t >= 32:
+        x[t] = x[t - 32] + y                             # warp 1 reads it with no barrier
+
+
+@mg.kernel
+def own_warp_after_a_shuffle(x: mg.memref[M, mg.f32], y: mg.memref[M, mg.f32]):
+    t = thread_idx.x
+    x[t] = mg.cast(t, mg.f32)
+    z = mg.warp.shfl_xor(x[t], 1)
+    y[t] = x[t ^ 1] + z                                  # the other lane's write, ordered by the shuffle
+
+
+def test_a_write_of_an_element_a_neighbour_read_without_a_barrier_is_a_race():
+    x = np.arange(32, dtype=np.float32)
+    with pytest.raises(mg.KernelError) as info:
+        mg.cpu.run(rotate_in_place[32], [x], grid=1, block=32)
+    text = str(info.value)
+    write, read = line_of("writes its own, unsynchronized"), line_of("reads its neighbour's element")
+    assert text.startswith(f"data race on global memory at {__file__}:{write}: thread (1, 0, 0) of block (0, 0, 0) "
+                           f"writes element 1 of 'x' (address {hex(x.ctypes.data + 4)}), which thread (0, 0, 0) of "
+                           f"block (0, 0, 0) read at {__file__}:{read}, with no barrier between them"), text
+
+
+def test_a_barrier_between_global_read_and_write_is_no_race():
+    x = np.arange(32, dtype=np.float32)
+    mg.cpu.run(rotate_in_place_with_barrier[32], [x], grid=1, block=32)
+    np.testing.assert_array_equal(x, np.roll(np.arange(32, dtype=np.float32), -1))
+
+
+def test_atomics_and_reads_of_one_element_are_no_race():
+    x = np.zeros(32, np.float32)
+    mg.cpu.run(everyone_adds_to_one[32], [x], grid=1, block=32)
+    assert x[0] == 32
+    y = np.zeros(32, np.float32)
+    mg.cpu.run(everyone_reads_one[32], [x, y], grid=1, block=32)
+    np.testing.assert_array_equal(y, np.full(32, 32, np.float32))
+
+
+@pytest.mark.parametrize("kernel", [each_block_writes_one, each_block_writes_one_at_once])
+def test_blocks_writing_one_element_are_no_race_of_a_block(kernel):
+    # Two blocks are unordered on a GPU too, but the check is of the threads of one block.
+    x = np.zeros(32, np.float32)
+    mg.cpu.run(kernel[32], [x], grid=4, block=32)
+    assert x[0] in (0, 1, 2, 3)
+
+
+def test_a_warp_collective_orders_only_its_own_warps_global_accesses():
+    with pytest.raises(mg.KernelError, match=r"data race on global memory at .*:%d: thread \(32, 0, 0\) of block "
+                       r"\(0, 0, 0\) reads element 0 of 'x' .* which thread \(0, 0, 0\) of block \(0, 0, 0\) wrote "
+                       r"at .*:%d" % (line_of("reads it with no barrier"), line_of("warp 0 writes global memory"))):
+        mg.cpu.run(global_other_warp_after_a_shuffle[64], [np.zeros(64, np.float32)], grid=1, block=64)
+    x, y = np.zeros(64, np.float32), np.zeros(64, np.float32)
+    mg.cpu.run(own_warp_after_a_shuffle[64], [x, y], grid=1, block=64)
+    np.testing.assert_array_equal(y, 2 * (np.arange(64) ^ 1).astype(np.float32))
+
+
+@pytest.mark.parametrize("checks, race", [("", True), ("races", True), ("bounds", False), ("none", False)])
+def test_the_global_race_check_is_the_races_switch(monkeypatch, checks, race):
+    monkeypatch.setenv("MLIRGPU_CHECK", checks)
+    x = np.arange(32, dtype=np.float32)
+    if race:
+        with pytest.raises(mg.KernelError, match="data race on global memory"):
+            mg.cpu.run(rotate_in_place[32], [x], grid=1, block=32)
+    else:
+        mg.cpu.run(rotate_in_place[32], [x], grid=1, block=32)
+
+
+def test_the_global_race_check_reads_a_read_only_array():
+    # The check takes the addresses a kernel reads: that is no store, and a read-only input is still taken.
+    x = np.arange(32, dtype=np.float32)
+    x.flags.writeable = False
+    y = np.zeros(32, np.float32)
+    mg.cpu.run(everyone_reads_one[32], [x, y], grid=1, block=32)
+    np.testing.assert_array_equal(y, np.zeros(32, np.float32))
 
 
 def test_an_unknown_check_is_a_value_error(monkeypatch):

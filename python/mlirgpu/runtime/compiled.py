@@ -283,24 +283,40 @@ _READS = {"memref.load", "vector.load", "vector.maskedload", "vector.transfer_re
 _VIEWS = {"memref.subview", "memref.cast", "memref.reinterpret_cast", "memref.collapse_shape",
           "memref.expand_shape", "memref.view", "memref.transpose", "memref.extract_strided_metadata",
           "memref.assume_alignment"}
+# The integer arithmetic that a parameter's address (memref.extract_aligned_pointer_as_index)
+# goes through on its way to a function that only reads it.
+_ADDRESS_ARITHMETIC = {"arith.addi", "arith.muli", "arith.index_cast", "arith.index_castui"}
 
 
-def stored_params(module, name):
+def stored_params(module, name, address_readers=()):
     """The indices of the memref parameters of the kernel @`name` (a func.func
     or gpu.func) in the traced `module` that it may store to (conservatively:
-    any use other than a read, through any chain of views)."""
+    any use other than a read, through any chain of views, or of an address
+    taken of one other than as an operand of a function in `address_readers`,
+    which only read the addresses they are given)."""
     function = next(op for op in module.walk() if op.name in ("func.func", "gpu.func")
                     and op.get_attribute("sym_name").value == name)
     derived = {argument: index for index, argument in enumerate(function.regions[0].blocks[0].arguments)
                if str(argument.type).startswith("memref")}
+    addresses = {}
     stored = set()
     for op in function.walk():   # pre-order: a view is defined before it is used
         for position, operand in enumerate(op.operands):
+            if operand in addresses:
+                index = addresses[operand]
+                if op.name in _ADDRESS_ARITHMETIC:
+                    addresses.update((result, index) for result in op.results)
+                elif not (op.name == "func.call" and op.get_attribute("callee").value in address_readers):
+                    stored.add(index)
+                continue
             index = derived.get(operand)
             if index is None or (op.name in _READS and position == 0):
                 continue
             if op.name in _VIEWS and position == 0:
-                derived.update((result, index) for result in op.results)
+                # A view's memrefs; extract_strided_metadata's offset, sizes and strides are numbers.
+                derived.update((result, index) for result in op.results if str(result.type).startswith("memref"))
+            elif op.name == "memref.extract_aligned_pointer_as_index":
+                addresses[op.results[0]] = index
             else:
                 stored.add(index)
     return stored

@@ -31,9 +31,9 @@ from .. import _mlirgpu, ir
 from .._mlirgpu import DeviceArray, LaunchError, Stream, TensorMap, lower
 from ..compiler.cpu import PIPELINE
 from ..compiler.log import log
-from ..targets.cpu import CpuLowering, checks_from_environment
+from ..targets.cpu import ACCESS_CHECKS, CpuLowering, checks_from_environment
 from .backend_interface import Backend, Dims, KernelSpecialization, VectorizedCall, read_only_error
-from .compiled import default_chip, stored_params
+from .compiled import default_chip, stored_params as _stored_params
 from .scalars import scalar_bytes
 TENSOR_MAP_BYTES = 128  # a CUtensorMap's, which a host tensor map fills (csrc/cpu/cpu.h)
 
@@ -156,6 +156,13 @@ def lowered_module(spec: KernelSpecialization, checks: Iterable[str] | None = No
     return ir.Module.parse(_lowered(spec, checks), context=host_module(spec, checks).context)
 
 
+def stored_params(module: ir.Module, name: str) -> set[int]:
+    """The indices of the memref parameters the host function @`name` of the
+    host trace `module` may store to (compiled.stored_params; the runtime's
+    access checks read the addresses they are given, never write through them)."""
+    return _stored_params(module, name, ACCESS_CHECKS)
+
+
 def _calls(module, names):
     return any(op.name == "func.call" and op.get_attribute("callee").value in names for op in module.walk())
 
@@ -193,6 +200,7 @@ def _make_engine(spec, checks):
                               uses_fibers=_calls(traced, _FIBER_CALLS), strings=strings,
                               cooperative=_calls(traced, ("mg_cpu_grid_sync",)),
                               checks_shared=_calls(traced, ("mg_cpu_shared_access",)),
+                              checks_global=_calls(traced, ("mg_cpu_global_access",)),
                               static_shared=attributes["mg.cpu.static_shared"].value)
 
 

@@ -25,6 +25,9 @@ module on first use:
     mg_cpu_shared_access(address, bytes, kind, line)
                                                  before an access of shared memory: the race and
                                                  uninitialized-read checks
+    mg_cpu_global_access(address, element, size, count, kind, array, line)
+                                                 before a load or store of an array the kernel was
+                                                 launched with: the race check
     mg_cpu_mbarrier_init(address, count, line), mg_cpu_mbarrier_arrive(address, bytes, line),
     mg_cpu_mbarrier_wait(address, parity, line)  mg.mbarrier: the PTX ISA's phases, arrivals and
                                                  transaction bytes; a wait lets the other threads run
@@ -58,7 +61,7 @@ from ..language.intrinsics import Vector
 from ..language.shared import SharedMemRef
 from .gpu import GpuLowering, llvm_atomicrmw
 
-__all__ = ["CHECKS", "CpuLowering", "INDICES", "checks_from_environment"]
+__all__ = ["ACCESS_CHECKS", "CHECKS", "CpuLowering", "INDICES", "checks_from_environment"]
 
 # The trailing index arguments of a host function, in order.
 INDICES = [(op, axis) for op in ("gpu.thread_id", "gpu.block_id", "gpu.block_dim", "gpu.grid_dim")
@@ -84,6 +87,7 @@ _RUNTIME = {
     "mg_cpu_division_fault": (lambda: [_i32(), _i32()], lambda: [], False),
     "mg_cpu_poll": (lambda: [_i32()], lambda: [], False),
     "mg_cpu_shared_access": (lambda: [_i64(), _i32(), _i32(), _i32()], lambda: [], False),
+    "mg_cpu_global_access": (lambda: [_i64(), _i64()] + [_i32()] * 5, lambda: [], False),
     "mg_cpu_mbarrier_init": (lambda: [_i32()] * 3, lambda: [], False),
     "mg_cpu_mbarrier_arrive": (lambda: [_i32()] * 3, lambda: [], False),
     "mg_cpu_mbarrier_wait": (lambda: [_i32()] * 3, lambda: [], False),
@@ -104,18 +108,21 @@ _WGMMA_TYPES, _WGMMA_B_MN_MAJOR = {"f16": 0, "bf16": 1}, 2  # mg_cpu_wgmma's mod
 # the enclosing loop's (a matmul's inner loop over a tile runs at full speed).
 _SHORT_LOOP = 64
 
-# MLIRGPU_CHECK's checks; those of shared memory ("races", "uninitialized")
-# cost a runtime call per access of it. "uninitialized" is asked for: a
+# MLIRGPU_CHECK's checks; "races" costs a runtime call per load and store,
+# "uninitialized" one per access of shared memory. "uninitialized" is asked for: a
 # kernel may read what it then discards (a select), which is no bug.
 CHECKS = ("bounds", "races", "uninitialized")
 DEFAULT_CHECKS = frozenset({"bounds", "races"})
 _SHARED_CHECKS = {"races": 8, "uninitialized": 16}  # mg_cpu_shared_access's kind bits
+# The runtime's checks of an access: they read the address they are given, never write through it.
+ACCESS_CHECKS = ("mg_cpu_shared_access", "mg_cpu_global_access")
 
 
 def checks_from_environment():
     """The checks MLIRGPU_CHECK asks for: a comma-separated list of CHECKS
     ("bounds": every array index; "races": two threads of a block touching a
-    shared-memory byte with no barrier between, one of them writing;
+    byte of shared memory or an element of an array with no barrier between,
+    one of them writing;
     "uninitialized": a read of shared memory no thread of the block wrote),
     or "none" for no check; unset or empty, DEFAULT_CHECKS (bounds, races)."""
     names = frozenset(c.strip() for c in os.environ.get("MLIRGPU_CHECK", "").split(",") if c.strip())
@@ -417,14 +424,25 @@ class CpuLowering(GpuLowering):
 
     def check_access(self, memref, indices, kind, length=1):
         """With the "bounds" check, that the indices are in range; with "races"
-        or "uninitialized", for shared memory, the runtime's check of the bytes
-        (atomics excepted: they never race)."""
+        or "uninitialized", for shared memory, the runtime's check of the bytes,
+        and with "races", for an array the kernel was launched with, of the
+        elements (atomics excepted: they never race)."""
         if "bounds" in self.checks:
             self._check_bounds(memref, indices, kind, length)
-        flags = sum(bit for check, bit in _SHARED_CHECKS.items() if check in self.checks)
-        if flags and kind != lang.ATOMIC and isinstance(memref, SharedMemRef):
-            _call("mg_cpu_shared_access", [_address(memref, indices), _i32_constant(memref.dtype.itemsize * length),
-                                           _i32_constant(kind | flags), _line()])
+        if kind == lang.ATOMIC:
+            return
+        if isinstance(memref, SharedMemRef):
+            flags = sum(bit for check, bit in _SHARED_CHECKS.items() if check in self.checks)
+            if flags:
+                _call("mg_cpu_shared_access", [_address(memref, indices),
+                                               _i32_constant(memref.dtype.itemsize * length),
+                                               _i32_constant(kind | flags), _line()])
+        elif "races" in self.checks:
+            element = _element(memref, indices)
+            _call("mg_cpu_global_access", [_element_address(memref, element), lang.cast(element, lang.i64),
+                                           _i32_constant(memref.dtype.itemsize), _i32_constant(length),
+                                           _i32_constant(kind), _i32_constant(_string(memref.name or "?")),
+                                           _line()])
 
     def _check_bounds(self, memref, indices, kind, length):
         """A comparison of each index with its dimension (`length` elements
@@ -532,8 +550,8 @@ def _linear_thread():
     return (z * by + y) * bx + x
 
 
-def _address(memref, indices):
-    """The address of memref[indices] as i64 (for the runtime to read)."""
+def _element(memref, indices):
+    """The element memref[indices] is of its buffer, from the aligned pointer (an index)."""
     rank = len(indices)
     index = ir.Type.index()
     base_type = ir.Type.parse(f"memref<{lang.ir_type(memref.dtype)}>")
@@ -542,9 +560,19 @@ def _address(memref, indices):
     offset = lang.Scalar(metadata.results[1], lang.index)
     for i, k in enumerate(indices):
         offset = offset + k * lang.Scalar(metadata.results[2 + rank + i], lang.index)
-    pointer = lang.Scalar(lang.emit("memref.extract_aligned_pointer_as_index", [memref.value], [index]).result,
-                          lang.index)
-    return lang.cast(pointer + offset * memref.dtype.itemsize, lang.i64)
+    return offset
+
+
+def _element_address(memref, element):
+    """The address of `element` (from _element) of memref's buffer as i64 (for the runtime to read)."""
+    pointer = lang.Scalar(lang.emit("memref.extract_aligned_pointer_as_index", [memref.value],
+                                    [ir.Type.index()]).result, lang.index)
+    return lang.cast(pointer + element * memref.dtype.itemsize, lang.i64)
+
+
+def _address(memref, indices):
+    """The address of memref[indices] as i64 (for the runtime to read)."""
+    return _element_address(memref, _element(memref, indices))
 
 
 def _shared_buffer(which):
