@@ -47,11 +47,13 @@ def export(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launc
     "l2_promotion", as mg.tensor_map takes them}}}: the function takes the
     array's pointer in the map's place, and the map's extents (and row
     strides, in elements) that are None as sizes <parameter>_extent<d>
-    (<parameter>_stride<d>); an entry may also be an int or name one of
-    the kernel's sizes. It encodes the map (cuTensorMapEncodeTiled) and
-    keeps it for later calls on the same array. `cpu`: put in
-    the CPU builds (True: required, None: where LLVM's llc is found). `cc`:
-    the C compiler (default: CC, else cc). For example::
+    (<parameter>_stride<d>); an entry may also be an int, or a name: one
+    of the kernel's sizes, or a size parameter of its own that every map
+    naming it shares. The function encodes each map (cuTensorMapEncodeTiled,
+    or the CPU builds' form) and keeps it for later calls on the same array.
+
+    `cpu`: put in the CPU builds (True: required, None: where LLVM's llc is
+    found). `cc`: the C compiler (default: CC, else cc). For example::
 
         M, N, K = mg.generics("M N K", dynamic=True)
 

@@ -50,14 +50,23 @@ _CPU_RUNTIME = {"mg_cpu_barrier", "_mlir_ciface_mg_cpu_shared", "mg_cpu_mbarrier
 _MAP_KEYS = {"dtype", "shape", "box", "swizzle", "strides", "element_strides", "oob_fill", "l2_promotion"}
 
 
+class _Sizes(list):
+    """The kernel's sizes, which a tensor map's shape may name, and the names its parameters take."""
+
+    def __init__(self, sizes, parameters):
+        super().__init__(sizes)
+        self.taken = set(parameters)
+
+
 class _TensorMap:
     """A tensor-map parameter of an exported kernel. The kernel's code fixes
     the element type, box, swizzle and fill (`description`, as mg.tensor_map
     takes them); the function takes the array's pointer and, as sizes, what
     the export leaves open of its shape and row strides (in elements): an
     entry None is a parameter <name>_extent<d> (<name>_stride<d>), a string
-    names one of the kernel's sizes, an int is fixed. Strides left out are
-    the row-major array's."""
+    names a size (one of the kernel's, or a parameter of its own, which
+    every map naming it shares), an int is fixed. Strides left out are the
+    row-major array's."""
 
     def __init__(self, kernel, name, description, sizes):
         where = f"mg.export(tensor_maps=...): {kernel}'s {name}"
@@ -101,12 +110,14 @@ class _TensorMap:
             raise ValueError(f"{where}: {what} has {rank if rank is not None else '1 to 5'} entries, got {entries!r}")
         for entry in entries:
             if not (entry is None or (isinstance(entry, int) and not isinstance(entry, bool) and entry > 0) or
-                    entry in sizes):
-                raise ValueError(f"{where}: each entry of {what} is a positive int, None (a parameter of the "
-                                 f"function) or one of the kernel's sizes ({', '.join(sizes) or 'none'}), "
-                                 f"not {entry!r}")
-        self.parameters = getattr(self, "parameters", []) + [f"{self.name}_{kind}{d}"
-                                                              for d, e in enumerate(entries) if e is None]
+                    (isinstance(entry, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", entry) and
+                     entry not in sizes.taken)):
+                raise ValueError(f"{where}: each entry of {what} is a positive int, None (a parameter "
+                                 f"{self.name}_{kind}<d>) or a size's name (one of the kernel's, "
+                                 f"{', '.join(sizes) or 'none'}, or a new parameter of the function), not {entry!r}")
+        self.parameters = getattr(self, "parameters", []) + [
+            f"{self.name}_{kind}{d}" if e is None else e for d, e in enumerate(entries)
+            if e is None or (isinstance(e, str) and e not in sizes)]
         return entries
 
     def c_expressions(self, entries, kind):
@@ -157,7 +168,8 @@ class _Exported:
         # An array annotated .readonly() is const too: storing to it does not compile, a cp.async from it reads.
         self.readonly = {i for i, (p, shape, _) in enumerate(self.params)
                          if shape is not None and (i not in stored or p.memref.is_readonly)}
-        self.map_sizes = [name for m in self.maps.values() for name in m.parameters]
+        # A size that several maps name is one parameter.
+        self.map_sizes = list(dict.fromkeys(name for m in self.maps.values() for name in m.parameters))
         self.launch = _launch_rule(self.name, launch, self.size_names + self.extents + self.map_sizes + self.tuned)
         if self.tuned and self.launch is None:
             raise ValueError(f"mg.export: {self.name} is autotuned: its launch shape depends on the tuned "
@@ -171,7 +183,7 @@ class _Exported:
             raise ValueError(f"mg.export: {self.name} takes tensor maps ({', '.join(names) or 'none'}): "
                              f"tensor_maps={{{self.name!r}: ...}} describes each of them (its dtype, shape, box, "
                              f"swizzle, as the kernel reads it), got {sorted(descriptions)}")
-        sizes = self.size_names + self.extents
+        sizes = _Sizes(self.size_names + self.extents, [p.name for p, _, _ in self.params])
         return {i: _TensorMap(self.name, p.name, descriptions[p.name], sizes)
                 for i, (p, _, dtype) in enumerate(self.params) if dtype is TensorMap}
 
@@ -496,7 +508,7 @@ def _source(prefix, kernels, cpu_symbols, images, metadata):
                 f"    void *mgx_params[] = {{{', '.join(exported.launch_operands())}}};"]
         body.append(f"    if (mgx_check_sizes(&kernel_{k}, mgx_sizes) != MGX_SUCCESS) return ({prefix}_status)"
                     f"MGX_INVALID_VALUE;")
-        for name in exported.extents:
+        for name in exported.extents + exported.map_sizes:
             body.append(f'    if ({name} <= 0) return ({prefix}_status)mgx_fail(MGX_INVALID_VALUE, '
                         f'"{exported.name}: {name} is %lld; sizes are positive", (long long){name});')
         for i, (p, shape, _) in enumerate(exported.params):
@@ -600,15 +612,16 @@ def build(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launch
     if tensor_maps is not None and not isinstance(tensor_maps, dict):
         raise ValueError(f"mg.export(tensor_maps=...) maps kernels' names to their tensor maps' descriptions, "
                          f"not {tensor_maps!r}")
+    groups = _group(kernels, tuned)
+    for option, given in (("launch", launch), ("tensor_maps", tensor_maps)):
+        unknown = set(given or {}) - {kernel.__name__ for kernel in groups}
+        if unknown:
+            raise ValueError(f"mg.export({option}=...) names kernels that are not exported: {sorted(unknown)}")
     exported = [_Exported(kernel, bindings, launch, names, (tensor_maps or {}).get(kernel.__name__))
-                for kernel, (bindings, names) in _group(kernels, tuned).items()]
+                for kernel, (bindings, names) in groups.items()]
     for e in exported:
         if e.name in _RUNTIME_NAMES:
             raise ValueError(f"mg.export: a kernel named {e.name} would clash with {name}_{e.name} of the runtime")
-    for option, given in (("launch", launch), ("tensor_maps", tensor_maps)):
-        unknown = set(given or {}) - {e.name for e in exported}
-        if unknown:
-            raise ValueError(f"mg.export({option}=...) names kernels that are not exported: {sorted(unknown)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     compiler = cc or os.environ.get("CC") or "cc"
