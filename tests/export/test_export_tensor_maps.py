@@ -5,7 +5,6 @@ NumPy; the stand-in libcuda (tests/support/fake_cuda) shows what reaches the
 driver (one encode per array and geometry, the map passed by value) and the
 errors; the Hopper GEMM exports at one configuration; the gpu-marked tests
 run both on a Hopper GPU."""
-import ctypes
 import os
 import re
 import subprocess
@@ -284,8 +283,8 @@ def export_hopper_gemm(out):
 def test_the_hopper_gemm_exports(tmp_path):
     library = export_hopper_gemm(tmp_path)
     header = (tmp_path / "gemm.h").read_text()
-    assert ("gemm_status gemm_hopper_gemm(void *stream, uint16_t *a_map, uint16_t *b_map, float *c_map, const float *C, "
-            "int32_t K, float scale_a, float scale_b, const int32_t *offsets, int64_t M, int64_t N, "
+    assert ("gemm_status gemm_hopper_gemm(void *stream, uint16_t *a_map, uint16_t *b_map, float *c_map, "
+            "const float *C, int32_t K, float scale_a, float scale_b, const int32_t *offsets, int64_t M, int64_t N, "
             "int64_t offsets_extent0, int64_t a_map_extent1, int64_t b_map_extent0);") in header
     done = subprocess.run(["gcc", "-x", "c", "-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only",
                            str(tmp_path / "gemm.h")], capture_output=True, text=True)
@@ -341,3 +340,21 @@ def test_the_exported_hopper_gemm_gives_numpys_result(tmp_path, hopper):
     stream.synchronize()
     expected = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(C.get(), expected, rtol=1e-3, atol=1e-3 * np.abs(expected).max())
+
+
+def test_the_command_line_takes_tensor_maps(tmp_path):
+    (tmp_path / "mapped_kernels.py").write_text(textwrap.dedent("""
+        import mlirgpu as mg
+
+        @mg.kernel
+        def first(m: mg.TensorMap, out: mg.memref[1, mg.i32]):
+            out[0] = 1
+    """))
+    maps = '{"first": {"m": {"dtype": "bf16", "shape": [null, 64], "box": [16, 64]}}}'
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    done = subprocess.run([sys.executable, "-m", "mlirgpu.export", "mapped_kernels:first", "-o", "out", "--name",
+                           "cli", "--chips", "sm_80", "--no-cpu", "--tensor-maps", maps], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert ("cli_status cli_first(void *stream, uint16_t *m, int32_t *out, int64_t m_extent0, cli_dim3 grid, "
+            "cli_dim3 block, uint32_t shared_mem);") in (tmp_path / "out" / "cli.h").read_text()

@@ -72,8 +72,9 @@ class _TensorMap:
         where = f"mg.export(tensor_maps=...): {kernel}'s {name}"
         if not isinstance(description, dict) or set(description) - _MAP_KEYS or \
                 not {"dtype", "shape", "box"} <= set(description):
-            raise ValueError(f"{where} takes dtype, shape, box and optionally {', '.join(sorted(_MAP_KEYS - {'dtype', 'shape', 'box'}))}, got {description!r}")
-        self.name = name
+            optional = ", ".join(sorted(_MAP_KEYS - {"dtype", "shape", "box"}))
+            raise ValueError(f"{where} takes dtype, shape, box and optionally {optional}, got {description!r}")
+        self.name, self.parameters = name, []   # the sizes it adds to the function's parameters
         try:
             self.dtype = _mlirgpu.dtype(description["dtype"])
         except (TypeError, ValueError) as error:
@@ -115,9 +116,8 @@ class _TensorMap:
                 raise ValueError(f"{where}: each entry of {what} is a positive int, None (a parameter "
                                  f"{self.name}_{kind}<d>) or a size's name (one of the kernel's, "
                                  f"{', '.join(sizes) or 'none'}, or a new parameter of the function), not {entry!r}")
-        self.parameters = getattr(self, "parameters", []) + [
-            f"{self.name}_{kind}{d}" if e is None else e for d, e in enumerate(entries)
-            if e is None or (isinstance(e, str) and e not in sizes)]
+        self.parameters += [f"{self.name}_{kind}{d}" if e is None else e for d, e in enumerate(entries)
+                            if e is None or (isinstance(e, str) and e not in sizes)]
         return entries
 
     def c_expressions(self, entries, kind):
@@ -486,8 +486,8 @@ def _source(prefix, kernels, cpu_symbols, images, metadata):
             description = json.dumps(repr(spec).strip("<>"))
             variant_rows.append(f'{{{description}, "{exported.name}", rules_{k}_{v}, tuned_{k}_{v}, '
                                 f'{int(spec.aligned)}, {len(image_rows)}, '
-                                f'images_{k}_{v}, {f"cpu_{symbol}" if symbol else "NULL"}, {int(fibers)}, {static_shared}, '
-                                f'{{NULL}}}}')
+                                f'images_{k}_{v}, {f"cpu_{symbol}" if symbol else "NULL"}, {int(fibers)}, '
+                                f'{static_shared}, {{NULL}}}}')
         names = ", ".join(f'"{n}"' for n in exported.size_names) or "NULL"
         out += [m.table(f"map_{k}_{i}") for i, m in exported.maps.items()]
         out += [f"static mgx_variant variants_{k}[] = {{\n    " + ",\n    ".join(variant_rows) + "\n};",
@@ -526,7 +526,8 @@ def _source(prefix, kernels, cpu_symbols, images, metadata):
             body.append(f"    const int64_t mgx_shape{i}[] = {{{shape}}};")
             strides = f"mgx_strides{i}" if m.strides else "NULL"
             if m.strides:
-                body.append(f"    const int64_t mgx_strides{i}[] = {{{', '.join(m.c_expressions(m.strides, 'stride'))}}};")
+                strides_c = ", ".join(m.c_expressions(m.strides, "stride"))
+                body.append(f"    const int64_t mgx_strides{i}[] = {{{strides_c}}};")
             body += [f"    mgx_status = mgx_encode_map(&kernel_{k}, &map_{k}_{i}, {m.name}, mgx_shape{i}, {strides}, "
                      f"mgx_map{i});",
                      f"    if (mgx_status != MGX_SUCCESS) return ({prefix}_status)mgx_status;"]

@@ -380,8 +380,8 @@ static int mgx_encode_map(const mgx_kernel *k, const mgx_map *m, const void *poi
                                                               m->oob_fill);
             if (result != 0) {
                 char what[256];
-                snprintf(what, sizeof what, "%s: encoding the tensor map %s of the array at %p (cuTensorMapEncodeTiled)",
-                         k->name, m->name, pointer);
+                snprintf(what, sizeof what, "%s: encoding the tensor map %s of the array at %p "
+                         "(cuTensorMapEncodeTiled)", k->name, m->name, pointer);
                 status = mgx_cuda_fail(result, what);
             }
         }
@@ -610,7 +610,8 @@ static void mgx_mbarrier_update(uint64_t *at, int arrivals, int64_t bytes, int32
     if (arrivals && expected == 0)
         mgx_cpu_fault(line, "mbarrier.arrive on a barrier that was never initialised (init)");
     if (arrivals && pending == 0)
-        mgx_cpu_fault(line, "mbarrier.arrive: more arrivals than the barrier's phase expects (%lld)", (long long)expected);
+        mgx_cpu_fault(line, "mbarrier.arrive: more arrivals than the barrier's phase expects (%lld)",
+                      (long long)expected);
     pending -= arrivals;
     if (pending == 0 && tx == 0) {
         phase ^= 1;
