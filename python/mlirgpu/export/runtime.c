@@ -23,6 +23,8 @@
 #include <string.h>
 #include <ucontext.h>
 
+#include "cpu_tma.h"
+
 #define MGX_MAX_DEVICES 64
 #define MGX_ALIGNMENT 16   /* a variant may assume its arrays start at a multiple of this many bytes */
 #define MGX_SUCCESS 0
@@ -292,20 +294,7 @@ static int mgx_function(const mgx_kernel *k, mgx_variant *v, mgx_cufunction *fun
 /* ------------------------------------------------------------------------ */
 /* Tensor maps, encoded per call's array and kept                            */
 
-/* The CPU backend's tensor map (mlirgpu's mg_cpu_tensor_map, csrc/cpu/cpu.h, field for field):
- * what cuTensorMapEncodeTiled would encode, in the 128 bytes the CPU builds' TMA copies read. */
-#define MGX_CPU_TENSOR_MAP_MAGIC 0x70616d7570636d67ull /* "mgcpumap" */
-typedef struct {
-    uint64_t magic;
-    uint64_t address;
-    uint64_t dims[5];
-    uint64_t strides[5];          /* bytes; strides[0] is the element size */
-    uint16_t box[5];
-    uint8_t element_strides[5];
-    uint8_t rank, element_size, swizzle_bytes, oob_nan, data_type;
-    uint8_t readonly;
-} mgx_cpu_tensor_map;
-_Static_assert(sizeof(mgx_cpu_tensor_map) <= MGX_TENSOR_MAP_BYTES, "a CPU tensor map fits a CUtensorMap");
+_Static_assert(sizeof(mg_cpu_tensor_map) <= MGX_TENSOR_MAP_BYTES, "a CPU tensor map fits a CUtensorMap");
 
 /* An encoded map and what it was encoded from. A map holds only its array's address and
  * geometry, so an entry is never stale: memory freed and allocated again at the same address
@@ -359,16 +348,8 @@ static int mgx_encode_map(const mgx_kernel *k, const mgx_map *m, const void *poi
           memcmp(entry->dims, dims, sizeof dims) == 0 && memcmp(entry->strides, bytes, sizeof bytes) == 0)) {
         _Alignas(64) unsigned char encoded[MGX_TENSOR_MAP_BYTES] = {0};
         if (device < 0) {
-            mgx_cpu_tensor_map h = {.magic = MGX_CPU_TENSOR_MAP_MAGIC, .address = address, .rank = (uint8_t)m->rank,
-                                    .element_size = (uint8_t)m->element_size,
-                                    .swizzle_bytes = (uint8_t)(m->swizzle ? 16 << m->swizzle : 0),
-                                    .oob_nan = m->oob_fill != 0, .data_type = (uint8_t)m->data_type};
-            for (int i = 0; i < m->rank; i++) {
-                h.dims[i] = dims[i];
-                h.strides[i] = i == 0 ? (uint64_t)m->element_size : bytes[i];
-                h.box[i] = (uint16_t)m->box[i];
-                h.element_strides[i] = (uint8_t)m->element_strides[i];
-            }
+            mg_cpu_tensor_map h = mg_cpu_tensor_map_make(m->data_type, m->rank, address, dims, bytes + 1, m->box,
+                                                         m->element_strides, m->swizzle, m->oob_fill, 0);
             memcpy(encoded, &h, sizeof h);
         } else if (mgx_cu.TensorMapEncodeTiled == NULL) {
             status = mgx_fail(MGX_CUDA_ERROR, "%s: encoding %s: the CUDA driver lacks cuTensorMapEncodeTiled (CUDA 12 "
@@ -585,52 +566,24 @@ void mg_cpu_barrier(int32_t line)
     swapcontext(&f->context, &b->scheduler);
 }
 
-/* An mbarrier's 64 bits, as the PTX ISA's object holds its state (and as mlirgpu's CPU backend
- * does): the arrivals a phase expects (bits 0-20), those still pending (21-41), the transaction
- * count (42-62, two's complement) and the current phase's parity (63). */
-#define MGX_MB_FIELD 0x1fffffull
+/* The library's faults and shared memory, for cpu_tma.h (it checks no reads of unwritten bytes). */
+static const mg_hopper_hooks mgx_hooks = {mgx_cpu_fault, mgx_shared_at, NULL};
 
 static uint64_t *mgx_mbarrier_at(int32_t address, const char *what, int32_t line)
 {
-    size_t offset = mgx_shared_offset(address);
-    if (offset % 8)
-        mgx_cpu_fault(line, "%s: an mbarrier is 8-byte aligned, not at byte %zu of shared memory", what, offset);
-    return (uint64_t *)mgx_shared_at(offset, 8, what, line);
-}
-
-/* Adds `arrivals` (0 or 1) and `bytes` of transactions to the barrier's phase, which completes
- * (and the next begins, expecting as many arrivals) once nothing is pending. */
-static void mgx_mbarrier_update(uint64_t *at, int arrivals, int64_t bytes, int32_t line)
-{
-    uint64_t bits = *at;
-    int64_t expected = (int64_t)(bits & MGX_MB_FIELD), pending = (int64_t)(bits >> 21 & MGX_MB_FIELD);
-    int64_t tx = (int64_t)(bits >> 42 & MGX_MB_FIELD);
-    uint64_t phase = bits >> 63;
-    tx = (tx & 0x100000 ? tx - 0x200000 : tx) + bytes;
-    if (arrivals && expected == 0)
-        mgx_cpu_fault(line, "mbarrier.arrive on a barrier that was never initialised (init)");
-    if (arrivals && pending == 0)
-        mgx_cpu_fault(line, "mbarrier.arrive: more arrivals than the barrier's phase expects (%lld)",
-                      (long long)expected);
-    pending -= arrivals;
-    if (pending == 0 && tx == 0) {
-        phase ^= 1;
-        pending = expected;
-    }
-    *at = (uint64_t)expected | (uint64_t)pending << 21 | ((uint64_t)tx & MGX_MB_FIELD) << 42 | phase << 63;
+    return mg_hopper_mbarrier_at(&mgx_hooks, mgx_shared_offset(address), what, line);
 }
 
 void mg_cpu_mbarrier_init(int32_t address, int32_t count, int32_t line)
 {
-    uint64_t *m = mgx_mbarrier_at(address, "mbarrier.init", line);
-    if (count < 1 || count >= (1 << 20))
-        mgx_cpu_fault(line, "mbarrier.init: the arrival count is 1 to 2**20 - 1, not %d", (int)count);
-    *m = (uint64_t)count | (uint64_t)count << 21;
+    mg_hopper_mbarrier_init(&mgx_hooks, mgx_mbarrier_at(address, "mbarrier.init", line), count, line);
 }
 
+/* arrive (transaction_bytes 0) or arrive.expect_tx: the bytes first, then the arrival. */
 void mg_cpu_mbarrier_arrive(int32_t address, int32_t transaction_bytes, int32_t line)
 {
-    mgx_mbarrier_update(mgx_mbarrier_at(address, "mbarrier.arrive", line), 1, transaction_bytes, line);
+    mg_hopper_mbarrier_update(&mgx_hooks, mgx_mbarrier_at(address, "mbarrier.arrive", line), 1, transaction_bytes,
+                              line);
 }
 
 /* try_wait.parity until it succeeds: the phase of parity `parity` has completed once the current
@@ -648,79 +601,22 @@ void mg_cpu_mbarrier_wait(int32_t address, int32_t parity, int32_t line)
     swapcontext(&f->context, &b->scheduler);
 }
 
-static const mgx_cpu_tensor_map *mgx_host_map(void *map, int32_t rank, const char *what, int32_t line)
-{
-    const mgx_cpu_tensor_map *m = map;
-    if (m->magic != MGX_CPU_TENSOR_MAP_MAGIC)
-        mgx_cpu_fault(line, "%s: the tensor map was not made for the CPU", what);
-    if (rank != m->rank)
-        mgx_cpu_fault(line, "%s: %d coordinates for a %d-d tensor map", what, (int)rank, (int)m->rank);
-    return m;
-}
-
-/* Copies the box at `coords` (innermost first) of the map's array to (load) or from shared memory
- * at byte `offset`, row-major there with the map's swizzle (the 16-byte unit, bits 4-6, XOR the
- * 128-byte row, bits 7-9, over the mode's bits); a load fills what lies outside the array (zeros,
- * or NaN), a store skips it. Returns the box's bytes. */
-static size_t mgx_tma_copy(const mgx_cpu_tensor_map *m, size_t offset, const int32_t *coords, int load,
-                           const char *what, int32_t line)
-{
-    size_t esize = m->element_size, count[5], total = 1;
-    for (int i = 0; i < m->rank; i++) {
-        count[i] = (m->box[i] + m->element_strides[i] - 1u) / m->element_strides[i];
-        total *= count[i];
-    }
-    if (offset % 128)
-        mgx_cpu_fault(line, "%s: the shared memory is at byte %zu, not 128-byte aligned", what, offset);
-    if ((int64_t)coords[0] * (int64_t)esize % 16)
-        mgx_cpu_fault(line, "%s: the innermost coordinate %d is %lld bytes into a row: the box's rows must start at "
-                      "a multiple of 16 bytes", what, (int)coords[0], (long long)coords[0] * (long long)esize);
-    mgx_shared_at(offset, total * esize, what, line);
-    unsigned char fill[8] = {0};
-    if (m->oob_nan) {
-        static const uint64_t nan[] = {0, 0, 0, 0, 0, 0, 0x7fff, 0x7fffffff, 0x7fffffffffffffffull, 0x7fff};
-        uint64_t bits = m->data_type < 10 ? nan[m->data_type] : 0;
-        memcpy(fill, &bits, esize);
-    }
-    size_t mask = m->swizzle_bytes ? (size_t)(m->swizzle_bytes / 16 - 1) << 4 : 0;
-    size_t index[5] = {0, 0, 0, 0, 0};
-    for (size_t e = 0; e < total; e++) {
-        size_t at_shared = offset + e * esize;
-        char *local = mgx_shared_at(at_shared ^ (at_shared >> 3 & mask), esize, what, line);
-        int inside = 1;
-        size_t at = 0;
-        for (int i = 0; i < m->rank; i++) {
-            int64_t g = (int64_t)coords[i] + (int64_t)(index[i] * m->element_strides[i]);
-            inside &= g >= 0 && (uint64_t)g < m->dims[i];
-            at += (size_t)g * m->strides[i];
-        }
-        char *global = (char *)(uintptr_t)m->address + at;
-        if (load)
-            memcpy(local, inside ? global : (const char *)fill, esize);
-        else if (inside)
-            memcpy(global, local, esize);
-        for (int i = 0; i < m->rank && ++index[i] == count[i]; i++)
-            index[i] = 0;
-    }
-    return total * esize;
-}
-
 void mg_cpu_tma_load(void *map, int32_t destination, int32_t barrier, int32_t rank, int32_t c0, int32_t c1,
                      int32_t c2, int32_t c3, int32_t c4, int32_t line)
 {
     int32_t coords[5] = {c0, c1, c2, c3, c4};
-    const mgx_cpu_tensor_map *m = mgx_host_map(map, rank, "mg.tma.load", line);
+    const mg_cpu_tensor_map *m = mg_hopper_tensor_map_of(&mgx_hooks, map, rank, "mg.tma.load", line);
     uint64_t *bar = mgx_mbarrier_at(barrier, "mg.tma.load's mbarrier", line);
-    size_t bytes = mgx_tma_copy(m, mgx_shared_offset(destination), coords, 1, "mg.tma.load", line);
-    mgx_mbarrier_update(bar, 0, -(int64_t)bytes, line);
+    size_t bytes = mg_hopper_tma_copy(&mgx_hooks, m, mgx_shared_offset(destination), coords, 1, "mg.tma.load", line);
+    mg_hopper_mbarrier_update(&mgx_hooks, bar, 0, -(int64_t)bytes, line);   /* complete-tx: the bytes have landed */
 }
 
 void mg_cpu_tma_store(void *map, int32_t source, int32_t rank, int32_t c0, int32_t c1, int32_t c2, int32_t c3,
                       int32_t c4, int32_t line)
 {
     int32_t coords[5] = {c0, c1, c2, c3, c4};
-    mgx_tma_copy(mgx_host_map(map, rank, "mg.tma.store", line), mgx_shared_offset(source), coords, 0, "mg.tma.store",
-                 line);
+    const mg_cpu_tensor_map *m = mg_hopper_tensor_map_of(&mgx_hooks, map, rank, "mg.tma.store", line);
+    mg_hopper_tma_copy(&mgx_hooks, m, mgx_shared_offset(source), coords, 0, "mg.tma.store", line);
 }
 
 /* ------------------------------------------------------------------------ */
