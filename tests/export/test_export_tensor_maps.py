@@ -114,6 +114,32 @@ def test_a_tensor_map_the_array_cannot_have_is_an_error(tma_library, on_cpu):
         lib.tma_double(None, src, dst, 0, 12, 12)
 
 
+@mg.kernel
+def tma_off_the_box(src: mg.TensorMap, out: mg.memref[1, mg.f32]):
+    # The box lands 16 bytes past a 128-byte boundary: a fault the CPU build reports.
+    smem = mg.shared.dynamic(mg.f32)
+    bars = mg.mbarrier.array(1)
+    base = mg.shared.address(smem)
+    first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index) // 4
+    if mg.thread_idx.x == 0:
+        bars.init(0, 1)
+        bars.arrive_expect_tx(0, TILE * TILE * 4)
+        mg.tma.load(src, smem, (0, 0), bars, 0, offset=first + 4)
+        bars.wait(0, 0)
+        out[0] = smem[first + 4]
+
+
+def test_a_kernels_fault_in_its_cpu_build_is_an_error_with_its_line(tmp_path, on_cpu):
+    library = mg.export([tma_off_the_box], tmp_path, name="fault", chips=["sm_90a"],
+                        tensor_maps={"tma_off_the_box": {"src": {**TMA_MAPS["tma_double"]["dst"], "shape": (64, 64)}}})
+    lib = mg.load_library(library)
+    src = np.ones((64, 64), np.float32)
+    with pytest.raises(mg.LaunchError, match=r"tma_off_the_box: mg.tma.load: the shared memory is at byte \d+, not "
+                                             r"128-byte aligned, by thread \(0, 0, 0\) of block \(0, 0, 0\) at line "
+                                             r"\d+ of its source"):
+        lib.tma_off_the_box(None, src, np.zeros(1, np.float32), grid=1, block=32, shared_mem=TILE * TILE * 4 + 1040)
+
+
 C_PROGRAM = r"""
 #include <stdio.h>
 #include <stdlib.h>
