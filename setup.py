@@ -111,9 +111,11 @@ extension = Extension(
     "mlirgpu._mlirgpu",
     # Every .c and .h under csrc/, in its layer's folder (docs/design/csrc.md).
     sources=sorted(glob.glob("csrc/**/*.c", recursive=True)),
-    depends=sorted(glob.glob("csrc/**/*.h", recursive=True)),
+    depends=sorted(glob.glob("csrc/**/*.h", recursive=True)) + ["python/mlirgpu/export/cpu_tma.h"],
     # Files include each other by folder: "base/state.h", "cuda/driver.h".
-    include_dirs=["csrc", os.path.join(MLIR_PREFIX, "include"), os.path.join(CUDA_HOME, "include"), numpy.get_include()],
+    # python/mlirgpu/export: cpu_tma.h, which the CPU backend shares with exported libraries.
+    include_dirs=["csrc", "python/mlirgpu/export", os.path.join(MLIR_PREFIX, "include"),
+                  os.path.join(CUDA_HOME, "include"), numpy.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
                    ("MG_CUDA_HOME", '"%s"' % CUDA_HOME)],
     extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",

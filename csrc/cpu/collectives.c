@@ -302,69 +302,35 @@ static size_t shared_address(uint32_t address)
     return (uint32_t)(address - (uint32_t)(uintptr_t)mg_cpu_shared_window(l));
 }
 
-/* An mbarrier's 64 bits, as the PTX ISA's mbarrier object holds its state:
- * the arrivals a phase expects (bits 0-20), those still pending (21-41), the
- * transaction count (42-62, two's complement) and the current phase's parity (63). */
-#define MB_FIELD 0x1fffffull
-typedef struct {
-    int64_t expected, pending, tx;
-    uint64_t phase;
-} mbarrier_state;
-
-static mbarrier_state mb_unpack(uint64_t bits)
+static void shadow_written(char *at, size_t bytes, int32_t line)
 {
-    int64_t tx = (int64_t)(bits >> 42 & MB_FIELD);
-    return (mbarrier_state){(int64_t)(bits & MB_FIELD), (int64_t)(bits >> 21 & MB_FIELD),
-                            tx & 0x100000 ? tx - 0x200000 : tx, bits >> 63};
+    mg_cpu_shadow_written(mg_cpu_running, at, bytes, line);
 }
 
-/* Completes the phase if nothing is pending: the next expects as many arrivals. */
-static uint64_t mb_pack(mbarrier_state m)
-{
-    if (m.pending == 0 && m.tx == 0) {
-        m.phase ^= 1;
-        m.pending = m.expected;
-        mg_cpu_synchronized(mg_cpu_running);
-    }
-    return (uint64_t)m.expected | (uint64_t)m.pending << 21 | ((uint64_t)m.tx & MB_FIELD) << 42 | m.phase << 63;
-}
+/* Faults, shared memory and the uninitialized-read check of the CPU backend, for cpu_tma.h. */
+static const mg_hopper_hooks hooks = {mg_cpu_fault, shared_offset, shadow_written};
 
 static uint64_t *mbarrier_at(int32_t address, const char *what, int32_t line)
 {
-    size_t offset = shared_address((uint32_t)address);
-    if (offset % 8)
-        mg_cpu_fault(line, "%s: an mbarrier is 8-byte aligned, not at byte %zu of shared memory", what, offset);
-    return (uint64_t *)shared_offset(offset, 8, what, line);
+    return mg_hopper_mbarrier_at(&hooks, shared_address((uint32_t)address), what, line);
 }
 
 void mg_cpu_mbarrier_init(int32_t address, int32_t count, int32_t line)
 {
-    uint64_t *m = mbarrier_at(address, "mbarrier.init", line);
-    if (count < 1 || (uint64_t)count >= (1 << 20))
-        mg_cpu_fault(line, "mbarrier.init: the arrival count is 1 to 2**20 - 1, not %d", (int)count);
-    *m = (uint64_t)count | (uint64_t)count << 21;
+    mg_hopper_mbarrier_init(&hooks, mbarrier_at(address, "mbarrier.init", line), count, line);
+}
+
+/* Adds arrivals and transaction bytes; a phase that completes synchronizes its threads. */
+static void mbarrier_update(uint64_t *at, int arrivals, int64_t bytes, int32_t line)
+{
+    if (mg_hopper_mbarrier_update(&hooks, at, arrivals, bytes, line))
+        mg_cpu_synchronized(mg_cpu_running);
 }
 
 /* arrive (transaction_bytes 0) or arrive.expect_tx: the bytes first, then the arrival. */
 void mg_cpu_mbarrier_arrive(int32_t address, int32_t transaction_bytes, int32_t line)
 {
-    uint64_t *at = mbarrier_at(address, "mbarrier.arrive", line);
-    mbarrier_state m = mb_unpack(*at);
-    if (m.expected == 0)
-        mg_cpu_fault(line, "mbarrier.arrive on a barrier that was never initialised (init)");
-    if (m.pending == 0)
-        mg_cpu_fault(line, "mbarrier.arrive: more arrivals than the barrier's phase expects (%lld)", (long long)m.expected);
-    m.tx += transaction_bytes;
-    m.pending--;
-    *at = mb_pack(m);
-}
-
-/* The bytes of a copy that names the barrier have landed (complete-tx). */
-static void mbarrier_complete_tx(uint64_t *at, int64_t bytes)
-{
-    mbarrier_state m = mb_unpack(*at);
-    m.tx -= bytes;
-    *at = mb_pack(m);
+    mbarrier_update(mbarrier_at(address, "mbarrier.arrive", line), 1, transaction_bytes, line);
 }
 
 /* try_wait.parity until it succeeds: the phase of parity `parity` has completed
@@ -422,94 +388,24 @@ int mg_cpu_wait_over(const mg_fiber *f)
     return *f->wait_on != f->wait_value;
 }
 
-/* The hardware's swizzle of a shared-memory offset (the block's shared memory
- * is 1024-byte aligned, so its bits are the address's): the 16-byte unit
- * (bits 4-6) XOR the 128-byte row's index (bits 7-9), over as many bits as the
- * mode has (128B: 3, 64B: 2, 32B: 1; swizzle_bytes 0: none). */
-static size_t swizzled(size_t offset, int swizzle_bytes)
-{
-    size_t mask = swizzle_bytes ? (size_t)(swizzle_bytes / 16 - 1) << 4 : 0;
-    return offset ^ (offset >> 3 & mask);
-}
-
-static const mg_cpu_tensor_map *host_tensor_map(void *map, int32_t rank, const char *what, int32_t line)
-{
-    const mg_cpu_tensor_map *m = map;
-    if (m->magic != MG_CPU_TENSOR_MAP_MAGIC)
-        mg_cpu_fault(line, "%s: the tensor map was not made for the CPU backend", what);
-    if (rank != m->rank)
-        mg_cpu_fault(line, "%s: %d coordinates for a %d-d tensor map", what, (int)rank, (int)m->rank);
-    return m;
-}
-
-/* Copies the box at `coords` (innermost first) of the map's array to (load)
- * or from shared memory at byte `offset`, the box row-major there with the
- * map's swizzle; a load fills what lies outside the array (zeros, or NaN),
- * a store skips it. Returns the box's bytes. */
-static size_t tma_copy(const mg_cpu_tensor_map *m, size_t offset, const int32_t *coords, int load,
-                       const char *what, int32_t line)
-{
-    int rank = m->rank;
-    size_t esize = m->element_size, count[5], total = 1;
-    for (int i = 0; i < rank; i++) {
-        count[i] = (m->box[i] + m->element_strides[i] - 1u) / m->element_strides[i];
-        total *= count[i];
-    }
-    if (offset % 128)
-        mg_cpu_fault(line, "%s: the shared memory is at byte %zu, not 128-byte aligned", what, offset);
-    /* The GPU stops with an illegal instruction where the box's rows start off a 16-byte boundary. */
-    if ((int64_t)coords[0] * (int64_t)esize % 16)
-        mg_cpu_fault(line, "%s: the innermost coordinate %d is %lld bytes into a row: the box's rows must start at a "
-              "multiple of 16 bytes", what, (int)coords[0], (long long)coords[0] * (long long)esize);
-    shared_offset(offset, total * esize, what, line);
-    unsigned char fill[8] = {0};
-    if (m->oob_nan) {
-        /* The canonical NaN of the element type (f16, f32, f64, bf16). */
-        static const uint64_t nan[] = {0, 0, 0, 0, 0, 0, 0x7fff, 0x7fffffff, 0x7fffffffffffffffull, 0x7fff};
-        uint64_t bits = m->data_type < 10 ? nan[m->data_type] : 0;
-        memcpy(fill, &bits, esize);
-    }
-    size_t index[5] = {0, 0, 0, 0, 0};
-    for (size_t e = 0; e < total; e++) {
-        char *local = shared_offset(swizzled(offset + e * esize, m->swizzle_bytes), esize, what, line);
-        int inside = 1;
-        size_t at = 0;
-        for (int i = 0; i < rank; i++) {
-            int64_t g = (int64_t)coords[i] + (int64_t)(index[i] * m->element_strides[i]);
-            inside &= g >= 0 && (uint64_t)g < m->dims[i];
-            at += (size_t)g * m->strides[i];
-        }
-        char *global = (char *)(uintptr_t)m->address + at;
-        if (load) {
-            memcpy(local, inside ? global : (const char *)fill, esize);
-            mg_cpu_shadow_written(mg_cpu_running, local, esize, line);
-        }
-        else if (inside)
-            memcpy(global, local, esize);
-        for (int i = 0; i < rank && ++index[i] == count[i]; i++)
-            index[i] = 0;
-    }
-    return total * esize;
-}
-
 void mg_cpu_tma_load(void *map, int32_t destination, int32_t barrier, int32_t rank, int32_t c0, int32_t c1,
                      int32_t c2, int32_t c3, int32_t c4, int32_t line)
 {
     int32_t coords[5] = {c0, c1, c2, c3, c4};
-    const mg_cpu_tensor_map *m = host_tensor_map(map, rank, "mg.tma.load", line);
+    const mg_cpu_tensor_map *m = mg_hopper_tensor_map_of(&hooks, map, rank, "mg.tma.load", line);
     uint64_t *bar = mbarrier_at(barrier, "mg.tma.load's mbarrier", line);
-    size_t bytes = tma_copy(m, shared_address((uint32_t)destination), coords, 1, "mg.tma.load", line);
-    mbarrier_complete_tx(bar, (int64_t)bytes);
+    size_t bytes = mg_hopper_tma_copy(&hooks, m, shared_address((uint32_t)destination), coords, 1, "mg.tma.load", line);
+    mbarrier_update(bar, 0, -(int64_t)bytes, line);   /* complete-tx: the bytes have landed */
 }
 
 void mg_cpu_tma_store(void *map, int32_t source, int32_t rank, int32_t c0, int32_t c1, int32_t c2, int32_t c3,
                       int32_t c4, int32_t line)
 {
     int32_t coords[5] = {c0, c1, c2, c3, c4};
-    const mg_cpu_tensor_map *m = host_tensor_map(map, rank, "mg.tma.store", line);
+    const mg_cpu_tensor_map *m = mg_hopper_tensor_map_of(&hooks, map, rank, "mg.tma.store", line);
     if (m->readonly)
         mg_cpu_fault(line, "mg.tma.store: the tensor map's array is read-only");
-    tma_copy(m, shared_address((uint32_t)source), coords, 0, "mg.tma.store", line);
+    mg_hopper_tma_copy(&hooks, m, shared_address((uint32_t)source), coords, 0, "mg.tma.store", line);
 }
 
 /* The C interface of `@mg_cpu_wgmma_buffer() -> memref<?xf32>`: the thread's
@@ -555,7 +451,7 @@ static float wgmma_element(const wgmma_operand *o, int mn, int k, int bf16, int3
         at = (size_t)(mn % (width / 2)) * 2 + (size_t)(mn / (width / 2)) * o->lbo + (size_t)(k % 8) * width +
              (size_t)(k / 8) * o->sbo;
     uint16_t h;
-    memcpy(&h, shared_offset(swizzled(o->start + at, o->swizzle_bytes), 2, "mg.wgmma.mma", line), 2);
+    memcpy(&h, shared_offset(mg_hopper_swizzled(o->start + at, o->swizzle_bytes), 2, "mg.wgmma.mma", line), 2);
     return bf16 ? bits_to_float((uint32_t)h << 16) : half_to_float(h);
 }
 

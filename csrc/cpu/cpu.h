@@ -64,19 +64,8 @@ void mg_cpu_tma_store(void *map, int32_t source, int32_t rank, int32_t c0, int32
 void _mlir_ciface_mg_cpu_wgmma_buffer(mg_memref_1d *result);
 void mg_cpu_wgmma(int32_t n, int64_t a, int64_t b, int32_t mode, int32_t line);
 
-/* A tensor map made for the CPU backend (mlirgpu.TensorMap with host=True):
- * what cuTensorMapEncodeTiled would encode, in the 128 bytes a kernel takes.
- * Sizes innermost first, as the driver takes them. */
-#define MG_CPU_TENSOR_MAP_MAGIC 0x70616d7570636d67ull /* "mgcpumap" */
-typedef struct {
-    uint64_t magic;
-    uint64_t address;
-    uint64_t dims[5];
-    uint64_t strides[5];          /* bytes; strides[0] is the element size */
-    uint16_t box[5];
-    uint8_t element_strides[5];
-    uint8_t rank, element_size, swizzle_bytes, oob_nan, data_type;
-    uint8_t readonly;             /* the array may not be written: TMA stores are refused */
-} mg_cpu_tensor_map;
+/* A tensor map made for the CPU backend (mlirgpu.TensorMap with host=True) is an
+ * mg_cpu_tensor_map: cpu_tma.h, which the libraries mlirgpu.export writes share. */
+#include "cpu_tma.h"
 
 #endif

@@ -40,13 +40,6 @@ static int uint64_tuple(PyObject *value, const char *what, Py_ssize_t n, uint64_
     return 0;
 }
 
-/* The element size of a CUtensorMapDataType (mlirgpu.tma's DATA_TYPES), 0 for another. */
-static int tensor_map_element_size(int data_type)
-{
-    static const int sizes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2};
-    return data_type >= 0 && data_type < (int)(sizeof sizes / sizeof *sizes) ? sizes[data_type] : 0;
-}
-
 /* TensorMap(owner, info, data_type, address, dims, strides, box, element_strides,
  *           interleave, swizzle, l2_promotion, oob_fill, host=False, readonly=False): the
  * arguments of cuTensorMapEncodeTiled as mlirgpu.tma computes them (strides
@@ -85,22 +78,13 @@ static PyObject *tensor_map_new(PyTypeObject *type, PyObject *args, PyObject *kw
     CUtensorMap map;   /* aligned as the driver wants it */
     memset(&map, 0, sizeof map);
     if (host) {
-        int element_size = tensor_map_element_size(data_type);
-        if (element_size == 0 || swizzle < 0 || swizzle > 3 || interleave != 0) {
+        if (mg_cpu_tensor_map_element_size(data_type) == 0 || swizzle < 0 || swizzle > 3 || interleave != 0) {
             PyErr_Format(PyExc_ValueError, "a host tensor map takes a data type of 0-9, a swizzle of 0-3 and no "
                          "interleave, got %d, %d and %d", data_type, swizzle, interleave);
             return NULL;
         }
-        mg_cpu_tensor_map h = {.magic = MG_CPU_TENSOR_MAP_MAGIC, .address = address, .rank = (uint8_t)rank,
-                               .element_size = (uint8_t)element_size, .swizzle_bytes = (uint8_t)(swizzle ? 16 << swizzle : 0),
-                               .oob_nan = oob_fill != 0, .data_type = (uint8_t)data_type,
-                               .readonly = readonly != 0};
-        for (Py_ssize_t i = 0; i < rank; i++) {
-            h.dims[i] = dims[i];
-            h.strides[i] = i == 0 ? (uint64_t)element_size : strides[i - 1];
-            h.box[i] = (uint16_t)box[i];
-            h.element_strides[i] = (uint8_t)element_strides[i];
-        }
+        mg_cpu_tensor_map h = mg_cpu_tensor_map_make(data_type, (int)rank, address, dims, strides, box,
+                                                     element_strides, swizzle, oob_fill, readonly);
         memcpy(&map, &h, sizeof h);
     } else {
         if (mg_cu_ensure_context() < 0)

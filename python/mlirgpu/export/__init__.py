@@ -25,8 +25,8 @@ from .library import Library, load_library
 __all__ = ["export", "load_library", "Library"]
 
 
-def export(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launch=None, tuned=None, cpu=None,
-           cc=None):
+def export(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launch=None, tuned=None,
+           tensor_maps=None, cpu=None, cc=None):
     """Write `out_dir`/lib<name>.so, <name>.h and README.md: a C library of
     `kernels` (kernels whose generics are all dynamic, or specializations,
     several of one kernel dispatched by their sizes, or autotuned kernels)
@@ -39,9 +39,21 @@ def export(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launc
     values: config} (`tuned`, {kernel name: table}; else the choices
     recorded for the current GPU, autotuned.table()): each config as the
     specialization of its key's values, the function choosing it by size,
-    and its launch rule may name the tuned generics. `cpu`: put in
-    the CPU builds (True: required, None: where LLVM's llc is found). `cc`:
-    the C compiler (default: CC, else cc). For example::
+    and its launch rule may name the tuned generics.
+
+    A kernel's tensor-map parameters (mg.TensorMap) are described in
+    `tensor_maps`, {kernel name: {parameter: {"dtype", "shape", "box" and
+    optionally "swizzle", "strides", "element_strides", "oob_fill",
+    "l2_promotion", as mg.tensor_map takes them}}}: the function takes the
+    array's pointer in the map's place, and the map's extents (and row
+    strides, in elements) that are None as sizes <parameter>_extent<d>
+    (<parameter>_stride<d>); an entry may also be an int, or a name: one
+    of the kernel's sizes, or a size parameter of its own that every map
+    naming it shares. The function encodes each map (cuTensorMapEncodeTiled,
+    or the CPU builds' form) and keeps it for later calls on the same array.
+
+    `cpu`: put in the CPU builds (True: required, None: where LLVM's llc is
+    found). `cc`: the C compiler (default: CC, else cc). For example::
 
         M, N, K = mg.generics("M N K", dynamic=True)
 
@@ -52,7 +64,8 @@ def export(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launc
         mg.export([sgemm], "out", chips=["sm_90a"],
                   launch={"sgemm": {"grid": ("(M + 15) / 16", "(N + 15) / 16"), "block": (16, 16)}})
     """
-    return build(kernels, out_dir, chips=chips, name=name, launch=launch, tuned=tuned, cpu=cpu, cc=cc)
+    return build(kernels, out_dir, chips=chips, name=name, launch=launch, tuned=tuned, tensor_maps=tensor_maps, cpu=cpu,
+                 cc=cc)
 
 
 class _CallableModule(types.ModuleType):

@@ -26,6 +26,7 @@ from ..language.generics import DIVISOR, Dynamic
 from ..runtime.autotune import Autotuner
 from ..runtime.cpu import PIPELINE
 from ..runtime.kernel import Kernel, Specialization
+from ..runtime.tensormap import encode_arguments
 from ..targets.cpu import INDICES, CpuLowering
 
 __all__ = ["build", "C_TYPES", "RUNTIME"]
@@ -41,6 +42,97 @@ _CPU_SCALARS = set(C_TYPES) - {"f16", "bf16"}
 _CHIP = re.compile(r"sm_(\d+)(a?)")
 _LAUNCH_EXPRESSION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+|[-+*/%() ]")
 _RUNTIME_NAMES = {"last_error", "backend", "alloc", "free", "copy_to_device", "copy_to_host", "signatures"}
+# What runtime.c gives a CPU build besides its arithmetic: a block's threads as fibers, its shared
+# memory, mbarriers and TMA copies. A build that calls anything else of the CPU backend's runtime
+# (warp operations, wgmma, printf) is left out of the library.
+_CPU_RUNTIME = {"mg_cpu_barrier", "_mlir_ciface_mg_cpu_shared", "mg_cpu_mbarrier_init", "mg_cpu_mbarrier_arrive",
+                "mg_cpu_mbarrier_wait", "mg_cpu_tma_load", "mg_cpu_tma_store"}
+_MAP_KEYS = {"dtype", "shape", "box", "swizzle", "strides", "element_strides", "oob_fill", "l2_promotion"}
+
+
+class _Sizes(list):
+    """The kernel's sizes, which a tensor map's shape may name, and the names its parameters take."""
+
+    def __init__(self, sizes, parameters):
+        super().__init__(sizes)
+        self.taken = set(parameters)
+
+
+class _TensorMap:
+    """A tensor-map parameter of an exported kernel. The kernel's code fixes
+    the element type, box, swizzle and fill (`description`, as mg.tensor_map
+    takes them); the function takes the array's pointer and, as sizes, what
+    the export leaves open of its shape and row strides (in elements): an
+    entry None is a parameter <name>_extent<d> (<name>_stride<d>), a string
+    names a size (one of the kernel's, or a parameter of its own, which
+    every map naming it shares), an int is fixed. Strides left out are the
+    row-major array's."""
+
+    def __init__(self, kernel, name, description, sizes):
+        where = f"mg.export(tensor_maps=...): {kernel}'s {name}"
+        if not isinstance(description, dict) or set(description) - _MAP_KEYS or \
+                not {"dtype", "shape", "box"} <= set(description):
+            optional = ", ".join(sorted(_MAP_KEYS - {"dtype", "shape", "box"}))
+            raise ValueError(f"{where} takes dtype, shape, box and optionally {optional}, got {description!r}")
+        self.name, self.parameters = name, []   # the sizes it adds to the function's parameters
+        try:
+            self.dtype = _mlirgpu.dtype(description["dtype"])
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{where}: {error}") from None
+        self.shape = self._entries(where, "shape", description["shape"], None, sizes, "extent")
+        rank = len(self.shape)
+        strides = description.get("strides")
+        self.strides = (None if strides is None else
+                        self._entries(where, "strides", strides, rank - 1, sizes, "stride"))
+        # The driver's checks, on a stand-in of the array (each open size one box): what the
+        # export fixes must be encodable; what the call gives is checked by the library.
+        box = description["box"]
+        stand_in = [size if isinstance(size, int) else b for size, b in
+                    zip(self.shape, box if isinstance(box, (tuple, list)) else (box,))]
+        element_strides, running = [], 1
+        for size in reversed(stand_in):
+            element_strides.append(running)
+            running *= size
+        byte_strides = tuple(s * self.dtype.itemsize for s in reversed(element_strides))
+        if self.strides is not None:
+            byte_strides = tuple(s * self.dtype.itemsize if isinstance(s, int) else b
+                                 for s, b in zip(self.strides, byte_strides)) + byte_strides[-1:]
+        try:
+            self.encoding = encode_arguments(tuple(stand_in), byte_strides, self.dtype, 0, box,
+                                             description.get("swizzle", "128B"), description.get("element_strides"),
+                                             description.get("oob_fill", "zero"), None,
+                                             description.get("l2_promotion", "128B"))
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
+
+    def _entries(self, where, what, entries, rank, sizes, kind):
+        entries = tuple(entries) if isinstance(entries, (tuple, list)) else (entries,)
+        if rank is not None and len(entries) != rank or not 1 <= len(entries) <= 5 and rank is None:
+            raise ValueError(f"{where}: {what} has {rank if rank is not None else '1 to 5'} entries, got {entries!r}")
+        for entry in entries:
+            if not (entry is None or (isinstance(entry, int) and not isinstance(entry, bool) and entry > 0) or
+                    (isinstance(entry, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", entry) and
+                     entry not in sizes.taken)):
+                raise ValueError(f"{where}: each entry of {what} is a positive int, None (a parameter "
+                                 f"{self.name}_{kind}<d>) or a size's name (one of the kernel's, "
+                                 f"{', '.join(sizes) or 'none'}, or a new parameter of the function), not {entry!r}")
+        self.parameters += [f"{self.name}_{kind}{d}" if e is None else e for d, e in enumerate(entries)
+                            if e is None or (isinstance(e, str) and e not in sizes)]
+        return entries
+
+    def c_expressions(self, entries, kind):
+        """C expressions of the shape's (kind "extent") or strides' entries, in the array's order."""
+        return [f"{self.name}_{kind}{d}" if e is None else f"INT64_C({e})" if isinstance(e, int) else e
+                for d, e in enumerate(entries)]
+
+    def table(self, symbol):
+        """The C table of what the export fixes (mgx_map): innermost first, as the driver takes it."""
+        e = self.encoding
+        box = ", ".join(map(str, e["box"]))
+        strides = ", ".join(map(str, e["element_strides"]))
+        return (f'static const mgx_map {symbol} = {{"{self.name}", {e["data_type"]}, {len(self.shape)}, '
+                f'{self.dtype.itemsize}, {{{box}}}, {{{strides}}}, {e["swizzle"]}, {e["l2_promotion"]}, '
+                f'{e["oob_fill"]}}};')
 
 
 class _Exported:
@@ -50,7 +142,7 @@ class _Exported:
     autotuning table gives per set of sizes (not parameters of the function;
     its launch rule may name them)."""
 
-    def __init__(self, kernel: Kernel, bindings: list[dict], launch: dict | None, tuned=()):
+    def __init__(self, kernel: Kernel, bindings: list[dict], launch: dict | None, tuned=(), tensor_maps=None):
         self.kernel, self.name, self.tuned = kernel, kernel.__name__, list(tuned)
         dtype_generics = kernel.dtype_generics()
         self.size_names = [g for g in kernel.generics if g not in dtype_generics and g not in self.tuned]
@@ -69,32 +161,43 @@ class _Exported:
                 raise ValueError(f"mg.export: the specializations of {self.name} differ in element types; a C "
                                  f"function has one set of pointer types: export each under a kernel of its own")
         self.params = first._param_types()
-        maps = [p.name for p, _, dtype in self.params if dtype is TensorMap]
-        if maps:
-            raise ValueError(f"mg.export: {self.name} takes tensor maps ({', '.join(maps)}), which an exported "
-                             f"function cannot: a tensor map is encoded by the driver from the caller's pointer "
-                             f"and shape, and the library does not encode them yet. Export a kernel that takes "
-                             f"the arrays themselves (mma.sync rather than TMA), or launch this one from Python")
         self.extents = [f"{p.name}_extent{d}" for p, shape, _ in self.params if shape is not None
                         for d, size in enumerate(p.memref.shape) if size is None]
+        self.maps = self._tensor_maps(tensor_maps or {})
         stored = set().union(*(map(_owners(spec).__getitem__, spec.stored_params()) for spec, _ in self.variants))
         # An array annotated .readonly() is const too: storing to it does not compile, a cp.async from it reads.
         self.readonly = {i for i, (p, shape, _) in enumerate(self.params)
                          if shape is not None and (i not in stored or p.memref.is_readonly)}
-        self.launch = _launch_rule(self.name, launch, self.size_names + self.extents + self.tuned)
+        # A size that several maps name is one parameter.
+        self.map_sizes = list(dict.fromkeys(name for m in self.maps.values() for name in m.parameters))
+        self.launch = _launch_rule(self.name, launch, self.size_names + self.extents + self.map_sizes + self.tuned)
         if self.tuned and self.launch is None:
             raise ValueError(f"mg.export: {self.name} is autotuned: its launch shape depends on the tuned "
                              f"config, so give it a rule in launch= on its sizes and {', '.join(self.tuned)}")
+
+    def _tensor_maps(self, descriptions):
+        """{parameter index: _TensorMap} of the kernel's tensor-map parameters, which `descriptions`
+        ({parameter name: what mg.tensor_map would take}) must describe, all and only those."""
+        names = [p.name for p, _, dtype in self.params if dtype is TensorMap]
+        if set(descriptions) != set(names):
+            raise ValueError(f"mg.export: {self.name} takes tensor maps ({', '.join(names) or 'none'}): "
+                             f"tensor_maps={{{self.name!r}: ...}} describes each of them (its dtype, shape, box, "
+                             f"swizzle, as the kernel reads it), got {sorted(descriptions)}")
+        sizes = _Sizes(self.size_names + self.extents, [p.name for p, _, _ in self.params])
+        return {i: _TensorMap(self.name, p.name, descriptions[p.name], sizes)
+                for i, (p, _, dtype) in enumerate(self.params) if dtype is TensorMap}
 
     def c_parameters(self) -> list[tuple[str, str]]:
         """(C type, name) of the function's parameters after the stream, grid and block aside."""
         result = []
         for i, (p, shape, dtype) in enumerate(self.params):
-            if shape is None:
+            if i in self.maps:
+                result.append((C_TYPES.get(self.maps[i].dtype.name, "uint8_t") + " *", p.name))
+            elif shape is None:
                 result.append((C_TYPES[dtype.name], p.name))
             else:
                 result.append((("const " if i in self.readonly else "") + C_TYPES[dtype.name] + " *", p.name))
-        return result + [("int64_t", name) for name in self.size_names + self.extents]
+        return result + [("int64_t", name) for name in self.size_names + self.extents + self.map_sizes]
 
     def dynamic_extents(self) -> list[str]:
         """C expressions of every dynamic extent, in launch order: a dynamic generic's
@@ -106,8 +209,9 @@ class _Exported:
         """C expressions of what the launch's parameter array points at, in the order the
         kernel takes them: an array's pointer, then its dynamic extents (in mgx_extents)."""
         operands, extents = [], itertools.count()
-        for p, shape, _ in self.params:
-            operands.append(f"(void *)&{p.name}")
+        for i, (p, shape, _) in enumerate(self.params):
+            # A tensor map's 128 bytes, encoded into the call's mgx_map<i>, by value.
+            operands.append(f"(void *)mgx_map{i}" if i in self.maps else f"(void *)&{p.name}")
             if shape is not None:
                 operands += [f"&mgx_extents[{next(extents)}]" for size in shape if size is None]
         return operands
@@ -252,19 +356,22 @@ def _find_llc():
 
 
 def _cpu_object(spec, symbol, exported, directory, llc):
-    """The CPU build of `spec` as an object defining _mlir_ciface_<symbol>, or None where the
-    kernel needs the CPU backend's runtime (barriers, shared memory, warp operations)."""
-    if any(shape is None and dtype.name not in _CPU_SCALARS for _, shape, dtype in exported.params):
+    """The CPU build of `spec` as (an object defining _mlir_ciface_<symbol>, whether its threads
+    run as fibers, its static shared bytes), or None where the kernel needs more of the CPU
+    backend's runtime than runtime.c has (_CPU_RUNTIME)."""
+    if any(shape is None and dtype is not TensorMap and dtype.name not in _CPU_SCALARS
+           for _, shape, dtype in exported.params):
         return None
     traced = spec.trace(CpuLowering(frozenset(), runtime=False), name=symbol)
     lowered = ir.Module.parse(_mlirgpu.lower(traced, PIPELINE), context=traced.context)
     text = _mlirgpu.translate_to_llvm_ir(lowered)
-    if re.search(r"^declare .*@mg_cpu_", text, re.MULTILINE):
+    called = set(re.findall(r"^declare .*@((?:_mlir_ciface_)?mg_cpu_\w+)\(", text, re.MULTILINE))
+    if called - _CPU_RUNTIME:
         return None
     source, obj = directory / f"{symbol}.ll", directory / f"{symbol}.o"
     source.write_text(text)
     _run([llc, "-O3", "-filetype=obj", "-relocation-model=pic", str(source), "-o", str(obj)], "llc")
-    return obj
+    return obj, bool(called), traced.operation.attributes["mg.cpu.static_shared"].value
 
 
 def _run(command, what):
@@ -282,6 +389,12 @@ def _cpu_thunk(exported, spec, symbol):
     """The C function that calls a CPU build with the launch's parameter array."""
     lines, arguments, declared, slot = [], [], [], 0
     for i, (p, shape, dtype) in enumerate(spec._param_types()):
+        if dtype is TensorMap:
+            # The map's 128 bytes, which the CPU build reads through a pointer.
+            arguments.append(f"p[{slot}]")
+            declared.append("void *")
+            slot += 1
+            continue
         if shape is None:
             ctype = C_TYPES[dtype.name]
             arguments.append(f"*({ctype} *)p[{slot}]")
@@ -328,7 +441,9 @@ def _header(prefix, kernels):
              f"    {prefix.upper()}_NO_VARIANT = 2,      /* no exported specialization serves the sizes */",
              f"    {prefix.upper()}_NO_IMAGE = 3,        /* no image runs on this GPU */",
              f"    {prefix.upper()}_NO_BACKEND = 4,      /* no GPU, and no CPU build of the kernel */",
-             f"    {prefix.upper()}_CUDA_ERROR = 5       /* the CUDA driver failed */",
+             f"    {prefix.upper()}_CUDA_ERROR = 5,      /* the CUDA driver failed */",
+             f"    {prefix.upper()}_KERNEL_FAULT = 6     /* a CPU build found its kernel misusing shared memory, an "
+             f"mbarrier or a TMA copy */",
              f"}} {prefix}_status;", "",
              f"typedef struct {{ uint32_t x, y, z; }} {prefix}_dim3;", "",
              "/* The message of this thread's last failed call. */",
@@ -356,7 +471,7 @@ def _source(prefix, kernels, cpu_symbols, images, metadata):
     for k, exported in enumerate(kernels):
         variant_rows = []
         for v, (spec, rules) in enumerate(exported.variants):
-            symbol = cpu_symbols[k][v]
+            symbol, fibers, static_shared = cpu_symbols[k][v] or (None, False, 0)
             image_rows = []
             for j, (chip, capability, specific, is_ptx, data) in enumerate(images[k][v]):
                 out.append(_bytes(f"image_{k}_{v}_{j}", data))
@@ -371,8 +486,10 @@ def _source(prefix, kernels, cpu_symbols, images, metadata):
             description = json.dumps(repr(spec).strip("<>"))
             variant_rows.append(f'{{{description}, "{exported.name}", rules_{k}_{v}, tuned_{k}_{v}, '
                                 f'{int(spec.aligned)}, {len(image_rows)}, '
-                                f'images_{k}_{v}, {f"cpu_{symbol}" if symbol else "NULL"}, {{NULL}}}}')
+                                f'images_{k}_{v}, {f"cpu_{symbol}" if symbol else "NULL"}, {int(fibers)}, '
+                                f'{static_shared}, {{NULL}}}}')
         names = ", ".join(f'"{n}"' for n in exported.size_names) or "NULL"
+        out += [m.table(f"map_{k}_{i}") for i, m in exported.maps.items()]
         out += [f"static mgx_variant variants_{k}[] = {{\n    " + ",\n    ".join(variant_rows) + "\n};",
                 f"static const char *const size_names_{k}[] = {{{names}}};",
                 f'static const mgx_kernel kernel_{k} = {{"{exported.name}", {len(exported.size_names)}, '
@@ -381,18 +498,21 @@ def _source(prefix, kernels, cpu_symbols, images, metadata):
         extents = exported.dynamic_extents()
         rule = exported.launch
         arrays = [f"(uintptr_t){p.name}" for p, shape, _ in exported.params if shape is not None]
-        body = [_signature(prefix, exported), "{",
+        body = [_signature(prefix, exported), "{"]
+        # The kernel's tensor maps, by value: 64-byte aligned, as the driver wants a CUtensorMap.
+        body += [f"    _Alignas(64) unsigned char mgx_map{i}[MGX_TENSOR_MAP_BYTES];" for i in exported.maps]
+        body += [
                 f"    const int64_t mgx_sizes[] = {{{sizes}}};",
                 f"    const int mgx_aligned = ({' | '.join(arrays) or '0'}) % MGX_ALIGNMENT == 0;",
                 f"    int64_t mgx_extents[] = {{{', '.join(extents) or '0'}}};",
                 f"    void *mgx_params[] = {{{', '.join(exported.launch_operands())}}};"]
         body.append(f"    if (mgx_check_sizes(&kernel_{k}, mgx_sizes) != MGX_SUCCESS) return ({prefix}_status)"
                     f"MGX_INVALID_VALUE;")
-        for name in exported.extents:
+        for name in exported.extents + exported.map_sizes:
             body.append(f'    if ({name} <= 0) return ({prefix}_status)mgx_fail(MGX_INVALID_VALUE, '
                         f'"{exported.name}: {name} is %lld; sizes are positive", (long long){name});')
-        for p, shape, _ in exported.params:
-            if shape is not None:
+        for i, (p, shape, _) in enumerate(exported.params):
+            if shape is not None or i in exported.maps:
                 body.append(f'    if ({p.name} == NULL) return ({prefix}_status)mgx_fail(MGX_INVALID_VALUE, '
                             f'"{exported.name}: {p.name} is NULL");')
         body += ["    mgx_variant *mgx_v;",
@@ -401,6 +521,16 @@ def _source(prefix, kernels, cpu_symbols, images, metadata):
         # The tuned generics' values in the variant the sizes chose, which the launch rule may name.
         body += [f"    const int64_t {g} = mgx_v->tuned[{i}];" for i, g in enumerate(exported.tuned)]
         body += [f"    (void){g};" for g in exported.tuned]
+        for i, m in exported.maps.items():
+            shape = ", ".join(m.c_expressions(m.shape, "extent"))
+            body.append(f"    const int64_t mgx_shape{i}[] = {{{shape}}};")
+            strides = f"mgx_strides{i}" if m.strides else "NULL"
+            if m.strides:
+                strides_c = ", ".join(m.c_expressions(m.strides, "stride"))
+                body.append(f"    const int64_t mgx_strides{i}[] = {{{strides_c}}};")
+            body += [f"    mgx_status = mgx_encode_map(&kernel_{k}, &map_{k}_{i}, {m.name}, mgx_shape{i}, {strides}, "
+                     f"mgx_map{i});",
+                     f"    if (mgx_status != MGX_SUCCESS) return ({prefix}_status)mgx_status;"]
         if rule:
             body += [f"    const unsigned mgx_grid[3] = {{{', '.join(f'(unsigned)({g})' for g in rule['grid'])}}};",
                      f"    const unsigned mgx_block[3] = {{{', '.join(f'(unsigned)({b})' for b in rule['block'])}}};",
@@ -429,9 +559,12 @@ def _source(prefix, kernels, cpu_symbols, images, metadata):
 def _metadata(prefix, kernels):
     return {"prefix": prefix, "kernels": [{
         "name": e.name,
-        "params": [{"name": p.name, "kind": "scalar" if shape is None else "array", "dtype": dtype.name,
-                    "rank": 0 if shape is None else len(shape)} for p, shape, dtype in e.params],
-        "sizes": e.size_names + e.extents,
+        "params": [{"name": p.name, "kind": "map", "dtype": e.maps[i].dtype.name, "rank": len(e.maps[i].shape),
+                    "strided": e.maps[i].strides is not None}
+                   if i in e.maps else
+                   {"name": p.name, "kind": "scalar" if shape is None else "array", "dtype": dtype.name,
+                    "rank": 0 if shape is None else len(shape)} for i, (p, shape, dtype) in enumerate(e.params)],
+        "sizes": e.size_names + e.extents + e.map_sizes,
         "launch_rule": e.launch is not None} for e in kernels]}
 
 
@@ -459,8 +592,8 @@ def _readme(prefix, kernels, chips, with_cpu):
     return "\n".join(lines)
 
 
-def build(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launch=None, tuned=None, cpu=None,
-          cc=None) -> Path:
+def build(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launch=None, tuned=None, tensor_maps=None,
+          cpu=None, cc=None) -> Path:
     """mg.export's work; returns the library's path."""
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"mg.export(name=...) is a C identifier, not {name!r}")
@@ -477,14 +610,19 @@ def build(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launch
                            "name it in MLIRGPU_LLC")
     if tuned is not None and not isinstance(tuned, dict):
         raise ValueError(f"mg.export(tuned=...) maps autotuned kernels' names to tables, not {tuned!r}")
-    exported = [_Exported(kernel, bindings, launch, names)
-                for kernel, (bindings, names) in _group(kernels, tuned).items()]
+    if tensor_maps is not None and not isinstance(tensor_maps, dict):
+        raise ValueError(f"mg.export(tensor_maps=...) maps kernels' names to their tensor maps' descriptions, "
+                         f"not {tensor_maps!r}")
+    groups = _group(kernels, tuned)
+    for option, given in (("launch", launch), ("tensor_maps", tensor_maps)):
+        unknown = set(given or {}) - {kernel.__name__ for kernel in groups}
+        if unknown:
+            raise ValueError(f"mg.export({option}=...) names kernels that are not exported: {sorted(unknown)}")
+    exported = [_Exported(kernel, bindings, launch, names, (tensor_maps or {}).get(kernel.__name__))
+                for kernel, (bindings, names) in groups.items()]
     for e in exported:
         if e.name in _RUNTIME_NAMES:
             raise ValueError(f"mg.export: a kernel named {e.name} would clash with {name}_{e.name} of the runtime")
-    unknown = set(launch or {}) - {e.name for e in exported}
-    if unknown:
-        raise ValueError(f"mg.export(launch=...) names kernels that are not exported: {sorted(unknown)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     compiler = cc or os.environ.get("CC") or "cc"
@@ -499,10 +637,10 @@ def build(kernels, out_dir, *, chips=("sm_80", "sm_90a"), name="kernels", launch
             symbols = []
             for v, (spec, _) in enumerate(e.variants):
                 symbol = f"mgx_{name}_{e.name}_{v}"
-                obj = _cpu_object(spec, symbol, e, work, llc) if llc else None
-                symbols.append(symbol if obj else None)
-                if obj:
-                    objects.append(str(obj))
+                built = _cpu_object(spec, symbol, e, work, llc) if llc else None
+                symbols.append((symbol, *built[1:]) if built else None)
+                if built:
+                    objects.append(str(built[0]))
             cpu_symbols.append(symbols)
         header = _header(name, exported)
         (out / f"{name}.h").write_text(header)

@@ -55,9 +55,9 @@ def _stream_handle(stream):
 
 class ExportedFunction:
     """One kernel of an exported library: call it with the stream, then the
-    kernel's arguments, then its sizes (and grid=, block=, shared_mem= for a
-    kernel exported without a launch rule). A failed call raises LaunchError
-    with the library's message."""
+    kernel's arguments (the array in place of a tensor map), then its sizes
+    (and grid=, block=, shared_mem= for a kernel exported without a launch
+    rule). A failed call raises LaunchError with the library's message."""
 
     def __init__(self, library: Library, description: dict) -> None:
         self.library, self.name = library, description["name"]
@@ -78,7 +78,7 @@ class ExportedFunction:
         host = self.library.backend == "cpu"
         keep, values = [], [ctypes.c_void_p(_stream_handle(stream))]
         for p, arg in zip(self.params, args):
-            if p["kind"] == "array":
+            if p["kind"] in ("array", "map"):
                 array = _array(self.name, p, arg, host)
                 keep.append(array)
                 values.append(ctypes.c_void_p(array.ptr))
@@ -113,7 +113,8 @@ def _array(kernel, p, arg, host):
     if array.dtype.name != p["dtype"] or len(array.shape) != p["rank"]:
         raise LaunchError(f"{kernel}: parameter {p['name']!r} is a {p['rank']}-d {p['dtype']} array, got a "
                           f"{len(array.shape)}-d {array.dtype.name} one")
-    if not array.is_c_contiguous:
+    # A tensor map given its row strides reads any rows; other arrays are row-major.
+    if not array.is_c_contiguous and not p.get("strided"):
         raise LaunchError(f"{kernel}: parameter {p['name']!r} needs a C-contiguous array, got strides "
                           f"{array.strides}")
     return array

@@ -291,6 +291,7 @@ API CUresult cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType type, 
                                     const cuuint32_t *element_strides, CUtensorMapInterleave interleave,
                                     CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
     if ((uintptr_t)map % 64 || (uintptr_t)address % 16 || rank < 1 || rank > 5) return CUDA_ERROR_INVALID_VALUE;
+    if (getenv("FAKE_CUDA_TENSOR_MAP_FAILS")) return CUDA_ERROR_INVALID_VALUE;   // a driver refusing the map
     char text[512]; int n = snprintf(text, sizeof text, "cuTensorMapEncodeTiled type=%d rank=%u address=%lu dims=",
                                      (int)type, rank, H(address));
     for (cuuint32_t i = 0; i < rank; i++) n += snprintf(text + n, sizeof text - n, "%s%llu", i ? "," : "", (unsigned long long)dims[i]);
