@@ -14,9 +14,11 @@ def clear_plans():
 
 @pytest.fixture
 def device(monkeypatch):
-    """The CPU backend, planning as a GPU of the chip and multiprocessors a test sets."""
+    """The CPU backend, planning as a GPU of the chip and multiprocessors a test
+    sets, with no product too small for the Hopper GEMM (the CPU runs small ones)."""
     def pretend(chip, multiprocessors=132):
         monkeypatch.setattr(sys.modules["mlirgpu.ops.gemm"], "_device", lambda: (chip, multiprocessors))
+        monkeypatch.setattr(sys.modules["mlirgpu.ops.gemm"], "HOST_BOUND_PRODUCT", 0)
         clear_plans()
     with current_backend("cpu"):
         yield pretend

@@ -3,14 +3,16 @@ mlirgpu's tensor-core GEMMs from the shape and the GPU, once per (shape,
 dtype, device), and launches it.
 
 - "wgmma": the persistent, warp-specialized Hopper GEMM (hopper_gemm.py:
-  TMA, wgmma) on sm_90a, past 16 rows, where the rows of A, B and C are
-  whole multiples of 16 bytes (K and N multiples of 8): 128 x 256 tiles
-  where they fill every multiprocessor at least once, else 128 x 128
-  tiles, two warpgroups taking turns (ping-pong), which give twice the
-  tiles and overlap one tile's epilogue with the next one's products.
+  TMA, wgmma) on sm_90a, past 16 rows and from M * N * K = 1024^3 (below
+  it the host's time dominates, and the mma.sync launch costs less), where
+  the rows of A, B and C are whole multiples of 16 bytes (K and N multiples
+  of 8): 128 x 256 tiles where they fill every multiprocessor at least
+  once, else 128 x 128 tiles, two warpgroups taking turns (ping-pong),
+  which give twice the tiles and overlap one tile's epilogue with the next
+  one's products.
 - "mma.sync": the Ampere-style GEMM (ampere_gemm.py: cp.async, ldmatrix,
   mma.sync) fed by an mg.TileScheduler, everywhere else:
-  - on sm_90a, from 17 to 1024 rows (where TMA cannot address the rows):
+  - on sm_90a, from 17 to 1024 rows (smaller products, or rows TMA cannot address):
     64 x 128 tiles, a block each (on an H200 these beat the split-K and
     stream-K schedules below from 128 to 512 rows);
   - small M (at most 256 rows): a tile of 16, 64 or 128 rows and split-K,
@@ -36,6 +38,7 @@ __all__ = ["matmul", "choose", "register_torch", "Choice", "SMALL_M"]
 
 SMALL_M = 256                     # rows up to which a product is "skinny": split-K over B
 SHORT_DATA_PARALLEL_M = 1024      # on sm_90a, rows up to which mma.sync runs 64 x 128 tiles, data-parallel
+HOST_BOUND_PRODUCT = 1024 ** 3   # M * N * K under which a product's time is the host's: mma.sync costs less
 CPU_MULTIPROCESSORS = 4           # what the CPU backend plans for: splits and streams on a small grid
 MIN_STEPS_PER_SLICE = 4           # a split-K slice fills the cp.async pipeline (3 steps ahead) at least once
 
@@ -59,7 +62,7 @@ def choose(m, k, n, chip, multiprocessors):
     """The kernel ops.matmul runs for an (m x k) @ (k x n) product on a GPU
     `chip` ("sm_90a", "sm_80", ...) of `multiprocessors` SMs (see the
     module's text for the rule)."""
-    if chip == "sm_90a" and k % 8 == 0 and n % 8 == 0 and m > SKINNY.bm:
+    if chip == "sm_90a" and k % 8 == 0 and n % 8 == 0 and m > SKINNY.bm and m * n * k >= HOST_BOUND_PRODUCT:
         whole_waves = _ceil_div(m, WGMMA.bm) * _ceil_div(n, WGMMA.bn) >= multiprocessors
         return Choice("wgmma", WGMMA if whole_waves else PINGPONG, None, None, multiprocessors)
     if chip == "sm_90a" and SKINNY.bm < m <= SHORT_DATA_PARALLEL_M:
