@@ -55,7 +55,8 @@ def compile_flags():
     mlir = os.environ.get("MLIR_PREFIX", "/usr/lib/llvm-22")
     cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     return ["-std=c11", "-O0", "-fvisibility=hidden", "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION",
-            '-DMG_CUDA_HOME="/usr/local/cuda"', f"-I{CSRC}", f"-I{mlir}/include", f"-I{cuda}/include",
+            '-DMG_CUDA_HOME="/usr/local/cuda"', f"-I{CSRC}", f"-I{ROOT / 'python' / 'mlirgpu' / 'export'}",
+            f"-I{mlir}/include", f"-I{cuda}/include",
             f"-I{numpy.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
 
 
