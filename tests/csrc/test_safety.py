@@ -474,6 +474,9 @@ def test_long_cpu_launch_is_interrupted_and_lets_threads_run():
         import numpy as np
         import mlirgpu as mg
         from test_safety import spin
+        # Python's own Ctrl-C handler, as in an interpreter started from a terminal: a parent
+        # (a background job of a non-interactive shell) may have left SIGINT ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         engine = mg.cpu.engine(spin.specialize({}))
         X = np.zeros(1024, np.int32)
         n = np.int32(20_000_000).tobytes()   # about 3 s of blocks here: the interrupt at 0.5 s lands mid-grid

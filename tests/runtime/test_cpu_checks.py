@@ -60,6 +60,10 @@ print("then", y[5] == x[5] {operator} 1)
 INTERRUPT = """
 import os, signal, threading
 
+# Python's own Ctrl-C handler, as in an interpreter started from a terminal: a parent
+# (a background job of a non-interactive shell) may have left SIGINT ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 def interrupted(call):  # Ctrl-C half a second into call(): KeyboardInterrupt, or what it returned
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
     try:
