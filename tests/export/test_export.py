@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.checks import PYTHON_DIR
+from support.checks import PYTHON_DIR, run_on_fake_driver
 
 import mlirgpu as mg
 
@@ -225,13 +225,8 @@ for m, k, n, offset in ((32, 32, 32, 0), (33, 32, 32, 0), (48, 48, 48, 0), (48, 
 def test_dispatch_by_divisibility_on_the_driver(sgemm_library, fake_libcuda, tmp_path):
     script = tmp_path / "calls.py"
     script.write_text(FAKE_DRIVER_CALLS)
-    env = dict(os.environ, LD_LIBRARY_PATH=str(Path(fake_libcuda).parent))
-    env.pop("MLIRGPU_BACKEND", None)
-    done = subprocess.run([sys.executable, str(script), fake_libcuda, str(sgemm_library)], capture_output=True,
-                          text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
     # The stand-in is an sm_90 GPU: the library loads its sm_80 PTX, once per variant a call needs.
-    assert done.stdout.splitlines() == ["backend cuda", "32 32 32 loads 1 launches 1", "33 32 32 loads 2 launches 2",
+    assert run_on_fake_driver(script, fake_libcuda, sgemm_library) == ["backend cuda", "32 32 32 loads 1 launches 1", "33 32 32 loads 2 launches 2",
                                         "48 48 48 loads 2 launches 3", "48 48 48 loads 3 launches 4"]
 
 

@@ -10,11 +10,10 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
-from support.checks import PYTHON_DIR
+from support.checks import PYTHON_DIR, run_on_fake_driver
 
 import mlirgpu as mg
 from mlirgpu.ops import hopper_gemm
@@ -244,12 +243,7 @@ def test_the_library_encodes_each_map_once_and_passes_it_by_value(fake_libcuda, 
             "int64_t m_extent1);") in (tmp_path / "out" / "maps.h").read_text()
     script = tmp_path / "calls.py"
     script.write_text(FAKE_DRIVER_CALLS)
-    env = dict(os.environ, LD_LIBRARY_PATH=str(Path(fake_libcuda).parent))
-    env.pop("MLIRGPU_BACKEND", None)
-    done = subprocess.run([sys.executable, str(script), fake_libcuda, str(library)], capture_output=True,
-                          text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    lines = run_on_fake_driver(script, fake_libcuda, library)
     # Sizes innermost first, byte strides of the outer dimensions, bf16 (9), the 64-byte swizzle (2).
     encoded = "dims=32,64 strides=64 box=32,16 element_strides=1,1 interleave=0 swizzle=2 l2=0 oob=0"
     assert lines[:5] == ["backend cuda", f"0 1 1 True {encoded} ", f"0 1 2 True {encoded} ",

@@ -43,6 +43,18 @@ def run_isolated(code, timeout=180):
         return subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def run_on_fake_driver(script, fake_libcuda, library):
+    """Runs `script` (a file: it takes the fake driver's path and an exported
+    library's) in a new interpreter that loads the fake CUDA driver; its
+    stdout's lines, after checking that it exited normally."""
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(fake_libcuda))
+    env.pop("MLIRGPU_BACKEND", None)
+    done = subprocess.run([sys.executable, str(script), fake_libcuda, str(library)], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
 def assert_isolated(code, expected_stdout):
     """`code` must exit normally (no crash) and print `expected_stdout` (a substring)."""
     proc = run_isolated(code)
