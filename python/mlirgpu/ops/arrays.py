@@ -1,6 +1,8 @@
 """What every op does with its array arguments: takes torch tensors, CuPy or
 JAX arrays, DeviceArrays (and NumPy arrays on the CPU backend) without a
 copy, reads their dtype, and makes outputs in the caller's library."""
+import sys
+
 from .._mlirgpu import DeviceArray, DType, LaunchError, asarray, bf16, dtype, f16, f32, i32
 from ..runtime import backend
 
@@ -31,19 +33,35 @@ def as_array(x, what):
 def geometry(array):
     """(type, address, shape, strides, dtype[, read-only]) of an array, read the
     cheapest way its library offers (torch's data_ptr, CuPy's data.ptr),
-    else through as_array: what a tensor map of it is a function of."""
+    else through as_array: what a tensor map of it is a function of. Equal
+    geometries without the address mean equal shape, strides and dtype."""
     kind = type(array)
+    reader = _GEOMETRY_READERS.get(kind)
+    if reader is None:
+        reader = _GEOMETRY_READERS.setdefault(kind, _geometry_reader(kind))
+    return reader(array)
+
+
+def _geometry_reader(kind):
+    """The function reading geometry() of arrays of type `kind` (chosen once
+    per type: ops read it on every call)."""
     if kind is DeviceArray:
-        return kind, array.ptr, array.shape, array.strides, array.dtype, array.readonly
+        return lambda x: (DeviceArray, x.ptr, x.shape, x.strides, x.dtype, x.readonly)
     library = kind.__module__.split(".")[0]
-    if library == "torch":
-        return kind, array.data_ptr(), tuple(array.shape), array.stride(), array.dtype
+    if library == "torch":    # torch.Size is a tuple: equal to and hashed as one
+        return lambda x: (kind, x.data_ptr(), x.shape, x.stride(), x.dtype)
     if library == "cupy":
-        return kind, array.data.ptr, array.shape, array.strides, array.dtype
-    if library == "numpy":   # the CPU backend's
-        return kind, array.ctypes.data, array.shape, array.strides, array.dtype, not array.flags.writeable
-    view = as_array(array, "an array")
-    return kind, view.ptr, view.shape, view.strides, view.dtype, view.readonly
+        return lambda x: (kind, x.data.ptr, x.shape, x.strides, x.dtype)
+    if library == "numpy":    # the CPU backend's
+        return lambda x: (kind, x.ctypes.data, x.shape, x.strides, x.dtype, not x.flags.writeable)
+
+    def through_view(x):
+        view = as_array(x, "an array")
+        return kind, view.ptr, view.shape, view.strides, view.dtype, view.readonly
+    return through_view
+
+
+_GEOMETRY_READERS = {}
 
 
 def dtype_of(array):
@@ -73,12 +91,18 @@ def is_contiguous(array):
 def torch_stream(x):
     """torch's current stream where x is a CUDA tensor (so that torch's
     allocations, its graph captures and an op's launches stay in one order),
-    else None: the default stream."""
-    if type(x).__module__.split(".")[0] != "torch" or x.device.type != "cuda":
+    as its CUstream handle (an int: 0 for the legacy default stream), else
+    None: the default stream."""
+    if type(x).__module__.split(".")[0] != "torch":
         return None
-    import torch
-
-    return torch.cuda.current_stream(x.device)
+    index = x.get_device()
+    if index < 0:    # a CPU (or meta) tensor
+        return None
+    torch = sys.modules["torch"]
+    # The handle alone, as torch's own extensions and Triton read it: a torch.cuda.Stream object
+    # costs more to make than the whole launch.
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 def new_like(x, shape, kind, zeros=False):

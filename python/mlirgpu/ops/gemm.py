@@ -32,7 +32,7 @@ from collections import namedtuple
 from .._mlirgpu import LaunchError, bf16, current_device, f16
 from ..runtime import backend
 from . import ampere_gemm, hopper_gemm
-from .arrays import as_array, dtype_of, is_contiguous, output, torch_stream, zero
+from .arrays import as_array, dtype_of, geometry, is_contiguous, new_like, output, torch_stream, zero
 
 __all__ = ["matmul", "choose", "register_torch", "Choice", "SMALL_M"]
 
@@ -97,6 +97,16 @@ def _device():
     return device.chip, device.multiprocessor_count
 
 
+def _wgmma(choice, m, k, n):
+    """The launch of the Hopper GEMM for `choice` (hopper_gemm.launch keeps
+    its tensor maps for the arrays' addresses)."""
+    def run(a, b, c, stream, geometries):
+        if geometries is not None and geometries[2] is None:    # a new output
+            geometries[2] = geometry(c)
+        hopper_gemm.launch(a, b, c, choice.config, stream, geometries=geometries)
+    return run
+
+
 def _mma_sync(choice, m, k, n):
     """The launch of the mma.sync GEMM for `choice`, with its workspace."""
     config, mode, split = choice.config, choice.mode, choice.split
@@ -105,24 +115,17 @@ def _mma_sync(choice, m, k, n):
     kernel = ampere_gemm.kernel_for(config, mode, split)
     grid, block, shared = plan.grid, config.threads, config.shared_bytes()
 
-    def run(a, b, c, stream):
+    def run(a, b, c, stream, geometries):
         kernel(a, b, c, partials, counters, counters, grid=grid, block=block, shared_mem=shared, stream=stream)
-    return run
-
-
-def _wgmma(choice, m, k, n):
-    """The launch of the Hopper GEMM for `choice` (hopper_gemm.launch keeps
-    its tensor maps for the arrays' addresses)."""
-    def run(a, b, c, stream):
-        hopper_gemm.launch(a, b, c, choice.config, stream)
     return run
 
 
 class _Call:
     """What a matmul of one (shape, dtype, device) runs: the choice, the
-    output's shape and dtype, and the launch."""
+    output's shape and dtype, the launch, and the last `out` found right
+    (its geometry but the address)."""
 
-    __slots__ = ("choice", "shape", "dtype", "run")
+    __slots__ = ("choice", "shape", "dtype", "run", "checked_out")
 
     def __init__(self, a, b):
         A, B = as_array(a, "matmul's a"), as_array(b, "matmul's b")
@@ -136,6 +139,7 @@ class _Call:
         if dtype not in (f16, bf16) or dtype_of(B) != dtype:
             raise LaunchError(f"matmul takes a and b of one dtype, f16 or bf16; got {A.dtype} and {B.dtype}")
         self.shape, self.dtype = (m, n), dtype
+        self.checked_out = None
         # An empty product runs no kernel.
         self.choice = choose(m, k, n, *_device()) if m * n * k else None
         if m * n == 0:
@@ -146,7 +150,7 @@ class _Call:
             self.run = (_wgmma if self.choice.kernel == "wgmma" else _mma_sync)(self.choice, m, k, n)
 
 
-def _zeros(a, b, c, stream):
+def _zeros(a, b, c, stream, geometries):
     """A product over an empty K: zeros."""
     zero(c, "matmul")
 
@@ -219,23 +223,37 @@ def matmul(a, b, *, out=None):
 
 
 def _launch(a, b, out):
-    """matmul's work, outside torch.compile's tracing."""
+    """matmul's work, outside torch.compile's tracing. Each array's geometry
+    (arrays.geometry) is read once: without the addresses, it finds the kept
+    _Call, and a kept _Call was made for arrays of that shape, strides and
+    dtype, so they need no more checks; with them, the Hopper GEMM's kept
+    tensor maps."""
     try:
-        key = _key(a, b)
-    except AttributeError:  # no shape or dtype: _Call says what the arrays must be
-        key = None
+        geometries = [geometry(a), geometry(b), None if out is None else geometry(out)]
+    except (AttributeError, TypeError):    # no array: _Call says what the arrays must be
+        geometries = None
+    current = backend.current()
+    # The backend and device are part of the key: a choice holds a workspace on one device.
+    where = current, current_device() if current.name == "cuda" else None
+    key = None if geometries is None else (geometries[0][:1] + geometries[0][2:],
+                                           geometries[1][:1] + geometries[1][2:], where)
     call = _CALLS.get(key)
     if call is None:
         call = _Call(a, b)
+        if not (is_contiguous(a) and is_contiguous(b)):
+            raise LaunchError("matmul's a and b must be C-contiguous (copy them first)")
         if _compiling is None and type(a).__module__.split(".")[0] == "torch":
             register_torch()
         if key is not None:
             _CALLS[key] = call
-    # The arrays of a key can still differ in their strides.
-    if not (is_contiguous(a) and is_contiguous(b)):
-        raise LaunchError("matmul's a and b must be C-contiguous (copy them first)")
-    out = output(a, out, call.shape, call.dtype, "matmul")
+    if out is None:
+        out = new_like(a, call.shape, call.dtype)
+    else:
+        checked = None if geometries is None else geometries[2][:1] + geometries[2][2:]
+        if checked is None or checked != call.checked_out:
+            output(a, out, call.shape, call.dtype, "matmul")
+            call.checked_out = checked
     if call.run is not None:
         # On torch's current stream for CUDA tensors (torch.cuda.stream(...) blocks, graph captures).
-        call.run(a, b, out, torch_stream(a))
+        call.run(a, b, out, torch_stream(a), geometries)
     return out

@@ -593,16 +593,17 @@ _PLANS = {}
 PLANS_KEPT = 64
 
 
-def launch(A, B, C, config=None, stream=None, scale_a=1.0, scale_b=1.0):
+def launch(A, B, C, config=None, stream=None, scale_a=1.0, scale_b=1.0, geometries=None):
     """C = A @ B (A: M x K, B: K x N, C: M x N, DeviceArrays or CUDA arrays of
     C's type) with `config`; what the launch needs (the specialization, the
     tensor maps of A, B and C, the grid) is planned on the first launch with
     arrays of this geometry and kept, as a library caches it, so that later
     launches read the arrays' addresses and go straight to the kernel's C
     fast path. With 8-bit A and B (B given as N x K), C = (scale_a *
-    scale_b) * (A @ B)."""
+    scale_b) * (A @ B). `geometries`: (arrays.geometry(x) for A, B and C),
+    where the caller has read them already."""
     # `config` by identity: the plan keeps it, so no other object can take its id.
-    key = (config, geometry(A), geometry(B), geometry(C))
+    key = (config, *(geometries or (geometry(A), geometry(B), geometry(C))))
     planned = _PLANS.pop(key, None)
     kept = True
     if planned is None:
