@@ -33,11 +33,12 @@ measured in the same run.
   once and kept); TFLOP/s count 2.5 times the forward's products; dq, dk, dv
   checked against the flash backend's (cuDNN's where that one fails).
 - Decoding: one query a sequence against a K/V cache, bf16, d = 128, 32 query
-  heads on 4 key/value heads (8:1), B = 8, cache lengths 4096, 16384 and
-  65536: mlirgpu (keys split among blocks, merged by a second kernel) and
-  SDPA's backends with enable_gqa, in GB/s of K and V read; beside them a
-  device-to-device copy of the cache (torch's copy_), whose GB/s count the
-  bytes read, as the attention rows do: the memory's pace on this GPU.
+  heads on 4 key/value heads (8:1), batches of 1 to 64 sequences with caches
+  of 8k to 128k keys: mlirgpu (the group's query heads in one block, keys
+  split among blocks, merged by a second kernel) and SDPA's backends with
+  enable_gqa, in GB/s of K and V read; beside them a device-to-device copy
+  of the cache (torch's copy_), whose GB/s count the bytes it reads and
+  writes: the memory's bandwidth on this GPU. `--decode`: these rows only.
 
 Needs a CUDA GPU and torch.
 """
@@ -140,14 +141,15 @@ def measure_backward(torch, length, d, causal, rounds):
     return timed(torch, runs, results, rounds)
 
 
-DECODE = dict(batch=8, hq=32, hk=4, d=128)
-DECODE_LENGTHS, QUICK_DECODE_LENGTHS = (4096, 16384, 65536), (16384,)
+DECODE = dict(hq=32, hk=4, d=128)
+DECODE_SHAPES = ((1, 131072), (8, 8192), (8, 32768), (8, 131072), (64, 8192), (64, 32768))   # (batch, cache)
+QUICK_DECODE_SHAPES = ((8, 32768),)
 COPY = "d2d copy"
 
 
-def measure_decode(torch, length, rounds):
-    """{name: median ms or 'FAILED: why'} of one decode step against a cache of `length` keys."""
-    batch, hq, hk, d = DECODE["batch"], DECODE["hq"], DECODE["hk"], DECODE["d"]
+def measure_decode(torch, batch, length, rounds):
+    """{name: median ms or 'FAILED: why'} of one decode step of `batch` sequences against caches of `length` keys."""
+    hq, hk, d = DECODE["hq"], DECODE["hk"], DECODE["d"]
     q = torch.rand(batch, 1, hq, d, device="cuda", dtype=torch.bfloat16) * 2 - 1
     k, v = (torch.rand(batch, length, hk, d, device="cuda", dtype=torch.bfloat16) * 2 - 1 for _ in range(2))
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -190,12 +192,12 @@ def cell(result, length, d, causal, work=1.0):
     return result if isinstance(result, str) else f"{tflops(length, d, causal, result, work):.1f}"
 
 
-def decode_cell(result, length):
-    """GB/s of the K/V cache read."""
+def decode_rate(result, name, batch, length):
+    """GB/s of the K/V cache read (read and written by the copy), or the failure."""
     if isinstance(result, str):
         return result
-    nbytes = 2 * DECODE["batch"] * length * DECODE["hk"] * DECODE["d"] * 2
-    return f"{nbytes / (result * 1e-3) / 1e9:.0f}"
+    nbytes = 2 * batch * length * DECODE["hk"] * DECODE["d"] * 2 * (2 if name == COPY else 1)
+    return nbytes / (result * 1e-3) / 1e9
 
 
 def ratio(results, peer):
@@ -205,11 +207,17 @@ def ratio(results, peer):
     return "-"
 
 
+def rate_ratio(rates, peer):
+    mine, theirs = rates[MLIRGPU], rates[peer]
+    return f"{mine / theirs:.2f}" if isinstance(mine, float) and isinstance(theirs, float) else "-"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--quick", action="store_true", help=f"L = {QUICK_LENGTHS[0]} only")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timed rounds (default 15)")
+    parser.add_argument("--decode", action="store_true", help="the decoding rows only")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -217,46 +225,49 @@ def main(argv=None):
         sys.exit("benchmarks/attention.py needs torch (its SDPA is the peer)")
     if not torch.cuda.is_available():
         sys.exit("benchmarks/attention.py needs a CUDA GPU")
-    print(f"attention forward, bf16, {TOKENS} tokens a batch, heads x head_dim = {WIDTH}, "
-          f"on {torch.cuda.get_device_name()} (TFLOP/s, median of {args.rounds} interleaved rounds)")
-    header = (f"{'L':>6} {'B':>3} {'H':>3} {'d':>4} {'causal':>6} | {MLIRGPU:>8} {FA2:>11} {FLASH:>10} {CUDNN:>10} | "
-              f"{'mlirgpu/cuDNN':>13} {'mlirgpu/flash':>13}")
-    print(header)
-    print("-" * len(header))
-    for length in QUICK_LENGTHS if args.quick else LENGTHS:
-        for d in HEAD_DIMS:
-            for causal in (False, True):
-                results = measure(torch, length, d, causal, args.rounds)
-                cells = [cell(results[name], length, d, causal) for name in (MLIRGPU, FA2, FLASH, CUDNN)]
-                print(f"{length:>6} {TOKENS // length:>3} {WIDTH // d:>3} {d:>4} {str(causal):>6} | "
-                      f"{cells[0]:>8} {cells[1]:>11} {cells[2]:>10} {cells[3]:>10} | "
-                      f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
-                report(results)
-    print("\nattention backward (dq, dk, dv; TFLOP/s count 2.5 forwards)")
-    header = (f"{'L':>6} {'B':>3} {'H':>3} {'d':>4} {'causal':>6} | {MLIRGPU:>8} {FLASH:>10} {CUDNN:>10} | "
-              f"{'mlirgpu/cuDNN':>13} {'mlirgpu/flash':>13}")
-    print(header)
-    print("-" * len(header))
-    for length in QUICK_LENGTHS if args.quick else LENGTHS[:2]:
-        for d in HEAD_DIMS:
-            for causal in (False, True):
-                results = measure_backward(torch, length, d, causal, args.rounds)
-                cells = [cell(results[name], length, d, causal, 2.5) for name in (MLIRGPU, FLASH, CUDNN)]
-                print(f"{length:>6} {TOKENS // length:>3} {WIDTH // d:>3} {d:>4} {str(causal):>6} | "
-                      f"{cells[0]:>8} {cells[1]:>10} {cells[2]:>10} | "
-                      f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
-                report(results)
-    print(f"\ndecoding: 1 query, B = {DECODE['batch']}, {DECODE['hq']} query heads on {DECODE['hk']} key/value "
-          f"heads, d = {DECODE['d']}, bf16 (GB/s of the K/V cache read)")
-    header = (f"{'cache':>6} | {MLIRGPU:>8} {FLASH:>10} {CUDNN:>10} {COPY:>9} | {'mlirgpu/copy':>12} "
+    if not args.decode:
+        print(f"attention forward, bf16, {TOKENS} tokens a batch, heads x head_dim = {WIDTH}, "
+              f"on {torch.cuda.get_device_name()} (TFLOP/s, median of {args.rounds} interleaved rounds)")
+        header = (f"{'L':>6} {'B':>3} {'H':>3} {'d':>4} {'causal':>6} | {MLIRGPU:>8} {FA2:>11} {FLASH:>10} {CUDNN:>10} | "
+                  f"{'mlirgpu/cuDNN':>13} {'mlirgpu/flash':>13}")
+        print(header)
+        print("-" * len(header))
+        for length in QUICK_LENGTHS if args.quick else LENGTHS:
+            for d in HEAD_DIMS:
+                for causal in (False, True):
+                    results = measure(torch, length, d, causal, args.rounds)
+                    cells = [cell(results[name], length, d, causal) for name in (MLIRGPU, FA2, FLASH, CUDNN)]
+                    print(f"{length:>6} {TOKENS // length:>3} {WIDTH // d:>3} {d:>4} {str(causal):>6} | "
+                          f"{cells[0]:>8} {cells[1]:>11} {cells[2]:>10} {cells[3]:>10} | "
+                          f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
+                    report(results)
+        print("\nattention backward (dq, dk, dv; TFLOP/s count 2.5 forwards)")
+        header = (f"{'L':>6} {'B':>3} {'H':>3} {'d':>4} {'causal':>6} | {MLIRGPU:>8} {FLASH:>10} {CUDNN:>10} | "
+                  f"{'mlirgpu/cuDNN':>13} {'mlirgpu/flash':>13}")
+        print(header)
+        print("-" * len(header))
+        for length in QUICK_LENGTHS if args.quick else LENGTHS[:2]:
+            for d in HEAD_DIMS:
+                for causal in (False, True):
+                    results = measure_backward(torch, length, d, causal, args.rounds)
+                    cells = [cell(results[name], length, d, causal, 2.5) for name in (MLIRGPU, FLASH, CUDNN)]
+                    print(f"{length:>6} {TOKENS // length:>3} {WIDTH // d:>3} {d:>4} {str(causal):>6} | "
+                          f"{cells[0]:>8} {cells[1]:>10} {cells[2]:>10} | "
+                          f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
+                    report(results)
+    print(f"\ndecoding: 1 query, {DECODE['hq']} query heads on {DECODE['hk']} key/value heads, d = {DECODE['d']}, "
+          f"bf16, on {torch.cuda.get_device_name()} (GB/s of the K/V cache read, the copy's read and written; "
+          f"median of {args.rounds} interleaved rounds)")
+    header = (f"{'B':>3} {'cache':>6} | {MLIRGPU:>8} {FLASH:>10} {CUDNN:>10} {COPY:>9} | {'mlirgpu/copy':>12} "
               f"{'mlirgpu/flash':>13}")
     print(header)
     print("-" * len(header))
-    for length in QUICK_DECODE_LENGTHS if args.quick else DECODE_LENGTHS:
-        results = measure_decode(torch, length, args.rounds)
-        cells = [decode_cell(results[name], length) for name in (MLIRGPU, FLASH, CUDNN, COPY)]
-        print(f"{length:>6} | {cells[0]:>8} {cells[1]:>10} {cells[2]:>10} {cells[3]:>9} | "
-              f"{ratio(results, COPY):>12} {ratio(results, FLASH):>13}", flush=True)
+    for batch, length in QUICK_DECODE_SHAPES if args.quick else DECODE_SHAPES:
+        results = measure_decode(torch, batch, length, args.rounds)
+        rates = {name: decode_rate(results[name], name, batch, length) for name in (MLIRGPU, FLASH, CUDNN, COPY)}
+        cells = [rate if isinstance(rate, str) else f"{rate:.0f}" for rate in rates.values()]
+        print(f"{batch:>3} {length:>6} | {cells[0]:>8} {cells[1]:>10} {cells[2]:>10} {cells[3]:>9} | "
+              f"{rate_ratio(rates, COPY):>12} {rate_ratio(rates, FLASH):>13}", flush=True)
         report(results)
     return 0
 
