@@ -356,6 +356,23 @@ def test_the_ping_pong_gemm_on_the_cpu(hopper_gemm):
     run_gemm(hopper_gemm, 300, 136, 200, config)
 
 
+@pytest.mark.parametrize("schedule, bn", [("cooperative", 256), ("pingpong", 128)])
+@pytest.mark.parametrize("split", [2, 4])
+def test_the_split_k_gemm_on_the_cpu(hopper_gemm, schedule, bn, split):
+    # K = 330: 6 steps of 64, the last part-filled. Split 2: slices of 3 steps. Split 4: slices
+    # of 2 steps, the fourth wholly past K (TMA's zeros).
+    config = hopper_gemm.Config(bn, 64, 4, schedule=schedule, split=split)
+    assert "split-K" in config.name and config.epilogue == "registers"
+    run_gemm(hopper_gemm, 200, 136, 330, config)
+
+
+def test_split_k_is_a_register_epilogue_without_clusters(hopper_gemm):
+    with pytest.raises(ValueError, match="split-K takes the register epilogue and no multicast"):
+        hopper_gemm.Config(256, 64, 4, epilogue="tma", split=2)
+    with pytest.raises(ValueError, match="split is an int >= 1"):
+        hopper_gemm.Config(256, 64, 4, split=0)
+
+
 def test_a_cluster_config_is_a_launch_error_on_the_cpu(hopper_gemm):
     config = hopper_gemm.CONFIGS[-1]
     assert config.multicast

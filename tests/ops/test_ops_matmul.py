@@ -53,8 +53,10 @@ H200 = ("sm_90a", 132)
     (1024, 1024, 1024, "wgmma", None),
     (512, 512, 512, "mma.sync", "data_parallel"),   # bound by the host's time, which mma.sync's launch cuts
     (777, 520, 1000, "mma.sync", "data_parallel"),
-    (128, 8192, 8192, "wgmma", None),
-    (17, 8192, 8192, "wgmma", None),
+    (128, 8192, 8192, "wgmma", "split_k"),    # 64 tiles of 128 x 128: 2 slices of K
+    (17, 8192, 8192, "wgmma", "split_k"),
+    (64, 14336, 4096, "wgmma", "split_k"),    # 32 tiles: 4 slices
+    (256, 1024, 4096, "wgmma", None),         # 64 tiles, 16 steps of K: too short to split
     (16, 8192, 8192, "mma.sync", "split_k"),
     (128, 8192, 8196, "mma.sync", "data_parallel"),   # no TMA: 64 x 128 tiles, a block each
     (1, 4096, 4096, "mma.sync", "split_k"),
@@ -83,6 +85,15 @@ def test_on_sm_90a_fewer_tiles_than_multiprocessors_take_the_ping_pong_kernel():
     assert gemm.PINGPONG.bn == 128 and gemm.PINGPONG.schedule == "pingpong"
 
 
+def test_on_sm_90a_half_idle_multiprocessors_and_a_long_k_take_split_k():
+    choice = gemm.choose(64, 14336, 4096, *H200)
+    config = choice.config
+    assert (config.schedule, config.bn, config.split, choice.split) == ("pingpong", 128, 4, 4)
+    assert config.epilogue == "registers"    # a slice's rows of partial sums end where the next one's begin
+    assert gemm.choose(128, 8192, 8192, *H200).split == 2                 # 64 tiles
+    assert gemm.choose(256, 8192, 8192, *H200).config is gemm.PINGPONG   # 128 tiles
+
+
 def test_a_short_k_is_not_split_below_a_full_pipeline():
     choice = gemm.choose(16, 256, 8192, *H200)
     assert choice.mode == "data_parallel"   # 4 steps of 64: one slice
@@ -105,8 +116,9 @@ def test_every_gemm_kernel_launches_from_c(mode):
         kernel = ampere_gemm.kernel_for(config, mode, 2 if mode == "split_k" else None)
         assert kernel.traced_globals.guards() is not None, (config, mode)
     hopper_gemm = sys.modules["mlirgpu.ops.hopper_gemm"]
-    for config in hopper_gemm.CONFIGS:
+    for config in hopper_gemm.CONFIGS + [gemm.choose(64, 14336, 4096, *H200).config]:
         assert hopper_gemm.kernel_for(config, mg.bf16).traced_globals.guards() is not None, config
+    assert hopper_gemm._split_sum().traced_globals.guards() is not None
 
 
 # ==========================================================================
@@ -121,6 +133,7 @@ CPU_CASES = [
     ("sm_86", 4, 300, 150, 100, "f16", "mma.sync", "stream_k"),      # 3 tiles streamed over 4 units
     ("sm_90a", 1, 300, 200, 264, "bf16", "wgmma", None),
     ("sm_90a", 132, 300, 200, 264, "f16", "wgmma", None),            # 128 x 128 tiles, ping-pong
+    ("sm_90a", 8, 20, 4104, 136, "bf16", "wgmma", "split_k"),        # 2 tiles, 2 slices, K's last step partial
 ]
 
 
@@ -219,6 +232,7 @@ def test_what_is_no_array_is_a_type_error(device):
 # On a GPU, at full sizes, against torch.matmul (NumPy in float64 without torch)
 
 GPU_SHAPES = [(1, 4096, 4096), (16, 8192, 8192), (17, 4096, 4104), (128, 8192, 8192), (256, 4096, 14336),
+              (64, 14336, 4096),
               (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (1000, 1000, 1000), (8192, 8192, 8192),
               (777, 520, 1000)]
 
@@ -303,3 +317,30 @@ def test_matmul_launches_on_torchs_current_stream():
         expected = mlirgpu.ops.matmul(a, b)   # on the default stream, after the side stream's work
         torch.cuda.synchronize()
     assert torch.equal(c, expected)
+
+
+@pytest.mark.gpu
+def test_split_k_matmuls_on_two_streams_keep_their_partial_sums_apart():
+    torch = pytest.importorskip("torch")
+    with current_backend("cuda"):
+        if mg.cuda.Device(mg.cuda.current_device()).chip != "sm_90a":
+            pytest.skip("split-K of the Hopper GEMM: needs sm_90a")
+        a = [torch.randn((64, 14336), device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        b = torch.randn((14336, 4096), device="cuda", dtype=torch.bfloat16)
+        mlirgpu.ops.matmul(a[0], b)
+        (call,) = gemm._CALLS.values()
+        assert call.choice.mode == "split_k"
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        results = [[], []]
+        for stream in streams:
+            stream.wait_stream(torch.cuda.current_stream())
+        # Both streams' launches in flight at once: one workspace would mix their partial sums.
+        for _ in range(8):
+            for i, stream in enumerate(streams):
+                with torch.cuda.stream(stream):
+                    results[i].append(mlirgpu.ops.matmul(a[i], b))
+        torch.cuda.synchronize()
+        for i in range(2):
+            expected = mlirgpu.ops.matmul(a[i], b)
+            torch.cuda.synchronize()
+            assert all(torch.equal(c, expected) for c in results[i])

@@ -46,6 +46,13 @@ combinations; the first is the default):
   other through named barriers once they have issued a tile's wgmmas, so
   that one's epilogue runs under the other's wgmmas. A stage is then read by
   one warpgroup, whose 4 warps free it.
+- split=S (register epilogue, no multicast): each tile's K is cut into S
+  slices of equal steps, and each (slice, tile) is a work unit of the
+  persistent loop, so that a product of few tiles and a long K keeps every
+  SM busy. The kernel's C is then a float32 workspace of S times C's rows,
+  a slice's partial products below the previous one's; a second kernel
+  (split_k_sum) adds them up into C. SplitK runs the two as one launch,
+  with a workspace per stream (launches on one stream run in order).
 
 Any M, N, K: the tensor maps' out-of-bounds fill reads zeros past the edges
 of A and B. TMA needs each row's byte stride to be a multiple of 16, so K
@@ -73,6 +80,8 @@ is read through one 3-d tensor map with the group as its outer coordinate,
 so no map is made per group. The epilogue stores from the registers, the
 rows of the tile's group only.
 """
+import functools
+
 import numpy as np
 
 from .. import cuda, layout
@@ -106,11 +115,14 @@ class Config:
     cluster of 2 blocks on vertically adjacent tiles shares B's tile) or "A"
     (2 blocks on horizontally adjacent tiles share A's); schedule:
     "cooperative" (both consumer warpgroups on every tile, 64 rows each) or
-    "pingpong" (each consumer warpgroup on every other tile, all its rows).
+    "pingpong" (each consumer warpgroup on every other tile, all its rows);
+    split: K cut into that many slices, each a work unit of its own, whose
+    float32 partial products a second kernel adds up (split-K: for products
+    with fewer tiles than multiprocessors and a long K).
     BK is 64 for 2-byte inputs and 128 for 8-bit ones (`for_dtype`)."""
 
     def __init__(self, bn=256, bk=64, stages=4, b_major="MN", epilogue="registers", multicast=None,
-                 schedule="cooperative"):
+                 schedule="cooperative", split=1):
         if b_major not in ("MN", "K"):
             raise ValueError("b_major is 'MN' (B is K x N) or 'K' (B is given as N x K)")
         if bk not in (64, 128):
@@ -132,19 +144,26 @@ class Config:
         if schedule == "pingpong" and bn != 128:
             # A warpgroup holds the whole 128 x BN tile's accumulators: BN f32 registers a thread.
             raise ValueError("the ping-pong schedule needs BN = 128 (the 128 x BN accumulators of a warpgroup)")
+        if not isinstance(split, int) or isinstance(split, bool) or split < 1:
+            raise ValueError(f"split is an int >= 1 (slices of K), not {split!r}")
+        if split > 1 and (epilogue != "registers" or multicast):
+            # A slice's rows of the partial products end where the next slice's begin: TMA's
+            # stores would clip at the partials' end only; and a cluster's blocks share K.
+            raise ValueError("split-K takes the register epilogue and no multicast")
         self.bm, self.bn, self.bk, self.stages, self.b_major = 64 * CONSUMERS, bn, bk, stages, b_major
-        self.epilogue, self.multicast, self.schedule = epilogue, multicast, schedule
+        self.epilogue, self.multicast, self.schedule, self.split = epilogue, multicast, schedule, split
         if self.shared_bytes() > SHARED_LIMIT:
             raise ValueError(f"{self} needs {self.shared_bytes()} bytes of shared memory, over {SHARED_LIMIT}")
 
     def __repr__(self):
         return (f"Config(BM={self.bm}, BN={self.bn}, BK={self.bk}, stages={self.stages}, b_major={self.b_major!r}, "
-                f"epilogue={self.epilogue!r}, multicast={self.multicast!r}, schedule={self.schedule!r})")
+                f"epilogue={self.epilogue!r}, multicast={self.multicast!r}, schedule={self.schedule!r}"
+                + (f", split={self.split})" if self.split > 1 else ")"))
 
     def replace(self, **changes):
         """This configuration with some of its options changed."""
         options = dict(bn=self.bn, bk=self.bk, stages=self.stages, b_major=self.b_major,
-                       epilogue=self.epilogue, multicast=self.multicast, schedule=self.schedule)
+                       epilogue=self.epilogue, multicast=self.multicast, schedule=self.schedule, split=self.split)
         options.update(changes)
         return Config(**options)
 
@@ -161,6 +180,8 @@ class Config:
             parts.append("TMA-store epilogue")
         if self.multicast:
             parts.append(f"{self.multicast} multicast in clusters of 2")
+        if self.split > 1:
+            parts.append(f"split-K {self.split}")
         return ", ".join(parts)
 
     @property
@@ -197,7 +218,8 @@ def build(config, dtype, grouped=False):
     grouped GEMM (2-byte inputs, B given as G x K x N, no multicast, the
     register epilogue)."""
     config = config.for_dtype(dtype)
-    if grouped and (dtype in FLOATS8 or config.b_major != "MN" or config.multicast or config.epilogue != "registers"):
+    if grouped and (dtype in FLOATS8 or config.b_major != "MN" or config.multicast or config.epilogue != "registers"
+                    or config.split > 1):
         raise ValueError(f"the grouped GEMM takes 2-byte inputs, B as G x K x N, no multicast and the register "
                          f"epilogue, not {config} for {dtype.name}")
     BM, BN, BK, STAGES = config.bm, config.bn, config.bk, config.stages
@@ -207,6 +229,7 @@ def build(config, dtype, grouped=False):
     STAGE_BYTES = STAGE * dtype.itemsize
     B_MAJOR, TMA_EPILOGUE, MULTICAST = config.b_major, config.epilogue == "tma", config.multicast
     PINGPONG = config.schedule == "pingpong"
+    SPLIT = config.split
     HALVES = 2 if PINGPONG else 1  # 64-row halves of the tile a consumer warpgroup multiplies
     CM, CN = config.cluster
     CLUSTER = CM * CN
@@ -252,12 +275,18 @@ def build(config, dtype, grouped=False):
         wg = lang.warpgroup.index()
         t = lang.warpgroup.thread_index()
         rows, columns = C.shape
+        if SPLIT > 1:
+            rows = rows // SPLIT    # C holds the partial products of the slices one below the other
         # A cluster's blocks take the CM x CN tiles of one "cluster tile", block `rank` the rank-th.
         rank = lang.warpgroup.cluster_rank() if CLUSTER > 1 else 0
         tiles_m, tiles_n = -(-rows // (BM * CM)), -(-columns // (BN * CN))
         k_tiles = (K + (BK - 1)) // BK
         tiles = GroupedTiles(offsets, BM, tiles_n, k_tiles) if grouped else None
         total = tiles.total if grouped else tiles_m * tiles_n
+        # Split-K: work unit u is slice u // total of tile u % total, `steps` slices of BK each
+        # (the last slice's steps past K read TMA's zeros).
+        steps = (k_tiles + (SPLIT - 1)) // SPLIT if SPLIT > 1 else k_tiles
+        units = total * SPLIT if SPLIT > 1 else total
         if lang.thread_idx.x == 0:
             for s in lang.static_range(STAGES):
                 full.init(s, 1)
@@ -275,9 +304,10 @@ def build(config, dtype, grouped=False):
             lang.warpgroup.set_max_registers(PRODUCER_REGISTERS, increase=False)
             if t == 0:
                 it = lang.constant(0, i32)
-                for tile in range(lang.block_idx.x // CLUSTER, total, lang.grid_dim.x // CLUSTER):
-                    m0, n0, group, _ = place(tile, tiles, rows, tiles_m, tiles_n, rank)
-                    for kt in range(k_tiles):
+                for unit in range(lang.block_idx.x // CLUSTER, units, lang.grid_dim.x // CLUSTER):
+                    m0, n0, group, _ = place(unit % total if SPLIT > 1 else unit, tiles, rows, tiles_m, tiles_n, rank)
+                    k_first = unit // total * steps if SPLIT > 1 else 0
+                    for kt in range(k_first, k_first + steps):
                         s = it % STAGES
                         if it >= STAGES:
                             empty.wait(s, (it // STAGES + 1) % 2)  # the consumers freed its last use
@@ -319,13 +349,13 @@ def build(config, dtype, grouped=False):
                 # wgmmas inside the loop asynchronous (else its warning C7520).
                 w = lang.warp.shfl_idx(w, 0)
                 # Whole tiles in turn: this warpgroup's are every other one of the block's,
-                # and its stages every other run of k_tiles in the ring.
-                first_tile = lang.block_idx.x // CLUSTER + lang.cast(w, index) * clusters
+                # and its stages every other run of `steps` in the ring.
+                first_unit = lang.block_idx.x // CLUSTER + lang.cast(w, index) * clusters
                 step, half = 2 * clusters, 0
-                it = w * k_tiles
+                it = w * steps
             else:
                 # Each warpgroup its 64 rows of every tile.
-                first_tile, step, half = lang.block_idx.x // CLUSTER, clusters, w * 64
+                first_unit, step, half = lang.block_idx.x // CLUSTER, clusters, w * 64
                 it = lang.constant(0, i32)
             half_at = lang.cast(half, index) * BK
             if TMA_EPILOGUE:
@@ -336,8 +366,9 @@ def build(config, dtype, grouped=False):
                              * (STORE_BUFFERS * STORE_BOX_BYTES)) // C.dtype.itemsize
                 BOX_COLUMNS = 128 // C.dtype.itemsize
                 CHUNK = 16 // C.dtype.itemsize  # elements per 16 bytes, what the swizzle permutes
-            for tile in range(first_tile, total, step):
-                m0, n0, _, row_end = place(tile, tiles, rows, tiles_m, tiles_n, rank)
+            for unit in range(first_unit, units, step):
+                m0, n0, _, row_end = place(unit % total if SPLIT > 1 else unit, tiles, rows, tiles_m, tiles_n, rank)
+                c_row = unit // total * rows if SPLIT > 1 else 0    # the slice's partial products
                 if PINGPONG:
                     # Zeros the compiler cannot see (returned by a wait on nothing): it would
                     # otherwise rebuild the second accumulator's zeros between the two
@@ -348,9 +379,9 @@ def build(config, dtype, grouped=False):
                 if PINGPONG:
                     # The tensor cores are the other warpgroup's until it has issued its
                     # tile's wgmmas (the first warpgroup's first tile waits for nothing).
-                    if (w == 1) | (tile != first_tile):
+                    if (w == 1) | (unit != first_unit):
                         lang.warpgroup.barrier(4 - w, 256)
-                for kt in range(k_tiles):
+                for kt in range(steps):
                     s = it % STAGES
                     full.wait(s, it // STAGES % 2)
                     a_at = first + lang.cast(s, index) * STAGE + half_at
@@ -379,7 +410,7 @@ def build(config, dtype, grouped=False):
                 if PINGPONG:
                     # The other warpgroup's turn, if it has a tile after this one: its
                     # wgmmas run while this one's finish and its epilogue stores them.
-                    if tile + clusters < total:
+                    if unit + clusters < units:
                         lang.warpgroup.arrive(3 + w, 256)
                 acc = lang.wgmma.wait_group(0, acc)
                 # The tile's last slice.
@@ -389,7 +420,7 @@ def build(config, dtype, grouped=False):
                 elif t % 32 == 0:
                     empty.arrive((it + (STAGES - 1)) % STAGES)
                 if PINGPONG:
-                    it = it + k_tiles  # past the other warpgroup's tile
+                    it = it + steps  # past the other warpgroup's tile
                 if SCALED:
                     scale = scale_a * scale_b
                     acc = [v * scale for v in acc]
@@ -424,16 +455,16 @@ def build(config, dtype, grouped=False):
                                 row, col = lang.wgmma.accumulator_coordinates(r, t)
                                 if columns % 2 == 0:
                                     # Values r and r + 1 are adjacent columns of one row: one paired store.
-                                    lang.vstore(C, (row0 + row, n0 + col),
+                                    lang.vstore(C, (c_row + row0 + row, n0 + col),
                                               (lang.cast(values[r], C.dtype), lang.cast(values[r + 1], C.dtype)))
                                 else:
-                                    C[row0 + row, n0 + col] = lang.cast(values[r], C.dtype)
-                                    C[row0 + row, n0 + col + 1] = lang.cast(values[r + 1], C.dtype)
+                                    C[c_row + row0 + row, n0 + col] = lang.cast(values[r], C.dtype)
+                                    C[c_row + row0 + row, n0 + col + 1] = lang.cast(values[r + 1], C.dtype)
                         else:
                             for r in lang.static_range(BN // 2):
                                 row, col = lang.wgmma.accumulator_coordinates(r, t)
                                 if (row0 + row < row_end) & (n0 + col < columns):
-                                    C[row0 + row, n0 + col] = lang.cast(values[r], C.dtype)
+                                    C[c_row + row0 + row, n0 + col] = lang.cast(values[r], C.dtype)
             if TMA_EPILOGUE:
                 if t == 0:
                     lang.tma.wait_group(0)  # the last stores are done before the block's shared memory goes
@@ -547,14 +578,80 @@ def plan(A, B, C, config=None, maps=None):
         config = config.replace(epilogue="registers")
     gemm = kernel_for(config, dtype)
     cm, cn = config.cluster
-    clusters = -(-N // (config.bn * cn)) * -(-M // (config.bm * cm))
+    clusters = -(-N // (config.bn * cn)) * -(-M // (config.bm * cm)) * config.split
     # (The CPU backend runs one block at a time: one persistent block takes every tile.)
     sms = cuda.Device(cuda.current_device()).multiprocessor_count if backend.backend() == "cuda" else 1
     # Persistent: at most one block per SM, whole clusters (a cluster of 2 fits a pair of SMs).
     grid = min(clusters, sms // (cm * cn)) * cm * cn
     keywords = {"grid": grid, "block": THREADS, "shared_mem": config.shared_bytes(),
                 "cluster": (cm * cn, 1, 1) if cm * cn > 1 else None}
+    if config.split > 1:
+        return SplitK(gemm[config.split * M, N, f32], config.split, M, N), (a_map, b_map, a_map, C, K), keywords
     return gemm[M, N, dtype_of(C)], (a_map, b_map, c_map or a_map, C, K), keywords
+
+
+SUM_THREADS = 256
+
+
+@functools.cache
+def _split_sum():
+    T = lang.generics("T")
+
+    @kernel(generics=(T,), max_threads=SUM_THREADS)
+    def split_k_sum(parts: lang.memref[None, None, f32].readonly(), C: lang.memref[None, None, T].noalias()):
+        """C = the sum of the partial products in parts: slices of C's rows one below the other."""
+        rows, columns = C.shape
+        i = lang.block_idx.x * SUM_THREADS + lang.thread_idx.x
+        if i < rows * columns:
+            r, c = i // columns, i % columns
+            total = parts[r, c]
+            for part in range(1, parts.shape[0] // rows):
+                total += parts[part * rows + r, c]
+            C[r, c] = lang.cast(total, C.dtype)
+
+    return split_k_sum
+
+
+class SplitK:
+    """A split-K launch, called as the kernel specialization it wraps (C
+    where the kernel takes it): the slices' float32 partial products into a
+    workspace of the stream's, then a second kernel's sum of them into C."""
+
+    def __init__(self, gemm, split, rows, columns):
+        self.gemm, self.shape = gemm, (split * rows, columns)
+
+    def __call__(self, a_map, b_map, c_map, C, K, scale_a, scale_b, offsets, stream=None, **keywords):
+        parts = _workspace(self.shape, stream)
+        self.gemm(a_map, b_map, c_map, parts, K, scale_a, scale_b, offsets, stream=stream, **keywords)
+        size = C.shape[0] * C.shape[1]
+        _split_sum()(parts, C, grid=-(-size // SUM_THREADS), block=SUM_THREADS, stream=stream)
+
+
+# Split-K's partial products, a float32 array by (shape, backend, device, stream): launches on
+# one stream run in order, so they share one; launches on two streams may overlap, so they do not.
+_WORKSPACES = {}
+WORKSPACES_KEPT = 8
+
+
+def _workspace(shape, stream):
+    where = backend.backend()
+    key = (shape, where, cuda.current_device() if where == "cuda" else None, _stream_key(stream))
+    parts = _WORKSPACES.pop(key, None)
+    if parts is None:
+        if len(_WORKSPACES) >= WORKSPACES_KEPT:
+            _WORKSPACES.pop(next(iter(_WORKSPACES)))
+        parts = np.empty(shape, np.float32) if where == "cpu" else backend.empty(shape, f32)
+    _WORKSPACES[key] = parts    # the most recent last
+    return parts
+
+
+def _stream_key(stream):
+    """The CUstream a launch's `stream` stands for (None, 0 and 1: the legacy default stream)."""
+    if stream is None or isinstance(stream, int):
+        return 0 if stream in (None, 1) else stream
+    if hasattr(stream, "__cuda_stream__"):
+        return stream.__cuda_stream__()[1]
+    return stream.cuda_stream    # torch's streams before the protocol
 
 
 #: The grouped kernel's configuration: 128 x 256 tiles, 4 stages, the register epilogue.
