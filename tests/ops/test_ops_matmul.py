@@ -53,10 +53,10 @@ H200 = ("sm_90a", 132)
     (1024, 1024, 1024, "wgmma", None),
     (512, 512, 512, "mma.sync", "data_parallel"),   # bound by the host's time, which mma.sync's launch cuts
     (777, 520, 1000, "mma.sync", "data_parallel"),
-    (128, 8192, 8192, "wgmma", "split_k"),    # 64 tiles of 128 x 128: 2 slices of K
-    (17, 8192, 8192, "wgmma", "split_k"),
-    (64, 14336, 4096, "wgmma", "split_k"),    # 32 tiles: 4 slices
-    (256, 1024, 4096, "wgmma", None),         # 64 tiles, 16 steps of K: too short to split
+    (128, 8192, 8192, "wgmma", None),         # 64 tiles of 128 x 128, K too short to split
+    (17, 8192, 8192, "wgmma", None),
+    (64, 14336, 4096, "wgmma", "split_k"),    # 32 tiles: 4 slices of K
+    (256, 14336, 4096, "wgmma", "split_k"),   # 64 tiles: 2 slices
     (16, 8192, 8192, "mma.sync", "split_k"),
     (128, 8192, 8196, "mma.sync", "data_parallel"),   # no TMA: 64 x 128 tiles, a block each
     (1, 4096, 4096, "mma.sync", "split_k"),
@@ -90,8 +90,8 @@ def test_on_sm_90a_half_idle_multiprocessors_and_a_long_k_take_split_k():
     config = choice.config
     assert (config.schedule, config.bn, config.split, choice.split) == ("pingpong", 128, 4, 4)
     assert config.epilogue == "registers"    # a slice's rows of partial sums end where the next one's begin
-    assert gemm.choose(128, 8192, 8192, *H200).split == 2                 # 64 tiles
-    assert gemm.choose(256, 8192, 8192, *H200).config is gemm.PINGPONG   # 128 tiles
+    assert gemm.choose(256, 14336, 4096, *H200).split == 2                # 64 tiles
+    assert gemm.choose(512, 14336, 4096, *H200).config is gemm.PINGPONG   # 128 tiles
 
 
 def test_a_short_k_is_not_split_below_a_full_pipeline():
@@ -133,7 +133,6 @@ CPU_CASES = [
     ("sm_86", 4, 300, 150, 100, "f16", "mma.sync", "stream_k"),      # 3 tiles streamed over 4 units
     ("sm_90a", 1, 300, 200, 264, "bf16", "wgmma", None),
     ("sm_90a", 132, 300, 200, 264, "f16", "wgmma", None),            # 128 x 128 tiles, ping-pong
-    ("sm_90a", 8, 20, 4104, 136, "bf16", "wgmma", "split_k"),        # 2 tiles, 2 slices, K's last step partial
 ]
 
 
@@ -152,6 +151,16 @@ def test_matmul_on_the_cpu(device, chip, multiprocessors, m, k, n, dtype, kernel
     assert mlirgpu.ops.matmul(a, b, out=out) is out
     assert len(gemm._CALLS) == 1
     np.testing.assert_array_equal(out, c)
+
+
+def test_the_hopper_split_k_on_the_cpu(device, monkeypatch):
+    device("sm_90a", 8)
+    monkeypatch.setattr(gemm, "WGMMA_SPLIT_MIN_K", 4096)    # a K the CPU multiplies in seconds
+    a, b = operands(20, 4104, 136, "bf16")     # 2 tiles of 128 x 128: 4 slices, K's last step part-filled
+    c = mlirgpu.ops.matmul(a, b)
+    (call,) = gemm._CALLS.values()
+    assert (call.choice.kernel, call.choice.mode, call.choice.split) == ("wgmma", "split_k", 4)
+    assert relative_error(c, a, b) < TOLERANCE["bf16"]
 
 
 def test_hopper_launches_keep_tensor_maps_by_address_and_no_array_alive(device):
@@ -327,9 +336,7 @@ def test_split_k_matmuls_on_two_streams_keep_their_partial_sums_apart():
             pytest.skip("split-K of the Hopper GEMM: needs sm_90a")
         a = [torch.randn((64, 14336), device="cuda", dtype=torch.bfloat16) for _ in range(2)]
         b = torch.randn((14336, 4096), device="cuda", dtype=torch.bfloat16)
-        mlirgpu.ops.matmul(a[0], b)
-        (call,) = gemm._CALLS.values()
-        assert call.choice.mode == "split_k"
+        assert gemm.choose(64, 14336, 4096, *gemm._device()).mode == "split_k"
         streams = [torch.cuda.Stream(), torch.cuda.Stream()]
         results = [[], []]
         for stream in streams:

@@ -115,7 +115,8 @@ def new_like(x, shape, kind, zeros=False):
         import torch
 
         kinds = {f16: torch.float16, bf16: torch.bfloat16, f32: torch.float32, i32: torch.int32}
-        return (torch.zeros if zeros else torch.empty)(shape, dtype=kinds[kind], device=x.device)
+        # x's methods take its device as they stand (torch.empty's device= costs more on every call).
+        return (x.new_zeros if zeros else x.new_empty)(shape, dtype=kinds[kind])
     if isinstance(x, np.ndarray):
         return (np.zeros if zeros else np.empty)(shape, kind.numpy)
     return (backend.zeros if zeros else backend.empty)(shape, kind)

@@ -10,8 +10,8 @@ dtype, device), and launches it.
   once, else 128 x 128 tiles, two warpgroups taking turns (ping-pong),
   which give twice the tiles and overlap one tile's epilogue with the next
   one's products; where even those leave half the multiprocessors idle and
-  K is long, split-K: 2 to 4 slices of K as work units, their float32
-  partial products summed by a second kernel.
+  K is long (from 12288), split-K: 2 to 4 slices of K as work units, their
+  float32 partial products summed by a second kernel.
 - "mma.sync": the Ampere-style GEMM (ampere_gemm.py: cp.async, ldmatrix,
   mma.sync) fed by an mg.TileScheduler, everywhere else:
   - on sm_90a, from 17 to 1024 rows (smaller products, or rows TMA cannot address):
@@ -47,7 +47,9 @@ MIN_STEPS_PER_SLICE = 4           # a split-K slice fills the cp.async pipeline 
 WGMMA = hopper_gemm.CONFIGS[0]    # 128 x 256 tiles, 4 stages, TMA-store epilogue
 PINGPONG = hopper_gemm.CONFIGS[1]  # 128 x 128 tiles, 6 stages, ping-pong, TMA-store epilogue
 MAX_WGMMA_SPLIT = 4               # slices of K of the Hopper GEMM's split-K
-MIN_WGMMA_SPLIT_STEPS = 32        # 64-wide steps of K a slice has at least: its loads outweigh its partial sums
+# The K from which the Hopper GEMM splits K: on an H200, split-K took 64-256 x 4096 x 14336 from 72 us
+# to 42-54 us, and lost or gained little at K = 4096 and 8192 (its partial sums cost a second pass).
+WGMMA_SPLIT_MIN_K = 12288
 # mma.sync tiles (ampere_gemm.Config: BM, BN, BK, WM, WN, stages) by the rows of A they suit.
 SKINNY = ampere_gemm.Config(16, 128, 64, 16, 32, 4)    # 4 warps side by side, 72 KB
 SHORT = ampere_gemm.Config(64, 128, 64, 32, 64, 4)     # 2 x 2 warps, 96 KB
@@ -70,8 +72,8 @@ def choose(m, k, n, chip, multiprocessors):
         if _ceil_div(m, WGMMA.bm) * _ceil_div(n, WGMMA.bn) >= multiprocessors:
             return Choice("wgmma", WGMMA, None, None, multiprocessors)
         tiles = _ceil_div(m, PINGPONG.bm) * _ceil_div(n, PINGPONG.bn)
-        split = min(multiprocessors // tiles, _ceil_div(k, PINGPONG.bk) // MIN_WGMMA_SPLIT_STEPS, MAX_WGMMA_SPLIT)
-        if split > 1:
+        split = min(multiprocessors // tiles, MAX_WGMMA_SPLIT)
+        if split > 1 and k >= WGMMA_SPLIT_MIN_K:
             return Choice("wgmma", PINGPONG.replace(epilogue="registers", split=split), "split_k", split,
                           multiprocessors)
         return Choice("wgmma", PINGPONG, None, None, multiprocessors)
