@@ -6,7 +6,8 @@ import sys
 from .._mlirgpu import DeviceArray, DType, LaunchError, asarray, bf16, dtype, f16, f32, i32
 from ..runtime import backend
 
-__all__ = ["as_array", "dtype_of", "geometry", "is_contiguous", "new_like", "output", "torch_stream", "zero"]
+__all__ = ["as_array", "dtype_of", "geometry", "is_contiguous", "new_like", "output", "stream_key", "torch_stream",
+           "zero"]
 
 
 def as_array(x, what):
@@ -103,6 +104,17 @@ def torch_stream(x):
     # costs more to make than the whole launch.
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+def stream_key(stream):
+    """The CUstream a launch's `stream` stands for, as an int (None, 0 and 1:
+    the legacy default stream): what keeps workspaces of launches that may
+    overlap apart."""
+    if stream is None or isinstance(stream, int):
+        return 0 if stream in (None, 1) else stream
+    if hasattr(stream, "__cuda_stream__"):
+        return stream.__cuda_stream__()[1]
+    return stream.cuda_stream    # torch's streams before the protocol
 
 
 def new_like(x, shape, kind, zeros=False):

@@ -34,7 +34,8 @@ from collections import namedtuple
 from .._mlirgpu import LaunchError, bf16, current_device, f16
 from ..runtime import backend
 from . import ampere_gemm, hopper_gemm
-from .arrays import as_array, dtype_of, geometry, is_contiguous, new_like, output, torch_stream, zero
+from .arrays import (as_array, dtype_of, geometry, is_contiguous, new_like, output, stream_key, torch_stream,
+                     zero)
 
 __all__ = ["matmul", "choose", "register_torch", "Choice", "SMALL_M"]
 
@@ -46,6 +47,7 @@ MIN_STEPS_PER_SLICE = 4           # a split-K slice fills the cp.async pipeline 
 
 WGMMA = hopper_gemm.CONFIGS[0]    # 128 x 256 tiles, 4 stages, TMA-store epilogue
 PINGPONG = hopper_gemm.CONFIGS[1]  # 128 x 128 tiles, 6 stages, ping-pong, TMA-store epilogue
+WORKSPACES_KEPT = 8               # streams an mma.sync launch keeps a workspace for
 MAX_WGMMA_SPLIT = 4               # slices of K of the Hopper GEMM's split-K
 # The K from which the Hopper GEMM splits K: on an H200, split-K took 64-256 x 4096 x 14336 from 72 us
 # to 42-54 us, and lost or gained little at K = 4096 and 8192 (its partial sums cost a second pass).
@@ -120,14 +122,23 @@ def _wgmma(choice, m, k, n):
 
 
 def _mma_sync(choice, m, k, n):
-    """The launch of the mma.sync GEMM for `choice`, with its workspace."""
+    """The launch of the mma.sync GEMM for `choice`, with a workspace per
+    stream: launches on one stream run in order, launches on two may
+    overlap, and split tiles' partial sums and counters must not meet."""
     config, mode, split = choice.config, choice.mode, choice.split
     plan = ampere_gemm.plan(m, k, n, config, mode, split, choice.units)
-    partials, counters = ampere_gemm.workspace(plan)
     kernel = ampere_gemm.kernel_for(config, mode, split)
     grid, block, shared = plan.grid, config.threads, config.shared_bytes()
+    workspaces = {}
 
     def run(a, b, c, stream, geometries):
+        key = stream_key(stream)
+        workspace = workspaces.get(key)
+        if workspace is None:
+            if len(workspaces) >= WORKSPACES_KEPT:
+                workspaces.pop(next(iter(workspaces)))
+            workspace = workspaces[key] = ampere_gemm.workspace(plan)
+        partials, counters = workspace
         kernel(a, b, c, partials, counters, counters, grid=grid, block=block, shared_mem=shared, stream=stream)
     return run
 

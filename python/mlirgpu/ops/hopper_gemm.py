@@ -92,7 +92,7 @@ from ..layout import wgmma as wgmma_layout
 from ..runtime import backend
 from ..runtime.kernel import kernel
 from ..runtime.tensormap import tensor_map
-from .arrays import as_array, dtype_of, geometry
+from .arrays import as_array, dtype_of, geometry, stream_key
 
 CONSUMERS = 2                       # consumer warpgroups: 64 rows of each tile each, or whole tiles in turn
 THREADS = 128 * (1 + CONSUMERS)
@@ -635,7 +635,7 @@ WORKSPACES_KEPT = 8
 
 def _workspace(shape, stream):
     where = backend.backend()
-    key = (shape, where, cuda.current_device() if where == "cuda" else None, _stream_key(stream))
+    key = (shape, where, cuda.current_device() if where == "cuda" else None, stream_key(stream))
     parts = _WORKSPACES.pop(key, None)
     if parts is None:
         if len(_WORKSPACES) >= WORKSPACES_KEPT:
@@ -643,15 +643,6 @@ def _workspace(shape, stream):
         parts = np.empty(shape, np.float32) if where == "cpu" else backend.empty(shape, f32)
     _WORKSPACES[key] = parts    # the most recent last
     return parts
-
-
-def _stream_key(stream):
-    """The CUstream a launch's `stream` stands for (None, 0 and 1: the legacy default stream)."""
-    if stream is None or isinstance(stream, int):
-        return 0 if stream in (None, 1) else stream
-    if hasattr(stream, "__cuda_stream__"):
-        return stream.__cuda_stream__()[1]
-    return stream.cuda_stream    # torch's streams before the protocol
 
 
 #: The grouped kernel's configuration: 128 x 256 tiles, 4 stages, the register epilogue.
