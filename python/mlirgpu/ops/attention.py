@@ -553,11 +553,11 @@ TARGET_BLOCKS = 264      # blocks enough to fill 132 SMs twice over
 def packs_heads(problem):
     """Whether a block's rows are (query, query head) pairs of one key/value
     head: for decoding (at most DECODE_QUERIES queries of equal-length
-    sequences) with grouped-query heads. One query head a block then reads a
-    key/value head's cache once per query head, packed once per 64 rows. With
-    one query head a group the packed rows are the unpacked ones; with more
-    queries each head's own blocks fill up, read the cache as often, and
-    leave the band finer-grained."""
+    sequences) with grouped-query heads, where blocks of one query head would
+    be mostly empty rows and read the cache once per query head. With one
+    query head a group the packed rows are the unpacked ones; with more
+    queries a head's own blocks fill up and read the cache as often as packed
+    ones would, and the sm_90a kernel takes them."""
     return not problem.varlen and problem.lq <= DECODE_QUERIES and problem.hq > problem.hk
 
 
@@ -571,8 +571,9 @@ def grid_for(problem, packed, splits):
 
 
 def splits_for(problem):
-    """How many blocks share one block's keys: one, except where few blocks
-    leave SMs idle and there are many key tiles (decoding)."""
+    """How many blocks share the key tiles of one block's rows: one, except
+    where few blocks (packed ones when packs_heads) leave SMs idle and there
+    are many key tiles (decoding)."""
     if problem.varlen or problem.lq > DECODE_QUERIES:
         return 1
     tiles_x, tiles_y, _ = grid_for(problem, packs_heads(problem), 1)
