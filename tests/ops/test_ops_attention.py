@@ -1,9 +1,10 @@
 """mlirgpu.ops.attention, the FlashAttention-2-style forward kernel: on the
 CPU backend against float64 NumPy at small, odd sizes (tails, causal with
 Lq < Lk, Lq == Lk and Lq > Lk, grouped-query and multi-query heads, head dims
-64 and 128, f16 and bf16, the log-sum-exp), its PTX through ptxas, each bad
-input's exception, and on a GPU against torch's SDPA (math backend, float32)
-at full sizes.
+64 and 128, f16 and bf16, the log-sum-exp), decoding with a group's query
+heads packed into one block, its PTX through ptxas, each bad input's
+exception, and on a GPU against torch's SDPA (math backend, float32) or
+float32 NumPy at full sizes.
 
 Each (head dim, dtype, causal) is a kernel of its own, and compiling one for
 the CPU takes seconds: the CPU cases share four of them."""
@@ -22,7 +23,7 @@ import mlirgpu.ops
 from support.backends import current_backend
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
-from support.attention import operands, packed, reference, sequences  # noqa: E402
+from support.attention import DTYPES, operands, packed, reference, sequences, visible  # noqa: E402
 
 # The largest difference from float64: P and the output are rounded to the inputs' type.
 TOLERANCE = {"f16": 2e-3, "bf16": 1.5e-2}
@@ -80,13 +81,16 @@ def test_import_mlirgpu_does_not_import_ops():
 # ==========================================================================
 # PTX: each head dim, with and without the mask, for Ampere and Hopper, without a GPU
 
-PTX_CASES = [(64, False, "sm_80"), (128, True, "sm_90a"), (256, False, "sm_90a")]
+# The last: decoding's kernel, query heads packed and keys split.
+PTX_CASES = [(64, False, "sm_80", False), (128, True, "sm_90a", False), (256, False, "sm_90a", False),
+             (128, False, "sm_90a", True)]
 
 
-@pytest.mark.parametrize("d, causal, chip", PTX_CASES,
-                         ids=[f"d{d}-{'causal' if c else 'full'}-{chip}" for d, c, chip in PTX_CASES])
-def test_ptx(d, causal, chip, tmp_path):
-    ptx = attention_module.kernel_for(d, causal)[mg.bf16].ptx(chip=chip)
+@pytest.mark.parametrize("d, causal, chip, decoding", PTX_CASES,
+                         ids=[f"d{d}-{'causal' if c else 'full'}-{chip}{'-decoding' if p else ''}"
+                              for d, c, chip, p in PTX_CASES])
+def test_ptx(d, causal, chip, decoding, tmp_path):
+    ptx = attention_module.kernel_for(d, causal, False, decoding, decoding)[mg.bf16].ptx(chip=chip)
     bn = attention_module.key_tile(d)
     # S = Q K^T and O += P V: D/16 x BN/8 and BN/16 x D/8 atoms a warp per key tile.
     assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == d * bn // 64
@@ -275,6 +279,111 @@ def test_split_keys_on_the_cpu(lq, lk, splits, causal):
     expected, expected_lse = reference(q, k, v, causal)
     np.testing.assert_allclose(out.astype(np.float64), expected, rtol=0, atol=TOLERANCE["f16"])
     np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
+# Query heads packed (decoding), (batch, Lq, Lk, Hq, Hk, d, dtype, causal, window, num_splits): groups
+# 8:1, 4:1 and 2:1; Lq 1, 3, 13 and 16 (Lq x group past a block's 64 rows); odd Lk; causal (Lq > Lk
+# too: the first rows see no key) and windowed; split by default, explicitly, and not; d 64, 128 and
+# 256; f16 and bf16.
+PACKED = [(2, 1, 301, 8, 1, 64, "f16", False, None, 2), (1, 3, 333, 8, 2, 128, "bf16", True, None, 4),
+          (1, 16, 257, 8, 1, 64, "f16", True, None, 1), (2, 13, 199, 8, 1, 256, "bf16", False, (40, 0), 3),
+          (1, 16, 131, 8, 4, 128, "f16", False, (20, -1), 1), (1, 3, 517, 32, 4, 256, "f16", True, None, None),
+          (3, 1, 1001, 16, 4, 128, "bf16", False, None, None), (1, 16, 9, 4, 1, 64, "f16", True, None, None)]
+
+
+@pytest.mark.parametrize("batch, lq, lk, hq, hk, d, dtype, causal, window, splits", PACKED,
+                         ids=[f"{b}x{lq}x{lk}x{hq}x{hk}-d{d}-{t}-{c}-{w}-{s}"
+                              for b, lq, lk, hq, hk, d, t, c, w, s in PACKED])
+def test_packed_decoding_on_the_cpu(batch, lq, lk, hq, hk, d, dtype, causal, window, splits):
+    q, k, v = operands(batch, lq, lk, hq, hk, d, dtype)
+    problem = attention_module.Problem("attention", q, k, v, causal, None, window, None, None, None, None)
+    assert attention_module.packs_heads(problem)
+    with current_backend("cpu"):
+        out, lse = mlirgpu.ops.attention(q, k, v, causal=causal, window=window, num_splits=splits, return_lse=True)
+    expected, expected_lse = reference(q, k, v, causal, window=window)
+    assert out.shape == q.shape and lse.shape == (batch, hq, lq)
+    np.testing.assert_allclose(out.astype(np.float64), expected, rtol=0, atol=TOLERANCE[dtype])
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
+def problem_of(batch, lq, lk, hq, hk, d):
+    """The Problem of shapes alone (zeros): decoding's sizes without drawing random numbers."""
+    q = np.zeros((batch, lq, hq, d), DTYPES["bf16"])
+    k = np.zeros((batch, lk, hk, d), DTYPES["bf16"])
+    return attention_module.Problem("attention", q, k, k, False, None, None, None, None, None, None)
+
+
+def test_decoding_packs_the_query_heads():
+    # The decode row of benchmarks/attention.py: 8 x 4 packed blocks, the keys split 8 ways.
+    problem = problem_of(8, 1, 16384, 32, 4, 128)
+    assert attention_module.packs_heads(problem)
+    assert attention_module.splits_for(problem) == 8
+    assert attention_module.grid_for(problem, True, 8) == (1, 32, 8)
+    # 16 queries of 8 heads a group: 128 rows, two blocks a (batch, key/value head).
+    problem = problem_of(2, 16, 4096, 32, 4, 128)
+    assert attention_module.packs_heads(problem)
+    assert attention_module.grid_for(problem, True, 1) == (2, 8, 1)
+    assert attention_module.splits_for(problem) == 16
+    # One query head a key/value head, more queries than decoding's: one head a block.
+    assert not attention_module.packs_heads(problem_of(8, 1, 16384, 32, 32, 128))
+    assert not attention_module.packs_heads(problem_of(8, 17, 16384, 32, 4, 128))
+
+
+def test_decoding_launches_the_packed_kernel(monkeypatch):
+    # Even where the sm_90a kernel would take the call (one split, no window), decoding packs the heads.
+    built = []
+    kernel_for = attention_module.kernel_for
+    monkeypatch.setattr(attention_module, "kernel_for", lambda *key: built.append(key) or kernel_for(*key))
+    monkeypatch.setattr(attention_module.attention_sm90, "supported", lambda *arrays: True)
+    q, k, v = operands(1, 5, 100, 8, 1, 64, "f16")
+    with current_backend("cpu"):
+        out, lse = mlirgpu.ops.attention(q, k, v, causal=True, num_splits=1, return_lse=True)
+    assert built == [(64, True, False, False, True)]
+    expected, expected_lse = reference(q, k, v, True)
+    np.testing.assert_allclose(out.astype(np.float64), expected, rtol=0, atol=TOLERANCE["f16"])
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
+def grouped_reference(q, k, v, causal):
+    """reference's output and log-sum-exp in float32 without repeating K and V per query head (a
+    long cache): each key/value head's group of query heads as rows of one product."""
+    (batch, lq, hq, d), (_, lk, hk, _) = q.shape, k.shape
+    group = hq // hk
+    rows = q.astype(np.float32).reshape(batch, lq, hk, group, d).transpose(0, 2, 1, 3, 4).reshape(
+        batch, hk, lq * group, d)
+    scores = rows @ k.astype(np.float32).transpose(0, 2, 3, 1) / np.float32(math.sqrt(d))
+    scores = np.where(visible(lq, lk, causal)[np.arange(lq * group) // group], scores, -np.inf)
+    top = scores.max(-1, keepdims=True)
+    weights = np.exp(scores - top)
+    total = weights.sum(-1, keepdims=True)
+    out = (weights / total) @ v.astype(np.float32).transpose(0, 2, 1, 3)
+    out = out.reshape(batch, hk, lq, group, d).transpose(0, 2, 1, 3, 4).reshape(batch, lq, hq, d)
+    lse = (top + np.log(total))[..., 0].reshape(batch, hk, lq, group).transpose(0, 1, 3, 2)
+    return out, lse.reshape(batch, hq, lq)
+
+
+def test_grouped_reference_is_the_reference():
+    q, k, v = operands(2, 3, 50, 8, 2, 64, "bf16")
+    for causal in (False, True):
+        out, lse = grouped_reference(q, k, v, causal)
+        expected, expected_lse = reference(q, k, v, causal)
+        np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lq, causal", [(1, False), (4, True)], ids=["1-query", "4-queries-causal"])
+def test_packed_decoding_on_the_gpu(lq, causal):
+    batch, lk, hq, hk, d = 4, 32768, 32, 4, 128
+    q, k, v = operands(batch, lq, lk, hq, hk, d, "bf16")
+    problem = attention_module.Problem("attention", q, k, v, causal, None, None, None, None, None, None)
+    assert attention_module.packs_heads(problem) and attention_module.splits_for(problem) > 1
+    with current_backend("cuda"):
+        out, lse = mlirgpu.ops.attention(*(mg.to_device(x) for x in (q, k, v)), causal=causal, return_lse=True)
+        got, got_lse = out.get().astype(np.float64), lse.get()
+    expected, expected_lse = grouped_reference(q, k, v, causal)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=TOLERANCE["bf16"])
+    np.testing.assert_allclose(got_lse, expected_lse, rtol=1e-4, atol=1e-4)
 
 
 def test_decoding_splits_the_keys_by_default():

@@ -40,6 +40,14 @@ The kernel, for a head dimension D (64, 128 or 256):
 - Packed sequences (varlen) read each sequence's first token and length from
   cu_seqlens; split keys (decoding) give each of grid.z blocks a share of the
   key tiles and a second kernel merges their partial outputs.
+- Packed query heads (decoding: a few queries, grouped-query heads): a
+  block's rows are the (query, query head) pairs of one (batch, key/value
+  head), query-major, row r being query r // group of query head
+  kv_head * group + r % group; a token's heads of a group are adjacent in
+  q, so Q's tile is still copied as rows of D elements, and the group reads
+  its K and V once instead of once per query head. The mask takes each
+  row's query, the key tiles run from the first row's query to the last
+  row's, and O and the log-sum-exp go to each row's (token, head).
 - Shared tiles (rows of D 16-bit elements) are swizzled so that cp.async's
   16-byte stores and ldmatrix's row reads have no bank conflicts.
 """
@@ -74,16 +82,27 @@ def shared_bytes(head_dim):
     return (BM + 4 * key_tile(head_dim)) * head_dim * 2
 
 
-def copy_rows(tile, rows, source, start, first, count, head, tid):
+def packed_row(row, group, head):
+    """(query, head) of a block's row: the row itself of `head`, or with a
+    `group` (a key/value head's query heads packed, query-major) query
+    row // group of head `head` + row % group."""
+    if group is None:
+        return row, head
+    return row // group, head + row % group
+
+
+def copy_rows(tile, rows, source, start, first, count, head, tid, group=None):
     """`rows` rows of `source` ((tokens, heads, D)) into `tile`, 16 bytes a
-    cp.async: row `row` is token start + first + row of `head`, or zeros
-    where first + row is at or past `count` (the sequence's length)."""
+    cp.async: row `row` is block row first + row (packed_row of `group` and
+    `head`) of the sequence at token `start`, or zeros where first + row is
+    at or past `count` (the sequence's block rows)."""
     D = source.shape[2]
     for i in lang.static_range(rows * D // CHUNK // THREADS):
         chunk = tid + i * THREADS
         row, col = chunk // (D // CHUNK), chunk % (D // CHUNK) * CHUNK
         ok = first + row < count
-        lang.mma.cp_async(tile, (row, col), source, (start + lang.select(ok, first + row, 0), head, col), 16, ok)
+        token, h = packed_row(lang.select(ok, first + row, 0), group, head)
+        lang.mma.cp_async(tile, (row, col), source, (start + token, h, col), 16, ok)
 
 
 def a_fragment(tile, row, kk, lane):
@@ -179,26 +198,29 @@ def sequence(varlen, b, cu_q, cu_k, lq, lk):
     return b * lq, lq, b * lk, lk
 
 
-def query_block(varlen, q, k, cu_q, cu_k):
-    """Where a block of the forward's grid (query tiles, batch x query heads)
-    works: its query head, the key/value head that one reads, its first
-    query m0, and its sequence's first query token, Lq, first key token and
-    Lk (`sequence`)."""
+def query_block(varlen, q, k, cu_q, cu_k, packed=False):
+    """Where a block of the forward's grid (row tiles, batch x query heads, or
+    with `packed` batch x key/value heads) works: its sequence b, its query
+    head (packed: the group's first), the key/value head that one reads, its
+    first row m0, and its sequence's first query token, Lq, first key token
+    and Lk (`sequence`)."""
     hq, hk = q.shape[1], k.shape[1]
-    batch = lang.grid_dim.y // hq
-    b, h = lang.block_idx.y // hq, lang.block_idx.y % hq
+    heads = hk if packed else hq
+    batch = lang.grid_dim.y // heads
+    b, y = lang.block_idx.y // heads, lang.block_idx.y % heads
     q0, lq, k0, lk = sequence(varlen, b, cu_q, cu_k, q.shape[0] // batch, k.shape[0] // batch)
-    return h, h // (hq // hk), lang.block_idx.x * BM, q0, lq, k0, lk
+    h, kv_head = (y * (hq // hk), y) if packed else (y, y // (hq // hk))
+    return b, h, kv_head, lang.block_idx.x * BM, q0, lq, k0, lk
 
 
-def key_tiles(m0, lq, lk, left, right, banded, tile):
-    """(first, end): the key tiles of `tile` keys that the BM rows from m0
-    read: all of them, or within the band those from the first key the first
-    row sees to the last the last row sees."""
+def key_tiles(first_query, last_query, lq, lk, left, right, banded, tile):
+    """(first, end): the key tiles of `tile` keys that a block's queries
+    first_query .. last_query read: all of them, or within the band those
+    from the first key the first query sees to the last the last one sees."""
     first, end = 0, (lk + tile - 1) // tile
     if banded:
-        first = larger(m0 + lk - lq - left, 0) // tile
-        end = larger(smaller(smaller(m0 + BM, lq) - 1 + lk - lq + right, lk - 1) + tile, 0) // tile
+        first = larger(first_query + lk - lq - left, 0) // tile
+        end = larger(smaller(last_query + lk - lq + right, lk - 1) + tile, 0) // tile
         end = larger(end, first)
     return first, end
 
@@ -213,11 +235,12 @@ def hidden(query, key, lq, lk, left, right, banded):
     return out
 
 
-def _build(head_dim, banded, varlen, split):
+def _build(head_dim, banded, varlen, split, packed):
     """The forward kernel for one head dimension, mask (`banded`: a causal
-    or sliding-window band), layout (`varlen`: packed sequences) and
-    `split` (the keys shared among grid.z blocks, partial outputs in float32,
-    for decoding), generic over the dtype."""
+    or sliding-window band), layout (`varlen`: packed sequences), `split`
+    (the keys shared among grid.z blocks, partial outputs in float32, for
+    decoding) and `packed` (a block's rows are the (query, query head) pairs
+    of one key/value head), generic over the dtype."""
     D, BN = head_dim, key_tile(head_dim)
     # (row, col) -> element of a row-major tile of D-wide rows, 16-byte chunks swizzled by the row's low 3 bits.
     Q_TILE = composition(Swizzle(3, 3, D.bit_length() - 4), row_major((BM, D)))
@@ -243,21 +266,26 @@ def _build(head_dim, banded, varlen, split):
         atom = lang.mma.M16N8K16_F16 if q.dtype == f16 else lang.mma.M16N8K16_BF16
         tid = lang.thread_idx.x
         lane, warp = tid % 32, tid // 32
-        h, kv_head, m0, q0, lq, k0, lk = query_block(varlen, q, k, cu_q, cu_k)
+        b, h, kv_head, m0, q0, lq, k0, lk = query_block(varlen, q, k, cu_q, cu_k, packed)
+        group = q.shape[1] // k.shape[1] if packed else None
+        count = lq * group if packed else lq     # the sequence's block rows
         left, right = lang.cast(left, index), lang.cast(right, index)
         smem = lang.shared.dynamic(q.dtype)
         q_tile = lang.mma.tile(smem, Q_TILE)
         k_tile, v_tile = lang.mma.tile(smem, KV_TILE).at(K_AT), lang.mma.tile(smem, KV_TILE).at(V_AT)
 
-        first, end = key_tiles(m0, lq, lk, left, right, banded, BN)
+        # The band is the queries', so a block's key tiles follow from its first and last row's queries.
+        first_query = packed_row(m0, group, h)[0]
+        last_query = packed_row(smaller(m0 + BM, count) - 1, group, h)[0]
+        first, end = key_tiles(first_query, last_query, lq, lk, left, right, banded, BN)
         if split:
             share = (end - first + lang.grid_dim.z - 1) // lang.grid_dim.z
             first = smaller(first + lang.block_idx.z * share, end)
             end = smaller(first + share, end)
         if varlen:
-            end = lang.select(m0 < lq, end, first)    # blocks past this sequence's queries
+            end = lang.select(m0 < count, end, first)    # blocks past this sequence's queries
 
-        copy_rows(q_tile, BM, q, q0, m0, lq, h, tid)
+        copy_rows(q_tile, BM, q, q0, m0, count, h, tid, group)
         copy_rows(k_tile, BN, k, k0, first * BN, lk, kv_head, tid)
         copy_rows(v_tile, BN, v, k0, first * BN, lk, kv_head, tid)
         lang.mma.commit_group()
@@ -269,6 +297,7 @@ def _build(head_dim, banded, varlen, split):
         # This lane's rows of the warp's 16 (values 0, 1: row r; 2, 3: row r + 8) and its first column in an atom.
         r, c = lang.mma.coordinate(atom, "c", 0)
         rows = [m0 + qrow0 + r, m0 + qrow0 + r + 8]
+        queries = [packed_row(row, group, h) for row in rows]    # each row's (query, head)
         minus_inf = lang.constant(float("-inf"), f32)
         m = [minus_inf, minus_inf]                  # running maximum of scaled scores, log2 units
         l = [lang.constant(0.0, f32), lang.constant(0.0, f32)]    # this lane's share of the row sums
@@ -286,11 +315,11 @@ def _build(head_dim, banded, varlen, split):
             # Keys past Lk, and outside the band, are -inf: only in tiles where that can happen.
             edge = n0 + BN > lk
             if banded:
-                edge = edge | (n0 + BN - 1 > m0 + lk - lq + right) | (m0 + BM - 1 + lk - lq - left > n0)
+                edge = edge | (n0 + BN - 1 > first_query + lk - lq + right) | (last_query + lk - lq - left > n0)
             if edge:
                 for j in lang.static_range(BN // 8):
                     for e in lang.static_range(4):
-                        masked = hidden(rows[e // 2], n0 + j * 8 + c + e % 2, lq, lk, left, right, banded)
+                        masked = hidden(queries[e // 2][0], n0 + j * 8 + c + e % 2, lq, lk, left, right, banded)
                         s[j][e] = lang.select(masked, minus_inf, s[j][e])
 
             # The online softmax, row by row: the quad's maximum, then P and the rescaling of O and l.
@@ -319,9 +348,10 @@ def _build(head_dim, banded, varlen, split):
         lang.mma.wait_group(0)
 
         # O / l and the log-sum-exp (natural log), row by row; a row that saw no key gets 0 and -inf.
-        out_row, lse_row, lse_at = q0, lang.block_idx.y, 0
+        # lse's row of head 0 and column of query 0: (B x Hq, Lq), or (Hq, tokens) with varlen.
+        out_row, lse_row, lse_at = q0, b * q.shape[1], 0
         if varlen:
-            lse_row, lse_at = h, q0
+            lse_row, lse_at = 0, q0
         if split:    # this block's share of the keys: partial rows, grid.z times over
             out_row = out_row + lang.block_idx.z * (o.shape[0] // lang.grid_dim.z)
             lse_row = lse_row + lang.block_idx.z * (lse.shape[0] // lang.grid_dim.z)
@@ -331,14 +361,15 @@ def _build(head_dim, banded, varlen, split):
             total += lang.warp.shfl_xor(total, 2)
             empty = total == 0.0
             inverse = lang.select(empty, lang.constant(0.0, f32), 1.0 / total)
-            row = rows[half]
-            if row < lq:
+            query, head = queries[half]
+            if rows[half] < count:
                 for j in lang.static_range(D // 8):
-                    lang.vstore(o, (out_row + row, h, j * 8 + c), (lang.cast(acc[j][2 * half] * inverse, o.dtype),
-                                                                lang.cast(acc[j][2 * half + 1] * inverse, o.dtype)))
+                    lang.vstore(o, (out_row + query, head, j * 8 + c),
+                                (lang.cast(acc[j][2 * half] * inverse, o.dtype),
+                                 lang.cast(acc[j][2 * half + 1] * inverse, o.dtype)))
                 if lane % 4 == 0:
-                    lse[lse_row, lse_at + row] = lang.select(empty, minus_inf,
-                                                             (m[half] + lang.math.log2(total)) * math.log(2.0))
+                    lse[lse_row + head, lse_at + query] = lang.select(
+                        empty, minus_inf, (m[half] + lang.math.log2(total)) * math.log(2.0))
 
     return attention_forward
 
@@ -386,10 +417,10 @@ def _build_combine(head_dim):
 
 
 @functools.cache
-def kernel_for(head_dim, banded=False, varlen=False, split=False):
+def kernel_for(head_dim, banded=False, varlen=False, split=False, packed=False):
     """The forward kernel of (head dimension, banded mask, packed sequences,
-    split keys), built once; its dtype is a generic."""
-    return _build(head_dim, bool(banded), bool(varlen), bool(split))
+    split keys, packed query heads), built once; its dtype is a generic."""
+    return _build(head_dim, bool(banded), bool(varlen), bool(split), bool(packed))
 
 
 @functools.cache
@@ -519,14 +550,35 @@ DECODE_QUERIES = 16      # at most this many queries a sequence: split the keys 
 TARGET_BLOCKS = 264      # blocks enough to fill 132 SMs twice over
 
 
+def packs_heads(problem):
+    """Whether a block's rows are (query, query head) pairs of one key/value
+    head: for decoding (at most DECODE_QUERIES queries of equal-length
+    sequences) with grouped-query heads, where blocks of one query head would
+    be mostly empty rows and read the cache once per query head. With one
+    query head a group the packed rows are the unpacked ones; with more
+    queries a head's own blocks fill up and read the cache as often as packed
+    ones would, and the sm_90a kernel takes them."""
+    return not problem.varlen and problem.lq <= DECODE_QUERIES and problem.hq > problem.hk
+
+
+def grid_for(problem, packed, splits):
+    """The forward's grid: (row tiles, sequences x heads, splits), the rows
+    and heads being queries and query heads, or with `packed` the queries x
+    group and the key/value heads."""
+    group = problem.hq // problem.hk if packed else 1
+    heads = problem.hk if packed else problem.hq
+    return (problem.lq * group + BM - 1) // BM, problem.batch * heads, splits
+
+
 def splits_for(problem):
-    """How many blocks share one (batch, head)'s keys: one, except where few
-    query blocks leave SMs idle and there are many key tiles (decoding)."""
+    """How many blocks share the key tiles of one block's rows: one, except
+    where few blocks (packed ones when packs_heads) leave SMs idle and there
+    are many key tiles (decoding)."""
     if problem.varlen or problem.lq > DECODE_QUERIES:
         return 1
-    blocks = problem.batch * problem.hq * ((problem.lq + BM - 1) // BM)
+    tiles_x, tiles_y, _ = grid_for(problem, packs_heads(problem), 1)
     tiles = (problem.lk + key_tile(problem.d) - 1) // key_tile(problem.d)
-    return max(1, min(tiles // 4, TARGET_BLOCKS // blocks, 64))
+    return max(1, min(tiles // 4, TARGET_BLOCKS // (tiles_x * tiles_y), 64))
 
 
 def attention(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -586,20 +638,24 @@ def forward(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None
     target = p.check_output("attention", "out", out, tuple(p.q.shape), p.dtype)
     lse = new_like(q, p.lse_shape(), f32)
     if p.tokens_q * p.hq:
-        grid = ((p.lq + BM - 1) // BM, p.batch * p.hq, splits)
+        packed = packs_heads(p)
+        grid = grid_for(p, packed, splits)
         qt, kt, vt = p.tokens(p.q, p.tokens_q), p.tokens(p.k, p.tokens_k), p.tokens(p.v, p.tokens_k)
         ot, lset = p.tokens(target, p.tokens_q), p.stats(as_array(lse, "lse"))
-        if splits == 1 and not p.varlen and window is None and attention_sm90.supported(p.q, p.k, p.v, p.d):
+        if (splits == 1 and not packed and not p.varlen and window is None
+                and attention_sm90.supported(p.q, p.k, p.v, p.d)):
             attention_sm90.forward(p.q, p.k, p.v, target, as_array(lse, "lse"), causal, p.scale * LOG2E,
                                    stream=p.stream)
         elif splits == 1:
-            kernel_for(p.d, p.banded, p.varlen)(qt, kt, vt, ot, lset, *p.launch_args(), grid=grid,
-                                                block=THREADS, shared_mem=shared_bytes(p.d), stream=p.stream)
+            kernel_for(p.d, p.banded, p.varlen, False, packed)(
+                qt, kt, vt, ot, lset, *p.launch_args(), grid=grid, block=THREADS, shared_mem=shared_bytes(p.d),
+                stream=p.stream)
         else:
             parts = as_array(new_like(q, (splits * p.tokens_q, p.hq, p.d), f32), "parts")
             part_lse = as_array(new_like(q, (splits * lset.shape[0], lset.shape[1]), f32), "part_lse")
-            kernel_for(p.d, p.banded, p.varlen, True)(qt, kt, vt, parts, part_lse, *p.launch_args(), grid=grid,
-                                                      block=THREADS, shared_mem=shared_bytes(p.d), stream=p.stream)
+            kernel_for(p.d, p.banded, p.varlen, True, packed)(
+                qt, kt, vt, parts, part_lse, *p.launch_args(), grid=grid, block=THREADS,
+                shared_mem=shared_bytes(p.d), stream=p.stream)
             combine_kernel_for(p.d)(parts, part_lse, ot, lset, grid=((p.tokens_q * p.hq + WARPS - 1) // WARPS,),
                                     block=THREADS, stream=p.stream)
     return (out, lse) if return_lse else out

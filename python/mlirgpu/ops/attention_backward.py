@@ -226,13 +226,13 @@ def _build_q(head_dim, banded, varlen):
         atom = lang.mma.M16N8K16_F16 if q.dtype == f16 else lang.mma.M16N8K16_BF16
         tid = lang.thread_idx.x
         lane, warp = tid % 32, tid // 32
-        h, kv_head, m0, q0, lq, k0, lk = query_block(varlen, q, k, cu_q, cu_k)
+        _, h, kv_head, m0, q0, lq, k0, lk = query_block(varlen, q, k, cu_q, cu_k)
         left, right = lang.cast(left, index), lang.cast(right, index)
         smem = lang.shared.dynamic(q.dtype)
         q_tile, do_tile = lang.mma.tile(smem, Q_TILE), lang.mma.tile(smem, Q_TILE).at(DO_AT)
         k_tile, v_tile = lang.mma.tile(smem, KV_TILE).at(K_AT), lang.mma.tile(smem, KV_TILE).at(V_AT)
 
-        first, end = key_tiles(m0, lq, lk, left, right, banded, BN)
+        first, end = key_tiles(m0, smaller(m0 + BM, lq) - 1, lq, lk, left, right, banded, BN)
         if varlen:
             end = lang.select(m0 < lq, end, first)    # blocks past this sequence's queries
 
