@@ -16,6 +16,40 @@
 #include "arrays/array_shared.h"
 static int refuse_deleted_jax(PyObject *obj);
 
+/* A view of a CUDA torch tensor read as a launch reads it (torch's DLPack
+ * exchange table: one C call), where no ordering is asked for: torch builds
+ * its __cuda_array_interface__ in Python on every access, and a bf16 tensor
+ * then goes through __dlpack__ too. NULL with no error set: not such a
+ * tensor, take the protocols. */
+static PyObject *torch_view(PyObject *obj)
+{
+    reader_info info;
+    if (!mg_arrays_known_reader(Py_TYPE(obj), &info)) {
+        mg_arrays_reader_info_release(&info);
+        if (mg_arrays_reader_of(Py_TYPE(obj), &info) < 0)
+            return NULL;
+    }
+    mg_foreign f = {.device = -1, .contiguous = 1};
+    int status = info.reader == READER_TORCH ? mg_arrays_torch_read(obj, &info.reads->torch, &f, 1) : 0;
+    mg_arrays_reader_info_release(&info);
+    if (status <= 0 || f.host || f.dtype == NULL || f.view != NULL)
+        return NULL;    /* status -1 has set the error */
+    mg_array *view = mg_arrays_array_create(f.dtype, f.ndim, f.shape, f.strides);
+    if (view == NULL)
+        return NULL;
+    Py_ssize_t lo, hi;
+    if (view->size > 0 && mg_arrays_byte_extent(view, &lo, &hi) < 0) {
+        Py_DECREF(view);
+        return NULL;
+    }
+    view->ptr = f.ptr;
+    view->readonly = f.readonly;
+    view->device = f.device >= 0 ? f.device
+                   : view->size > 0 && f.ptr != 0 ? mg_cu_pointer_device(view->ptr) : mg_cu_current_device();
+    view->owner = Py_NewRef(obj);
+    return (PyObject *)view;
+}
+
 PyObject *mg_array_asarray(PyObject *obj, int synchronize)
 {
     if (PyObject_TypeCheck(obj, mg_array_type))
@@ -24,6 +58,11 @@ PyObject *mg_array_asarray(PyObject *obj, int synchronize)
         return mg_arrays_host_array_error(obj);
     if (refuse_deleted_jax(obj) < 0)
         return NULL;
+    if (!synchronize) {
+        PyObject *view = torch_view(obj);
+        if (view != NULL || PyErr_Occurred())
+            return view;
+    }
     if (PyCapsule_CheckExact(obj))
         return mg_arrays_view_from_capsule(obj);
     PyObject *cai = PyObject_GetAttr(obj, mg_arrays_str_cai);

@@ -742,6 +742,30 @@ print(json.dumps(out))
     assert out["complex_cai"][0][:3] == ["array", "mlirgpu.f32", "(4,)"]
 
 
+def test_asarray_without_synchronizing_views_a_torch_tensor_as_a_launch_reads_it():
+    """For the ops, which launch on torch's current stream: no CAI dict built in
+    Python (this fake has none), the view's geometry is the tensor's, and the
+    view keeps the tensor alive."""
+    out = run_json(FAKE_TORCH + '''
+import json, sys
+import mlirgpu._mlirgpu as C
+t = Tensor(4096, (3, 2), (1, 3), bfloat16, device=0)
+view = C.asarray(t, synchronize=False)
+refs = sys.getrefcount(t)
+del view
+out = {"ptr": C.asarray(t, synchronize=False).ptr, "shape": list(C.asarray(t, synchronize=False).shape),
+       "strides": list(C.asarray(t, synchronize=False).strides), "dtype": str(C.asarray(t, synchronize=False).dtype),
+       "owned": refs - sys.getrefcount(t)}
+try:
+    C.asarray(Tensor(4096, (4,), (1,), device=-2), synchronize=False)    # meta: the protocols, which it lacks
+except Exception as error:
+    out["meta"] = type(error).__name__
+print(json.dumps(out))
+''')
+    assert out == {"ptr": 4096, "shape": [3, 2], "strides": [2, 6], "dtype": "mlirgpu.bf16", "owned": 1,
+                   "meta": "TypeError"}
+
+
 # ---------------------------------------------------------------------------
 # the Function path, on a fake driver
 

@@ -395,21 +395,29 @@ def _build_combine(head_dim):
             token, h = item // hq, item % hq
             row, i = token // lq * hq + h, token % lq
             minus_inf = lang.constant(float("-inf"), f32)
+            # The lanes take splits lane, lane + 32, ...; shuffles then give the warp's maximum and sum.
             top = minus_inf
-            for z in range(splits):
-                top = max(top, part_lse[z * rows + row, i])
+            for z in range(lane, splits, 32):
+                top = lang.math.max(top, part_lse[z * rows + row, i])
+            for s in lang.static_range(5):
+                top = lang.math.max(top, lang.warp.shfl_xor(top, 16 >> s))
             # Every split empty (a row that sees no key): weights exp(-inf - 0) = 0, output 0.
             base = lang.select(top == minus_inf, lang.constant(0.0, f32), top)
             total = lang.constant(0.0, f32)
-            for z in range(splits):
+            for z in range(lane, splits, 32):
                 total += lang.math.exp(part_lse[z * rows + row, i] - base)
+            for s in lang.static_range(5):
+                total += lang.warp.shfl_xor(total, 16 >> s)
             inverse = lang.select(total == 0.0, lang.constant(0.0, f32), 1.0 / total)
+            # A lane's D / 32 columns: each split's weight and values are loaded together, one
+            # memory latency a split rather than one a split and column.
+            values = [lang.constant(0.0, f32) for _ in lang.static_range(D // 32)]
+            for z in range(splits):
+                weight = lang.math.exp(part_lse[z * rows + row, i] - base)
+                for j in lang.static_range(D // 32):
+                    values[j] = values[j] + weight * parts[z * tokens + token, h, j * 32 + lane]
             for j in lang.static_range(D // 32):
-                value = lang.constant(0.0, f32)
-                for z in range(splits):
-                    value += lang.math.exp(part_lse[z * rows + row, i] - base) * parts[z * tokens + token, h,
-                                                                                      j * 32 + lane]
-                o[token, h, j * 32 + lane] = lang.cast(value * inverse, o.dtype)
+                o[token, h, j * 32 + lane] = lang.cast(values[j] * inverse, o.dtype)
             if lane == 0:
                 lse[row, i] = lang.select(total == 0.0, minus_inf, base + lang.math.log(total))
 
@@ -606,14 +614,16 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=No
     The arrays are torch tensors, CuPy or JAX arrays or DeviceArrays on the
     current backend (NumPy arrays on the CPU backend), each C-contiguous; the
     output (`out`, or a new array in q's library: torch for a tensor, NumPy
-    for a NumPy array, else a DeviceArray) too. On torch tensors this is the
-    torch custom op torch.ops.mlirgpu.attention, differentiable (see
-    attention_backward). Bad shapes and dtypes are a LaunchError (a
+    for a NumPy array, else a DeviceArray) too. On torch tensors that
+    autograd is to differentiate, or torch.compile traces, this is the torch
+    custom op torch.ops.mlirgpu.attention, differentiable (see
+    attention_backward); other calls on torch tensors (inference) launch the
+    kernels directly, on torch's current stream. Bad shapes and dtypes are a LaunchError (a
     ValueError), what is no array a TypeError.
 
         o = mlirgpu.ops.attention(q, k, v, causal=True)
     """
-    if out is None and attention_torch.takes(q):
+    if out is None and attention_torch.takes(q) and attention_torch.needs_op(q, k, v):
         o, lse = attention_torch.attention(q, k, v, causal, scale, window, cu_seqlens_q, cu_seqlens_k,
                                            max_seqlen_q, max_seqlen_k, num_splits)
         return (o, lse) if return_lse else o

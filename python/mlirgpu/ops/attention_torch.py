@@ -8,6 +8,7 @@ The ops take plain arguments (a window as two ints, -1 for no bound; 0 for
 "no maximum length" and "choose the split"), have fake implementations
 that give the outputs' shapes (torch.compile traces them without a graph
 break) and launch on torch's current stream (CUDA graphs capture them)."""
+import sys
 from typing import Optional
 
 OPS = None     # (torch.Tensor, the forward op, the backward op) once registered
@@ -93,6 +94,20 @@ def takes(x):
         return False
     register()
     return True
+
+
+def needs_op(q, k, v):
+    """Whether a call on torch tensors goes through the custom op: autograd
+    is to differentiate it (grad mode on, an input requiring grad),
+    torch.compile is tracing it, or an input is a tensor subclass (a fake or
+    distributed tensor, say) whose dispatch only the op goes through. Other
+    calls (inference, decoding) launch the kernels directly: the op's
+    dispatch costs more host time than they do."""
+    tensor = OPS[0]
+    torch = sys.modules["torch"]
+    if torch.compiler.is_compiling() or not type(q) is type(k) is type(v) is tensor:
+        return True
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
 def attention(q, k, v, causal, scale, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, num_splits):
