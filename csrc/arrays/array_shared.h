@@ -172,6 +172,10 @@ PyObject *mg_arrays_host_array_error(PyObject *obj);
 int mg_arrays_cai_untyped(PyObject *obj, PyObject *cai);
 int mg_arrays_cai_parse(PyObject *cai, cai_fields *f);
 PyObject *mg_arrays_view_from_cai(PyObject *obj, PyObject *cai, int synchronize);
+/* A DeviceArray viewing `ptr` (strides NULL: C-contiguous) on behalf of `owner`, which it keeps
+ * alive; `device` -1: the pointer's own, or the current device's for an empty array. */
+PyObject *mg_arrays_view_at(mg_dtype *dtype, int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
+                            CUdeviceptr ptr, int readonly, int device, PyObject *owner);
 int mg_arrays_dtype_from_dl(DLDataType t, mg_dtype **out);
 PyObject *mg_arrays_view_from_capsule_on(PyObject *capsule, int host);
 PyObject *mg_arrays_view_from_capsule(PyObject *capsule);

@@ -375,7 +375,14 @@ PyObject *mg_arrays_view_from_cai(PyObject *obj, PyObject *cai, int synchronize)
         return NULL;
     if (synchronize && f.has_stream && mg_cu_stream_order(f.stream, NULL) < 0)
         return NULL;
-    mg_array *view = mg_arrays_array_create(f.dtype, f.ndim, f.shape, f.has_strides ? f.strides : NULL);
+    return mg_arrays_view_at(f.dtype, f.ndim, f.shape, f.has_strides ? f.strides : NULL, (CUdeviceptr)f.pointer,
+                             f.readonly, -1, obj);
+}
+
+PyObject *mg_arrays_view_at(mg_dtype *dtype, int ndim, const Py_ssize_t *shape, const Py_ssize_t *strides,
+                            CUdeviceptr ptr, int readonly, int device, PyObject *owner)
+{
+    mg_array *view = mg_arrays_array_create(dtype, ndim, shape, strides);
     if (view == NULL)
         return NULL;
     Py_ssize_t lo, hi;
@@ -383,10 +390,11 @@ PyObject *mg_arrays_view_from_cai(PyObject *obj, PyObject *cai, int synchronize)
         Py_DECREF(view);
         return NULL;
     }
-    view->ptr = (CUdeviceptr)f.pointer;
-    view->readonly = f.readonly;
-    view->device = view->size > 0 && f.pointer != 0 ? mg_cu_pointer_device(view->ptr) : mg_cu_current_device();
-    view->owner = Py_NewRef(obj);
+    view->ptr = ptr;
+    view->readonly = readonly;
+    view->device = device >= 0 ? device
+                   : view->size > 0 && ptr != 0 ? mg_cu_pointer_device(ptr) : mg_cu_current_device();
+    view->owner = Py_NewRef(owner);
     return (PyObject *)view;
 }
 

@@ -34,20 +34,7 @@ static PyObject *torch_view(PyObject *obj)
     mg_arrays_reader_info_release(&info);
     if (status <= 0 || f.host || f.dtype == NULL || f.view != NULL)
         return NULL;    /* status -1 has set the error */
-    mg_array *view = mg_arrays_array_create(f.dtype, f.ndim, f.shape, f.strides);
-    if (view == NULL)
-        return NULL;
-    Py_ssize_t lo, hi;
-    if (view->size > 0 && mg_arrays_byte_extent(view, &lo, &hi) < 0) {
-        Py_DECREF(view);
-        return NULL;
-    }
-    view->ptr = f.ptr;
-    view->readonly = f.readonly;
-    view->device = f.device >= 0 ? f.device
-                   : view->size > 0 && f.ptr != 0 ? mg_cu_pointer_device(view->ptr) : mg_cu_current_device();
-    view->owner = Py_NewRef(obj);
-    return (PyObject *)view;
+    return mg_arrays_view_at(f.dtype, f.ndim, f.shape, f.strides, f.ptr, f.readonly, f.device, obj);
 }
 
 PyObject *mg_array_asarray(PyObject *obj, int synchronize)
