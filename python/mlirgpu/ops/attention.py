@@ -618,8 +618,8 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=No
     autograd is to differentiate, or torch.compile traces, this is the torch
     custom op torch.ops.mlirgpu.attention, differentiable (see
     attention_backward); other calls on torch tensors (inference) launch the
-    kernels directly, on torch's current stream. Bad shapes and dtypes are a LaunchError (a
-    ValueError), what is no array a TypeError.
+    kernels directly, on torch's current stream. Bad shapes and dtypes are a
+    LaunchError (a ValueError), what is no array a TypeError.
 
         o = mlirgpu.ops.attention(q, k, v, causal=True)
     """

@@ -28,6 +28,7 @@ dtype, device), and launches it.
 multiprocessors; the CPU backend runs what an sm_80 with 4 multiprocessors
 would.
 """
+import functools
 from collections import namedtuple
 
 
@@ -129,16 +130,13 @@ def _mma_sync(choice, m, k, n):
     plan = ampere_gemm.plan(m, k, n, config, mode, split, choice.units)
     kernel = ampere_gemm.kernel_for(config, mode, split)
     grid, block, shared = plan.grid, config.threads, config.shared_bytes()
-    workspaces = {}
+
+    @functools.lru_cache(maxsize=WORKSPACES_KEPT)
+    def workspace(stream):    # by arrays.stream_key
+        return ampere_gemm.workspace(plan)
 
     def run(a, b, c, stream, geometries):
-        key = stream_key(stream)
-        workspace = workspaces.get(key)
-        if workspace is None:
-            if len(workspaces) >= WORKSPACES_KEPT:
-                workspaces.pop(next(iter(workspaces)))
-            workspace = workspaces[key] = ampere_gemm.workspace(plan)
-        partials, counters = workspace
+        partials, counters = workspace(stream_key(stream))
         kernel(a, b, c, partials, counters, counters, grid=grid, block=block, shared_mem=shared, stream=stream)
     return run
 
@@ -245,6 +243,11 @@ def matmul(a, b, *, out=None):
     return _launch(a, b, out)
 
 
+def _unaddressed(read):
+    """An array's geometry (`read` by arrays.geometry) without its address: type, shape, strides, dtype."""
+    return read[:1] + read[2:]
+
+
 def _launch(a, b, out):
     """matmul's work, outside torch.compile's tracing. Each array's geometry
     (arrays.geometry) is read once: without the addresses, it finds the kept
@@ -258,8 +261,7 @@ def _launch(a, b, out):
     current = backend.current()
     # The backend and device are part of the key: a choice holds a workspace on one device.
     where = current, current_device() if current.name == "cuda" else None
-    key = None if geometries is None else (geometries[0][:1] + geometries[0][2:],
-                                           geometries[1][:1] + geometries[1][2:], where)
+    key = None if geometries is None else (_unaddressed(geometries[0]), _unaddressed(geometries[1]), where)
     call = _CALLS.get(key)
     if call is None:
         call = _Call(a, b)
@@ -272,7 +274,7 @@ def _launch(a, b, out):
     if out is None:
         out = new_like(a, call.shape, call.dtype)
     else:
-        checked = None if geometries is None else geometries[2][:1] + geometries[2][2:]
+        checked = None if geometries is None else _unaddressed(geometries[2])
         if checked is None or checked != call.checked_out:
             output(a, out, call.shape, call.dtype, "matmul")
             call.checked_out = checked

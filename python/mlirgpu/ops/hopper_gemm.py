@@ -627,22 +627,19 @@ class SplitK:
         _split_sum()(parts, C, grid=-(-size // SUM_THREADS), block=SUM_THREADS, stream=stream)
 
 
-# Split-K's partial products, a float32 array by (shape, backend, device, stream): launches on
-# one stream run in order, so they share one; launches on two streams may overlap, so they do not.
-_WORKSPACES = {}
 WORKSPACES_KEPT = 8
 
 
 def _workspace(shape, stream):
     where = backend.backend()
-    key = (shape, where, cuda.current_device() if where == "cuda" else None, stream_key(stream))
-    parts = _WORKSPACES.pop(key, None)
-    if parts is None:
-        if len(_WORKSPACES) >= WORKSPACES_KEPT:
-            _WORKSPACES.pop(next(iter(_WORKSPACES)))
-        parts = np.empty(shape, np.float32) if where == "cpu" else backend.empty(shape, f32)
-    _WORKSPACES[key] = parts    # the most recent last
-    return parts
+    return _workspace_of(shape, where, cuda.current_device() if where == "cuda" else None, stream_key(stream))
+
+
+# Split-K's partial products, a float32 array by (shape, backend, device, stream): launches on
+# one stream run in order, so they share one; launches on two streams may overlap, so they do not.
+@functools.lru_cache(maxsize=WORKSPACES_KEPT)
+def _workspace_of(shape, where, device, stream):
+    return np.empty(shape, np.float32) if where == "cpu" else backend.empty(shape, f32)
 
 
 #: The grouped kernel's configuration: 128 x 256 tiles, 4 stages, the register epilogue.
