@@ -1,9 +1,10 @@
 """mlirgpu.ops.attention on torch tensors is the custom op
 torch.ops.mlirgpu.attention: gradients through .backward() against torch
-SDPA's math backend, torch.compile(fullgraph=True) (no graph break), and
-capture and replay in a CUDA graph; inference calls skip the op. Needs torch and a GPU; without torch,
-mlirgpu.ops imports and registers nothing, and it registers every op as soon
-as torch is imported, in either order (checked with a stand-in for torch)."""
+SDPA's math backend, torch.compile(fullgraph=True) (no graph break),
+capture and replay in a CUDA graph, and inference calls, which skip the op.
+Needs torch and a GPU; without torch, mlirgpu.ops imports and registers
+nothing, and it registers every op as soon as torch is imported, in either
+order (checked with a stand-in for torch)."""
 import os
 import subprocess
 import sys
@@ -143,27 +144,20 @@ def test_cuda_graph_capture_and_replay():
 
 
 @pytest.mark.gpu
-def test_inference_launches_the_kernels_without_the_op_and_gives_its_result():
+def test_inference_launches_the_kernels_without_the_op_and_gives_its_result(monkeypatch):
     torch = torch_module()
     attention_torch = sys.modules["mlirgpu.ops.attention_torch"]
+    calls = []
+    through_op = attention_torch.attention
+    monkeypatch.setattr(attention_torch, "attention", lambda *args: calls.append(args) or through_op(*args))
     with current_backend("cuda"):
         q, k, v = (torch.randn(2, 300, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        calls = []
-        through_op = attention_torch.attention
-
-        def counted(*args):
-            calls.append(args)
-            return through_op(*args)
-        attention_torch.attention = counted
-        try:
-            direct = mlirgpu.ops.attention(q, k, v, causal=True)
-            assert not calls
-            q.requires_grad_()
-            with torch.no_grad():
-                mlirgpu.ops.attention(q, k, v, causal=True)
-            assert not calls
-            differentiable = mlirgpu.ops.attention(q, k, v, causal=True)
-            assert len(calls) == 1 and differentiable.requires_grad
-        finally:
-            attention_torch.attention = through_op
+        direct = mlirgpu.ops.attention(q, k, v, causal=True)
+        assert not calls
+        q.requires_grad_()
+        with torch.no_grad():
+            mlirgpu.ops.attention(q, k, v, causal=True)
+        assert not calls
+        differentiable = mlirgpu.ops.attention(q, k, v, causal=True)
+        assert len(calls) == 1 and differentiable.requires_grad
     assert torch.equal(direct, differentiable.detach())
