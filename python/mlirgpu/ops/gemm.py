@@ -50,8 +50,9 @@ WGMMA = hopper_gemm.CONFIGS[0]    # 128 x 256 tiles, 4 stages, TMA-store epilogu
 PINGPONG = hopper_gemm.CONFIGS[1]  # 128 x 128 tiles, 6 stages, ping-pong, TMA-store epilogue
 WORKSPACES_KEPT = 8               # streams an mma.sync launch keeps a workspace for
 MAX_WGMMA_SPLIT = 4               # slices of K of the Hopper GEMM's split-K
-# The K from which the Hopper GEMM splits K: on an H200, split-K took 64-256 x 4096 x 14336 from 72 us
-# to 42-54 us, and lost or gained little at K = 4096 and 8192 (its partial sums cost a second pass).
+# The K from which the Hopper GEMM splits K: on an H200 it paid at K = 14336 (64-256 rows, N = 4096:
+# 0.82-0.90 of cuBLAS in benchmarks/matmul_sweep.py) and not at K = 8192, where the partial sums'
+# second pass costs about what the idle multiprocessors would.
 WGMMA_SPLIT_MIN_K = 12288
 # mma.sync tiles (ampere_gemm.Config: BM, BN, BK, WM, WN, stages) by the rows of A they suit.
 SKINNY = ampere_gemm.Config(16, 128, 64, 16, 32, 4)    # 4 warps side by side, 72 KB
