@@ -62,25 +62,29 @@ def test_fastmath_ptx(tmp_path):
 
 
 @mg.kernel
-def by_name(X: mg.memref[N, mg.f32], Y: mg.memref[4, N, mg.f32]):
+def by_name(X: mg.memref[N, mg.f32], Y: mg.memref[5, N, mg.f32]):
     t = thread_idx.x
     x = X[t]
     Y[0, t] = mg.math.fast_exp(x)
     Y[1, t] = mg.math.rcp_approx(x)
     Y[2, t] = mg.math.fast_log(x) + mg.math.fast_sin(x)
     Y[3, t] = mg.math.fast_div(x, x + 2.0)
+    Y[4, t] = mg.math.exp2_approx(x * -40.0)
 
 
 def test_approximate_functions_by_name(backend, tmp_path):
     X = np.linspace(0.5, 3.0, 64, dtype=np.float32)
-    Y = np.zeros((4, 64), np.float32)
+    Y = np.zeros((5, 64), np.float32)
     by_name(X, Y, grid=1, block=64)
     x = X.astype(np.float64)
-    np.testing.assert_allclose(Y, np.stack([np.exp(x), 1 / x, np.log(x) + np.sin(x), x / (x + 2)]),
+    np.testing.assert_allclose(Y[:4], np.stack([np.exp(x), 1 / x, np.log(x) + np.sin(x), x / (x + 2)]),
                                rtol=2e-5, atol=1e-6)
+    # 2^-20 .. 2^-120, normal floats (what ex2.approx.ftz.f32 keeps): within its 2 ulp, scaled.
+    np.testing.assert_allclose(Y[4], np.exp2(-40.0 * X.astype(np.float64)), rtol=2e-5, atol=0)
     if backend == "cpu":
         ptx = by_name[64].ptx(chip="sm_90a")
-        filecheck(ptx, r"ex2\.approx\.(ftz\.)?f32", r"rcp\.approx\.ftz\.f32", r"lg2\.approx\.(ftz\.)?f32")
+        filecheck(ptx, r"ex2\.approx\.(ftz\.)?f32", r"rcp\.approx\.ftz\.f32", r"lg2\.approx\.(ftz\.)?f32",
+                  r"ex2\.approx\.ftz\.f32")
         ptxas_accepts(ptx, "sm_90a", tmp_path)
 
 
@@ -107,12 +111,18 @@ def rcp_of_double(X: mg.memref[N, mg.f64]):
 
 
 @mg.kernel
+def exp2_of_half(X: mg.memref[N, mg.f16]):
+    X[0] = mg.math.exp2_approx(X[0])  # f16
+
+
+@mg.kernel
 def exp_of_int(X: mg.memref[N, mg.i32]):
     X[0] = mg.math.exp(X[0])  # an integer
 
 
 @pytest.mark.parametrize("kernel, message", [
     (rcp_of_double, "mg.math.rcp_approx takes f32 values"),
+    (exp2_of_half, "mg.math.exp2_approx takes f32 values"),
     (exp_of_int, "mg.math.exp takes a traced float value or vector"),
 ])
 def test_math_errors(kernel, message):

@@ -14,6 +14,7 @@ also have names of their own, for one call in an accurate kernel:
 
     y = mg.math.fast_exp(x)     # CUDA's __expf: ex2.approx of x * log2(e)
     r = mg.math.rcp_approx(x)   # rcp.approx.ftz.f32 (f32 only)
+    p = mg.math.exp2_approx(x)  # ex2.approx.ftz.f32 (f32 only): one instruction
 
 On the CPU backend the approximate forms compute what the accurate ones do
 (the host has no such instructions); results agree within the GPU's
@@ -29,7 +30,7 @@ from .intrinsics import Vector
 __all__ = ["exp", "exp2", "log", "log2", "log10", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
            "floor", "ceil", "round", "trunc", "fma", "abs", "min", "max", "pow", "atan2",
            "fast_exp", "fast_exp2", "fast_log", "fast_log2", "fast_sin", "fast_cos", "fast_pow", "fast_div",
-           "rcp_approx"]
+           "rcp_approx", "exp2_approx"]
 
 
 def _flags(approximate=False):
@@ -121,6 +122,21 @@ def rcp_approx(x: lang.Number) -> lang.Scalar:
     if isinstance(x, Vector):
         return _wrap(lang.emit("vector.from_elements", [rcp_approx(lane) for lane in x], [x.value.type]).result, x)
     return lang.target().reciprocal_approx(x)
+
+
+def exp2_approx(x: lang.Number) -> lang.Scalar:
+    """2 ** x, approximate: PTX ex2.approx.ftz.f32 on the GPU (f32 only).
+
+    One instruction where exp2 and fast_exp2 (ex2.approx.f32, which keeps
+    subnormals) take four: subnormal inputs and results are flushed to
+    zero. The exponentials of a softmax, whose subnormal terms cannot move
+    a sum that holds a 1, are what it is for."""
+    x = _float_operand(x, "mg.math.exp2_approx")
+    if x.dtype != lang.f32:
+        raise CompileError(f"mg.math.exp2_approx takes f32 values (ex2.approx.ftz.f32), not {x.dtype.name}")
+    if isinstance(x, Vector):
+        return _wrap(lang.emit("vector.from_elements", [exp2_approx(lane) for lane in x], [x.value.type]).result, x)
+    return lang.target().exp2_approx(x)
 
 
 def atan2(y: lang.Number, x: lang.Number) -> lang.Scalar:

@@ -331,11 +331,11 @@ def _build(head_dim, banded, varlen, split, packed):
                 new_m = lang.math.max(m[half], top * scale_log2)
                 # A row that has seen only masked keys keeps -inf; subtracting 0 then gives exp2(-inf) = 0.
                 base = lang.select(new_m == minus_inf, lang.constant(0.0, f32), new_m)
-                alpha = lang.math.exp2(m[half] - base)
+                alpha = lang.math.exp2_approx(m[half] - base)
                 total = lang.constant(0.0, f32)
                 for j in lang.static_range(BN // 8):
                     for e in lang.static_range(2 * half, 2 * half + 2):
-                        s[j][e] = lang.math.exp2(s[j][e] * scale_log2 - base)
+                        s[j][e] = lang.math.exp2_approx(s[j][e] * scale_log2 - base)
                         total += s[j][e]
                 l[half] = l[half] * alpha + total
                 m[half] = new_m

@@ -164,7 +164,7 @@ def _build_kv(head_dim, banded, varlen, atomic):
                     query = m0 + j * 8 + c + e % 2
                     masked = (query >= lq) | hidden(query, keys[e // 2], lq, lk, left, right, banded)
                     at = stat_at + smaller(query, lq - 1)
-                    p = lang.math.exp2(s[j][e] * scale_log2 - lse[stat_row, at] * LOG2E)
+                    p = lang.math.exp2_approx(s[j][e] * scale_log2 - lse[stat_row, at] * LOG2E)
                     s[j][e] = lang.select(masked, lang.constant(0.0, f32), p)
                     dp[j][e] = s[j][e] * (dp[j][e] - delta[stat_row, at])
 
@@ -264,7 +264,7 @@ def _build_q(head_dim, banded, varlen):
                 for e in lang.static_range(4):
                     row = rows[e // 2]
                     masked = (row >= lq) | hidden(row, n0 + j * 8 + c + e % 2, lq, lk, left, right, banded)
-                    p = lang.math.exp2(s[j][e] * scale_log2 - lse2[e // 2])
+                    p = lang.math.exp2_approx(s[j][e] * scale_log2 - lse2[e // 2])
                     dp[j][e] = lang.select(masked, lang.constant(0.0, f32), p * (dp[j][e] - deltas[e // 2]))
 
             # dQ += dS K: dS's C fragments as A fragments, K (keys x D) as V is read in the forward.

@@ -14,7 +14,9 @@ owns BM = 128 query rows of one (batch, head) and has three warpgroups:
   rows each. Per key tile: S = Q K^T on wgmma (both operands K-major in
   shared memory), the online softmax on S's accumulators in registers (a
   row is spread over the 4 lanes of a quad: two shuffles; scale * log2(e)
-  folded into the one multiply before exp2), P rounded to the inputs' type
+  folded into the one multiply before exp2, which is one ex2.approx.ftz
+  instruction: the accurate form's subnormal handling would take three
+  more per score), P rounded to the inputs' type
   and written to shared memory in the 128-byte swizzle wgmma reads, then
   O += P V on wgmma (V MN-major, as it lies in memory), and the stage goes
   back to the producer on its "empty" mbarrier.
@@ -150,11 +152,11 @@ def _build(head_dim, causal):
             new_m = lang.math.max(m[half], top * scale_log2)
             # A row that has seen only masked keys keeps -inf; subtracting 0 then gives exp2(-inf) = 0.
             shift = lang.select(new_m == minus_inf, lang.constant(0.0, f32), new_m)
-            alpha[half] = lang.math.exp2(m[half] - shift)
+            alpha[half] = lang.math.exp2_approx(m[half] - shift)
             total = lang.constant(0.0, f32)
             for e in lang.static_range(BN // 2):
                 if e // 2 % 2 == half:
-                    p[e] = lang.math.exp2(scores[e] * scale_log2 - shift)
+                    p[e] = lang.math.exp2_approx(scores[e] * scale_log2 - shift)
                     total += p[e]
             l[half] = l[half] * alpha[half] + total
             m[half] = new_m

@@ -267,6 +267,10 @@ class CpuLowering(GpuLowering):
         # The host has no approximate reciprocal: the division, correctly rounded.
         return 1.0 / x
 
+    def exp2_approx(self, x):
+        # The host has no approximate exponential: math.exp2's.
+        return lang.Scalar(lang.emit("math.exp2", [x.value], [x.value.type]).result, x.dtype)
+
     def lane_id(self):
         return _linear_thread() % 32
 

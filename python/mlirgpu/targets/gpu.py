@@ -322,6 +322,13 @@ class GpuLowering:
         """1 / x of an f32, approximate: PTX rcp.approx.ftz.f32."""
         return lang.Scalar(lang.emit("nvvm.rcp.approx.ftz.f", [x], [x.value.type]).result, x.dtype)
 
+    def exp2_approx(self, x):
+        """2 ** x of an f32, approximate: PTX ex2.approx.ftz.f32 (NVVM has no
+        operation for it; without side effects, the compiler may move or share it)."""
+        return lang.Scalar(lang.emit("llvm.inline_asm", [x], [x.value.type], attributes={
+            "asm_string": ir.Attribute.string("ex2.approx.ftz.f32 $0, $1;"),
+            "constraints": ir.Attribute.string("=f,f")}).result, x.dtype)
+
     def lane_id(self):
         return lang.Scalar(lang.emit("gpu.lane_id", results=[ir.Type.index()]).result, lang.index)
 
