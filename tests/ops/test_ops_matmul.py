@@ -85,6 +85,19 @@ def test_on_sm_90a_fewer_tiles_than_multiprocessors_take_the_ping_pong_kernel():
     assert gemm.PINGPONG.bn == 128 and gemm.PINGPONG.schedule == "pingpong"
 
 
+def test_on_sm_90a_65_to_256_rows_take_128_by_64_tiles_where_they_make_one_wave():
+    for m, k, n in [(128, 4096, 4096), (65, 8192, 8192), (256, 4096, 4096)]:
+        choice = gemm.choose(m, k, n, *H200)
+        assert (choice.config, choice.split) == (gemm.NARROW, None), (m, k, n)
+    assert (gemm.NARROW.bm, gemm.NARROW.bn, gemm.NARROW.epilogue) == (128, 64, "registers")
+    # 128 tiles of 128 x 64 and a long K: 2 slices.
+    choice = gemm.choose(128, 14336, 4096, *H200)
+    assert (choice.config.bn, choice.config.split, choice.mode) == (64, 2, "split_k")
+    assert gemm.choose(64, 4096, 4096, *H200).config is gemm.PINGPONG      # half of each tile past A
+    assert gemm.choose(256, 8192, 8192, *H200).config is gemm.PINGPONG     # 256 tiles of 128 x 64
+    assert gemm.choose(256, 14336, 4096, *H200).config.bn == 128           # 129 rows on, K long: ping-pong
+
+
 def test_on_sm_90a_half_idle_multiprocessors_and_a_long_k_take_split_k():
     choice = gemm.choose(64, 14336, 4096, *H200)
     config = choice.config
@@ -116,7 +129,7 @@ def test_every_gemm_kernel_launches_from_c(mode):
         kernel = ampere_gemm.kernel_for(config, mode, 2 if mode == "split_k" else None)
         assert kernel.traced_globals.guards() is not None, (config, mode)
     hopper_gemm = sys.modules["mlirgpu.ops.hopper_gemm"]
-    for config in hopper_gemm.CONFIGS + [gemm.choose(64, 14336, 4096, *H200).config]:
+    for config in hopper_gemm.CONFIGS + [gemm.choose(64, 14336, 4096, *H200).config, gemm.NARROW]:
         assert hopper_gemm.kernel_for(config, mg.bf16).traced_globals.guards() is not None, config
     assert hopper_gemm._split_sum().traced_globals.guards() is not None
 
@@ -133,6 +146,7 @@ CPU_CASES = [
     ("sm_86", 4, 300, 150, 100, "f16", "mma.sync", "stream_k"),      # 3 tiles streamed over 4 units
     ("sm_90a", 1, 300, 200, 264, "bf16", "wgmma", None),
     ("sm_90a", 132, 300, 200, 264, "f16", "wgmma", None),            # 128 x 128 tiles, ping-pong
+    ("sm_90a", 8, 100, 200, 136, "bf16", "wgmma", None),             # 128 x 64 tiles, the last N one partial
 ]
 
 
