@@ -38,7 +38,8 @@ measured in the same run.
   split among blocks, merged by a second kernel) and SDPA's backends with
   enable_gqa, in GB/s of K and V read; beside them a device-to-device copy
   of the cache (torch's copy_), whose GB/s count the bytes it reads and
-  writes: the memory's bandwidth on this GPU. `--decode`: these rows only.
+  writes: the memory's bandwidth on this GPU. `--decode`: these rows only;
+  `--forward`: the forward's rows only.
 
 Needs a CUDA GPU and torch.
 """
@@ -218,7 +219,10 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help=f"L = {QUICK_LENGTHS[0]} only")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timed rounds (default 15)")
     parser.add_argument("--decode", action="store_true", help="the decoding rows only")
+    parser.add_argument("--forward", action="store_true", help="the forward rows only")
     args = parser.parse_args(argv)
+    if args.decode and args.forward:
+        parser.error("--decode and --forward each keep one table only: give one of them")
     try:
         import torch
     except ImportError:
@@ -241,6 +245,7 @@ def main(argv=None):
                           f"{cells[0]:>8} {cells[1]:>11} {cells[2]:>10} {cells[3]:>10} | "
                           f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
                     report(results)
+    if not (args.decode or args.forward):
         print("\nattention backward (dq, dk, dv; TFLOP/s count 2.5 forwards)")
         header = (f"{'L':>6} {'B':>3} {'H':>3} {'d':>4} {'causal':>6} | {MLIRGPU:>8} {FLASH:>10} {CUDNN:>10} | "
                   f"{'mlirgpu/cuDNN':>13} {'mlirgpu/flash':>13}")
@@ -255,6 +260,8 @@ def main(argv=None):
                           f"{cells[0]:>8} {cells[1]:>10} {cells[2]:>10} | "
                           f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
                     report(results)
+    if args.forward:
+        return 0
     print(f"\ndecoding: 1 query, {DECODE['hq']} query heads on {DECODE['hk']} key/value heads, d = {DECODE['d']}, "
           f"bf16, on {torch.cuda.get_device_name()} (GB/s of the K/V cache read, the copy's read and written; "
           f"median of {args.rounds} interleaved rounds)")
