@@ -414,7 +414,7 @@ void mg_cpu__mlir_ciface_mg_cpu_wgmma_buffer(mg_memref_1d *result)
 {
     mg_cpu_launch *l = mg_cpu_running;
     float *acc = l->pool->fibers[l->current].wgmma;
-    *result = (mg_memref_1d){acc, acc, 0, MG_CPU_WGMMA_MAX, 1};
+    *result = (mg_memref_1d){acc, acc, 0, MG_CPU_WGMMA_MAX + MG_CPU_WGMMA_A_WORDS, 1};
 }
 
 /* A wgmma operand in shared memory as its descriptor says: the start (an
@@ -459,8 +459,11 @@ static float wgmma_element(const wgmma_operand *o, int mn, int k, int bf16, int3
  * N/2 accumulators (rows and columns as mg.wgmma.accumulator_coordinates
  * says) plus the products of A's rows and B's columns, read from shared
  * memory through the descriptors when it is issued. `mode`: bit 0 bf16 (else
- * f16), bit 1 B MN-major (else K-major). Products are summed in double and
- * rounded to f32 once. */
+ * f16), bit 1 B MN-major (else K-major), bit 2 A from registers: then `a`
+ * is unused and A's rows are the words after the accumulators, those of
+ * the thread's quad, lane by lane (PTX's A fragment: word i of lane q holds
+ * row r + 8 (i % 2), columns 8 (i / 2) + 2q and the next). Products are
+ * summed in double and rounded to f32 once. */
 void mg_cpu_wgmma(int32_t n, int64_t a, int64_t b, int32_t mode, int32_t line)
 {
     mg_cpu_launch *l = mg_cpu_running;
@@ -468,11 +471,22 @@ void mg_cpu_wgmma(int32_t n, int64_t a, int64_t b, int32_t mode, int32_t line)
     int t = l->current % l->block_threads % MG_CPU_WARPGROUP, warp = t / 32, lane = t % 32, bf16 = mode & 1;
     if (n < 8 || n > 2 * MG_CPU_WGMMA_MAX || n % 8)
         mg_cpu_fault(line, "mg.wgmma.mma: N is a multiple of 8 from 8 to 256, not %d", (int)n);
-    wgmma_operand A = wgmma_descriptor(a, 1), B = wgmma_descriptor(b, !(mode & 2));
+    wgmma_operand B = wgmma_descriptor(b, !(mode & 2));
     float rows[2][16];
-    for (int h = 0; h < 2; h++)
-        for (int k = 0; k < 16; k++)
-            rows[h][k] = wgmma_element(&A, warp * 16 + lane / 4 + 8 * h, k, bf16, line);
+    if (mode & 4) {
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 16; k++) {
+                uint32_t word;
+                memcpy(&word, &acc[MG_CPU_WGMMA_MAX + 4 * (k % 8 / 2) + h + 2 * (k / 8)], 4);
+                uint32_t half = word >> 16 * (k % 2) & 0xffffu;
+                rows[h][k] = bf16 ? bits_to_float(half << 16) : half_to_float(half);
+            }
+    } else {
+        wgmma_operand A = wgmma_descriptor(a, 1);
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 16; k++)
+                rows[h][k] = wgmma_element(&A, warp * 16 + lane / 4 + 8 * h, k, bf16, line);
+    }
     for (int r = 0; r < n / 2; r++) {
         int row = (r >> 1) & 1, column = (r >> 2) * 8 + (lane % 4) * 2 + (r & 1);
         double sum = acc[r];

@@ -25,6 +25,7 @@
 #define MG_CPU_WARPGROUP 128
 
 #define MG_CPU_WGMMA_MAX 128    /* f32 accumulators of a thread in one wgmma (m64n256) */
+#define MG_CPU_WGMMA_A_WORDS 16 /* A from registers: the 4 words of each lane of the thread's quad */
 
 #define MG_CPU_WARP_DATA 16     /* 64-bit words a lane gives a warp collective */
 
@@ -53,7 +54,8 @@ typedef struct {
     int wait_kind;    /* waiting: WAIT_* */
     uint64_t *wait_on; /* waiting: the mbarrier, or the named barrier's generation */
     uint64_t wait_value; /* waiting: the phase parity, or the generation it arrived in */
-    float wgmma[MG_CPU_WGMMA_MAX]; /* wgmma: the thread's accumulators, in and out */
+    float wgmma[MG_CPU_WGMMA_MAX + MG_CPU_WGMMA_A_WORDS]; /* wgmma: the thread's accumulators, in and
+                                                             out, then A's words (their bits) */
     uint32_t warp_syncs; /* collectives its warp completed in this group of blocks (races.c) */
 } mg_fiber;
 

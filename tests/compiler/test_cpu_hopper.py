@@ -8,6 +8,7 @@ products at odd sizes. Each result is worked out on the host (NumPy, the
 layout module), and the threads that would read too early run first. The
 TMA boxes land the same on a Hopper GPU (conftest.py's `backend`)."""
 import os
+import re
 import sys
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 
 import mlirgpu as mg
 from support.backends import current_backend
+from support.checks import ptxas_accepts
 from mlirgpu.layout import wgmma as wgmma_layout
 from mlirgpu.runtime.tensormap import box_layout
 
@@ -309,6 +311,73 @@ def wgmma_product(swizzle, b_major):
 def test_wgmma_reads_each_layout_through_its_descriptor(swizzle, b_major):
     got, expected = wgmma_product(swizzle, b_major)
     np.testing.assert_array_equal(got, expected)  # small integers: exact
+
+
+def chained_kernel(tile, v_tile, v_major, dtype):
+    """A kernel computing (A @ B) @ V on 64 x 64 tiles: the first product's
+    accumulator, rounded to `dtype`, is the second's A, from registers."""
+    @mg.kernel
+    def chained(image: mg.memref[3 * 64 * 64, dtype], C: mg.memref[64, 64, mg.f32]):
+        smem = mg.shared.dynamic(dtype)
+        base = mg.shared.address(smem)
+        first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index) // 2
+        for i in range(mg.thread_idx.x, 3 * 64 * 64, 128):
+            smem[first + i] = image[i]
+        mg.tma.fence_proxy_async()
+        mg.syncthreads()
+        t = mg.warpgroup.thread_index()
+        s = mg.wgmma.zeros(64)
+        mg.wgmma.fence()
+        for k in mg.static_range(4):
+            a = mg.wgmma.descriptor(smem, tile, offset=first, k_block=k)
+            b = mg.wgmma.descriptor(smem, tile, offset=first + 64 * 64, k_block=k)
+            s = mg.wgmma.mma(s, a, b, n=64)
+        mg.wgmma.commit_group()
+        s = mg.wgmma.wait_group(0, s)
+        p = mg.wgmma.fragments(s, dtype)
+        acc = mg.wgmma.zeros(64)
+        mg.wgmma.fence()
+        for k in mg.static_range(4):
+            v = mg.wgmma.descriptor(smem, v_tile, offset=first + 2 * 64 * 64, k_block=k, major=v_major)
+            acc = mg.wgmma.mma(acc, p[k], v, n=64)
+        mg.wgmma.commit_group()
+        acc = mg.wgmma.wait_group(0, acc)
+        for r in mg.static_range(32):
+            row, col = mg.wgmma.accumulator_coordinates(r, t)
+            C[row, col] = acc[r]
+    return chained
+
+
+@pytest.mark.parametrize("v_major", ["K", "MN"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_a_product_feeds_the_next_from_registers(dtype, v_major):
+    element = np.float16 if dtype == "f16" else ml_dtypes.bfloat16
+    tile = wgmma_layout.tile_layout((64, 64), 2, "128B")
+    v_tile = wgmma_layout.tile_layout((64, 64), 2, "128B", major=v_major)
+    rng = np.random.default_rng(2)
+    # Integers in [-2, 2]: A @ B's within 256 and exact in bf16 too, so every product is exact.
+    a, b, v = (rng.integers(-2, 3, (64, 64)).astype(np.float32) for _ in range(3))
+    image = np.zeros(3 * 64 * 64, np.float32)
+    for i in range(64):
+        for k in range(64):
+            image[tile(i, k)] = a[i, k]
+            image[64 * 64 + tile(i, k)] = b[k, i]            # B's tile is over (N, K)
+            image[2 * 64 * 64 + v_tile(i, k)] = v[k, i]
+    C = mg.to_device(np.zeros((64, 64), np.float32))
+    kernel = chained_kernel(tile, v_tile, v_major, getattr(mg, dtype))
+    kernel(image.astype(element), C, grid=1, block=128, shared_mem=3 * 64 * 64 * 2 + 1024)
+    np.testing.assert_array_equal(C.get(), (a @ b) @ v)
+
+
+def test_a_fragment_operand_is_wgmmas_register_form(tmp_path):
+    tile = wgmma_layout.tile_layout((64, 64), 2, "128B")
+    ptx = chained_kernel(tile, tile, "K", mg.bf16)[()].ptx(chip="sm_90a")
+    # The first product reads A by descriptor, the second from 4 registers packed in pairs.
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16 \{[^}]*\}, %rd", ptx)) == 4
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16 \{[^}]*\}, "
+                          r"\{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+, p, 1, 1, 0;", ptx)) == 4
+    assert ptx.count("cvt.rn.bf16x2.f32") == 16
+    ptxas_accepts(ptx, "sm_90a", tmp_path)
 
 
 # --------------------------------------------------------------------------

@@ -14,6 +14,16 @@ shared memory, into an accumulator held in registers across its threads:
     mg.wgmma.commit_group()
     acc = mg.wgmma.wait_group(0, acc)                                # the accumulator, once written
 
+A may also come from registers: `fragments(values, dtype)` rounds an
+accumulator (an m64nN product's N/2 values) to f16 or bf16 as the N/16
+A operands of k16 wgmmas, each a `Fragment` of this thread's 4 registers,
+so that one product feeds the next with no trip through shared memory
+(FlashAttention's P in O += P V):
+
+    p = mg.wgmma.fragments(scores, mg.bf16)                         # S's 64 x 128: 8 fragments
+    for k in mg.static_range(8):
+        acc = mg.wgmma.mma(acc, p[k], v_descriptor(k), n=128)
+
 Each wgmma reads 32 bytes of K: k16 for f16 and bf16, k32 for the 8-bit
 floats (f8e4m3, f8e5m2), which wgmma reads K-major only (B given as N x K).
 Descriptors are computed from layouts (mlirgpu.layout.wgmma.descriptor: the
@@ -30,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from .. import ir
 from .._mlirgpu import CompileError
 from ..layout import wgmma as wgmma_layout
 from . import core as lang
@@ -39,7 +50,7 @@ if TYPE_CHECKING:
     from .._mlirgpu import DType
     from ..layout import ComposedLayout, Layout
 
-__all__ = ["Descriptor", "descriptor", "mma", "zeros", "fence", "commit_group", "wait_group",
+__all__ = ["Descriptor", "descriptor", "Fragment", "fragments", "mma", "zeros", "fence", "commit_group", "wait_group",
            "accumulator_coordinates"]
 
 _INPUTS = {lang.f16: "f16", lang.bf16: "bf16", lang.f8e4m3: "e4m3", lang.f8e5m2: "e5m2"}
@@ -84,6 +95,49 @@ def descriptor(tile: shared.SharedMemRef, layout: Layout | ComposedLayout, *, of
     return Descriptor(start | lang.constant(constant_part, lang.u64), tile.dtype, major, fields)
 
 
+class Fragment:
+    """This thread's part of a 64 x 16 slice of A held in registers: 4 i32
+    words of two f16 or bf16 elements each, in the order of PTX's A
+    fragment (rows r and r + 8 of the thread's warp, columns 2q, 2q + 1 and
+    2q + 8, 2q + 9 for lane 4r + q), which is the order of the accumulator
+    values 8k .. 8k + 7 of an m64nN wgmma (`fragments`)."""
+
+    __slots__ = ("words", "dtype")
+
+    def __init__(self, words: Sequence[lang.Scalar], dtype: DType) -> None:
+        self.words, self.dtype = list(words), dtype
+
+    def __repr__(self):
+        return f"<traced wgmma A fragment of {self.dtype.name}>"
+
+
+def _pair(low: lang.Scalar, high: lang.Scalar, dtype: DType) -> lang.Scalar:
+    """Two values rounded to the 16-bit `dtype`, as one i32 word (low first). As a 2-vector bitcast,
+    which ptxas makes one conversion of a pair (cvt.rn.bf16x2.f32), not two and a shift."""
+    element = lang.ir_type(dtype)
+    pair = lang.emit("vector.from_elements", [lang.cast(low, dtype).value, lang.cast(high, dtype).value],
+                     [ir.Type.vector([2], element)]).result
+    word = lang.emit("vector.bitcast", [pair], [ir.Type.vector([1], ir.Type.integer(32))]).result
+    return lang.Scalar(lang.emit("vector.extract", [word], [ir.Type.integer(32)], {
+        "static_position": ir.Attribute.dense_i64_array([0])}).result, lang.i32)
+
+
+def fragments(values: Sequence[lang.Number], dtype: DType) -> list[Fragment]:
+    """The accumulator `values` of an m64nN wgmma (N/2 values a thread, as
+    mma returns them), rounded to `dtype` (f16 or bf16), as the N/16 A
+    fragments of the k16 slices of that 64 x N tile: fragment k holds its
+    columns 16k .. 16k + 15, what the k-th wgmma of a product by an N x n B
+    reads."""
+    if dtype not in (lang.f16, lang.bf16):
+        raise CompileError(f"a wgmma A fragment holds f16 or bf16 values, not {getattr(dtype, 'name', dtype)}")
+    if not isinstance(values, (list, tuple)) or not values or len(values) % 8:
+        raise CompileError(f"fragments takes an m64nN accumulator (N/2 values, N a multiple of 16), got "
+                           f"{len(values) if isinstance(values, (list, tuple)) else type(values).__name__}")
+    values = [lang.coerce(v, lang.f32, "a wgmma accumulator value") for v in values]
+    return [Fragment([_pair(values[i], values[i + 1], dtype) for i in range(k, k + 8, 2)], dtype)
+            for k in range(0, len(values), 8)]
+
+
 def zeros(n: int) -> list[lang.Scalar]:
     """A zero accumulator of an m64nNk16 f32 wgmma: N/2 traced f32 values."""
     _check_n(n)
@@ -96,26 +150,37 @@ def _check_n(n):
         raise CompileError(f"a wgmma's N is a multiple of 8 from 8 to 256, not {n!r}")
 
 
-def mma(acc: Sequence[lang.Number], a: Descriptor, b: Descriptor, *, n: int) -> list[lang.Scalar]:
+def mma(acc: Sequence[lang.Number], a: Descriptor | Fragment, b: Descriptor, *, n: int) -> list[lang.Scalar]:
     """acc + A @ B for one m64nNk16 wgmma (m64nNk32 for 8-bit floats; f32
-    accumulate) of the descriptors `a` (64 x k, K-major) and `b` (N x k,
-    K-major, or MN-major for f16 and bf16); returns the new accumulator.
+    accumulate) of `a` (64 x k, K-major: a descriptor, or for f16 and bf16
+    a Fragment in registers) and the descriptor `b` (N x k, K-major, or
+    MN-major for f16 and bf16); returns the new accumulator.
     Asynchronous: its result may be read only after `commit_group()` and
-    `wait_group(...)`."""
+    `wait_group(...)`, and a Fragment's registers are read until then."""
     _check_n(n)
+    if isinstance(a, Fragment) and isinstance(b, Descriptor):
+        if a.dtype != b.dtype:
+            raise CompileError(f"wgmma operands have one element type, got {a.dtype.name} and {b.dtype.name}")
+        values = _accumulator(acc, n)
+        return lang.target().wgmma_mma_registers(values, a.words, b.value, n, _INPUTS[a.dtype], b.major)
     if not isinstance(a, Descriptor) or not isinstance(b, Descriptor):
-        raise CompileError("mg.wgmma.mma takes descriptors from mg.wgmma.descriptor for a and b")
+        raise CompileError("mg.wgmma.mma takes a descriptor (mg.wgmma.descriptor) or a Fragment "
+                           "(mg.wgmma.fragments) for a, and a descriptor for b")
     if a.dtype != b.dtype and not (a.dtype.itemsize == b.dtype.itemsize == 1):
         # The two 8-bit floats mix (e4m3 x e5m2); the 16-bit types do not.
         raise CompileError(f"wgmma operands have one element type, got {a.dtype.name} and {b.dtype.name}")
     if a.major != "K":
         raise CompileError("A is read K-major from shared memory (its rows contiguous along K)")
+    values = _accumulator(acc, n)
+    return lang.target().wgmma_mma(values, a.value, b.value, n, 32 // a.dtype.itemsize, _INPUTS[a.dtype],
+                                   _INPUTS[b.dtype], b.major)
+
+
+def _accumulator(acc, n):
     if not isinstance(acc, (list, tuple)) or len(acc) != n // 2:
         raise CompileError(f"an m64n{n} accumulator is a list of {n // 2} f32 values, got "
                            f"{len(acc) if isinstance(acc, (list, tuple)) else type(acc).__name__}")
-    values = [lang.coerce(v, lang.f32, "a wgmma accumulator value") for v in acc]
-    return lang.target().wgmma_mma(values, a.value, b.value, n, 32 // a.dtype.itemsize, _INPUTS[a.dtype],
-                                   _INPUTS[b.dtype], b.major)
+    return [lang.coerce(v, lang.f32, "a wgmma accumulator value") for v in acc]
 
 
 def fence() -> None:

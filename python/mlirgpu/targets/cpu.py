@@ -101,7 +101,8 @@ _RUNTIME = {
 _SHUFFLE_MODES = {"xor": 0, "down": 1, "up": 2, "idx": 3, "ballot": 4}  # cpu.c's MG_SHFL_*, MG_VOTE_BALLOT
 _MMA_MODES = {"f16": 16, "bf16": 17, "tf32": 18}  # cpu.c's MG_WARP_MMA_*
 _LDMATRIX_MODE = 32  # cpu.c's MG_WARP_LDMATRIX
-_WGMMA_TYPES, _WGMMA_B_MN_MAJOR = {"f16": 0, "bf16": 1}, 2  # mg_cpu_wgmma's mode bits
+_WGMMA_TYPES, _WGMMA_B_MN_MAJOR, _WGMMA_A_IN_REGISTERS = {"f16": 0, "bf16": 1}, 2, 4  # mg_cpu_wgmma's mode bits
+_WGMMA_SLOTS = 128  # MG_CPU_WGMMA_MAX: the accumulators' slots of the thread's wgmma buffer, before A's words
 
 
 # Loops of at most this many iterations need no check for Ctrl-C of their own:
@@ -389,6 +390,25 @@ class CpuLowering(GpuLowering):
         mode = _WGMMA_TYPES[type_a] | (_WGMMA_B_MN_MAJOR if b_major == "MN" else 0)
         _call("mg_cpu_wgmma", [_i32_constant(n), lang.cast(a, lang.i64), lang.cast(b, lang.i64),
                                _i32_constant(mode), _line()])
+        return [lang.Scalar(lang.emit("memref.load", [buffer, lang.constant(i, lang.index)],
+                                      [ir.Type.f32()]).result, lang.f32) for i in range(len(values))]
+
+    def wgmma_mma_registers(self, values, words, b, n, type_ab, b_major):
+        # A's rows r and r + 8 over the 16 columns lie in the 4 lanes of the
+        # thread's quad: their 16 words, gathered by shuffles, go to the runtime
+        # beside the accumulators (after its MG_CPU_WGMMA_MAX slots).
+        from ..language import warp
+        buffer = _call("mg_cpu_wgmma_buffer")[0]
+        for i, v in enumerate(values):
+            lang.emit("memref.store", [v, buffer, lang.constant(i, lang.index)])
+        quad = self.lane_id() // 4 * 4
+        for j in range(4):
+            for i, word in enumerate(words):
+                bits = lang.emit("arith.bitcast", [warp.shfl_idx(word, quad + j)], [ir.Type.f32()]).result
+                lang.emit("memref.store", [bits, buffer, lang.constant(_WGMMA_SLOTS + 4 * j + i, lang.index)])
+        mode = _WGMMA_TYPES[type_ab] | _WGMMA_A_IN_REGISTERS | (_WGMMA_B_MN_MAJOR if b_major == "MN" else 0)
+        _call("mg_cpu_wgmma", [_i32_constant(n), lang.constant(0, lang.i64),
+                               lang.cast(b, lang.i64), _i32_constant(mode), _line()])
         return [lang.Scalar(lang.emit("memref.load", [buffer, lang.constant(i, lang.index)],
                                       [ir.Type.f32()]).result, lang.f32) for i in range(len(values))]
 

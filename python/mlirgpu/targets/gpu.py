@@ -574,6 +574,26 @@ class GpuLowering:
             "layoutB": ir.Attribute.parse(f"#nvvm.mma_layout<{'col' if b_major == 'K' else 'row'}>")})
         return _f32_unpacked(op.result, len(values))
 
+    def wgmma_mma_registers(self, values, words, b, n, type_ab, b_major):
+        """wgmma.mma_async m64nNk16, f32 += `type_ab` x `type_ab`, of A in this
+        thread's 4 i32 registers `words` and the u64 descriptor `b`, on its
+        accumulators `values`; the new ones. Inline PTX: MLIR 22's
+        nvvm.wgmma.mma_async takes A by descriptor only."""
+        count = len(values)
+        struct = ir.Type.parse(f"!llvm.struct<({', '.join(['f32'] * count)})>")
+        # Operands: the accumulators out ($0..), the same in (tied to them), A's words, B's descriptor.
+        accumulators = ", ".join(f"${i}" for i in range(count))
+        registers = ", ".join(f"${2 * count + i}" for i in range(4))
+        asm = ("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{type_ab}.{type_ab} {{{accumulators}}}, "
+               f"{{{registers}}}, ${2 * count + 4}, p, 1, 1, {1 if b_major == 'MN' else 0};\n}}")
+        constraints = ",".join(["=f"] * count + [str(i) for i in range(count)] + ["r"] * 4 + ["l"])
+        op = lang.emit("llvm.inline_asm", [*values, *words, b], [struct],
+                       attributes={"asm_string": ir.Attribute.string(asm),
+                                   "constraints": ir.Attribute.string(constraints),
+                                   "has_side_effects": ir.Attribute.unit()})
+        return _f32_unpacked(op.result, count)
+
     def wgmma_fence(self):
         lang.emit("nvvm.wgmma.fence.aligned")
 
