@@ -16,10 +16,11 @@ owns BM = 128 query rows of one (batch, head) and has three warpgroups:
   row is spread over the 4 lanes of a quad: two shuffles; scale * log2(e)
   folded into the one multiply before exp2, which is one ex2.approx.ftz
   instruction: the accurate form's subnormal handling would take three
-  more per score), P rounded to the inputs' type
-  and written to shared memory in the 128-byte swizzle wgmma reads, then
-  O += P V on wgmma (V MN-major, as it lies in memory), and the stage goes
-  back to the producer on its "empty" mbarrier.
+  more per score), P rounded to the inputs' type where it lies: S's
+  accumulators are in the layout of wgmma's A operand in registers, so
+  O += P V (V MN-major, as it lies in memory) reads P from registers with
+  no trip through shared memory; then the stage goes back to the producer
+  on its "empty" mbarrier.
 - The causal mask and the tail of Lk are applied on the tiles that cross
   them only; key tiles wholly above the diagonal are never loaded. Blocks
   of the causal case start from the last query rows, whose rows see the
@@ -51,30 +52,28 @@ CONSUMERS = 2
 THREADS = 128 * (1 + CONSUMERS)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
 BOX = 64                    # columns of a TMA box: one 128-byte row of 16-bit elements, the swizzle's
-CHUNK = 8                   # 16-bit elements in the swizzle's 16-byte unit
 
 
 def stages(head_dim):
-    """K/V stages of the ring: as many as fit beside Q's and P's tiles."""
-    return 2 if head_dim == 128 else 4
+    """K/V stages of the ring: as many as fit beside Q's tile (3 at d = 128), at most 4."""
+    return 3 if head_dim == 128 else 4
 
 
 def shared_bytes(head_dim):
-    """Q's tile, the K and V stages, two buffers of P's tile (16-bit elements), and 1 KB to
-    put the first tile on a 1024-byte boundary (the swizzle's period)."""
-    return (BM * head_dim + 2 * stages(head_dim) * BN * head_dim + 2 * BM * BN) * 2 + 1024
+    """Q's tile, the K and V stages (16-bit elements), and 1 KB to put the first tile
+    on a 1024-byte boundary (the swizzle's period)."""
+    return (BM * head_dim + 2 * stages(head_dim) * BN * head_dim) * 2 + 1024
 
 
 def _build(head_dim, causal):
     """The kernel for one head dimension and masking, generic over the dtype."""
     D, STAGES = head_dim, stages(head_dim)
     # Element offsets from the first 1024-byte boundary: Q (D/64 boxes of BM rows), each
-    # stage's K (D/64 boxes of BN keys) and V (per 64 keys, D/64 boxes of 64 keys), then P.
+    # stage's K (D/64 boxes of BN keys) and V (per 64 keys, D/64 boxes of 64 keys).
     K_AT = BM * D
     V_AT = K_AT + STAGES * BN * D
-    P_AT = V_AT + STAGES * BN * D
     TILE_BYTES = BN * D * 2
-    # Q's and P's 64-row halves and K's tile are K-major boxes of 64 columns; V (keys x d)
+    # Q's 64-row halves and K's tile are K-major boxes of 64 columns; V (keys x d)
     # is MN-major, a 64-key slice of it D/64 boxes of 64 keys x 64 d.
     A_TILE = wgmma_layout.tile_layout((64, BOX), 2, "128B")
     K_TILE = wgmma_layout.tile_layout((BN, BOX), 2, "128B")
@@ -102,15 +101,19 @@ def _build(head_dim, causal):
         lang.wgmma.commit_group()
         return scores
 
-    def issue_values(smem, acc, p_at, stage_at):
-        """Issues O += P V (one wgmma group) for the warpgroup's P at p_at and the V
-        of the stage at stage_at; returns O's accumulators."""
+    def fragments(p, dtype):
+        """P rounded to `dtype` as the A operand of O += P V, its BN/16 fragments'
+        words in one list (what a loop carries)."""
+        return [word for fragment in lang.wgmma.fragments(p, dtype) for word in fragment.words]
+
+    def issue_values(smem, acc, p, dtype, stage_at):
+        """Issues O += P V (one wgmma group) for the warpgroup's P (`fragments`'
+        words) and the V of the stage at stage_at; returns O's accumulators."""
         lang.wgmma.fence()
         for kk in lang.static_range(BN // 16):
-            a = lang.wgmma.descriptor(smem, A_TILE, offset=p_at + kk // 4 * (64 * BOX), k_block=kk % 4)
             b = lang.wgmma.descriptor(smem, V_TILE, offset=stage_at + V_AT + kk // 4 * (BOX * D), k_block=kk % 4,
                                       major="MN")
-            acc = lang.wgmma.mma(acc, a, b, n=D)
+            acc = lang.wgmma.mma(acc, lang.wgmma.Fragment(p[4 * kk:4 * kk + 4], dtype), b, n=D)
         lang.wgmma.commit_group()
         return acc
 
@@ -161,19 +164,6 @@ def _build(head_dim, causal):
             l[half] = l[half] * alpha[half] + total
             m[half] = new_m
         return p, m, l, alpha
-
-    def store_p(smem, p_at, p, t, dtype, wg):
-        """P, rounded to `dtype`, into the warpgroup's buffer at p_at as the 128-byte
-        swizzle of 64-key boxes (the layout of A_TILE), two neighbouring keys a
-        store; then visible to the tensor cores, for all of the warpgroup's rows."""
-        for e in lang.static_range(0, BN // 2, 2):
-            row, column = lang.wgmma.accumulator_coordinates(e, t)
-            element = row * BOX + column % BOX
-            swizzled = lang.cast(element ^ (row % 8 * CHUNK), index)
-            lang.vstore(smem, p_at + (e // 32) * (64 * BOX) + swizzled,
-                        (lang.cast(p[e], dtype), lang.cast(p[e + 1], dtype)))
-        lang.tma.fence_proxy_async()
-        lang.warpgroup.barrier(wg)              # ids 1 and 2: the consumer warpgroups'
 
     @kernel(generics=(T,), max_threads=THREADS, min_blocks=1)
     def attention_forward_sm90(q_map: TensorMap, k_map: TensorMap, v_map: TensorMap,
@@ -236,7 +226,6 @@ def _build(head_dim, causal):
             w = lang.warp.shfl_idx(wg - 1, 0)
             lane = t % 32
             q_at = first + lang.cast(w, index) * (64 * BOX)
-            p_at = first + P_AT + lang.cast(w, index) * (2 * 64 * BN)
             # This thread's rows of the warpgroup's 64 (accumulator values 4i, 4i+1: row r; 4i+2, 4i+3: r + 8).
             r, _ = lang.wgmma.accumulator_coordinates(0, t)
             rows = [m0 + w * 64 + r, m0 + w * 64 + r + 8]
@@ -259,7 +248,7 @@ def _build(head_dim, causal):
                 if crosses(0, m0 + w * 64, lq, lk):
                     scores = masked(scores, t, 0, rows, lq, lk)
                 scores, m, l = softmax(scores, m, l, scale_log2)[:3]
-                store_p(smem, p_at, scores, t, o.dtype, wg)
+                p = fragments(scores, o.dtype)
                 for n in range(1, tiles):
                     s, before = n % STAGES, (n - 1) % STAGES
                     n0 = lang.cast(n, i32) * BN
@@ -267,8 +256,7 @@ def _build(head_dim, causal):
                     k_full.wait(s, n // STAGES % 2)
                     scores = issue_scores(smem, q_at, first + lang.cast(s, index) * (BN * D))
                     v_full.wait(before, (n - 1) // STAGES % 2)
-                    acc = issue_values(smem, acc, p_at + lang.cast((n - 1) % 2, index) * (64 * BN),
-                                       first + lang.cast(before, index) * (BN * D))
+                    acc = issue_values(smem, acc, p, o.dtype, first + lang.cast(before, index) * (BN * D))
                     lang.warpgroup.arrive(4 - w, 256)
                     scores = lang.wgmma.wait_group(1, scores)
                     if crosses(n0, m0 + w * 64, lq, lk):
@@ -278,12 +266,12 @@ def _build(head_dim, causal):
                     if lane == 0:
                         empty.arrive(before)
                     acc = [acc[e] * alpha[e // 2 % 2] for e in lang.static_range(D // 2)]
-                    store_p(smem, p_at + lang.cast(n % 2, index) * (64 * BN), scores, t, o.dtype, wg)
+                    # Only now: the product just waited for read the previous P's registers.
+                    p = fragments(scores, o.dtype)
                 last = tiles - 1
                 lang.warpgroup.barrier(3 + w, 256)
                 v_full.wait(last % STAGES, last // STAGES % 2)
-                acc = issue_values(smem, acc, p_at + lang.cast(last % 2, index) * (64 * BN),
-                                   first + lang.cast(last % STAGES, index) * (BN * D))
+                acc = issue_values(smem, acc, p, o.dtype, first + lang.cast(last % STAGES, index) * (BN * D))
                 if w == 0:
                     lang.warpgroup.arrive(4, 256)       # the second warpgroup's last turn
                 acc = lang.wgmma.wait_group(0, acc)
