@@ -3,6 +3,7 @@
  * through its mg_*_init hook, called here from the bottom layer up. */
 #define _GNU_SOURCE /* dl_iterate_phdr */
 #include "base/state.h"
+#include "base/stack_chunks.h"
 #include "mlir/ir.h"
 #include "mlir/pipeline.h"
 #include "cuda/device.h"
@@ -58,6 +59,7 @@ static int module_exec(PyObject *module)
     }
     if (mg_base_init(module) < 0)
         return -1;
+    mg_stack_chunks_keep();
     /* The toolkit the build was made for; compiler/toolkit.py looks there first. */
     if (PyModule_AddStringConstant(module, "CUDA_HOME", MG_CUDA_HOME) < 0)
         return -1;

@@ -14,7 +14,9 @@ session's other processes (pytest -n) change as they allocate: each runs while
 no other test of the session runs.
 
 The whole session compiles into a cache directory of its own (MLIRGPU_CACHE_DIR,
-removed at the end), so the tests neither read nor fill the user's cache."""
+removed at the end), so the tests neither read nor fill the user's cache; the
+workers of pytest -n share it, so a kernel one of them compiled is a disk hit
+for the others."""
 import fcntl
 import os
 import shutil
@@ -43,19 +45,23 @@ _lock = None
 
 def pytest_configure(config):
     global _cache_dir, _lock_path, _lock
+    worker = getattr(config, "workerinput", None)
+    if worker is not None and "mlirgpu_lock" in worker:
+        # The starting process's directory, which it removes at the end.
+        os.environ["MLIRGPU_CACHE_DIR"] = worker["mlirgpu_cache_dir"]
+        _lock = os.open(worker["mlirgpu_lock"], os.O_RDWR)
+        return
     _cache_dir = tempfile.mkdtemp(prefix="mlirgpu-test-cache-")
     os.environ["MLIRGPU_CACHE_DIR"] = _cache_dir
-    worker = getattr(config, "workerinput", None)
     if worker is None:
         fd, _lock_path = tempfile.mkstemp(prefix="mlirgpu-test-", suffix=".lock")
         os.close(fd)
-    elif "mlirgpu_lock" in worker:
-        _lock = os.open(worker["mlirgpu_lock"], os.O_RDWR)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     node.workerinput["mlirgpu_lock"] = _lock_path
+    node.workerinput["mlirgpu_cache_dir"] = _cache_dir
 
 
 def pytest_unconfigure(config):

@@ -57,6 +57,7 @@ commit_group and wait_group have nothing left to wait for.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 
 from .. import ir
@@ -86,8 +87,10 @@ _KINDS = {M16N8K16_F16.name: "f16", M16N8K16_BF16.name: "bf16", M16N8K8_TF32.nam
 # ---------------------------------------------------------------------------
 # Fragments
 
+@functools.lru_cache(maxsize=64)
 def _table(layout, rows):
-    """(lane, value) -> (row, col) of a thread-value layout over a column-major tile of `rows` rows."""
+    """(lane, value) -> (row, col) of a thread-value layout over a column-major tile of `rows` rows.
+    Made once per layout: every mma.sync, fragment and zeros of a trace asks for its atom's."""
     values = layout.size // _WARP
     return tuple(tuple((layout(lane, v) % rows, layout(lane, v) // rows) for v in range(values))
                  for lane in range(_WARP))

@@ -37,6 +37,7 @@ descriptors, as the hardware lays them out.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -68,6 +69,14 @@ class Descriptor:
         return f"<traced wgmma descriptor {self.fields!r}>"
 
 
+@functools.lru_cache(maxsize=256)
+def _fields(layout, element_bytes, major):
+    """wgmma_layout.descriptor, once per tile layout: it checks where every
+    element of the tile sits (a 64 x 128 tile's 8,192), and a kernel asks
+    for the descriptors of the same few tiles at each of its wgmmas."""
+    return wgmma_layout.descriptor(layout, element_bytes, major)
+
+
 def descriptor(tile: shared.SharedMemRef, layout: Layout | ComposedLayout, *, offset: lang.Index = 0, k_block: int = 0,
                major: str = "K") -> Descriptor:
     """The descriptor of the operand tile at element `offset` of the shared
@@ -82,7 +91,7 @@ def descriptor(tile: shared.SharedMemRef, layout: Layout | ComposedLayout, *, of
     if tile.dtype.itemsize == 1 and major != "K":
         raise CompileError(f"wgmma reads {tile.dtype.name} operands K-major only: give B as N x K (major='K')")
     try:
-        fields = wgmma_layout.descriptor(layout, tile.dtype.itemsize, major)
+        fields = _fields(layout, tile.dtype.itemsize, major)
     except (TypeError, ValueError) as error:
         raise CompileError(f"no wgmma descriptor for this shared layout: {error}") from None
     if not isinstance(k_block, int) or isinstance(k_block, bool) or not 0 <= k_block < len(fields.k_offsets):
