@@ -40,6 +40,10 @@ static void chunk_free(void *ctx, void *ptr, size_t size)
 
 void mg_stack_chunks_keep(void)
 {
+    /* Once: a second exec of the module (another interpreter) would wrap the wrapper. */
+    static atomic_flag wrapping = ATOMIC_FLAG_INIT;
+    if (atomic_flag_test_and_set(&wrapping))
+        return;
     PyObject_GetArenaAllocator(&wrapped);
     PyObjectArenaAllocator keeping = {NULL, chunk_alloc, chunk_free};
     PyObject_SetArenaAllocator(&keeping);
