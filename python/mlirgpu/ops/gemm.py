@@ -53,8 +53,9 @@ WGMMA = hopper_gemm.CONFIGS[0]    # 128 x 256 tiles, 4 stages, TMA-store epilogu
 PINGPONG = hopper_gemm.CONFIGS[1]  # 128 x 128 tiles, 6 stages, ping-pong, TMA-store epilogue
 # 128 x 64 tiles, 8 stages, the register epilogue: for 65 to 256 rows, where even 128 x 128 tiles
 # leave multiprocessors idle, twice the tiles, each streaming its columns of B through a deeper ring
-# (on an H200, 128 rows against N = 4096-8192: 0.95-1.03 of cuBLAS in a probe, where ping-pong
-# gave 0.79-0.87). From 129 rows only where the tiles make one wave and K is not split.
+# (on an H200, benchmarks/matmul_sweep.py: 128 x 8192^2 and 256 x 4096^2 at 0.93 and 0.87 of
+# cuBLAS, where ping-pong gave 0.83 and 0.70). From 129 rows only where the tiles make one wave
+# and K is not split.
 NARROW = hopper_gemm.Config(64, 64, 8)
 NARROW_ROWS = (65, 256)      # at 64 rows and fewer, half of each tile's rows lie past A: ping-pong ran faster
 WORKSPACES_KEPT = 8               # streams an mma.sync launch keeps a workspace for
