@@ -116,12 +116,7 @@ def fast_div(x: lang.Number, y: lang.Number) -> lang.Scalar:
 
 def rcp_approx(x: lang.Number) -> lang.Scalar:
     """1 / x, approximate: PTX rcp.approx.ftz.f32 on the GPU (f32 only)."""
-    x = _float_operand(x, "mg.math.rcp_approx")
-    if x.dtype != lang.f32:
-        raise CompileError(f"mg.math.rcp_approx takes f32 values (rcp.approx.ftz.f32), not {x.dtype.name}")
-    if isinstance(x, Vector):
-        return _wrap(lang.emit("vector.from_elements", [rcp_approx(lane) for lane in x], [x.value.type]).result, x)
-    return lang.target().reciprocal_approx(x)
+    return _f32_instruction(x, rcp_approx, "rcp.approx.ftz.f32", lambda lane: lang.target().reciprocal_approx(lane))
 
 
 def exp2_approx(x: lang.Number) -> lang.Scalar:
@@ -131,12 +126,18 @@ def exp2_approx(x: lang.Number) -> lang.Scalar:
     subnormals) take four: subnormal inputs and results are flushed to
     zero. The exponentials of a softmax, whose subnormal terms cannot move
     a sum that holds a 1, are what it is for."""
-    x = _float_operand(x, "mg.math.exp2_approx")
+    return _f32_instruction(x, exp2_approx, "ex2.approx.ftz.f32", lambda lane: lang.target().exp2_approx(lane))
+
+
+def _f32_instruction(x, function, instruction, scalar):
+    """`function` (an mg.math name for one f32 PTX `instruction`) of x: `scalar` of an
+    f32 value, lane by lane of a vector."""
+    x = _float_operand(x, f"mg.math.{function.__name__}")
     if x.dtype != lang.f32:
-        raise CompileError(f"mg.math.exp2_approx takes f32 values (ex2.approx.ftz.f32), not {x.dtype.name}")
+        raise CompileError(f"mg.math.{function.__name__} takes f32 values ({instruction}), not {x.dtype.name}")
     if isinstance(x, Vector):
-        return _wrap(lang.emit("vector.from_elements", [exp2_approx(lane) for lane in x], [x.value.type]).result, x)
-    return lang.target().exp2_approx(x)
+        return _wrap(lang.emit("vector.from_elements", [scalar(lane) for lane in x], [x.value.type]).result, x)
+    return scalar(x)
 
 
 def atan2(y: lang.Number, x: lang.Number) -> lang.Scalar:
