@@ -35,8 +35,9 @@ def run_on_the_cpu(batch, lq, lk, hq, hk, d, dtype, causal):
     return (q, k, v), out, lse
 
 
-# (batch, Lq, Lk, Hq, Hk): 3 key tiles and 3 row blocks, 2:1 heads; Lq > Lk (the first rows see no key, 4:2 heads).
-CAUSAL_CASES = [(1, 260, 300, 2, 1), (1, 130, 77, 4, 2)]
+# (batch, Lq, Lk, Hq, Hk): 3 key tiles and 3 row blocks, 2:1 heads; Lq > Lk (the first rows see no key, 4:2 heads;
+# then the first two row blocks, whose work units come before and after one that reads keys).
+CAUSAL_CASES = [(1, 260, 300, 2, 1), (1, 130, 77, 4, 2), (1, 300, 40, 2, 1)]
 # Tails of one row block and of 3 key tiles; one query against 130 keys, all:1 heads.
 FULL_CASES = [(2, 17, 300, 2, 2), (1, 1, 130, 4, 1)]
 CASES = [(shape, 64, "f16", True) for shape in CAUSAL_CASES] + [(shape, 128, "bf16", False) for shape in FULL_CASES]
@@ -55,6 +56,13 @@ def test_shared_memory_fits_a_block():
     # An H100's or H200's block may have 227 KB of shared memory.
     for d in attention_sm90.HEAD_DIMS:
         assert attention_sm90.shared_bytes(d) <= 227 * 1024
+
+
+def test_the_warpgroups_registers_add_up_to_the_blocks():
+    # setmaxnreg moves registers between the warpgroups of a block; the launch gave it 168 a
+    # thread (65536 over 384 threads, in steps of 8): more in all and the increase never returns.
+    launched = 65536 // attention_sm90.THREADS // 8 * 8
+    assert attention_sm90.PRODUCER_REGISTERS + 2 * attention_sm90.CONSUMER_REGISTERS == 3 * launched
 
 
 def test_only_hopper_takes_it():
@@ -105,4 +113,30 @@ def test_on_the_gpu(batch, lq, lk, hq, hk, d, causal, dtype):
         got, got_lse = out.get().astype(np.float64), lse.get()
     expected, expected_lse = reference(q, k, v, causal)
     np.testing.assert_allclose(got, expected, rtol=0, atol=TOLERANCE[dtype])
+    np.testing.assert_allclose(got_lse, expected_lse, rtol=1e-4, atol=1e-4)
+
+
+# A few persistent blocks for many work units: each block's ring, Q tile and warpgroups' turns run on
+# across row blocks (causal: pairs of them, the rows past Lk reading no key).
+PERSISTENT_CASES = [(2, 1000, 1000, 8, 2, 128, True, 3), (3, 520, 700, 4, 4, 64, False, 5),
+                    (1, 900, 200, 6, 3, 64, True, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch, lq, lk, hq, hk, d, causal, blocks", PERSISTENT_CASES,
+                         ids=[f"{b}x{lq}x{lk}x{hq}x{hk}-d{d}{'-causal' if c else ''}-{n}blocks"
+                              for b, lq, lk, hq, hk, d, c, n in PERSISTENT_CASES])
+def test_few_blocks_take_many_units_on_the_gpu(batch, lq, lk, hq, hk, d, causal, blocks):
+    q, k, v = operands(batch, lq, lk, hq, hk, d, "bf16")
+    with current_backend("cuda"):
+        if mg.cuda.Device(mg.cuda.current_device()).chip != "sm_90a":
+            pytest.skip("the Hopper kernel runs on sm_90a GPUs")
+        assert attention_sm90.units(lq, batch * hq, causal) >= 4 * blocks
+        arrays = [mg.to_device(x) for x in (q, k, v)]
+        out = mg.to_device(np.full(q.shape, np.nan, q.dtype))
+        lse = mg.to_device(np.full((batch, hq, lq), np.nan, np.float32))
+        attention_sm90.forward(*arrays, out, lse, causal, math.log2(math.e) / math.sqrt(d), blocks=blocks)
+        got, got_lse = out.get().astype(np.float64), lse.get()
+    expected, expected_lse = reference(q, k, v, causal)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=TOLERANCE["bf16"])
     np.testing.assert_allclose(got_lse, expected_lse, rtol=1e-4, atol=1e-4)

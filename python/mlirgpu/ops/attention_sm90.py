@@ -2,14 +2,21 @@
 mbarrier rings, wgmma and warp specialization (FlashAttention-3's plan).
 
 mlirgpu.ops.attention runs this kernel on an sm_90a GPU for head dims 64
-and 128; the arrays, masks and results are the ones it documents. One block
-owns BM = 128 query rows of one (batch, head) and has three warpgroups:
+and 128; the arrays, masks and results are the ones it documents. The grid
+is persistent: a block per multiprocessor, each taking work units in turn
+(units i, i + the grid, ...); a unit is BM = 128 query rows of one (batch,
+head), a "row block", or in the causal case a pair of them (`place`). A
+block has three warpgroups:
 
 - warpgroup 0, the producer, gives its registers away (setmaxnreg) and has
-  one thread issue the TMA copies: Q's tile once, then for each key tile
-  K's and V's tiles into the next stage of a ring, each on a "full"
-  mbarrier of its own, so that S = Q K^T starts before V has landed. The
-  4-d tensor maps of (batch, sequence, heads, d) read zeros past Lq and Lk.
+  one thread issue the TMA copies: for each row block, Q's tile, then for
+  each key tile K's and V's tiles into the next stage of a ring, each on a
+  "full" mbarrier of its own, so that S = Q K^T starts before V has landed.
+  The ring runs on from one row block to the next, and Q's tile is refilled
+  as soon as the consumers' last S = Q K^T has read it ("q_empty"), so the
+  next row block's tiles land while the consumers finish this one's and
+  store its output. The 4-d tensor maps of (batch, sequence, heads, d)
+  read zeros past Lq and Lk.
 - warpgroups 1 and 2, the consumers, claim the registers and own 64 query
   rows each. Per key tile: S = Q K^T on wgmma (both operands K-major in
   shared memory), the online softmax on S's accumulators in registers (a
@@ -22,9 +29,10 @@ owns BM = 128 query rows of one (batch, head) and has three warpgroups:
   no trip through shared memory; then the stage goes back to the producer
   on its "empty" mbarrier.
 - The causal mask and the tail of Lk are applied on the tiles that cross
-  them only; key tiles wholly above the diagonal are never loaded. Blocks
-  of the causal case start from the last query rows, whose rows see the
-  most keys, so that the long blocks are not the ones that run last.
+  them only; key tiles wholly above the diagonal are never loaded. A causal
+  unit pairs row blocks j and (row blocks - 1 - j), which read as many key
+  tiles together whichever j, so that blocks taking units in turn finish
+  together.
 
 Overlap: in each consumer the loop is software-pipelined (S of tile n is
 issued before O += P V of tile n - 1, and its softmax runs while the tensor
@@ -34,6 +42,7 @@ wgmmas (named barriers), so that one's softmax runs under the other's.
 import functools
 import math
 
+from .. import cuda
 from .. import language as lang
 from .._mlirgpu import TensorMap, f32, i32, index
 from ..layout import ComposedLayout, Layout
@@ -50,6 +59,9 @@ BM = 128                    # query rows a block owns: 64 per consumer warpgroup
 BN = 128                    # keys per stage
 CONSUMERS = 2
 THREADS = 128 * (1 + CONSUMERS)
+# After setmaxnreg the warpgroups hold what the launch gave the block, 168 a thread (65536 / 384,
+# in steps of 8): 24 + 2 x 240 = 3 x 168. Asking for more would leave the consumers' increase
+# waiting forever for registers no warpgroup gives back.
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
 BOX = 64                    # columns of a TMA box: one 128-byte row of 16-bit elements, the swizzle's
 
@@ -165,6 +177,29 @@ def _build(head_dim, causal):
             m[half] = new_m
         return p, m, l, alpha
 
+    def place(unit, sub, row_blocks, hq):
+        """(batch, head, batch x head, first row) of work unit `unit`'s `sub`-th row
+        block: units take a head's row blocks one after the other (the blocks running
+        together then share K and V in L2); with `causal`, a unit is the pair of row
+        blocks j and row_blocks - 1 - j, the longer first, which together read the same
+        number of key tiles whichever j: persistent blocks taking units in turn then
+        get equal work."""
+        unit = lang.cast(unit, i32)
+        if causal:
+            pairs = (row_blocks + 1) // 2
+            bh, j = unit // pairs, unit % pairs
+            row_block = lang.select(sub == 0, row_blocks - 1 - j, j)
+        else:
+            bh, row_block = unit // row_blocks, unit % row_blocks
+        return bh // hq, bh % hq, bh, row_block * BM
+
+    def row_blocks_of(unit, row_blocks):
+        """The row blocks of work unit `unit`: 2, or 1 for the middle one of an odd number."""
+        if not causal:
+            return 1
+        j = lang.cast(unit, i32) % ((row_blocks + 1) // 2)
+        return lang.select(j == row_blocks - 1 - j, lang.constant(1, i32), lang.constant(2, i32))
+
     @kernel(generics=(T,), max_threads=THREADS, min_blocks=1)
     def attention_forward_sm90(q_map: TensorMap, k_map: TensorMap, v_map: TensorMap,
                                o: lang.memref[None, None, D, T].noalias(),
@@ -172,53 +207,63 @@ def _build(head_dim, causal):
                                lq: i32, lk: i32, group: i32, scale_log2: f32):
         """o is (B x Lq, Hq, D), lse (B x Hq, Lq); the maps address q (B, Lq, Hq, D)
         and k, v (B, Lk, Hk, D) in boxes of (1, rows, 1, 64); query head h reads
-        key/value head h // group."""
+        key/value head h // group. Persistent: block i takes work units i, i + the
+        grid, ... (`place`), and the K/V ring, its phases and Q's tile run on from
+        one unit to the next."""
         smem = lang.shared.dynamic(o.dtype)
         base = lang.shared.address(smem)
         first = lang.cast(((base + 1023) & 0xFFFFFC00) - base, index) // 2
         q_full = lang.mbarrier.array(1)
+        q_empty = lang.mbarrier.array(1)
         k_full = lang.mbarrier.array(STAGES)
         v_full = lang.mbarrier.array(STAGES)
         empty = lang.mbarrier.array(STAGES)
         wg = lang.warpgroup.index()
         t = lang.warpgroup.thread_index()
         hq = lang.cast(o.shape[1], i32)
-        bh = lang.cast(lang.block_idx.y, i32)
-        b, h = bh // hq, bh % hq
-        # Causal blocks from the last rows (the longest) to the first.
-        row_block = lang.cast(lang.grid_dim.x - 1 - lang.block_idx.x if causal else lang.block_idx.x, i32)
-        m0 = row_block * BM
-        tiles = key_tiles(m0, lq, lk)
+        row_blocks = (lq + BM - 1) // BM
+        per_head = (row_blocks + 1) // 2 if causal else row_blocks
+        units = lse.shape[0] * lang.cast(per_head, index)
         if lang.thread_idx.x == 0:
             q_full.init(0, 1)
+            q_empty.init(0, 4 * CONSUMERS)      # one arrival per consumer warp
             for s in lang.static_range(STAGES):
                 k_full.init(s, 1)
                 v_full.init(s, 1)
-                empty.init(s, 4 * CONSUMERS)    # one arrival per consumer warp
+                empty.init(s, 4 * CONSUMERS)
             lang.mbarrier.fence_init()
         lang.syncthreads()
 
         if wg == 0:
             lang.warpgroup.set_max_registers(PRODUCER_REGISTERS, increase=False)
             if t == 0:
-                kv_head = h // group
-                q_full.arrive_expect_tx(0, BM * D * 2)
-                for j in lang.static_range(D // BOX):
-                    lang.tma.load(q_map, smem, (b, m0, h, j * BOX), q_full, 0, offset=first + j * (BM * BOX))
-                for n in range(tiles):
-                    s = n % STAGES
-                    if n >= STAGES:
-                        empty.wait(s, (n // STAGES + 1) % 2)     # the consumers are done with its last use
-                    at = first + lang.cast(s, index) * (BN * D)
-                    k_full.arrive_expect_tx(s, TILE_BYTES)
-                    for j in lang.static_range(D // BOX):
-                        lang.tma.load(k_map, smem, (b, n * BN, kv_head, j * BOX), k_full, s,
-                                      offset=at + K_AT + j * (BN * BOX))
-                    v_full.arrive_expect_tx(s, TILE_BYTES)
-                    for i in lang.static_range(BN // BOX):
+                it = lang.constant(0, i32)      # key tiles loaded, over all units: the ring's position
+                loaded = lang.constant(0, i32)  # Q tiles loaded
+                for unit in range(lang.block_idx.x, units, lang.grid_dim.x):
+                    for sub in range(row_blocks_of(unit, row_blocks)):
+                        b, h, _, m0 = place(unit, sub, row_blocks, hq)
+                        kv_head = h // group
+                        if loaded > 0:
+                            q_empty.wait(0, (loaded - 1) % 2)   # the consumers' last S = Q K^T has read Q
+                        q_full.arrive_expect_tx(0, BM * D * 2)
                         for j in lang.static_range(D // BOX):
-                            lang.tma.load(v_map, smem, (b, n * BN + i * BOX, kv_head, j * BOX), v_full, s,
-                                          offset=at + V_AT + i * (BOX * D) + j * (BOX * BOX))
+                            lang.tma.load(q_map, smem, (b, m0, h, j * BOX), q_full, 0, offset=first + j * (BM * BOX))
+                        loaded = loaded + 1
+                        for n in range(key_tiles(m0, lq, lk)):
+                            s = it % STAGES
+                            if it >= STAGES:
+                                empty.wait(s, (it // STAGES + 1) % 2)     # the consumers are done with its last use
+                            at = first + lang.cast(s, index) * (BN * D)
+                            k_full.arrive_expect_tx(s, TILE_BYTES)
+                            for j in lang.static_range(D // BOX):
+                                lang.tma.load(k_map, smem, (b, n * BN, kv_head, j * BOX), k_full, s,
+                                              offset=at + K_AT + j * (BN * BOX))
+                            v_full.arrive_expect_tx(s, TILE_BYTES)
+                            for i in lang.static_range(BN // BOX):
+                                for j in lang.static_range(D // BOX):
+                                    lang.tma.load(v_map, smem, (b, n * BN + i * BOX, kv_head, j * BOX), v_full, s,
+                                                  offset=at + V_AT + i * (BOX * D) + j * (BOX * BOX))
+                            it = it + 1
         else:
             lang.warpgroup.set_max_registers(CONSUMER_REGISTERS, increase=True)
             # Read from lane 0, the warpgroup is visibly the same in the whole warp: ptxas then keeps
@@ -226,74 +271,97 @@ def _build(head_dim, causal):
             w = lang.warp.shfl_idx(wg - 1, 0)
             lane = t % 32
             q_at = first + lang.cast(w, index) * (64 * BOX)
+            minus_inf = lang.constant(float("-inf"), f32)
             # This thread's rows of the warpgroup's 64 (accumulator values 4i, 4i+1: row r; 4i+2, 4i+3: r + 8).
             r, _ = lang.wgmma.accumulator_coordinates(0, t)
-            rows = [m0 + w * 64 + r, m0 + w * 64 + r + 8]
-            minus_inf = lang.constant(float("-inf"), f32)
-            m = [minus_inf, minus_inf]                  # running maximum of scaled scores, log2 units
-            l = [lang.constant(0.0, f32), lang.constant(0.0, f32)]    # this lane's share of the row sums
-            acc = lang.wgmma.zeros(D)
-            q_full.wait(0, 0)
-            # Software-pipelined: S of tile n is issued before O += P V of tile n - 1, and its
-            # softmax runs while the tensor cores do that product. The two warpgroups take turns
-            # at issuing their wgmmas (named barriers 3 + w, which the other warpgroup arrives
-            # at once it has issued its own), so that one's softmax runs under the other's products.
-            if tiles > 0:
-                if w == 1:
-                    lang.warpgroup.barrier(4, 256)
-                k_full.wait(0, 0)
-                scores = issue_scores(smem, q_at, first)
-                lang.warpgroup.arrive(4 - w, 256)
-                scores = lang.wgmma.wait_group(0, scores)
-                if crosses(0, m0 + w * 64, lq, lk):
-                    scores = masked(scores, t, 0, rows, lq, lk)
-                scores, m, l = softmax(scores, m, l, scale_log2)[:3]
-                p = fragments(scores, o.dtype)
-                for n in range(1, tiles):
-                    s, before = n % STAGES, (n - 1) % STAGES
-                    n0 = lang.cast(n, i32) * BN
-                    lang.warpgroup.barrier(3 + w, 256)
-                    k_full.wait(s, n // STAGES % 2)
-                    scores = issue_scores(smem, q_at, first + lang.cast(s, index) * (BN * D))
-                    v_full.wait(before, (n - 1) // STAGES % 2)
-                    acc = issue_values(smem, acc, p, o.dtype, first + lang.cast(before, index) * (BN * D))
-                    lang.warpgroup.arrive(4 - w, 256)
-                    scores = lang.wgmma.wait_group(1, scores)
-                    if crosses(n0, m0 + w * 64, lq, lk):
-                        scores = masked(scores, t, n0, rows, lq, lk)
-                    scores, m, l, alpha = softmax(scores, m, l, scale_log2)
-                    acc = lang.wgmma.wait_group(0, acc)
-                    if lane == 0:
-                        empty.arrive(before)
-                    acc = [acc[e] * alpha[e // 2 % 2] for e in lang.static_range(D // 2)]
-                    # Only now: the product just waited for read the previous P's registers.
-                    p = fragments(scores, o.dtype)
-                last = tiles - 1
-                lang.warpgroup.barrier(3 + w, 256)
-                v_full.wait(last % STAGES, last // STAGES % 2)
-                acc = issue_values(smem, acc, p, o.dtype, first + lang.cast(last % STAGES, index) * (BN * D))
-                if w == 0:
-                    lang.warpgroup.arrive(4, 256)       # the second warpgroup's last turn
-                acc = lang.wgmma.wait_group(0, acc)
-                if lane == 0:
-                    empty.arrive(last % STAGES)
-            # O / l and the log-sum-exp (natural log), row by row; a row that saw no key gets 0 and -inf.
-            for half in lang.static_range(2):
-                total = l[half]
-                total += lang.warp.shfl_xor(total, 1)
-                total += lang.warp.shfl_xor(total, 2)
-                nothing = total == 0.0
-                inverse = lang.select(nothing, lang.constant(0.0, f32), 1.0 / total)
-                row = rows[half]
-                if row < lq:
-                    for e in lang.static_range(0, D // 2, 4):
-                        _, column = lang.wgmma.accumulator_coordinates(e + 2 * half, t)
-                        lang.vstore(o, (b * lq + row, h, column),
-                                    (lang.cast(acc[e + 2 * half] * inverse, o.dtype),
-                                     lang.cast(acc[e + 2 * half + 1] * inverse, o.dtype)))
-                    if lane % 4 == 0:
-                        lse[bh, row] = lang.select(nothing, minus_inf,
-                                                   (m[half] + lang.math.log2(total)) * math.log(2.0))
+            it = lang.constant(0, i32)          # key tiles consumed, over all units
+            done = lang.constant(0, i32)        # row blocks done
+            taken = lang.constant(0, i32)       # whether the warpgroups have taken turns yet
+            for unit in range(lang.block_idx.x, units, lang.grid_dim.x):
+                for sub in range(row_blocks_of(unit, row_blocks)):
+                    m0 = place(unit, sub, row_blocks, hq)[3]
+                    tiles = key_tiles(m0, lq, lk)
+                    rows = [m0 + w * 64 + r, m0 + w * 64 + r + 8]
+                    m = [minus_inf, minus_inf]      # running maximum of scaled scores, log2 units
+                    l = [lang.constant(0.0, f32), lang.constant(0.0, f32)]    # this lane's share of the row sums
+                    acc = lang.wgmma.zeros(D)
+                    q_full.wait(0, done % 2)
+                    # Software-pipelined: S of tile n is issued before O += P V of tile n - 1, and its
+                    # softmax runs while the tensor cores do that product. The two warpgroups take turns
+                    # at issuing their wgmmas (named barriers 3 + w, which the other warpgroup arrives
+                    # at once it has issued its own), so that one's softmax runs under the other's
+                    # products. Each turn waits for the other warpgroup's last: the first warpgroup's
+                    # first turn of a row block for the second's last turn of the one before, so that
+                    # neither arrives twice at a barrier the other has not yet passed.
+                    if tiles > 0:
+                        if w == 1:
+                            lang.warpgroup.barrier(4, 256)
+                        elif taken > 0:
+                            lang.warpgroup.barrier(3, 256)
+                        taken = lang.constant(1, i32)
+                        k_full.wait(it % STAGES, it // STAGES % 2)
+                        scores = issue_scores(smem, q_at, first + lang.cast(it % STAGES, index) * (BN * D))
+                        lang.warpgroup.arrive(4 - w, 256)
+                        scores = lang.wgmma.wait_group(0, scores)
+                        if crosses(0, m0 + w * 64, lq, lk):
+                            scores = masked(scores, t, 0, rows, lq, lk)
+                        scores, m, l = softmax(scores, m, l, scale_log2)[:3]
+                        p = fragments(scores, o.dtype)
+                        for n in range(1, tiles):
+                            g = it + n
+                            s, before = g % STAGES, (g - 1) % STAGES
+                            n0 = lang.cast(n, i32) * BN
+                            lang.warpgroup.barrier(3 + w, 256)
+                            k_full.wait(s, g // STAGES % 2)
+                            scores = issue_scores(smem, q_at, first + lang.cast(s, index) * (BN * D))
+                            v_full.wait(before, (g - 1) // STAGES % 2)
+                            acc = issue_values(smem, acc, p, o.dtype, first + lang.cast(before, index) * (BN * D))
+                            lang.warpgroup.arrive(4 - w, 256)
+                            scores = lang.wgmma.wait_group(1, scores)
+                            if crosses(n0, m0 + w * 64, lq, lk):
+                                scores = masked(scores, t, n0, rows, lq, lk)
+                            scores, m, l, alpha = softmax(scores, m, l, scale_log2)
+                            acc = lang.wgmma.wait_group(0, acc)
+                            if lane == 0:
+                                empty.arrive(before)
+                            acc = [acc[e] * alpha[e // 2 % 2] for e in lang.static_range(D // 2)]
+                            # Only now: the product just waited for read the previous P's registers.
+                            p = fragments(scores, o.dtype)
+                        # Every S = Q K^T is done: Q's tile may take the next row block's.
+                        if lane == 0:
+                            q_empty.arrive(0)
+                        last = it + tiles - 1
+                        lang.warpgroup.barrier(3 + w, 256)
+                        v_full.wait(last % STAGES, last // STAGES % 2)
+                        acc = issue_values(smem, acc, p, o.dtype, first + lang.cast(last % STAGES, index) * (BN * D))
+                        lang.warpgroup.arrive(4 - w, 256)    # the second warpgroup's last turn; the first's next first turn
+                        acc = lang.wgmma.wait_group(0, acc)
+                        if lane == 0:
+                            empty.arrive(last % STAGES)
+                    elif lane == 0:
+                        q_empty.arrive(0)           # rows that see no key: Q is not read
+                    it = it + tiles
+                    done = done + 1
+                    # O / l and the log-sum-exp (natural log), row by row; a row that saw no key gets 0 and -inf.
+                    b, h, bh, _ = place(unit, sub, row_blocks, hq)
+                    for half in lang.static_range(2):
+                        total = l[half]
+                        total += lang.warp.shfl_xor(total, 1)
+                        total += lang.warp.shfl_xor(total, 2)
+                        nothing = total == 0.0
+                        inverse = lang.select(nothing, lang.constant(0.0, f32), 1.0 / total)
+                        row = rows[half]
+                        if row < lq:
+                            for e in lang.static_range(0, D // 2, 4):
+                                _, column = lang.wgmma.accumulator_coordinates(e + 2 * half, t)
+                                lang.vstore(o, (b * lq + row, h, column),
+                                            (lang.cast(acc[e + 2 * half] * inverse, o.dtype),
+                                             lang.cast(acc[e + 2 * half + 1] * inverse, o.dtype)))
+                            if lane % 4 == 0:
+                                lse[bh, row] = lang.select(nothing, minus_inf,
+                                                           (m[half] + lang.math.log2(total)) * math.log(2.0))
+            if (w == 0) & (taken > 0):
+                lang.warpgroup.barrier(3, 256)      # the second warpgroup's arrival after its last turn
 
     return attention_forward_sm90
 
@@ -313,14 +381,25 @@ def supported(q, k, v, head_dim):
             and all(hasattr(x, "ptr") and x.ptr % 16 == 0 for x in (q, k, v)) and default_chip() == "sm_90a")
 
 
-def forward(q, k, v, out, lse, causal, scale_log2, stream=None):
+def units(lq, heads, causal):
+    """The kernel's work units for Lq query rows and `heads` (batch x query heads):
+    a row block each, or with `causal` a pair of them (`place`)."""
+    row_blocks = (lq + BM - 1) // BM
+    return heads * ((row_blocks + 1) // 2 if causal else row_blocks)
+
+
+def forward(q, k, v, out, lse, causal, scale_log2, stream=None, blocks=None):
     """out and lse (as mlirgpu.ops.attention documents them) of q (B, Lq, Hq, d)
     and k, v (B, Lk, Hk, d), C-contiguous arrays of the current backend
-    (DeviceArrays, or NumPy arrays on the CPU backend)."""
+    (DeviceArrays, or NumPy arrays on the CPU backend). `blocks`: the persistent
+    blocks to launch (at most the work units); by default one per multiprocessor
+    of the GPU, 2 on the CPU backend."""
     (batch, lq, hq, d), (_, lk, hk, _) = tuple(q.shape), tuple(k.shape)
+    if blocks is None:
+        blocks = cuda.Device(cuda.current_device()).multiprocessor_count if backend.backend() == "cuda" else 2
     q_map = tensor_map(q, box=(1, BM, 1, BOX), swizzle="128B")
     k_map = tensor_map(k, box=(1, BN, 1, BOX), swizzle="128B")
     v_map = tensor_map(v, box=(1, BOX, 1, BOX), swizzle="128B")
     kernel_for(d, causal)(q_map, k_map, v_map, out.reshape(batch * lq, hq, d), lse.reshape(batch * hq, lq),
-                          lq, lk, hq // hk, scale_log2, grid=((lq + BM - 1) // BM, batch * hq), block=THREADS,
-                          shared_mem=shared_bytes(d), stream=stream)
+                          lq, lk, hq // hk, scale_log2, grid=min(blocks, units(lq, batch * hq, causal)),
+                          block=THREADS, shared_mem=shared_bytes(d), stream=stream)
