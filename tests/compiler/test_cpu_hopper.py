@@ -394,14 +394,14 @@ def hopper_gemm():
     return hopper_gemm
 
 
-def run_gemm(hopper_gemm, M, N, K, config):
-    a, b, dA, dB = hopper_gemm._inputs(M, N, K, mg.bf16, config.b_major)
+def run_gemm(hopper_gemm, M, N, K, config, dtype=mg.bf16):
+    a, b, dA, dB = hopper_gemm._inputs(M, N, K, dtype, config.b_major)
     C = mg.to_device(np.full((M, N), np.nan, np.float32))  # poisoned: every element must be written
     hopper_gemm.matmul(dA, dB, mg.f32, config, C=C)
     got = C.get().astype(np.float64)
     expected = a.astype(np.float64) @ b.astype(np.float64)
     assert np.isfinite(got).all(), "elements of C were not written"
-    # f32 sums of exact bf16 products, against float64.
+    # f32 sums of exact products of bf16 (or f16), against float64.
     assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) < 1e-5
 
 
@@ -433,6 +433,56 @@ def test_the_split_k_gemm_on_the_cpu(hopper_gemm, schedule, bn, split):
     config = hopper_gemm.Config(bn, 64, 4, schedule=schedule, split=split)
     assert "split-K" in config.name and config.epilogue == "registers"
     run_gemm(hopper_gemm, 200, 136, 330, config)
+
+
+@pytest.mark.parametrize("b_major", ["MN", "K"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("split", [1, 2])
+def test_the_32_column_gemm_on_the_cpu(hopper_gemm, b_major, dtype, split):
+    # 2 x 3 tiles, the last of each partial; N odd (unpaired stores, B's rows padded);
+    # K = 330: 6 steps of 64, the last part-filled, in 2 slices of 3 with split 2.
+    config = hopper_gemm.Config(32, 64, 8, b_major, split=split)
+    run_gemm(hopper_gemm, 130, 75, 330, config, getattr(mg, dtype))
+
+
+def test_a_32_column_tile_of_b_is_one_64_byte_swizzled_box(hopper_gemm):
+    config = hopper_gemm.Config(32, 64, 4)
+    _, _, dA, dB = hopper_gemm._inputs(130, 75, 90, mg.bf16, "MN")
+    a_map, b_map = hopper_gemm.prepare(dA, dB, config)
+    assert (b_map.info.box, b_map.info.swizzle) == ((64, 32), "64B")
+    # The bytes a stage's "full" barrier expects are those its two copies deliver.
+    assert a_map.info.box_bytes + b_map.info.box_bytes == config.stage_elements * 2
+    # The tile wgmma reads (N x K, MN-major) is where TMA puts the box (K x N).
+    tile = wgmma_layout.tile_layout((32, 64), 2, "64B", major="MN")
+    assert all(tile(n, k) == b_map.info.layout(k, n) for n in range(32) for k in range(64))
+    # One 64-byte row spans the 32 columns: no second group along N (LBO unused, 16 as
+    # CuTe sets it); K's 8-row groups 512 bytes apart; each k16 wgmma 16 rows further.
+    d = wgmma_layout.descriptor(tile, 2, major="MN")
+    assert (d.swizzle, d.leading_byte_offset, d.stride_byte_offset) == ("64B", 16, 512)
+    assert d.k_offsets == (0, 1024, 2048, 3072)
+    # B given as N x K: 32 rows of BK, the 128-byte swizzle as for any BN.
+    k_major = config.replace(b_major="K")
+    _, _, dA, dB = hopper_gemm._inputs(130, 75, 90, mg.bf16, "K")
+    a_map, b_map = hopper_gemm.prepare(dA, dB, k_major)
+    assert (b_map.info.box, b_map.info.swizzle) == ((32, 64), "128B")
+    assert a_map.info.box_bytes + b_map.info.box_bytes == k_major.stage_elements * 2
+    # A stage: 128 rows of A and 32 columns of B, 128 bytes of K each.
+    assert config.shared_bytes() == 4 * (128 + 32) * 128 + 1024
+
+
+def test_the_grouped_gemm_takes_32_column_tiles_on_the_cpu():
+    from mlirgpu.ops.hopper_gemm import Config, grouped_plan
+    rng = np.random.default_rng(0)
+    ends = np.array([70, 70, 220], np.int32)     # an empty group; 3 columns of tiles, the last partial
+    a = rng.standard_normal((220, 72)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((3, 72, 88)).astype(ml_dtypes.bfloat16)
+    C = np.full((220, 88), np.nan, np.float32)
+    gemm, arguments, keywords = grouped_plan(a, b, ends, C, Config(32, 64, 4))
+    assert (arguments[1].info.box, arguments[1].info.swizzle) == ((1, 64, 32), "64B")
+    gemm(*arguments, **keywords)
+    expected = np.concatenate([a[start:end].astype(np.float64) @ b[g].astype(np.float64)
+                               for g, (start, end) in enumerate(zip([0, 70, 70], ends))])
+    assert np.max(np.abs(C - expected)) / np.max(np.abs(expected)) < 1e-5
 
 
 def test_split_k_is_a_register_epilogue_without_clusters(hopper_gemm):

@@ -353,11 +353,15 @@ def instructions(ptx, pattern):
     (dict(bn=128, stages=6, b_major="MN", epilogue="tma", multicast="A"), mg.f16, mg.f16),
     (dict(bn=128, stages=6, b_major="MN", epilogue="tma", schedule="pingpong"), mg.bf16, mg.f32),
     (dict(bn=128, stages=6, b_major="K", multicast="B", schedule="pingpong"), mg.f16, mg.bf16),
+    # 32-column tiles: B given as K x N in one box of 64-byte swizzled rows, or as N x K.
+    (dict(bn=32, stages=8, b_major="MN"), mg.bf16, mg.bf16),
+    (dict(bn=32, stages=8, b_major="K", split=2), mg.f16, mg.f32),
     # 8-bit inputs: B given as N x K, 128-wide slices of K (k32 wgmmas).
     (dict(bn=256, stages=4, b_major="K", epilogue="tma"), mg.f8e4m3, mg.bf16),
     (dict(bn=256, stages=4, b_major="K"), mg.f8e4m3, mg.f32),
     (dict(bn=128, stages=6, b_major="K", epilogue="tma", schedule="pingpong"), mg.f8e4m3, mg.bf16),
     (dict(bn=256, stages=4, b_major="K", epilogue="tma", multicast="B"), mg.f8e5m2, mg.f16),
+    (dict(bn=32, stages=8, b_major="K"), mg.f8e4m3, mg.bf16),
 ], ids=lambda x: "-".join(f"{v}" for v in x.values()) if isinstance(x, dict) else x.name)
 def test_hopper_gemm_example_compiles(options, dtype, out, tmp_path):
     hopper_gemm = import_hopper_gemm()
@@ -375,10 +379,10 @@ def test_hopper_gemm_example_compiles(options, dtype, out, tmp_path):
     scaled = dtype.itemsize == 1
     assert instructions(ptx, r"ld\.param\.b32\s+%r\d+, \[hopper_gemm_param_[56]\];") == (2 if scaled else 0)
     assert "setmaxnreg.dec.sync.aligned.u32" in ptx
-    # TMA loads of a stage: A's tile (or its half, shared), then B's (one box, or 64-column boxes).
+    # TMA loads of a stage: A's tile (or its half, shared), then B's (one box, or boxes of b_columns).
     loads = instructions(ptx, r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global")
     multicasts = instructions(ptx, r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\S*\.multicast::cluster ")
-    b_boxes = 1 if config.b_major == "K" else config.bn // 64
+    b_boxes = 1 if config.b_major == "K" else config.bn // config.b_columns
     if config.multicast == "B":
         b_boxes = 1 if config.b_major == "K" else config.bn // 128
     assert loads == 1 + b_boxes
@@ -421,6 +425,18 @@ def test_hopper_gemm_configs_fit_and_refuse():
         hopper_gemm.Config(128, 64, 6, schedule="alternate")
     with pytest.raises(ValueError, match="BK is one 128-byte swizzled row"):
         hopper_gemm.Config(256, 32, 4)
+    with pytest.raises(ValueError, match=r"BN is 32, 64, 128, 192 or 256 \(B's tile is boxes of 64 columns, or one "
+                       r"of 32\), not 96"):
+        hopper_gemm.Config(96, 64, 4)
+    # 32-column tiles: the register epilogue and the cooperative schedule only; up to 11
+    # stages of 20 KB.
+    with pytest.raises(ValueError, match="BN = 128 or 256"):
+        hopper_gemm.Config(32, 64, 4, epilogue="tma")
+    with pytest.raises(ValueError, match="ping-pong schedule needs BN = 128"):
+        hopper_gemm.Config(32, 64, 4, schedule="pingpong")
+    assert hopper_gemm.Config(32, 64, 11).shared_bytes() == 11 * 20 * 1024 + 1024
+    with pytest.raises(ValueError, match="bytes of shared memory, over 232448"):
+        hopper_gemm.Config(32, 64, 12)
     # BK follows the input type: the stages hold the same bytes.
     fp8 = hopper_gemm.CONFIGS[0].for_dtype(mg.f8e4m3)
     assert fp8.bk == 128 and fp8.shared_bytes() == hopper_gemm.CONFIGS[0].shared_bytes()

@@ -20,6 +20,13 @@ threads):
 - the consumers then store their accumulators to C, predicated at the
   edges of C.
 
+BN is 32, 64, 128, 192 or 256. B's tile lands as BN / 64 boxes of BK rows
+of 64 columns, rows of 128 bytes in the 128-byte swizzle as A's are; a
+32-column tile is one box whose rows of 64 bytes take the 64-byte swizzle.
+BN = 32 is for products of few rows and a wide N, bound by reading B once:
+an N of 4096 makes 128 such tiles, a block each streaming its panel of B,
+where 64 columns make 64 tiles and leave half of an H100's 132 SMs idle.
+
 Two options of `Config` change how tiles get in and out (CONFIGS lists the
 combinations; the first is the default):
 
@@ -127,8 +134,8 @@ class Config:
             raise ValueError("b_major is 'MN' (B is K x N) or 'K' (B is given as N x K)")
         if bk not in (64, 128):
             raise ValueError("BK is one 128-byte swizzled row: 64 for 2-byte inputs, 128 for 8-bit ones")
-        if bn % 64 or not 64 <= bn <= 256:
-            raise ValueError(f"BN is 64, 128, 192 or 256 (B's tile is boxes of 64 columns), not {bn}")
+        if bn not in (32, 64, 128, 192, 256):
+            raise ValueError(f"BN is 32, 64, 128, 192 or 256 (B's tile is boxes of 64 columns, or one of 32), not {bn}")
         if epilogue not in ("registers", "tma"):
             raise ValueError("epilogue is 'registers' or 'tma'")
         if epilogue == "tma" and bn % 128:
@@ -190,6 +197,18 @@ class Config:
         return {None: (1, 1), "B": (2, 1), "A": (1, 2)}[self.multicast]
 
     @property
+    def b_columns(self):
+        """The columns of one TMA box of B given as K x N: 64, a 128-byte row of
+        2-byte inputs, or the 32 of a BN = 32 tile (a 64-byte row)."""
+        return min(self.bn, 64)
+
+    @property
+    def b_swizzle(self):
+        """The swizzle B's tiles land with: that of their rows, 128 bytes of K (B
+        given as N x K) or b_columns of N (K x N)."""
+        return "128B" if self.b_major == "K" or self.b_columns == 64 else "64B"
+
+    @property
     def stage_elements(self):
         return (self.bm + self.bn) * self.bk
 
@@ -233,16 +252,19 @@ def build(config, dtype, grouped=False):
     HALVES = 2 if PINGPONG else 1  # 64-row halves of the tile a consumer warpgroup multiplies
     CM, CN = config.cluster
     CLUSTER = CM * CN
+    B_COLUMNS = config.b_columns
     # How each stage's tiles sit in shared memory, as TMA writes them: A is
     # BM rows of BK (K-major, 128-byte swizzle); B is BN rows of BK when given
-    # as N x K, else BN/64 boxes of BK rows of 64 columns (MN-major).
+    # as N x K, else BN / B_COLUMNS boxes of BK rows of B_COLUMNS (MN-major,
+    # the swizzle of rows of B_COLUMNS * 2 bytes).
     A_TILE = wgmma_layout.tile_layout((64, BK), dtype.itemsize, "128B")
     if B_MAJOR == "K":
         B_TILE = wgmma_layout.tile_layout((BN, BK), dtype.itemsize, "128B")
     else:
         B_TILE = layout.ComposedLayout(
-            wgmma_layout.swizzle_for("128B", dtype.itemsize), 0,
-            layout.Layout(((64, BN // 64), (8, BK // 8)), ((1, 64 * BK), (64, 8 * 64))))
+            wgmma_layout.swizzle_for(config.b_swizzle, dtype.itemsize), 0,
+            layout.Layout(((B_COLUMNS, BN // B_COLUMNS), (8, BK // 8)),
+                          ((1, B_COLUMNS * BK), (B_COLUMNS, 8 * B_COLUMNS))))
     M, N, out_dtype = lang.generics("M N out_dtype")
 
     def place(tile, tiles, rows, tiles_m, tiles_n, rank):
@@ -335,9 +357,10 @@ def build(config, dtype, grouped=False):
                         elif B_MAJOR == "K":
                             lang.tma.load(b_map, smem, (n0, kt * BK), full, s, offset=b_at)
                         else:
-                            for j in lang.static_range(BN // 64):
-                                at = (group, kt * BK, n0 + 64 * j) if grouped else (kt * BK, n0 + 64 * j)
-                                lang.tma.load(b_map, smem, at, full, s, offset=b_at + j * 64 * BK)
+                            for j in lang.static_range(BN // B_COLUMNS):
+                                n = n0 + B_COLUMNS * j
+                                at = (group, kt * BK, n) if grouped else (kt * BK, n)
+                                lang.tma.load(b_map, smem, at, full, s, offset=b_at + j * B_COLUMNS * BK)
                         it = it + 1
         else:
             lang.warpgroup.set_max_registers(CONSUMER_REGISTERS, increase=True)
@@ -528,7 +551,7 @@ def prepare(A, B, config):
     if config.b_major == "K":
         b_map = tensor_map(B, box=(b_part, config.bk), swizzle="128B")
     else:
-        b_map = tensor_map(B, box=(config.bk, 64), swizzle="128B")
+        b_map = tensor_map(B, box=(config.bk, config.b_columns), swizzle=config.b_swizzle)
     return a_map, b_map
 
 
@@ -655,7 +678,7 @@ def grouped_plan(A, B, offsets, C, config=GROUPED):
     (total_m, k), (groups, _, n) = A.shape, B.shape
     config = config.for_dtype(A.dtype)
     a_map = tensor_map(A, box=(config.bm, config.bk), swizzle="128B")
-    b_map = tensor_map(B, box=(1, config.bk, 64), swizzle="128B")
+    b_map = tensor_map(B, box=(1, config.bk, config.b_columns), swizzle=config.b_swizzle)
     # Each group's tiles: at most one more row of tiles than its rows fill.
     tiles = (-(-total_m // config.bm) + groups) * -(-n // config.bn)
     sms = cuda.Device(cuda.current_device()).multiprocessor_count if backend.backend() == "cuda" else 1
