@@ -3,9 +3,9 @@ and mlirgpu.ops.attention_backward against torch's
 scaled_dot_product_attention with its FlashAttention and cuDNN backends,
 measured in the same run.
 
-    python benchmarks/attention.py [--quick] [--rounds R]
+    python benchmarks/attention.py [--quick] [--rounds R] [--dtype bf16|f16] [--forward | --decode]
 
-- Problems: bf16, head dims 64 and 128, without and with the causal mask,
+- Problems: bf16 (--dtype f16: fp16), head dims 64 and 128, without and with the causal mask,
   16k tokens a batch: B = 16384 / L sequences of L = 1024, 4096, 16384,
   H = 2048 / head_dim heads (as many query as key/value heads); q, k and v
   (B, L, H, d), uniform in [-1, 1). `--quick`: L = 4096 only.
@@ -111,18 +111,18 @@ def checked(torch, named):
     return runs, results
 
 
-def measure(torch, length, d, causal, rounds):
+def measure(torch, length, d, causal, rounds, dtype):
     """{name: median ms or 'FAILED: why'} of one forward problem."""
     batch, heads = TOKENS // length, WIDTH // d
-    q, k, v = (torch.rand(batch, length, heads, d, device="cuda", dtype=torch.bfloat16) * 2 - 1 for _ in range(3))
+    q, k, v = (torch.rand(batch, length, heads, d, device="cuda", dtype=dtype) * 2 - 1 for _ in range(3))
     runs, results = checked(torch, [(name, lambda run=run: run(q, k, v)) for name, run in rows(torch, causal)])
     return timed(torch, runs, results, rounds)
 
 
-def measure_backward(torch, length, d, causal, rounds):
+def measure_backward(torch, length, d, causal, rounds, dtype):
     """{name: median ms or 'FAILED: why'} of one backward problem."""
     batch, heads = TOKENS // length, WIDTH // d
-    q, k, v = (torch.rand(batch, length, heads, d, device="cuda", dtype=torch.bfloat16) * 2 - 1 for _ in range(3))
+    q, k, v = (torch.rand(batch, length, heads, d, device="cuda", dtype=dtype) * 2 - 1 for _ in range(3))
     dout = torch.rand_like(q) * 2 - 1
     named = []
     for name, run in rows(torch, causal):
@@ -220,6 +220,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timed rounds (default 15)")
     parser.add_argument("--decode", action="store_true", help="the decoding rows only")
     parser.add_argument("--forward", action="store_true", help="the forward rows only")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16"],
+                        help="q, k and v of the forward and backward rows (default bf16; decoding is bf16)")
     args = parser.parse_args(argv)
     if args.decode and args.forward:
         parser.error("--decode and --forward each keep one table only: give one of them")
@@ -230,7 +232,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("benchmarks/attention.py needs a CUDA GPU")
     if not args.decode:
-        print(f"attention forward, bf16, {TOKENS} tokens a batch, heads x head_dim = {WIDTH}, "
+        dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
+        print(f"attention forward, {args.dtype}, {TOKENS} tokens a batch, heads x head_dim = {WIDTH}, "
               f"on {torch.cuda.get_device_name()} (TFLOP/s, median of {args.rounds} interleaved rounds)")
         header = (f"{'L':>6} {'B':>3} {'H':>3} {'d':>4} {'causal':>6} | {MLIRGPU:>8} {FA2:>11} {FLASH:>10} {CUDNN:>10} | "
                   f"{'mlirgpu/cuDNN':>13} {'mlirgpu/flash':>13}")
@@ -239,14 +242,14 @@ def main(argv=None):
         for length in QUICK_LENGTHS if args.quick else LENGTHS:
             for d in HEAD_DIMS:
                 for causal in (False, True):
-                    results = measure(torch, length, d, causal, args.rounds)
+                    results = measure(torch, length, d, causal, args.rounds, dtype)
                     cells = [cell(results[name], length, d, causal) for name in (MLIRGPU, FA2, FLASH, CUDNN)]
                     print(f"{length:>6} {TOKENS // length:>3} {WIDTH // d:>3} {d:>4} {str(causal):>6} | "
                           f"{cells[0]:>8} {cells[1]:>11} {cells[2]:>10} {cells[3]:>10} | "
                           f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
                     report(results)
     if not (args.decode or args.forward):
-        print("\nattention backward (dq, dk, dv; TFLOP/s count 2.5 forwards)")
+        print(f"\nattention backward, {args.dtype} (dq, dk, dv; TFLOP/s count 2.5 forwards)")
         header = (f"{'L':>6} {'B':>3} {'H':>3} {'d':>4} {'causal':>6} | {MLIRGPU:>8} {FLASH:>10} {CUDNN:>10} | "
                   f"{'mlirgpu/cuDNN':>13} {'mlirgpu/flash':>13}")
         print(header)
@@ -254,7 +257,7 @@ def main(argv=None):
         for length in QUICK_LENGTHS if args.quick else LENGTHS[:2]:
             for d in HEAD_DIMS:
                 for causal in (False, True):
-                    results = measure_backward(torch, length, d, causal, args.rounds)
+                    results = measure_backward(torch, length, d, causal, args.rounds, dtype)
                     cells = [cell(results[name], length, d, causal, 2.5) for name in (MLIRGPU, FLASH, CUDNN)]
                     print(f"{length:>6} {TOKENS // length:>3} {WIDTH // d:>3} {d:>4} {str(causal):>6} | "
                           f"{cells[0]:>8} {cells[1]:>10} {cells[2]:>10} | "
