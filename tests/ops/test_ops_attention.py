@@ -267,8 +267,9 @@ def test_varlen_on_the_cpu(lengths_q, lengths_k, causal, window):
         np.testing.assert_allclose(lse[:, rows], expected_lse[0], rtol=1e-5, atol=1e-5)
 
 
-# Decoding: one and a few queries against a long cache, GQA 8:1, split among blocks; with the causal mask.
-SPLITS = [(1, 700, None, False), (3, 700, 4, True), (16, 300, 3, False)]
+# Decoding: one and a few queries against a long cache, GQA 8:1, split among blocks; with the causal mask;
+# 11 splits (the merge loads 8 at once, then the other 3 one by one).
+SPLITS = [(1, 700, None, False), (3, 700, 4, True), (16, 300, 3, False), (1, 700, 11, False)]
 
 
 @pytest.mark.parametrize("lq, lk, splits, causal", SPLITS, ids=[f"{a}x{b}-{s}-{c}" for a, b, s, c in SPLITS])
