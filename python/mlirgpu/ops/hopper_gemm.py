@@ -23,9 +23,12 @@ threads):
 BN is 32, 64, 128, 192 or 256. B's tile lands as BN / 64 boxes of BK rows
 of 64 columns, rows of 128 bytes in the 128-byte swizzle as A's are; a
 32-column tile is one box whose rows of 64 bytes take the 64-byte swizzle.
-BN = 32 is for products of few rows and a wide N, bound by reading B once:
-an N of 4096 makes 128 such tiles, a block each streaming its panel of B,
-where 64 columns make 64 tiles and leave half of an H100's 132 SMs idle.
+32 columns double the tiles of a product of few rows (an N of 4096 makes
+128, where 64 columns make 64), but each block still reads A's 128 x 64
+slice of every step for a 64 x 32 slice of B: on an H200
+(benchmarks/matmul_sweep.py's shapes, 1 to 128 rows) they ran at 0.3 to
+0.75 of cuBLAS where 64 columns ran at 0.5 to 1.0, and ops.matmul does
+not choose them.
 
 Two options of `Config` change how tiles get in and out (CONFIGS lists the
 combinations; the first is the default):
