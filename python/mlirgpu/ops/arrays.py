@@ -3,11 +3,11 @@ JAX arrays, DeviceArrays (and NumPy arrays on the CPU backend) without a
 copy, reads their dtype, and makes outputs in the caller's library."""
 import sys
 
-from .._mlirgpu import DeviceArray, DType, LaunchError, asarray, bf16, dtype, f16, f32, i32
+from .._mlirgpu import DeviceArray, DType, LaunchError, asarray, bf16, current_device, dtype, f16, f32, i32
 from ..runtime import backend
 
-__all__ = ["as_array", "dtype_of", "geometry", "is_contiguous", "new_like", "output", "stream_key", "torch_stream",
-           "zero"]
+__all__ = ["as_array", "dtype_of", "geometry", "is_contiguous", "new_like", "output", "placeholder", "stream_key",
+           "torch_stream", "zero"]
 
 
 def as_array(x, what):
@@ -104,6 +104,22 @@ def torch_stream(x):
     # costs more to make than the whole launch.
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+_PLACEHOLDERS = {}
+
+
+def placeholder():
+    """An i32 array of one element on the current backend and device, made
+    once: what a kernel's array parameter is passed where the call does not
+    read it (a new array on every call would cost an allocation)."""
+    where = backend.backend()
+    key = where, current_device() if where == "cuda" else None
+    if key not in _PLACEHOLDERS:
+        import numpy as np
+
+        _PLACEHOLDERS[key] = np.zeros(1, np.int32) if where == "cpu" else backend.zeros((1,), i32)
+    return _PLACEHOLDERS[key]
 
 
 def stream_key(stream):

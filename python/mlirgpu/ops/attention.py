@@ -59,7 +59,7 @@ from .._mlirgpu import LaunchError, bf16, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
 from ..runtime.kernel import kernel
 from . import arrays, attention_sm90, attention_torch
-from .arrays import dtype_of, is_contiguous, new_like, torch_stream
+from .arrays import dtype_of, is_contiguous, new_like, placeholder, torch_stream
 
 __all__ = ["attention", "HEAD_DIMS"]
 
@@ -499,7 +499,7 @@ class Problem:
             self.tokens_q, self.tokens_k = self.batch * self.lq, self.batch * self.lk
             if self.lk == 0:
                 raise LaunchError(f"{what} needs at least one key: k and v have sequence length 0")
-            self.cu_q = self.cu_k = new_like(q, (1,), i32)    # read only with packed sequences
+            self.cu_q = self.cu_k = placeholder()    # read only with packed sequences
         if self.batch * self.hq > 65535:
             raise LaunchError(f"{what} runs a block row per (batch, head): batch x heads is at most 65535, "
                               f"not {self.batch * self.hq}")

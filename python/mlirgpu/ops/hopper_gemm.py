@@ -102,7 +102,7 @@ from ..layout import wgmma as wgmma_layout
 from ..runtime import backend
 from ..runtime.kernel import kernel
 from ..runtime.tensormap import tensor_map
-from .arrays import as_array, dtype_of, geometry, stream_key
+from .arrays import as_array, dtype_of, geometry, placeholder, stream_key
 
 CONSUMERS = 2                       # consumer warpgroups: 64 rows of each tile each, or whole tiles in turn
 THREADS = 128 * (1 + CONSUMERS)
@@ -287,7 +287,7 @@ def build(config, dtype, grouped=False):
 
     # c_map is read by the TMA epilogue only (the register epilogue is passed A's map in its place);
     # scale_a and scale_b by the 8-bit kernels only; offsets by the grouped kernel only (the others
-    # are passed no_offsets()).
+    # are passed placeholder()).
     @kernel(generics=(M, N, out_dtype), max_threads=THREADS, min_blocks=1)
     def hopper_gemm(a_map: TensorMap, b_map: TensorMap, c_map: TensorMap,
                     C: lang.memref[M, N, out_dtype], K: i32, scale_a: f32, scale_b: f32,
@@ -518,18 +518,6 @@ def kernel_for(config, dtype, grouped=False):
     return _KERNELS[key]
 
 
-_NO_OFFSETS = {}
-
-
-def no_offsets():
-    """The `offsets` argument of the kernels that do not read it: an i32
-    array of one element on the current backend and device, made once."""
-    key = (backend.backend(), cuda.current_device() if backend.backend() == "cuda" else None)
-    if key not in _NO_OFFSETS:
-        _NO_OFFSETS[key] = np.zeros(1, np.int32) if key[0] == "cpu" else backend.zeros((1,), i32)
-    return _NO_OFFSETS[key]
-
-
 def _padded(array, axis, multiple):
     """`array` (a DeviceArray) with `axis` zero-padded to a multiple of `multiple`."""
     size = array.shape[axis]
@@ -580,7 +568,7 @@ def matmul(A, B, out_dtype=f32, config=None, C=None, maps=None, stream=None, sca
         N = B.shape[0] if config_for(config, A.dtype).b_major == "K" else B.shape[1]
         C = backend.empty((A.shape[0], N), out_dtype)
     gemm, arguments, keywords = plan(A, B, C, config, maps)
-    gemm(*arguments, scale_a, scale_b, no_offsets(), stream=stream, **keywords)
+    gemm(*arguments, scale_a, scale_b, placeholder(), stream=stream, **keywords)
     return C
 
 
@@ -592,7 +580,7 @@ def check_scales(dtype, scale_a, scale_b):
 def plan(A, B, C, config=None, maps=None):
     """What a launch of C = A @ B needs but the scales and the stream: the
     specialization, its arguments up to the scales (after them it takes
-    no_offsets()), and its launch keywords."""
+    placeholder()), and its launch keywords."""
     dtype = dtype_of(A)
     config = config_for(config, dtype)
     M, K = A.shape
@@ -721,14 +709,16 @@ def launch(A, B, C, config=None, stream=None, scale_a=1.0, scale_b=1.0, geometri
         arrays = [x if isinstance(x, np.ndarray) else as_array(x, "the GEMM's array") for x in (A, B, C)]
         gemm, arguments, keywords = plan(*arrays, config)
         maps = arguments[:3]
-        planned = (gemm, tuple(m.with_owner(None) for m in maps), arguments[4], keywords, dtype_of(arrays[0]))
+        # The placeholder of the device the arrays are on (their addresses, in the key, are that device's).
+        planned = (gemm, tuple(m.with_owner(None) for m in maps), arguments[4], keywords, dtype_of(arrays[0]),
+                   placeholder())
         # Where A or B was padded into a copy, the next launch pads their contents anew.
         kept = maps[0].owner is arrays[0] and maps[1].owner is arrays[1]
-    gemm, maps, k, keywords, dtype = planned
+    gemm, maps, k, keywords, dtype, offsets = planned
     check_scales(dtype, scale_a, scale_b)
     if kept:
         if len(_PLANS) >= PLANS_KEPT:
             _PLANS.pop(next(iter(_PLANS)), None)
         _PLANS[key] = planned   # the most recent last
-    gemm(*maps, C, k, scale_a, scale_b, no_offsets(), stream=stream, **keywords)
+    gemm(*maps, C, k, scale_a, scale_b, offsets, stream=stream, **keywords)
     return C
