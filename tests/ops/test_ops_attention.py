@@ -268,7 +268,7 @@ def test_varlen_on_the_cpu(lengths_q, lengths_k, causal, window):
 
 
 # Decoding: one and a few queries against a long cache, GQA 8:1, split among blocks; with the causal mask;
-# 11 splits (the merge loads 8 at once, then the other 3 one by one).
+# 11 splits of one key tile each.
 SPLITS = [(1, 700, None, False), (3, 700, 4, True), (16, 300, 3, False), (1, 700, 11, False)]
 
 

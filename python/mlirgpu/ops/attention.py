@@ -69,7 +69,6 @@ WARPS = BM // 16
 THREADS = WARPS * 32
 CHUNK = 8           # 16-bit elements in a 16-byte cp.async, and in an ldmatrix row
 LOG2E = math.log2(math.e)
-COMBINE_UNROLL = 8  # splits whose partial outputs the merge loads at once
 
 
 def key_tile(head_dim):
@@ -410,20 +409,10 @@ def _build_combine(head_dim):
             for s in lang.static_range(5):
                 total += lang.warp.shfl_xor(total, 16 >> s)
             inverse = lang.select(total == 0.0, lang.constant(0.0, f32), 1.0 / total)
-            # A lane's D / 32 columns. The weights and values of COMBINE_UNROLL splits are loaded
-            # before any is used: one memory latency for that many splits (a loop of one split
-            # a step waited once a split: 15 us for 64 splits on an H200).
+            # A lane's D / 32 columns: each split's weight and values are loaded together, one
+            # memory latency a split rather than one a split and column.
             values = [lang.constant(0.0, f32) for _ in lang.static_range(D // 32)]
-            whole = splits - splits % COMBINE_UNROLL
-            for first in range(0, whole, COMBINE_UNROLL):
-                weights = [part_lse[(first + u) * rows + row, i] for u in lang.static_range(COMBINE_UNROLL)]
-                loaded = [[parts[(first + u) * tokens + token, h, j * 32 + lane] for j in lang.static_range(D // 32)]
-                          for u in lang.static_range(COMBINE_UNROLL)]
-                for u in lang.static_range(COMBINE_UNROLL):
-                    weight = lang.math.exp(weights[u] - base)
-                    for j in lang.static_range(D // 32):
-                        values[j] = values[j] + weight * loaded[u][j]
-            for z in range(whole, splits):
+            for z in range(splits):
                 weight = lang.math.exp(part_lse[z * rows + row, i] - base)
                 for j in lang.static_range(D // 32):
                     values[j] = values[j] + weight * parts[z * tokens + token, h, j * 32 + lane]
