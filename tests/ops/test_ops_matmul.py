@@ -72,7 +72,9 @@ def test_skinny_products_split_k_so_that_every_multiprocessor_reads_b():
     choice = gemm.choose(16, 8192, 8192, *H200)
     assert choice.config is gemm.SKINNY
     tiles = 8192 // choice.config.bn
-    assert tiles * choice.split >= 2 * 132 and choice.units == tiles * choice.split
+    # A slice of B per multiprocessor: 64 tiles x 2, 32 tiles x 4.
+    assert (choice.split, choice.units) == (2, tiles * 2)
+    assert gemm.choose(1, 14336, 4096, *H200).split == 132 // 32
     assert gemm.choose(64, 8192, 8192, "sm_80", 108).config is gemm.SHORT
     assert gemm.choose(200, 8192, 8192, "sm_80", 108).config is gemm.SQUARE
     # On sm_90a, past 16 rows, where TMA cannot address the rows: 64 x 128 tiles, a block each.
