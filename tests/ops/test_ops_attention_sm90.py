@@ -140,3 +140,12 @@ def test_few_blocks_take_many_units_on_the_gpu(batch, lq, lk, hq, hk, d, causal,
     expected, expected_lse = reference(q, k, v, causal)
     np.testing.assert_allclose(got, expected, rtol=0, atol=TOLERANCE["bf16"])
     np.testing.assert_allclose(got_lse, expected_lse, rtol=1e-4, atol=1e-4)
+
+
+def test_no_query_rows_launch_nothing():
+    q = np.zeros((1, 0, 2, 64), np.float16)
+    k = np.zeros((1, 5, 2, 64), np.float16)
+    out, lse = np.zeros(q.shape, np.float16), np.zeros((1, 2, 0), np.float32)
+    with current_backend("cpu"), mock.patch.object(attention_sm90, "kernel_for") as kernel_for:
+        attention_sm90.forward(q, k, k, out, lse, False, 1.0)
+    kernel_for.assert_not_called()

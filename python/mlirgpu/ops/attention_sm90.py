@@ -397,9 +397,12 @@ def forward(q, k, v, out, lse, causal, scale_log2, stream=None, blocks=None):
     (batch, lq, hq, d), (_, lk, hk, _) = tuple(q.shape), tuple(k.shape)
     if blocks is None:
         blocks = cuda.Device(cuda.current_device()).multiprocessor_count if backend.backend() == "cuda" else 2
+    grid = min(blocks, units(lq, batch * hq, causal))
+    if grid == 0:    # no query rows or heads: nothing to write
+        return
     q_map = tensor_map(q, box=(1, BM, 1, BOX), swizzle="128B")
     k_map = tensor_map(k, box=(1, BN, 1, BOX), swizzle="128B")
     v_map = tensor_map(v, box=(1, BOX, 1, BOX), swizzle="128B")
     kernel_for(d, causal)(q_map, k_map, v_map, out.reshape(batch * lq, hq, d), lse.reshape(batch * hq, lq),
-                          lq, lk, hq // hk, scale_log2, grid=min(blocks, units(lq, batch * hq, causal)),
-                          block=THREADS, shared_mem=shared_bytes(d), stream=stream)
+                          lq, lk, hq // hk, scale_log2, grid=grid, block=THREADS, shared_mem=shared_bytes(d),
+                          stream=stream)
