@@ -16,9 +16,8 @@ The kernel, for a head dimension D (64, 128 or 256):
   16 of them: one row of m16n8k16 atoms. Q's tile is copied to shared memory
   once (cp.async) and, for D <= 128, kept in registers as A fragments
   (ldmatrix .x4).
-- K and V stream through a ring of shared-memory stages of BN keys (3, or
-  2 at D = 256): the copies of the tile as many stages ahead, less one
-  (cp.async, zeros past the block's keys), are issued before tile t's
+- K and V stream through two shared-memory stages of BN keys: the copies of
+  tile t + 1 (cp.async, zeros past Lk) are issued before tile t's
   products, so they land while the tensor cores work.
 - S = Q K^T: K's rows are B's columns as mma.sync wants them (N x K, K
   fastest), so ldmatrix .x4 without transpose gives two B fragments.
@@ -78,16 +77,9 @@ def key_tile(head_dim):
     return 32 if head_dim == 256 else 64
 
 
-def stages(head_dim):
-    """Stages of the K and V ring: 3, two tiles in flight while the block works
-    on a third; 2 at D = 256, where 3 would leave room for one block a
-    multiprocessor."""
-    return 2 if head_dim == 256 else 3
-
-
 def shared_bytes(head_dim):
-    """Q's tile and the stages of K and V, 16-bit elements."""
-    return (BM + 2 * stages(head_dim) * key_tile(head_dim)) * head_dim * 2
+    """Q's tile and two stages each of K and V, 16-bit elements."""
+    return (BM + 4 * key_tile(head_dim)) * head_dim * 2
 
 
 def packed_row(row, group, head):
@@ -131,17 +123,14 @@ def b_fragments(tile, row, col, lane, transpose):
     return pair.select(0, 1, 2, 3), pair.select(4, 5, 6, 7)
 
 
-def next_stage(stage, rows, copies, start, first, count, head, tid, stages=2):
-    """The top of a step of a loop over a ring of `stages` buffers (a group of
-    copies committed per step): waits until the tiles at `stage` have landed
-    and every warp is done with the stage before it, then fills that one, the
-    ring's `stages - 1` ahead, with `rows` rows from `first` of each (tile,
-    source) of `copies` (copy_rows) and commits them, to land during the next
-    steps."""
-    lang.mma.wait_group(stages - 2)
+def next_stage(stage, rows, copies, start, first, count, head, tid):
+    """The top of a step of a double-buffered loop: waits until the tiles at
+    `stage` have landed and every warp is done with the other stage, then
+    fills that one with `rows` rows from `first` of each (tile, source) of
+    `copies` (copy_rows) and commits them, to land during this step."""
+    lang.mma.wait_group(0)
     lang.syncthreads()
-    size = rows * copies[0][1].shape[2]
-    after = (stage + (stages - 1) * size) % (stages * size)
+    after = rows * copies[0][1].shape[2] - stage
     for tile, source in copies:
         copy_rows(tile.at(after), rows, source, start, first, count, head, tid)
     lang.mma.commit_group()
@@ -256,8 +245,7 @@ def _build(head_dim, banded, varlen, split, packed):
     # (row, col) -> element of a row-major tile of D-wide rows, 16-byte chunks swizzled by the row's low 3 bits.
     Q_TILE = composition(Swizzle(3, 3, D.bit_length() - 4), row_major((BM, D)))
     KV_TILE = composition(Swizzle(3, 3, D.bit_length() - 4), row_major((BN, D)))
-    STAGES = stages(head_dim)
-    K_AT, V_AT = BM * D, BM * D + STAGES * BN * D    # stage 0 of K and of V; stage i is i * BN * D further
+    K_AT, V_AT = BM * D, BM * D + 2 * BN * D    # stage 0 of K and of V; stage 1 is BN * D further
     Q_IN_REGISTERS = D <= 128
     T = lang.generics("T")
     OUT = f32 if split else T
@@ -297,16 +285,12 @@ def _build(head_dim, banded, varlen, split, packed):
         if varlen:
             end = lang.select(m0 < count, end, first)    # blocks past this sequence's queries
 
-        # The block's keys: the ring's copies past them (the next split's, or those outside the band)
-        # write zeros instead of reading memory no step uses.
-        keys = smaller(end * BN, lk)
         copy_rows(q_tile, BM, q, q0, m0, count, h, tid, group)
-        for i in lang.static_range(STAGES - 1):    # the first STAGES - 1 tiles, a group each (Q's with the first)
-            copy_rows(k_tile.at(i * BN * D), BN, k, k0, (first + i) * BN, keys, kv_head, tid)
-            copy_rows(v_tile.at(i * BN * D), BN, v, k0, (first + i) * BN, keys, kv_head, tid)
-            lang.mma.commit_group()
+        copy_rows(k_tile, BN, k, k0, first * BN, lk, kv_head, tid)
+        copy_rows(v_tile, BN, v, k0, first * BN, lk, kv_head, tid)
+        lang.mma.commit_group()
         qrow0 = warp * 16
-        lang.mma.wait_group(STAGES - 2)
+        lang.mma.wait_group(0)
         lang.syncthreads()
         q_frags = [a_fragment(q_tile, qrow0, kk, lane) for kk in lang.static_range(D // 16)] if Q_IN_REGISTERS else None
 
@@ -320,11 +304,10 @@ def _build(head_dim, banded, varlen, split, packed):
         acc = [lang.mma.zeros(atom) for _ in lang.static_range(D // 8)]
 
         for t in range(first, end):
-            stage = (t - first) % STAGES * (BN * D)
+            stage = (t - first) % 2 * (BN * D)
             n0 = t * BN
-            # Tile t has landed, and every warp is done with tile t - 1's stage, which tile t + STAGES - 1 now fills.
-            next_stage(stage, BN, [(k_tile, k), (v_tile, v)], k0, n0 + (STAGES - 1) * BN, keys, kv_head, tid,
-                       STAGES)
+            # Tile t has landed, and every warp is done with tile t - 1's stage, which tile t + 1 now fills.
+            next_stage(stage, BN, [(k_tile, k), (v_tile, v)], k0, n0 + BN, lk, kv_head, tid)
 
             # S = Q K^T for the warp's 16 rows and the tile's BN keys: BN / 8 C fragments.
             s = scores(atom, [(q_frags if Q_IN_REGISTERS else (q_tile, qrow0), k_tile.at(stage))], BN, D, lane)[0]
