@@ -412,6 +412,28 @@ def test_the_default_gemm_on_the_cpu(hopper_gemm, M, N, K, b_major):
     run_gemm(hopper_gemm, M, N, K, hopper_gemm.CONFIGS[0].replace(b_major=b_major))
 
 
+@pytest.mark.parametrize("config", [dict(bn=64, stages=8), dict(bn=128, stages=6, epilogue="tma", schedule="pingpong"),
+                                    dict(bn=64, stages=8, split=2), dict(bn=256, stages=4, b_major="K")],
+                         ids=["128x64", "pingpong-tma", "split-2", "k-major"])
+def test_tiles_loading_64_rows_of_a_on_the_cpu(hopper_gemm, config):
+    # At most 64 rows: each step loads A's 64 rows only, and the tiles' other rows are never stored.
+    config = hopper_gemm.Config(**config, a_rows=64)
+    run_gemm(hopper_gemm, 50, 136, 330, config)
+    run_gemm(hopper_gemm, 64, 72, 64, config)
+
+
+def test_64_rows_of_a_is_a_config_of_its_own(hopper_gemm):
+    ops_gemm = sys.modules["mlirgpu.ops.hopper_gemm"]
+    config = hopper_gemm.Config(64, 64, 8, a_rows=64)
+    assert "a_rows=64" in repr(config) and "a_rows" not in repr(hopper_gemm.Config(64, 64, 8))
+    assert config.replace(split=2).a_rows == 64 and "64 rows of A" in config.name
+    for wrong in (dict(a_rows=32), dict(a_rows=64, multicast="A")):
+        with pytest.raises(ValueError, match="a_rows"):
+            hopper_gemm.Config(128, 64, 6, **wrong)
+    with pytest.raises(ValueError, match="tiles of BM rows"):
+        ops_gemm.build(config, mg.bf16, grouped=True)
+
+
 @pytest.mark.parametrize("b_major", ["MN", "K"])
 def test_the_register_epilogue_gemm_on_the_cpu(hopper_gemm, b_major):
     config = hopper_gemm.Config(256, 64, 4, b_major)

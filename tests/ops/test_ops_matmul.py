@@ -95,9 +95,16 @@ def test_on_sm_90a_65_to_256_rows_take_128_by_64_tiles_where_they_make_one_wave(
     # 128 tiles of 128 x 64 and a long K: 2 slices.
     choice = gemm.choose(128, 14336, 4096, *H200)
     assert (choice.config.bn, choice.config.split, choice.mode) == (64, 2, "split_k")
-    assert gemm.choose(64, 4096, 4096, *H200).config is gemm.PINGPONG      # half of each tile past A
+    assert gemm.choose(64, 4096, 4096, *H200).config.schedule == "pingpong"   # half of each tile past A
     assert gemm.choose(256, 8192, 8192, *H200).config is gemm.PINGPONG     # 256 tiles of 128 x 64
     assert gemm.choose(256, 14336, 4096, *H200).config.bn == 128           # 129 rows on, K long: ping-pong
+
+
+def test_on_sm_90a_products_of_at_most_64_rows_load_64_rows_of_a():
+    for m, k, n in [(64, 4096, 4096), (17, 8192, 8192), (64, 14336, 4096)]:
+        config = gemm.choose(m, k, n, *H200).config
+        assert config.a_rows == 64 and config.bm == 128, (m, k, n)
+    assert gemm.choose(65, 8192, 8192, *H200).config.a_rows == 128
 
 
 def test_on_sm_90a_half_idle_multiprocessors_and_a_long_k_take_split_k():

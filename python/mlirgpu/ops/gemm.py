@@ -14,7 +14,8 @@ dtype, device), and launches it.
   double the blocks streaming B; where the tiles leave half the
   multiprocessors idle and K is long (from 12288), split-K: 2 to 4 slices
   of K as work units, their float32 partial products summed by a second
-  kernel.
+  kernel. Up to 64 rows, each step loads A's 64 rows only (a_rows=64),
+  not a 128-row box that reaches past them.
 - "mma.sync": the Ampere-style GEMM (ampere_gemm.py: cp.async, ldmatrix,
   mma.sync) fed by an mg.TileScheduler, everywhere else:
   - on sm_90a, from 17 to 1024 rows (smaller products, or rows TMA cannot address):
@@ -79,25 +80,34 @@ def _ceil_div(a, b):
     return -(-a // b)
 
 
+def _wgmma_choice(m, k, n, multiprocessors):
+    """The Hopper GEMM's configuration for an (m x k) @ (k x n) product (`choose`)."""
+    if _ceil_div(m, WGMMA.bm) * _ceil_div(n, WGMMA.bn) >= multiprocessors:
+        return Choice("wgmma", WGMMA, None, None, multiprocessors)
+    narrow = _ceil_div(m, NARROW.bm) * _ceil_div(n, NARROW.bn)
+    if NARROW_ROWS[0] <= m <= NARROW_ROWS[1] and narrow <= multiprocessors and (m <= NARROW.bm or k < WGMMA_SPLIT_MIN_K):
+        split = min(multiprocessors // narrow, MAX_WGMMA_SPLIT) if k >= WGMMA_SPLIT_MIN_K else 1
+        if split > 1:
+            return Choice("wgmma", NARROW.replace(split=split), "split_k", split, multiprocessors)
+        return Choice("wgmma", NARROW, None, None, multiprocessors)
+    tiles = _ceil_div(m, PINGPONG.bm) * _ceil_div(n, PINGPONG.bn)
+    split = min(multiprocessors // tiles, MAX_WGMMA_SPLIT)
+    if split > 1 and k >= WGMMA_SPLIT_MIN_K:
+        return Choice("wgmma", PINGPONG.replace(epilogue="registers", split=split), "split_k", split,
+                      multiprocessors)
+    return Choice("wgmma", PINGPONG, None, None, multiprocessors)
+
+
 def choose(m, k, n, chip, multiprocessors):
     """The kernel ops.matmul runs for an (m x k) @ (k x n) product on a GPU
     `chip` ("sm_90a", "sm_80", ...) of `multiprocessors` SMs (see the
     module's text for the rule)."""
     if chip == "sm_90a" and k % 8 == 0 and n % 8 == 0 and m > SKINNY.bm and m * n * k >= HOST_BOUND_PRODUCT:
-        if _ceil_div(m, WGMMA.bm) * _ceil_div(n, WGMMA.bn) >= multiprocessors:
-            return Choice("wgmma", WGMMA, None, None, multiprocessors)
-        narrow = _ceil_div(m, NARROW.bm) * _ceil_div(n, NARROW.bn)
-        if NARROW_ROWS[0] <= m <= NARROW_ROWS[1] and narrow <= multiprocessors and (m <= NARROW.bm or k < WGMMA_SPLIT_MIN_K):
-            split = min(multiprocessors // narrow, MAX_WGMMA_SPLIT) if k >= WGMMA_SPLIT_MIN_K else 1
-            if split > 1:
-                return Choice("wgmma", NARROW.replace(split=split), "split_k", split, multiprocessors)
-            return Choice("wgmma", NARROW, None, None, multiprocessors)
-        tiles = _ceil_div(m, PINGPONG.bm) * _ceil_div(n, PINGPONG.bn)
-        split = min(multiprocessors // tiles, MAX_WGMMA_SPLIT)
-        if split > 1 and k >= WGMMA_SPLIT_MIN_K:
-            return Choice("wgmma", PINGPONG.replace(epilogue="registers", split=split), "split_k", split,
-                          multiprocessors)
-        return Choice("wgmma", PINGPONG, None, None, multiprocessors)
+        choice = _wgmma_choice(m, k, n, multiprocessors)
+        if m <= 64:
+            # Each step loads A's 64 rows only, not a box reaching past them.
+            choice = choice._replace(config=choice.config.replace(a_rows=64))
+        return choice
     if chip == "sm_90a" and SKINNY.bm < m <= SHORT_DATA_PARALLEL_M:
         # On an H200, from 128 to 512 rows, 64 x 128 tiles, a block each, beat split-K and stream-K
         # over larger tiles, whose fix-ups cost more than they save there.

@@ -128,11 +128,15 @@ class Config:
     "pingpong" (each consumer warpgroup on every other tile, all its rows);
     split: K cut into that many slices, each a work unit of its own, whose
     float32 partial products a second kernel adds up (split-K: for products
-    with fewer tiles than multiprocessors and a long K).
+    with fewer tiles than multiprocessors and a long K); a_rows: the rows of
+    A's tile each step loads, BM or 64, for products of at most 64 rows (the
+    other rows' accumulators are never stored: a TMA box reaching past A's
+    rows, which reads zeros there, ran as slow on an H200 as a box of twice
+    the rows that A has).
     BK is 64 for 2-byte inputs and 128 for 8-bit ones (`for_dtype`)."""
 
     def __init__(self, bn=256, bk=64, stages=4, b_major="MN", epilogue="registers", multicast=None,
-                 schedule="cooperative", split=1):
+                 schedule="cooperative", split=1, a_rows=64 * CONSUMERS):
         if b_major not in ("MN", "K"):
             raise ValueError("b_major is 'MN' (B is K x N) or 'K' (B is given as N x K)")
         if bk not in (64, 128):
@@ -160,20 +164,26 @@ class Config:
             # A slice's rows of the partial products end where the next slice's begin: TMA's
             # stores would clip at the partials' end only; and a cluster's blocks share K.
             raise ValueError("split-K takes the register epilogue and no multicast")
+        if a_rows not in (64, 64 * CONSUMERS) or (a_rows != 64 * CONSUMERS and multicast == "A"):
+            raise ValueError(f"a_rows is {64 * CONSUMERS} (BM) or 64 (the first consumer warpgroup's rows only, "
+                             f"without multicast='A'), not {a_rows!r}")
         self.bm, self.bn, self.bk, self.stages, self.b_major = 64 * CONSUMERS, bn, bk, stages, b_major
         self.epilogue, self.multicast, self.schedule, self.split = epilogue, multicast, schedule, split
+        self.a_rows = a_rows
         if self.shared_bytes() > SHARED_LIMIT:
             raise ValueError(f"{self} needs {self.shared_bytes()} bytes of shared memory, over {SHARED_LIMIT}")
 
     def __repr__(self):
         return (f"Config(BM={self.bm}, BN={self.bn}, BK={self.bk}, stages={self.stages}, b_major={self.b_major!r}, "
                 f"epilogue={self.epilogue!r}, multicast={self.multicast!r}, schedule={self.schedule!r}"
-                + (f", split={self.split})" if self.split > 1 else ")"))
+                + (f", split={self.split}" if self.split > 1 else "")
+                + (f", a_rows={self.a_rows})" if self.a_rows != self.bm else ")"))
 
     def replace(self, **changes):
         """This configuration with some of its options changed."""
         options = dict(bn=self.bn, bk=self.bk, stages=self.stages, b_major=self.b_major,
-                       epilogue=self.epilogue, multicast=self.multicast, schedule=self.schedule, split=self.split)
+                       epilogue=self.epilogue, multicast=self.multicast, schedule=self.schedule, split=self.split,
+                       a_rows=self.a_rows)
         options.update(changes)
         return Config(**options)
 
@@ -192,6 +202,8 @@ class Config:
             parts.append(f"{self.multicast} multicast in clusters of 2")
         if self.split > 1:
             parts.append(f"split-K {self.split}")
+        if self.a_rows != self.bm:
+            parts.append(f"{self.a_rows} rows of A")
         return ", ".join(parts)
 
     @property
@@ -241,14 +253,15 @@ def build(config, dtype, grouped=False):
     register epilogue)."""
     config = config.for_dtype(dtype)
     if grouped and (dtype in FLOATS8 or config.b_major != "MN" or config.multicast or config.epilogue != "registers"
-                    or config.split > 1):
-        raise ValueError(f"the grouped GEMM takes 2-byte inputs, B as G x K x N, no multicast and the register "
-                         f"epilogue, not {config} for {dtype.name}")
+                    or config.split > 1 or config.a_rows != config.bm):
+        raise ValueError(f"the grouped GEMM takes 2-byte inputs, B as G x K x N, no multicast, the register "
+                         f"epilogue and tiles of BM rows of A, not {config} for {dtype.name}")
     BM, BN, BK, STAGES = config.bm, config.bn, config.bk, config.stages
     K_STEP = 32 // dtype.itemsize  # the K of one wgmma: 32 bytes
     SCALED = dtype in FLOATS8
     STAGE = config.stage_elements
-    STAGE_BYTES = STAGE * dtype.itemsize
+    # What TMA writes into a stage: A's a_rows rows (the rest of A's part stays as it was) and B's tile.
+    STAGE_BYTES = (config.a_rows + BN) * BK * dtype.itemsize
     B_MAJOR, TMA_EPILOGUE, MULTICAST = config.b_major, config.epilogue == "tma", config.multicast
     PINGPONG = config.schedule == "pingpong"
     SPLIT = config.split
@@ -536,7 +549,7 @@ def prepare(A, B, config):
     # Rows of K (A, and B given as N x K) or of N (B given as K x N) become multiples of 16 bytes.
     A, B = _padded(A, 1, 16 // A.dtype.itemsize), _padded(B, 1, 16 // B.dtype.itemsize)
     # A block that shares a tile with the other block of its cluster loads half of it.
-    a_rows = config.bm // 2 if config.multicast == "A" else config.bm
+    a_rows = config.bm // 2 if config.multicast == "A" else config.a_rows
     b_part = config.bn // 2 if config.multicast == "B" else config.bn
     a_map = tensor_map(A, box=(a_rows, config.bk), swizzle="128B")
     if config.b_major == "K":
