@@ -87,15 +87,18 @@ def test_on_sm_90a_fewer_tiles_than_multiprocessors_take_the_ping_pong_kernel():
     assert gemm.PINGPONG.bn == 128 and gemm.PINGPONG.schedule == "pingpong"
 
 
-def test_on_sm_90a_65_to_256_rows_take_128_by_64_tiles_where_they_make_one_wave():
+def test_on_sm_90a_17_to_256_rows_take_128_by_64_tiles_where_they_make_one_wave():
     for m, k, n in [(128, 4096, 4096), (65, 8192, 8192), (256, 4096, 4096)]:
         choice = gemm.choose(m, k, n, *H200)
         assert (choice.config, choice.split) == (gemm.NARROW, None), (m, k, n)
+    for m, k, n in [(64, 4096, 4096), (17, 8192, 8192)]:
+        choice = gemm.choose(m, k, n, *H200)
+        assert (choice.config.bn, choice.config.stages, choice.split) == (64, 8, None), (m, k, n)
     assert (gemm.NARROW.bm, gemm.NARROW.bn, gemm.NARROW.epilogue) == (128, 64, "registers")
     # 128 tiles of 128 x 64 and a long K: 2 slices.
     choice = gemm.choose(128, 14336, 4096, *H200)
     assert (choice.config.bn, choice.config.split, choice.mode) == (64, 2, "split_k")
-    assert gemm.choose(64, 4096, 4096, *H200).config.schedule == "pingpong"   # half of each tile past A
+    assert gemm.choose(64, 14336, 4096, *H200).config.schedule == "pingpong"  # to 64 rows, a long K: ping-pong
     assert gemm.choose(256, 8192, 8192, *H200).config is gemm.PINGPONG     # 256 tiles of 128 x 64
     assert gemm.choose(256, 14336, 4096, *H200).config.bn == 128           # 129 rows on, K long: ping-pong
 

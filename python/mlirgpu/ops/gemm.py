@@ -9,12 +9,12 @@ dtype, device), and launches it.
   of 8): 128 x 256 tiles where they fill every multiprocessor at least
   once, else 128 x 128 tiles, two warpgroups taking turns (ping-pong),
   which give twice the tiles and overlap one tile's epilogue with the next
-  one's products; from 65 to 128 rows, and to 256 where they make one
-  wave and K is short, 128 x 64 tiles instead, 8 stages deep, which
-  double the blocks streaming B; where the tiles leave half the
-  multiprocessors idle and K is long (from 12288), split-K: 2 to 4 slices
-  of K as work units, their float32 partial products summed by a second
-  kernel. Up to 64 rows, each step loads A's 64 rows only (a_rows=64),
+  one's products; where K is short (under 12288), from 17 to 128 rows, and
+  to 256 where they make one wave, 128 x 64 tiles instead, 8 stages deep,
+  which double the blocks streaming B (with a long K, from 65 to 128 rows);
+  where the tiles leave half the multiprocessors idle and K is long (from
+  12288), split-K: 2 to 4 slices of K as work units, their float32 partial
+  products summed by a second kernel. Up to 64 rows, each step loads A's 64 rows only (a_rows=64),
   not a 128-row box that reaches past them.
 - "mma.sync": the Ampere-style GEMM (ampere_gemm.py: cp.async, ldmatrix,
   mma.sync) fed by an mg.TileScheduler, everywhere else:
@@ -53,13 +53,14 @@ MIN_STEPS_PER_SLICE = 4           # a split-K slice fills the cp.async pipeline 
 
 WGMMA = hopper_gemm.CONFIGS[0]    # 128 x 256 tiles, 4 stages, TMA-store epilogue
 PINGPONG = hopper_gemm.CONFIGS[1]  # 128 x 128 tiles, 6 stages, ping-pong, TMA-store epilogue
-# 128 x 64 tiles, 8 stages, the register epilogue: for 65 to 256 rows, where even 128 x 128 tiles
+# 128 x 64 tiles, 8 stages, the register epilogue: for 17 to 256 rows, where even 128 x 128 tiles
 # leave multiprocessors idle, twice the tiles, each streaming its columns of B through a deeper ring
 # (on an H200, benchmarks/matmul_sweep.py: 128 x 8192^2 and 256 x 4096^2 at 0.93 and 0.87 of
-# cuBLAS, where ping-pong gave 0.83 and 0.70). From 129 rows only where the tiles make one wave
-# and K is not split.
+# cuBLAS, where ping-pong gave 0.83 and 0.70; with A's 64 rows a step, 64 x 4096^2 and 64 x 8192^2
+# timed 20-30% faster than ping-pong). From 129 rows only where the tiles make one wave and K is
+# not split; to 64 rows only where K is not split (there ping-pong's split-K ran the long K).
 NARROW = hopper_gemm.Config(64, 64, 8)
-NARROW_ROWS = (65, 256)      # at 64 rows and fewer, half of each tile's rows lie past A: ping-pong ran faster
+NARROW_ROWS = (17, 256)
 WORKSPACES_KEPT = 8               # streams an mma.sync launch keeps a workspace for
 MAX_WGMMA_SPLIT = 4               # slices of K of the Hopper GEMM's split-K
 # The K from which the Hopper GEMM splits K: on an H200 it paid at K = 14336 (64-256 rows, N = 4096:
@@ -85,7 +86,8 @@ def _wgmma_choice(m, k, n, multiprocessors):
     if _ceil_div(m, WGMMA.bm) * _ceil_div(n, WGMMA.bn) >= multiprocessors:
         return Choice("wgmma", WGMMA, None, None, multiprocessors)
     narrow = _ceil_div(m, NARROW.bm) * _ceil_div(n, NARROW.bn)
-    if NARROW_ROWS[0] <= m <= NARROW_ROWS[1] and narrow <= multiprocessors and (m <= NARROW.bm or k < WGMMA_SPLIT_MIN_K):
+    split_k = 64 < m <= NARROW.bm and k >= WGMMA_SPLIT_MIN_K    # the 128 x 64 tiles' split-K
+    if NARROW_ROWS[0] <= m <= NARROW_ROWS[1] and narrow <= multiprocessors and (k < WGMMA_SPLIT_MIN_K or split_k):
         split = min(multiprocessors // narrow, MAX_WGMMA_SPLIT) if k >= WGMMA_SPLIT_MIN_K else 1
         if split > 1:
             return Choice("wgmma", NARROW.replace(split=split), "split_k", split, multiprocessors)
