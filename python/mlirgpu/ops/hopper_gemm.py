@@ -24,11 +24,12 @@ BN is 32, 64, 128, 192 or 256. B's tile lands as BN / 64 boxes of BK rows
 of 64 columns, rows of 128 bytes in the 128-byte swizzle as A's are; a
 32-column tile is one box whose rows of 64 bytes take the 64-byte swizzle.
 32 columns double the tiles of a product of few rows (an N of 4096 makes
-128, where 64 columns make 64), but each block still reads A's 128 x 64
-slice of every step for a 64 x 32 slice of B: on an H200 (1 to 128 rows,
-N and K of 4096 and 8192, each timed beside torch.matmul) they ran at 0.3
-to 0.75 of cuBLAS's speed where 64 columns ran at 0.5 to 1.0, and
-ops.matmul does not choose them.
+128, where 64 columns make 64), but each block still reads a slice of A
+for half as much of B at every step: on an H200 (1 to 128 rows, N and K of
+4096 and 8192, each timed beside torch.matmul) they ran at 0.3 to 0.75 of
+cuBLAS's speed where 64 columns ran at 0.5 to 1.0; loading A's 64 rows a
+step (a_rows=64), 0.99 at 64 x 4096² and 0.64 at 64 x 8192², where 64
+columns ran at 0.90 and 0.98. ops.matmul does not choose them.
 
 Two options of `Config` change how tiles get in and out (CONFIGS lists the
 combinations; the first is the default):
