@@ -131,9 +131,9 @@ class Config:
     float32 partial products a second kernel adds up (split-K: for products
     with fewer tiles than multiprocessors and a long K); a_rows: the rows of
     A's tile each step loads, BM or 64, for products of at most 64 rows (the
-    other rows' accumulators are never stored: a TMA box reaching past A's
-    rows, which reads zeros there, ran as slow on an H200 as a box of twice
-    the rows that A has).
+    other rows' accumulators are never stored: on an H200 a product of 64
+    rows, its 128-row boxes reading zeros past A's rows, ran slower than one
+    of 128 rows).
     BK is 64 for 2-byte inputs and 128 for 8-bit ones (`for_dtype`)."""
 
     def __init__(self, bn=256, bk=64, stages=4, b_major="MN", epilogue="registers", multicast=None,
