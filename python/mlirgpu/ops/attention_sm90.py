@@ -279,6 +279,8 @@ def _build(head_dim, causal):
             taken = lang.constant(0, i32)       # whether the warpgroups have taken turns yet
             for unit in range(lang.block_idx.x, units, lang.grid_dim.x):
                 for sub in range(row_blocks_of(unit, row_blocks)):
+                    # The row block's batch and head are placed again for the epilogue: kept live
+                    # across the key loop, they made ptxas spill at d = 128 with the causal mask.
                     m0 = place(unit, sub, row_blocks, hq)[3]
                     tiles = key_tiles(m0, lq, lk)
                     rows = [m0 + w * 64 + r, m0 + w * 64 + r + 8]

@@ -14,8 +14,8 @@ dtype, device), and launches it.
   which double the blocks streaming B (with a long K, from 65 to 128 rows);
   where the tiles leave half the multiprocessors idle and K is long (from
   12288), split-K: 2 to 4 slices of K as work units, their float32 partial
-  products summed by a second kernel. Up to 64 rows, each step loads A's 64 rows only (a_rows=64),
-  not a 128-row box that reaches past them.
+  products summed by a second kernel. Up to 64 rows, each step loads A's 64
+  rows only (a_rows=64), not a 128-row box that reaches past them.
 - "mma.sync": the Ampere-style GEMM (ampere_gemm.py: cp.async, ldmatrix,
   mma.sync) fed by an mg.TileScheduler, everywhere else:
   - on sm_90a, from 17 to 1024 rows (smaller products, or rows TMA cannot address):
