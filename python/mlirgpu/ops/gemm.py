@@ -57,7 +57,7 @@ PINGPONG = hopper_gemm.CONFIGS[1]  # 128 x 128 tiles, 6 stages, ping-pong, TMA-s
 # leave multiprocessors idle, twice the tiles, each streaming its columns of B through a deeper ring
 # (on an H200, benchmarks/matmul_sweep.py: 128 x 8192^2 and 256 x 4096^2 at 0.93 and 0.87 of
 # cuBLAS, where ping-pong gave 0.83 and 0.70; with A's 64 rows a step, 64 x 4096^2 and 64 x 8192^2
-# timed 20-30% faster than ping-pong). From 129 rows only where the tiles make one wave and K is
+# also ran faster on them than on ping-pong's). From 129 rows only where the tiles make one wave and K is
 # not split; to 64 rows only where K is not split (there ping-pong's split-K ran the long K).
 NARROW = hopper_gemm.Config(64, 64, 8)
 NARROW_ROWS = (17, 256)
@@ -122,8 +122,9 @@ def choose(m, k, n, chip, multiprocessors):
         steps = _ceil_div(k, config.bk)
         if config is SKINNY:
             # A slice per multiprocessor: on an H200 (1 and 16 rows, N = 4096 and 8192, K = 4096 to
-            # 14336, each timed beside torch.matmul) that ran 4-25% faster than two or more blocks a
-            # multiprocessor, whose shorter slices each fill the pipeline anew.
+            # 14336) that ran faster than two or more blocks a multiprocessor, whose shorter slices
+            # each fill the pipeline anew (benchmarks/matmul_sweep.py: 0.71-0.81 of cuBLAS before on
+            # the rows of K = 8192 and 14336, 0.79-0.89 after).
             split = multiprocessors // tiles
         else:
             split = _ceil_div(per_sm * multiprocessors, tiles)

@@ -26,10 +26,9 @@ of 64 columns, rows of 128 bytes in the 128-byte swizzle as A's are; a
 32 columns double the tiles of a product of few rows (an N of 4096 makes
 128, where 64 columns make 64), but each block still reads a slice of A
 for half as much of B at every step: on an H200 (1 to 128 rows, N and K of
-4096 and 8192, each timed beside torch.matmul) they ran at 0.3 to 0.75 of
-cuBLAS's speed where 64 columns ran at 0.5 to 1.0; loading A's 64 rows a
-step (a_rows=64), 0.99 at 64 x 4096^2 and 0.64 at 64 x 8192^2, where 64
-columns ran at 0.90 and 0.98. ops.matmul does not choose them.
+4096 and 8192) they ran slower than 64 columns on every product but one
+(64 x 4096^2 with A's 64 rows a step), and ops.matmul does not choose
+them.
 
 Two options of `Config` change how tiles get in and out (CONFIGS lists the
 combinations; the first is the default):
