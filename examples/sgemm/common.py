@@ -20,8 +20,10 @@ Each kernel module `kNN_*.py` is the worklog's kernel NN written with
               for sizes it does not take
 
 The kernels without edge guards (4-8, 10) also define TILES (BM, BN, ...,
-the generics after M, K, N) and take specialize() and launch() from
-specialize_tiles() and launch_tiles() below.
+the generics after M, K, N); kernels 4-8 take specialize() and launch()
+from specialize_tiles() and launch_tiles() below, kernel 10 has its own,
+which split K where the tiles are too few to fill the GPU (and take
+split= to choose the split).
 
     python examples/sgemm/k05_blocktiling_2d.py [M K N]   # MLIRGPU_BACKEND=cpu forces the CPU
 """

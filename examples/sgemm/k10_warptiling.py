@@ -31,12 +31,30 @@ padded by one float4, which halves the bank conflicts of A's transposed
 stores (90-91% to 94% of cuBLAS at 4096^3, same run). And, as BLAS does, C
 is not read when beta is 0.
 
+And one step past the worklog, for sizes whose tiles are too few to fill
+the GPU: split-K. A block per tile of C leaves multiprocessors idle when
+there are fewer tiles than places for blocks: at 1024^3, 64 tiles of
+128 x 128 against 132 multiprocessors of an H200, which hold two blocks
+each. launch() then cuts each tile's K into SPLIT slices, a block per
+slice (mg.TileScheduler's "split_k" schedule): as many slices as keep
+every block in that one wave of two a multiprocessor, each slice at least
+MIN_SLICE_STEPS steps of BK (4 slices at 1024^3 on 132 multiprocessors).
+A block runs the K loop over its slice alone; then sched.fixup
+stores its partial sums in a float workspace, and the last block of the
+tile to finish (an atomic counter per tile tells it) adds every slice's
+sums in K order, applies alpha and beta once and writes C. The counter is
+back at zero after each tile, so the workspace, kept per shape and
+stream, serves the next launch. Where the tiles alone fill more than half
+of the wave, SPLIT = 1: the scheduler's "data_parallel" schedule, a block
+per whole tile, without fix-up or workspace traffic.
+
     C = alpha * A @ B + beta * C        (M, K, N multiples of BM, BK, BN: no edge guards)
 """
 import sys
 
 import mlirgpu as mg
-from mlirgpu import block_idx, thread_idx
+from mlirgpu import thread_idx
+from mlirgpu.ops.arrays import stream_key
 
 import common
 
@@ -45,14 +63,23 @@ TITLE = "10: warptiling"
 TILES = (128, 128, 16, 32, 64, 2, 4, 4, 256)
 MULTIPLE = (TILES[0], TILES[2], TILES[1])
 WARPSIZE = 32
+BLOCKS_PER_SM = 2         # min_blocks=2 below: two blocks share a multiprocessor
+MIN_SLICE_STEPS = 8       # a split-K slice keeps at least this many steps of BK
+CPU_MULTIPROCESSORS = 4   # what the CPU backend plans for: few enough that small tests split K
 
-M, K, N, BM, BN, BK, WM, WN, WNITER, TM, TN, NUM_THREADS = mg.generics(
-    "M K N BM BN BK WM WN WNITER TM TN NUM_THREADS")
+M, K, N, BM, BN, BK, WM, WN, WNITER, TM, TN, NUM_THREADS, SPLIT = mg.generics(
+    "M K N BM BN BK WM WN WNITER TM TN NUM_THREADS SPLIT")
 
 
-@mg.kernel(generics=(M, K, N, BM, BN, BK, WM, WN, WNITER, TM, TN, NUM_THREADS), max_threads=256, min_blocks=2)
+def schedule(split):
+    """The mg.TileScheduler mode and split of `split` K slices a tile (1: a block per whole tile)."""
+    return ("split_k", split) if split > 1 else ("data_parallel", None)
+
+
+@mg.kernel(generics=(M, K, N, BM, BN, BK, WM, WN, WNITER, TM, TN, NUM_THREADS, SPLIT), max_threads=256,
+           min_blocks=2)
 def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[M, N, mg.f32],
-           alpha: mg.f32, beta: mg.f32):
+           alpha: mg.f32, beta: mg.f32, partials: mg.memref[None, None, mg.f32], counters: mg.memref[None, mg.i32]):
     WMITER = (WM * WN) // (WARPSIZE * TM * TN * WNITER)
     # The worklog's static_asserts: the warps cover the block tile, the subtiles the warp tile, the float4
     # loads whole rows of the tiles; and float4 reads of the register caches.
@@ -65,6 +92,12 @@ def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[
                               f"TN={TN} do not fit {NUM_THREADS} threads")
     WSUBM = WM // WMITER   # the warp subtile
     WSUBN = WN // WNITER
+    # This block's work: its tile of C and the K steps [work.k_begin, work.k_end) of it. The grid holds a
+    # block per work unit (launch()), so each block has one: work unit 0 of its own. group=1 takes the tiles
+    # in rows, as a 2-D grid of blocks would.
+    mode, split = schedule(SPLIT)
+    sched = mg.TileScheduler(M // BM, N // BN, K // BK, mode=mode, split=split, group=1)
+    work = sched.work(0)
     # Two buffers of each tile: while the block computes on one, the next tile's global loads are in flight
     # into registers, stored into the other buffer after the FMAs; one barrier a step.
     # Transposed, As[b, k, m] = A[m, k], its rows padded by one float4: a warp's transposed stores (4 rows k
@@ -77,8 +110,8 @@ def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[
     lane = thread_idx.x % WARPSIZE        # the thread's place in a warp subtile
     thread_col_in_warp = lane % (WSUBN // TN)
     thread_row_in_warp = lane // (WSUBN // TN)
-    c_row = block_idx.y * BM + warp_row * WM   # the warp's tile of C
-    c_col = block_idx.x * BN + warp_col * WN
+    c_row = work.m * BM + warp_row * WM   # the warp's tile of C
+    c_col = work.n * BN + warp_col * WN
     # The block's tile loads: one float4 per thread covers `stride` rows.
     inner_row_a = thread_idx.x // (BK // 4)
     inner_col_a = thread_idx.x % (BK // 4)
@@ -86,24 +119,25 @@ def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[
     inner_row_b = thread_idx.x // (BN // 4)
     inner_col_b = thread_idx.x % (BN // 4)
     stride_b = NUM_THREADS * 4 // BN
-    a_row = block_idx.y * BM + inner_row_a
-    b_col = block_idx.x * BN + inner_col_b * 4
+    a_row = work.m * BM + inner_row_a
+    b_col = work.n * BN + inner_col_b * 4
+    k_first = work.k_begin * BK
     # Offsets of the thread's register caches in a row of As and Bs.
     m_offset = warp_row * WM + thread_row_in_warp * TM
     n_offset = warp_col * WN + thread_col_in_warp * TN
     for offset in mg.static_range(0, BM, stride_a):
-        tmp = mg.vload(A, (a_row + offset, inner_col_a * 4), 4)
+        tmp = mg.vload(A, (a_row + offset, k_first + inner_col_a * 4), 4)
         for i in mg.static_range(4):
             As[0, inner_col_a * 4 + i, inner_row_a + offset] = tmp[i]
     for offset in mg.static_range(0, BK, stride_b):
-        mg.vstore(Bs, (0, inner_row_b + offset, inner_col_b * 4), mg.vload(B, (inner_row_b + offset, b_col), 4))
+        mg.vstore(Bs, (0, inner_row_b + offset, inner_col_b * 4),
+                  mg.vload(B, (k_first + inner_row_b + offset, b_col), 4))
     mg.syncthreads()
     thread_results = [0.0] * (WMITER * TM * WNITER * TN)   # registers: carried through the K loop
-    steps = K // BK
-    for step in range(steps):
-        current = step % 2
+    for step in range(work.k_begin, work.k_end):
+        current = (step - work.k_begin) % 2
         # The next step's tiles (the last step reloads its own, in bounds and unused).
-        bk = mg.select(step + 1 < steps, step + 1, step) * BK
+        bk = mg.select(step + 1 < work.k_end, step + 1, step) * BK
         a_tile = [mg.vload(A, (a_row + offset, bk + inner_col_a * 4), 4)
                   for offset in mg.static_range(0, BM, stride_a)]
         b_tile = [mg.vload(B, (bk + inner_row_b + offset, b_col), 4) for offset in mg.static_range(0, BK, stride_b)]
@@ -125,29 +159,84 @@ def kernel(A: mg.memref[M, K, mg.f32], B: mg.memref[K, N, mg.f32], C: mg.memref[
         for j, tmp in enumerate(b_tile):
             mg.vstore(Bs, (1 - current, inner_row_b + j * stride_b, inner_col_b * 4), tmp)
         mg.syncthreads()
-    for w_sub_row in mg.static_range(WMITER):
-        for w_sub_col in mg.static_range(WNITER):
-            for res_m in mg.static_range(TM):
-                for res_n in mg.static_range(0, TN, 4):
-                    row = c_row + w_sub_row * WSUBM + thread_row_in_warp * TM + res_m
-                    col = c_col + w_sub_col * WSUBN + thread_col_in_warp * TN + res_n
-                    first = (w_sub_row * TM + res_m) * (WNITER * TN) + w_sub_col * TN + res_n
-                    if beta == 0.0:
-                        # As BLAS: C is not read when beta is 0 (a bandwidth saving, and NaNs in C do not spread).
-                        mg.vstore(C, (row, col), tuple(alpha * thread_results[first + i]
-                                                       for i in mg.static_range(4)))
-                    else:
-                        c_old = mg.vload(C, (row, col), 4)
-                        mg.vstore(C, (row, col), tuple(alpha * thread_results[first + i] + beta * c_old[i]
-                                                       for i in mg.static_range(4)))
+    # A tile split along K is written by the last of its blocks to finish, with the sum of every slice's
+    # products, so that alpha and beta apply once, to the whole sum. A whole tile is done as it is.
+    thread_results, done = sched.fixup(work, partials, counters, thread_results)
+    if done:
+        for w_sub_row in mg.static_range(WMITER):
+            for w_sub_col in mg.static_range(WNITER):
+                for res_m in mg.static_range(TM):
+                    for res_n in mg.static_range(0, TN, 4):
+                        row = c_row + w_sub_row * WSUBM + thread_row_in_warp * TM + res_m
+                        col = c_col + w_sub_col * WSUBN + thread_col_in_warp * TN + res_n
+                        first = (w_sub_row * TM + res_m) * (WNITER * TN) + w_sub_col * TN + res_n
+                        if beta == 0.0:
+                            # As BLAS: C is not read when beta is 0 (a bandwidth saving, and NaNs in C do not
+                            # spread).
+                            mg.vstore(C, (row, col), tuple(alpha * thread_results[first + i]
+                                                           for i in mg.static_range(4)))
+                        else:
+                            c_old = mg.vload(C, (row, col), 4)
+                            mg.vstore(C, (row, col), tuple(alpha * thread_results[first + i] + beta * c_old[i]
+                                                           for i in mg.static_range(4)))
 
 
-def specialize(M, K, N):
-    return common.specialize_tiles(sys.modules[__name__], M, K, N)
+def multiprocessors():
+    """The current GPU's multiprocessors (on the CPU backend, CPU_MULTIPROCESSORS)."""
+    if mg.backend() == "cpu":
+        return CPU_MULTIPROCESSORS
+    return mg.cuda.Device(mg.cuda.current_device()).multiprocessor_count
 
 
-def launch(A, B, C, alpha=1.0, beta=0.0, stream=None):
-    common.launch_tiles(sys.modules[__name__], A, B, C, alpha, beta, stream, threads=TILES[-1])
+def split_for(M, K, N, split=None):
+    """The K slices a tile is cut into: `split` where given, else as many as keep all the blocks in one
+    wave (BLOCKS_PER_SM a multiprocessor) and each slice at least MIN_SLICE_STEPS steps of BK; 1 (no
+    split) where the tiles alone fill more than half that wave. LaunchError for sizes the kernel does not
+    take, or a split outside 1 .. K / BK."""
+    common.check_sizes(sys.modules[__name__], M, K, N)
+    bm, bn, bk = TILES[:3]
+    if split is None:
+        tiles = (M // bm) * (N // bn)
+        split = max(1, min(BLOCKS_PER_SM * multiprocessors() // tiles, K // bk // MIN_SLICE_STEPS))
+    if not 1 <= split <= K // bk:
+        raise mg.LaunchError(f"{TITLE}: split={split} is not between 1 and the {K // bk} steps of K={K}")
+    return split
+
+
+def specialize(M, K, N, split=None):
+    """The kernel for M, K, N and split_for(M, K, N, split) K slices a tile."""
+    return kernel[(M, K, N, *TILES, split_for(M, K, N, split))]
+
+
+# What a launch needs besides its operands, made on the first launch of each (backend, device, stream,
+# M, K, N, split asked for) and kept: the kernel, its grid and the split tiles' workspace. Launches on one
+# stream run one after another and can share a workspace (the counters are back at zero after each);
+# launches on two streams may overlap, so each stream has its own.
+_LAUNCHES = {}
+
+
+def _prepare(M, K, N, split, stream):
+    split = split_for(M, K, N, split)
+    bm, bn, bk = TILES[:3]
+    mode, split_k = schedule(split)
+    # A block per work unit: every tile's slices at once, the hardware placing the blocks.
+    plan = mg.TileScheduler.plan(M // bm, N // bn, K // bk, mode=mode, split=split_k, group=1,
+                                 units=(M // bm) * (N // bn) * split, values=bm * bn)
+    # A row of partial sums per slice, and a counter per tile, zero before the first launch.
+    partials = mg.empty(plan.partials, mg.f32, stream=stream)
+    counters = mg.zeros(plan.counters, mg.i32, stream=stream)
+    return specialize(M, K, N, split), plan.grid, partials, counters
+
+
+def launch(A, B, C, alpha=1.0, beta=0.0, stream=None, split=None):
+    """C = alpha * A @ B + beta * C; `split`: the K slices of a tile (by default split_for's)."""
+    (m, k), n = A.shape, C.shape[1]
+    device = mg.cuda.current_device() if mg.backend() == "cuda" else None
+    key = (mg.backend(), device, stream_key(stream), m, k, n, split)
+    if key not in _LAUNCHES:
+        _LAUNCHES[key] = _prepare(m, k, n, split, stream)
+    spec, grid, partials, counters = _LAUNCHES[key]
+    spec(A, B, C, alpha, beta, partials, counters, grid=grid, block=(TILES[-1],), stream=stream)
 
 
 if __name__ == "__main__":
