@@ -5,12 +5,15 @@ smallest grids of more than one block in each direction where it takes
 multiples of its tiles only) and on the GPU at 1024^3 and 4096^3; a kernel
 that takes multiples only rejects other sizes with a LaunchError naming
 them; and its PTX for sm_90a shows what the series is about: shared memory
-from kernel 3 on, 128-bit global loads from kernel 6 on."""
+from kernel 3 on, 128-bit global loads from kernel 6 on. Kernel 10 splits K
+where its tiles are too few to fill the GPU: that split, launched twice in
+a row, matches NumPy too, with beta = 0 and without."""
 import functools
 import os
 import re
 import sys
 
+import numpy as np
 import pytest
 from support.backends import cuda_only
 
@@ -86,6 +89,57 @@ def test_sizes_off_the_multiple_raise(backend, name):
         numbers = re.findall(r"\d+", str(raised.value))
         assert all(str(m) in numbers for m in module.MULTIPLE), \
             f"the LaunchError for {M}x{K}x{N} does not name the multiples {module.MULTIPLE}: {raised.value}"
+
+
+# Kernel 10 splits K where its tiles are too few to fill the GPU. On the CPU backend, which plans for 4
+# multiprocessors of two blocks each, 256 x 256 is 2 x 2 tiles: split in 2 by default, and K = 1024 gives
+# 64 steps of BK, enough for 3 and 4 slices (uneven and even) of at least 8 steps.
+SPLIT_SIZE = (256, 1024, 256)
+
+
+def check_split(module, M, K, N, split, beta):
+    """Two launches in a row, on one workspace, with other operands each time: a tile counter left
+    nonzero by the first would have the second launch complete its tiles wrongly, or not at all. With
+    beta = 0, C starts as NaNs, which would spread into the result if C were read."""
+    for seed in (0, 1):
+        A, B, C = common.operands(M, K, N, seed)
+        expected = common.reference(A, B, C, ALPHA, beta)
+        if beta == 0:
+            C = np.full_like(C, np.nan)
+        dC = mg.to_device(C)
+        module.launch(mg.to_device(A), mg.to_device(B), dC, ALPHA, beta, split=split)
+        error = common.relative_error(dC.get(), expected)
+        assert error < 1e-5, (f"{module.TITLE} at {M}x{K}x{N}, split={split}, beta={beta}, launch {seed + 1}: "
+                              f"relative error {error:.1e}")
+
+
+@cpu_only
+@pytest.mark.parametrize("beta", [0.0, BETA])
+@pytest.mark.parametrize("split", [None, 3, 4])
+def test_warptiling_split_k_matches_numpy_on_cpu(backend, split, beta):
+    module = common.load("k10_warptiling")
+    assert module.split_for(*SPLIT_SIZE) == 2, "the CPU backend's 4 multiprocessors no longer split this size"
+    check_split(module, *SPLIT_SIZE, split, beta)
+
+
+@cuda_only
+@pytest.mark.parametrize("beta", [0.0, BETA])
+def test_warptiling_split_k_matches_numpy_on_gpu(backend, beta):
+    # 1024^3 is 64 tiles: split in 4 on a GPU of 132 multiprocessors.
+    check_split(common.load("k10_warptiling"), 1024, 1024, 1024, 4, beta)
+
+
+def test_warptiling_splits_where_the_tiles_do_not_fill_the_gpu(monkeypatch):
+    # On 132 multiprocessors of two blocks each (a wave of 264 blocks): 1024^3's 64 tiles split in 4, 256
+    # blocks; 2048^3's 256 tiles and 4096^3's 1024 fill more than half the wave, and are not split. Where K
+    # is short, each slice keeps 8 steps of BK (K = 256: 16 steps, 2 slices).
+    module = common.load("k10_warptiling")
+    monkeypatch.setattr(module, "multiprocessors", lambda: 132)
+    assert [module.split_for(n, n, n) for n in (1024, 2048, 4096)] == [4, 1, 1]
+    assert module.split_for(1024, 256, 1024) == 2
+    for split in (0, 1024 // 16 + 1):
+        with pytest.raises(mg.LaunchError, match=f"split={split}"):
+            module.split_for(1024, 1024, 1024, split)
 
 
 def ptx_of(name):
