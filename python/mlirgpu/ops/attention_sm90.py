@@ -150,6 +150,14 @@ def _build(head_dim, causal):
             result.append(lang.select(hidden, minus_inf, scores[e]))
         return result
 
+    def pairwise(op, values):
+        """op folded over `values` as a balanced tree: the 32 scores of a row a thread
+        holds reduce in a chain of 5 dependent steps, not 31, each of which waits for
+        the result of the one before."""
+        while len(values) > 1:
+            values = [op(x, y) for x, y in zip(values[::2], values[1::2])] + values[len(values) // 2 * 2:]
+        return values[0]
+
     def softmax(scores, m, l, scale_log2):
         """The online softmax's step, row by row (each row on the 4 lanes of a quad:
         two shuffles give its maximum): P = exp2(S * scale_log2 - m_new) and the
@@ -158,21 +166,17 @@ def _build(head_dim, causal):
         minus_inf = lang.constant(float("-inf"), f32)
         p, m, l, alpha = list(scores), list(m), list(l), [None, None]
         for half in lang.static_range(2):
-            mine = [scores[e] for e in lang.static_range(BN // 2) if e // 2 % 2 == half]
-            top = mine[0]
-            for x in mine[1:]:
-                top = lang.math.max(top, x)
+            top = pairwise(lang.math.max, [scores[e] for e in lang.static_range(BN // 2) if e // 2 % 2 == half])
             top = lang.math.max(top, lang.warp.shfl_xor(top, 1))
             top = lang.math.max(top, lang.warp.shfl_xor(top, 2))
             new_m = lang.math.max(m[half], top * scale_log2)
             # A row that has seen only masked keys keeps -inf; subtracting 0 then gives exp2(-inf) = 0.
             shift = lang.select(new_m == minus_inf, lang.constant(0.0, f32), new_m)
             alpha[half] = lang.math.exp2_approx(m[half] - shift)
-            total = lang.constant(0.0, f32)
             for e in lang.static_range(BN // 2):
                 if e // 2 % 2 == half:
                     p[e] = lang.math.exp2_approx(scores[e] * scale_log2 - shift)
-                    total += p[e]
+            total = pairwise(lambda x, y: x + y, [p[e] for e in lang.static_range(BN // 2) if e // 2 % 2 == half])
             l[half] = l[half] * alpha[half] + total
             m[half] = new_m
         return p, m, l, alpha
