@@ -51,9 +51,13 @@ The kernel, for a head dimension D (64, 128 or 256):
 - Shared tiles (rows of D 16-bit elements) are swizzled so that cp.async's
   16-byte stores and ldmatrix's row reads have no bank conflicts.
 """
+import contextlib
 import functools
 import math
+import sys
 import threading
+
+import numpy as np
 
 from .. import language as lang
 from .._mlirgpu import LaunchError, bf16, current_device, f16, f32, i32, index
@@ -61,7 +65,7 @@ from ..layout import Swizzle, composition, row_major
 from ..runtime import backend
 from ..runtime.kernel import kernel
 from . import arrays, attention_sm90, attention_torch
-from .arrays import dtype_of, is_contiguous, new_like, placeholder, torch_stream
+from .arrays import dtype_of, is_contiguous, new_like, placeholder, stream_key, torch_stream
 
 __all__ = ["attention", "HEAD_DIMS"]
 
@@ -612,9 +616,10 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=No
 
     `num_splits` blocks share the keys of each (batch, head), their partial
     results merged by a second kernel: by default more than one only for a
-    few queries against many keys (decoding). A call's checks of q, k, v
-    and the options are kept for later calls of the same shapes, strides,
-    dtypes and options.
+    few queries against many keys (decoding). The partial results go to
+    float32 arrays kept between calls, a set per shape and stream; a call's
+    checks of q, k, v and the options are kept too, for later calls of the
+    same shapes, strides, dtypes and options.
 
     The arrays are torch tensors, CuPy or JAX arrays or DeviceArrays on the
     current backend (NumPy arrays on the CPU backend), each C-contiguous; the
@@ -710,10 +715,17 @@ class Plan:
             self.kernel(qt, kt, vt, ot, lset, *self.args, grid=self.grid, block=THREADS, shared_mem=self.shared,
                         stream=stream)
             return
-        parts, part_lse = (as_array(new_like(like, shape, f32), "workspace") for shape in self.partials)
-        self.kernel(qt, kt, vt, parts, part_lse, *self.args, grid=self.grid, block=THREADS, shared_mem=self.shared,
-                    stream=stream)
-        self.combine(parts, part_lse, ot, lset, grid=self.combine_grid, block=THREADS, stream=stream)
+        if stream is not None and sys.modules["torch"].cuda.is_current_stream_capturing():
+            # A CUDA graph keeps the addresses it is captured with, which a kept workspace could
+            # hand to another graph, or free: torch's new arrays instead, from the graph's own memory.
+            parts, part_lse = (as_array(new_like(like, shape, f32), "workspace") for shape in self.partials)
+            guard = contextlib.nullcontext()
+        else:
+            parts, part_lse, guard = workspace(self.partials, stream)
+        with guard:
+            self.kernel(qt, kt, vt, parts, part_lse, *self.args, grid=self.grid, block=THREADS,
+                        shared_mem=self.shared, stream=stream)
+            self.combine(parts, part_lse, ot, lset, grid=self.combine_grid, block=THREADS, stream=stream)
 
 
 # Keys of forward's kept Plans: a growing K/V cache gives every decoding step a key of its own,
@@ -757,3 +769,25 @@ def _option(value):
         items = tuple(_option(x) for x in value)
         return None if None in items else (kind, items)
     return None
+
+
+# (shapes, stream)s whose split workspace is kept.
+WORKSPACES_KEPT = 8
+
+
+def workspace(shapes, stream):
+    """The float32 partial outputs and log-sum-exps (`shapes`) of a split
+    forward on `stream`, and a lock its two launches hold while they use
+    them: kept per (shapes, backend, device, stream), since launches on one
+    stream run in order."""
+    where = backend.backend()
+    return _workspace_of(shapes, where, current_device() if where == "cuda" else None, stream_key(stream))
+
+
+@functools.lru_cache(maxsize=WORKSPACES_KEPT)
+def _workspace_of(shapes, where, device, stream):
+    # The lock: two threads' launches on one stream interleave, and another thread's split forward
+    # must not write the partial outputs between this one's two launches.
+    if where == "cpu":
+        return (*(np.empty(shape, np.float32) for shape in shapes), threading.Lock())
+    return (*(backend.empty(shape, f32) for shape in shapes), threading.Lock())
