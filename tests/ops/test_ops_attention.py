@@ -3,8 +3,9 @@ CPU backend against float64 NumPy at small, odd sizes (tails, causal with
 Lq < Lk, Lq == Lk and Lq > Lk, grouped-query and multi-query heads, head dims
 64 and 128, f16 and bf16, the log-sum-exp), decoding with a group's query
 heads packed into one block, its PTX through ptxas, each bad input's
-exception, and on a GPU against torch's SDPA (math backend, float32) or
-float32 NumPy at full sizes.
+exception, what a call keeps for the next (its checked plan, the split
+keys' workspace), and on a GPU against torch's SDPA (math backend, float32)
+or float32 NumPy at full sizes.
 
 Each (head dim, dtype, causal) is a kernel of its own, and compiling one for
 the CPU takes seconds: the CPU cases share four of them."""
@@ -394,6 +395,130 @@ def test_decoding_splits_the_keys_by_default():
     q, k, v = operands(1, 512, 4096, 8, 1, 128, "f16")
     problem = attention_module.Problem("attention", q, k, v, False, None, None, None, None, None, None)
     assert attention_module.splits_for(problem) == 1
+
+
+# ==========================================================================
+# What a call keeps for the next of its layout and options: the checked plan, and with split keys
+# the partial outputs' workspace of its stream; on the CPU backend, in the kernels the cases above
+# compiled (d 64, f16, query heads packed)
+
+@pytest.fixture
+def fresh():
+    """No plan or workspace kept from other tests."""
+    attention_module._PLANS.clear()
+    attention_module._workspace_of.cache_clear()
+    yield
+    attention_module._PLANS.clear()
+    attention_module._workspace_of.cache_clear()
+
+
+def decode(q, k, v, **options):
+    with current_backend("cpu"):
+        return mlirgpu.ops.attention(q, k, v, return_lse=True, **options)
+
+
+def assert_right(q, k, v, result, **options):
+    out, lse = result
+    expected, expected_lse = reference(q, k, v, **options)
+    np.testing.assert_allclose(out.astype(np.float64), expected, rtol=0, atol=TOLERANCE["f16"])
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def checked(monkeypatch):
+    """The arguments of each Problem attention makes: one a call that finds no plan kept."""
+    made = []
+
+    class Problem(attention_module.Problem):
+        def __init__(self, *args):
+            made.append(args)
+            super().__init__(*args)
+
+    monkeypatch.setattr(attention_module, "Problem", Problem)
+    return made
+
+
+def test_decoding_calls_in_a_row_each_give_their_own_result(fresh, checked):
+    # The second call checks nothing but takes the first's plan and workspace, with its own arrays.
+    first, second = (operands(2, 1, 700, 8, 1, 64, "f16", seed=seed) for seed in (1, 2))
+    results = [decode(*first, num_splits=3), decode(*second, num_splits=3)]
+    assert len(checked) == 1
+    info = attention_module._workspace_of.cache_info()
+    assert (info.currsize, info.hits) == (1, 1)
+    for arrays, result in zip((first, second), results):
+        assert_right(*arrays, result)
+
+
+def test_decoding_of_other_shapes_takes_other_workspaces(fresh):
+    # The merge reads the splits off its partial outputs' shape: one of another call's would mix them up.
+    q, k, v = operands(2, 1, 700, 8, 1, 64, "f16")
+    single = operands(1, 1, 700, 8, 1, 64, "f16", seed=3)
+    results = [decode(q, k, v, num_splits=5), decode(q, k, v, num_splits=3), decode(*single, num_splits=3),
+               decode(q, k, v, num_splits=5)]
+    info = attention_module._workspace_of.cache_info()
+    assert (info.currsize, info.hits) == (3, 1)
+    for arrays, result in zip(((q, k, v), (q, k, v), single, (q, k, v)), results):
+        assert_right(*arrays, result)
+
+
+def test_each_stream_keeps_a_workspace_of_its_own(fresh):
+    shapes = ((6, 8, 64), (48, 1))
+    with current_backend("cpu"):
+        kept = attention_module.workspace(shapes, None)
+        again = attention_module.workspace(shapes, 0)     # None and 0: both the legacy default stream
+        other = attention_module.workspace(shapes, 7)
+    parts, part_lse, _ = kept
+    assert parts.shape == shapes[0] and part_lse.shape == shapes[1]
+    assert parts.dtype == part_lse.dtype == np.float32
+    assert again is kept and other[0] is not parts and other[1] is not part_lse and other[2] is not kept[2]
+
+
+def test_a_bad_out_still_raises_after_a_good_call_of_its_shape(fresh):
+    q, k, v = operands(2, 1, 700, 8, 1, 64, "f16")
+    assert_right(q, k, v, decode(q, k, v, num_splits=3))
+    message = "attention's out is a C-contiguous f16 array of shape \\(2, 1, 8, 64\\)"
+    for out in (np.empty(q.shape, np.float32), np.empty((2, 1, 8, 32), np.float16),
+                np.empty((2, 1, 8, 128), np.float16)[..., ::2]):
+        bad(message, q, k, v, num_splits=3, out=out)
+    out = np.full(q.shape, np.nan, np.float16)
+    got = decode(q, k, v, num_splits=3, out=out)
+    assert got[0] is out
+    assert_right(q, k, v, got)
+
+
+def test_bad_options_and_arrays_still_raise_after_a_good_call(fresh):
+    # True == 1 (and hashes alike), yet num_splits and window take ints, not bools; a view of q's shape
+    # that is not contiguous.
+    q, k, v = operands(2, 1, 700, 8, 1, 64, "f16")
+    assert_right(q, k, v, decode(q, k, v, causal=True, num_splits=1), causal=True)
+    bad("num_splits is an int from 1 to 65535, not True", q, k, v, causal=True, num_splits=True, error=ValueError)
+    bad("attention's q must be C-contiguous", np.zeros((2, 1, 8, 128), np.float16)[..., ::2], k, v, causal=True,
+        num_splits=1)
+    assert_right(q, k, v, decode(q, k, v, window=(1, 0), num_splits=1), window=(1, 0))
+    bad("window is \\(left, right\\)", q, k, v, window=(True, 0), num_splits=1, error=ValueError)
+
+
+def test_the_oldest_plan_goes(fresh, checked, monkeypatch):
+    monkeypatch.setattr(attention_module, "PLANS_KEPT", 2)
+    q, k, v = operands(2, 1, 700, 8, 1, 64, "f16")
+    for splits in (2, 3, 4, 3, 4, 2):
+        assert_right(q, k, v, decode(q, k, v, num_splits=splits))
+    # 2, 3 and 4 checked, then 3 and 4 kept: 2, dropped for 4, is checked again.
+    assert len(checked) == 4
+
+
+@pytest.mark.gpu
+def test_decoding_calls_in_a_row_on_the_gpu():
+    # Launched back to back on one stream, the second's partial outputs in the first's workspace.
+    inputs = [operands(4, 1, 8192, 32, 4, 128, "bf16", seed=seed) for seed in (1, 2)]
+    with current_backend("cuda"):
+        arrays = [[mg.to_device(x) for x in three] for three in inputs]
+        results = [mlirgpu.ops.attention(*three, return_lse=True) for three in arrays]
+        got = [(out.get().astype(np.float64), lse.get()) for out, lse in results]
+    for three, (out, lse) in zip(inputs, got):
+        expected, expected_lse = grouped_reference(*three, False)
+        np.testing.assert_allclose(out, expected, rtol=0, atol=TOLERANCE["bf16"])
+        np.testing.assert_allclose(lse, expected_lse, rtol=1e-4, atol=1e-4)
 
 
 def test_bad_window():

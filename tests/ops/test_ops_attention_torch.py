@@ -1,7 +1,8 @@
 """mlirgpu.ops.attention on torch tensors is the custom op
 torch.ops.mlirgpu.attention: gradients through .backward() against torch
 SDPA's math backend, torch.compile(fullgraph=True) (no graph break),
-capture and replay in a CUDA graph, and inference calls, which skip the op.
+capture and replay in a CUDA graph (decoding's too), decoding on two
+streams at once, and inference calls, which skip the op.
 Needs torch and a GPU; without torch, mlirgpu.ops imports and registers
 nothing, and it registers every op as soon as torch is imported, in either
 order (checked with a stand-in for torch)."""
@@ -141,6 +142,57 @@ def test_cuda_graph_capture_and_replay():
         graph.replay()
         torch.cuda.synchronize()
     compare(out, sdpa(q.float(), k.float(), v.float(), False), "replayed output")
+
+
+def decoding_inputs(torch):
+    """q (4, 1, 32, 128) and k, v (4, 8192, 4, 128), bf16: a decoding call, its keys split."""
+    return [torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+            for shape in ((4, 1, 32, 128), (4, 8192, 4, 128), (4, 8192, 4, 128))]
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay_of_decoding():
+    # The split keys' partial outputs of the captured call are the graph's own, apart from those
+    # an eager call of the same shape keeps.
+    torch = torch_module()
+    with current_backend("cuda"):
+        torch.manual_seed(0)
+        q, k, v = decoding_inputs(torch)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):    # warm-up: compiles the kernels outside the capture
+            mlirgpu.ops.attention(q, k, v)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = mlirgpu.ops.attention(q, k, v)
+        for x in (q, k, v):
+            x.copy_(torch.randn_like(x))
+        graph.replay()
+        eager = mlirgpu.ops.attention(q, k, v)
+        graph.replay()
+        torch.cuda.synchronize()
+    expected = sdpa(q.float(), k.float(), v.float(), False)
+    compare(out, expected, "replayed output")
+    compare(eager, expected, "eager output")
+
+
+@pytest.mark.gpu
+def test_decoding_on_two_streams_at_once():
+    # Each stream keeps its own partial outputs: the two calls' kernels may run at once.
+    torch = torch_module()
+    with current_backend("cuda"):
+        torch.manual_seed(0)
+        inputs = [decoding_inputs(torch) for _ in range(2)]
+        streams = [torch.cuda.Stream() for _ in inputs]
+        outs = []
+        for stream, (q, k, v) in zip(streams, inputs):
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                outs.append(mlirgpu.ops.attention(q, k, v))
+        torch.cuda.synchronize()
+    for out, (q, k, v) in zip(outs, inputs):
+        compare(out, sdpa(q.float(), k.float(), v.float(), False), "output")
 
 
 @pytest.mark.gpu

@@ -51,15 +51,21 @@ The kernel, for a head dimension D (64, 128 or 256):
 - Shared tiles (rows of D 16-bit elements) are swizzled so that cp.async's
   16-byte stores and ldmatrix's row reads have no bank conflicts.
 """
+import contextlib
 import functools
 import math
+import sys
+import threading
+
+import numpy as np
 
 from .. import language as lang
-from .._mlirgpu import LaunchError, bf16, f16, f32, i32, index
+from .._mlirgpu import LaunchError, bf16, current_device, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
+from ..runtime import backend
 from ..runtime.kernel import kernel
 from . import arrays, attention_sm90, attention_torch
-from .arrays import dtype_of, is_contiguous, new_like, placeholder, torch_stream
+from .arrays import dtype_of, is_contiguous, new_like, placeholder, stream_key, torch_stream
 
 __all__ = ["attention", "HEAD_DIMS"]
 
@@ -537,7 +543,8 @@ class Problem:
         """(B, Hq, Lq), or (Hq, tokens) for packed sequences."""
         return (self.hq, self.tokens_q) if self.varlen else (self.batch, self.hq, self.lq)
 
-    def check_output(self, what, name, array, shape, dtype):
+    @staticmethod
+    def check_output(what, name, array, shape, dtype):
         """`array` (given by the caller) as a kernel's array of `shape` and `dtype`."""
         target = as_array(array, name)
         if tuple(target.shape) != shape or dtype_of(target) != dtype or not is_contiguous(target):
@@ -609,7 +616,10 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=No
 
     `num_splits` blocks share the keys of each (batch, head), their partial
     results merged by a second kernel: by default more than one only for a
-    few queries against many keys (decoding).
+    few queries against many keys (decoding). The partial results go to
+    float32 arrays kept between calls, a set per shape and stream; a call's
+    checks of q, k, v and the options are kept too, for later calls of the
+    same shapes, strides, dtypes and options.
 
     The arrays are torch tensors, CuPy or JAX arrays or DeviceArrays on the
     current backend (NumPy arrays on the CPU backend), each C-contiguous; the
@@ -634,38 +644,150 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=No
 
 def forward(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None, cu_seqlens_k=None,
             max_seqlen_q=None, max_seqlen_k=None, num_splits=None, out=None, return_lse=False):
-    """attention's kernels launched on the arrays as they are (no torch op)."""
-    p = Problem("attention", q, k, v, causal, scale, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                max_seqlen_k)
-    splits = splits_for(p) if num_splits is None else num_splits
-    if not isinstance(splits, int) or isinstance(splits, bool) or not 1 <= splits <= 65535:
-        raise ValueError(f"attention's num_splits is an int from 1 to 65535, not {num_splits!r}")
-    if splits > 1 and p.varlen:
-        raise ValueError("attention splits the keys of equal-length sequences only: num_splits is 1 with "
-                         "cu_seqlens")
+    """attention's kernels launched on the arrays as they are (no torch op).
+    Without packed sequences, the checks of q, k, v and the options, and
+    what follows from them (the Plan), are done once per key (_plan_key)
+    and kept: a call whose key is known checks only its `out`."""
+    key = plan = None
+    if cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None:
+        views = [as_array(x, name) for name, x in (("q", q), ("k", k), ("v", v))]
+        key = _plan_key(views, causal, scale, window, num_splits)
+        plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        p = Problem("attention", q, k, v, causal, scale, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                    max_seqlen_k)
+        plan, views = Plan(p, window, num_splits), (p.q, p.k, p.v)
+        if key is not None:
+            _keep(key, plan)
     if out is None:
-        out = new_like(q, p.q.shape, p.dtype)
-    target = p.check_output("attention", "out", out, tuple(p.q.shape), p.dtype)
-    lse = new_like(q, p.lse_shape(), f32)
-    if p.tokens_q * p.hq:
-        packed = packs_heads(p)
-        grid = grid_for(p, packed, splits)
-        qt, kt, vt = p.tokens(p.q, p.tokens_q), p.tokens(p.k, p.tokens_k), p.tokens(p.v, p.tokens_k)
-        ot, lset = p.tokens(target, p.tokens_q), p.stats(as_array(lse, "lse"))
-        if (splits == 1 and not packed and not p.varlen and window is None
-                and attention_sm90.supported(p.q, p.k, p.v, p.d)):
-            attention_sm90.forward(p.q, p.k, p.v, target, as_array(lse, "lse"), causal, p.scale * LOG2E,
-                                   stream=p.stream)
-        elif splits == 1:
-            kernel_for(p.d, p.banded, p.varlen, False, packed)(
-                qt, kt, vt, ot, lset, *p.launch_args(), grid=grid, block=THREADS, shared_mem=shared_bytes(p.d),
-                stream=p.stream)
-        else:
-            parts = as_array(new_like(q, (splits * p.tokens_q, p.hq, p.d), f32), "parts")
-            part_lse = as_array(new_like(q, (splits * lset.shape[0], lset.shape[1]), f32), "part_lse")
-            kernel_for(p.d, p.banded, p.varlen, True, packed)(
-                qt, kt, vt, parts, part_lse, *p.launch_args(), grid=grid, block=THREADS,
-                shared_mem=shared_bytes(p.d), stream=p.stream)
-            combine_kernel_for(p.d)(parts, part_lse, ot, lset, grid=((p.tokens_q * p.hq + WARPS - 1) // WARPS,),
-                                    block=THREADS, stream=p.stream)
+        out = new_like(q, plan.shape, plan.dtype)
+        target = as_array(out, "out")
+    else:
+        target = Problem.check_output("attention", "out", out, plan.shape, plan.dtype)
+    lse = new_like(q, plan.lse_shape, f32)
+    plan.launch(*views, target, as_array(lse, "lse"), causal, torch_stream(q), q)
     return (out, lse) if return_lse else out
+
+
+class Plan:
+    """What forward launches for a Problem and `num_splits`, checked: the
+    output's and the log-sum-exp's shapes, the views and grids of the
+    kernels, and their scalar arguments. It holds no array of the call's
+    but the offsets of packed sequences, whose plans are not kept."""
+
+    __slots__ = ("shape", "dtype", "lse_shape", "d", "rows", "q_tokens", "kv_tokens", "lse_rows", "sm90",
+                 "scale_log2", "args", "splits", "kernel", "grid", "shared", "combine", "combine_grid",
+                 "partials")
+
+    def __init__(self, p, window, num_splits):
+        splits = splits_for(p) if num_splits is None else num_splits
+        if not isinstance(splits, int) or isinstance(splits, bool) or not 1 <= splits <= 65535:
+            raise ValueError(f"attention's num_splits is an int from 1 to 65535, not {num_splits!r}")
+        if splits > 1 and p.varlen:
+            raise ValueError("attention splits the keys of equal-length sequences only: num_splits is 1 with "
+                             "cu_seqlens")
+        packed = packs_heads(p)
+        self.shape, self.dtype, self.lse_shape, self.d = tuple(p.q.shape), p.dtype, p.lse_shape(), p.d
+        self.rows = p.tokens_q * p.hq
+        self.q_tokens, self.kv_tokens = (p.tokens_q, p.hq, p.d), (p.tokens_k, p.hk, p.d)
+        self.lse_rows = self.lse_shape if p.varlen else (p.batch * p.hq, p.lq)
+        # The sm_90a kernel where the arrays allow it: supported() reads their addresses, so each launch asks.
+        self.sm90 = splits == 1 and not packed and not p.varlen and window is None
+        self.scale_log2, self.args, self.splits = p.scale * LOG2E, p.launch_args(), splits
+        self.kernel = kernel_for(p.d, p.banded, p.varlen, splits > 1, packed)
+        self.grid, self.shared = grid_for(p, packed, splits), shared_bytes(p.d)
+        self.combine = combine_kernel_for(p.d) if splits > 1 else None
+        self.combine_grid = ((self.rows + WARPS - 1) // WARPS,)
+        self.partials = ((splits * p.tokens_q, p.hq, p.d), (splits * self.lse_rows[0], self.lse_rows[1]))
+
+    def launch(self, q, k, v, out, lse, causal, stream, like):
+        """The kernels on q, k, v, out and lse as they take them (as_array's
+        views), on `stream`: torch_stream of `like`, the caller's q (None
+        unless it is a CUDA tensor)."""
+        if not self.rows:
+            return
+        if self.sm90 and attention_sm90.supported(q, k, v, self.d):
+            attention_sm90.forward(q, k, v, out, lse, causal, self.scale_log2, stream=stream)
+            return
+        qt, kt, vt = q.reshape(self.q_tokens), k.reshape(self.kv_tokens), v.reshape(self.kv_tokens)
+        ot, lset = out.reshape(self.q_tokens), lse.reshape(self.lse_rows)
+        if self.splits == 1:
+            self.kernel(qt, kt, vt, ot, lset, *self.args, grid=self.grid, block=THREADS, shared_mem=self.shared,
+                        stream=stream)
+            return
+        if stream is not None and sys.modules["torch"].cuda.is_current_stream_capturing():
+            # A CUDA graph keeps the addresses it is captured with, which a kept workspace could
+            # hand to another graph, or free: torch's new arrays instead, from the graph's own memory.
+            parts, part_lse = (as_array(new_like(like, shape, f32), "workspace") for shape in self.partials)
+            guard = contextlib.nullcontext()
+        else:
+            parts, part_lse, guard = workspace(self.partials, stream)
+        with guard:
+            self.kernel(qt, kt, vt, parts, part_lse, *self.args, grid=self.grid, block=THREADS,
+                        shared_mem=self.shared, stream=stream)
+            self.combine(parts, part_lse, ot, lset, grid=self.combine_grid, block=THREADS, stream=stream)
+
+
+# Keys of forward's kept Plans: a growing K/V cache gives every decoding step a key of its own,
+# so the oldest goes once there are this many.
+PLANS_KEPT = 64
+_PLANS = {}
+_PLANS_LOCK = threading.Lock()
+
+
+def _keep(key, plan):
+    with _PLANS_LOCK:    # one thread at a time drops the oldest key: two would drop one twice
+        if len(_PLANS) >= PLANS_KEPT:
+            del _PLANS[next(iter(_PLANS))]
+        _PLANS[key] = plan
+
+
+def _plan_key(views, causal, scale, window, num_splits):
+    """What a Plan is a function of: the type, shape, strides and dtype of
+    the views of q, k and v (not their addresses), the options (_option), the
+    backend and its device (a Plan holds the device's placeholder arrays);
+    None where an option has no key (such calls are checked each time)."""
+    options = _option(causal), _option(scale), _option(window), _option(num_splits)
+    if None in options:
+        return None
+    (q, k, v), where = views, backend.backend()
+    return (type(q), q.shape, q.strides, q.dtype, type(k), k.shape, k.strides, k.dtype, type(v), v.shape,
+            v.strides, v.dtype, options, where, current_device() if where == "cuda" else None)
+
+
+def _option(value):
+    """A key equal only for values the checks and kernels take alike: with
+    their type (True and 1 differ to the checks) and floats by their bits
+    (a kernel is passed the very float a call gave); None for other kinds
+    of value."""
+    kind = type(value)
+    if kind is float:
+        return kind, value.hex()
+    if value is None or kind is bool or kind is int:
+        return kind, value
+    if kind is tuple or kind is list:
+        items = tuple(_option(x) for x in value)
+        return None if None in items else (kind, items)
+    return None
+
+
+# (shapes, stream)s whose split workspace is kept.
+WORKSPACES_KEPT = 8
+
+
+def workspace(shapes, stream):
+    """The float32 partial outputs and log-sum-exps (`shapes`) of a split
+    forward on `stream`, and a lock its two launches hold while they use
+    them: kept per (shapes, backend, device, stream), since launches on one
+    stream run in order."""
+    where = backend.backend()
+    return _workspace_of(shapes, where, current_device() if where == "cuda" else None, stream_key(stream))
+
+
+@functools.lru_cache(maxsize=WORKSPACES_KEPT)
+def _workspace_of(shapes, where, device, stream):
+    # The lock: two threads' launches on one stream interleave, and another thread's split forward
+    # must not write the partial outputs between this one's two launches.
+    if where == "cpu":
+        return (*(np.empty(shape, np.float32) for shape in shapes), threading.Lock())
+    return (*(backend.empty(shape, f32) for shape in shapes), threading.Lock())
