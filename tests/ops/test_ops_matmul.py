@@ -55,9 +55,13 @@ H200 = ("sm_90a", 132)
     (777, 520, 1000, "mma.sync", "data_parallel"),
     (128, 8192, 8192, "wgmma", None),         # 64 tiles of 128 x 128, K too short to split
     (17, 8192, 8192, "wgmma", None),
-    (64, 14336, 4096, "wgmma", "split_k"),    # 32 tiles: 4 slices of K
+    (64, 14336, 4096, "wgmma", "split_k"),    # 64 tiles of 128 x 64: 2 slices of K
     (256, 14336, 4096, "wgmma", "split_k"),   # 64 tiles: 2 slices
-    (16, 8192, 8192, "mma.sync", "split_k"),
+    (16, 8192, 8192, "wgmma", None),          # up to 16 rows, a B of 8192 x 4096 elements or more
+    (1, 14336, 4096, "wgmma", "split_k"),
+    (16, 4096, 4096, "mma.sync", "split_k"),   # a smaller B
+    (32, 4096, 4096, "wgmma", None),          # under 1024^3, but it reads B as 64 rows would
+    (32, 2048, 2048, "mma.sync", "data_parallel"),
     (128, 8192, 8196, "mma.sync", "data_parallel"),   # no TMA: 64 x 128 tiles, a block each
     (1, 4096, 4096, "mma.sync", "split_k"),
     (4096, 4100, 4096, "mma.sync", "hybrid"),  # rows of 4100 halves are not 16-byte multiples: no TMA
@@ -69,12 +73,12 @@ def test_the_choice_on_an_h200(m, k, n, kernel, mode):
 
 
 def test_skinny_products_split_k_so_that_every_multiprocessor_reads_b():
-    choice = gemm.choose(16, 8192, 8192, *H200)
+    choice = gemm.choose(16, 6144, 4096, *H200)      # a B under 8192 x 4096 elements
     assert choice.config is gemm.SKINNY
-    tiles = 8192 // choice.config.bn
-    # A slice of B per multiprocessor: 64 tiles x 2, 32 tiles x 4.
-    assert (choice.split, choice.units) == (2, tiles * 2)
-    assert gemm.choose(1, 14336, 4096, *H200).split == 132 // 32
+    tiles = 4096 // choice.config.bn
+    # A slice of B per multiprocessor: 32 tiles x 4.
+    assert (choice.split, choice.units) == (4, tiles * 4)
+    assert gemm.choose(16, 8192, 4096, "sm_80", 108).split == 108 // 32
     assert gemm.choose(64, 8192, 8192, "sm_80", 108).config is gemm.SHORT
     assert gemm.choose(200, 8192, 8192, "sm_80", 108).config is gemm.SQUARE
     # On sm_90a, past 16 rows, where TMA cannot address the rows: 64 x 128 tiles, a block each.
@@ -91,31 +95,32 @@ def test_on_sm_90a_17_to_256_rows_take_128_by_64_tiles_where_they_make_one_wave(
     for m, k, n in [(128, 4096, 4096), (65, 8192, 8192), (256, 4096, 4096)]:
         choice = gemm.choose(m, k, n, *H200)
         assert (choice.config, choice.split) == (gemm.NARROW, None), (m, k, n)
-    for m, k, n in [(64, 4096, 4096), (17, 8192, 8192)]:
+    for m, k, n in [(64, 4096, 4096), (17, 8192, 8192), (1, 8192, 8192)]:
         choice = gemm.choose(m, k, n, *H200)
         assert (choice.config.bn, choice.config.stages, choice.split) == (64, 8, None), (m, k, n)
     assert (gemm.NARROW.bm, gemm.NARROW.bn, gemm.NARROW.epilogue) == (128, 64, "registers")
     # 128 tiles of 128 x 64 and a long K: 2 slices.
     choice = gemm.choose(128, 14336, 4096, *H200)
     assert (choice.config.bn, choice.config.split, choice.mode) == (64, 2, "split_k")
-    assert gemm.choose(64, 14336, 4096, *H200).config.schedule == "pingpong"  # to 64 rows, a long K: ping-pong
     assert gemm.choose(256, 8192, 8192, *H200).config is gemm.PINGPONG     # 256 tiles of 128 x 64
     assert gemm.choose(256, 14336, 4096, *H200).config.bn == 128           # 129 rows on, K long: ping-pong
 
 
-def test_on_sm_90a_products_of_at_most_64_rows_load_64_rows_of_a():
-    for m, k, n in [(64, 4096, 4096), (17, 8192, 8192), (64, 14336, 4096)]:
+def test_on_sm_90a_products_of_at_most_64_rows_load_their_rows_of_a_only():
+    for m, k, n, rows in [(64, 4096, 4096, 64), (17, 8192, 8192, 24), (64, 14336, 4096, 64), (1, 8192, 8192, 8),
+                          (16, 14336, 4096, 16), (40, 4096, 4096, 40)]:
         config = gemm.choose(m, k, n, *H200).config
-        assert config.a_rows == 64 and config.bm == 128, (m, k, n)
+        assert config.a_rows == rows and config.bm == 128, (m, k, n)
     assert gemm.choose(65, 8192, 8192, *H200).config.a_rows == 128
 
 
 def test_on_sm_90a_half_idle_multiprocessors_and_a_long_k_take_split_k():
     choice = gemm.choose(64, 14336, 4096, *H200)
     config = choice.config
-    assert (config.schedule, config.bn, config.split, choice.split) == ("pingpong", 128, 4, 4)
+    assert (config.bn, config.split, choice.split) == (64, 2, 2)     # 64 tiles of 128 x 64
     assert config.epilogue == "registers"    # a slice's rows of partial sums end where the next one's begin
-    assert gemm.choose(256, 14336, 4096, *H200).split == 2                # 64 tiles
+    choice = gemm.choose(256, 14336, 4096, *H200)
+    assert (choice.config.schedule, choice.split) == ("pingpong", 2)  # 64 tiles of 128 x 128
     assert gemm.choose(512, 14336, 4096, *H200).config is gemm.PINGPONG   # 128 tiles
 
 
@@ -182,13 +187,18 @@ def test_matmul_on_the_cpu(device, chip, multiprocessors, m, k, n, dtype, kernel
     np.testing.assert_array_equal(out, c)
 
 
-def test_the_hopper_split_k_on_the_cpu(device, monkeypatch):
+@pytest.mark.parametrize("m, schedule", [
+    (20, "cooperative"),    # 3 tiles of 128 x 64, A's 24 rows a step: 2 slices
+    (200, "pingpong"),      # 4 tiles of 128 x 128: 2 slices
+])
+def test_the_hopper_split_k_on_the_cpu(device, monkeypatch, m, schedule):
     device("sm_90a", 8)
     monkeypatch.setattr(gemm, "WGMMA_SPLIT_MIN_K", 4096)    # a K the CPU multiplies in seconds
-    a, b = operands(20, 4104, 136, "bf16")     # 2 tiles of 128 x 128: 4 slices, K's last step part-filled
+    a, b = operands(m, 4104, 136, "bf16")     # K's last step part-filled
     c = mlirgpu.ops.matmul(a, b)
     (call,) = gemm._CALLS.values()
-    assert (call.choice.kernel, call.choice.mode, call.choice.split) == ("wgmma", "split_k", 4)
+    assert (call.choice.kernel, call.choice.mode, call.choice.split) == ("wgmma", "split_k", 2)
+    assert call.choice.config.schedule == schedule
     assert relative_error(c, a, b) < TOLERANCE["bf16"]
 
 

@@ -3,19 +3,21 @@ mlirgpu's tensor-core GEMMs from the shape and the GPU, once per (shape,
 dtype, device), and launches it.
 
 - "wgmma": the persistent, warp-specialized Hopper GEMM (hopper_gemm.py:
-  TMA, wgmma) on sm_90a, past 16 rows and from M * N * K = 1024^3 (below
-  it the host's time dominates, and the mma.sync launch costs less), where
-  the rows of A, B and C are whole multiples of 16 bytes (K and N multiples
-  of 8): 128 x 256 tiles where they fill every multiprocessor at least
-  once, else 128 x 128 tiles, two warpgroups taking turns (ping-pong),
-  which give twice the tiles and overlap one tile's epilogue with the next
-  one's products; where K is short (under 12288), from 17 to 128 rows, and
-  to 256 where they make one wave, 128 x 64 tiles instead, 8 stages deep,
-  which double the blocks streaming B (with a long K, from 65 to 128 rows);
-  where the tiles leave half the multiprocessors idle and K is long (from
-  12288), split-K: 2 to 4 slices of K as work units, their float32 partial
-  products summed by a second kernel. Up to 64 rows, each step loads A's 64
-  rows only (a_rows=64), not a 128-row box that reaches past them.
+  TMA, wgmma) on sm_90a, where the rows of A, B and C are whole multiples
+  of 16 bytes (K and N multiples of 8): past 16 rows from M * N * K =
+  1024^3, fewer than 64 rows counting as 64 (below it the host's time
+  dominates, and the mma.sync launch costs less), and up to 16 rows where
+  B holds at least 8192 x 4096 elements: 128 x 256 tiles where they fill
+  every multiprocessor at least once, else 128 x 128 tiles, two
+  warpgroups taking turns (ping-pong), which give twice the tiles and
+  overlap one tile's epilogue with the next one's products; up to 128
+  rows, and to 256 where they make one wave and K is short (under 12288),
+  128 x 64 tiles instead, 8 stages deep, which double the blocks streaming
+  B; where the tiles leave half the multiprocessors idle and K is long
+  (from 12288), split-K: 2 to 4 slices of K as work units, their float32
+  partial products summed by a second kernel. Up to 64 rows, each step
+  loads A's rows only (rounded up to a multiple of 8: a_rows), not a
+  128-row box that reaches past them.
 - "mma.sync": the Ampere-style GEMM (ampere_gemm.py: cp.async, ldmatrix,
   mma.sync) fed by an mg.TileScheduler, everywhere else:
   - on sm_90a, from 17 to 1024 rows (smaller products, or rows TMA cannot address):
@@ -48,19 +50,24 @@ __all__ = ["matmul", "choose", "register_torch", "Choice", "SMALL_M"]
 SMALL_M = 256                     # rows up to which a product is "skinny": split-K over B
 SHORT_DATA_PARALLEL_M = 1024      # on sm_90a, rows up to which mma.sync runs 64 x 128 tiles, data-parallel
 HOST_BOUND_PRODUCT = 1024 ** 3   # M * N * K under which a product's time is the host's: mma.sync costs less
+# N * K from which products of at most 16 rows run the Hopper GEMM on sm_90a (below it, the mma.sync
+# split-K): in timings on an H200 (1 and 16 rows, each kernel forced through ops.matmul beside
+# torch.matmul) it ran faster at N * K of 8192^2 and 4096 x 14336, and slower at 4096^2; this is
+# the size between them.
+SKINNY_WGMMA_NK = 8192 * 4096
 CPU_MULTIPROCESSORS = 4           # what the CPU backend plans for: splits and streams on a small grid
 MIN_STEPS_PER_SLICE = 4           # a split-K slice fills the cp.async pipeline (3 steps ahead) at least once
 
 WGMMA = hopper_gemm.CONFIGS[0]    # 128 x 256 tiles, 4 stages, TMA-store epilogue
 PINGPONG = hopper_gemm.CONFIGS[1]  # 128 x 128 tiles, 6 stages, ping-pong, TMA-store epilogue
-# 128 x 64 tiles, 8 stages, the register epilogue: for 17 to 256 rows, where even 128 x 128 tiles
+# 128 x 64 tiles, 8 stages, the register epilogue: for 1 to 256 rows, where even 128 x 128 tiles
 # leave multiprocessors idle, twice the tiles, each streaming its columns of B through a deeper ring
 # (on an H200, benchmarks/matmul_sweep.py: 128 x 8192^2 and 256 x 4096^2 at 0.93 and 0.87 of
-# cuBLAS, where ping-pong gave 0.83 and 0.70; with A's 64 rows a step, 64 x 4096^2 and 64 x 8192^2
-# also ran faster on them than on ping-pong's). From 129 rows only where the tiles make one wave and K is
-# not split; to 64 rows only where K is not split (there ping-pong's split-K ran the long K).
+# cuBLAS, where ping-pong gave 0.83 and 0.70; with A's rows only a step, up to 64 rows, they also ran
+# faster than ping-pong's tiles in timings that forced each through ops.matmul, split-K included).
+# From 129 rows only where the tiles make one wave and K is not split.
 NARROW = hopper_gemm.Config(64, 64, 8)
-NARROW_ROWS = (17, 256)
+NARROW_ROWS = (1, 256)
 WORKSPACES_KEPT = 8               # streams an mma.sync launch keeps a workspace for
 MAX_WGMMA_SPLIT = 4               # slices of K of the Hopper GEMM's split-K
 # The K from which the Hopper GEMM splits K: on an H200 it paid at K = 14336 (64-256 rows, N = 4096:
@@ -86,7 +93,7 @@ def _wgmma_choice(m, k, n, multiprocessors):
     if _ceil_div(m, WGMMA.bm) * _ceil_div(n, WGMMA.bn) >= multiprocessors:
         return Choice("wgmma", WGMMA, None, None, multiprocessors)
     narrow = _ceil_div(m, NARROW.bm) * _ceil_div(n, NARROW.bn)
-    split_k = 64 < m <= NARROW.bm and k >= WGMMA_SPLIT_MIN_K    # the 128 x 64 tiles' split-K
+    split_k = m <= NARROW.bm and k >= WGMMA_SPLIT_MIN_K    # the 128 x 64 tiles' split-K
     if NARROW_ROWS[0] <= m <= NARROW_ROWS[1] and narrow <= multiprocessors and (k < WGMMA_SPLIT_MIN_K or split_k):
         split = min(multiprocessors // narrow, MAX_WGMMA_SPLIT) if k >= WGMMA_SPLIT_MIN_K else 1
         if split > 1:
@@ -100,15 +107,25 @@ def _wgmma_choice(m, k, n, multiprocessors):
     return Choice("wgmma", PINGPONG, None, None, multiprocessors)
 
 
+def _wgmma_takes(m, k, n):
+    """Whether the Hopper GEMM runs an (m x k) @ (k x n) product on sm_90a
+    (where TMA can address its rows): up to 16 rows, for a B of at least
+    SKINNY_WGMMA_NK elements; else unless its time is the host's. Up to 64
+    rows, a product reads B once whatever its rows: it counts as 64."""
+    if m <= SKINNY.bm:
+        return n * k >= SKINNY_WGMMA_NK
+    return max(m, 64) * n * k >= HOST_BOUND_PRODUCT
+
+
 def choose(m, k, n, chip, multiprocessors):
     """The kernel ops.matmul runs for an (m x k) @ (k x n) product on a GPU
     `chip` ("sm_90a", "sm_80", ...) of `multiprocessors` SMs (see the
     module's text for the rule)."""
-    if chip == "sm_90a" and k % 8 == 0 and n % 8 == 0 and m > SKINNY.bm and m * n * k >= HOST_BOUND_PRODUCT:
+    if chip == "sm_90a" and k % 8 == 0 and n % 8 == 0 and _wgmma_takes(m, k, n):
         choice = _wgmma_choice(m, k, n, multiprocessors)
         if m <= 64:
-            # Each step loads A's 64 rows only, not a box reaching past them.
-            choice = choice._replace(config=choice.config.replace(a_rows=64))
+            # Each step loads A's rows only (to a multiple of 8), not a box reaching past them.
+            choice = choice._replace(config=choice.config.replace(a_rows=max(8, _ceil_div(m, 8) * 8)))
         return choice
     if chip == "sm_90a" and SKINNY.bm < m <= SHORT_DATA_PARALLEL_M:
         # On an H200, from 128 to 512 rows, 64 x 128 tiles, a block each, beat split-K and stream-K

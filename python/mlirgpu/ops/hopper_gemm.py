@@ -129,10 +129,11 @@ class Config:
     split: K cut into that many slices, each a work unit of its own, whose
     float32 partial products a second kernel adds up (split-K: for products
     with fewer tiles than multiprocessors and a long K); a_rows: the rows of
-    A's tile each step loads, BM or 64, for products of at most 64 rows (the
-    other rows' accumulators are never stored: on an H200 a product of 64
-    rows, its 128-row boxes reading zeros past A's rows, ran slower than one
-    of 128 rows).
+    A's tile each step loads, BM or a multiple of 8 up to 64, for products
+    of at most that many rows (the other rows of the stage keep what they
+    held, and their accumulators are never stored: on an H200 a product of
+    64 rows, its 128-row boxes reading zeros past A's rows, ran slower than
+    one of 128 rows).
     BK is 64 for 2-byte inputs and 128 for 8-bit ones (`for_dtype`)."""
 
     def __init__(self, bn=256, bk=64, stages=4, b_major="MN", epilogue="registers", multicast=None,
@@ -164,9 +165,10 @@ class Config:
             # A slice's rows of the partial products end where the next slice's begin: TMA's
             # stores would clip at the partials' end only; and a cluster's blocks share K.
             raise ValueError("split-K takes the register epilogue and no multicast")
-        if a_rows not in (64, 64 * CONSUMERS) or (a_rows != 64 * CONSUMERS and multicast == "A"):
-            raise ValueError(f"a_rows is {64 * CONSUMERS} (BM) or 64 (the first consumer warpgroup's rows only, "
-                             f"without multicast='A'), not {a_rows!r}")
+        few = isinstance(a_rows, int) and not isinstance(a_rows, bool) and 8 <= a_rows <= 64 and a_rows % 8 == 0
+        if not (few or a_rows == 64 * CONSUMERS) or (a_rows != 64 * CONSUMERS and multicast == "A"):
+            raise ValueError(f"a_rows is {64 * CONSUMERS} (BM) or a multiple of 8 up to 64 (rows of the first "
+                             f"consumer warpgroup's only, without multicast='A'), not {a_rows!r}")
         self.bm, self.bn, self.bk, self.stages, self.b_major = 64 * CONSUMERS, bn, bk, stages, b_major
         self.epilogue, self.multicast, self.schedule, self.split = epilogue, multicast, schedule, split
         self.a_rows = a_rows
