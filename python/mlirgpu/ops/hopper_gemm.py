@@ -268,6 +268,10 @@ def build(config, dtype, grouped=False):
     PINGPONG = config.schedule == "pingpong"
     SPLIT = config.split
     HALVES = 2 if PINGPONG else 1  # 64-row halves of the tile a consumer warpgroup multiplies
+    # With at most 64 rows of A a step, the cooperative tile's second 64 rows lie past A's: their
+    # warpgroup would only multiply what is never stored, on the tensor cores the first one needs.
+    # It sits the tiles out, and each stage is read by the first warpgroup alone.
+    ALONE = not PINGPONG and config.a_rows <= 64
     CM, CN = config.cluster
     CLUSTER = CM * CN
     B_COLUMNS = config.b_columns
@@ -331,8 +335,8 @@ def build(config, dtype, grouped=False):
             for s in lang.static_range(STAGES):
                 full.init(s, 1)
                 # One arrival per consumer warp that reads the stage (one warpgroup's
-                # in ping-pong), in every block whose consumers read it.
-                empty.init(s, 4 * (1 if PINGPONG else CONSUMERS) * CLUSTER)
+                # in ping-pong and ALONE), in every block whose consumers read it.
+                empty.init(s, 4 * (1 if PINGPONG or ALONE else CONSUMERS) * CLUSTER)
             lang.mbarrier.fence_init()
         if CLUSTER > 1:
             lang.warpgroup.cluster_sync()  # the other block's barriers are ready before anything reaches them
@@ -395,8 +399,12 @@ def build(config, dtype, grouped=False):
                 step, half = 2 * clusters, 0
                 it = w * steps
             else:
-                # Each warpgroup its 64 rows of every tile.
+                # Each warpgroup its 64 rows of every tile (ALONE: the first warpgroup only; its
+                # index read from lane 0, as above, for the tile loop that depends on it).
                 first_unit, step, half = lang.block_idx.x // CLUSTER, clusters, w * 64
+                if ALONE:
+                    w = lang.warp.shfl_idx(w, 0)
+                    first_unit = lang.select(w == 0, first_unit, units)
                 it = lang.constant(0, i32)
             half_at = lang.cast(half, index) * BK
             if TMA_EPILOGUE:
