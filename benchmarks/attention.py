@@ -3,9 +3,10 @@ and mlirgpu.ops.attention_backward against torch's
 scaled_dot_product_attention with its FlashAttention and cuDNN backends,
 measured in the same run.
 
-    python benchmarks/attention.py [--quick] [--rounds R] [--dtype bf16|f16] [--forward | --decode]
+    python benchmarks/attention.py [--quick] [--rounds R] [--dtype bf16|f16] [--head-dims D ...] [--forward | --decode]
 
-- Problems: bf16 (--dtype f16: fp16), head dims 64 and 128, without and with the causal mask,
+- Problems: bf16 (--dtype f16: fp16), head dims 64 and 128 (--head-dims: any
+  of 64, 128 and 256), without and with the causal mask,
   16k tokens a batch: B = 16384 / L sequences of L = 1024, 4096, 16384,
   H = 2048 / head_dim heads (as many query as key/value heads); q, k and v
   (B, L, H, d), uniform in [-1, 1). `--quick`: L = 4096 only.
@@ -220,6 +221,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timed rounds (default 15)")
     parser.add_argument("--decode", action="store_true", help="the decoding rows only")
     parser.add_argument("--forward", action="store_true", help="the forward rows only")
+    parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS), choices=[64, 128, 256],
+                        help="head dims of the forward and backward rows (default 64 128)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16"],
                         help="q, k and v of the forward and backward rows (default bf16; decoding is bf16)")
     args = parser.parse_args(argv)
@@ -240,7 +243,7 @@ def main(argv=None):
         print(header)
         print("-" * len(header))
         for length in QUICK_LENGTHS if args.quick else LENGTHS:
-            for d in HEAD_DIMS:
+            for d in args.head_dims:
                 for causal in (False, True):
                     results = measure(torch, length, d, causal, args.rounds, dtype)
                     cells = [cell(results[name], length, d, causal) for name in (MLIRGPU, FA2, FLASH, CUDNN)]
@@ -255,7 +258,7 @@ def main(argv=None):
         print(header)
         print("-" * len(header))
         for length in QUICK_LENGTHS if args.quick else LENGTHS[:2]:
-            for d in HEAD_DIMS:
+            for d in args.head_dims:
                 for causal in (False, True):
                     results = measure_backward(torch, length, d, causal, args.rounds, dtype)
                     cells = [cell(results[name], length, d, causal, 2.5) for name in (MLIRGPU, FLASH, CUDNN)]

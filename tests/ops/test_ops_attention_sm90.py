@@ -41,6 +41,8 @@ CAUSAL_CASES = [(1, 260, 300, 2, 1), (1, 130, 77, 4, 2), (1, 300, 40, 2, 1)]
 # Tails of one row block and of 3 key tiles; one query against 130 keys, all:1 heads.
 FULL_CASES = [(2, 17, 300, 2, 2), (1, 1, 130, 4, 1)]
 CASES = [(shape, 64, "f16", True) for shape in CAUSAL_CASES] + [(shape, 128, "bf16", False) for shape in FULL_CASES]
+# d = 256: 64 keys a stage (2 key tiles and a tail, the diagonal inside the second), 2 stages.
+CASES += [((1, 150, 150, 2, 1), 256, "bf16", True), ((1, 17, 100, 2, 2), 256, "f16", False)]
 
 
 @pytest.mark.parametrize("shape, d, dtype, causal", CASES,
@@ -72,7 +74,7 @@ def test_only_hopper_takes_it():
 
 
 def test_ptx(tmp_path):
-    d, bn = 128, attention_sm90.BN
+    d, bn = 128, attention_sm90.key_tile(128)
     ptx = attention_sm90.kernel_for(d, True)[mg.bf16].ptx(chip="sm_90a")
     # S = Q K^T (D/16 wgmmas) and O += P V (BN/16), each in the pipeline's prologue or epilogue and its loop.
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 2 * (d // 16 + bn // 16)
@@ -91,7 +93,8 @@ def test_ptx(tmp_path):
 # On an sm_90a GPU: odd shapes through mlirgpu.ops.attention, which picks this kernel there (one
 # query with grouped-query heads is decoding, which packs the heads into the mma.sync kernel).
 GPU_CASES = [(1, 1000, 1000, 8, 2, 128, True), (2, 77, 300, 4, 4, 64, True), (1, 300, 77, 4, 1, 128, True),
-             (2, 129, 129, 2, 2, 64, False), (1, 1, 513, 8, 8, 128, False)]
+             (2, 129, 129, 2, 2, 64, False), (1, 1, 513, 8, 8, 128, False), (1, 1000, 1000, 4, 2, 256, True),
+             (2, 129, 300, 2, 2, 256, False)]
 
 
 @pytest.mark.gpu
@@ -119,7 +122,7 @@ def test_on_the_gpu(batch, lq, lk, hq, hk, d, causal, dtype):
 # A few persistent blocks for many work units: each block's ring, Q tile and warpgroups' turns run on
 # across row blocks (causal: pairs of them, the rows past Lk reading no key).
 PERSISTENT_CASES = [(2, 1000, 1000, 8, 2, 128, True, 3), (3, 520, 700, 4, 4, 64, False, 5),
-                    (1, 900, 200, 6, 3, 64, True, 4)]
+                    (1, 900, 200, 6, 3, 64, True, 4), (2, 700, 700, 4, 2, 256, True, 3)]
 
 
 @pytest.mark.gpu

@@ -1,8 +1,8 @@
 """Scaled dot-product attention, forward, for Hopper (sm_90a): TMA copies,
 mbarrier rings, wgmma and warp specialization (FlashAttention-3's plan).
 
-mlirgpu.ops.attention runs this kernel on an sm_90a GPU for head dims 64
-and 128; the arrays, masks and results are the ones it documents. The grid
+mlirgpu.ops.attention runs this kernel on an sm_90a GPU for head dims 64,
+128 and 256; the arrays, masks and results are the ones it documents. The grid
 is persistent: a block per multiprocessor, each taking work units in turn
 (units i, i + the grid, ...); a unit is BM = 128 query rows of one (batch,
 head), a "row block", or in the causal case a pair of them (`place`). A
@@ -54,9 +54,8 @@ from ..runtime.tensormap import tensor_map
 
 __all__ = ["HEAD_DIMS", "supported", "forward"]
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 BM = 128                    # query rows a block owns: 64 per consumer warpgroup
-BN = 128                    # keys per stage
 CONSUMERS = 2
 THREADS = 128 * (1 + CONSUMERS)
 # After setmaxnreg the warpgroups hold what the launch gave the block, 168 a thread (65536 / 384,
@@ -66,20 +65,27 @@ PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
 BOX = 64                    # columns of a TMA box: one 128-byte row of 16-bit elements, the swizzle's
 
 
+def key_tile(head_dim):
+    """Keys per stage, BN: 128, or 64 at d = 256, where O's accumulators take 128 of a
+    consumer thread's registers and S's, P's and the next S's must fit beside them."""
+    return 64 if head_dim == 256 else 128
+
+
 def stages(head_dim):
-    """K/V stages of the ring: as many as fit beside Q's tile (3 at d = 128), at most 4."""
-    return 3 if head_dim == 128 else 4
+    """K/V stages of the ring: as many as fit beside Q's tile (3 at d = 128, 2 at d = 256),
+    at most 4."""
+    return {64: 4, 128: 3, 256: 2}[head_dim]
 
 
 def shared_bytes(head_dim):
     """Q's tile, the K and V stages (16-bit elements), and 1 KB to put the first tile
     on a 1024-byte boundary (the swizzle's period)."""
-    return (BM * head_dim + 2 * stages(head_dim) * BN * head_dim) * 2 + 1024
+    return (BM * head_dim + 2 * stages(head_dim) * key_tile(head_dim) * head_dim) * 2 + 1024
 
 
 def _build(head_dim, causal):
     """The kernel for one head dimension and masking, generic over the dtype."""
-    D, STAGES = head_dim, stages(head_dim)
+    D, STAGES, BN = head_dim, stages(head_dim), key_tile(head_dim)
     # Element offsets from the first 1024-byte boundary: Q (D/64 boxes of BM rows), each
     # stage's K (D/64 boxes of BN keys) and V (per 64 keys, D/64 boxes of 64 keys).
     K_AT = BM * D
@@ -379,8 +385,8 @@ def kernel_for(head_dim, causal):
 
 
 def supported(q, k, v, head_dim):
-    """Whether this kernel takes the case: an sm_90a GPU, head dims 64 and
-    128, and q, k and v (their memory) 16-byte aligned, as TMA reads it.
+    """Whether this kernel takes the case: an sm_90a GPU, head dims 64, 128 and
+    256, and q, k and v (their memory) 16-byte aligned, as TMA reads it.
     Arrays without a device pointer (NumPy's) are left to the other kernel,
     whose launch says what is wrong with them."""
     return (backend.backend() == "cuda" and head_dim in HEAD_DIMS
@@ -407,7 +413,7 @@ def forward(q, k, v, out, lse, causal, scale_log2, stream=None, blocks=None):
     if grid == 0:    # no query rows or heads: nothing to write
         return
     q_map = tensor_map(q, box=(1, BM, 1, BOX), swizzle="128B")
-    k_map = tensor_map(k, box=(1, BN, 1, BOX), swizzle="128B")
+    k_map = tensor_map(k, box=(1, key_tile(d), 1, BOX), swizzle="128B")
     v_map = tensor_map(v, box=(1, BOX, 1, BOX), swizzle="128B")
     kernel_for(d, causal)(q_map, k_map, v_map, out.reshape(batch * lq, hq, d), lse.reshape(batch * hq, lq),
                           lq, lk, hq // hk, scale_log2, grid=grid, block=THREADS, shared_mem=shared_bytes(d),
