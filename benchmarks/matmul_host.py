@@ -1,0 +1,111 @@
+"""The host's time per call of mlirgpu.ops.matmul, against a launch of the
+kernel it runs and against torch.matmul, on torch tensors.
+
+    python benchmarks/matmul_host.py [--calls N] [--repeats R] [--batch B]
+
+For each shape, three paths, each called B times in a row between untimed
+synchronizations (so that the driver's queue never fills and the GPU never
+sets the pace), N calls in all; the figure is the host's time per call, the
+median of R runs, the paths taking turns run after run:
+
+- ops.matmul: `mlirgpu.ops.matmul(a, b, out=c)`, as a user calls it;
+- its kernel: the kernel ops.matmul chose for the shape (see
+  mlirgpu.ops.gemm.choose), launched directly with what ops.matmul keeps
+  for it (the Hopper GEMM's tensor maps and grid, the mma.sync GEMM's
+  workspace and grid) on the same tensors and stream;
+- torch.matmul: `torch.matmul(a, b, out=c)` (cuBLAS).
+
+"over its kernel" is what ops.matmul adds to its kernel's launch (the
+median of the two paths' differences within each run): reading the arrays'
+geometry, finding the kept choice, checking `out`, torch's current stream.
+Each path's result is checked against torch.matmul's before any timing.
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+import mlirgpu.ops
+from mlirgpu.ops.arrays import placeholder
+
+gemm = sys.modules["mlirgpu.ops.gemm"]
+ampere_gemm = sys.modules["mlirgpu.ops.ampere_gemm"]
+hopper_gemm = sys.modules["mlirgpu.ops.hopper_gemm"]
+
+# (M, N, K): host-bound products on the mma.sync GEMM, and GPU-bound ones on the Hopper GEMM (on sm_90a).
+SHAPES = [(64, 64, 64), (1, 4096, 4096), (64, 4096, 4096), (4096, 4096, 4096)]
+
+
+def direct_launch(a, b, c, stream):
+    """A launch of the kernel ops.matmul chose for a @ b, made from what ops.matmul keeps, and its name."""
+    (m, k), n = a.shape, b.shape[1]
+    choice = gemm.choose(m, k, n, *gemm._device())
+    if choice.kernel == "wgmma":
+        spec, arguments, keywords = hopper_gemm.plan(*(mlirgpu.asarray(x) for x in (a, b, c)), choice.config)
+        maps, k_arg, offsets = arguments[:3], arguments[4], placeholder()
+
+        def launch():
+            spec(*maps, c, k_arg, 1.0, 1.0, offsets, stream=stream, **keywords)
+        return launch, f"wgmma {choice.config.name}"
+    config = choice.config
+    plan = ampere_gemm.plan(m, k, n, config, choice.mode, choice.split, choice.units)
+    kernel = ampere_gemm.kernel_for(config, choice.mode, choice.split)
+    partials, counters = ampere_gemm.workspace(plan)
+    grid, block, shared = plan.grid, config.threads, config.shared_bytes()
+
+    def launch():
+        kernel(a, b, c, partials, counters, counters, grid=grid, block=block, shared_mem=shared, stream=stream)
+    return launch, f"mma.sync {choice.mode}"
+
+
+def host_us(call, calls, batch):
+    """The host's time per call, in microseconds, over `calls` calls."""
+    spent, done = 0.0, 0
+    while done < calls:
+        start = time.perf_counter()
+        for _ in range(batch):
+            call()
+        spent += time.perf_counter() - start
+        torch.cuda.synchronize()
+        done += batch
+    return spent / done * 1e6
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--batch", type=int, default=20)
+    args = parser.parse_args()
+    print(f"host time per call, us, bf16, torch tensors, on {torch.cuda.get_device_name()} "
+          f"(median of {args.repeats} runs)")
+    print(f"{'M':>5} {'N':>5} {'K':>5}  {'ops.matmul':>10} {'its kernel':>10} {'torch':>7} {'over its kernel':>15}  kernel")
+    for m, n, k in SHAPES:
+        a = torch.randn((m, k), device="cuda", dtype=torch.bfloat16)
+        b = torch.randn((k, n), device="cuda", dtype=torch.bfloat16)
+        c = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+        expected = torch.matmul(a, b).float()
+        stream = torch.cuda.current_stream().cuda_stream
+        launch, name = direct_launch(a, b, c, stream)
+        paths = {"ops": lambda: mlirgpu.ops.matmul(a, b, out=c), "kernel": launch,
+                 "torch": lambda: torch.matmul(a, b, out=c)}
+        for what, call in paths.items():
+            c.zero_()
+            call()
+            error = ((c.float() - expected).abs().max() / expected.abs().max()).item()
+            if not error < 2e-2:
+                raise SystemExit(f"{what} at {m} x {n} x {k}: relative difference {error:.1e} from torch.matmul")
+        runs = {what: [] for what in paths}
+        for _ in range(args.repeats):
+            for what, call in paths.items():
+                runs[what].append(host_us(call, args.calls, args.batch))
+        median = {what: statistics.median(r) for what, r in runs.items()}
+        over = statistics.median(x - y for x, y in zip(runs["ops"], runs["kernel"]))
+        print(f"{m:>5} {n:>5} {k:>5}  {median['ops']:>10.2f} {median['kernel']:>10.2f} {median['torch']:>7.2f} "
+              f"{over:>15.2f}  {name}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
