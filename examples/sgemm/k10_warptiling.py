@@ -211,7 +211,9 @@ def specialize(M, K, N, split=None):
 # What a launch needs besides its operands, made on the first launch of each (backend, device, stream,
 # M, K, N, split asked for) and kept: the kernel, its grid and the split tiles' workspace. Launches on one
 # stream run one after another and can share a workspace (the counters are back at zero after each);
-# launches on two streams may overlap, so each stream has its own.
+# launches on two streams may overlap, so each stream has its own. The LAUNCHES_KEPT most recent are kept
+# (a sweep over many sizes does not keep every size's workspace).
+LAUNCHES_KEPT = 8
 _LAUNCHES = {}
 
 
@@ -233,9 +235,13 @@ def launch(A, B, C, alpha=1.0, beta=0.0, stream=None, split=None):
     (m, k), n = A.shape, C.shape[1]
     device = mg.cuda.current_device() if mg.backend() == "cuda" else None
     key = (mg.backend(), device, stream_key(stream), m, k, n, split)
-    if key not in _LAUNCHES:
-        _LAUNCHES[key] = _prepare(m, k, n, split, stream)
-    spec, grid, partials, counters = _LAUNCHES[key]
+    kept = _LAUNCHES.pop(key, None)
+    if kept is None:
+        kept = _prepare(m, k, n, split, stream)
+        if len(_LAUNCHES) >= LAUNCHES_KEPT:
+            del _LAUNCHES[next(iter(_LAUNCHES))]    # the least recently used
+    _LAUNCHES[key] = kept
+    spec, grid, partials, counters = kept
     spec(A, B, C, alpha, beta, partials, counters, grid=grid, block=(TILES[-1],), stream=stream)
 
 

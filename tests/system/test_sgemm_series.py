@@ -142,6 +142,19 @@ def test_warptiling_splits_where_the_tiles_do_not_fill_the_gpu(monkeypatch):
             module.split_for(1024, 1024, 1024, split)
 
 
+@cpu_only
+def test_warptiling_keeps_the_launches_of_the_last_sizes_only(backend):
+    # Each size's launch keeps a workspace: a sweep over sizes keeps the most recent LAUNCHES_KEPT.
+    module = common.load("k10_warptiling")
+    module._LAUNCHES.clear()
+    sizes = [(128, 16 * s, 128) for s in range(1, module.LAUNCHES_KEPT + 3)]
+    for M, K, N in sizes:
+        A, B, C = common.operands(M, K, N)
+        module.launch(mg.to_device(A), mg.to_device(B), mg.to_device(C))
+    kept = {key[3:6] for key in module._LAUNCHES}
+    assert kept == set(sizes[-module.LAUNCHES_KEPT:])
+
+
 def ptx_of(name):
     module = common.load(name)
     size = 1024  # a multiple of every kernel's tiles
