@@ -26,8 +26,10 @@ block has three warpgroups:
   more per score), P rounded to the inputs' type where it lies: S's
   accumulators are in the layout of wgmma's A operand in registers, so
   O += P V (V MN-major, as it lies in memory) reads P from registers with
-  no trip through shared memory; then the stage goes back to the producer
-  on its "empty" mbarrier.
+  no trip through shared memory. A stage's K goes back to the producer
+  as soon as S = Q K^T has read it (its "k_empty" mbarrier), its V once
+  O += P V has ("v_empty"): the copy of a later tile's K starts while this
+  tile's V is still being read.
 - The causal mask and the tail of Lk are applied on the tiles that cross
   them only; key tiles wholly above the diagonal are never loaded. A causal
   unit pairs row blocks j and (row blocks - 1 - j), which read as many key
@@ -227,7 +229,8 @@ def _build(head_dim, causal):
         q_empty = lang.mbarrier.array(1)
         k_full = lang.mbarrier.array(STAGES)
         v_full = lang.mbarrier.array(STAGES)
-        empty = lang.mbarrier.array(STAGES)
+        k_empty = lang.mbarrier.array(STAGES)
+        v_empty = lang.mbarrier.array(STAGES)
         wg = lang.warpgroup.index()
         t = lang.warpgroup.thread_index()
         hq = lang.cast(o.shape[1], i32)
@@ -240,7 +243,8 @@ def _build(head_dim, causal):
             for s in lang.static_range(STAGES):
                 k_full.init(s, 1)
                 v_full.init(s, 1)
-                empty.init(s, 4 * CONSUMERS)
+                k_empty.init(s, 4 * CONSUMERS)
+                v_empty.init(s, 4 * CONSUMERS)
             lang.mbarrier.fence_init()
         lang.syncthreads()
 
@@ -262,12 +266,14 @@ def _build(head_dim, causal):
                         for n in range(key_tiles(m0, lq, lk)):
                             s = it % STAGES
                             if it >= STAGES:
-                                empty.wait(s, (it // STAGES + 1) % 2)     # the consumers are done with its last use
+                                k_empty.wait(s, (it // STAGES + 1) % 2)   # the consumers are done with its last K
                             at = first + lang.cast(s, index) * (BN * D)
                             k_full.arrive_expect_tx(s, TILE_BYTES)
                             for j in lang.static_range(D // BOX):
                                 lang.tma.load(k_map, smem, (b, n * BN, kv_head, j * BOX), k_full, s,
                                               offset=at + K_AT + j * (BN * BOX))
+                            if it >= STAGES:
+                                v_empty.wait(s, (it // STAGES + 1) % 2)   # and with its last V
                             v_full.arrive_expect_tx(s, TILE_BYTES)
                             for i in lang.static_range(BN // BOX):
                                 for j in lang.static_range(D // BOX):
@@ -315,6 +321,8 @@ def _build(head_dim, causal):
                         scores = issue_scores(smem, q_at, first + lang.cast(it % STAGES, index) * (BN * D))
                         lang.warpgroup.arrive(4 - w, 256)
                         scores = lang.wgmma.wait_group(0, scores)
+                        if lane == 0:
+                            k_empty.arrive(it % STAGES)
                         if crosses(0, m0 + w * 64, lq, lk):
                             scores = masked(scores, t, 0, rows, lq, lk)
                         scores, m, l = softmax(scores, m, l, scale_log2)[:3]
@@ -330,12 +338,14 @@ def _build(head_dim, causal):
                             acc = issue_values(smem, acc, p, o.dtype, first + lang.cast(before, index) * (BN * D))
                             lang.warpgroup.arrive(4 - w, 256)
                             scores = lang.wgmma.wait_group(1, scores)
+                            if lane == 0:
+                                k_empty.arrive(s)       # S = Q K^T, issued first, is done
                             if crosses(n0, m0 + w * 64, lq, lk):
                                 scores = masked(scores, t, n0, rows, lq, lk)
                             scores, m, l, alpha = softmax(scores, m, l, scale_log2)
                             acc = lang.wgmma.wait_group(0, acc)
                             if lane == 0:
-                                empty.arrive(before)
+                                v_empty.arrive(before)
                             acc = [acc[e] * alpha[e // 2 % 2] for e in lang.static_range(D // 2)]
                             # Only now: the product just waited for read the previous P's registers.
                             p = fragments(scores, o.dtype)
@@ -349,7 +359,7 @@ def _build(head_dim, causal):
                         lang.warpgroup.arrive(4 - w, 256)    # the second warpgroup's last turn; the first's next first turn
                         acc = lang.wgmma.wait_group(0, acc)
                         if lane == 0:
-                            empty.arrive(last % STAGES)
+                            v_empty.arrive(last % STAGES)
                     elif lane == 0:
                         q_empty.arrive(0)           # rows that see no key: Q is not read
                     it = it + tiles
