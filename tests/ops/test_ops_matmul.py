@@ -9,6 +9,8 @@ Each (kernel, mode, shape) is a compilation of its own, which takes tens of
 seconds for the CPU: the cases are few and small."""
 import gc
 import sys
+import threading
+import time
 import weakref
 
 import numpy as np
@@ -200,6 +202,29 @@ def test_the_hopper_split_k_on_the_cpu(device, monkeypatch, m, schedule):
     assert (call.choice.kernel, call.choice.mode, call.choice.split) == ("wgmma", "split_k", 2)
     assert call.choice.config.schedule == schedule
     assert relative_error(c, a, b) < TOLERANCE["bf16"]
+
+
+def test_two_threads_split_k_launch_pairs_do_not_interleave(monkeypatch):
+    """Two threads' split-K products of one shape on one stream share a workspace: each one's
+    product and the sum of its partial products launch one after the other, with no product of
+    the other thread between them (it would overwrite the partial products before the sum)."""
+    hopper_gemm = sys.modules["mlirgpu.ops.hopper_gemm"]
+    launches = []
+
+    def product(*args, **keywords):
+        launches.append("product")
+        time.sleep(0.05)    # the other thread runs meanwhile
+
+    monkeypatch.setattr(hopper_gemm, "_split_sum", lambda: lambda *args, **keywords: launches.append("sum"))
+    split = hopper_gemm.SplitK(product, 2, 16, 8)
+    C = np.zeros((16, 8), np.float32)
+    with current_backend("cpu"):
+        threads = [threading.Thread(target=split, args=(None, None, None, C, 64, 1.0, 1.0, None)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert launches == ["product", "sum", "product", "sum"]
 
 
 def test_hopper_launches_keep_tensor_maps_by_address_and_no_array_alive(device):

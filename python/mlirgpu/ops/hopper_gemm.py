@@ -62,7 +62,9 @@ combinations; the first is the default):
   SM busy. The kernel's C is then a float32 workspace of S times C's rows,
   a slice's partial products below the previous one's; a second kernel
   (split_k_sum) adds them up into C. SplitK runs the two as one launch,
-  with a workspace per stream (launches on one stream run in order).
+  with a workspace per stream (launches on one stream run in order), and
+  a lock that keeps another thread's pair of launches on that stream from
+  coming between them.
 
 Any M, N, K: the tensor maps' out-of-bounds fill reads zeros past the edges
 of A and B. TMA needs each row's byte stride to be a multiple of 16, so K
@@ -91,6 +93,7 @@ so no map is made per group. The epilogue stores from the registers, the
 rows of the tile's group only.
 """
 import functools
+import threading
 
 import numpy as np
 
@@ -658,10 +661,13 @@ class SplitK:
         self.gemm, self.shape = gemm, (split * rows, columns)
 
     def __call__(self, a_map, b_map, c_map, C, K, scale_a, scale_b, offsets, stream=None, **keywords):
-        parts = _workspace(self.shape, stream)
-        self.gemm(a_map, b_map, c_map, parts, K, scale_a, scale_b, offsets, stream=stream, **keywords)
+        parts, lock = _workspace(self.shape, stream)
         size = C.shape[0] * C.shape[1]
-        _split_sum()(parts, C, grid=-(-size // SUM_THREADS), block=SUM_THREADS, stream=stream)
+        # Another thread's split-K on this stream and workspace must not launch between these two:
+        # its partial products would overwrite these before the sum reads them.
+        with lock:
+            self.gemm(a_map, b_map, c_map, parts, K, scale_a, scale_b, offsets, stream=stream, **keywords)
+            _split_sum()(parts, C, grid=-(-size // SUM_THREADS), block=SUM_THREADS, stream=stream)
 
 
 WORKSPACES_KEPT = 8
@@ -672,11 +678,12 @@ def _workspace(shape, stream):
     return _workspace_of(shape, where, cuda.current_device() if where == "cuda" else None, stream_key(stream))
 
 
-# Split-K's partial products, a float32 array by (shape, backend, device, stream): launches on
-# one stream run in order, so they share one; launches on two streams may overlap, so they do not.
+# Split-K's partial products, a float32 array by (shape, backend, device, stream), and the lock its
+# launches hold: launches on one stream run in order, so they share one; launches on two streams
+# may overlap, so they do not.
 @functools.lru_cache(maxsize=WORKSPACES_KEPT)
 def _workspace_of(shape, where, device, stream):
-    return np.empty(shape, np.float32) if where == "cpu" else backend.empty(shape, f32)
+    return (np.empty(shape, np.float32) if where == "cpu" else backend.empty(shape, f32)), threading.Lock()
 
 
 #: The grouped kernel's configuration: 128 x 256 tiles, 4 stages, the register epilogue.
