@@ -1,9 +1,12 @@
 """The ops' reading of array arguments: dtypes of every library, and the
 check of an output the caller gives."""
+import numpy as np
 import pytest
 
 import mlirgpu as mg
 from mlirgpu.ops import arrays
+
+from support.backends import current_backend
 
 
 class TorchDtype:
@@ -47,3 +50,31 @@ def test_a_torch_output_of_the_right_dtype_and_shape_is_taken():
 def test_a_torch_output_of_another_dtype_is_refused():
     with pytest.raises(mg.LaunchError, match="matmul's out is a C-contiguous bf16 array of shape"):
         arrays.output(None, TorchTensor((1, 4096), "float16"), (1, 4096), mg.bf16, "matmul")
+
+
+def test_workspaces_are_kept_per_shape_and_stream_with_a_lock_each():
+    workspaces = arrays.Workspaces(kept=2)
+    shapes = ((3, 4, mg.f32), (5, mg.i32))
+    with current_backend("cpu"):
+        (partials, counters), lock = workspaces.get(shapes, None)
+        assert partials.shape == (3, 4) and partials.dtype == np.float32 and not partials.any()
+        assert counters.shape == (5,) and counters.dtype == np.int32 and not counters.any()
+        # The legacy default stream by any of its names: the same arrays and lock.
+        for stream in (None, 0, 1):
+            again, same_lock = workspaces.get(shapes, stream)
+            assert again[0] is partials and again[1] is counters and same_lock is lock
+        # Another stream's launches may overlap these: arrays and a lock of its own.
+        other, other_lock = workspaces.get(shapes, 7)
+        assert other[0] is not partials and other_lock is not lock
+        assert workspaces.get(((3, 4, mg.f32),), None)[0][0] is not partials
+        # Only the 2 most recent are kept.
+        assert workspaces.get(shapes, None)[0][0] is not partials
+
+
+def test_workspaces_outside_a_capture_are_the_kept_ones():
+    # NumPy arrays and CPU tensors are never captured in a CUDA graph.
+    workspaces = arrays.Workspaces(kept=1)
+    with current_backend("cpu"):
+        first = workspaces.get(((2, mg.f32),), None, like=np.zeros(1))
+        assert workspaces.get(((2, mg.f32),), None, like=np.zeros(1))[0][0] is first[0][0]
+    assert not arrays.capturing(np.zeros(1))

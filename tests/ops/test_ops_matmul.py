@@ -392,8 +392,12 @@ def test_matmul_launches_on_torchs_current_stream():
     assert torch.equal(c, expected)
 
 
+# Products that split K on an H200, one on each GEMM.
+SPLIT_K_SHAPES = [(64, 14336, 4096), (16, 4096, 4096)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, k, n", [(64, 14336, 4096), (16, 8192, 8192)], ids=["wgmma", "mma.sync"])
+@pytest.mark.parametrize("m, k, n", SPLIT_K_SHAPES, ids=["wgmma", "mma.sync"])
 def test_split_k_matmuls_on_two_streams_keep_their_partial_sums_apart(m, k, n):
     torch = pytest.importorskip("torch")
     with current_backend("cuda"):
@@ -415,3 +419,36 @@ def test_split_k_matmuls_on_two_streams_keep_their_partial_sums_apart(m, k, n):
             expected = mlirgpu.ops.matmul(a[i], b)
             torch.cuda.synchronize()
             assert all(torch.equal(c, expected) for c in results[i])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, k, n", SPLIT_K_SHAPES, ids=["wgmma", "mma.sync"])
+def test_a_captured_split_k_matmul_replays_on_a_workspace_of_its_own(m, k, n):
+    # A CUDA graph keeps the addresses it was captured with: a workspace it used must not be one
+    # that eager calls share, or that goes (and is freed) once newer ones are kept.
+    torch = pytest.importorskip("torch")
+    hopper_gemm = sys.modules["mlirgpu.ops.hopper_gemm"]
+    with current_backend("cuda"):
+        a = torch.randn((m, k), device="cuda", dtype=torch.bfloat16)
+        b = torch.randn((k, n), device="cuda", dtype=torch.bfloat16)
+        if gemm.choose(m, k, n, *gemm._device()).mode != "split_k":
+            pytest.skip("this GPU does not split K at this shape")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):    # warm-up: compiles the kernels outside the capture
+            mlirgpu.ops.matmul(a, b)
+        torch.cuda.current_stream().wait_stream(side)
+        kept = [module._WORKSPACES._kept for module in (gemm, hopper_gemm)]
+        before = [cache.cache_info().currsize for cache in kept]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = mlirgpu.ops.matmul(a, b)
+        assert [cache.cache_info().currsize for cache in kept] == before
+        for cache in kept:
+            cache.cache_clear()
+        gc.collect()
+        a.copy_(torch.randn_like(a))
+        eager = mlirgpu.ops.matmul(a, b)
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(out, eager)

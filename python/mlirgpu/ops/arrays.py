@@ -1,13 +1,16 @@
 """What every op does with its array arguments: takes torch tensors, CuPy or
 JAX arrays, DeviceArrays (and NumPy arrays on the CPU backend) without a
 copy, reads their dtype, and makes outputs in the caller's library."""
+import contextlib
+import functools
 import sys
+import threading
 
 from .._mlirgpu import DeviceArray, DType, LaunchError, asarray, bf16, current_device, dtype, f16, f32, i32
 from ..runtime import backend
 
 __all__ = ["as_array", "dtype_of", "geometry", "is_contiguous", "new_like", "output", "placeholder", "stream_key",
-           "torch_stream", "zero"]
+           "torch_stream", "Workspaces", "zero"]
 
 
 def as_array(x, what):
@@ -171,3 +174,53 @@ def zero(out, what):
         out.fill(0)
     else:
         as_array(out, f"{what}'s out").fill(0)
+
+
+class Workspaces:
+    """Scratch arrays that an op's launches reuse from call to call (split
+    products' partial sums, tile counters), kept for the `kept` most recent
+    (shapes, backend, device, stream): launches on one stream run in order
+    and can share them, launches on two streams may overlap and must not.
+
+        arrays, lock = workspaces.get(((rows, columns, f32),), stream, like)
+        with lock:    # what the launches on `stream` that use the arrays hold
+            ...
+
+    Each set comes with a lock, held around the launches that write and then
+    read it: two Python threads launching on one stream would otherwise put
+    one's launches between the other's. While torch captures a CUDA graph on
+    the current stream (`like` a CUDA tensor), `get` makes new torch arrays
+    instead, from the graph's own memory: the graph keeps the addresses it
+    was captured with, which a kept set could hand to another graph, or
+    free once it is no longer among the most recent."""
+
+    def __init__(self, kept):
+        self._kept = functools.lru_cache(maxsize=kept)(self._make)
+
+    @staticmethod
+    def _make(shapes, where, device, stream):
+        import numpy as np
+
+        arrays = tuple((np.zeros(shape, kind.numpy) if where == "cpu" else backend.zeros(shape, kind))
+                       for *shape, kind in shapes)
+        return arrays, threading.Lock()
+
+    def get(self, shapes, stream, like=None):
+        """The arrays of `shapes` ((*shape, mlirgpu dtype) each, zeros when
+        first made: counters a launch leaves at zero can be kept as they are)
+        for launches on `stream`, and their lock."""
+        if like is not None and capturing(like):
+            return (tuple(as_array(new_like(like, tuple(shape), kind, zeros=True), "a workspace")
+                          for *shape, kind in shapes), contextlib.nullcontext())
+        where = backend.backend()
+        return self._kept(shapes, where, current_device() if where == "cuda" else None, stream_key(stream))
+
+
+def capturing(x):
+    """Whether x is a CUDA tensor of torch's and torch is capturing a CUDA
+    graph on its current stream."""
+    if type(x).__module__.split(".")[0] != "torch" or x.get_device() < 0:
+        return False
+    torch = sys.modules["torch"]
+    raw = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    return raw() if raw is not None else torch.cuda.is_current_stream_capturing()

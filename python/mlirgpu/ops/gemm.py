@@ -35,14 +35,13 @@ dtype, device), and launches it.
 multiprocessors; the CPU backend runs what an sm_80 with 4 multiprocessors
 would.
 """
-import functools
 from collections import namedtuple
 
 
-from .._mlirgpu import LaunchError, bf16, current_device, f16
+from .._mlirgpu import LaunchError, bf16, current_device, f16, f32, i32
 from ..runtime import backend
 from . import ampere_gemm, hopper_gemm
-from .arrays import (as_array, dtype_of, geometry, is_contiguous, new_like, output, stream_key, torch_stream,
+from .arrays import (Workspaces, as_array, dtype_of, geometry, is_contiguous, new_like, output, torch_stream,
                      zero)
 
 __all__ = ["matmul", "choose", "register_torch", "Choice", "SMALL_M"]
@@ -185,15 +184,17 @@ def _mma_sync(choice, m, k, n):
     plan = ampere_gemm.plan(m, k, n, config, mode, split, choice.units)
     kernel = ampere_gemm.kernel_for(config, mode, split)
     grid, block, shared = plan.grid, config.threads, config.shared_bytes()
-
-    @functools.lru_cache(maxsize=WORKSPACES_KEPT)
-    def workspace(stream):    # by arrays.stream_key
-        return ampere_gemm.workspace(plan)
+    shapes = ((*plan.partials, f32), (plan.counters, i32))
 
     def run(a, b, c, stream, geometries):
-        partials, counters = workspace(stream_key(stream))
+        # One launch, its split tiles' counters back at zero when it ends: no lock to hold.
+        (partials, counters), _ = _WORKSPACES.get(shapes, stream, a)
         kernel(a, b, c, partials, counters, counters, grid=grid, block=block, shared_mem=shared, stream=stream)
     return run
+
+
+# The mma.sync GEMM's partial sums and tile counters, per shape and stream (arrays.Workspaces).
+_WORKSPACES = Workspaces(WORKSPACES_KEPT)
 
 
 class _Call:

@@ -93,7 +93,6 @@ so no map is made per group. The epilogue stores from the registers, the
 rows of the tile's group only.
 """
 import functools
-import threading
 
 import numpy as np
 
@@ -105,7 +104,7 @@ from ..layout import wgmma as wgmma_layout
 from ..runtime import backend
 from ..runtime.kernel import kernel
 from ..runtime.tensormap import tensor_map
-from .arrays import as_array, dtype_of, geometry, placeholder, stream_key
+from .arrays import Workspaces, as_array, dtype_of, geometry, placeholder
 
 CONSUMERS = 2                       # consumer warpgroups: 64 rows of each tile each, or whole tiles in turn
 THREADS = 128 * (1 + CONSUMERS)
@@ -661,7 +660,7 @@ class SplitK:
         self.gemm, self.shape = gemm, (split * rows, columns)
 
     def __call__(self, a_map, b_map, c_map, C, K, scale_a, scale_b, offsets, stream=None, **keywords):
-        parts, lock = _workspace(self.shape, stream)
+        (parts,), lock = _WORKSPACES.get(((*self.shape, f32),), stream, C)
         size = C.shape[0] * C.shape[1]
         # Another thread's split-K on this stream and workspace must not launch between these two:
         # its partial products would overwrite these before the sum reads them.
@@ -670,20 +669,8 @@ class SplitK:
             _split_sum()(parts, C, grid=-(-size // SUM_THREADS), block=SUM_THREADS, stream=stream)
 
 
-WORKSPACES_KEPT = 8
-
-
-def _workspace(shape, stream):
-    where = backend.backend()
-    return _workspace_of(shape, where, cuda.current_device() if where == "cuda" else None, stream_key(stream))
-
-
-# Split-K's partial products, a float32 array by (shape, backend, device, stream), and the lock its
-# launches hold: launches on one stream run in order, so they share one; launches on two streams
-# may overlap, so they do not.
-@functools.lru_cache(maxsize=WORKSPACES_KEPT)
-def _workspace_of(shape, where, device, stream):
-    return (np.empty(shape, np.float32) if where == "cpu" else backend.empty(shape, f32)), threading.Lock()
+# Split-K's partial products, a float32 array per shape and stream (arrays.Workspaces).
+_WORKSPACES = Workspaces(kept=8)
 
 
 #: The grouped kernel's configuration: 128 x 256 tiles, 4 stages, the register epilogue.
