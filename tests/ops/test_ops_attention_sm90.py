@@ -90,6 +90,16 @@ def test_ptx(tmp_path):
     assert "warning" not in proc.stderr
 
 
+@pytest.mark.parametrize("d", [64, 256])
+def test_at_d_256_a_shared_store_keeps_the_softmax_before_the_wait_for_o(d):
+    # ptxas keeps shared-memory accesses on their side of a wgmma wait, not arithmetic: a value
+    # of each softmax in the key loop is stored to shared memory (orders_softmax) at d = 256
+    # only, where the kernel stores nothing else there.
+    ptx = attention_sm90.kernel_for(d, False)[mg.bf16].ptx(chip="sm_90a")
+    assert ptx.count("st.shared.b16") == (1 if attention_sm90.orders_softmax(d) else 0)
+    assert attention_sm90.orders_softmax(d) == (d == 256)
+
+
 # On an sm_90a GPU: odd shapes through mlirgpu.ops.attention, which picks this kernel there (one
 # query with grouped-query heads is decoding, which packs the heads into the mma.sync kernel).
 GPU_CASES = [(1, 1000, 1000, 8, 2, 128, True), (2, 77, 300, 4, 4, 64, True), (1, 300, 77, 4, 1, 128, True),
