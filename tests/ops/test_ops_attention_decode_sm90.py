@@ -124,8 +124,9 @@ def test_decoding_on_hopper_takes_it(hopper):
     assert plan_of(8, 1, 8192, 64, 8, 128).splits == 2
     assert plan_of(64, 1, 8192, 64, 8, 128).splits == 1
     assert plan_of(8, 1, 8192, 64, 8, 128, num_splits=5).splits == 5
-    # Without grouping: where the keys are split.
+    # Without grouping: where the keys are split; one split of unpacked rows is attention_sm90's.
     assert plan_of(1, 4, 8192, 8, 8, 64).decode
+    assert not plan_of(1, 1, 513, 8, 8, 128, num_splits=1).decode
     # Not: a sliding window, more queries than decoding's, a group past a block's rows.
     assert not plan_of(1, 1, 8192, 64, 8, 128, window=(100, 0)).decode
     assert not plan_of(1, 17, 8192, 64, 8, 128).decode

@@ -682,13 +682,13 @@ class Plan:
     def __init__(self, p, window, num_splits):
         packed = packs_heads(p)
         # Decoding (heads packed, or keys split) on an sm_90a GPU: its own kernel, and its own
-        # splits. Where the arrays' addresses do not allow it (supported, at each launch), the
-        # mma.sync kernel takes the same splits.
-        self.decode = (not p.varlen and window is None and (packed or splits_for(p) > 1)
-                       and attention_decode_sm90.takes(p.lq, p.hq, p.hk, p.d) and attention_decode_sm90.available())
+        # default splits. Where the arrays' addresses do not allow it (supported, at each launch),
+        # the mma.sync kernel takes the same splits; one split of unpacked rows is the sm90 kernel's.
+        decode = (not p.varlen and window is None and (packed or splits_for(p) > 1)
+                  and attention_decode_sm90.takes(p.lq, p.hq, p.hk, p.d) and attention_decode_sm90.available())
         if num_splits is not None:
             splits = num_splits
-        elif self.decode:
+        elif decode:
             splits = attention_decode_sm90.splits_for(p.batch, p.lq, p.lk, p.hq, p.hk, p.d)
         else:
             splits = splits_for(p)
@@ -697,12 +697,13 @@ class Plan:
         if splits > 1 and p.varlen:
             raise ValueError("attention splits the keys of equal-length sequences only: num_splits is 1 with "
                              "cu_seqlens")
+        self.decode = decode and (packed or splits > 1)
         self.shape, self.dtype, self.lse_shape, self.d = tuple(p.q.shape), p.dtype, p.lse_shape(), p.d
         self.rows = p.tokens_q * p.hq
         self.q_tokens, self.kv_tokens = (p.tokens_q, p.hq, p.d), (p.tokens_k, p.hk, p.d)
         self.lse_rows = self.lse_shape if p.varlen else (p.batch * p.hq, p.lq)
         # The sm_90a kernel where the arrays allow it: supported() reads their addresses, so each launch asks.
-        self.sm90 = splits == 1 and not packed and not p.varlen and window is None and not self.decode
+        self.sm90 = splits == 1 and not packed and not p.varlen and window is None
         self.scale_log2, self.args, self.splits = p.scale * LOG2E, p.launch_args(), splits
         self.kernel = kernel_for(p.d, p.banded, p.varlen, splits > 1, packed)
         self.grid, self.shared = grid_for(p, packed, splits), shared_bytes(p.d)
