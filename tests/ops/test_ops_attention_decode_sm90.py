@@ -110,6 +110,18 @@ def test_attention_launches_it(hopper, lq, lk, causal, splits):
     np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
 
 
+def test_arrays_it_cannot_read_take_the_other_kernel(hopper, monkeypatch):
+    # Arrays TMA cannot address (not 16-byte aligned): the mma.sync kernel, with the plan's splits.
+    monkeypatch.setattr(decode, "supported", lambda q, k, v: False)
+    q, k, v = operands(1, 3, 1700, 8, 2, 64, "f16")
+    with mock.patch.object(decode, "forward") as forward:
+        out, lse = mlirgpu.ops.attention(q, k, v, causal=True, return_lse=True)
+    forward.assert_not_called()
+    expected, expected_lse = reference(q, k, v, True)
+    np.testing.assert_allclose(out.astype(np.float64), expected, rtol=0, atol=TOLERANCE["f16"])
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
 def plan_of(batch, lq, lk, hq, hk, d, window=None, num_splits=None):
     q = np.zeros((batch, lq, hq, d), DTYPES["bf16"])
     k = np.zeros((batch, lk, hk, d), DTYPES["bf16"])
