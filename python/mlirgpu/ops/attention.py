@@ -64,7 +64,7 @@ from .._mlirgpu import LaunchError, bf16, current_device, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
 from ..runtime import backend
 from ..runtime.kernel import kernel
-from . import arrays, attention_sm90, attention_torch
+from . import arrays, attention_decode_sm90, attention_sm90, attention_torch
 from .arrays import dtype_of, is_contiguous, new_like, placeholder, stream_key, torch_stream
 
 __all__ = ["attention", "HEAD_DIMS"]
@@ -676,17 +676,28 @@ class Plan:
     but the offsets of packed sequences, whose plans are not kept."""
 
     __slots__ = ("shape", "dtype", "lse_shape", "d", "rows", "q_tokens", "kv_tokens", "lse_rows", "sm90",
-                 "scale_log2", "args", "splits", "kernel", "grid", "shared", "combine", "combine_grid",
+                 "decode", "scale_log2", "args", "splits", "kernel", "grid", "shared", "combine", "combine_grid",
                  "partials")
 
     def __init__(self, p, window, num_splits):
-        splits = splits_for(p) if num_splits is None else num_splits
+        packed = packs_heads(p)
+        # Decoding (heads packed, or keys split) on an sm_90a GPU: its own kernel, and its own
+        # default splits. Where the arrays' addresses do not allow it (supported, at each launch),
+        # the mma.sync kernel takes the same splits; one split of unpacked rows is the sm90 kernel's.
+        decode = (not p.varlen and window is None and (packed or splits_for(p) > 1)
+                  and attention_decode_sm90.takes(p.lq, p.hq, p.hk, p.d) and attention_decode_sm90.available())
+        if num_splits is not None:
+            splits = num_splits
+        elif decode:
+            splits = attention_decode_sm90.splits_for(p.batch, p.lq, p.lk, p.hq, p.hk, p.d)
+        else:
+            splits = splits_for(p)
         if not isinstance(splits, int) or isinstance(splits, bool) or not 1 <= splits <= 65535:
             raise ValueError(f"attention's num_splits is an int from 1 to 65535, not {num_splits!r}")
         if splits > 1 and p.varlen:
             raise ValueError("attention splits the keys of equal-length sequences only: num_splits is 1 with "
                              "cu_seqlens")
-        packed = packs_heads(p)
+        self.decode = decode and (packed or splits > 1)
         self.shape, self.dtype, self.lse_shape, self.d = tuple(p.q.shape), p.dtype, p.lse_shape(), p.d
         self.rows = p.tokens_q * p.hq
         self.q_tokens, self.kv_tokens = (p.tokens_q, p.hq, p.d), (p.tokens_k, p.hk, p.d)
@@ -709,11 +720,15 @@ class Plan:
         if self.sm90 and attention_sm90.supported(q, k, v, self.d):
             attention_sm90.forward(q, k, v, out, lse, causal, self.scale_log2, stream=stream)
             return
+        decode = self.decode and attention_decode_sm90.supported(q, k, v)
         qt, kt, vt = q.reshape(self.q_tokens), k.reshape(self.kv_tokens), v.reshape(self.kv_tokens)
         ot, lset = out.reshape(self.q_tokens), lse.reshape(self.lse_rows)
         if self.splits == 1:
-            self.kernel(qt, kt, vt, ot, lset, *self.args, grid=self.grid, block=THREADS, shared_mem=self.shared,
-                        stream=stream)
+            if decode:
+                attention_decode_sm90.forward(q, k, v, out, lse, causal, self.scale_log2, stream=stream)
+            else:
+                self.kernel(qt, kt, vt, ot, lset, *self.args, grid=self.grid, block=THREADS, shared_mem=self.shared,
+                            stream=stream)
             return
         if stream is not None and sys.modules["torch"].cuda.is_current_stream_capturing():
             # A CUDA graph keeps the addresses it is captured with, which a kept workspace could
@@ -723,8 +738,11 @@ class Plan:
         else:
             parts, part_lse, guard = workspace(self.partials, stream)
         with guard:
-            self.kernel(qt, kt, vt, parts, part_lse, *self.args, grid=self.grid, block=THREADS,
-                        shared_mem=self.shared, stream=stream)
+            if decode:
+                attention_decode_sm90.forward(q, k, v, parts, part_lse, causal, self.scale_log2, self.splits, stream)
+            else:
+                self.kernel(qt, kt, vt, parts, part_lse, *self.args, grid=self.grid, block=THREADS,
+                            shared_mem=self.shared, stream=stream)
             self.combine(parts, part_lse, ot, lset, grid=self.combine_grid, block=THREADS, stream=stream)
 
 
