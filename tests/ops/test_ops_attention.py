@@ -406,10 +406,10 @@ def test_decoding_splits_the_keys_by_default():
 def fresh():
     """No plan or workspace kept from other tests."""
     attention_module._PLANS.clear()
-    attention_module._workspace_of.cache_clear()
+    attention_module._WORKSPACES._kept.cache_clear()
     yield
     attention_module._PLANS.clear()
-    attention_module._workspace_of.cache_clear()
+    attention_module._WORKSPACES._kept.cache_clear()
 
 
 def decode(q, k, v, **options):
@@ -443,7 +443,7 @@ def test_decoding_calls_in_a_row_each_give_their_own_result(fresh, checked):
     first, second = (operands(2, 1, 700, 8, 1, 64, "f16", seed=seed) for seed in (1, 2))
     results = [decode(*first, num_splits=3), decode(*second, num_splits=3)]
     assert len(checked) == 1
-    info = attention_module._workspace_of.cache_info()
+    info = attention_module._WORKSPACES._kept.cache_info()
     assert (info.currsize, info.hits) == (1, 1)
     for arrays, result in zip((first, second), results):
         assert_right(*arrays, result)
@@ -455,22 +455,10 @@ def test_decoding_of_other_shapes_takes_other_workspaces(fresh):
     single = operands(1, 1, 700, 8, 1, 64, "f16", seed=3)
     results = [decode(q, k, v, num_splits=5), decode(q, k, v, num_splits=3), decode(*single, num_splits=3),
                decode(q, k, v, num_splits=5)]
-    info = attention_module._workspace_of.cache_info()
+    info = attention_module._WORKSPACES._kept.cache_info()
     assert (info.currsize, info.hits) == (3, 1)
     for arrays, result in zip(((q, k, v), (q, k, v), single, (q, k, v)), results):
         assert_right(*arrays, result)
-
-
-def test_each_stream_keeps_a_workspace_of_its_own(fresh):
-    shapes = ((6, 8, 64), (48, 1))
-    with current_backend("cpu"):
-        kept = attention_module.workspace(shapes, None)
-        again = attention_module.workspace(shapes, 0)     # None and 0: both the legacy default stream
-        other = attention_module.workspace(shapes, 7)
-    parts, part_lse, _ = kept
-    assert parts.shape == shapes[0] and part_lse.shape == shapes[1]
-    assert parts.dtype == part_lse.dtype == np.float32
-    assert again is kept and other[0] is not parts and other[1] is not part_lse and other[2] is not kept[2]
 
 
 def test_a_bad_out_still_raises_after_a_good_call_of_its_shape(fresh):

@@ -51,13 +51,9 @@ The kernel, for a head dimension D (64, 128 or 256):
 - Shared tiles (rows of D 16-bit elements) are swizzled so that cp.async's
   16-byte stores and ldmatrix's row reads have no bank conflicts.
 """
-import contextlib
 import functools
 import math
-import sys
 import threading
-
-import numpy as np
 
 from .. import language as lang
 from .._mlirgpu import LaunchError, bf16, current_device, f16, f32, i32, index
@@ -65,7 +61,7 @@ from ..layout import Swizzle, composition, row_major
 from ..runtime import backend
 from ..runtime.kernel import kernel
 from . import arrays, attention_decode_sm90, attention_sm90, attention_torch
-from .arrays import dtype_of, is_contiguous, new_like, placeholder, stream_key, torch_stream
+from .arrays import Workspaces, dtype_of, is_contiguous, new_like, placeholder, torch_stream
 
 __all__ = ["attention", "HEAD_DIMS"]
 
@@ -709,7 +705,7 @@ class Plan:
         self.grid, self.shared = grid_for(p, packed, splits), shared_bytes(p.d)
         self.combine = combine_kernel_for(p.d) if splits > 1 else None
         self.combine_grid = ((self.rows + WARPS - 1) // WARPS,)
-        self.partials = ((splits * p.tokens_q, p.hq, p.d), (splits * self.lse_rows[0], self.lse_rows[1]))
+        self.partials = ((splits * p.tokens_q, p.hq, p.d, f32), (splits * self.lse_rows[0], self.lse_rows[1], f32))
 
     def launch(self, q, k, v, out, lse, causal, stream, like):
         """The kernels on q, k, v, out and lse as they take them (as_array's
@@ -730,13 +726,7 @@ class Plan:
                 self.kernel(qt, kt, vt, ot, lset, *self.args, grid=self.grid, block=THREADS, shared_mem=self.shared,
                             stream=stream)
             return
-        if stream is not None and sys.modules["torch"].cuda.is_current_stream_capturing():
-            # A CUDA graph keeps the addresses it is captured with, which a kept workspace could
-            # hand to another graph, or free: torch's new arrays instead, from the graph's own memory.
-            parts, part_lse = (as_array(new_like(like, shape, f32), "workspace") for shape in self.partials)
-            guard = contextlib.nullcontext()
-        else:
-            parts, part_lse, guard = workspace(self.partials, stream)
+        (parts, part_lse), guard = _WORKSPACES.get(self.partials, stream, like)
         with guard:
             if decode:
                 attention_decode_sm90.forward(q, k, v, parts, part_lse, causal, self.scale_log2, self.splits, stream)
@@ -789,23 +779,7 @@ def _option(value):
     return None
 
 
-# (shapes, stream)s whose split workspace is kept.
-WORKSPACES_KEPT = 8
-
-
-def workspace(shapes, stream):
-    """The float32 partial outputs and log-sum-exps (`shapes`) of a split
-    forward on `stream`, and a lock its two launches hold while they use
-    them: kept per (shapes, backend, device, stream), since launches on one
-    stream run in order."""
-    where = backend.backend()
-    return _workspace_of(shapes, where, current_device() if where == "cuda" else None, stream_key(stream))
-
-
-@functools.lru_cache(maxsize=WORKSPACES_KEPT)
-def _workspace_of(shapes, where, device, stream):
-    # The lock: two threads' launches on one stream interleave, and another thread's split forward
-    # must not write the partial outputs between this one's two launches.
-    if where == "cpu":
-        return (*(np.empty(shape, np.float32) for shape in shapes), threading.Lock())
-    return (*(backend.empty(shape, f32) for shape in shapes), threading.Lock())
+# The split forward's float32 partial outputs and log-sum-exps, per shape and stream (arrays.Workspaces):
+# the lock keeps another thread's split forward on the stream from writing them between this one's
+# two launches.
+_WORKSPACES = Workspaces(kept=8)
