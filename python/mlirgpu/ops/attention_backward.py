@@ -27,8 +27,9 @@ from .. import language as lang
 from .._mlirgpu import LaunchError, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
 from ..runtime.kernel import kernel
-from .attention import (BM, CHUNK, LOG2E, THREADS, WARPS, Problem, add_products, as_array, copy_rows, hidden,
-                        key_tiles, larger, new_like, next_stage, query_block, rounded, scores, sequence, smaller)
+from .attention import (BM, CHUNK, LOG2E, THREADS, WARPS, Problem, add_products, as_array, copy_rows, head_and_row,
+                        hidden, key_tiles, new_like, next_stage, query_block, query_tiles, rounded, scores, sequence,
+                        smaller)
 
 __all__ = ["attention_backward", "HEAD_DIMS"]
 
@@ -68,14 +69,6 @@ def _build_rows(head_dim, varlen):
                     delta[token // delta.shape[1] * hq + h, token % delta.shape[1]] = total
 
     return attention_backward_rows
-
-
-def head_and_row(step, kv_head, group, first, count):
-    """The query head and first query of step `step` of the dK/dV loop (query
-    heads of the group outer, `count` query tiles from `first` inner); past
-    the last step, the last head (a copy that is never used)."""
-    tiles = larger(count, 1)
-    return kv_head * group + smaller(step // tiles, group - 1), (first + step % tiles) * BM
 
 
 def _build_kv(head_dim, banded, varlen, atomic):
@@ -120,13 +113,7 @@ def _build_kv(head_dim, banded, varlen, atomic):
         q_tile, do_tile = lang.mma.tile(smem, QO_TILE).at(Q_AT), lang.mma.tile(smem, QO_TILE).at(DO_AT)
         ds_tile = lang.mma.tile(smem, DS_TILE).at(DS_AT)
 
-        # Query tiles that see this block's keys: all, or within the band those
-        # from the first query its first key is seen by to the last its last key is.
-        first, count = 0, (lq + BM - 1) // BM
-        if banded:
-            first = larger(n0 - (lk - lq) - right, 0) // BM
-            end = larger(smaller(smaller(n0 + BN, lk) - 1 - (lk - lq) + left, lq - 1) + BM, 0) // BM
-            count = larger(end, first) - first
+        first, count = query_tiles(n0, n0 + BN - 1, lq, lk, left, right, banded, BM)
         if varlen:
             count = lang.select(n0 < lk, count, 0)    # blocks past this sequence's keys
         steps = count * group     # (query head, query tile) pairs, heads outer
