@@ -20,6 +20,10 @@ Three kernels:
 - With `deterministic`, `attention_backward_q` instead computes dQ a query
   block at a time over the key tiles (the forward's loop, with dS for P
   and K for V): no atomics, the same bits every run.
+
+On an sm_90a GPU, dK, dV and dQ by atomics come from attention_backward_sm90's
+kernel instead (wgmma, TMA, warp specialization), except for packed sequences
+and `deterministic`.
 """
 import functools
 
@@ -27,6 +31,7 @@ from .. import language as lang
 from .._mlirgpu import LaunchError, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
 from ..runtime.kernel import kernel
+from . import attention_backward_sm90
 from .attention import (BM, CHUNK, LOG2E, THREADS, WARPS, Problem, add_products, as_array, copy_rows, head_and_row,
                         hidden, key_tiles, new_like, next_stage, query_block, query_tiles, rounded, scores, sequence,
                         smaller)
@@ -327,10 +332,14 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
                                         stream=p.stream)
     dq_sum = as_array(new_like(q, (1 if deterministic else p.tokens_q, p.hq, p.d), f32, zeros=True), "dq")
     cu_q, cu_k, scale_log2, left, right = p.launch_args()
-    kernel_for("kv", p.d, p.banded, p.varlen, not deterministic)(
-        qt, kt, vt, dot, lset, delta, dq_sum, p.tokens(dk_array, p.tokens_k), p.tokens(dv_array, p.tokens_k),
-        cu_q, cu_k, scale_log2, left, right, p.scale,
-        grid=((p.lk + BN - 1) // BN, p.batch * p.hk), block=THREADS, shared_mem=shared_bytes(p.d), stream=p.stream)
+    if not deterministic and not p.varlen and attention_backward_sm90.supported((p.q, p.k, p.v, do_array), p.d):
+        attention_backward_sm90.backward(p.q, p.k, p.v, do_array, lse_array, delta, dq_sum, dk_array, dv_array,
+                                         p.scale, left, right, p.banded, stream=p.stream)
+    else:
+        kernel_for("kv", p.d, p.banded, p.varlen, not deterministic)(
+            qt, kt, vt, dot, lset, delta, dq_sum, p.tokens(dk_array, p.tokens_k), p.tokens(dv_array, p.tokens_k),
+            cu_q, cu_k, scale_log2, left, right, p.scale, grid=((p.lk + BN - 1) // BN, p.batch * p.hk),
+            block=THREADS, shared_mem=shared_bytes(p.d), stream=p.stream)
     if deterministic:
         kernel_for("q", p.d, p.banded, p.varlen)(
             qt, kt, vt, dot, lset, delta, p.tokens(dq_array, p.tokens_q), cu_q, cu_k, scale_log2, left, right,
