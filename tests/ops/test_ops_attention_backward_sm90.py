@@ -120,9 +120,10 @@ def test_ptx(d, tmp_path):
     proc = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(path), "-o", str(tmp_path / "attention_backward_sm90.cubin")],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    if d == 64:
-        assert "0 bytes spill stores, 0 bytes spill loads" in proc.stderr
-        assert "warning" not in proc.stderr and "C75" not in proc.stderr
+    assert "0 bytes spill stores, 0 bytes spill loads" in proc.stderr
+    assert "warning" not in proc.stderr
+    if d == 64:    # at d = 128 ptxas serializes the wgmmas for want of registers (C7512)
+        assert "C75" not in proc.stderr
 
 
 # On an sm_90a GPU, through mlirgpu.ops.attention_backward (the forward's lse and output from
