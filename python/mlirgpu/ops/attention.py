@@ -227,6 +227,27 @@ def key_tiles(first_query, last_query, lq, lk, left, right, banded, tile):
     return first, end
 
 
+def query_tiles(first_key, last_key, lq, lk, left, right, banded, tile):
+    """(first, count): the query tiles of `tile` queries that see any of the
+    keys first_key .. last_key: all of them, or within the band those from
+    the first query that sees the first key to the last that sees the last."""
+    first, count = 0, (lq + tile - 1) // tile
+    if banded:
+        first = larger(first_key - (lk - lq) - right, 0) // tile
+        end = larger(smaller(smaller(last_key, lk - 1) - (lk - lq) + left, lq - 1) + tile, 0) // tile
+        count = larger(end, first) - first
+    return first, count
+
+
+def head_and_row(step, kv_head, group, first, count):
+    """The query head and first query of step `step` of a backward loop over
+    the query tiles that see a block's keys (query heads of the group outer,
+    `count` tiles of BM queries from `first` inner); past the last step, the
+    last head (a copy that is never used)."""
+    tiles = larger(count, 1)
+    return kv_head * group + smaller(step // tiles, group - 1), (first + step % tiles) * BM
+
+
 def hidden(query, key, lq, lk, left, right, banded):
     """Whether `query` does not see `key`: keys past Lk, and with `banded`
     keys outside -left <= key - query - (Lk - Lq) <= right."""

@@ -20,6 +20,10 @@ Three kernels:
 - With `deterministic`, `attention_backward_q` instead computes dQ a query
   block at a time over the key tiles (the forward's loop, with dS for P
   and K for V): no atomics, the same bits every run.
+
+On an sm_90a GPU, dK, dV and dQ by atomics come from attention_backward_sm90's
+kernel instead (wgmma, TMA, warp specialization), except for packed sequences
+and `deterministic`.
 """
 import functools
 
@@ -27,8 +31,10 @@ from .. import language as lang
 from .._mlirgpu import LaunchError, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
 from ..runtime.kernel import kernel
-from .attention import (BM, CHUNK, LOG2E, THREADS, WARPS, Problem, add_products, as_array, copy_rows, hidden,
-                        key_tiles, larger, new_like, next_stage, query_block, rounded, scores, sequence, smaller)
+from . import attention_backward_sm90
+from .attention import (BM, CHUNK, LOG2E, THREADS, WARPS, Problem, add_products, as_array, copy_rows, head_and_row,
+                        hidden, key_tiles, new_like, next_stage, query_block, query_tiles, rounded, scores, sequence,
+                        smaller)
 
 __all__ = ["attention_backward", "HEAD_DIMS"]
 
@@ -68,14 +74,6 @@ def _build_rows(head_dim, varlen):
                     delta[token // delta.shape[1] * hq + h, token % delta.shape[1]] = total
 
     return attention_backward_rows
-
-
-def head_and_row(step, kv_head, group, first, count):
-    """The query head and first query of step `step` of the dK/dV loop (query
-    heads of the group outer, `count` query tiles from `first` inner); past
-    the last step, the last head (a copy that is never used)."""
-    tiles = larger(count, 1)
-    return kv_head * group + smaller(step // tiles, group - 1), (first + step % tiles) * BM
 
 
 def _build_kv(head_dim, banded, varlen, atomic):
@@ -120,13 +118,7 @@ def _build_kv(head_dim, banded, varlen, atomic):
         q_tile, do_tile = lang.mma.tile(smem, QO_TILE).at(Q_AT), lang.mma.tile(smem, QO_TILE).at(DO_AT)
         ds_tile = lang.mma.tile(smem, DS_TILE).at(DS_AT)
 
-        # Query tiles that see this block's keys: all, or within the band those
-        # from the first query its first key is seen by to the last its last key is.
-        first, count = 0, (lq + BM - 1) // BM
-        if banded:
-            first = larger(n0 - (lk - lq) - right, 0) // BM
-            end = larger(smaller(smaller(n0 + BN, lk) - 1 - (lk - lq) + left, lq - 1) + BM, 0) // BM
-            count = larger(end, first) - first
+        first, count = query_tiles(n0, n0 + BN - 1, lq, lk, left, right, banded, BM)
         if varlen:
             count = lang.select(n0 < lk, count, 0)    # blocks past this sequence's keys
         steps = count * group     # (query head, query tile) pairs, heads outer
@@ -340,10 +332,14 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, win
                                         stream=p.stream)
     dq_sum = as_array(new_like(q, (1 if deterministic else p.tokens_q, p.hq, p.d), f32, zeros=True), "dq")
     cu_q, cu_k, scale_log2, left, right = p.launch_args()
-    kernel_for("kv", p.d, p.banded, p.varlen, not deterministic)(
-        qt, kt, vt, dot, lset, delta, dq_sum, p.tokens(dk_array, p.tokens_k), p.tokens(dv_array, p.tokens_k),
-        cu_q, cu_k, scale_log2, left, right, p.scale,
-        grid=((p.lk + BN - 1) // BN, p.batch * p.hk), block=THREADS, shared_mem=shared_bytes(p.d), stream=p.stream)
+    if not deterministic and not p.varlen and attention_backward_sm90.supported((p.q, p.k, p.v, do_array), p.d):
+        attention_backward_sm90.backward(p.q, p.k, p.v, do_array, lse_array, delta, dq_sum, dk_array, dv_array,
+                                         p.scale, left, right, p.banded, stream=p.stream)
+    else:
+        kernel_for("kv", p.d, p.banded, p.varlen, not deterministic)(
+            qt, kt, vt, dot, lset, delta, dq_sum, p.tokens(dk_array, p.tokens_k), p.tokens(dv_array, p.tokens_k),
+            cu_q, cu_k, scale_log2, left, right, p.scale, grid=((p.lk + BN - 1) // BN, p.batch * p.hk),
+            block=THREADS, shared_mem=shared_bytes(p.d), stream=p.stream)
     if deterministic:
         kernel_for("q", p.d, p.banded, p.varlen)(
             qt, kt, vt, dot, lset, delta, p.tokens(dq_array, p.tokens_q), cu_q, cu_k, scale_log2, left, right,
