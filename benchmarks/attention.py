@@ -3,7 +3,8 @@ and mlirgpu.ops.attention_backward against torch's
 scaled_dot_product_attention with its FlashAttention and cuDNN backends,
 measured in the same run.
 
-    python benchmarks/attention.py [--quick] [--rounds R] [--dtype bf16|f16] [--head-dims D ...] [--forward | --decode]
+    python benchmarks/attention.py [--quick] [--rounds R] [--dtype bf16|f16] [--head-dims D ...]
+                                   [--forward | --decode | --fp8]
 
 - Problems: bf16 (--dtype f16: fp16), head dims 64 and 128 (--head-dims: any
   of 64, 128 and 256), without and with the causal mask,
@@ -41,6 +42,14 @@ measured in the same run.
   of the cache (torch's copy_), whose GB/s count the bytes it reads and
   writes: the memory's bandwidth on this GPU. `--decode`: these rows only;
   `--forward`: the forward's rows only.
+- FP8 (`--fp8`, this table only): the forward's problems with q, k and v
+  quantized to e4m3 with per-tensor descales (powers of two: the largest
+  |x| / 448 rounded up), mlirgpu.ops.attention(q8, k8, v8, descale_q=...,
+  ...) (the descales as floats; bf16 output, V^T written in each call) beside the bf16 forward
+  (mlirgpu) and SDPA cuDNN on the dequantized values in bf16 (exact: e4m3
+  values times powers of two); checked before timing, the FP8 output within
+  TOLERANCE of mlirgpu's bf16 output, whose max |difference| the table
+  prints ("err vs bf16").
 
 Needs a CUDA GPU and torch.
 """
@@ -60,6 +69,7 @@ LENGTHS, QUICK_LENGTHS = (1024, 4096, 16384), (4096,)
 HEAD_DIMS = (64, 128)
 TOLERANCE = 2e-2
 MLIRGPU, FA2, FLASH, CUDNN = "mlirgpu", "mlirgpu FA2", "SDPA flash", "SDPA cuDNN"
+FP8 = "mlirgpu FP8"
 
 
 def rows(torch, causal):
@@ -143,6 +153,37 @@ def measure_backward(torch, length, d, causal, rounds, dtype):
     return timed(torch, runs, results, rounds)
 
 
+def quantized(torch, x):
+    """x as e4m3 and its descale: a power of two, so that the dequantized values are exact in bf16."""
+    descale = 2.0 ** torch.ceil(torch.log2(x.abs().max().float() / 448.0))
+    return (x.float() / descale).to(torch.float8_e4m3fn), descale.reshape(1)
+
+
+def measure_fp8(torch, length, d, causal, rounds):
+    """({name: median ms or 'FAILED: why'}, max |FP8 - bf16|) of one FP8 forward problem."""
+    batch, heads = TOKENS // length, WIDTH // d
+    stored = [quantized(torch, torch.rand(batch, length, heads, d, device="cuda") * 2 - 1) for _ in range(3)]
+    (q8, dq), (k8, dk), (v8, dv) = stored
+    q, k, v = ((x.float() * s).to(torch.bfloat16) for x, s in stored)
+    dq, dk, dv = dq.item(), dk.item(), dv.item()     # floats: a tensor's would be read back in each call
+    named = dict(rows(torch, causal))
+    runs, results = checked(torch, [
+        (MLIRGPU, lambda: named[MLIRGPU](q, k, v)), (CUDNN, lambda: named[CUDNN](q, k, v)),
+        (FP8, lambda: mlirgpu.ops.attention(q8, k8, v8, causal=causal, descale_q=dq, descale_k=dk, descale_v=dv))])
+    error = None
+    if FP8 in runs and MLIRGPU in runs:
+        error = (runs[FP8][1][0] - runs[MLIRGPU][1][0]).abs().max().item()
+        if not error <= TOLERANCE:
+            results[FP8] = f"FAILED: max |difference| from {MLIRGPU} {error:.3g}"
+            del runs[FP8]
+    return timed(torch, runs, results, rounds), error
+
+
+def fp8_ratio(results, peer):
+    mine, theirs = results.get(FP8), results.get(peer)
+    return f"{theirs / mine:.2f}" if isinstance(mine, float) and isinstance(theirs, float) else "-"
+
+
 DECODE = dict(hq=32, hk=4, d=128)
 DECODE_SHAPES = ((1, 131072), (8, 8192), (8, 32768), (8, 131072), (64, 8192), (64, 32768))   # (batch, cache)
 QUICK_DECODE_SHAPES = ((8, 32768),)
@@ -221,19 +262,22 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timed rounds (default 15)")
     parser.add_argument("--decode", action="store_true", help="the decoding rows only")
     parser.add_argument("--forward", action="store_true", help="the forward rows only")
+    parser.add_argument("--fp8", action="store_true", help="the FP8 forward beside the bf16 one only")
     parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS), choices=[64, 128, 256],
                         help="head dims of the forward and backward rows (default 64 128)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16"],
                         help="q, k and v of the forward and backward rows (default bf16; decoding is bf16)")
     args = parser.parse_args(argv)
-    if args.decode and args.forward:
-        parser.error("--decode and --forward each keep one table only: give one of them")
+    if args.decode + args.forward + args.fp8 > 1:
+        parser.error("--decode, --forward and --fp8 each keep one table only: give one of them")
     try:
         import torch
     except ImportError:
         sys.exit("benchmarks/attention.py needs torch (its SDPA is the peer)")
     if not torch.cuda.is_available():
         sys.exit("benchmarks/attention.py needs a CUDA GPU")
+    if args.fp8:
+        return main_fp8(torch, args)
     if not args.decode:
         dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
         print(f"attention forward, {args.dtype}, {TOKENS} tokens a batch, heads x head_dim = {WIDTH}, "
@@ -282,6 +326,26 @@ def main(argv=None):
         print(f"{batch:>3} {length:>6} | {cells[0]:>8} {cells[1]:>10} {cells[2]:>10} {cells[3]:>9} | "
               f"{rate_ratio(rates, COPY):>12} {rate_ratio(rates, FLASH):>13}", flush=True)
         report(results)
+    return 0
+
+
+def main_fp8(torch, args):
+    print(f"attention forward, FP8 (e4m3 q, k, v, per-tensor descales, bf16 output) beside bf16 on the "
+          f"dequantized values, {TOKENS} tokens a batch, heads x head_dim = {WIDTH}, on "
+          f"{torch.cuda.get_device_name()} (TFLOP/s, median of {args.rounds} interleaved rounds)")
+    header = (f"{'L':>6} {'B':>3} {'H':>3} {'d':>4} {'causal':>6} | {FP8:>11} {MLIRGPU + ' bf16':>12} {CUDNN:>10} | "
+              f"{'FP8/bf16':>8} {'FP8/cuDNN':>9} | {'err vs bf16':>11}")
+    print(header)
+    print("-" * len(header))
+    for length in QUICK_LENGTHS if args.quick else LENGTHS:
+        for d in args.head_dims:
+            for causal in (False, True):
+                results, error = measure_fp8(torch, length, d, causal, args.rounds)
+                cells = [cell(results[name], length, d, causal) for name in (FP8, MLIRGPU, CUDNN)]
+                print(f"{length:>6} {TOKENS // length:>3} {WIDTH // d:>3} {d:>4} {str(causal):>6} | "
+                      f"{cells[0]:>11} {cells[1]:>12} {cells[2]:>10} | {fp8_ratio(results, MLIRGPU):>8} "
+                      f"{fp8_ratio(results, CUDNN):>9} | {'-' if error is None else f'{error:.2e}':>11}", flush=True)
+                report(results)
     return 0
 
 

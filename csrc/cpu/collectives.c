@@ -6,6 +6,7 @@
 #include "mlir/ir.h"
 #include "host/runner_utils.h"
 
+#include <math.h>
 #include <mlir-c/ExecutionEngine.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -435,63 +436,132 @@ static wgmma_operand wgmma_descriptor(int64_t bits, int k_major)
     return (wgmma_operand){start, (d >> 16 & 0x3fff) << 4, (d >> 32 & 0x3fff) << 4, swizzles[d >> 62], k_major};
 }
 
-/* Element (mn, k) of a 2-byte operand: the canonical layouts of the PTX ISA
- * (8-row groups of 16-byte core matrices, or rows of the swizzle's width),
- * as mlirgpu.layout.wgmma checks tiles against them, then the swizzle. */
-static float wgmma_element(const wgmma_operand *o, int mn, int k, int bf16, int32_t line)
+/* wgmma's element types, as mg_cpu_wgmma's mode names them for A (bits 0-1)
+ * and B (bits 2-3). */
+enum { WGMMA_F16, WGMMA_BF16, WGMMA_E4M3, WGMMA_E5M2 };
+enum { WGMMA_B_MN_MAJOR = 16, WGMMA_A_IN_REGISTERS = 32 };
+
+/* An OCP 8-bit float, exactly: e4m3 (bias 7, no infinities, S.1111.111 NaN)
+ * or e5m2 (bias 15, IEEE-like: infinities and NaNs at exponent 31); both
+ * with subnormals. */
+static float float8_to_float(uint32_t bits, int e5m2)
 {
+    int mantissa_bits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7, top = e5m2 ? 31 : 15;
+    int exponent = (int)(bits >> mantissa_bits & (uint32_t)top), mantissa = (int)(bits & ((1u << mantissa_bits) - 1));
+    float sign = bits & 0x80u ? -1.0f : 1.0f;
+    if (e5m2 && exponent == top)
+        return mantissa ? NAN : sign * INFINITY;
+    if (!e5m2 && exponent == top && mantissa == 7)
+        return NAN;
+    if (exponent == 0) /* subnormal: mantissa * 2^(1 - bias - mantissa_bits) */
+        return sign * ldexpf((float)mantissa, 1 - bias - mantissa_bits);
+    return sign * ldexpf((float)((1 << mantissa_bits) | mantissa), exponent - bias - mantissa_bits);
+}
+
+/* x rounded to an 8-bit float as cvt.rn.satfinite does: to nearest, ties to
+ * the even code; beyond the largest finite value (infinities too) that value
+ * with x's sign; NaN a NaN. The positive codes are ordered as their values,
+ * so a binary search finds the two around |x|. */
+static uint32_t float_to_float8(float x, int e5m2)
+{
+    uint32_t largest = e5m2 ? 0x7b : 0x7e, sign = signbit(x) ? 0x80u : 0;
+    if (isnan(x))
+        return 0x7f;
+    float magnitude = fabsf(x);
+    if (magnitude >= float8_to_float(largest, e5m2))
+        return sign | largest;
+    uint32_t low = 0, high = largest; /* float8(low) <= magnitude < float8(high) */
+    while (high - low > 1) {
+        uint32_t middle = (low + high) / 2;
+        if (float8_to_float(middle, e5m2) <= magnitude)
+            low = middle;
+        else
+            high = middle;
+    }
+    float below = magnitude - float8_to_float(low, e5m2), above = float8_to_float(high, e5m2) - magnitude;
+    return sign | (below < above || (below == above && low % 2 == 0) ? low : high);
+}
+
+/* Four f32 values as the bytes of one word, lowest first, each rounded to an
+ * 8-bit float (e5m2, else e4m3): a word of a k32 wgmma's A fragment. */
+int32_t mg_cpu_float8x4(float x0, float x1, float x2, float x3, int32_t e5m2)
+{
+    return (int32_t)(float_to_float8(x0, e5m2) | float_to_float8(x1, e5m2) << 8 | float_to_float8(x2, e5m2) << 16 |
+                     float_to_float8(x3, e5m2) << 24);
+}
+
+static float wgmma_value(uint32_t bits, int type)
+{
+    switch (type) {
+    case WGMMA_F16: return half_to_float(bits);
+    case WGMMA_BF16: return bits_to_float(bits << 16);
+    default: return float8_to_float(bits, type == WGMMA_E5M2);
+    }
+}
+
+/* Element (mn, k) of an operand of `size`-byte elements of `type`: the
+ * canonical layouts of the PTX ISA (8-row groups of 16-byte core matrices,
+ * or rows of the swizzle's width), as mlirgpu.layout.wgmma checks tiles
+ * against them, then the swizzle. 8-bit operands are K-major only. */
+static float wgmma_element(const wgmma_operand *o, int mn, int k, int type, int32_t line)
+{
+    size_t size = type >= WGMMA_E4M3 ? 1 : 2, per_core = 16 / size; /* elements in a core matrix's row */
     size_t width = o->swizzle_bytes ? (size_t)o->swizzle_bytes : 16, at;
     if (o->k_major)
-        at = o->swizzle_bytes ? (size_t)(mn % 8) * width + (size_t)(mn / 8) * o->sbo + (size_t)k * 2
-                              : (size_t)(mn % 8) * 16 + (size_t)(mn / 8) * o->sbo + (size_t)(k % 8) * 2 +
-                                (size_t)(k / 8) * o->lbo;
+        at = o->swizzle_bytes ? (size_t)(mn % 8) * width + (size_t)(mn / 8) * o->sbo + (size_t)k * size
+                              : (size_t)(mn % 8) * 16 + (size_t)(mn / 8) * o->sbo + (size_t)k % per_core * size +
+                                (size_t)k / per_core * o->lbo;
     else if (o->swizzle_bytes == 0)
         at = (size_t)(mn % 8) * 2 + (size_t)(mn / 8) * o->sbo + (size_t)(k % 8) * 16 + (size_t)(k / 8) * o->lbo;
     else
         at = (size_t)(mn % (width / 2)) * 2 + (size_t)(mn / (width / 2)) * o->lbo + (size_t)(k % 8) * width +
              (size_t)(k / 8) * o->sbo;
-    uint16_t h;
-    memcpy(&h, shared_offset(mg_hopper_swizzled(o->start + at, o->swizzle_bytes), 2, "mg.wgmma.mma", line), 2);
-    return bf16 ? bits_to_float((uint32_t)h << 16) : half_to_float(h);
+    uint16_t h = 0;
+    memcpy(&h, shared_offset(mg_hopper_swizzled(o->start + at, o->swizzle_bytes), size, "mg.wgmma.mma", line), size);
+    return wgmma_value(h, type);
 }
 
-/* wgmma.mma_async m64nNk16 with f32 accumulators, this thread's part: its
- * N/2 accumulators (rows and columns as mg.wgmma.accumulator_coordinates
- * says) plus the products of A's rows and B's columns, read from shared
- * memory through the descriptors when it is issued. `mode`: bit 0 bf16 (else
- * f16), bit 1 B MN-major (else K-major), bit 2 A from registers: then `a`
- * is unused and A's rows are the words after the accumulators, those of
- * the thread's quad, lane by lane (PTX's A fragment: word i of lane q holds
- * row r + 8 (i % 2), columns 8 (i / 2) + 2q and the next). Products are
- * summed in double and rounded to f32 once. */
+/* wgmma.mma_async m64nNk16 (16-bit types) or m64nNk32 (8-bit floats) with
+ * f32 accumulators, this thread's part: its N/2 accumulators (rows and
+ * columns as mg.wgmma.accumulator_coordinates says) plus the products of
+ * A's rows and B's columns over the 32 bytes of K, read from shared memory
+ * through the descriptors when it is issued. `mode`: bits 0-1 A's type,
+ * bits 2-3 B's (f16, bf16, e4m3, e5m2; the 16-bit types do not mix), bit 4
+ * B MN-major (else K-major), bit 5 A from registers: then `a` is unused and
+ * A's rows are the words after the accumulators, those of the thread's quad,
+ * lane by lane (PTX's A fragment: word i of lane q holds row r + 8 (i % 2)
+ * and, of `per` elements a word, the `per` columns from
+ * 4 per (i / 2) + per q, lowest in the low bits). Products are summed in
+ * double and rounded to f32 once. */
 void mg_cpu_wgmma(int32_t n, int64_t a, int64_t b, int32_t mode, int32_t line)
 {
     mg_cpu_launch *l = mg_cpu_running;
     float *acc = l->pool->fibers[l->current].wgmma;
-    int t = l->current % l->block_threads % MG_CPU_WARPGROUP, warp = t / 32, lane = t % 32, bf16 = mode & 1;
+    int t = l->current % l->block_threads % MG_CPU_WARPGROUP, warp = t / 32, lane = t % 32;
+    int type_a = mode & 3, type_b = mode >> 2 & 3, depth = type_a >= WGMMA_E4M3 ? 32 : 16, per = depth / 8;
     if (n < 8 || n > 2 * MG_CPU_WGMMA_MAX || n % 8)
         mg_cpu_fault(line, "mg.wgmma.mma: N is a multiple of 8 from 8 to 256, not %d", (int)n);
-    wgmma_operand B = wgmma_descriptor(b, !(mode & 2));
-    float rows[2][16];
-    if (mode & 4) {
+    wgmma_operand B = wgmma_descriptor(b, !(mode & WGMMA_B_MN_MAJOR));
+    float rows[2][32];
+    if (mode & WGMMA_A_IN_REGISTERS) {
+        int bits = 32 / per;
         for (int h = 0; h < 2; h++)
-            for (int k = 0; k < 16; k++) {
+            for (int k = 0; k < depth; k++) {
                 uint32_t word;
-                memcpy(&word, &acc[MG_CPU_WGMMA_MAX + 4 * (k % 8 / 2) + h + 2 * (k / 8)], 4);
-                uint32_t half = word >> 16 * (k % 2) & 0xffffu;
-                rows[h][k] = bf16 ? bits_to_float(half << 16) : half_to_float(half);
+                memcpy(&word, &acc[MG_CPU_WGMMA_MAX + 4 * (k % (4 * per) / per) + h + 2 * (k / (4 * per))], 4);
+                rows[h][k] = wgmma_value(word >> bits * (k % per) & ((1u << bits) - 1), type_a);
             }
     } else {
         wgmma_operand A = wgmma_descriptor(a, 1);
         for (int h = 0; h < 2; h++)
-            for (int k = 0; k < 16; k++)
-                rows[h][k] = wgmma_element(&A, warp * 16 + lane / 4 + 8 * h, k, bf16, line);
+            for (int k = 0; k < depth; k++)
+                rows[h][k] = wgmma_element(&A, warp * 16 + lane / 4 + 8 * h, k, type_a, line);
     }
     for (int r = 0; r < n / 2; r++) {
         int row = (r >> 1) & 1, column = (r >> 2) * 8 + (lane % 4) * 2 + (r & 1);
         double sum = acc[r];
-        for (int k = 0; k < 16; k++)
-            sum += (double)rows[row][k] * (double)wgmma_element(&B, column, k, bf16, line);
+        for (int k = 0; k < depth; k++)
+            sum += (double)rows[row][k] * (double)wgmma_element(&B, column, k, type_b, line);
         acc[r] = (float)sum;
     }
 }

@@ -214,6 +214,7 @@ void mg_cpu_tma_store(void *map, int32_t source, int32_t rank, int32_t c0, int32
                       int32_t c4, int32_t line);
 void mg_cpu__mlir_ciface_mg_cpu_wgmma_buffer(mg_memref_1d *result);
 void mg_cpu_wgmma(int32_t n, int64_t a, int64_t b, int32_t mode, int32_t line);
+int32_t mg_cpu_float8x4(float x0, float x1, float x2, float x3, int32_t e5m2);
 void mg_cpu_printf_arg(int64_t bits);
 void mg_cpu_printf(int32_t format);
 int mg_cpu_flush_output(mg_cpu_launch *l);

@@ -2,7 +2,8 @@
 the PTX ISA says (arrivals and transaction bytes, waits by parity), named
 barriers hold one warpgroup for another, TMA boxes land in shared memory
 with the hardware's swizzles and zero fill and are stored back clipped at
-the array's edges, wgmma reads every operand layout through its descriptor,
+the array's edges, wgmma reads every operand layout through its descriptor
+(8-bit floats too, and A from registers as mg.wgmma.fragments rounds it),
 and the warp-specialized Hopper GEMM of examples/tensorcore matches float64
 products at odd sizes. Each result is worked out on the host (NumPy, the
 layout module), and the threads that would read too early run first. The
@@ -377,6 +378,195 @@ def test_a_fragment_operand_is_wgmmas_register_form(tmp_path):
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16 \{[^}]*\}, "
                           r"\{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+, p, 1, 1, 0;", ptx)) == 4
     assert ptx.count("cvt.rn.bf16x2.f32") == 16
+    ptxas_accepts(ptx, "sm_90a", tmp_path)
+
+
+# --------------------------------------------------------------------------
+# wgmma of 8-bit floats (k32, K-major)
+# --------------------------------------------------------------------------
+
+FLOAT8 = {mg.f8e4m3: ml_dtypes.float8_e4m3fn, mg.f8e5m2: ml_dtypes.float8_e5m2}
+
+
+def fp8_kernel(tile, type_a, type_b):
+    """A kernel multiplying a 64 x 128 A by a 128 x 64 B of 8-bit floats whose
+    shared-memory images (K-major, as `tile` places the elements; B's over
+    (N, K)) it is given."""
+    @mg.kernel
+    def fp8_product(a_image: mg.memref[64 * 128, type_a], b_image: mg.memref[64 * 128, type_b],
+                    C: mg.memref[64, 64, mg.f32]):
+        sa, sb = mg.shared.dynamic(type_a), mg.shared.dynamic(type_b)   # one window, two views
+        base = mg.shared.address(sa)
+        first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index)
+        for i in range(mg.thread_idx.x, 64 * 128, 128):
+            sa[first + i] = a_image[i]
+            sb[first + 64 * 128 + i] = b_image[i]
+        mg.tma.fence_proxy_async()
+        mg.syncthreads()
+        t = mg.warpgroup.thread_index()
+        acc = mg.wgmma.zeros(64)
+        mg.wgmma.fence()
+        for k in mg.static_range(4):
+            a = mg.wgmma.descriptor(sa, tile, offset=first, k_block=k)
+            b = mg.wgmma.descriptor(sb, tile, offset=first + 64 * 128, k_block=k)
+            acc = mg.wgmma.mma(acc, a, b, n=64)
+        mg.wgmma.commit_group()
+        acc = mg.wgmma.wait_group(0, acc)
+        for r in mg.static_range(32):
+            row, col = mg.wgmma.accumulator_coordinates(r, t)
+            C[row, col] = acc[r]
+    return fp8_product
+
+
+def staged_product(a, b, depth):
+    """a @ b as wgmmas sum it: each k-slice of `depth` exactly (in float64, exact for these
+    operands), then rounded to the float32 accumulator."""
+    acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for k in range(0, a.shape[1], depth):
+        acc = (acc.astype(np.float64) + a[:, k:k + depth] @ b[k:k + depth]).astype(np.float32)
+    return acc
+
+
+def float8_codes(kind, shape, rng, largest=None):
+    """Random values of the 8-bit float `kind`, any code but NaN and infinity (and, with
+    `largest`, none above it in magnitude): subnormals, zeros of both signs and the extremes."""
+    values = np.arange(256, dtype=np.uint8).view(FLOAT8[kind]).astype(np.float64)
+    values = values[np.isfinite(values)]
+    if largest is not None:
+        values = values[np.abs(values) <= largest]
+    return rng.choice(values, shape)
+
+
+@pytest.mark.parametrize("swizzle", ["interleave", "32B", "64B", "128B"])
+@pytest.mark.parametrize("type_b", [mg.f8e4m3, mg.f8e5m2], ids=["e4m3", "e5m2"])
+def test_8bit_wgmma_reads_each_layout_through_its_descriptor(swizzle, type_b):
+    tile = wgmma_layout.tile_layout((64, 128), 1, swizzle)
+    rng = np.random.default_rng(3)
+    # Every finite e4m3 code in A; e5m2 in B up to 2^8 (and down to its subnormals' 2^-16), so that
+    # each k32 slice's sum is exact in float64 and only the accumulator's rounding remains.
+    a = float8_codes(mg.f8e4m3, (64, 128), rng)                                  # M x K
+    b = float8_codes(type_b, (128, 64), rng, None if type_b == mg.f8e4m3 else 256.0)   # K x N
+    a_image, b_image = (np.zeros(64 * 128, FLOAT8[kind]) for kind in (mg.f8e4m3, type_b))
+    for i in range(64):
+        for k in range(128):
+            a_image[tile(i, k)] = a[i, k]
+            b_image[tile(i, k)] = b[k, i]
+    C = np.zeros((64, 64), np.float32)
+    fp8_kernel(tile, mg.f8e4m3, type_b)(a_image, b_image, C, grid=1, block=128, shared_mem=2 * 64 * 128 + 1024)
+    np.testing.assert_array_equal(C, staged_product(a, b, 32))
+
+
+@mg.kernel
+def float8_words(X: mg.memref[2, 16, mg.f32], W: mg.memref[2, 4, mg.i32]):
+    # An accumulator of 16 values as one A fragment of e4m3 (X[0]) and of e5m2 (X[1]).
+    for row, kind in ((0, mg.f8e4m3), (1, mg.f8e5m2)):
+        fragment = mg.wgmma.fragments([X[row, i] for i in mg.static_range(16)], kind)[0]
+        for j in mg.static_range(4):
+            W[row, j] = fragment.words[j]
+
+
+def test_fragments_round_to_8bit_floats_as_cvt_satfinite(tmp_path):
+    # Ties to the even code (2^-10 between 0 and e4m3's 2^-9; 3 x 2^-10), past the largest finite
+    # value and infinities to it, NaN to NaN.
+    x = np.array([[1.0, -0.3, 17.0, 19.0, 2 ** -10, 3 * 2 ** -10, 464.0, 1e9, -np.inf, np.inf, -500.0, 0.0, -0.0,
+                   np.nan, 0.1, 2 ** -7],
+                  [1.0, -0.3, 17.0, 19.0, 2 ** -17, 3 * 2 ** -17, 61440.0, 1e9, -np.inf, np.inf, -70000.0, 0.0,
+                   -0.0, np.nan, 0.1, 2 ** -15]], np.float32)
+    words = np.zeros((2, 4), np.int32)
+    float8_words(x, words, grid=1, block=1)
+    got = words.view(np.uint8).reshape(2, 4, 4)
+    # Word j's bytes, lowest first: accumulator values (0, 1, 4, 5), (2, 3, 6, 7), (8, 9, 12, 13), (10, 11, 14, 15).
+    order = [0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15]
+    for row, (kind, largest) in enumerate(((mg.f8e4m3, 448.0), (mg.f8e5m2, 57344.0))):
+        values = got[row].reshape(16).view(FLOAT8[kind]).astype(np.float32)
+        expected = np.clip(x[row, order], -largest, largest).astype(FLOAT8[kind]).astype(np.float32)
+        np.testing.assert_array_equal(values, expected, err_msg=kind.name)
+        assert np.signbit(values[order.index(12)])   # -0.0 keeps its sign
+    ptx = float8_words.specialize({}).ptx("sm_90a")
+    # Two conversions of a pair a word.
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 8 and ptx.count("cvt.rn.satfinite.e5m2x2.f32") == 8
+    ptxas_accepts(ptx, "sm_90a", tmp_path)
+
+
+def chained_fp8_kernel(tile, v_tile, dtype):
+    """A kernel computing (A @ B) @ V: A (64 x 128) @ B (128 x 64) from shared memory, rounded to
+    the 8-bit `dtype` as fragments (mg.wgmma.fragments), times V (64 x 64) given as V^T, K-major."""
+    @mg.kernel
+    def chained8(image: mg.memref[3 * 64 * 128, dtype], C: mg.memref[64, 64, mg.f32]):
+        smem = mg.shared.dynamic(dtype)
+        base = mg.shared.address(smem)
+        first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index)
+        for i in range(mg.thread_idx.x, 3 * 64 * 128, 128):
+            smem[first + i] = image[i]
+        mg.tma.fence_proxy_async()
+        mg.syncthreads()
+        t = mg.warpgroup.thread_index()
+        s = mg.wgmma.zeros(64)
+        mg.wgmma.fence()
+        for k in mg.static_range(4):
+            a = mg.wgmma.descriptor(smem, tile, offset=first, k_block=k)
+            b = mg.wgmma.descriptor(smem, tile, offset=first + 64 * 128, k_block=k)
+            s = mg.wgmma.mma(s, a, b, n=64)
+        mg.wgmma.commit_group()
+        s = mg.wgmma.wait_group(0, s)
+        p = mg.wgmma.fragments(s, dtype)
+        acc = mg.wgmma.zeros(64)
+        mg.wgmma.fence()
+        for k in mg.static_range(2):
+            v = mg.wgmma.descriptor(smem, v_tile, offset=first + 2 * 64 * 128, k_block=k)
+            acc = mg.wgmma.mma(acc, p[k], v, n=64)
+        mg.wgmma.commit_group()
+        acc = mg.wgmma.wait_group(0, acc)
+        for r in mg.static_range(32):
+            row, col = mg.wgmma.accumulator_coordinates(r, t)
+            C[row, col] = acc[r]
+    return chained8
+
+
+def chained_fp8_product(dtype, permuted):
+    """(C the kernel computes, (A @ B rounded to `dtype`) @ V) with V^T's K rows (the keys) in
+    fragment_columns' order within each 32, or with not `permuted` in their own."""
+    kind = FLOAT8[dtype]
+    tile = wgmma_layout.tile_layout((64, 128), 1, "128B")
+    v_tile = wgmma_layout.tile_layout((64, 64), 1, "64B")
+    rng = np.random.default_rng(4)
+    # Integers in [-3, 3], exact in either type; row 0 of A and column 0 of B all 4s: A @ B's
+    # element (0, 0) is 2048, past e4m3's largest 448, which the rounding saturates to.
+    a, b, v = (rng.integers(-3, 4, shape).astype(np.float64) for shape in ((64, 128), (128, 64), (64, 64)))
+    a[0], b[:, 0] = 4.0, 4.0
+    order = mg.wgmma.fragment_columns(dtype)
+    image = np.zeros(3 * 64 * 128, kind)
+    for i in range(64):
+        for k in range(128):
+            image[tile(i, k)] = a[i, k]
+            image[64 * 128 + tile(i, k)] = b[k, i]
+        for j in range(64):        # V^T: N = d x K = keys; key j // 32 * 32 + order[j % 32] at K column j
+            key = j // 32 * 32 + order[j % 32] if permuted else j
+            image[2 * 64 * 128 + v_tile(i, j)] = v[key, i]
+    C = np.zeros((64, 64), np.float32)
+    chained_fp8_kernel(tile, v_tile, dtype)(image, C, grid=1, block=128, shared_mem=3 * 64 * 128 + 1024)
+    largest = float(ml_dtypes.finfo(kind).max)
+    p = np.clip(a @ b, -largest, largest).astype(kind).astype(np.float64)
+    return C, staged_product(p, v, 32)
+
+
+@pytest.mark.parametrize("dtype", [mg.f8e4m3, mg.f8e5m2], ids=["e4m3", "e5m2"])
+def test_an_8bit_product_feeds_the_next_from_registers(dtype):
+    got, expected = chained_fp8_product(dtype, permuted=True)
+    np.testing.assert_array_equal(got, expected)
+    # The check sees the fragments' order: with V^T's keys in their own order, the sums differ.
+    got, expected = chained_fp8_product(dtype, permuted=False)
+    assert not np.array_equal(got, expected)
+
+
+def test_an_8bit_fragment_operand_is_wgmmas_register_form(tmp_path):
+    ptx = chained_fp8_kernel(wgmma_layout.tile_layout((64, 128), 1, "128B"), wgmma_layout.tile_layout((64, 64), 1, "64B"),
+                             mg.f8e4m3)[()].ptx(chip="sm_90a")
+    # The first product reads A by descriptor, the second from 4 registers (no transpose operand).
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3 \{[^}]*\}, %rd", ptx)) == 4
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3 \{[^}]*\}, "
+                          r"\{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+, p, 1, 1;", ptx)) == 2
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 16
     ptxas_accepts(ptx, "sm_90a", tmp_path)
 
 

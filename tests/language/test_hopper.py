@@ -705,8 +705,11 @@ def test_a_padded_layout_is_not_a_wgmma_tile():
     ("mg.wgmma.descriptor(mg.shared.array((64 * 64,), mg.f16), TILE, k_block=4)", "k_block must be a Python int below 4"),
     ("mg.wgmma.mma(mg.wgmma.zeros(64), 1, 2, n=64)",
      "mg.wgmma.mma takes a descriptor (mg.wgmma.descriptor) or a Fragment (mg.wgmma.fragments) for a"),
-    ("mg.wgmma.fragments([0.0] * 8, mg.f32)", "a wgmma A fragment holds f16 or bf16 values, not f32"),
-    ("mg.wgmma.fragments([0.0] * 12, mg.bf16)", "fragments takes an m64nN accumulator (N/2 values, N a multiple"),
+    ("mg.wgmma.fragments([0.0] * 8, mg.f32)", "a wgmma A fragment holds f16, bf16, f8e4m3 or f8e5m2 values, not f32"),
+    ("mg.wgmma.fragments([0.0] * 12, mg.bf16)", "fragments of bf16 take an m64nN accumulator (N/2 values, N a multiple "
+     "of 16), got 12"),
+    ("mg.wgmma.fragments([0.0] * 8, mg.f8e4m3)", "fragments of f8e4m3 take an m64nN accumulator (N/2 values, N a "
+     "multiple of 32), got 8"),
     ("d = mg.wgmma.descriptor(mg.shared.array((64 * 64,), mg.f16), TILE); mg.wgmma.mma([0.0] * 8, d, d, n=64)",
      "an m64n64 accumulator is a list of 32 f32 values, got 8"),
     ("mg.warpgroup.set_max_registers(100, increase=True)", "multiple of 8 from 24 to 256"),

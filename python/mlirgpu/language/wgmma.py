@@ -24,6 +24,10 @@ so that one product feeds the next with no trip through shared memory
     for k in mg.static_range(8):
         acc = mg.wgmma.mma(acc, p[k], v_descriptor(k), n=128)
 
+Rounded to an 8-bit float, the accumulator makes N/32 fragments of k32
+wgmmas, whose K columns hold the accumulator's in another order
+(`fragment_columns`): B's K rows are to be laid out in that order too.
+
 Each wgmma reads 32 bytes of K: k16 for f16 and bf16, k32 for the 8-bit
 floats (f8e4m3, f8e5m2), which wgmma reads K-major only (B given as N x K).
 Descriptors are computed from layouts (mlirgpu.layout.wgmma.descriptor: the
@@ -51,7 +55,7 @@ if TYPE_CHECKING:
     from .._mlirgpu import DType
     from ..layout import ComposedLayout, Layout
 
-__all__ = ["Descriptor", "descriptor", "Fragment", "fragments", "mma", "zeros", "fence", "commit_group", "wait_group",
+__all__ = ["Descriptor", "descriptor", "Fragment", "fragments", "fragment_columns", "mma", "zeros", "fence", "commit_group", "wait_group",
            "accumulator_coordinates"]
 
 _INPUTS = {lang.f16: "f16", lang.bf16: "bf16", lang.f8e4m3: "e4m3", lang.f8e5m2: "e5m2"}
@@ -105,11 +109,13 @@ def descriptor(tile: shared.SharedMemRef, layout: Layout | ComposedLayout, *, of
 
 
 class Fragment:
-    """This thread's part of a 64 x 16 slice of A held in registers: 4 i32
-    words of two f16 or bf16 elements each, in the order of PTX's A
-    fragment (rows r and r + 8 of the thread's warp, columns 2q, 2q + 1 and
-    2q + 8, 2q + 9 for lane 4r + q), which is the order of the accumulator
-    values 8k .. 8k + 7 of an m64nN wgmma (`fragments`)."""
+    """This thread's part of a 64 x k slice of A held in registers (32
+    bytes of K: k16 of f16 or bf16, k32 of an 8-bit float): 4 i32 words, in
+    the order of PTX's A fragment. Lane 4r + q of a warp holds rows r
+    (words 0 and 2) and r + 8 (words 1 and 3): of 16-bit elements, columns
+    2q, 2q + 1 (words 0, 1) and 2q + 8, 2q + 9 (words 2, 3), which is the
+    order of the accumulator values 8k .. 8k + 7 of an m64nN wgmma; of 8-bit
+    ones, columns 4q .. 4q + 3 and 16 + 4q .. 16 + 4q + 3 (`fragments`)."""
 
     __slots__ = ("words", "dtype")
 
@@ -131,20 +137,47 @@ def _pair(low: lang.Scalar, high: lang.Scalar, dtype: DType) -> lang.Scalar:
         "static_position": ir.Attribute.dense_i64_array([0])}).result, lang.i32)
 
 
+def fragment_columns(dtype: DType) -> tuple[int, ...]:
+    """Which column of the accumulator each K column of a fragment that
+    `fragments` makes holds, relative to the fragment's first (a Python
+    tuple): for f16 and bf16 the 16 in order; for 8-bit floats a
+    permutation of 32. An 8-bit fragment's lane holds 4 consecutive K
+    columns where the accumulator gives it pairs of columns 8 apart, so
+    `fragments` packs the values as they lie, no shuffle between lanes, and
+    A's K column 16h + 4q + i is the accumulator's column
+    16h + 2q + i % 2 + 8 (i // 2). A product by B then sums over the same
+    columns if B's K row j holds what the accumulator's column
+    fragment_columns(dtype)[j] stands for."""
+    if dtype in (lang.f16, lang.bf16):
+        return tuple(range(16))
+    if dtype in lang.FLOATS8:
+        return tuple(16 * (j // 16) + 2 * (j % 16 // 4) + j % 2 + 8 * (j % 4 // 2) for j in range(32))
+    raise CompileError(f"a wgmma A fragment holds f16, bf16, f8e4m3 or f8e5m2 values, not "
+                       f"{getattr(dtype, 'name', dtype)}")
+
+
 def fragments(values: Sequence[lang.Number], dtype: DType) -> list[Fragment]:
     """The accumulator `values` of an m64nN wgmma (N/2 values a thread, as
-    mma returns them), rounded to `dtype` (f16 or bf16), as the N/16 A
-    fragments of the k16 slices of that 64 x N tile: fragment k holds its
-    columns 16k .. 16k + 15, what the k-th wgmma of a product by an N x n B
-    reads."""
-    if dtype not in (lang.f16, lang.bf16):
-        raise CompileError(f"a wgmma A fragment holds f16 or bf16 values, not {getattr(dtype, 'name', dtype)}")
-    if not isinstance(values, (list, tuple)) or not values or len(values) % 8:
-        raise CompileError(f"fragments takes an m64nN accumulator (N/2 values, N a multiple of 16), got "
-                           f"{len(values) if isinstance(values, (list, tuple)) else type(values).__name__}")
+    mma returns them), rounded to `dtype`, as A fragments of that 64 x N
+    tile: for f16 and bf16 the N/16 fragments of its k16 slices, fragment k
+    holding columns 16k .. 16k + 15, what the k-th wgmma of a product by an
+    N x n B reads; for f8e4m3 and f8e5m2 (rounded to nearest, saturating at
+    the largest finite value: cvt.rn.satfinite) the N/32 fragments of its
+    k32 slices, fragment k holding columns 32k .. 32k + 31 in the order
+    `fragment_columns` gives."""
+    columns = len(fragment_columns(dtype))
+    if not isinstance(values, (list, tuple)) or not values or len(values) % (columns // 2):
+        raise CompileError(f"fragments of {dtype.name} take an m64nN accumulator (N/2 values, N a multiple of "
+                           f"{columns}), got {len(values) if isinstance(values, (list, tuple)) else type(values).__name__}")
     values = [lang.coerce(v, lang.f32, "a wgmma accumulator value") for v in values]
-    return [Fragment([_pair(values[i], values[i + 1], dtype) for i in range(k, k + 8, 2)], dtype)
-            for k in range(0, len(values), 8)]
+    if columns == 16:
+        return [Fragment([_pair(values[i], values[i + 1], dtype) for i in range(k, k + 8, 2)], dtype)
+                for k in range(0, len(values), 8)]
+    # Words 0 and 1: rows r and r + 8 of the slice's first 16 columns (values 0, 1, 4, 5 and 2, 3, 6, 7);
+    # words 2 and 3: those of its last 16 (values 8 on).
+    return [Fragment([lang.target().float8_word([values[k + i] for i in (j, j + 1, j + 4, j + 5)], _INPUTS[dtype])
+                      for j in (0, 2, 8, 10)], dtype)
+            for k in range(0, len(values), 16)]
 
 
 def zeros(n: int) -> list[lang.Scalar]:
@@ -161,8 +194,8 @@ def _check_n(n):
 
 def mma(acc: Sequence[lang.Number], a: Descriptor | Fragment, b: Descriptor, *, n: int) -> list[lang.Scalar]:
     """acc + A @ B for one m64nNk16 wgmma (m64nNk32 for 8-bit floats; f32
-    accumulate) of `a` (64 x k, K-major: a descriptor, or for f16 and bf16
-    a Fragment in registers) and the descriptor `b` (N x k, K-major, or
+    accumulate) of `a` (64 x k, K-major: a descriptor, or a Fragment in
+    registers of b's type) and the descriptor `b` (N x k, K-major, or
     MN-major for f16 and bf16); returns the new accumulator.
     Asynchronous: its result may be read only after `commit_group()` and
     `wait_group(...)`, and a Fragment's registers are read until then."""

@@ -3,14 +3,15 @@ JAX arrays, DeviceArrays (and NumPy arrays on the CPU backend) without a
 copy, reads their dtype, and makes outputs in the caller's library."""
 import contextlib
 import functools
+import numbers
 import sys
 import threading
 
-from .._mlirgpu import DeviceArray, DType, LaunchError, asarray, bf16, current_device, dtype, f16, f32, i32
+from .._mlirgpu import DeviceArray, DType, LaunchError, asarray, bf16, current_device, dtype, f8e4m3, f16, f32, i32
 from ..runtime import backend
 
-__all__ = ["as_array", "dtype_of", "geometry", "is_contiguous", "new_like", "output", "placeholder", "stream_key",
-           "torch_stream", "Workspaces", "zero"]
+__all__ = ["as_array", "dtype_of", "geometry", "is_contiguous", "new_like", "output", "per_tensor_scale", "placeholder",
+           "stream_key", "torch_stream", "Workspaces", "zero"]
 
 
 def as_array(x, what):
@@ -145,7 +146,8 @@ def new_like(x, shape, kind, zeros=False):
     if type(x).__module__.split(".")[0] == "torch":
         import torch
 
-        kinds = {f16: torch.float16, bf16: torch.bfloat16, f32: torch.float32, i32: torch.int32}
+        kinds = {f16: torch.float16, bf16: torch.bfloat16, f32: torch.float32, i32: torch.int32,
+                 f8e4m3: torch.float8_e4m3fn}
         # x's methods take its device as they stand (torch.empty's device= costs more on every call).
         return (x.new_zeros if zeros else x.new_empty)(shape, dtype=kinds[kind])
     if isinstance(x, np.ndarray):
@@ -163,6 +165,22 @@ def output(x, out, shape, kind, what):
         raise LaunchError(f"{what}'s out is a C-contiguous {kind.name} array of shape {shape}, "
                           f"not {out.dtype} of shape {tuple(out.shape)}")
     return out
+
+
+def per_tensor_scale(value, what):
+    """A per-tensor scale as a Python float: a number, or an array of one
+    element (read on the host: a device array's is copied back, which waits
+    for the work that writes it). `what` names it in the LaunchError of
+    anything else ("scaled_matmul's scale_a")."""
+    if isinstance(value, numbers.Real):
+        return float(value)
+    shape = tuple(getattr(value, "shape", (None,)))
+    if len(shape) > 1 or shape not in ((), (1,)):
+        raise LaunchError(f"{what} is a per-tensor scale: a number or an array of one element, "
+                          f"not {type(value).__name__} of shape {shape}")
+    if hasattr(value, "item"):     # NumPy, torch, CuPy, JAX
+        return float(value.item())
+    return float(value.get().reshape(()))
 
 
 def zero(out, what):

@@ -56,12 +56,13 @@ import math
 import threading
 
 from .. import language as lang
-from .._mlirgpu import LaunchError, bf16, current_device, f16, f32, i32, index
+from .._mlirgpu import DType, LaunchError, bf16, current_device, dtype, f8e4m3, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
 from ..runtime import backend
+from ..runtime.compiled import default_chip
 from ..runtime.kernel import kernel
 from . import arrays, attention_decode_sm90, attention_sm90, attention_torch
-from .arrays import Workspaces, dtype_of, is_contiguous, new_like, placeholder, torch_stream
+from .arrays import Workspaces, dtype_of, is_contiguous, new_like, output, per_tensor_scale, placeholder, torch_stream
 
 __all__ = ["attention", "HEAD_DIMS"]
 
@@ -470,7 +471,7 @@ class Problem:
     them and the sizes, band and offsets they need."""
 
     def __init__(self, what, q, k, v, causal, scale, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                 max_seqlen_k):
+                 max_seqlen_k, float8=False):
         self.varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
         rank = 3 if self.varlen else 4
         layout = "(tokens, heads, head_dim)" if self.varlen else "(batch, sequence, heads, head_dim)"
@@ -483,8 +484,8 @@ class Problem:
         self.q, self.k, self.v = arrays
         qshape, kshape, vshape = (tuple(a.shape) for a in arrays)
         self.dtype = dtype_of(self.q)
-        if self.dtype not in (f16, bf16):
-            raise LaunchError(f"{what} takes f16 or bf16 q, k and v, not {self.q.dtype}")
+        if self.dtype not in ((f8e4m3,) if float8 else (f16, bf16)):
+            raise LaunchError(f"{what} takes {'f8e4m3' if float8 else 'f16 or bf16'} q, k and v, not {self.q.dtype}")
         if dtype_of(self.k) != self.dtype or dtype_of(self.v) != self.dtype:
             raise LaunchError(f"{what}'s q, k and v have one dtype; got "
                               f"{', '.join(str(a.dtype) for a in arrays)}")
@@ -614,11 +615,23 @@ def splits_for(problem):
 
 
 def attention(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None, cu_seqlens_k=None,
-              max_seqlen_q=None, max_seqlen_k=None, num_splits=None, out=None, return_lse=False):
+              max_seqlen_q=None, max_seqlen_k=None, num_splits=None, out=None, return_lse=False,
+              descale_q=None, descale_k=None, descale_v=None, out_dtype=None):
     """softmax(scale * q k^T + mask) v for q (B, Lq, Hq, d) and k, v (B, Lk, Hk, d)
     of f16 or bf16, d 64, 128 or 256, Hk dividing Hq; returns the output
     (B, Lq, Hq, d) in q's dtype, with its log-sum-exp (B, Hq, Lq) in float32
     (natural log) when `return_lse`.
+
+    FP8: q, k and v of f8e4m3 (torch.float8_e4m3fn) hold values divided by
+    their per-tensor descales: the real q is q * descale_q, and so on (each
+    a number > 0 or an array of one float32 element, read on the host, a
+    device array's copied back; 1 where not given). The output is bf16, or
+    `out_dtype` f16; the log-sum-exp that of the real values. These run on an
+    sm_90a GPU (or the CPU backend, which emulates it), with neither packed
+    sequences, `window` nor `num_splits` > 1, and have no backward: on torch
+    tensors that autograd is to differentiate, or under torch.compile, they
+    are a ValueError. Each call first writes V^T (transposed, its keys
+    permuted as the kernel reads them) to a new array: attention_sm90.
 
     `causal` masks key j for query i when j > i + Lk - Lq (the diagonal at
     the bottom right); `window=(left, right)` keeps only keys with
@@ -650,6 +663,11 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=No
 
         o = mlirgpu.ops.attention(q, k, v, causal=True)
     """
+    if _float8(q) or (descale_q, descale_k, descale_v, out_dtype) != (None, None, None, None):
+        return forward_fp8(q, k, v, causal=causal, scale=scale, window=window, cu_seqlens_q=cu_seqlens_q,
+                           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                           num_splits=num_splits, out=out, return_lse=return_lse, descale_q=descale_q,
+                           descale_k=descale_k, descale_v=descale_v, out_dtype=out_dtype)
     if out is None and attention_torch.takes(q) and attention_torch.needs_op(q, k, v):
         o, lse = attention_torch.attention(q, k, v, causal, scale, window, cu_seqlens_q, cu_seqlens_k,
                                            max_seqlen_q, max_seqlen_k, num_splits)
@@ -657,6 +675,73 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=No
     return forward(q, k, v, causal=causal, scale=scale, window=window, cu_seqlens_q=cu_seqlens_q,
                    cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                    num_splits=num_splits, out=out, return_lse=return_lse)
+
+
+def _float8(x):
+    """Whether x is an array of f8e4m3 (what the FP8 forward takes)."""
+    return hasattr(x, "dtype") and dtype_of(x) == f8e4m3
+
+
+def _out_dtype(kind):
+    """The FP8 forward's out_dtype as an mlirgpu dtype (bf16 by default): given as one,
+    a name or a torch dtype."""
+    if kind is None:
+        return bf16
+    given = kind
+    if type(kind).__module__ == "torch":
+        kind = str(kind).removeprefix("torch.")    # torch.float16 -> "float16"
+    try:
+        kind = kind if isinstance(kind, DType) else dtype(kind)
+    except (TypeError, ValueError):
+        kind = None
+    if kind not in (bf16, f16):
+        raise LaunchError(f"attention's out_dtype (for f8e4m3 inputs) is bf16 or f16, not "
+                          f"{getattr(kind, 'name', given)}")
+    return kind
+
+
+def forward_fp8(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                max_seqlen_q=None, max_seqlen_k=None, num_splits=None, out=None, return_lse=False,
+                descale_q=None, descale_k=None, descale_v=None, out_dtype=None):
+    """attention of f8e4m3 q, k and v (as it documents): the checks, then V^T and
+    the Hopper kernel (attention_sm90.forward_fp8)."""
+    if not _float8(q):
+        as_array(q, "q")    # a TypeError for what is no array
+        raise LaunchError("attention's descale_q, descale_k, descale_v and out_dtype go with f8e4m3 q, k and v, "
+                          f"not {getattr(q, 'dtype', type(q).__name__)}")
+    unsupported = [name for name, given in (("cu_seqlens (packed sequences)", cu_seqlens_q is not None
+                                             or cu_seqlens_k is not None), ("window", window is not None),
+                                            ("num_splits > 1", num_splits not in (None, 1)))
+                   if given]
+    if unsupported or max_seqlen_q is not None or max_seqlen_k is not None:
+        raise ValueError(f"attention of f8e4m3 inputs takes equal-length sequences, with no window and one split; "
+                         f"not {', '.join(unsupported) or 'max_seqlen'}")
+    if attention_torch.takes(q) and attention_torch.needs_op(q, k, v):
+        raise ValueError("attention of f8e4m3 inputs has no backward and no torch custom op: call it on tensors "
+                         "that need no gradient (or under torch.no_grad()), outside torch.compile")
+    p = Problem("attention", q, k, v, causal, scale, None, None, None, None, None, float8=True)
+    descales = [per_tensor_scale(1.0 if x is None else x, f"attention's {name}")
+                for name, x in (("descale_q", descale_q), ("descale_k", descale_k), ("descale_v", descale_v))]
+    for name, x in zip(("descale_q", "descale_k", "descale_v"), descales):
+        if not (0 < x < math.inf):
+            raise LaunchError(f"attention's {name} is a finite number > 0 (the row maximum is taken before it), "
+                              f"not {x}")
+    kind = _out_dtype(out_dtype)
+    where = backend.backend()
+    if where == "cuda":
+        chip = default_chip()
+        if chip != "sm_90a":
+            raise LaunchError(f"attention of f8e4m3 inputs needs an sm_90a GPU (8-bit wgmma), not {chip}")
+        if any(x.ptr % 16 for x in (p.q, p.k, p.v)):
+            raise LaunchError("attention of f8e4m3 inputs reads q, k and v by TMA: their memory is 16-byte aligned")
+    out = output(q, out, tuple(p.q.shape), kind, "attention")
+    lse = new_like(q, p.lse_shape(), f32)
+    vt = new_like(q, (p.batch, p.hk, p.d, attention_sm90.padded_keys(p.lk, p.d)), f8e4m3, zeros=True)
+    if p.tokens_q * p.hq:
+        attention_sm90.forward_fp8(p.q, p.k, p.v, as_array(vt, "V^T"), as_array(out, "out"), as_array(lse, "lse"),
+                                   causal, descales[0] * descales[1] * p.scale * LOG2E, descales[2],
+                                   stream=torch_stream(q))
+    return (out, lse) if return_lse else out
 
 
 def forward(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None, cu_seqlens_k=None,

@@ -36,8 +36,21 @@ block has three warpgroups:
   tiles together whichever j, so that blocks taking units in turn finish
   together.
 
+FP8 (`forward_fp8`, the same kernel built with `fp8`): q, k and v of e4m3,
+the output bf16 or f16. A wgmma reads 32 bytes of K (k32), and 8-bit operands
+K-major only, so O += P V needs V^T (d x keys) in shared memory: a small
+kernel first writes V^T of the call's v to (B, Hk, d, keys rounded up to a
+key tile), which TMA reads in boxes of (d, BN). P's 8-bit A fragments give a
+lane 4 consecutive keys where S's accumulators give it pairs 8 apart; rather
+than exchange P's bytes between lanes, V^T holds each 32 keys in the order
+P's registers hold them (`permuted_key`; the sum over keys does not depend on
+their order, only on P's and V's agreeing). The descales of q and k join the
+softmax's scale in the one multiply before exp2; the row maximum is still
+subtracted, so P <= 1 before it is rounded to e4m3; O is multiplied by v's
+descale with 1 / l at the end.
+
 Overlap: in each consumer the loop is software-pipelined (S of tile n is
-issued before O += P V of tile n - 1, and at d = 256 its softmax runs while
+issued before O += P V of tile n - 1, and at d = 256 (16-bit inputs) its softmax runs while
 the tensor cores do that product: `orders_softmax`), and the two consumers
 take turns at issuing their wgmmas (named barriers), so that one's softmax
 runs under the other's.
@@ -47,7 +60,7 @@ import math
 
 from .. import cuda
 from .. import language as lang
-from .._mlirgpu import TensorMap, f32, i32, index
+from .._mlirgpu import TensorMap, f8e4m3, f32, i32, index
 from ..layout import ComposedLayout, Layout
 from ..layout import wgmma as wgmma_layout
 from ..runtime import backend
@@ -55,7 +68,7 @@ from ..runtime.compiled import default_chip
 from ..runtime.kernel import kernel
 from ..runtime.tensormap import tensor_map
 
-__all__ = ["HEAD_DIMS", "supported", "forward"]
+__all__ = ["HEAD_DIMS", "supported", "forward", "forward_fp8", "transposed_values"]
 
 HEAD_DIMS = (64, 128, 256)
 BM = 128                    # query rows a block owns: 64 per consumer warpgroup
@@ -66,6 +79,7 @@ THREADS = 128 * (1 + CONSUMERS)
 # waiting forever for registers no warpgroup gives back.
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
 BOX = 64                    # columns of a TMA box: one 128-byte row of 16-bit elements, the swizzle's
+KEY_GROUP = 32              # keys of an 8-bit P fragment, within which V^T's keys are permuted (fp8)
 
 
 def key_tile(head_dim):
@@ -80,37 +94,59 @@ def stages(head_dim):
     return {64: 4, 128: 3, 256: 2}[head_dim]
 
 
-def orders_softmax(head_dim):
+def orders_softmax(head_dim, fp8=False):
     """Whether the kernel stores a value of each softmax before waiting for the
-    previous O += P V (see `order_softmax`): at d = 256, where that product is
-    longest. On an H200 the overlap it gives measured faster at d = 256, the same
-    at d = 128, and slower at d = 64, where the product is short."""
-    return head_dim == 256
+    previous O += P V (see `order_softmax`): at d = 256 with 16-bit inputs, where
+    that product is longest. On an H200 the overlap it gives measured faster at
+    d = 256, the same at d = 128, and slower at d = 64, where the product is
+    short. (8-bit shared memory takes no float the kernel could store.)"""
+    return head_dim == 256 and not fp8
 
 
-def shared_bytes(head_dim):
-    """Q's tile, the K and V stages (16-bit elements), with orders_softmax an
-    element per consumer thread, and 1 KB to put the first tile on a 1024-byte
-    boundary (the swizzle's period)."""
-    order = 128 * CONSUMERS if orders_softmax(head_dim) else 0
-    return (BM * head_dim + 2 * stages(head_dim) * key_tile(head_dim) * head_dim + order) * 2 + 1024
+def shared_bytes(head_dim, fp8=False):
+    """Q's tile, the K and V stages (16-bit elements, or 8-bit with `fp8`), with
+    orders_softmax an element per consumer thread, and 1 KB to put the first tile on
+    a 1024-byte boundary (the swizzle's period)."""
+    order = 128 * CONSUMERS if orders_softmax(head_dim, fp8) else 0
+    return (BM * head_dim + 2 * stages(head_dim) * key_tile(head_dim) * head_dim + order) * (1 if fp8 else 2) + 1024
 
 
-def _build(head_dim, causal):
-    """The kernel for one head dimension and masking, generic over the dtype."""
+def box_columns(head_dim, fp8):
+    """Columns of d in a TMA box of Q or K: a 128-byte row (64 16-bit elements, 128
+    8-bit ones), or the whole of d = 64 in 8-bit elements (a 64-byte row)."""
+    return min(head_dim, 128) if fp8 else BOX
+
+
+def swizzle(row_bytes):
+    """The swizzle of a tile of rows of `row_bytes` (64 or 128) bytes, as wide as them."""
+    return f"{row_bytes}B"
+
+
+def _build(head_dim, causal, fp8=False):
+    """The kernel for one head dimension and masking, generic over the output's dtype:
+    the inputs are of that dtype, or with `fp8` of f8e4m3 (V given as V^T,
+    transposed_values)."""
     D, STAGES, BN = head_dim, stages(head_dim), key_tile(head_dim)
-    # Element offsets from the first 1024-byte boundary: Q (D/64 boxes of BM rows), each
-    # stage's K (D/64 boxes of BN keys) and V (per 64 keys, D/64 boxes of 64 keys).
+    SIZE = 1 if fp8 else 2                  # bytes of an input element
+    KB = box_columns(D, fp8)                # columns of d in a box of Q or K
+    STEP = 32 // SIZE                       # columns of K a wgmma reads: k16, or k32 of 8-bit floats
+    # Element offsets from the first 1024-byte boundary: Q (D/KB boxes of BM rows), each
+    # stage's K (D/KB boxes of BN keys) and V (16-bit: per 64 keys, D/64 boxes of 64
+    # keys; 8-bit: one box of V^T, D rows of BN keys).
     K_AT = BM * D
     V_AT = K_AT + STAGES * BN * D
     ORDER_AT = V_AT + STAGES * BN * D     # an element per consumer thread (order_softmax)
-    TILE_BYTES = BN * D * 2
-    # Q's 64-row halves and K's tile are K-major boxes of 64 columns; V (keys x d)
-    # is MN-major, a 64-key slice of it D/64 boxes of 64 keys x 64 d.
-    A_TILE = wgmma_layout.tile_layout((64, BOX), 2, "128B")
-    K_TILE = wgmma_layout.tile_layout((BN, BOX), 2, "128B")
-    V_TILE = ComposedLayout(wgmma_layout.swizzle_for("128B", 2), 0,
-                            Layout(((BOX, D // BOX), (8, BOX // 8)), ((1, BOX * BOX), (BOX, 8 * BOX))))
+    TILE_BYTES = BN * D * SIZE
+    # Q's 64-row halves and K's tile are K-major boxes of KB columns. 16-bit V (keys x d)
+    # is MN-major, a 64-key slice of it D/64 boxes of 64 keys x 64 d; 8-bit wgmma reads B
+    # K-major only, so V comes transposed, V^T's tile D rows of BN keys.
+    A_TILE = wgmma_layout.tile_layout((64, KB), SIZE, swizzle(KB * SIZE))
+    K_TILE = wgmma_layout.tile_layout((BN, KB), SIZE, swizzle(KB * SIZE))
+    if fp8:
+        V_TILE = wgmma_layout.tile_layout((D, BN), 1, swizzle(BN))
+    else:
+        V_TILE = ComposedLayout(wgmma_layout.swizzle_for("128B", 2), 0,
+                                Layout(((BOX, D // BOX), (8, BOX // 8)), ((1, BOX * BOX), (BOX, 8 * BOX))))
     T = lang.generics("T")
 
     def key_tiles(m0, lq, lk):
@@ -126,25 +162,31 @@ def _build(head_dim, causal):
         q_at and the BN keys of the stage at stage_at; returns S's accumulators."""
         scores = lang.wgmma.zeros(BN)
         lang.wgmma.fence()
-        for kk in lang.static_range(D // 16):
-            a = lang.wgmma.descriptor(smem, A_TILE, offset=q_at + kk // 4 * (BM * BOX), k_block=kk % 4)
-            b = lang.wgmma.descriptor(smem, K_TILE, offset=stage_at + K_AT + kk // 4 * (BN * BOX), k_block=kk % 4)
+        per_box = KB // STEP
+        for kk in lang.static_range(D // STEP):
+            a = lang.wgmma.descriptor(smem, A_TILE, offset=q_at + kk // per_box * (BM * KB), k_block=kk % per_box)
+            b = lang.wgmma.descriptor(smem, K_TILE, offset=stage_at + K_AT + kk // per_box * (BN * KB),
+                                      k_block=kk % per_box)
             scores = lang.wgmma.mma(scores, a, b, n=BN)
         lang.wgmma.commit_group()
         return scores
 
     def fragments(p, dtype):
         """P rounded to `dtype` as the A operand of O += P V, its BN/16 fragments'
-        words in one list (what a loop carries)."""
+        words (BN/32 of 8-bit floats) in one list (what a loop carries)."""
         return [word for fragment in lang.wgmma.fragments(p, dtype) for word in fragment.words]
 
     def issue_values(smem, acc, p, dtype, stage_at):
         """Issues O += P V (one wgmma group) for the warpgroup's P (`fragments`'
         words) and the V of the stage at stage_at; returns O's accumulators."""
         lang.wgmma.fence()
-        for kk in lang.static_range(BN // 16):
-            b = lang.wgmma.descriptor(smem, V_TILE, offset=stage_at + V_AT + kk // 4 * (BOX * D), k_block=kk % 4,
-                                      major="MN")
+        for kk in lang.static_range(BN // STEP):
+            if fp8:
+                # V^T's keys within each 32 lie in the order of P's fragment columns (transposed_values).
+                b = lang.wgmma.descriptor(smem, V_TILE, offset=stage_at + V_AT, k_block=kk)
+            else:
+                b = lang.wgmma.descriptor(smem, V_TILE, offset=stage_at + V_AT + kk // 4 * (BOX * D),
+                                          k_block=kk % 4, major="MN")
             acc = lang.wgmma.mma(acc, lang.wgmma.Fragment(p[4 * kk:4 * kk + 4], dtype), b, n=D)
         lang.wgmma.commit_group()
         return acc
@@ -236,15 +278,18 @@ def _build(head_dim, causal):
     def attention_forward_sm90(q_map: TensorMap, k_map: TensorMap, v_map: TensorMap,
                                o: lang.memref[None, None, D, T].noalias(),
                                lse: lang.memref[None, None, f32].noalias(),
-                               lq: i32, lk: i32, group: i32, scale_log2: f32):
+                               lq: i32, lk: i32, group: i32, scale_log2: f32, out_scale: f32):
         """o is (B x Lq, Hq, D), lse (B x Hq, Lq); the maps address q (B, Lq, Hq, D)
-        and k, v (B, Lk, Hk, D) in boxes of (1, rows, 1, 64); query head h reads
-        key/value head h // group. Persistent: block i takes work units i, i + the
-        grid, ... (`place`), and the K/V ring, its phases and Q's tile run on from
-        one unit to the next."""
-        smem = lang.shared.dynamic(o.dtype)
+        and k (B, Lk, Hk, D) in boxes of (1, rows, 1, KB), and v (B, Lk, Hk, D) in
+        boxes of (1, 64, 1, 64), or with `fp8` V^T (B, Hk, D, keys) in boxes of
+        (1, 1, D, BN); query head h reads key/value head h // group. O is
+        multiplied by out_scale (with `fp8`: V's descale; 1 otherwise, unread).
+        Persistent: block i takes work units i, i + the grid, ... (`place`), and
+        the K/V ring, its phases and Q's tile run on from one unit to the next."""
+        inputs = f8e4m3 if fp8 else o.dtype
+        smem = lang.shared.dynamic(inputs)
         base = lang.shared.address(smem)
-        first = lang.cast(((base + 1023) & 0xFFFFFC00) - base, index) // 2
+        first = lang.cast(((base + 1023) & 0xFFFFFC00) - base, index) // SIZE
         q_full = lang.mbarrier.array(1)
         q_empty = lang.mbarrier.array(1)
         k_full = lang.mbarrier.array(STAGES)
@@ -279,9 +324,9 @@ def _build(head_dim, causal):
                         kv_head = h // group
                         if loaded > 0:
                             q_empty.wait(0, (loaded - 1) % 2)   # the consumers' last S = Q K^T has read Q
-                        q_full.arrive_expect_tx(0, BM * D * 2)
-                        for j in lang.static_range(D // BOX):
-                            lang.tma.load(q_map, smem, (b, m0, h, j * BOX), q_full, 0, offset=first + j * (BM * BOX))
+                        q_full.arrive_expect_tx(0, BM * D * SIZE)
+                        for j in lang.static_range(D // KB):
+                            lang.tma.load(q_map, smem, (b, m0, h, j * KB), q_full, 0, offset=first + j * (BM * KB))
                         loaded = loaded + 1
                         for n in range(key_tiles(m0, lq, lk)):
                             s = it % STAGES
@@ -289,16 +334,19 @@ def _build(head_dim, causal):
                                 k_empty.wait(s, (it // STAGES + 1) % 2)   # the consumers are done with its last K
                             at = first + lang.cast(s, index) * (BN * D)
                             k_full.arrive_expect_tx(s, TILE_BYTES)
-                            for j in lang.static_range(D // BOX):
-                                lang.tma.load(k_map, smem, (b, n * BN, kv_head, j * BOX), k_full, s,
-                                              offset=at + K_AT + j * (BN * BOX))
+                            for j in lang.static_range(D // KB):
+                                lang.tma.load(k_map, smem, (b, n * BN, kv_head, j * KB), k_full, s,
+                                              offset=at + K_AT + j * (BN * KB))
                             if it >= STAGES:
                                 v_empty.wait(s, (it // STAGES + 1) % 2)   # and with its last V
                             v_full.arrive_expect_tx(s, TILE_BYTES)
-                            for i in lang.static_range(BN // BOX):
-                                for j in lang.static_range(D // BOX):
-                                    lang.tma.load(v_map, smem, (b, n * BN + i * BOX, kv_head, j * BOX), v_full, s,
-                                                  offset=at + V_AT + i * (BOX * D) + j * (BOX * BOX))
+                            if fp8:
+                                lang.tma.load(v_map, smem, (b, kv_head, 0, n * BN), v_full, s, offset=at + V_AT)
+                            else:
+                                for i in lang.static_range(BN // BOX):
+                                    for j in lang.static_range(D // BOX):
+                                        lang.tma.load(v_map, smem, (b, n * BN + i * BOX, kv_head, j * BOX), v_full,
+                                                      s, offset=at + V_AT + i * (BOX * D) + j * (BOX * BOX))
                             it = it + 1
         else:
             lang.warpgroup.set_max_registers(CONSUMER_REGISTERS, increase=True)
@@ -306,7 +354,7 @@ def _build(head_dim, causal):
             # the wgmmas after the turn-taking branches asynchronous (else its warning C7520).
             w = lang.warp.shfl_idx(wg - 1, 0)
             lane = t % 32
-            q_at = first + lang.cast(w, index) * (64 * BOX)
+            q_at = first + lang.cast(w, index) * (64 * KB)
             slot = first + ORDER_AT + lang.cast(w * 128 + t, index)
             minus_inf = lang.constant(float("-inf"), f32)
             # This thread's rows of the warpgroup's 64 (accumulator values 4i, 4i+1: row r; 4i+2, 4i+3: r + 8).
@@ -347,7 +395,7 @@ def _build(head_dim, causal):
                         if crosses(0, m0 + w * 64, lq, lk):
                             scores = masked(scores, t, 0, rows, lq, lk)
                         scores, m, l = softmax(scores, m, l, scale_log2)[:3]
-                        p = fragments(scores, o.dtype)
+                        p = fragments(scores, inputs)
                         for n in range(1, tiles):
                             g = it + n
                             s, before = g % STAGES, (g - 1) % STAGES
@@ -356,7 +404,7 @@ def _build(head_dim, causal):
                             k_full.wait(s, g // STAGES % 2)
                             scores = issue_scores(smem, q_at, first + lang.cast(s, index) * (BN * D))
                             v_full.wait(before, (g - 1) // STAGES % 2)
-                            acc = issue_values(smem, acc, p, o.dtype, first + lang.cast(before, index) * (BN * D))
+                            acc = issue_values(smem, acc, p, inputs, first + lang.cast(before, index) * (BN * D))
                             lang.warpgroup.arrive(4 - w, 256)
                             scores = lang.wgmma.wait_group(1, scores)
                             if lane == 0:
@@ -364,21 +412,21 @@ def _build(head_dim, causal):
                             if crosses(n0, m0 + w * 64, lq, lk):
                                 scores = masked(scores, t, n0, rows, lq, lk)
                             scores, m, l, alpha = softmax(scores, m, l, scale_log2)
-                            if orders_softmax(D):
+                            if orders_softmax(D, fp8):
                                 order_softmax(smem, slot, l)
                             acc = lang.wgmma.wait_group(0, acc)
                             if lane == 0:
                                 v_empty.arrive(before)
                             acc = [acc[e] * alpha[e // 2 % 2] for e in lang.static_range(D // 2)]
                             # Only now: the product just waited for read the previous P's registers.
-                            p = fragments(scores, o.dtype)
+                            p = fragments(scores, inputs)
                         # Every S = Q K^T is done: Q's tile may take the next row block's.
                         if lane == 0:
                             q_empty.arrive(0)
                         last = it + tiles - 1
                         lang.warpgroup.barrier(3 + w, 256)
                         v_full.wait(last % STAGES, last // STAGES % 2)
-                        acc = issue_values(smem, acc, p, o.dtype, first + lang.cast(last % STAGES, index) * (BN * D))
+                        acc = issue_values(smem, acc, p, inputs, first + lang.cast(last % STAGES, index) * (BN * D))
                         lang.warpgroup.arrive(4 - w, 256)    # the second warpgroup's last turn; the first's next first turn
                         acc = lang.wgmma.wait_group(0, acc)
                         if lane == 0:
@@ -394,7 +442,7 @@ def _build(head_dim, causal):
                         total += lang.warp.shfl_xor(total, 1)
                         total += lang.warp.shfl_xor(total, 2)
                         nothing = total == 0.0
-                        inverse = lang.select(nothing, lang.constant(0.0, f32), 1.0 / total)
+                        inverse = lang.select(nothing, lang.constant(0.0, f32), (out_scale if fp8 else 1.0) / total)
                         row = rows[half]
                         if row < lq:
                             for e in lang.static_range(0, D // 2, 4):
@@ -412,9 +460,63 @@ def _build(head_dim, causal):
 
 
 @functools.cache
-def kernel_for(head_dim, causal):
-    """The kernel of (head dimension, causal), built once; its dtype is a generic."""
-    return _build(head_dim, bool(causal))
+def kernel_for(head_dim, causal, fp8=False):
+    """The kernel of (head dimension, causal, 8-bit inputs), built once; its output's
+    dtype is a generic."""
+    return _build(head_dim, bool(causal), bool(fp8))
+
+
+TRANSPOSE_THREADS = 256
+
+
+def permuted_key(j):
+    """The key, of a group of KEY_GROUP, at column j of the group in V^T (an int or a
+    traced index): P's 8-bit fragments hold a lane's columns of S 2q, 2q + 1, 2q + 8,
+    2q + 9 (and 16 further) where the k32 A operand's columns 4q .. 4q + 3 are, so
+    V^T's K rows follow them (mg.wgmma.fragment_columns)."""
+    return 16 * (j // 16) + 2 * (j % 16 // 4) + j % 2 + 8 * (j % 4 // 2)
+
+
+@functools.cache
+def transpose_kernel(head_dim):
+    """The kernel writing V^T for the 8-bit forward (transposed_values), built once."""
+    D = head_dim
+
+    @kernel(max_threads=TRANSPOSE_THREADS)
+    def attention_values_fp8(v: lang.memref[None, None, D, f8e4m3].readonly(),
+                             vt: lang.memref[None, D, None, f8e4m3].noalias(), lk: i32):
+        """v is (B x Lk, Hk, D), vt (B x Hk, D, keys): block (x, y) writes the
+        KEY_GROUP keys from KEY_GROUP x of (batch, head) y, in permuted_key's
+        order; it leaves the columns of keys past Lk as they are (zeros)."""
+        hk = v.shape[1]
+        bh = lang.block_idx.y
+        b, h = bh // hk, bh % hk
+        keys = lang.cast(lk, index)
+        group = lang.block_idx.x * KEY_GROUP
+        # Consecutive threads write consecutive columns of a row of V^T.
+        for i in range(lang.thread_idx.x, KEY_GROUP * D, TRANSPOSE_THREADS):
+            j, d = i % KEY_GROUP, i // KEY_GROUP
+            key = group + permuted_key(j)
+            if key < keys:
+                vt[bh, d, group + j] = v[b * keys + key, h, d]
+
+    return attention_values_fp8
+
+
+def padded_keys(lk, head_dim):
+    """Keys of V^T's rows: Lk rounded up to a whole key tile."""
+    return (lk + key_tile(head_dim) - 1) // key_tile(head_dim) * key_tile(head_dim)
+
+
+def transposed_values(v, vt, stream=None):
+    """Writes V^T of v (B, Lk, Hk, d), f8e4m3, into vt (B, Hk, d, padded_keys), which
+    is zeros: each key tile's keys, 32 at a time, in permuted_key's order, so that
+    the 8-bit wgmma of O += P V reads V K-major with P's fragments as they are."""
+    batch, lk, hk, d = tuple(v.shape)
+    if batch * hk == 0 or lk == 0:
+        return
+    transpose_kernel(d)(v.reshape(batch * lk, hk, d), vt.reshape(batch * hk, d, vt.shape[3]), lk,
+                        grid=((lk + KEY_GROUP - 1) // KEY_GROUP, batch * hk), block=TRANSPOSE_THREADS, stream=stream)
 
 
 def supported(q, k, v, head_dim):
@@ -433,6 +535,14 @@ def units(lq, heads, causal):
     return heads * ((row_blocks + 1) // 2 if causal else row_blocks)
 
 
+def _grid(batch, lq, hq, causal, blocks):
+    """The persistent blocks to launch: `blocks` (by default one per multiprocessor of
+    the GPU, 2 on the CPU backend), at most the work units."""
+    if blocks is None:
+        blocks = cuda.Device(cuda.current_device()).multiprocessor_count if backend.backend() == "cuda" else 2
+    return min(blocks, units(lq, batch * hq, causal))
+
+
 def forward(q, k, v, out, lse, causal, scale_log2, stream=None, blocks=None):
     """out and lse (as mlirgpu.ops.attention documents them) of q (B, Lq, Hq, d)
     and k, v (B, Lk, Hk, d), C-contiguous arrays of the current backend
@@ -440,14 +550,31 @@ def forward(q, k, v, out, lse, causal, scale_log2, stream=None, blocks=None):
     blocks to launch (at most the work units); by default one per multiprocessor
     of the GPU, 2 on the CPU backend."""
     (batch, lq, hq, d), (_, lk, hk, _) = tuple(q.shape), tuple(k.shape)
-    if blocks is None:
-        blocks = cuda.Device(cuda.current_device()).multiprocessor_count if backend.backend() == "cuda" else 2
-    grid = min(blocks, units(lq, batch * hq, causal))
+    grid = _grid(batch, lq, hq, causal, blocks)
     if grid == 0:    # no query rows or heads: nothing to write
         return
     q_map = tensor_map(q, box=(1, BM, 1, BOX), swizzle="128B")
     k_map = tensor_map(k, box=(1, key_tile(d), 1, BOX), swizzle="128B")
     v_map = tensor_map(v, box=(1, BOX, 1, BOX), swizzle="128B")
     kernel_for(d, causal)(q_map, k_map, v_map, out.reshape(batch * lq, hq, d), lse.reshape(batch * hq, lq),
-                          lq, lk, hq // hk, scale_log2, grid=grid, block=THREADS, shared_mem=shared_bytes(d),
+                          lq, lk, hq // hk, scale_log2, 1.0, grid=grid, block=THREADS, shared_mem=shared_bytes(d),
                           stream=stream)
+
+
+def forward_fp8(q, k, v, vt, out, lse, causal, scale_log2, v_scale, stream=None, blocks=None):
+    """forward for f8e4m3 q, k and v, whose stored values are scaled by scale_log2
+    (the descales of q and k, the softmax's scale and log2(e)) and v_scale (v's
+    descale); out is bf16 or f16. vt, zeros of (B, Hk, d, padded_keys) f8e4m3,
+    takes V^T (transposed_values) before the attention kernel reads it."""
+    (batch, lq, hq, d), (_, lk, hk, _) = tuple(q.shape), tuple(k.shape)
+    grid = _grid(batch, lq, hq, causal, blocks)
+    if grid == 0:
+        return
+    transposed_values(v, vt, stream)
+    columns, bn = box_columns(d, True), key_tile(d)
+    q_map = tensor_map(q, box=(1, BM, 1, columns), swizzle=swizzle(columns))
+    k_map = tensor_map(k, box=(1, bn, 1, columns), swizzle=swizzle(columns))
+    v_map = tensor_map(vt, box=(1, 1, d, bn), swizzle=swizzle(bn))
+    kernel_for(d, causal, True)(q_map, k_map, v_map, out.reshape(batch * lq, hq, d), lse.reshape(batch * hq, lq),
+                                lq, lk, hq // hk, scale_log2, v_scale, grid=grid, block=THREADS,
+                                shared_mem=shared_bytes(d, True), stream=stream)

@@ -9,30 +9,15 @@ scales are per tensor: numbers, or arrays of one element. Only sm_90a's
 wgmma reads 8-bit floats here: elsewhere, the CPU backend included (it
 emulates no FP8 wgmma), the op is a LaunchError saying so.
 """
-import numbers
 
 from .._mlirgpu import DType, LaunchError, bf16, dtype, f8e4m3, f16, f32
 from ..runtime import backend
 from . import gemm, hopper_gemm
-from .arrays import as_array, dtype_of, is_contiguous, output, torch_stream
+from .arrays import as_array, dtype_of, is_contiguous, output, per_tensor_scale, torch_stream
 
 __all__ = ["scaled_matmul", "register_torch"]
 
 OUT_DTYPES = (bf16, f16, f32)
-
-
-def _scale(value, what):
-    """A per-tensor scale as a Python float: a number, or an array of one
-    element (read on the host: a device array's is copied back)."""
-    if isinstance(value, numbers.Real):
-        return float(value)
-    shape = tuple(getattr(value, "shape", (None,)))
-    if len(shape) > 1 or shape not in ((), (1,)):
-        raise LaunchError(f"scaled_matmul's {what} is a per-tensor scale: a number or an array of one element, "
-                          f"not {type(value).__name__} of shape {shape}")
-    if hasattr(value, "item"):     # NumPy, torch, CuPy, JAX
-        return float(value.item())
-    return float(value.get().reshape(()))
 
 
 def _out_dtype(kind):
@@ -99,7 +84,8 @@ def _launch(a, b, scale_a, scale_b, out_dtype, out):
     if not (is_contiguous(A) and is_contiguous(B)):
         raise LaunchError("scaled_matmul's a is row-major and b column-major (b.T C-contiguous), "
                           "as torch._scaled_mm takes them")
-    scales = _scale(scale_a, "scale_a"), _scale(scale_b, "scale_b")   # what is wrong with the call, before where
+    scales = (per_tensor_scale(scale_a, "scaled_matmul's scale_a"),    # what is wrong with the call, before where
+              per_tensor_scale(scale_b, "scaled_matmul's scale_b"))
     where = "the CPU backend, which emulates no FP8 wgmma" if backend.current().name == "cpu" else gemm._device()[0]
     if where != "sm_90a":
         raise LaunchError(f"scaled_matmul needs an sm_90a GPU (wgmma reads the 8-bit floats), not {where}")

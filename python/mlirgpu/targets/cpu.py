@@ -96,12 +96,14 @@ _RUNTIME = {
     "mg_cpu_tma_store": (lambda: [_ptr()] + [_i32()] * 8, lambda: [], False),
     "mg_cpu_wgmma_buffer": (lambda: [], lambda: [ir.Type.parse("memref<?xf32>")], True),
     "mg_cpu_wgmma": (lambda: [_i32(), _i64(), _i64(), _i32(), _i32()], lambda: [], False),
+    "mg_cpu_float8x4": (lambda: [ir.Type.f32()] * 4 + [_i32()], lambda: [_i32()], False),
 }
 
 _SHUFFLE_MODES = {"xor": 0, "down": 1, "up": 2, "idx": 3, "ballot": 4}  # cpu.c's MG_SHFL_*, MG_VOTE_BALLOT
 _MMA_MODES = {"f16": 16, "bf16": 17, "tf32": 18}  # cpu.c's MG_WARP_MMA_*
 _LDMATRIX_MODE = 32  # cpu.c's MG_WARP_LDMATRIX
-_WGMMA_TYPES, _WGMMA_B_MN_MAJOR, _WGMMA_A_IN_REGISTERS = {"f16": 0, "bf16": 1}, 2, 4  # mg_cpu_wgmma's mode bits
+# mg_cpu_wgmma's mode bits: A's type (bits 0-1), B's (2-3), B MN-major, A from registers.
+_WGMMA_TYPES, _WGMMA_B_MN_MAJOR, _WGMMA_A_IN_REGISTERS = {"f16": 0, "bf16": 1, "e4m3": 2, "e5m2": 3}, 16, 32
 _WGMMA_SLOTS = 128  # MG_CPU_WGMMA_MAX: the accumulators' slots of the thread's wgmma buffer, before A's words
 
 
@@ -380,21 +382,19 @@ class CpuLowering(GpuLowering):
 
     def wgmma_mma(self, values, a, b, n, k, type_a, type_b, b_major):
         # The thread's accumulators through its buffer in the runtime, which
-        # adds the products of the rows and columns it holds (k16 of 16-bit floats).
-        if type_a != type_b or type_a not in _WGMMA_TYPES:
-            raise CompileError(f"wgmma of {type_a} x {type_b} operands runs only on the GPU (the CPU backend "
-                               f"multiplies f16 and bf16 ones): use mg.set_backend('cuda')")
+        # adds the products of the rows and columns it holds (32 bytes of K:
+        # k16 of 16-bit floats, k32 of 8-bit ones, which mg.wgmma has checked).
         buffer = _call("mg_cpu_wgmma_buffer")[0]
         for i, v in enumerate(values):
             lang.emit("memref.store", [v, buffer, lang.constant(i, lang.index)])
-        mode = _WGMMA_TYPES[type_a] | (_WGMMA_B_MN_MAJOR if b_major == "MN" else 0)
+        mode = _WGMMA_TYPES[type_a] | _WGMMA_TYPES[type_b] << 2 | (_WGMMA_B_MN_MAJOR if b_major == "MN" else 0)
         _call("mg_cpu_wgmma", [_i32_constant(n), lang.cast(a, lang.i64), lang.cast(b, lang.i64),
                                _i32_constant(mode), _line()])
         return [lang.Scalar(lang.emit("memref.load", [buffer, lang.constant(i, lang.index)],
                                       [ir.Type.f32()]).result, lang.f32) for i in range(len(values))]
 
     def wgmma_mma_registers(self, values, words, b, n, type_ab, b_major):
-        # A's rows r and r + 8 over the 16 columns lie in the 4 lanes of the
+        # A's rows r and r + 8 over the 32 bytes of K lie in the 4 lanes of the
         # thread's quad: their 16 words, gathered by shuffles, go to the runtime
         # beside the accumulators (after its MG_CPU_WGMMA_MAX slots).
         from ..language import warp
@@ -406,11 +406,17 @@ class CpuLowering(GpuLowering):
             for i, word in enumerate(words):
                 bits = lang.emit("arith.bitcast", [warp.shfl_idx(word, quad + j)], [ir.Type.f32()]).result
                 lang.emit("memref.store", [bits, buffer, lang.constant(_WGMMA_SLOTS + 4 * j + i, lang.index)])
-        mode = _WGMMA_TYPES[type_ab] | _WGMMA_A_IN_REGISTERS | (_WGMMA_B_MN_MAJOR if b_major == "MN" else 0)
+        mode = (_WGMMA_TYPES[type_ab] | _WGMMA_TYPES[type_ab] << 2 | _WGMMA_A_IN_REGISTERS |
+                (_WGMMA_B_MN_MAJOR if b_major == "MN" else 0))
         _call("mg_cpu_wgmma", [_i32_constant(n), lang.constant(0, lang.i64),
                                lang.cast(b, lang.i64), _i32_constant(mode), _line()])
         return [lang.Scalar(lang.emit("memref.load", [buffer, lang.constant(i, lang.index)],
                                       [ir.Type.f32()]).result, lang.f32) for i in range(len(values))]
+
+    def float8_word(self, values, type_name):
+        # The runtime rounds as cvt.rn.satfinite does.
+        return lang.Scalar(_call("mg_cpu_float8x4", [*values, _i32_constant(int(type_name == "e5m2"))])[0],
+                           lang.i32)
 
     def wgmma_fence(self):
         # Each wgmma was complete when it returned: nothing to order or wait for.

@@ -575,24 +575,41 @@ class GpuLowering:
         return _f32_unpacked(op.result, len(values))
 
     def wgmma_mma_registers(self, values, words, b, n, type_ab, b_major):
-        """wgmma.mma_async m64nNk16, f32 += `type_ab` x `type_ab`, of A in this
-        thread's 4 i32 registers `words` and the u64 descriptor `b`, on its
-        accumulators `values`; the new ones. Inline PTX: MLIR 22's
-        nvvm.wgmma.mma_async takes A by descriptor only."""
+        """wgmma.mma_async m64nNk16 (m64nNk32 for the 8-bit e4m3 and e5m2),
+        f32 += `type_ab` x `type_ab`, of A in this thread's 4 i32 registers
+        `words` and the u64 descriptor `b`, on its accumulators `values`; the
+        new ones. Inline PTX: MLIR 22's nvvm.wgmma.mma_async takes A by
+        descriptor only."""
         count = len(values)
         struct = ir.Type.parse(f"!llvm.struct<({', '.join(['f32'] * count)})>")
         # Operands: the accumulators out ($0..), the same in (tied to them), A's words, B's descriptor.
         accumulators = ", ".join(f"${i}" for i in range(count))
         registers = ", ".join(f"${2 * count + i}" for i in range(4))
+        # 8-bit operands are K-major only: their form has no transpose immediate.
+        k, transpose = (32, "") if type_ab in ("e4m3", "e5m2") else (16, f", {1 if b_major == 'MN' else 0}")
         asm = ("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-               f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{type_ab}.{type_ab} {{{accumulators}}}, "
-               f"{{{registers}}}, ${2 * count + 4}, p, 1, 1, {1 if b_major == 'MN' else 0};\n}}")
+               f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{type_ab}.{type_ab} {{{accumulators}}}, "
+               f"{{{registers}}}, ${2 * count + 4}, p, 1, 1{transpose};\n}}")
         constraints = ",".join(["=f"] * count + [str(i) for i in range(count)] + ["r"] * 4 + ["l"])
         op = lang.emit("llvm.inline_asm", [*values, *words, b], [struct],
                        attributes={"asm_string": ir.Attribute.string(asm),
                                    "constraints": ir.Attribute.string(constraints),
                                    "has_side_effects": ir.Attribute.unit()})
         return _f32_unpacked(op.result, count)
+
+    def float8_word(self, values, type_name):
+        """Four f32 values rounded to 8-bit floats (`type_name`: e4m3 or e5m2;
+        to nearest, saturating to the largest finite value) as the bytes of
+        one i32 word, the first value in the low byte: two cvt.rn.satfinite
+        of pairs, whose first operand goes to the high byte."""
+        asm = ("{\n.reg .b16 low, high;\n"
+               f"cvt.rn.satfinite.{type_name}x2.f32 low, $2, $1;\n"
+               f"cvt.rn.satfinite.{type_name}x2.f32 high, $4, $3;\n"
+               "mov.b32 $0, {low, high};\n}")
+        op = lang.emit("llvm.inline_asm", list(values), [ir.Type.integer(32)],
+                       attributes={"asm_string": ir.Attribute.string(asm),
+                                   "constraints": ir.Attribute.string("=r,f,f,f,f")})
+        return lang.Scalar(op.result, lang.i32)
 
     def wgmma_fence(self):
         lang.emit("nvvm.wgmma.fence.aligned")
