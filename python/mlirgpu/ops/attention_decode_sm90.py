@@ -55,7 +55,7 @@ from ..runtime import backend
 from ..runtime.compiled import default_chip
 from ..runtime.kernel import kernel
 from ..runtime.tensormap import tensor_map
-from .arrays import dtype_of
+from .arrays import dtype_of, geometry
 
 __all__ = ["HEAD_DIMS", "QUERIES", "takes", "available", "supported", "splits_for", "forward"]
 
@@ -372,16 +372,43 @@ def forward(q, k, v, out, lse, causal, scale_log2, splits=1, stream=None):
     (B, Lq, Hq, d) in q's dtype and lse (B, Hq, Lq) in float32 as
     mlirgpu.ops.attention documents them; with more, each split's float32
     partial results, out (splits x B, Lq, Hq, d) and lse (splits x B, Hq, Lq),
-    for attention's combine kernel to merge."""
+    for attention's combine kernel to merge.
+
+    What a launch needs but out and lse (the kernel, the tensor maps of q, k and
+    v, the grid) is kept for the most recent arrays' geometries (addresses
+    included): a decoding step calls with the same q, k and v buffers again, and
+    its time is mostly the host's."""
+    key = (geometry(q), geometry(k), geometry(v), causal, splits)
+    launch = _LAUNCHES.pop(key, None)
+    if launch is None:
+        launch = _launch(q, k, v, causal, splits)
+    if len(_LAUNCHES) >= LAUNCHES_KEPT:
+        _LAUNCHES.pop(next(iter(_LAUNCHES)), None)
+    _LAUNCHES[key] = launch     # the most recent last
+    if launch is not None:
+        attend, maps, out_shape, lse_shape, lq, lk, group, keywords = launch
+        attend(*maps, out.reshape(out_shape), lse.reshape(lse_shape), lq, lk, group, scale_log2, stream=stream,
+             **keywords)
+
+
+# forward's launches, by the geometry of q, k and v (arrays.geometry) and the options. A tensor map
+# is a pure function of its array's geometry, so a launch made for arrays serves any arrays of that
+# geometry since; its maps keep no array alive.
+_LAUNCHES = {}
+LAUNCHES_KEPT = 64
+
+
+def _launch(q, k, v, causal, splits):
+    """forward's kernel, tensor maps, views' shapes, scalars and launch keywords; None
+    where there are no rows."""
     (batch, lq, hq, d), (_, lk, hk, _) = tuple(q.shape), tuple(k.shape)
     if batch * lq * hq == 0:     # no rows: nothing to write
-        return
+        return None
     group = hq // hk
     per_block = queries_per_block(group)
-    q_map = tensor_map(q, box=(1, per_block, group, BOX), swizzle="128B")
-    k_map = tensor_map(k, box=(1, key_tile(d), 1, BOX), swizzle="128B")
-    v_map = tensor_map(v, box=(1, BOX, 1, BOX), swizzle="128B")
-    grid = (-(-lq // per_block), batch * hk, splits)
-    kernel_for(d, causal, splits > 1, dtype_of(q))(
-        q_map, k_map, v_map, out.reshape(splits * batch * lq, hq, d), lse.reshape(splits * batch * hq, lq),
-        lq, lk, group, scale_log2, grid=grid, block=THREADS, shared_mem=shared_bytes(d), stream=stream)
+    maps = (tensor_map(q, box=(1, per_block, group, BOX), swizzle="128B"),
+            tensor_map(k, box=(1, key_tile(d), 1, BOX), swizzle="128B"),
+            tensor_map(v, box=(1, BOX, 1, BOX), swizzle="128B"))
+    keywords = {"grid": (-(-lq // per_block), batch * hk, splits), "block": THREADS, "shared_mem": shared_bytes(d)}
+    return (kernel_for(d, causal, splits > 1, dtype_of(q)), tuple(m.with_owner(None) for m in maps),
+            (splits * batch * lq, hq, d), (splits * batch * hq, lq), lq, lk, group, keywords)
