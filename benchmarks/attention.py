@@ -68,6 +68,9 @@ TOKENS, WIDTH = 16384, 2048      # tokens a batch, heads x head_dim
 LENGTHS, QUICK_LENGTHS = (1024, 4096, 16384), (4096,)
 HEAD_DIMS = (64, 128)
 TOLERANCE = 2e-2
+# The FP8 forward rounds P to e4m3 (3 bits of mantissa), each value by up to 2^-4 of itself: a row
+# that sees few keys (causal) passes that to its output as up to 2^-4 of |v|'s largest, 1 here.
+FP8_TOLERANCE = 2 ** -4 + TOLERANCE
 MLIRGPU, FA2, FLASH, CUDNN = "mlirgpu", "mlirgpu FA2", "SDPA flash", "SDPA cuDNN"
 FP8 = "mlirgpu FP8"
 
@@ -101,10 +104,11 @@ def sample_ms(torch, run, batch):
     return (time.perf_counter() - start) * 1e3 / batch
 
 
-def checked(torch, named):
+def checked(torch, named, tolerances=None):
     """({name: (run, outputs)}, {name: 'FAILED: why'}) of `named` (name, run): each
     run once, its outputs (a tensor or a tuple) compared with the flash
-    backend's (cuDNN's where that one failed)."""
+    backend's (cuDNN's where that one failed), within TOLERANCE or the name's
+    entry of `tolerances`."""
     results, runs = {}, {}
     for name, run in named:
         try:
@@ -116,7 +120,7 @@ def checked(torch, named):
     for name, (run, outs) in list(runs.items()):
         if name != reference and reference in runs:
             error = max((a - b).abs().max().item() for a, b in zip(outs, runs[reference][1]))
-            if not error <= TOLERANCE:
+            if not error <= (tolerances or {}).get(name, TOLERANCE):
                 results[name] = f"FAILED: max |difference| from {reference} {error:.3g}"
                 del runs[name]
     return runs, results
@@ -169,11 +173,12 @@ def measure_fp8(torch, length, d, causal, rounds):
     named = dict(rows(torch, causal))
     runs, results = checked(torch, [
         (MLIRGPU, lambda: named[MLIRGPU](q, k, v)), (CUDNN, lambda: named[CUDNN](q, k, v)),
-        (FP8, lambda: mlirgpu.ops.attention(q8, k8, v8, causal=causal, descale_q=dq, descale_k=dk, descale_v=dv))])
+        (FP8, lambda: mlirgpu.ops.attention(q8, k8, v8, causal=causal, descale_q=dq, descale_k=dk, descale_v=dv))],
+        {FP8: FP8_TOLERANCE})
     error = None
     if FP8 in runs and MLIRGPU in runs:
         error = (runs[FP8][1][0] - runs[MLIRGPU][1][0]).abs().max().item()
-        if not error <= TOLERANCE:
+        if not error <= FP8_TOLERANCE:
             results[FP8] = f"FAILED: max |difference| from {MLIRGPU} {error:.3g}"
             del runs[FP8]
     return timed(torch, runs, results, rounds), error

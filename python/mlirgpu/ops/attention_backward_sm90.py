@@ -130,15 +130,15 @@ def _build(head_dim, banded):
         lang.wgmma.commit_group()
         return acc
 
-    def issue_dq(smem, ds_at, w):
-        """Issues dS K (one wgmma group) for the consumer's KBOX columns of K: BM queries
-        x KBOX columns over the block's BN keys; returns the accumulators."""
+    def issue_dq(smem, ds_at, k_at, w):
+        """Issues dS K (one wgmma group) for the consumer's KBOX columns of the K at
+        k_at: BM queries x KBOX columns over the block's BN keys; returns the accumulators."""
         acc = lang.wgmma.zeros(KBOX)
         lang.wgmma.fence()
         for kk in lang.static_range(BN // 16):
             a = lang.wgmma.descriptor(smem, DS_A, offset=ds_at + kk // 4 * (BM * 64), k_block=kk % 4)
-            b = lang.wgmma.descriptor(smem, K_MN, offset=w * (BN * KBOX) + kk // 4 * (64 * KBOX), k_block=kk % 4,
-                                      major="MN")
+            b = lang.wgmma.descriptor(smem, K_MN, offset=k_at + w * (BN * KBOX) + kk // 4 * (64 * KBOX),
+                                      k_block=kk % 4, major="MN")
             acc = lang.wgmma.mma(acc, a, b, n=KBOX)
         lang.wgmma.commit_group()
         return acc
@@ -291,7 +291,7 @@ def _build(head_dim, banded):
                 dk_acc = issue_update(smem, dk_acc, words(ds, dtype), dtype, q_at)
                 lang.warpgroup.barrier(DS_BARRIER, 128 * CONSUMERS)
 
-                dq_acc = issue_dq(smem, ds_at, here)
+                dq_acc = issue_dq(smem, ds_at, first_at, here)
                 everything = lang.wgmma.wait_group(0, dv_acc + dk_acc + dq_acc)
                 dv_acc, dk_acc, dq_acc = everything[:D // 2], everything[D // 2:D], everything[D:]
                 if lane == 0:

@@ -410,5 +410,6 @@ def _launch(q, k, v, causal, splits):
             tensor_map(k, box=(1, key_tile(d), 1, BOX), swizzle="128B"),
             tensor_map(v, box=(1, BOX, 1, BOX), swizzle="128B"))
     keywords = {"grid": (-(-lq // per_block), batch * hk, splits), "block": THREADS, "shared_mem": shared_bytes(d)}
-    return (kernel_for(d, causal, splits > 1, dtype_of(q)), tuple(m.with_owner(None) for m in maps),
+    # The specialization (the kernel has no generics): calling it goes straight to the C launch.
+    return (kernel_for(d, causal, splits > 1, dtype_of(q))[()], tuple(m.with_owner(None) for m in maps),
             (splits * batch * lq, hq, d), (splits * batch * hq, lq), lq, lk, group, keywords)
