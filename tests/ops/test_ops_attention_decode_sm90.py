@@ -88,7 +88,7 @@ def hopper(monkeypatch):
     """The CPU backend, on which attention plans and launches as on an sm_90a GPU of 132
     multiprocessors: the decoding kernel for the cases it takes."""
     monkeypatch.setattr(decode, "available", lambda: True)
-    monkeypatch.setattr(decode, "supported", lambda q, k, v: True)
+    monkeypatch.setattr(decode, "aligned", lambda q, k, v: True)
     monkeypatch.setattr(decode, "splits_for", functools.partial(decode.splits_for, multiprocessors=132))
     attention_module._PLANS.clear()
     with current_backend("cpu"):
@@ -112,7 +112,7 @@ def test_attention_launches_it(hopper, lq, lk, causal, splits):
 
 def test_arrays_it_cannot_read_take_the_other_kernel(hopper, monkeypatch):
     # Arrays TMA cannot address (not 16-byte aligned): the mma.sync kernel, with the plan's splits.
-    monkeypatch.setattr(decode, "supported", lambda q, k, v: False)
+    monkeypatch.setattr(decode, "aligned", lambda q, k, v: False)
     q, k, v = operands(1, 3, 1700, 8, 2, 64, "f16")
     with mock.patch.object(decode, "forward") as forward:
         out, lse = mlirgpu.ops.attention(q, k, v, causal=True, return_lse=True)

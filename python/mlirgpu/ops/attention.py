@@ -53,6 +53,7 @@ The kernel, for a head dimension D (64, 128 or 256):
 """
 import functools
 import math
+import sys
 import threading
 
 from .. import language as lang
@@ -678,8 +679,13 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=No
 
 
 def _float8(x):
-    """Whether x is an array of f8e4m3 (what the FP8 forward takes)."""
-    return hasattr(x, "dtype") and dtype_of(x) == f8e4m3
+    """Whether x is an array of f8e4m3 (what the FP8 forward takes). A torch
+    tensor's dtype is compared with torch's own: torch.compile traces this
+    (it cannot trace mlirgpu's dtype lookup, and would break the graph)."""
+    kind = getattr(x, "dtype", None)
+    if type(kind).__module__ == "torch":
+        return kind == getattr(sys.modules["torch"], "float8_e4m3fn", None)
+    return kind is not None and dtype_of(x) == f8e4m3
 
 
 def _out_dtype(kind):
@@ -822,7 +828,8 @@ class Plan:
         if self.sm90 and attention_sm90.supported(q, k, v, self.d):
             attention_sm90.forward(q, k, v, out, lse, causal, self.scale_log2, stream=stream)
             return
-        decode = self.decode and attention_decode_sm90.supported(q, k, v)
+        # The plan checked the device (its key holds it); each call's addresses need checking.
+        decode = self.decode and attention_decode_sm90.aligned(q, k, v)
         qt, kt, vt = q.reshape(self.q_tokens), k.reshape(self.kv_tokens), v.reshape(self.kv_tokens)
         ot, lset = out.reshape(self.q_tokens), lse.reshape(self.lse_rows)
         if self.splits == 1:

@@ -57,7 +57,7 @@ from ..runtime.kernel import kernel
 from ..runtime.tensormap import tensor_map
 from .arrays import dtype_of, geometry
 
-__all__ = ["HEAD_DIMS", "QUERIES", "takes", "available", "supported", "splits_for", "forward"]
+__all__ = ["HEAD_DIMS", "QUERIES", "takes", "available", "supported", "aligned", "splits_for", "forward"]
 
 HEAD_DIMS = (64, 128, 256)
 QUERIES = 16                # at most this many queries a sequence
@@ -342,9 +342,13 @@ def available():
 
 
 def supported(q, k, v):
-    """Whether the kernel runs on these arrays: available(), and q, k and v (their
-    memory) 16-byte aligned, as TMA reads it."""
-    return available() and all(hasattr(x, "ptr") and x.ptr % 16 == 0 for x in (q, k, v))
+    """Whether the kernel runs on these arrays: available(), and `aligned`."""
+    return available() and aligned(q, k, v)
+
+
+def aligned(q, k, v):
+    """Whether q, k and v (their memory) are 16-byte aligned, as TMA reads it."""
+    return all(hasattr(x, "ptr") and x.ptr % 16 == 0 for x in (q, k, v))
 
 
 def splits_for(batch, lq, lk, hq, hk, head_dim, multiprocessors=None):
