@@ -1,5 +1,5 @@
-"""mlirgpu.ops.scaled_matmul: each bad input's exception, the CPU backend's
-refusal (it emulates no FP8 wgmma), the torch op's fake implementation, and
+"""mlirgpu.ops.scaled_matmul: each bad input's exception, the kernel on the
+CPU backend (which emulates its 8-bit wgmmas), the torch op's fake implementation, and
 on an sm_90a GPU against torch._scaled_mm (float64 of the 8-bit values
 where torch has none)."""
 import sys
@@ -25,11 +25,17 @@ def operands(m, k, n, seed=0):
     return rng.standard_normal((m, k)).astype(E4M3), rng.standard_normal((n, k)).astype(E4M3).T
 
 
-def test_the_cpu_backend_is_a_launch_error_naming_the_requirement(device):
-    device("sm_90a")
-    a, b = operands(32, 64, 48)
-    with pytest.raises(mg.LaunchError, match="needs an sm_90a GPU .* not the CPU backend, which emulates no FP8"):
-        mlirgpu.ops.scaled_matmul(a, b, 0.5, np.array([2.0], np.float32))
+@pytest.mark.parametrize("m, k, n, out_dtype", [(100, 96, 48, "bf16"), (7, 272, 80, "f32")])
+def test_the_cpu_backend_runs_the_kernel(m, k, n, out_dtype):
+    # The Hopper FP8 GEMM, its TMA copies and 8-bit wgmmas emulated: odd rows, a K that ends
+    # inside a step, the scales (a number and an array of one element) on the f32 sums.
+    a, b = operands(m, k, n)
+    with current_backend("cpu"):
+        c = mlirgpu.ops.scaled_matmul(a, b, 0.5, np.array([2.0], np.float32), out_dtype=out_dtype)
+    assert c.shape == (m, n) and c.dtype == np.dtype(mg.dtype(out_dtype).numpy)
+    expected = 0.5 * 2.0 * (a.astype(np.float64) @ b.astype(np.float64))
+    rounding = 2.0 ** -8 if out_dtype == "bf16" else 1e-6
+    np.testing.assert_allclose(c.astype(np.float64), expected, rtol=rounding, atol=rounding * np.abs(expected).max())
 
 
 def test_bad_shapes_layouts_and_dtypes_are_a_launch_error(device):

@@ -6,8 +6,9 @@ A (M, K) is f8e4m3 and row-major; B (K, N) is f8e4m3 and column-major (B.T
 is C-contiguous: an (N, K) weight w passed as w.t(), as torch._scaled_mm
 wants it), which is the N x K operand wgmma reads 8-bit inputs as. The
 scales are per tensor: numbers, or arrays of one element. Only sm_90a's
-wgmma reads 8-bit floats here: elsewhere, the CPU backend included (it
-emulates no FP8 wgmma), the op is a LaunchError saying so.
+wgmma reads 8-bit floats here: on other GPUs the op is a LaunchError saying
+so. The CPU backend runs the same kernel, emulating its TMA copies and
+8-bit wgmmas (with float32 sums, where the GPU's keep fewer bits).
 """
 
 from .._mlirgpu import DType, LaunchError, bf16, dtype, f8e4m3, f16, f32
@@ -47,9 +48,9 @@ def scaled_matmul(a, b, scale_a, scale_b, out_dtype=bf16, *, out=None):
     result is that of torch._scaled_mm(..., use_fast_accum=True), less
     accurate than its default.
 
-    Runs on sm_90a GPUs (wgmma reads 8-bit floats); elsewhere it is a
-    LaunchError, as are bad shapes, layouts and dtypes (a ValueError); what
-    is no array is a TypeError.
+    Runs on sm_90a GPUs (wgmma reads 8-bit floats) and on the CPU backend;
+    on other GPUs it is a LaunchError, as are bad shapes, layouts and dtypes
+    (a ValueError); what is no array is a TypeError.
 
         c = mlirgpu.ops.scaled_matmul(x8, w8.t(), scale_x, scale_w)
 
@@ -86,9 +87,9 @@ def _launch(a, b, scale_a, scale_b, out_dtype, out):
                           "as torch._scaled_mm takes them")
     scales = (per_tensor_scale(scale_a, "scaled_matmul's scale_a"),    # what is wrong with the call, before where
               per_tensor_scale(scale_b, "scaled_matmul's scale_b"))
-    where = "the CPU backend, which emulates no FP8 wgmma" if backend.current().name == "cpu" else gemm._device()[0]
-    if where != "sm_90a":
-        raise LaunchError(f"scaled_matmul needs an sm_90a GPU (wgmma reads the 8-bit floats), not {where}")
+    if backend.current().name != "cpu" and gemm._device()[0] != "sm_90a":
+        raise LaunchError(f"scaled_matmul needs an sm_90a GPU (wgmma reads the 8-bit floats), not "
+                          f"{gemm._device()[0]}")
     out = output(a, out, (m, n), out_dtype, "scaled_matmul")
     hopper_gemm.launch(A, B, as_array(out, "scaled_matmul's out"), stream=torch_stream(a),
                        scale_a=scales[0], scale_b=scales[1])
