@@ -649,10 +649,10 @@ static PyObject *CpuEngine_launch(mg_CpuEngine *self, PyObject *args, PyObject *
     size_t bytes = ndesc * 8 + (size_t)n * sizeof(void *) + (size_t)nthreads * (nargs * sizeof(void *) +
                    MG_CPU_NINDEX * sizeof(int64_t) + sizeof(void **));
     char *memory = PyMem_Calloc(1, bytes);
-    /* The block's shared memory: static arrays, then the dynamic bytes. */
-    /* Each 1024-byte aligned (the 128-byte swizzle's period): TMA boxes and wgmma tiles may start there. */
-    size_t static_bytes = ((size_t)self->static_shared + MG_CPU_SHARED_ALIGN - 1) / MG_CPU_SHARED_ALIGN *
-                          MG_CPU_SHARED_ALIGN;
+    /* The block's shared memory: static arrays, then the dynamic bytes, 16-byte aligned after them, as
+     * a GPU lays them out: a kernel that puts swizzled tiles in its dynamic shared memory must find the
+     * 1024-byte boundary there itself (the 128-byte swizzle's period, from the window's aligned start). */
+    size_t static_bytes = ((size_t)self->static_shared + 15) / 16 * 16;
     size_t shared_stride = (static_bytes + (size_t)shared_mem + MG_CPU_SHARED_ALIGN - 1) / MG_CPU_SHARED_ALIGN *
                            MG_CPU_SHARED_ALIGN;
     size_t shared_bytes = shared_stride * (size_t)group; /* one block's each */
