@@ -65,3 +65,19 @@ def vector_becomes_scalar(X: mg.memref[R, C, mg.f32]):
 def test_vector_must_stay_a_vector():
     with pytest.raises(mg.CompileError, match="vector<4xf32> before the loop and f32 at the end"):
         vector_becomes_scalar[4, 4].ir()
+
+
+@mg.kernel
+def reversed_bytes(X: mg.memref[C, mg.u8], out: mg.memref[C, mg.u8]):
+    # 16 bytes a thread, read and written as one vector each, their lanes reversed.
+    i = thread_idx.x * 16
+    v = mg.vload(X, i, 16)
+    mg.vstore(out, i, tuple(v[15 - k] for k in mg.static_range(16)))
+
+
+def test_sixteen_bytes_in_one_vector(backend):
+    X = np.arange(64, dtype=np.uint8)
+    out = np.zeros(64, np.uint8)
+    reversed_bytes(X, out, grid=1, block=4)
+    np.testing.assert_array_equal(out, X.reshape(4, 16)[:, ::-1].ravel())
+    assert "vector<16xi8>" in reversed_bytes[64].ir()

@@ -84,12 +84,18 @@ def test_matches_the_bf16_kernel_on_the_same_values():
     np.testing.assert_allclose(lse, bf16_lse, rtol=1e-5, atol=1e-5)
 
 
-def test_v_transposed_holds_keys_where_the_fragments_of_p_hold_them():
+# (Lk, d): each head dim, Lk's tail within a group of 32 keys after several groups; at d = 128
+# (key tiles of 128) a block's 64 keys all past Lk.
+TRANSPOSE_CASES = [(77, 64), (45, 128), (150, 256)]
+
+
+@pytest.mark.parametrize("lk, d", TRANSPOSE_CASES, ids=[f"lk{lk}-d{d}" for lk, d in TRANSPOSE_CASES])
+def test_v_transposed_holds_keys_where_the_fragments_of_p_hold_them(lk, d):
     assert tuple(attention_sm90.permuted_key(j) for j in range(32)) == mg.wgmma.fragment_columns(mg.f8e4m3)
-    batch, lk, hk, d = 2, 77, 3, 64
+    batch, hk = 2, 3
     v = np.random.default_rng(2).standard_normal((batch, lk, hk, d)).astype(E4M3)
-    vt = np.zeros((batch, hk, d, attention_sm90.padded_keys(lk, d)), E4M3)
-    assert vt.shape[3] == 128
+    # 0x7f is e4m3's NaN: an element the kernel does not write stays one, the padded keys' included.
+    vt = np.full((batch, hk, d, attention_sm90.padded_keys(lk, d)), 0x7f, np.uint8).view(E4M3)
     with current_backend("cpu"):
         attention_sm90.transposed_values(v, vt)
     keys = [j // 32 * 32 + attention_sm90.permuted_key(j % 32) for j in range(vt.shape[3])]
@@ -98,6 +104,12 @@ def test_v_transposed_holds_keys_where_the_fragments_of_p_hold_them():
         if key < lk:
             expected[:, :, :, column] = v[:, key].astype(np.float32)
     np.testing.assert_array_equal(vt.astype(np.float32), expected)     # past Lk: zeros
+
+
+def test_v_transposed_in_16_byte_vectors():
+    ptx = attention_sm90.transpose_kernel(128)[()].ptx(chip="sm_90a")
+    assert re.search(r"ld\.global(\.nc)?\.v4\.b32", ptx) and "st.global.v4.b32" in ptx
+    assert "st.shared.v4.b32" in ptx
 
 
 def test_no_query_rows_launch_nothing_and_out_dtype_picks_the_outputs():

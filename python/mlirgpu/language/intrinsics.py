@@ -207,8 +207,9 @@ def _vector_access(what, memref, index, length):
     """(indices, vector type, alignment) of a vector access, or CompileError."""
     if not isinstance(memref, lang.MemRef):
         raise CompileError(f"{what} takes a memref first, not {type(memref).__name__}")
-    if not isinstance(length, int) or isinstance(length, bool) or length not in (2, 4, 8):
-        raise CompileError(f"{what}: the vector length must be 2 or 4 (8 for 16-bit types), not {length!r}")
+    if not isinstance(length, int) or isinstance(length, bool) or length not in (2, 4, 8, 16):
+        raise CompileError(f"{what}: the vector length must be 2 or 4 (8 for 16-bit types, 16 for 8-bit "
+                           f"ones), not {length!r}")
     dtype = memref.dtype
     if dtype == lang.bool_ or dtype == lang.index:
         raise CompileError(f"{what} of {dtype.name} elements is not supported")

@@ -742,7 +742,7 @@ def forward_fp8(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=
             raise LaunchError("attention of f8e4m3 inputs reads q, k and v by TMA: their memory is 16-byte aligned")
     out = output(q, out, tuple(p.q.shape), kind, "attention")
     lse = new_like(q, p.lse_shape(), f32)
-    vt = new_like(q, (p.batch, p.hk, p.d, attention_sm90.padded_keys(p.lk, p.d)), f8e4m3, zeros=True)
+    vt = new_like(q, (p.batch, p.hk, p.d, attention_sm90.padded_keys(p.lk, p.d)), f8e4m3)
     if p.tokens_q * p.hq:
         attention_sm90.forward_fp8(p.q, p.k, p.v, as_array(vt, "V^T"), as_array(out, "out"), as_array(lse, "lse"),
                                    causal, descales[0] * descales[1] * p.scale * LOG2E, descales[2],

@@ -60,7 +60,7 @@ import math
 
 from .. import cuda
 from .. import language as lang
-from .._mlirgpu import TensorMap, f8e4m3, f32, i32, index
+from .._mlirgpu import TensorMap, f8e4m3, f32, i32, index, u32
 from ..layout import ComposedLayout, Layout
 from ..layout import wgmma as wgmma_layout
 from ..runtime import backend
@@ -467,38 +467,65 @@ def kernel_for(head_dim, causal, fp8=False):
 
 
 TRANSPOSE_THREADS = 256
+TRANSPOSE_KEYS = 64         # keys of V a block transposes: padded_keys is a multiple of them
+VECTOR = 16                 # e4m3 elements of a 16-byte access
 
 
 def permuted_key(j):
     """The key, of a group of KEY_GROUP, at column j of the group in V^T (an int or a
     traced index): P's 8-bit fragments hold a lane's columns of S 2q, 2q + 1, 2q + 8,
     2q + 9 (and 16 further) where the k32 A operand's columns 4q .. 4q + 3 are, so
-    V^T's K rows follow them (mg.wgmma.fragment_columns)."""
+    V^T's K rows follow them (mg.wgmma.fragment_columns). A key stays in its half of
+    the group: a 16-byte vector of V^T's columns holds 16 keys that lie together in V."""
     return 16 * (j // 16) + 2 * (j % 16 // 4) + j % 2 + 8 * (j % 4 // 2)
+
+
+def tile_column(key, d):
+    """Where element d of a key's row of V lies in the transposing kernel's shared tile
+    (TRANSPOSE_KEYS rows of D): its 16-byte vector XOR-ed with the key's 16 (0 to 3), so
+    that a warp reading a key of each 16 at 8 d's meets 8 words in 8 banks; unswizzled,
+    rows of 64 bytes or more would put the 4 keys in one bank."""
+    return d ^ (key // VECTOR % (TRANSPOSE_KEYS // VECTOR) * VECTOR)
 
 
 @functools.cache
 def transpose_kernel(head_dim):
     """The kernel writing V^T for the 8-bit forward (transposed_values), built once."""
     D = head_dim
+    ROW_VECTORS = D // VECTOR                   # of a key's row of V
+    COLUMN_VECTORS = TRANSPOSE_KEYS // VECTOR   # of a row of V^T's tile
 
     @kernel(max_threads=TRANSPOSE_THREADS)
     def attention_values_fp8(v: lang.memref[None, None, D, f8e4m3].readonly(),
                              vt: lang.memref[None, D, None, f8e4m3].noalias(), lk: i32):
-        """v is (B x Lk, Hk, D), vt (B x Hk, D, keys): block (x, y) writes the
-        KEY_GROUP keys from KEY_GROUP x of (batch, head) y, in permuted_key's
-        order; it leaves the columns of keys past Lk as they are (zeros)."""
+        """v is (B x Lk, Hk, D), vt (B x Hk, D, keys): block (x, y) writes V^T's
+        columns of the TRANSPOSE_KEYS keys from TRANSPOSE_KEYS x of (batch, head) y,
+        every element: the keys in permuted_key's order, zeros for keys past Lk. Both
+        V and V^T are read and written in 16-byte vectors, consecutive threads on
+        consecutive vectors of a row; the transpose goes through shared memory."""
+        # The tile, TRANSPOSE_KEYS rows of D, and the same bytes as words: 8-bit floats have
+        # no constants, so the zeros past Lk are written as words.
+        tile, words = lang.shared.dynamic(f8e4m3), lang.shared.dynamic(u32)
         hk = v.shape[1]
         bh = lang.block_idx.y
         b, h = bh // hk, bh % hk
         keys = lang.cast(lk, index)
-        group = lang.block_idx.x * KEY_GROUP
-        # Consecutive threads write consecutive columns of a row of V^T.
-        for i in range(lang.thread_idx.x, KEY_GROUP * D, TRANSPOSE_THREADS):
-            j, d = i % KEY_GROUP, i // KEY_GROUP
-            key = group + permuted_key(j)
-            if key < keys:
-                vt[bh, d, group + j] = v[b * keys + key, h, d]
+        first = lang.block_idx.x * TRANSPOSE_KEYS
+        for step in lang.static_range(0, TRANSPOSE_KEYS * ROW_VECTORS, TRANSPOSE_THREADS):
+            i = step + lang.thread_idx.x
+            key, d = i // ROW_VECTORS, i % ROW_VECTORS * VECTOR
+            at = key * D + tile_column(key, d)
+            if first + key < keys:
+                lang.vstore(tile, at, lang.vload(v, (b * keys + first + key, h, d), VECTOR))
+            else:
+                lang.vstore(words, at // 4, (0, 0, 0, 0))
+        lang.syncthreads()
+        for step in lang.static_range(0, D * COLUMN_VECTORS, TRANSPOSE_THREADS):
+            i = step + lang.thread_idx.x
+            d, column = i // COLUMN_VECTORS, i % COLUMN_VECTORS * VECTOR
+            # column is a multiple of 16 and permuted_key keeps a key in its 16.
+            row = [tile[(column + permuted_key(j)) * D + tile_column(column, d)] for j in lang.static_range(VECTOR)]
+            lang.vstore(vt, (bh, d, first + column), tuple(row))
 
     return attention_values_fp8
 
@@ -509,14 +536,16 @@ def padded_keys(lk, head_dim):
 
 
 def transposed_values(v, vt, stream=None):
-    """Writes V^T of v (B, Lk, Hk, d), f8e4m3, into vt (B, Hk, d, padded_keys), which
-    is zeros: each key tile's keys, 32 at a time, in permuted_key's order, so that
-    the 8-bit wgmma of O += P V reads V K-major with P's fragments as they are."""
+    """Writes V^T of v (B, Lk, Hk, d), f8e4m3, into every element of vt (B, Hk, d,
+    padded_keys): each key tile's keys, 32 at a time, in permuted_key's order, so that
+    the 8-bit wgmma of O += P V reads V K-major with P's fragments as they are, and
+    zeros past Lk, where P's zeros must meet no NaN."""
     batch, lk, hk, d = tuple(v.shape)
     if batch * hk == 0 or lk == 0:
         return
     transpose_kernel(d)(v.reshape(batch * lk, hk, d), vt.reshape(batch * hk, d, vt.shape[3]), lk,
-                        grid=((lk + KEY_GROUP - 1) // KEY_GROUP, batch * hk), block=TRANSPOSE_THREADS, stream=stream)
+                        grid=(padded_keys(lk, d) // TRANSPOSE_KEYS, batch * hk), block=TRANSPOSE_THREADS,
+                        shared_mem=TRANSPOSE_KEYS * d, stream=stream)
 
 
 def supported(q, k, v, head_dim):
@@ -564,8 +593,8 @@ def forward(q, k, v, out, lse, causal, scale_log2, stream=None, blocks=None):
 def forward_fp8(q, k, v, vt, out, lse, causal, scale_log2, v_scale, stream=None, blocks=None):
     """forward for f8e4m3 q, k and v, whose stored values are scaled by scale_log2
     (the descales of q and k, the softmax's scale and log2(e)) and v_scale (v's
-    descale); out is bf16 or f16. vt, zeros of (B, Hk, d, padded_keys) f8e4m3,
-    takes V^T (transposed_values) before the attention kernel reads it."""
+    descale); out is bf16 or f16. vt, (B, Hk, d, padded_keys) f8e4m3 of any
+    contents, takes V^T (transposed_values) before the attention kernel reads it."""
     (batch, lq, hq, d), (_, lk, hk, _) = tuple(q.shape), tuple(k.shape)
     grid = _grid(batch, lq, hq, causal, blocks)
     if grid == 0:
