@@ -297,15 +297,16 @@ def _build(head_dim, banded):
                 if lane == 0:
                     q_empty.arrive(s)           # every product that reads the stage's Q and dO is done
 
-                # dQ += scale dS K, the consumer's columns; queries past Lq have dS = 0.
+                # dQ += scale dS K, the consumer's columns. Queries past Lq have dS = 0: their rows add
+                # zeros to Lq - 1's, which keeps the atomics out of branches (around them, ptxas
+                # serializes the wgmmas at d = 128 for want of registers, its C7512).
                 for half in lang.static_range(2):
-                    query = m0 + row0 + 8 * half
-                    if query < lq:
-                        for e in lang.static_range(half * 2, KBOX // 2, 4):
-                            for i in lang.static_range(2):
-                                _, column = lang.wgmma.accumulator_coordinates(e + i, thread)
-                                lang.atomic.add(dq, (b * lq + query, h, here * KBOX + column),
-                                                dq_acc[e + i] * scale)
+                    query = lang.math.min(m0 + row0 + 8 * half, lq - 1)
+                    for e in lang.static_range(half * 2, KBOX // 2, 4):
+                        for i in lang.static_range(2):
+                            _, column = lang.wgmma.accumulator_coordinates(e + i, thread)
+                            lang.atomic.add(dq, (b * lq + query, h, here * KBOX + column),
+                                            dq_acc[e + i] * scale)
 
             # Through a wait (nothing is pending): LLVM cannot then move the conversions below into the
             # loop, where it carried dV rounded to 16 bits from one tile to the next, 32 registers more.
