@@ -254,12 +254,9 @@ def _build(head_dim, banded):
                     edge = edge | (n0 + BN - 1 - m0 - (lk - lq) > right) | (n0 - (m0 + BM - 1) - (lk - lq) < -left)
                 # dP^T is issued once S^T is done: its zeroed accumulators are register moves, and ptxas
                 # would otherwise wait for S^T before them itself (its C7517). P's exponentials run
-                # while the tensor cores do dP^T, except at d = 128: there ptxas serializes the wgmmas
-                # anyway, for want of registers (its C7512), and the overlap's registers would spill.
+                # while the tensor cores do dP^T.
                 scores = lang.wgmma.wait_group(0, scores)
                 dp = issue_transposed(smem, first_at + V_AT, do_at, here)
-                if D == 128:
-                    dp = lang.wgmma.wait_group(0, dp)
                 p = []
                 for e in lang.static_range(BM // 2):
                     _, column = lang.wgmma.accumulator_coordinates(e, thread)
