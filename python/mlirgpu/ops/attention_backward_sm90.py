@@ -254,12 +254,9 @@ def _build(head_dim, banded):
                     edge = edge | (n0 + BN - 1 - m0 - (lk - lq) > right) | (n0 - (m0 + BM - 1) - (lk - lq) < -left)
                 # dP^T is issued once S^T is done: its zeroed accumulators are register moves, and ptxas
                 # would otherwise wait for S^T before them itself (its C7517). P's exponentials run
-                # while the tensor cores do dP^T, except at d = 128: there ptxas serializes the wgmmas
-                # anyway, for want of registers (its C7512), and the overlap's registers would spill.
+                # while the tensor cores do dP^T.
                 scores = lang.wgmma.wait_group(0, scores)
                 dp = issue_transposed(smem, first_at + V_AT, do_at, here)
-                if D == 128:
-                    dp = lang.wgmma.wait_group(0, dp)
                 p = []
                 for e in lang.static_range(BM // 2):
                     _, column = lang.wgmma.accumulator_coordinates(e, thread)
@@ -297,15 +294,16 @@ def _build(head_dim, banded):
                 if lane == 0:
                     q_empty.arrive(s)           # every product that reads the stage's Q and dO is done
 
-                # dQ += scale dS K, the consumer's columns; queries past Lq have dS = 0.
+                # dQ += scale dS K, the consumer's columns. Queries past Lq have dS = 0: their rows add
+                # zeros to Lq - 1's, which keeps the atomics out of branches (around them, ptxas
+                # serializes the wgmmas at d = 128 for want of registers, its C7512).
                 for half in lang.static_range(2):
-                    query = m0 + row0 + 8 * half
-                    if query < lq:
-                        for e in lang.static_range(half * 2, KBOX // 2, 4):
-                            for i in lang.static_range(2):
-                                _, column = lang.wgmma.accumulator_coordinates(e + i, thread)
-                                lang.atomic.add(dq, (b * lq + query, h, here * KBOX + column),
-                                                dq_acc[e + i] * scale)
+                    query = lang.math.min(m0 + row0 + 8 * half, lq - 1)
+                    for e in lang.static_range(half * 2, KBOX // 2, 4):
+                        for i in lang.static_range(2):
+                            _, column = lang.wgmma.accumulator_coordinates(e + i, thread)
+                            lang.atomic.add(dq, (b * lq + query, h, here * KBOX + column),
+                                            dq_acc[e + i] * scale)
 
             # Through a wait (nothing is pending): LLVM cannot then move the conversions below into the
             # loop, where it carried dV rounded to 16 bits from one tile to the next, 32 registers more.
