@@ -56,6 +56,7 @@ from ..runtime.compiled import default_chip
 from ..runtime.kernel import kernel
 from ..runtime.tensormap import tensor_map
 from .arrays import dtype_of, geometry
+from .attention_sm90 import online_softmax
 
 __all__ = ["HEAD_DIMS", "QUERIES", "takes", "available", "supported", "aligned", "splits_for", "forward"]
 
@@ -158,35 +159,6 @@ def _build(head_dim, causal, split, dtype):
             result.append(lang.select(hidden, minus_inf, scores[e]))
         return result
 
-    def pairwise(op, values):
-        """op folded over `values` as a balanced tree: a chain of log2(n) dependent steps."""
-        while len(values) > 1:
-            values = [op(x, y) for x, y in zip(values[::2], values[1::2])] + values[len(values) // 2 * 2:]
-        return values[0]
-
-    def softmax(scores, m, l, scale_log2):
-        """The online softmax's step, row by row (a row on the 4 lanes of a quad: two
-        shuffles give its maximum): P = exp2(S * scale_log2 - m_new), the running
-        maxima m and row sums l; returns P, m, l and the factors exp2(m_old - m_new)
-        that rescale O's rows."""
-        minus_inf = lang.constant(float("-inf"), f32)
-        p, m, l, alpha = list(scores), list(m), list(l), [None, None]
-        for half in lang.static_range(2):
-            top = pairwise(lang.math.max, [scores[e] for e in lang.static_range(BN // 2) if e // 2 % 2 == half])
-            top = lang.math.max(top, lang.warp.shfl_xor(top, 1))
-            top = lang.math.max(top, lang.warp.shfl_xor(top, 2))
-            new_m = lang.math.max(m[half], top * scale_log2)
-            # A row that has seen only masked keys keeps -inf; subtracting 0 then gives exp2(-inf) = 0.
-            shift = lang.select(new_m == minus_inf, lang.constant(0.0, f32), new_m)
-            alpha[half] = lang.math.exp2_approx(m[half] - shift)
-            for e in lang.static_range(BN // 2):
-                if e // 2 % 2 == half:
-                    p[e] = lang.math.exp2_approx(scores[e] * scale_log2 - shift)
-            total = pairwise(lambda x, y: x + y, [p[e] for e in lang.static_range(BN // 2) if e // 2 % 2 == half])
-            l[half] = l[half] * alpha[half] + total
-            m[half] = new_m
-        return p, m, l, alpha
-
     @kernel(max_threads=THREADS, min_blocks=1)
     def attention_decode_sm90(q_map: TensorMap, k_map: TensorMap, v_map: TensorMap,
                               o: lang.memref[None, None, D, OUT].noalias(),
@@ -275,7 +247,7 @@ def _build(head_dim, causal, split, dtype):
                 scores = lang.wgmma.wait_group(0, issue_scores(smem, first, first))
                 if crosses(start * BN, q0, lq, lk):
                     scores = masked(scores, t, start * BN, queries, lq, lk)
-                scores, m, l = softmax(scores, m, l, scale_log2)[:3]
+                scores, m, l = online_softmax(scores, m, l, scale_log2)[:3]
                 p = fragments(scores, T)
                 for n in range(1, count):
                     s, before = n % STAGES, (n - 1) % STAGES
@@ -287,7 +259,7 @@ def _build(head_dim, causal, split, dtype):
                     scores = lang.wgmma.wait_group(1, scores)
                     if crosses(n0, q0, lq, lk):
                         scores = masked(scores, t, n0, queries, lq, lk)
-                    scores, m, l, alpha = softmax(scores, m, l, scale_log2)
+                    scores, m, l, alpha = online_softmax(scores, m, l, scale_log2)
                     acc = lang.wgmma.wait_group(0, acc)
                     if lane == 0:
                         empty.arrive(before)    # both products of the stage are done

@@ -122,6 +122,41 @@ def swizzle(row_bytes):
     return f"{row_bytes}B"
 
 
+def pairwise(op, values):
+    """op folded over `values` as a balanced tree: the 32 scores of a row a thread
+    holds reduce in a chain of 5 dependent steps, not 31, each of which waits for
+    the result of the one before."""
+    while len(values) > 1:
+        values = [op(x, y) for x, y in zip(values[::2], values[1::2])] + values[len(values) // 2 * 2:]
+    return values[0]
+
+
+def online_softmax(scores, m, l, scale_log2):
+    """The online softmax's step on an m64nN accumulator S (`scores`, its N/2
+    values of this thread), row by row (each row on the 4 lanes of a quad: two
+    shuffles give its maximum): P = exp2(S * scale_log2 - m_new) and the running
+    maxima m and row sums l of the thread's two rows; returns P, m, l and the
+    factors exp2(m_old - m_new) that rescale O's rows. Traced inside a kernel
+    (this one's, and attention_decode_sm90's)."""
+    minus_inf = lang.constant(float("-inf"), f32)
+    p, m, l, alpha = list(scores), list(m), list(l), [None, None]
+    for half in lang.static_range(2):
+        top = pairwise(lang.math.max, [scores[e] for e in lang.static_range(len(scores)) if e // 2 % 2 == half])
+        top = lang.math.max(top, lang.warp.shfl_xor(top, 1))
+        top = lang.math.max(top, lang.warp.shfl_xor(top, 2))
+        new_m = lang.math.max(m[half], top * scale_log2)
+        # A row that has seen only masked keys keeps -inf; subtracting 0 then gives exp2(-inf) = 0.
+        shift = lang.select(new_m == minus_inf, lang.constant(0.0, f32), new_m)
+        alpha[half] = lang.math.exp2_approx(m[half] - shift)
+        for e in lang.static_range(len(scores)):
+            if e // 2 % 2 == half:
+                p[e] = lang.math.exp2_approx(scores[e] * scale_log2 - shift)
+        total = pairwise(lambda x, y: x + y, [p[e] for e in lang.static_range(len(scores)) if e // 2 % 2 == half])
+        l[half] = l[half] * alpha[half] + total
+        m[half] = new_m
+    return p, m, l, alpha
+
+
 def _build(head_dim, causal, fp8=False):
     """The kernel for one head dimension and masking, generic over the output's dtype:
     the inputs are of that dtype, or with `fp8` of f8e4m3 (V given as V^T,
@@ -211,37 +246,6 @@ def _build(head_dim, causal, fp8=False):
                 hidden = hidden | (key + lq > rows[e // 2 % 2] + lk)
             result.append(lang.select(hidden, minus_inf, scores[e]))
         return result
-
-    def pairwise(op, values):
-        """op folded over `values` as a balanced tree: the 32 scores of a row a thread
-        holds reduce in a chain of 5 dependent steps, not 31, each of which waits for
-        the result of the one before."""
-        while len(values) > 1:
-            values = [op(x, y) for x, y in zip(values[::2], values[1::2])] + values[len(values) // 2 * 2:]
-        return values[0]
-
-    def softmax(scores, m, l, scale_log2):
-        """The online softmax's step, row by row (each row on the 4 lanes of a quad:
-        two shuffles give its maximum): P = exp2(S * scale_log2 - m_new) and the
-        running maxima m and row sums l; returns P, m, l and the factors
-        exp2(m_old - m_new) that rescale O's rows."""
-        minus_inf = lang.constant(float("-inf"), f32)
-        p, m, l, alpha = list(scores), list(m), list(l), [None, None]
-        for half in lang.static_range(2):
-            top = pairwise(lang.math.max, [scores[e] for e in lang.static_range(BN // 2) if e // 2 % 2 == half])
-            top = lang.math.max(top, lang.warp.shfl_xor(top, 1))
-            top = lang.math.max(top, lang.warp.shfl_xor(top, 2))
-            new_m = lang.math.max(m[half], top * scale_log2)
-            # A row that has seen only masked keys keeps -inf; subtracting 0 then gives exp2(-inf) = 0.
-            shift = lang.select(new_m == minus_inf, lang.constant(0.0, f32), new_m)
-            alpha[half] = lang.math.exp2_approx(m[half] - shift)
-            for e in lang.static_range(BN // 2):
-                if e // 2 % 2 == half:
-                    p[e] = lang.math.exp2_approx(scores[e] * scale_log2 - shift)
-            total = pairwise(lambda x, y: x + y, [p[e] for e in lang.static_range(BN // 2) if e // 2 % 2 == half])
-            l[half] = l[half] * alpha[half] + total
-            m[half] = new_m
-        return p, m, l, alpha
 
     def order_softmax(smem, slot, l):
         """Stores a value of the softmax just computed (its row sums) to the thread's
@@ -394,7 +398,7 @@ def _build(head_dim, causal, fp8=False):
                             k_empty.arrive(it % STAGES)
                         if crosses(0, m0 + w * 64, lq, lk):
                             scores = masked(scores, t, 0, rows, lq, lk)
-                        scores, m, l = softmax(scores, m, l, scale_log2)[:3]
+                        scores, m, l = online_softmax(scores, m, l, scale_log2)[:3]
                         p = fragments(scores, inputs)
                         for n in range(1, tiles):
                             g = it + n
@@ -411,7 +415,7 @@ def _build(head_dim, causal, fp8=False):
                                 k_empty.arrive(s)       # S = Q K^T, issued first, is done
                             if crosses(n0, m0 + w * 64, lq, lk):
                                 scores = masked(scores, t, n0, rows, lq, lk)
-                            scores, m, l, alpha = softmax(scores, m, l, scale_log2)
+                            scores, m, l, alpha = online_softmax(scores, m, l, scale_log2)
                             if orders_softmax(D, fp8):
                                 order_softmax(smem, slot, l)
                             acc = lang.wgmma.wait_group(0, acc)
