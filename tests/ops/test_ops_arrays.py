@@ -1,5 +1,9 @@
 """The ops' reading of array arguments: dtypes of every library, and the
 check of an output the caller gives."""
+import functools
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -78,3 +82,25 @@ def test_workspaces_outside_a_capture_are_the_kept_ones():
         first = workspaces.get(((2, mg.f32),), None, like=np.zeros(1))
         assert workspaces.get(((2, mg.f32),), None, like=np.zeros(1))[0][0] is first[0][0]
     assert not arrays.capturing(np.zeros(1))
+
+
+def test_threads_missing_at_once_get_one_workspace_and_lock(monkeypatch):
+    # Each thread's first call finds nothing kept; making a set takes long enough that the others
+    # arrive meanwhile: they must wait for it, not make sets of their own.
+    workspaces = arrays.Workspaces(kept=2)
+    make = workspaces._make
+
+    def slow(*key):
+        time.sleep(0.05)
+        return make(*key)
+
+    monkeypatch.setattr(workspaces, "_kept", functools.lru_cache(maxsize=2)(slow))
+    got = []
+    with current_backend("cpu"):
+        threads = [threading.Thread(target=lambda: got.append(workspaces.get(((4, mg.f32),), None)))
+                   for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(got) == 4 and all(g[0][0] is got[0][0][0] and g[1] is got[0][1] for g in got)

@@ -214,6 +214,9 @@ class Workspaces:
 
     def __init__(self, kept):
         self._kept = functools.lru_cache(maxsize=kept)(self._make)
+        # lru_cache calls _make outside any lock: two threads missing at once would each make a
+        # set, and lock, of their own for the same stream.
+        self._lock = threading.Lock()
 
     @staticmethod
     def _make(shapes, where, device, stream):
@@ -231,7 +234,9 @@ class Workspaces:
             return (tuple(as_array(new_like(like, tuple(shape), kind, zeros=True), "a workspace")
                           for *shape, kind in shapes), contextlib.nullcontext())
         where = backend.backend()
-        return self._kept(shapes, where, current_device() if where == "cuda" else None, stream_key(stream))
+        key = shapes, where, current_device() if where == "cuda" else None, stream_key(stream)
+        with self._lock:
+            return self._kept(*key)
 
 
 def capturing(x):
