@@ -162,6 +162,7 @@ static const struct {
     {"mg_cpu_named_barrier", (void *)mg_cpu_named_barrier},
     {"mg_cpu_tma_load", (void *)mg_cpu_tma_load},
     {"mg_cpu_tma_store", (void *)mg_cpu_tma_store},
+    {"mg_cpu_tma_reduce_add", (void *)mg_cpu_tma_reduce_add},
     {"_mlir_ciface_mg_cpu_wgmma_buffer", (void *)mg_cpu__mlir_ciface_mg_cpu_wgmma_buffer},
     {"mg_cpu_wgmma", (void *)mg_cpu_wgmma},
     {"mg_cpu_float8x4", (void *)mg_cpu_float8x4},

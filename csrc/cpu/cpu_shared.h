@@ -212,6 +212,8 @@ void mg_cpu_tma_load(void *map, int32_t destination, int32_t barrier, int32_t ra
                      int32_t c2, int32_t c3, int32_t c4, int32_t line);
 void mg_cpu_tma_store(void *map, int32_t source, int32_t rank, int32_t c0, int32_t c1, int32_t c2, int32_t c3,
                       int32_t c4, int32_t line);
+void mg_cpu_tma_reduce_add(void *map, int32_t source, int32_t rank, int32_t c0, int32_t c1, int32_t c2, int32_t c3,
+                           int32_t c4, int32_t line);
 void mg_cpu__mlir_ciface_mg_cpu_wgmma_buffer(mg_memref_1d *result);
 void mg_cpu_wgmma(int32_t n, int64_t a, int64_t b, int32_t mode, int32_t line);
 int32_t mg_cpu_float8x4(float x0, float x1, float x2, float x3, int32_t e5m2);

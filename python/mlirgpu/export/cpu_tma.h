@@ -126,11 +126,41 @@ static inline const mg_cpu_tensor_map *mg_hopper_tensor_map_of(const mg_hopper_h
     return m;
 }
 
+/* What mg_hopper_tma_copy does with a box: shared memory to global memory, global to shared,
+ * or shared added to global (cp.reduce.async.bulk.tensor .add). */
+enum { MG_HOPPER_TMA_STORE, MG_HOPPER_TMA_LOAD, MG_HOPPER_TMA_ADD };
+
+/* *global += *local for a map's CUtensorMapDataType: float32, or 32- and 64-bit integers
+ * (two's complement, so one sum serves signed and unsigned). */
+static inline void mg_hopper_add(char *global, const char *local, int data_type)
+{
+    if (data_type == 7) {
+        float x, y;
+        memcpy(&x, global, 4);
+        memcpy(&y, local, 4);
+        x += y;
+        memcpy(global, &x, 4);
+    } else if (data_type == 4 || data_type == 5) {
+        uint64_t x, y;
+        memcpy(&x, global, 8);
+        memcpy(&y, local, 8);
+        x += y;
+        memcpy(global, &x, 8);
+    } else {
+        uint32_t x, y;
+        memcpy(&x, global, 4);
+        memcpy(&y, local, 4);
+        x += y;
+        memcpy(global, &x, 4);
+    }
+}
+
 /* Copies the box at `coords` (innermost first) of the map's array to (load) or from shared
- * memory at byte `offset`, the box row-major there with the map's swizzle; a load fills what
- * lies outside the array (zeros, or NaN), a store skips it. Returns the box's bytes. */
+ * memory at byte `offset` (store, or add to what the array holds), the box row-major there
+ * with the map's swizzle; a load fills what lies outside the array (zeros, or NaN), a store
+ * or an add skips it. Returns the box's bytes. */
 static inline size_t mg_hopper_tma_copy(const mg_hopper_hooks *h, const mg_cpu_tensor_map *m, size_t offset,
-                                     const int32_t *coords, int load, const char *what, int32_t line)
+                                     const int32_t *coords, int mode, const char *what, int32_t line)
 {
     int rank = m->rank;
     size_t esize = m->element_size, count[5], total = 1;
@@ -145,6 +175,10 @@ static inline size_t mg_hopper_tma_copy(const mg_hopper_hooks *h, const mg_cpu_t
         h->fault(line, "%s: the innermost coordinate %d is %lld bytes into a row: the box's rows must start at a "
                  "multiple of 16 bytes", what, (int)coords[0], (long long)coords[0] * (long long)esize);
     h->shared_at(offset, total * esize, what, line);
+    /* UINT32, INT32, UINT64, INT64 and FLOAT32; the GPU also adds f16 and bf16 (mg.tma.reduce_add). */
+    if (mode == MG_HOPPER_TMA_ADD && !(m->data_type >= 2 && m->data_type <= 5) && m->data_type != 7)
+        h->fault(line, "%s: the CPU backend adds float32 and 32- or 64-bit integers, not elements of tensor "
+                 "map data type %d", what, (int)m->data_type);
     unsigned char fill[8] = {0};
     if (m->oob_nan) {
         /* The canonical NaN of the element type (f16, f32, f64, bf16). */
@@ -163,10 +197,12 @@ static inline size_t mg_hopper_tma_copy(const mg_hopper_hooks *h, const mg_cpu_t
             at += (size_t)g * m->strides[i];
         }
         char *global = (char *)(uintptr_t)m->address + at;
-        if (load) {
+        if (mode == MG_HOPPER_TMA_LOAD) {
             memcpy(local, inside ? global : (const char *)fill, esize);
             if (h->written != NULL)
                 h->written(local, esize, line);
+        } else if (inside && mode == MG_HOPPER_TMA_ADD) {
+            mg_hopper_add(global, local, m->data_type);
         } else if (inside) {
             memcpy(global, local, esize);
         }

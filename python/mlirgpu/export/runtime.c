@@ -607,7 +607,8 @@ void mg_cpu_tma_load(void *map, int32_t destination, int32_t barrier, int32_t ra
     int32_t coords[5] = {c0, c1, c2, c3, c4};
     const mg_cpu_tensor_map *m = mg_hopper_tensor_map_of(&mgx_hooks, map, rank, "mg.tma.load", line);
     uint64_t *bar = mgx_mbarrier_at(barrier, "mg.tma.load's mbarrier", line);
-    size_t bytes = mg_hopper_tma_copy(&mgx_hooks, m, mgx_shared_offset(destination), coords, 1, "mg.tma.load", line);
+    size_t bytes = mg_hopper_tma_copy(&mgx_hooks, m, mgx_shared_offset(destination), coords, MG_HOPPER_TMA_LOAD,
+                                      "mg.tma.load", line);
     mg_hopper_mbarrier_update(&mgx_hooks, bar, 0, -(int64_t)bytes, line);   /* complete-tx: the bytes have landed */
 }
 
@@ -616,7 +617,8 @@ void mg_cpu_tma_store(void *map, int32_t source, int32_t rank, int32_t c0, int32
 {
     int32_t coords[5] = {c0, c1, c2, c3, c4};
     const mg_cpu_tensor_map *m = mg_hopper_tensor_map_of(&mgx_hooks, map, rank, "mg.tma.store", line);
-    mg_hopper_tma_copy(&mgx_hooks, m, mgx_shared_offset(source), coords, 0, "mg.tma.store", line);
+    mg_hopper_tma_copy(&mgx_hooks, m, mgx_shared_offset(source), coords, MG_HOPPER_TMA_STORE, "mg.tma.store",
+                       line);
 }
 
 /* ------------------------------------------------------------------------ */

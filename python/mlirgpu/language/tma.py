@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 GRID_CONSTANTS = "mlirgpu.grid_constants"
 PARAMETER_TYPE = "!llvm.ptr"
 
-__all__ = ["GRID_CONSTANTS", "TensorMapValue", "load", "store", "commit_group", "wait_group", "fence_proxy_async"]
+__all__ = ["GRID_CONSTANTS", "TensorMapValue", "load", "store", "reduce_add", "commit_group", "wait_group",
+           "fence_proxy_async"]
 
 
 class TensorMapValue:
@@ -124,8 +125,20 @@ def store(tensor_map: TensorMapValue, source: shared.SharedMemRef, coords: lang.
     lang.target().tma_store(descriptor, shared.address(source, offset), _coordinates(coords))
 
 
+def reduce_add(tensor_map: TensorMapValue, source: shared.SharedMemRef, coords: lang.Index | Sequence[lang.Index],
+               offset: lang.Index = 0) -> None:
+    """As `store`, but adds the shared memref `source` (from element `offset`)
+    to what the box at `coords` of the tensor map's array holds, element by
+    element, each addition atomic (cp.reduce.async.bulk.tensor .add): blocks
+    summing into the same array need no atomics of their own. The elements
+    are float32, f16, bf16 or 32- and 64-bit integers (the CPU backend: float32
+    and the integers); the copy completes as a store's does."""
+    descriptor = _map(tensor_map)
+    lang.target().tma_store(descriptor, shared.address(source, offset), _coordinates(coords), add=True)
+
+
 def commit_group() -> None:
-    """Closes the group of TMA stores this thread started (cp.async.bulk.commit_group)."""
+    """Closes the group of TMA stores (and additions) this thread started (cp.async.bulk.commit_group)."""
     lang.target().tma_commit()
 
 

@@ -44,7 +44,8 @@ __all__ = ["PIPELINE", "host_module", "lowered_module", "stored_params", "engine
 # Runtime calls that switch fibers (or, for a failed check, never return).
 _FIBER_CALLS = ("mg_cpu_barrier", "mg_cpu_grid_sync", "mg_cpu_shuffle", "mg_cpu_warp_collective",
                 "mg_cpu_out_of_bounds", "mg_cpu_division_fault", "mg_cpu_poll", "mg_cpu_mbarrier_init",
-                "mg_cpu_mbarrier_arrive", "mg_cpu_mbarrier_wait", "mg_cpu_named_barrier", "mg_cpu_tma_load", "mg_cpu_tma_store", "mg_cpu_wgmma")
+                "mg_cpu_mbarrier_arrive", "mg_cpu_mbarrier_wait", "mg_cpu_named_barrier", "mg_cpu_tma_load", "mg_cpu_tma_store",
+                "mg_cpu_tma_reduce_add", "mg_cpu_wgmma")
 
 
 # What a GPU refuses to launch, which the CPU backend refuses as well: the

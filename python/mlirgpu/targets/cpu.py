@@ -34,7 +34,8 @@ module on first use:
     mg_cpu_named_barrier(id, threads, wait, line)
                                                  mg.warpgroup.barrier and arrive (bar.sync, bar.arrive)
     mg_cpu_tma_load(map, destination, barrier, rank, c0..c4, line),
-    mg_cpu_tma_store(map, source, rank, c0..c4, line)
+    mg_cpu_tma_store(map, source, rank, c0..c4, line),
+    mg_cpu_tma_reduce_add(map, source, rank, c0..c4, line)
                                                  mg.tma: the box copied at once, swizzled as the
                                                  hardware lays it out; a load completes its bytes
                                                  on the mbarrier
@@ -94,6 +95,7 @@ _RUNTIME = {
     "mg_cpu_named_barrier": (lambda: [_i32()] * 4, lambda: [], False),
     "mg_cpu_tma_load": (lambda: [_ptr()] + [_i32()] * 9, lambda: [], False),
     "mg_cpu_tma_store": (lambda: [_ptr()] + [_i32()] * 8, lambda: [], False),
+    "mg_cpu_tma_reduce_add": (lambda: [_ptr()] + [_i32()] * 8, lambda: [], False),
     "mg_cpu_wgmma_buffer": (lambda: [], lambda: [ir.Type.parse("memref<?xf32>")], True),
     "mg_cpu_wgmma": (lambda: [_i32(), _i64(), _i64(), _i32(), _i32()], lambda: [], False),
     "mg_cpu_float8x4": (lambda: [ir.Type.f32()] * 4 + [_i32()], lambda: [_i32()], False),
@@ -364,10 +366,10 @@ class CpuLowering(GpuLowering):
         _call("mg_cpu_tma_load", [tensor_map, lang.cast(destination, lang.i32), lang.cast(barrier, lang.i32),
                                   _i32_constant(len(coords)), *padded, _line()])
 
-    def tma_store(self, tensor_map, source, coords):
+    def tma_store(self, tensor_map, source, coords, add=False):
         padded = list(coords) + [_i32_constant(0)] * (5 - len(coords))
-        _call("mg_cpu_tma_store", [tensor_map, lang.cast(source, lang.i32), _i32_constant(len(coords)),
-                                   *padded, _line()])
+        _call("mg_cpu_tma_reduce_add" if add else "mg_cpu_tma_store",
+              [tensor_map, lang.cast(source, lang.i32), _i32_constant(len(coords)), *padded, _line()])
 
     def tma_commit(self):
         # Each store was complete when it returned: no group is ever in flight.

@@ -534,8 +534,15 @@ class GpuLowering:
                       "mode": ir.Attribute.parse("#nvvm.tma_load_mode<tile>"),
                       "operandSegmentSizes": ir.Attribute.dense_i32_array([1, 1, len(coords), 1, 0, len(mask), 0, 0])})
 
-    def tma_store(self, tensor_map, source, coords):
-        """cp.async.bulk.tensor of shared `source` to the box at `coords` of the map."""
+    def tma_store(self, tensor_map, source, coords, add=False):
+        """cp.async.bulk.tensor of shared `source` to the box at `coords` of the map;
+        with `add`, cp.reduce.async.bulk.tensor .add of it to what the box holds."""
+        if add:
+            lang.emit("nvvm.cp.async.bulk.tensor.reduce", [tensor_map, shared_pointer(source), *coords], attributes={
+                "redKind": ir.Attribute.parse("#nvvm.tma_redux_kind<add>"),
+                "mode": ir.Attribute.parse("#nvvm.tma_store_mode<tile>"),
+                "operandSegmentSizes": ir.Attribute.dense_i32_array([1, 1, len(coords), 0])})
+            return
         lang.emit("nvvm.cp.async.bulk.tensor.global.shared.cta",
                   [tensor_map, shared_pointer(source), *coords], attributes={
                       "mode": ir.Attribute.parse("#nvvm.tma_store_mode<tile>"),
