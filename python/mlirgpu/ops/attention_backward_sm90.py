@@ -1,6 +1,6 @@
 """Scaled dot-product attention, backward, for Hopper (sm_90a): dK and dV,
-and dQ by atomics, on wgmma with TMA copies and warp specialization
-(FlashAttention-3's plan). The formulas are attention_backward's:
+and dQ added by the copy engine, on wgmma with TMA copies and warp
+specialization (FlashAttention-3's plan). The formulas are attention_backward's:
 
     P = exp(scale * Q K^T - lse)          recomputed a tile at a time
     dV = P^T dO        dP = dO V^T        dS = P * (dP - D),  D = rowsum(dO * O)
@@ -32,8 +32,11 @@ has three warpgroups:
   dS (queries x keys, K-major, 128-byte swizzle, 2 buffers by the tile's
   parity); after a named barrier over both consumers, consumer w computes
   columns w d/2 .. (w + 1) d/2 of dQ = dS K over the block's 128 keys (K
-  MN-major) and adds them, times the scale, to the float32 dQ with
-  atomics. K's tile is loaded with rows of d/2 elements (a 64-byte swizzle
+  MN-major), stores them, times the scale, to shared memory as boxes of 32
+  float32 columns, and one of its threads has the copy engine add them to
+  the float32 dQ (mg.tma.reduce_add): every block whose keys a query sees
+  adds to its row, and one instruction a box replaces an atomic an element,
+  which kept both consumers' tensor cores idle while they ran. K's tile is loaded with rows of d/2 elements (a 64-byte swizzle
   at d = 64, 128-byte at d = 128) so that each consumer's columns are
   whole boxes, as MN-major wgmma operands need. Varlen and
   `deterministic` stay with attention_backward's mma.sync kernels.
@@ -54,7 +57,7 @@ from ..layout import wgmma as wgmma_layout
 from ..runtime import backend
 from ..runtime.compiled import default_chip
 from ..runtime.kernel import kernel
-from ..runtime.tensormap import tensor_map
+from ..runtime.tensormap import box_layout, tensor_map
 from .attention import BM, LOG2E, head_and_row, hidden, query_tiles
 
 __all__ = ["HEAD_DIMS", "supported", "backward"]
@@ -80,10 +83,15 @@ def key_swizzle(head_dim):
     return {32: "64B", 64: "128B"}[key_box(head_dim)]
 
 
+DQ_BOX = 32                 # float32 columns of a dQ box: one 128-byte row
+DQ_BARRIER = 2              # + w: consumer w's barrier after its dQ stores
+
+
 def shared_bytes(head_dim):
-    """K and V, the stages of Q and dO, two buffers of dS (16-bit elements),
-    and 1 KB to put the first tile on a 1024-byte boundary (the swizzle's period)."""
-    return (2 * BN * head_dim + 2 * STAGES * BM * head_dim + 2 * BM * BN) * 2 + 1024
+    """K and V, the stages of Q and dO, two buffers of dS (16-bit elements), the
+    float32 dQ tile of both consumers, and 1 KB to put the first tile on a 1024-byte
+    boundary (the swizzle's period)."""
+    return (2 * BN * head_dim + 2 * STAGES * BM * head_dim + 2 * BM * BN) * 2 + BM * head_dim * 4 + 1024
 
 
 def _build(head_dim, banded):
@@ -96,6 +104,7 @@ def _build(head_dim, banded):
     Q_AT = 2 * BN * D
     DO_AT = Q_AT + STAGES * BM * D
     DS_AT = DO_AT + STAGES * BM * D
+    DQ_AT = (DS_AT + 2 * BM * BN) // 2     # in float32 elements: a consumer's KBOX / DQ_BOX boxes of BM rows
     # A consumer's 64 keys of K or V, and dS, are K-major A operands; Q and dO K-major B
     # operands of S^T and dP^T, MN-major ones of dK and dV (d x queries, D/64 boxes); K an
     # MN-major B operand of dQ (a consumer's KBOX columns x 64 keys).
@@ -105,6 +114,7 @@ def _build(head_dim, banded):
                            Layout(((BOX, D // BOX), (8, BM // 8)), ((1, BM * BOX), (BOX, 8 * BOX))))
     K_MN = wgmma_layout.tile_layout((KBOX, 64), 2, key_swizzle(D), major="MN")
     DS_A = wgmma_layout.tile_layout((BM, 64), 2, "128B")
+    DQ_TILE = box_layout((BM, DQ_BOX), f32, "128B")
     T = lang.generics("T")
 
     def issue_transposed(smem, kv_at, qo_at, w):
@@ -149,17 +159,19 @@ def _build(head_dim, banded):
 
     @kernel(generics=(T,), max_threads=THREADS, min_blocks=1)
     def attention_backward_sm90(q_map: TensorMap, k_map: TensorMap, v_map: TensorMap, do_map: TensorMap,
+                                dq_map: TensorMap,
                                 lse: lang.memref[None, None, f32].readonly(),
                                 delta: lang.memref[None, None, f32].readonly(),
-                                dq: lang.memref[None, None, D, f32],
                                 dk: lang.memref[None, None, D, T].noalias(),
                                 dv: lang.memref[None, None, D, T].noalias(),
-                                lq: i32, lk: i32, scale_log2: f32, left: i32, right: i32, scale: f32):
+                                lq: i32, lk: i32, group: i32, scale_log2: f32, left: i32, right: i32, scale: f32):
         """The maps address q and dO (B, Lq, Hq, D) in boxes of (1, BM, 1, 64), k and v
-        (B, Lk, Hk, D) in boxes of (1, BN, 1, D/2); lse and delta are (B x Hq, Lq), dq
-        (B x Lq, Hq, D) (added to), dk and dv (B x Lk, Hk, D). The grid is (key blocks,
-        B x Hk)."""
+        (B, Lk, Hk, D) in boxes of (1, BN, 1, D/2), and the float32 dQ (B, Lq, Hq, D),
+        added to, in boxes of (1, BM, 1, DQ_BOX); lse and delta are (B x Hq, Lq), dk and
+        dv (B x Lk, Hk, D); query head h reads key/value head h // group. The grid is
+        (key blocks, B x Hk)."""
         smem = lang.shared.dynamic(dk.dtype)
+        floats = lang.shared.dynamic(f32)       # the same bytes, for dQ
         base = lang.shared.address(smem)
         first_at = lang.cast(((base + 1023) & 0xFFFFFC00) - base, index) // 2
         stats = lang.shared.array((STAGES, 2, BM), f32)    # a stage's lse * log2(e) and D
@@ -168,8 +180,8 @@ def _build(head_dim, banded):
         q_empty = lang.mbarrier.array(STAGES)
         wg = lang.warpgroup.index()
         t = lang.warpgroup.thread_index()
-        hq, hk = lang.cast(dq.shape[1], i32), lang.cast(dk.shape[1], i32)
-        group = hq // hk
+        hk = lang.cast(dk.shape[1], i32)
+        hq = hk * group
         y = lang.cast(lang.block_idx.y, i32)
         b, kv_head = y // hk, y % hk
         n0 = lang.cast(lang.block_idx.x, i32) * BN
@@ -286,6 +298,10 @@ def _build(head_dim, banded):
                 # dV += P^T dO and dK += dS^T Q, A from registers.
                 dv_acc = issue_update(smem, dv_acc, words(p, dtype), dtype, do_at)
                 dk_acc = issue_update(smem, dk_acc, words(ds, dtype), dtype, q_at)
+                if t == 0:
+                    # The copy engine has read the last tile's dQ: the consumer's threads, past the
+                    # barrier below only once this thread is, may write this tile's.
+                    lang.tma.wait_group(0, read=True)
                 lang.warpgroup.barrier(DS_BARRIER, 128 * CONSUMERS)
 
                 dq_acc = issue_dq(smem, ds_at, first_at, here)
@@ -294,17 +310,24 @@ def _build(head_dim, banded):
                 if lane == 0:
                     q_empty.arrive(s)           # every product that reads the stage's Q and dO is done
 
-                # dQ += scale dS K, the consumer's columns. Queries past Lq have dS = 0: their rows add
-                # zeros to Lq - 1's, which keeps the atomics out of branches (around them, ptxas
-                # serializes the wgmmas at d = 128 for want of registers, its C7512).
-                for half in lang.static_range(2):
-                    query = lang.math.min(m0 + row0 + 8 * half, lq - 1)
-                    for e in lang.static_range(half * 2, KBOX // 2, 4):
-                        for i in lang.static_range(2):
-                            _, column = lang.wgmma.accumulator_coordinates(e + i, thread)
-                            lang.atomic.add(dq, (b * lq + query, h, here * KBOX + column),
-                                            dq_acc[e + i] * scale)
+                # dQ += scale dS K, the consumer's columns: to shared memory as the boxes the copy engine
+                # adds (rows past Lq fall outside the array, which the addition skips).
+                dq_at = first_at // 2 + DQ_AT + lang.cast(here, index) * (BM * KBOX)
+                for e in lang.static_range(0, KBOX // 2, 2):
+                    row, column = lang.wgmma.accumulator_coordinates(e, thread)
+                    at = dq_at + column // DQ_BOX * (BM * DQ_BOX) + lang.mma.layout_index(DQ_TILE, row,
+                                                                                         column % DQ_BOX)
+                    lang.vstore(floats, at, (dq_acc[e] * scale, dq_acc[e + 1] * scale))
+                lang.tma.fence_proxy_async()    # the stores above, before the copy engine reads them
+                lang.warpgroup.barrier(DQ_BARRIER + here, 128)
+                if t == 0:
+                    for j in lang.static_range(KBOX // DQ_BOX):
+                        lang.tma.reduce_add(dq_map, floats, (b, m0, h, here * KBOX + j * DQ_BOX),
+                                            offset=dq_at + j * (BM * DQ_BOX))
+                    lang.tma.commit_group()
 
+            if t == 0:
+                lang.tma.wait_group(0, read=True)     # shared memory lives until the copy engine has read it
             # Through a wait (nothing is pending): LLVM cannot then move the conversions below into the
             # loop, where it carried dV rounded to 16 bits from one tile to the next, 32 registers more.
             both = lang.wgmma.wait_group(0, dk_acc + dv_acc)
@@ -338,7 +361,7 @@ def supported(arrays, head_dim):
 
 
 def backward(q, k, v, dout, lse, delta, dq, dk, dv, scale, left, right, banded, stream=None):
-    """Adds scale * dS K to dq (float32, q's shape) and writes dk and dv, for
+    """Adds scale * dS K to dq (float32, q's shape or (B x Lq, Hq, d)) and writes dk and dv, for
     q and dout (B, Lq, Hq, d), k and v (B, Lk, Hk, d), lse (the forward's)
     and delta (rowsum(dO * O)) (B, Hq, Lq): C-contiguous arrays of the
     current backend (DeviceArrays, or NumPy arrays on the CPU backend).
@@ -347,7 +370,8 @@ def backward(q, k, v, dout, lse, delta, dq, dk, dv, scale, left, right, banded, 
     (batch, lq, hq, d), (_, lk, hk, _) = tuple(q.shape), tuple(k.shape)
     q_map, do_map = (tensor_map(x, box=(1, BM, 1, BOX), swizzle="128B") for x in (q, dout))
     k_map, v_map = (tensor_map(x, box=(1, BN, 1, key_box(d)), swizzle=key_swizzle(d)) for x in (k, v))
-    kernel_for(d, banded)(q_map, k_map, v_map, do_map, lse.reshape(batch * hq, lq), delta.reshape(batch * hq, lq),
-                          dq.reshape(batch * lq, hq, d), dk.reshape(batch * lk, hk, d), dv.reshape(batch * lk, hk, d),
-                          lq, lk, scale * LOG2E, left, right, scale, grid=((lk + BN - 1) // BN, batch * hk),
+    dq_map = tensor_map(dq.reshape(batch, lq, hq, d), box=(1, BM, 1, DQ_BOX), swizzle="128B")
+    kernel_for(d, banded)(q_map, k_map, v_map, do_map, dq_map, lse.reshape(batch * hq, lq),
+                          delta.reshape(batch * hq, lq), dk.reshape(batch * lk, hk, d), dv.reshape(batch * lk, hk, d),
+                          lq, lk, hq // hk, scale * LOG2E, left, right, scale, grid=((lk + BN - 1) // BN, batch * hk),
                           block=THREADS, shared_mem=shared_bytes(d), stream=stream)
