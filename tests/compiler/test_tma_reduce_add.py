@@ -22,14 +22,17 @@ def hopper_backend(backend):
 
 @mg.kernel
 def add_box(c_map: mg.TensorMap, row: mg.i32, col: mg.i32):
-    """Each block adds the box whose shared element i holds i + the block's index."""
+    """Each block adds the box whose shared element i holds i + the block's index, from
+    the first 1024-byte boundary of dynamic shared memory (the 128-byte swizzle's)."""
     smem = mg.shared.dynamic(mg.f32)
+    base = mg.shared.address(smem)
+    first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index) // 4
     for i in range(mg.thread_idx.x, 8 * 32, 64):
-        smem[i] = mg.cast(i + mg.block_idx.x, mg.f32)
+        smem[first + i] = mg.cast(i + mg.block_idx.x, mg.f32)
     mg.tma.fence_proxy_async()
     mg.syncthreads()
     if mg.thread_idx.x == 0:
-        mg.tma.reduce_add(c_map, smem, (row, col))
+        mg.tma.reduce_add(c_map, smem, (row, col), offset=first)
         mg.tma.commit_group()
         mg.tma.wait_group(0)
 
@@ -40,7 +43,7 @@ def test_reduce_add_adds_every_block_inside_the_array_only(hopper_backend, row, 
     start = np.arange(10 * 44, dtype=np.float32).reshape(10, 44) / 8
     C = mg.to_device(start)
     add_box(mg.tensor_map(C, box=(8, 32), swizzle="128B"), row, col, grid=blocks, block=64,
-            shared_mem=8 * 32 * 4)
+            shared_mem=8 * 32 * 4 + 1024)
     layout = box_layout((8, 32), mg.f32, "128B")
     expected = start.copy()
     for r in range(8):
@@ -54,20 +57,23 @@ def test_reduce_add_adds_every_block_inside_the_array_only(hopper_backend, row, 
 
 @mg.kernel
 def add_ints(c_map: mg.TensorMap):
+    """Each block adds -i to element i of the box, from a 128-byte boundary (TMA's alignment)."""
     smem = mg.shared.dynamic(mg.i32)
+    base = mg.shared.address(smem)
+    first = mg.cast(((base + 127) & 0xFFFFFF80) - base, mg.index) // 4
     for i in range(mg.thread_idx.x, 4 * 4, 32):
-        smem[i] = mg.cast(-i, mg.i32)
+        smem[first + i] = mg.cast(-i, mg.i32)
     mg.tma.fence_proxy_async()
     mg.syncthreads()
     if mg.thread_idx.x == 0:
-        mg.tma.reduce_add(c_map, smem, (0, 0))
+        mg.tma.reduce_add(c_map, smem, (0, 0), offset=first)
         mg.tma.commit_group()
         mg.tma.wait_group(0)
 
 
 def test_reduce_add_of_integers(hopper_backend):
     C = mg.to_device(np.full((4, 4), 100, np.int32))
-    add_ints(mg.tensor_map(C, box=(4, 4)), grid=3, block=32, shared_mem=4 * 4 * 4)
+    add_ints(mg.tensor_map(C, box=(4, 4)), grid=3, block=32, shared_mem=4 * 4 * 4 + 128)
     np.testing.assert_array_equal(C.get(), 100 - 3 * np.arange(16, dtype=np.int32).reshape(4, 4))
 
 
@@ -97,7 +103,8 @@ def test_reduce_add_to_a_read_only_array_is_a_kernel_error():
         C = np.zeros((10, 44), np.float32)
         C.flags.writeable = False
         with pytest.raises(mg.KernelError, match="mg.tma.reduce_add: the tensor map's array is read-only"):
-            add_box(mg.tensor_map(C, box=(8, 32), swizzle="128B"), 0, 0, grid=1, block=64, shared_mem=8 * 32 * 4)
+            add_box(mg.tensor_map(C, box=(8, 32), swizzle="128B"), 0, 0, grid=1, block=64,
+                    shared_mem=8 * 32 * 4 + 1024)
         assert not C.any()
 
 

@@ -295,9 +295,10 @@ def _build(head_dim, banded):
                     ds_tile.at(e // 4 * (8 * 64))[column, row] = lang.cast(ds[e], dtype)
                 lang.tma.fence_proxy_async()    # the stores above, before the tensor cores read them
 
-                # dV += P^T dO and dK += dS^T Q, A from registers.
+                # dV += P^T dO (A from registers) before the barrier, which it does not need; after it dQ =
+                # dS K, then dK += dS^T Q. Once dV and dQ are done, dQ's stores to shared memory run while
+                # the tensor cores do dK, with P's registers free.
                 dv_acc = issue_update(smem, dv_acc, words(p, dtype), dtype, do_at)
-                dk_acc = issue_update(smem, dk_acc, words(ds, dtype), dtype, q_at)
                 if t == 0:
                     # The copy engine has read the last tile's dQ: the consumer's threads, past the
                     # barrier below only once this thread is, may write this tile's.
@@ -305,10 +306,9 @@ def _build(head_dim, banded):
                 lang.warpgroup.barrier(DS_BARRIER, 128 * CONSUMERS)
 
                 dq_acc = issue_dq(smem, ds_at, first_at, here)
-                everything = lang.wgmma.wait_group(0, dv_acc + dk_acc + dq_acc)
-                dv_acc, dk_acc, dq_acc = everything[:D // 2], everything[D // 2:D], everything[D:]
-                if lane == 0:
-                    q_empty.arrive(s)           # every product that reads the stage's Q and dO is done
+                dk_acc = issue_update(smem, dk_acc, words(ds, dtype), dtype, q_at)
+                done = lang.wgmma.wait_group(1, dv_acc + dq_acc)
+                dv_acc, dq_acc = done[:D // 2], done[D // 2:]
 
                 # dQ += scale dS K, the consumer's columns: to shared memory as the boxes the copy engine
                 # adds (rows past Lq fall outside the array, which the addition skips).
@@ -325,6 +325,9 @@ def _build(head_dim, banded):
                         lang.tma.reduce_add(dq_map, floats, (b, m0, h, here * KBOX + j * DQ_BOX),
                                             offset=dq_at + j * (BM * DQ_BOX))
                     lang.tma.commit_group()
+                dk_acc = lang.wgmma.wait_group(0, dk_acc)
+                if lane == 0:
+                    q_empty.arrive(s)           # every product that reads the stage's Q and dO is done
 
             if t == 0:
                 lang.tma.wait_group(0, read=True)     # shared memory lives until the copy engine has read it
