@@ -130,29 +130,14 @@ static inline const mg_cpu_tensor_map *mg_hopper_tensor_map_of(const mg_hopper_h
  * or shared added to global (cp.reduce.async.bulk.tensor .add). */
 enum { MG_HOPPER_TMA_STORE, MG_HOPPER_TMA_LOAD, MG_HOPPER_TMA_ADD };
 
-/* *global += *local for a map's CUtensorMapDataType: float32, or 32- and 64-bit integers
- * (two's complement, so one sum serves signed and unsigned). */
-static inline void mg_hopper_add(char *global, const char *local, int data_type)
+/* *global += *local, float32. */
+static inline void mg_hopper_add(char *global, const char *local)
 {
-    if (data_type == 7) {
-        float x, y;
-        memcpy(&x, global, 4);
-        memcpy(&y, local, 4);
-        x += y;
-        memcpy(global, &x, 4);
-    } else if (data_type == 4 || data_type == 5) {
-        uint64_t x, y;
-        memcpy(&x, global, 8);
-        memcpy(&y, local, 8);
-        x += y;
-        memcpy(global, &x, 8);
-    } else {
-        uint32_t x, y;
-        memcpy(&x, global, 4);
-        memcpy(&y, local, 4);
-        x += y;
-        memcpy(global, &x, 4);
-    }
+    float x, y;
+    memcpy(&x, global, 4);
+    memcpy(&y, local, 4);
+    x += y;
+    memcpy(global, &x, 4);
 }
 
 /* Copies the box at `coords` (innermost first) of the map's array to (load) or from shared
@@ -175,10 +160,15 @@ static inline size_t mg_hopper_tma_copy(const mg_hopper_hooks *h, const mg_cpu_t
         h->fault(line, "%s: the innermost coordinate %d is %lld bytes into a row: the box's rows must start at a "
                  "multiple of 16 bytes", what, (int)coords[0], (long long)coords[0] * (long long)esize);
     h->shared_at(offset, total * esize, what, line);
-    /* UINT32, INT32, UINT64, INT64 and FLOAT32; the GPU also adds f16 and bf16 (mg.tma.reduce_add). */
-    if (mode == MG_HOPPER_TMA_ADD && !(m->data_type >= 2 && m->data_type <= 5) && m->data_type != 7)
-        h->fault(line, "%s: the CPU backend adds float32 and 32- or 64-bit integers, not elements of tensor "
-                 "map data type %d", what, (int)m->data_type);
+    /* What mg.tma.reduce_add takes (CU_TENSOR_MAP_DATA_TYPE_FLOAT32), and coordinates from 0: a Hopper
+     * GPU stops an addition at a negative one with an illegal instruction. */
+    if (mode == MG_HOPPER_TMA_ADD && m->data_type != 7)
+        h->fault(line, "%s: the array's elements are float32, not of tensor map data type %d", what,
+                 (int)m->data_type);
+    for (int i = 0; mode == MG_HOPPER_TMA_ADD && i < rank; i++)
+        if (coords[i] < 0)
+            h->fault(line, "%s: coordinate %d is %d: an addition's box starts inside the array (the GPU stops "
+                     "with an illegal instruction)", what, rank - 1 - i, (int)coords[i]);
     unsigned char fill[8] = {0};
     if (m->oob_nan) {
         /* The canonical NaN of the element type (f16, f32, f64, bf16). */
@@ -202,7 +192,7 @@ static inline size_t mg_hopper_tma_copy(const mg_hopper_hooks *h, const mg_cpu_t
             if (h->written != NULL)
                 h->written(local, esize, line);
         } else if (inside && mode == MG_HOPPER_TMA_ADD) {
-            mg_hopper_add(global, local, m->data_type);
+            mg_hopper_add(global, local);
         } else if (inside) {
             memcpy(global, local, esize);
         }

@@ -128,11 +128,13 @@ def store(tensor_map: TensorMapValue, source: shared.SharedMemRef, coords: lang.
 def reduce_add(tensor_map: TensorMapValue, source: shared.SharedMemRef, coords: lang.Index | Sequence[lang.Index],
                offset: lang.Index = 0) -> None:
     """As `store`, but adds the shared memref `source` (from element `offset`)
-    to what the box at `coords` of the tensor map's array holds, element by
-    element, each addition atomic (cp.reduce.async.bulk.tensor .add): blocks
-    summing into the same array need no atomics of their own. The elements
-    are float32, f16, bf16 or 32- and 64-bit integers (the CPU backend: float32
-    and the integers); the copy completes as a store's does."""
+    to what the box at `coords` of the tensor map's float32 array holds,
+    element by element, each addition atomic (cp.reduce.async.bulk.tensor
+    .add): blocks summing into the same array need no atomics of their own.
+    The box may reach past the array's far edges (that part is skipped) but
+    its coordinates start at 0 or more: a Hopper GPU stops at a negative one
+    with an illegal instruction, which the CPU backend raises as a
+    KernelError. The copy completes as a store's does."""
     descriptor = _map(tensor_map)
     lang.target().tma_store(descriptor, shared.address(source, offset), _coordinates(coords), add=True)
 
