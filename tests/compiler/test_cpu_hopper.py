@@ -333,15 +333,20 @@ def test_wgmma_reads_each_layout_through_its_descriptor(swizzle, b_major):
     np.testing.assert_array_equal(got, expected)  # small integers: exact
 
 
-def chained_kernel(tile, v_tile, v_major, dtype):
-    """A kernel computing (A @ B) @ V on 64 x 64 tiles: the first product's
-    accumulator, rounded to `dtype`, is the second's A, from registers."""
+def chained_kernel(tile, v_tile, dtype, v_major="K"):
+    """A kernel computing (A @ B) @ V of `dtype` (a 16-bit or an 8-bit float), given one shared-memory
+    image of the three: A (64 x K) @ B (K x 64) read by descriptors, K being 128 bytes of `dtype`
+    (four wgmmas of 32 bytes); that accumulator, rounded to `dtype` as fragments
+    (mg.wgmma.fragments), is the second product's A, from registers, times V (64 x 64) given as
+    V^T, `v_major` (wgmma reads 8-bit floats K-major only)."""
+    inner = 128 // dtype.itemsize
+
     @mg.kernel
-    def chained(image: mg.memref[3 * 64 * 64, dtype], C: mg.memref[64, 64, mg.f32]):
+    def chained(image: mg.memref[3 * 64 * inner, dtype], C: mg.memref[64, 64, mg.f32]):
         smem = mg.shared.dynamic(dtype)
         base = mg.shared.address(smem)
-        first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index) // 2
-        for i in range(mg.thread_idx.x, 3 * 64 * 64, 128):
+        first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index) // dtype.itemsize
+        for i in range(mg.thread_idx.x, 3 * 64 * inner, 128):
             smem[first + i] = image[i]
         mg.tma.fence_proxy_async()
         mg.syncthreads()
@@ -350,15 +355,15 @@ def chained_kernel(tile, v_tile, v_major, dtype):
         mg.wgmma.fence()
         for k in mg.static_range(4):
             a = mg.wgmma.descriptor(smem, tile, offset=first, k_block=k)
-            b = mg.wgmma.descriptor(smem, tile, offset=first + 64 * 64, k_block=k)
+            b = mg.wgmma.descriptor(smem, tile, offset=first + 64 * inner, k_block=k)
             s = mg.wgmma.mma(s, a, b, n=64)
         mg.wgmma.commit_group()
         s = mg.wgmma.wait_group(0, s)
         p = mg.wgmma.fragments(s, dtype)
         acc = mg.wgmma.zeros(64)
         mg.wgmma.fence()
-        for k in mg.static_range(4):
-            v = mg.wgmma.descriptor(smem, v_tile, offset=first + 2 * 64 * 64, k_block=k, major=v_major)
+        for k in mg.static_range(64 * dtype.itemsize // 32):   # V's 64 keys, 32 bytes of them a wgmma
+            v = mg.wgmma.descriptor(smem, v_tile, offset=first + 2 * 64 * inner, k_block=k, major=v_major)
             acc = mg.wgmma.mma(acc, p[k], v, n=64)
         mg.wgmma.commit_group()
         acc = mg.wgmma.wait_group(0, acc)
@@ -384,14 +389,14 @@ def test_a_product_feeds_the_next_from_registers(dtype, v_major):
             image[64 * 64 + tile(i, k)] = b[k, i]            # B's tile is over (N, K)
             image[2 * 64 * 64 + v_tile(i, k)] = v[k, i]
     C = mg.to_device(np.zeros((64, 64), np.float32))
-    kernel = chained_kernel(tile, v_tile, v_major, getattr(mg, dtype))
+    kernel = chained_kernel(tile, v_tile, getattr(mg, dtype), v_major)
     kernel(image.astype(element), C, grid=1, block=128, shared_mem=3 * 64 * 64 * 2 + 1024)
     np.testing.assert_array_equal(C.get(), (a @ b) @ v)
 
 
 def test_a_fragment_operand_is_wgmmas_register_form(tmp_path):
     tile = wgmma_layout.tile_layout((64, 64), 2, "128B")
-    ptx = chained_kernel(tile, tile, "K", mg.bf16)[()].ptx(chip="sm_90a")
+    ptx = chained_kernel(tile, tile, mg.bf16)[()].ptx(chip="sm_90a")
     # The first product reads A by descriptor, the second from 4 registers packed in pairs.
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16 \{[^}]*\}, %rd", ptx)) == 4
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16 \{[^}]*\}, "
@@ -507,41 +512,6 @@ def test_fragments_round_to_8bit_floats_as_cvt_satfinite(tmp_path):
     ptxas_accepts(ptx, "sm_90a", tmp_path)
 
 
-def chained_fp8_kernel(tile, v_tile, dtype):
-    """A kernel computing (A @ B) @ V: A (64 x 128) @ B (128 x 64) from shared memory, rounded to
-    the 8-bit `dtype` as fragments (mg.wgmma.fragments), times V (64 x 64) given as V^T, K-major."""
-    @mg.kernel
-    def chained8(image: mg.memref[3 * 64 * 128, dtype], C: mg.memref[64, 64, mg.f32]):
-        smem = mg.shared.dynamic(dtype)
-        base = mg.shared.address(smem)
-        first = mg.cast(((base + 1023) & 0xFFFFFC00) - base, mg.index)
-        for i in range(mg.thread_idx.x, 3 * 64 * 128, 128):
-            smem[first + i] = image[i]
-        mg.tma.fence_proxy_async()
-        mg.syncthreads()
-        t = mg.warpgroup.thread_index()
-        s = mg.wgmma.zeros(64)
-        mg.wgmma.fence()
-        for k in mg.static_range(4):
-            a = mg.wgmma.descriptor(smem, tile, offset=first, k_block=k)
-            b = mg.wgmma.descriptor(smem, tile, offset=first + 64 * 128, k_block=k)
-            s = mg.wgmma.mma(s, a, b, n=64)
-        mg.wgmma.commit_group()
-        s = mg.wgmma.wait_group(0, s)
-        p = mg.wgmma.fragments(s, dtype)
-        acc = mg.wgmma.zeros(64)
-        mg.wgmma.fence()
-        for k in mg.static_range(2):
-            v = mg.wgmma.descriptor(smem, v_tile, offset=first + 2 * 64 * 128, k_block=k)
-            acc = mg.wgmma.mma(acc, p[k], v, n=64)
-        mg.wgmma.commit_group()
-        acc = mg.wgmma.wait_group(0, acc)
-        for r in mg.static_range(32):
-            row, col = mg.wgmma.accumulator_coordinates(r, t)
-            C[row, col] = acc[r]
-    return chained8
-
-
 def chained_fp8_product(dtype, permuted):
     """(C the kernel computes, (A @ B rounded to `dtype`) @ V) with V^T's K rows (the keys) in
     fragment_columns' order within each 32, or with not `permuted` in their own."""
@@ -563,7 +533,7 @@ def chained_fp8_product(dtype, permuted):
             key = j // 32 * 32 + order[j % 32] if permuted else j
             image[2 * 64 * 128 + v_tile(i, j)] = v[key, i]
     C = np.zeros((64, 64), np.float32)
-    chained_fp8_kernel(tile, v_tile, dtype)(image, C, grid=1, block=128, shared_mem=3 * 64 * 128 + 1024)
+    chained_kernel(tile, v_tile, dtype)(image, C, grid=1, block=128, shared_mem=3 * 64 * 128 + 1024)
     largest = float(ml_dtypes.finfo(kind).max)
     p = np.clip(a @ b, -largest, largest).astype(kind).astype(np.float64)
     return C, staged_product(p, v, 32)
@@ -579,8 +549,8 @@ def test_an_8bit_product_feeds_the_next_from_registers(dtype):
 
 
 def test_an_8bit_fragment_operand_is_wgmmas_register_form(tmp_path):
-    ptx = chained_fp8_kernel(wgmma_layout.tile_layout((64, 128), 1, "128B"), wgmma_layout.tile_layout((64, 64), 1, "64B"),
-                             mg.f8e4m3)[()].ptx(chip="sm_90a")
+    ptx = chained_kernel(wgmma_layout.tile_layout((64, 128), 1, "128B"), wgmma_layout.tile_layout((64, 64), 1, "64B"),
+                         mg.f8e4m3)[()].ptx(chip="sm_90a")
     # The first product reads A by descriptor, the second from 4 registers (no transpose operand).
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3 \{[^}]*\}, %rd", ptx)) == 4
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3 \{[^}]*\}, "

@@ -3,18 +3,16 @@ float64 NumPy at small, odd sizes (tails of the query and key tiles, causal
 with Lq < Lk and Lq > Lk, grouped-query heads, f16 and bf16, dQ by atomics
 and by the deterministic pass), the kernels' PTX through ptxas, bad input,
 and on a GPU against torch's SDPA (math backend, float32) at full sizes."""
-import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 import mlirgpu as mg
-import mlirgpu.compiler
 import mlirgpu.ops
 
 from support.backends import current_backend
+from support.checks import ptxas_accepts
 
 pytest.importorskip("ml_dtypes")
 from support.attention import DTYPES, gradients, operands, packed, sequences  # noqa: E402
@@ -103,12 +101,7 @@ def test_ptx(name, key, chip, tmp_path):
     ptx = backward_module.kernel_for(name, *key)[mg.bf16].ptx(chip=chip)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
     assert ("red.global.add.f32" in ptx or "atom.global.add.f32" in ptx) == (name == "kv")
-    path = tmp_path / "backward.ptx"
-    path.write_text(ptx)
-    ptxas = os.path.join(mlirgpu.compiler.CUDA_HOME, "bin", "ptxas")
-    proc = subprocess.run([ptxas, f"-arch={chip}", str(path), "-o", str(tmp_path / "backward.cubin")],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    ptxas_accepts(ptx, chip, tmp_path)
 
 
 # ==========================================================================

@@ -124,22 +124,31 @@ def test_torch_compile_fullgraph():
         compare(g, x.grad, "compiled gradient")
 
 
+def captured_and_replayed(torch, q, k, v):
+    """Captures mlirgpu.ops.attention(q, k, v) in a CUDA graph, puts new values in q, k and v,
+    and replays the graph without waiting for it. Returns the graph and the output it writes,
+    which holds the new values' attention only if the graph reads its inputs where they are
+    rather than as they were at the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):    # warm-up: compiles the kernels outside the capture
+        mlirgpu.ops.attention(q, k, v)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mlirgpu.ops.attention(q, k, v)
+    for x in (q, k, v):
+        x.copy_(torch.randn_like(x))
+    graph.replay()
+    return graph, out
+
+
 @pytest.mark.gpu
 def test_cuda_graph_capture_and_replay():
     torch = torch_module()
     with current_backend("cuda"):
         q, k, v = (x.detach() for x in leaves(torch, 2, 256, 4, 1, 64))
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):    # warm-up: compiles the kernel outside the capture
-            mlirgpu.ops.attention(q, k, v)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = mlirgpu.ops.attention(q, k, v)
-        for x in (q, k, v):
-            x.copy_(torch.randn_like(x))
-        graph.replay()
+        _, out = captured_and_replayed(torch, q, k, v)
         torch.cuda.synchronize()
     compare(out, sdpa(q.float(), k.float(), v.float(), False), "replayed output")
 
@@ -158,17 +167,7 @@ def test_cuda_graph_capture_and_replay_of_decoding():
     with current_backend("cuda"):
         torch.manual_seed(0)
         q, k, v = decoding_inputs(torch)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):    # warm-up: compiles the kernels outside the capture
-            mlirgpu.ops.attention(q, k, v)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = mlirgpu.ops.attention(q, k, v)
-        for x in (q, k, v):
-            x.copy_(torch.randn_like(x))
-        graph.replay()
+        graph, out = captured_and_replayed(torch, q, k, v)
         eager = mlirgpu.ops.attention(q, k, v)
         graph.replay()
         torch.cuda.synchronize()

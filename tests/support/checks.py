@@ -77,12 +77,15 @@ def toolkit_without_ptxas(directory):
         os.symlink(os.path.join(source, "nvvm"), os.path.join(home, "nvvm"))
     return home
 
-def ptxas_accepts(ptx, chip, tmp_path):
-    """The CUDA toolkit's ptxas assembles `ptx` for `chip` (its stderr, warnings included)."""
+
+def ptxas_accepts(ptx, chip, tmp_path, verbose=False):
+    """The CUDA toolkit's ptxas assembles `ptx` for `chip` (its stderr, warnings included).
+    With `verbose` (ptxas -v) the stderr also reports each function's registers and spills,
+    so that a test can require that nothing spills."""
     ptxas = os.path.join(mlirgpu.compiler.CUDA_HOME, "bin", "ptxas")
     path = tmp_path / f"kernel_{chip}.ptx"
     path.write_text(ptx)
-    proc = subprocess.run([ptxas, f"-arch={chip}", str(path), "-o", str(tmp_path / f"kernel_{chip}.cubin")],
-                          capture_output=True, text=True)
+    proc = subprocess.run([ptxas, f"-arch={chip}", *(["-v"] if verbose else []), str(path),
+                           "-o", str(tmp_path / f"kernel_{chip}.cubin")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stderr
