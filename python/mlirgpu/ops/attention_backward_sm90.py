@@ -28,18 +28,22 @@ has three warpgroups:
   in registers while the tensor cores do dP^T, then dS^T, 0 where masked.
   Their accumulators are in the layout of wgmma's A operand in registers:
   dV += P^T dO and dK += dS^T Q read them from registers, rounded to the
-  inputs' type, with dO and Q MN-major (as they lie in memory). dS^T also goes to shared memory as
-  dS (queries x keys, K-major, 128-byte swizzle, 2 buffers by the tile's
-  parity); after a named barrier over both consumers, consumer w computes
-  columns w d/2 .. (w + 1) d/2 of dQ = dS K over the block's 128 keys (K
-  MN-major), stores them, times the scale, to shared memory as boxes of 32
-  float32 columns, and one of its threads has the copy engine add them to
-  the float32 dQ (mg.tma.reduce_add): every block whose keys a query sees
-  adds to its row, and one instruction a box replaces an atomic an element,
-  which kept both consumers' tensor cores idle while they ran. K's tile is loaded with rows of d/2 elements (a 64-byte swizzle
-  at d = 64, 128-byte at d = 128) so that each consumer's columns are
-  whole boxes, as MN-major wgmma operands need. Varlen and
-  `deterministic` stay with attention_backward's mma.sync kernels.
+  inputs' type, with dO and Q MN-major (as they lie in memory). dS^T also
+  goes to shared memory as dS (queries x keys, K-major, 128-byte swizzle, 2
+  buffers by the tile's parity); dV is issued, and after a named barrier
+  over both consumers, consumer w computes columns w d/2 .. (w + 1) d/2 of
+  dQ = dS K over the block's 128 keys (K MN-major), then dK. K's tile is
+  loaded with rows of d/2 elements (a 64-byte swizzle at d = 64, 128-byte
+  at d = 128) so that each consumer's columns are whole boxes, as MN-major
+  wgmma operands need.
+- Once dQ is done, while the tensor cores do dK, the consumer stores its
+  columns of it, times the scale, to shared memory as boxes of 32 float32
+  columns, and one of its threads has the copy engine add them to the
+  float32 dQ (mg.tma.reduce_add). Every block whose keys a query sees adds
+  to its row; one instruction a box replaces an atomic an element, whose
+  stores had kept both consumers' tensor cores idle.
+- Varlen and `deterministic` stay with attention_backward's mma.sync
+  kernels.
 - The masks (keys past Lk, queries past Lq, the causal or sliding-window
   band) are applied on the tiles that cross them only; query tiles wholly
   outside the band are never loaded.
