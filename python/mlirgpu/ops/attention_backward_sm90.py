@@ -315,13 +315,20 @@ def _build(head_dim, banded):
                 dv_acc, dq_acc = done[:D // 2], done[D // 2:]
 
                 # dQ += scale dS K, the consumer's columns: to shared memory as the boxes the copy engine
-                # adds (rows past Lq fall outside the array, which the addition skips).
+                # adds (rows past Lq fall outside the array, which the addition skips). A store of 8 bytes a
+                # lane serves a half-warp at a time, 4 rows whose 32 bytes land, swizzled, on the same banks
+                # for rows 2i and 2i + 1: there the odd rows store the values 16 columns away (value e ^ 8),
+                # which the swizzle puts on other banks, and each store takes 2 wavefronts instead of 4.
                 dq_at = first_at // 2 + DQ_AT + lang.cast(here, index) * (BM * KBOX)
+                odd = thread // 4 % 2 == 1
                 for e in lang.static_range(0, KBOX // 2, 2):
                     row, column = lang.wgmma.accumulator_coordinates(e, thread)
+                    column = lang.select(odd, lang.wgmma.accumulator_coordinates(e ^ 8, thread)[1], column)
                     at = dq_at + column // DQ_BOX * (BM * DQ_BOX) + lang.mma.layout_index(DQ_TILE, row,
                                                                                          column % DQ_BOX)
-                    lang.vstore(floats, at, (dq_acc[e] * scale, dq_acc[e + 1] * scale))
+                    low = lang.select(odd, dq_acc[e ^ 8], dq_acc[e])
+                    high = lang.select(odd, dq_acc[(e ^ 8) + 1], dq_acc[e + 1])
+                    lang.vstore(floats, at, (low * scale, high * scale))
                 lang.tma.fence_proxy_async()    # the stores above, before the copy engine reads them
                 lang.warpgroup.barrier(DQ_BARRIER + here, 128)
                 if t == 0:
