@@ -21,9 +21,9 @@ Three kernels:
   block at a time over the key tiles (the forward's loop, with dS for P
   and K for V): no atomics, the same bits every run.
 
-On an sm_90a GPU, dK, dV and dQ by atomics come from attention_backward_sm90's
-kernel instead (wgmma, TMA, warp specialization), except for packed sequences
-and `deterministic`.
+On an sm_90a GPU, dK, dV and dQ (added by the copy engine) come from
+attention_backward_sm90's kernel instead (wgmma, TMA, warp specialization),
+except for packed sequences and `deterministic`.
 """
 import functools
 
