@@ -4,7 +4,7 @@ scaled_dot_product_attention with its FlashAttention and cuDNN backends,
 measured in the same run.
 
     python benchmarks/attention.py [--quick] [--rounds R] [--dtype bf16|f16] [--head-dims D ...]
-                                   [--forward | --decode | --fp8]
+                                   [--forward | --decode | --fp8 | --train]
 
 - Problems: bf16 (--dtype f16: fp16), head dims 64 and 128 (--head-dims: any
   of 64, 128 and 256), without and with the causal mask,
@@ -34,6 +34,12 @@ measured in the same run.
   backward (torch.autograd.grad of the backend's output, its forward done
   once and kept); TFLOP/s count 2.5 times the forward's products; dq, dk, dv
   checked against the flash backend's (cuDNN's where that one fails).
+- Forward plus backward (`--train`, this table only): the step of a
+  training loop, as users write it: the output of mlirgpu.ops.attention on
+  q, k and v that require grad (the torch custom op) and then
+  torch.autograd.grad(out, (q, k, v), dout), against the same two calls on
+  each SDPA backend's output; TFLOP/s count 3.5 forwards (the forward's and
+  the backward's 2.5); the gradients checked as the backward's are.
 - Decoding: one query a sequence against a K/V cache, bf16, d = 128, 32 query
   heads on 4 key/value heads (8:1), batches of 1 to 64 sequences with caches
   of 8k to 128k keys: mlirgpu (the group's query heads in one block, keys
@@ -157,6 +163,21 @@ def measure_backward(torch, length, d, causal, rounds, dtype):
     return timed(torch, runs, results, rounds)
 
 
+def measure_train(torch, length, d, causal, rounds, dtype):
+    """{name: median ms or 'FAILED: why'} of one forward-plus-backward problem."""
+    batch, heads = TOKENS // length, WIDTH // d
+    leaves = [(torch.rand(batch, length, heads, d, device="cuda", dtype=dtype) * 2 - 1).requires_grad_()
+              for _ in range(3)]
+    dout = torch.rand_like(leaves[0]) * 2 - 1
+
+    def step(run):
+        return lambda: torch.autograd.grad(run(*leaves), leaves, dout)
+
+    named = [(name, step(run)) for name, run in rows(torch, causal) if name != FA2]
+    runs, results = checked(torch, named)
+    return timed(torch, runs, results, rounds)
+
+
 def quantized(torch, x):
     """x as e4m3 and its descale: a power of two, so that the dequantized values are exact in bf16."""
     descale = 2.0 ** torch.ceil(torch.log2(x.abs().max().float() / 448.0))
@@ -268,13 +289,14 @@ def main(argv=None):
     parser.add_argument("--decode", action="store_true", help="the decoding rows only")
     parser.add_argument("--forward", action="store_true", help="the forward rows only")
     parser.add_argument("--fp8", action="store_true", help="the FP8 forward beside the bf16 one only")
+    parser.add_argument("--train", action="store_true", help="the forward-plus-backward rows only")
     parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS), choices=[64, 128, 256],
                         help="head dims of the forward and backward rows (default 64 128)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16"],
                         help="q, k and v of the forward and backward rows (default bf16; decoding is bf16)")
     args = parser.parse_args(argv)
-    if args.decode + args.forward + args.fp8 > 1:
-        parser.error("--decode, --forward and --fp8 each keep one table only: give one of them")
+    if args.decode + args.forward + args.fp8 + args.train > 1:
+        parser.error("--decode, --forward, --fp8 and --train each keep one table only: give one of them")
     try:
         import torch
     except ImportError:
@@ -283,6 +305,8 @@ def main(argv=None):
         sys.exit("benchmarks/attention.py needs a CUDA GPU")
     if args.fp8:
         return main_fp8(torch, args)
+    if args.train:
+        return main_train(torch, args)
     if not args.decode:
         dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
         print(f"attention forward, {args.dtype}, {TOKENS} tokens a batch, heads x head_dim = {WIDTH}, "
@@ -331,6 +355,26 @@ def main(argv=None):
         print(f"{batch:>3} {length:>6} | {cells[0]:>8} {cells[1]:>10} {cells[2]:>10} {cells[3]:>9} | "
               f"{rate_ratio(rates, COPY):>12} {rate_ratio(rates, FLASH):>13}", flush=True)
         report(results)
+    return 0
+
+
+def main_train(torch, args):
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
+    print(f"attention forward plus backward, {args.dtype} (output, then dq, dk, dv through autograd; TFLOP/s count "
+          f"3.5 forwards), on {torch.cuda.get_device_name()} (median of {args.rounds} interleaved rounds)")
+    header = (f"{'L':>6} {'B':>3} {'H':>3} {'d':>4} {'causal':>6} | {MLIRGPU:>8} {FLASH:>10} {CUDNN:>10} | "
+              f"{'mlirgpu/cuDNN':>13} {'mlirgpu/flash':>13}")
+    print(header)
+    print("-" * len(header))
+    for length in QUICK_LENGTHS if args.quick else LENGTHS[:2]:
+        for d in args.head_dims:
+            for causal in (False, True):
+                results = measure_train(torch, length, d, causal, args.rounds, dtype)
+                cells = [cell(results[name], length, d, causal, 3.5) for name in (MLIRGPU, FLASH, CUDNN)]
+                print(f"{length:>6} {TOKENS // length:>3} {WIDTH // d:>3} {d:>4} {str(causal):>6} | "
+                      f"{cells[0]:>8} {cells[1]:>10} {cells[2]:>10} | "
+                      f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
+                report(results)
     return 0
 
 
