@@ -51,6 +51,7 @@ The kernel, for a head dimension D (64, 128 or 256):
 - Shared tiles (rows of D 16-bit elements) are swizzled so that cp.async's
   16-byte stores and ldmatrix's row reads have no bank conflicts.
 """
+import contextlib
 import functools
 import math
 import sys
@@ -648,7 +649,8 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=No
     `num_splits` blocks share the keys of each (batch, head), their partial
     results merged by a second kernel: by default more than one only for a
     few queries against many keys (decoding). The partial results go to
-    float32 arrays kept between calls, a set per shape and stream; a call's
+    float32 arrays kept between calls, a set per shape and stream, as does
+    the log-sum-exp of a call that does not return it; a call's
     checks of q, k, v and the options are kept too, for later calls of the
     same shapes, strides, dtypes and options.
 
@@ -772,8 +774,15 @@ def forward(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None
         target = as_array(out, "out")
     else:
         target = Problem.check_output("attention", "out", out, plan.shape, plan.dtype)
-    lse = new_like(q, plan.lse_shape, f32)
-    plan.launch(*views, target, as_array(lse, "lse"), causal, torch_stream(q), q)
+    stream = torch_stream(q)
+    if return_lse:
+        lse = new_like(q, plan.lse_shape, f32)
+        lse_array, guard = as_array(lse, "lse"), contextlib.nullcontext()
+    else:
+        # The kernels write a log-sum-exp the caller does not want: to a kept array, not a new one each call.
+        (lse_array,), guard = _UNWANTED_LSE.get(((*plan.lse_shape, f32),), stream, q)
+    with guard:
+        plan.launch(*views, target, lse_array, causal, stream, q)
     return (out, lse) if return_lse else out
 
 
@@ -896,3 +905,5 @@ def _option(value):
 # the lock keeps another thread's split forward on the stream from writing them between this one's
 # two launches.
 _WORKSPACES = Workspaces(kept=8)
+# The log-sum-exps of calls that do not return them, per shape and stream.
+_UNWANTED_LSE = Workspaces(kept=8)
