@@ -54,7 +54,7 @@ from ..runtime.compiled import default_chip
 from ..runtime.kernel import kernel
 from ..runtime.tensormap import tensor_map
 from .arrays import dtype_of, geometry
-from .attention_sm90 import crosses, fragments, issue_scores, issue_values, masked, online_softmax
+from .attention_sm90 import crosses, fragments, issue_scores, issue_values, key_tiles, masked, online_softmax
 
 __all__ = ["HEAD_DIMS", "QUERIES", "takes", "available", "supported", "aligned", "splits_for", "forward"]
 
@@ -128,11 +128,7 @@ def _build(head_dim, causal, split, dtype):
         per_block = ROWS // group
         q0 = lang.cast(lang.block_idx.x, i32) * per_block
         # The key tiles this block's rows see, and its split's share of them.
-        tiles = (lk + BN - 1) // BN
-        if causal:
-            last_query = lang.math.min(q0 + per_block, lq) - 1
-            tiles = lang.math.max(lang.math.min(tiles, (last_query + lk - lq + BN) // BN), 0)
-        seen = lang.cast(tiles, index)
+        seen = lang.cast(key_tiles(q0, per_block, BN, lq, lk, causal), index)
         start = lang.cast(lang.block_idx.z * seen // lang.grid_dim.z, i32)
         count = lang.cast((lang.block_idx.z + 1) * seen // lang.grid_dim.z, i32) - start
 

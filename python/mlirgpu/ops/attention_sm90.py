@@ -163,6 +163,17 @@ def online_softmax(scores, m, l, scale_log2):
     return p, m, l, alpha
 
 
+def key_tiles(query0, queries, keys, lq, lk, causal):
+    """Tiles of `keys` keys that `queries` queries from query0 read: all of Lk's, or with
+    `causal` those up to the last key the last of them (before Lq) sees, none if it sees
+    no key. A block never loads the tiles past them."""
+    tiles = (lk + keys - 1) // keys
+    if causal:
+        seen = lang.math.min(query0 + queries, lq) + lk - lq     # keys the last query sees
+        tiles = lang.math.max(lang.math.min(tiles, (seen + keys - 1) // keys), 0)
+    return tiles
+
+
 def issue_scores(smem, q_at, q_box_rows, k_at, keys, head_dim, columns):
     """Issues S = Q K^T (one wgmma group) for a warpgroup's 64 rows of Q at q_at and
     the `keys` keys of K at k_at; returns S's accumulators. Both lie in K-major boxes
@@ -257,14 +268,6 @@ def _build(head_dim, causal, fp8=False):
     TILE_BYTES = BN * D * SIZE
     T = lang.generics("T")
 
-    def key_tiles(m0, lq, lk):
-        """Key tiles the block's rows from m0 read: all, or with `causal` those up
-        to the last key its last row sees (none if that row sees no key)."""
-        tiles = (lk + BN - 1) // BN
-        if causal:
-            tiles = lang.math.max(lang.math.min(tiles, (lang.math.min(m0 + BM, lq) + lk - lq + BN - 1) // BN), 0)
-        return tiles
-
     def order_softmax(smem, slot, l):
         """Stores a value of the softmax just computed (its row sums) to the thread's
         shared `slot`. ptxas moves no shared-memory access across a wgmma wait, but
@@ -350,7 +353,7 @@ def _build(head_dim, causal, fp8=False):
                         for j in lang.static_range(D // KB):
                             lang.tma.load(q_map, smem, (b, m0, h, j * KB), q_full, 0, offset=first + j * (BM * KB))
                         loaded = loaded + 1
-                        for n in range(key_tiles(m0, lq, lk)):
+                        for n in range(key_tiles(m0, BM, BN, lq, lk, causal)):
                             s = it % STAGES
                             if it >= STAGES:
                                 k_empty.wait(s, (it // STAGES + 1) % 2)   # the consumers are done with its last K
@@ -389,7 +392,7 @@ def _build(head_dim, causal, fp8=False):
                     # The row block's batch and head are placed again for the epilogue: kept live
                     # across the key loop, they made ptxas spill at d = 128 with the causal mask.
                     m0 = place(unit, sub, row_blocks, hq)[3]
-                    tiles = key_tiles(m0, lq, lk)
+                    tiles = key_tiles(m0, BM, BN, lq, lk, causal)
                     rows = [m0 + w * 64 + r, m0 + w * 64 + r + 8]
                     m = [minus_inf, minus_inf]      # running maximum of scaled scores, log2 units
                     l = [lang.constant(0.0, f32), lang.constant(0.0, f32)]    # this lane's share of the row sums
