@@ -44,7 +44,6 @@ a multiprocessor per wave (`splits_for`): few blocks for a small batch, each
 taking a large share of the keys.
 """
 import functools
-import math
 
 from .. import cuda
 from .. import language as lang
@@ -54,7 +53,8 @@ from ..runtime.compiled import default_chip
 from ..runtime.kernel import kernel
 from ..runtime.tensormap import tensor_map
 from .arrays import dtype_of, geometry
-from .attention_sm90 import crosses, fragments, issue_scores, issue_values, key_tiles, masked, online_softmax
+from .attention_sm90 import (crosses, fragments, issue_scores, issue_values, key_tiles, log_sum_exp, masked,
+                             online_softmax, row_normalizer, store_row)
 
 __all__ = ["HEAD_DIMS", "QUERIES", "takes", "available", "supported", "aligned", "splits_for", "forward"]
 
@@ -218,21 +218,12 @@ def _build(head_dim, causal, split, dtype):
                 out_row = out_row + lang.cast(lang.block_idx.z * (o.shape[0] // lang.grid_dim.z), i32)
                 lse_row = lse_row + lang.cast(lang.block_idx.z * (lse.shape[0] // lang.grid_dim.z), i32)
             for half in lang.static_range(2):
-                total = l[half]
-                total += lang.warp.shfl_xor(total, 1)
-                total += lang.warp.shfl_xor(total, 2)
-                nothing = total == 0.0
-                inverse = lang.select(nothing, lang.constant(0.0, f32), 1.0 / total)
+                total, inverse = row_normalizer(l[half], 1.0)
                 query, head = queries[half], kv_head * group + rows[half] % group
                 if (rows[half] < per_block * group) & (query < lq):
-                    for e in lang.static_range(0, D // 2, 4):
-                        _, column = lang.wgmma.accumulator_coordinates(e + 2 * half, t)
-                        lang.vstore(o, (out_row + query, head, column),
-                                    (lang.cast(acc[e + 2 * half] * inverse, o.dtype),
-                                     lang.cast(acc[e + 2 * half + 1] * inverse, o.dtype)))
+                    store_row(o, out_row, query, head, acc, half, t, inverse)
                     if lane % 4 == 0:
-                        lse[lse_row + head, query] = lang.select(nothing, minus_inf,
-                                                                 (m[half] + lang.math.log2(total)) * math.log(2.0))
+                        lse[lse_row + head, query] = log_sum_exp(m[half], total)
 
     return attention_decode_sm90
 

@@ -252,6 +252,33 @@ def masked(scores, t, n0, queries, lq, lk, causal):
     return result
 
 
+def row_normalizer(share, scale):
+    """The sum of one of a thread's two rows, from the shares of it the 4 lanes of its
+    quad hold (two shuffles), and what the row's O is multiplied by: scale / sum, or 0
+    for a row that saw no key (sum 0)."""
+    total = share
+    total += lang.warp.shfl_xor(total, 1)
+    total += lang.warp.shfl_xor(total, 2)
+    return total, lang.select(total == 0.0, lang.constant(0.0, f32), scale / total)
+
+
+def store_row(o, sequence, query, head, acc, half, t, inverse):
+    """Stores thread t's values of one of its two rows of O (`half` 0: row r of the
+    64, 1: row r + 8), times `inverse` and in o's dtype, to o[sequence + query, head]
+    (`sequence`: o's row of the sequence's first query): pairs of adjacent columns, 8
+    apart."""
+    for e in lang.static_range(0, len(acc), 4):
+        _, column = lang.wgmma.accumulator_coordinates(e + 2 * half, t)
+        lang.vstore(o, (sequence + query, head, column), (lang.cast(acc[e + 2 * half] * inverse, o.dtype),
+                                                          lang.cast(acc[e + 2 * half + 1] * inverse, o.dtype)))
+
+
+def log_sum_exp(m, total):
+    """A row's log-sum-exp, in natural log, from its running maximum m (of scaled scores,
+    log2 units) and its sum (`row_normalizer`'s); -inf for a row that saw no key."""
+    return lang.select(total == 0.0, lang.constant(float("-inf"), f32), (m + lang.math.log2(total)) * math.log(2.0))
+
+
 def _build(head_dim, causal, fp8=False):
     """The kernel for one head dimension and masking, generic over the output's dtype:
     the inputs are of that dtype, or with `fp8` of f8e4m3 (V given as V^T,
@@ -467,21 +494,12 @@ def _build(head_dim, causal, fp8=False):
                     # O / l and the log-sum-exp (natural log), row by row; a row that saw no key gets 0 and -inf.
                     b, h, bh, _ = place(unit, sub, row_blocks, hq)
                     for half in lang.static_range(2):
-                        total = l[half]
-                        total += lang.warp.shfl_xor(total, 1)
-                        total += lang.warp.shfl_xor(total, 2)
-                        nothing = total == 0.0
-                        inverse = lang.select(nothing, lang.constant(0.0, f32), (out_scale if fp8 else 1.0) / total)
+                        total, inverse = row_normalizer(l[half], out_scale if fp8 else 1.0)
                         row = rows[half]
                         if row < lq:
-                            for e in lang.static_range(0, D // 2, 4):
-                                _, column = lang.wgmma.accumulator_coordinates(e + 2 * half, t)
-                                lang.vstore(o, (b * lq + row, h, column),
-                                            (lang.cast(acc[e + 2 * half] * inverse, o.dtype),
-                                             lang.cast(acc[e + 2 * half + 1] * inverse, o.dtype)))
+                            store_row(o, b * lq, row, h, acc, half, t, inverse)
                             if lane % 4 == 0:
-                                lse[bh, row] = lang.select(nothing, minus_inf,
-                                                           (m[half] + lang.math.log2(total)) * math.log(2.0))
+                                lse[bh, row] = log_sum_exp(m[half], total)
             if (w == 0) & (taken > 0):
                 lang.warpgroup.barrier(3, 256)      # the second warpgroup's arrival after its last turn
 
