@@ -483,7 +483,8 @@ def _build(head_dim, causal, fp8=False):
                         v_full.wait(last % STAGES, last // STAGES % 2)
                         acc = issue_values(smem, acc, p, first + lang.cast(last % STAGES, index) * (BN * D) + V_AT,
                                            BN, D)
-                        lang.warpgroup.arrive(4 - w, 256)    # the second warpgroup's last turn; the first's next first turn
+                        # The second warpgroup's last turn; the first's next first turn.
+                        lang.warpgroup.arrive(4 - w, 256)
                         acc = lang.wgmma.wait_group(0, acc)
                         if lane == 0:
                             v_empty.arrive(last % STAGES)
