@@ -44,19 +44,17 @@ a multiprocessor per wave (`splits_for`): few blocks for a small batch, each
 taking a large share of the keys.
 """
 import functools
-import math
 
 from .. import cuda
 from .. import language as lang
 from .._mlirgpu import TensorMap, f32, i32, index
-from ..layout import ComposedLayout, Layout
-from ..layout import wgmma as wgmma_layout
 from ..runtime import backend
 from ..runtime.compiled import default_chip
 from ..runtime.kernel import kernel
 from ..runtime.tensormap import tensor_map
 from .arrays import dtype_of, geometry
-from .attention_sm90 import online_softmax
+from .attention_sm90 import (crosses, fragments, issue_scores, issue_values, key_tiles, log_sum_exp, masked,
+                             online_softmax, row_normalizer, store_row)
 
 __all__ = ["HEAD_DIMS", "QUERIES", "takes", "available", "supported", "aligned", "splits_for", "forward"]
 
@@ -102,62 +100,8 @@ def _build(head_dim, causal, split, dtype):
     K_AT = ROWS * D
     V_AT = K_AT + STAGES * BN * D
     TILE_BYTES = BN * D * 2
-    Q_TILE = wgmma_layout.tile_layout((ROWS, BOX), 2, "128B")
-    K_TILE = wgmma_layout.tile_layout((BN, BOX), 2, "128B")
-    V_TILE = ComposedLayout(wgmma_layout.swizzle_for("128B", 2), 0,
-                            Layout(((BOX, D // BOX), (8, BOX // 8)), ((1, BOX * BOX), (BOX, 8 * BOX))))
     T = dtype
     OUT = f32 if split else T
-
-    def issue_scores(smem, q_at, stage_at):
-        """Issues S = Q K^T (one wgmma group) for the 64 rows of Q at q_at and the BN
-        keys of the stage at stage_at; returns S's accumulators."""
-        scores = lang.wgmma.zeros(BN)
-        lang.wgmma.fence()
-        for kk in lang.static_range(D // 16):
-            a = lang.wgmma.descriptor(smem, Q_TILE, offset=q_at + kk // 4 * (ROWS * BOX), k_block=kk % 4)
-            b = lang.wgmma.descriptor(smem, K_TILE, offset=stage_at + K_AT + kk // 4 * (BN * BOX), k_block=kk % 4)
-            scores = lang.wgmma.mma(scores, a, b, n=BN)
-        lang.wgmma.commit_group()
-        return scores
-
-    def fragments(p, dtype):
-        """P rounded to `dtype` as the A operand of O += P V, its BN/16 fragments'
-        words in one list (what a loop carries)."""
-        return [word for fragment in lang.wgmma.fragments(p, dtype) for word in fragment.words]
-
-    def issue_values(smem, acc, p, dtype, stage_at):
-        """Issues O += P V (one wgmma group) for P (`fragments`' words) and the V of
-        the stage at stage_at; returns O's accumulators."""
-        lang.wgmma.fence()
-        for kk in lang.static_range(BN // 16):
-            b = lang.wgmma.descriptor(smem, V_TILE, offset=stage_at + V_AT + kk // 4 * (BOX * D), k_block=kk % 4,
-                                      major="MN")
-            acc = lang.wgmma.mma(acc, lang.wgmma.Fragment(p[4 * kk:4 * kk + 4], dtype), b, n=D)
-        lang.wgmma.commit_group()
-        return acc
-
-    def crosses(n0, q0, lq, lk):
-        """Whether the key tile from n0 has keys that rows from query q0 on do not see:
-        keys past Lk, or with `causal` past the first query's diagonal."""
-        edge = n0 + BN > lk
-        if causal:
-            edge = edge | (n0 + BN - 1 > q0 + lk - lq)
-        return edge
-
-    def masked(scores, t, n0, queries, lq, lk):
-        """S with -inf for the keys past Lk and, with `causal`, past the diagonal of
-        each row's query (queries: those of this thread's two rows)."""
-        minus_inf = lang.constant(float("-inf"), f32)
-        result = []
-        for e in lang.static_range(BN // 2):
-            _, column = lang.wgmma.accumulator_coordinates(e, t)
-            key = n0 + column
-            hidden = key >= lk
-            if causal:
-                hidden = hidden | (key + lq > queries[e // 2 % 2] + lk)
-            result.append(lang.select(hidden, minus_inf, scores[e]))
-        return result
 
     @kernel(max_threads=THREADS, min_blocks=1)
     def attention_decode_sm90(q_map: TensorMap, k_map: TensorMap, v_map: TensorMap,
@@ -184,11 +128,7 @@ def _build(head_dim, causal, split, dtype):
         per_block = ROWS // group
         q0 = lang.cast(lang.block_idx.x, i32) * per_block
         # The key tiles this block's rows see, and its split's share of them.
-        tiles = (lk + BN - 1) // BN
-        if causal:
-            last_query = lang.math.min(q0 + per_block, lq) - 1
-            tiles = lang.math.max(lang.math.min(tiles, (last_query + lk - lq + BN) // BN), 0)
-        seen = lang.cast(tiles, index)
+        seen = lang.cast(key_tiles(q0, per_block, BN, lq, lk, causal), index)
         start = lang.cast(lang.block_idx.z * seen // lang.grid_dim.z, i32)
         count = lang.cast((lang.block_idx.z + 1) * seen // lang.grid_dim.z, i32) - start
 
@@ -244,21 +184,22 @@ def _build(head_dim, causal, split, dtype):
                 # Software-pipelined: S of tile n is issued before O += P V of tile n - 1, and its
                 # softmax runs while the tensor cores do that product.
                 k_full.wait(0, 0)
-                scores = lang.wgmma.wait_group(0, issue_scores(smem, first, first))
-                if crosses(start * BN, q0, lq, lk):
-                    scores = masked(scores, t, start * BN, queries, lq, lk)
+                scores = lang.wgmma.wait_group(0, issue_scores(smem, first, ROWS, first + K_AT, BN, D, BOX))
+                if crosses(start * BN, BN, q0, lq, lk, causal):
+                    scores = masked(scores, t, start * BN, queries, lq, lk, causal)
                 scores, m, l = online_softmax(scores, m, l, scale_log2)[:3]
                 p = fragments(scores, T)
                 for n in range(1, count):
                     s, before = n % STAGES, (n - 1) % STAGES
                     n0 = (start + n) * BN
                     k_full.wait(s, n // STAGES % 2)
-                    scores = issue_scores(smem, first, first + lang.cast(s, index) * (BN * D))
+                    scores = issue_scores(smem, first, ROWS, first + lang.cast(s, index) * (BN * D) + K_AT,
+                                          BN, D, BOX)
                     v_full.wait(before, (n - 1) // STAGES % 2)
-                    acc = issue_values(smem, acc, p, T, first + lang.cast(before, index) * (BN * D))
+                    acc = issue_values(smem, acc, p, first + lang.cast(before, index) * (BN * D) + V_AT, BN, D)
                     scores = lang.wgmma.wait_group(1, scores)
-                    if crosses(n0, q0, lq, lk):
-                        scores = masked(scores, t, n0, queries, lq, lk)
+                    if crosses(n0, BN, q0, lq, lk, causal):
+                        scores = masked(scores, t, n0, queries, lq, lk, causal)
                     scores, m, l, alpha = online_softmax(scores, m, l, scale_log2)
                     acc = lang.wgmma.wait_group(0, acc)
                     if lane == 0:
@@ -268,7 +209,8 @@ def _build(head_dim, causal, split, dtype):
                     p = fragments(scores, T)
                 last = (count - 1) % STAGES
                 v_full.wait(last, (count - 1) // STAGES % 2)
-                acc = lang.wgmma.wait_group(0, issue_values(smem, acc, p, T, first + lang.cast(last, index) * (BN * D)))
+                acc = issue_values(smem, acc, p, first + lang.cast(last, index) * (BN * D) + V_AT, BN, D)
+                acc = lang.wgmma.wait_group(0, acc)
             # O / l and the log-sum-exp (natural log) of the rows that are (query, head) pairs;
             # a row that saw no key (of this split) gets 0 and -inf.
             out_row, lse_row = b * lq, b * hq
@@ -276,21 +218,12 @@ def _build(head_dim, causal, split, dtype):
                 out_row = out_row + lang.cast(lang.block_idx.z * (o.shape[0] // lang.grid_dim.z), i32)
                 lse_row = lse_row + lang.cast(lang.block_idx.z * (lse.shape[0] // lang.grid_dim.z), i32)
             for half in lang.static_range(2):
-                total = l[half]
-                total += lang.warp.shfl_xor(total, 1)
-                total += lang.warp.shfl_xor(total, 2)
-                nothing = total == 0.0
-                inverse = lang.select(nothing, lang.constant(0.0, f32), 1.0 / total)
+                total, inverse = row_normalizer(l[half], 1.0)
                 query, head = queries[half], kv_head * group + rows[half] % group
                 if (rows[half] < per_block * group) & (query < lq):
-                    for e in lang.static_range(0, D // 2, 4):
-                        _, column = lang.wgmma.accumulator_coordinates(e + 2 * half, t)
-                        lang.vstore(o, (out_row + query, head, column),
-                                    (lang.cast(acc[e + 2 * half] * inverse, o.dtype),
-                                     lang.cast(acc[e + 2 * half + 1] * inverse, o.dtype)))
+                    store_row(o, out_row, query, head, acc, half, t, inverse)
                     if lane % 4 == 0:
-                        lse[lse_row + head, query] = lang.select(nothing, minus_inf,
-                                                                 (m[half] + lang.math.log2(total)) * math.log(2.0))
+                        lse[lse_row + head, query] = log_sum_exp(m[half], total)
 
     return attention_decode_sm90
 

@@ -122,6 +122,13 @@ def swizzle(row_bytes):
     return f"{row_bytes}B"
 
 
+# The steps from here to _build serve both Hopper attention kernels, this module's
+# forward and attention_decode_sm90's decoding kernel: they differ in their tile sizes
+# and in what a row is (a query of one head, or a (query, query head) pair of a packed
+# group), not in these steps. Each emits traced ops where a kernel calls it. Outside a
+# kernel's body a Python `if` takes Python values only (sizes, `causal`); a traced
+# condition there would need lang.select.
+
 def pairwise(op, values):
     """op folded over `values` as a balanced tree: the 32 scores of a row a thread
     holds reduce in a chain of 5 dependent steps, not 31, each of which waits for
@@ -136,8 +143,7 @@ def online_softmax(scores, m, l, scale_log2):
     values of this thread), row by row (each row on the 4 lanes of a quad: two
     shuffles give its maximum): P = exp2(S * scale_log2 - m_new) and the running
     maxima m and row sums l of the thread's two rows; returns P, m, l and the
-    factors exp2(m_old - m_new) that rescale O's rows. Traced inside a kernel
-    (this one's, and attention_decode_sm90's)."""
+    factors exp2(m_old - m_new) that rescale O's rows."""
     minus_inf = lang.constant(float("-inf"), f32)
     p, m, l, alpha = list(scores), list(m), list(l), [None, None]
     for half in lang.static_range(2):
@@ -157,6 +163,122 @@ def online_softmax(scores, m, l, scale_log2):
     return p, m, l, alpha
 
 
+def key_tiles(query0, queries, keys, lq, lk, causal):
+    """Tiles of `keys` keys that `queries` queries from query0 read: all of Lk's, or with
+    `causal` those up to the last key the last of them (before Lq) sees, none if it sees
+    no key. A block never loads the tiles past them."""
+    tiles = (lk + keys - 1) // keys
+    if causal:
+        seen = lang.math.min(query0 + queries, lq) + lk - lq     # keys the last query sees
+        tiles = lang.math.max(lang.math.min(tiles, (seen + keys - 1) // keys), 0)
+    return tiles
+
+
+def issue_scores(smem, q_at, q_box_rows, k_at, keys, head_dim, columns):
+    """Issues S = Q K^T (one wgmma group) for a warpgroup's 64 rows of Q at q_at and
+    the `keys` keys of K at k_at; returns S's accumulators. Both lie in K-major boxes
+    of `columns` columns of d (a 128-byte row, or 64 bytes for 8-bit d = 64), Q's boxes
+    of `q_box_rows` rows (the block's, of which the warpgroup reads 64), K's of `keys`.
+    A wgmma reads 32 bytes of d: 16 columns of smem's 16-bit elements, 32 of 8-bit."""
+    size = smem.dtype.itemsize
+    q_tile = wgmma_layout.tile_layout((64, columns), size, swizzle(columns * size))
+    k_tile = wgmma_layout.tile_layout((keys, columns), size, swizzle(columns * size))
+    per_box = columns // (32 // size)
+    scores = lang.wgmma.zeros(keys)
+    lang.wgmma.fence()
+    for kk in lang.static_range(head_dim // (32 // size)):
+        a = lang.wgmma.descriptor(smem, q_tile, offset=q_at + kk // per_box * (q_box_rows * columns),
+                                  k_block=kk % per_box)
+        b = lang.wgmma.descriptor(smem, k_tile, offset=k_at + kk // per_box * (keys * columns), k_block=kk % per_box)
+        scores = lang.wgmma.mma(scores, a, b, n=keys)
+    lang.wgmma.commit_group()
+    return scores
+
+
+def fragments(p, dtype):
+    """P rounded to `dtype` as the A operand of O += P V, its fragments' words (4 per
+    16 keys, or per 32 keys of 8-bit floats) in one list: what a loop carries."""
+    return [word for fragment in lang.wgmma.fragments(p, dtype) for word in fragment.words]
+
+
+def issue_values(smem, acc, p, v_at, keys, head_dim):
+    """Issues O += P V (one wgmma group) for P (`fragments`' words, of smem's dtype) and
+    the `keys` keys of V at v_at; returns O's accumulators. 16-bit V lies as in memory,
+    MN-major: per 64 keys, d/64 boxes of 64 keys x 64 columns. wgmma reads 8-bit B
+    K-major only, so 8-bit V comes transposed, one box of d rows of `keys` keys, the
+    keys within each 32 in the order of P's fragment columns (transposed_values)."""
+    size = smem.dtype.itemsize
+    if size == 1:
+        v_tile = wgmma_layout.tile_layout((head_dim, keys), 1, swizzle(keys))
+    else:
+        v_tile = ComposedLayout(wgmma_layout.swizzle_for("128B", 2), 0,
+                                Layout(((BOX, head_dim // BOX), (8, BOX // 8)),
+                                       ((1, BOX * BOX), (BOX, 8 * BOX))))
+    lang.wgmma.fence()
+    for kk in lang.static_range(keys // (32 // size)):
+        if size == 1:
+            b = lang.wgmma.descriptor(smem, v_tile, offset=v_at, k_block=kk)
+        else:
+            b = lang.wgmma.descriptor(smem, v_tile, offset=v_at + kk // 4 * (BOX * head_dim), k_block=kk % 4,
+                                      major="MN")
+        acc = lang.wgmma.mma(acc, lang.wgmma.Fragment(p[4 * kk:4 * kk + 4], smem.dtype), b, n=head_dim)
+    lang.wgmma.commit_group()
+    return acc
+
+
+def crosses(n0, keys, query0, lq, lk, causal):
+    """Whether the key tile of `keys` keys from n0 has keys that a warpgroup's rows,
+    of queries from query0 on, do not see: keys past Lk, or with `causal` past the
+    first query's diagonal (bottom-right aligned). Only such tiles are `masked`."""
+    edge = n0 + keys > lk
+    if causal:
+        edge = edge | (n0 + keys - 1 > query0 + lk - lq)
+    return edge
+
+
+def masked(scores, t, n0, queries, lq, lk, causal):
+    """S (an m64nN accumulator of thread t, keys from n0) with -inf for the keys past
+    Lk and, with `causal`, past the diagonal of each row's query (`queries`: those of
+    the thread's two rows)."""
+    minus_inf = lang.constant(float("-inf"), f32)
+    result = []
+    for e in lang.static_range(len(scores)):
+        _, column = lang.wgmma.accumulator_coordinates(e, t)
+        key = n0 + column
+        hidden = key >= lk
+        if causal:
+            hidden = hidden | (key + lq > queries[e // 2 % 2] + lk)
+        result.append(lang.select(hidden, minus_inf, scores[e]))
+    return result
+
+
+def row_normalizer(share, scale):
+    """The sum of one of a thread's two rows, from the shares of it the 4 lanes of its
+    quad hold (two shuffles), and what the row's O is multiplied by: scale / sum, or 0
+    for a row that saw no key (sum 0)."""
+    total = share
+    total += lang.warp.shfl_xor(total, 1)
+    total += lang.warp.shfl_xor(total, 2)
+    return total, lang.select(total == 0.0, lang.constant(0.0, f32), scale / total)
+
+
+def store_row(o, sequence, query, head, acc, half, t, inverse):
+    """Stores thread t's values of one of its two rows of O (`half` 0: row r of the
+    64, 1: row r + 8), times `inverse` and in o's dtype, to o[sequence + query, head]
+    (`sequence`: o's row of the sequence's first query): pairs of adjacent columns, 8
+    apart."""
+    for e in lang.static_range(0, len(acc), 4):
+        _, column = lang.wgmma.accumulator_coordinates(e + 2 * half, t)
+        lang.vstore(o, (sequence + query, head, column), (lang.cast(acc[e + 2 * half] * inverse, o.dtype),
+                                                          lang.cast(acc[e + 2 * half + 1] * inverse, o.dtype)))
+
+
+def log_sum_exp(m, total):
+    """A row's log-sum-exp, in natural log, from its running maximum m (of scaled scores,
+    log2 units) and its sum (`row_normalizer`'s); -inf for a row that saw no key."""
+    return lang.select(total == 0.0, lang.constant(float("-inf"), f32), (m + lang.math.log2(total)) * math.log(2.0))
+
+
 def _build(head_dim, causal, fp8=False):
     """The kernel for one head dimension and masking, generic over the output's dtype:
     the inputs are of that dtype, or with `fp8` of f8e4m3 (V given as V^T,
@@ -164,7 +286,6 @@ def _build(head_dim, causal, fp8=False):
     D, STAGES, BN = head_dim, stages(head_dim), key_tile(head_dim)
     SIZE = 1 if fp8 else 2                  # bytes of an input element
     KB = box_columns(D, fp8)                # columns of d in a box of Q or K
-    STEP = 32 // SIZE                       # columns of K a wgmma reads: k16, or k32 of 8-bit floats
     # Element offsets from the first 1024-byte boundary: Q (D/KB boxes of BM rows), each
     # stage's K (D/KB boxes of BN keys) and V (16-bit: per 64 keys, D/64 boxes of 64
     # keys; 8-bit: one box of V^T, D rows of BN keys).
@@ -172,80 +293,7 @@ def _build(head_dim, causal, fp8=False):
     V_AT = K_AT + STAGES * BN * D
     ORDER_AT = V_AT + STAGES * BN * D     # an element per consumer thread (order_softmax)
     TILE_BYTES = BN * D * SIZE
-    # Q's 64-row halves and K's tile are K-major boxes of KB columns. 16-bit V (keys x d)
-    # is MN-major, a 64-key slice of it D/64 boxes of 64 keys x 64 d; 8-bit wgmma reads B
-    # K-major only, so V comes transposed, V^T's tile D rows of BN keys.
-    A_TILE = wgmma_layout.tile_layout((64, KB), SIZE, swizzle(KB * SIZE))
-    K_TILE = wgmma_layout.tile_layout((BN, KB), SIZE, swizzle(KB * SIZE))
-    if fp8:
-        V_TILE = wgmma_layout.tile_layout((D, BN), 1, swizzle(BN))
-    else:
-        V_TILE = ComposedLayout(wgmma_layout.swizzle_for("128B", 2), 0,
-                                Layout(((BOX, D // BOX), (8, BOX // 8)), ((1, BOX * BOX), (BOX, 8 * BOX))))
     T = lang.generics("T")
-
-    def key_tiles(m0, lq, lk):
-        """Key tiles the block's rows from m0 read: all, or with `causal` those up
-        to the last key its last row sees (none if that row sees no key)."""
-        tiles = (lk + BN - 1) // BN
-        if causal:
-            tiles = lang.math.max(lang.math.min(tiles, (lang.math.min(m0 + BM, lq) + lk - lq + BN - 1) // BN), 0)
-        return tiles
-
-    def issue_scores(smem, q_at, stage_at):
-        """Issues S = Q K^T (one wgmma group) for the warpgroup's 64 rows of Q at
-        q_at and the BN keys of the stage at stage_at; returns S's accumulators."""
-        scores = lang.wgmma.zeros(BN)
-        lang.wgmma.fence()
-        per_box = KB // STEP
-        for kk in lang.static_range(D // STEP):
-            a = lang.wgmma.descriptor(smem, A_TILE, offset=q_at + kk // per_box * (BM * KB), k_block=kk % per_box)
-            b = lang.wgmma.descriptor(smem, K_TILE, offset=stage_at + K_AT + kk // per_box * (BN * KB),
-                                      k_block=kk % per_box)
-            scores = lang.wgmma.mma(scores, a, b, n=BN)
-        lang.wgmma.commit_group()
-        return scores
-
-    def fragments(p, dtype):
-        """P rounded to `dtype` as the A operand of O += P V, its BN/16 fragments'
-        words (BN/32 of 8-bit floats) in one list (what a loop carries)."""
-        return [word for fragment in lang.wgmma.fragments(p, dtype) for word in fragment.words]
-
-    def issue_values(smem, acc, p, dtype, stage_at):
-        """Issues O += P V (one wgmma group) for the warpgroup's P (`fragments`'
-        words) and the V of the stage at stage_at; returns O's accumulators."""
-        lang.wgmma.fence()
-        for kk in lang.static_range(BN // STEP):
-            if fp8:
-                # V^T's keys within each 32 lie in the order of P's fragment columns (transposed_values).
-                b = lang.wgmma.descriptor(smem, V_TILE, offset=stage_at + V_AT, k_block=kk)
-            else:
-                b = lang.wgmma.descriptor(smem, V_TILE, offset=stage_at + V_AT + kk // 4 * (BOX * D),
-                                          k_block=kk % 4, major="MN")
-            acc = lang.wgmma.mma(acc, lang.wgmma.Fragment(p[4 * kk:4 * kk + 4], dtype), b, n=D)
-        lang.wgmma.commit_group()
-        return acc
-
-    def crosses(n0, row0, lq, lk):
-        """Whether the key tile from n0 has keys that rows from row0 (64 of them) do not
-        see: keys past Lk, or with `causal` past the diagonal of the first row."""
-        edge = n0 + BN > lk
-        if causal:
-            edge = edge | (n0 + BN - 1 > row0 + lk - lq)
-        return edge
-
-    def masked(scores, t, n0, rows, lq, lk):
-        """S with -inf for the keys past Lk and, with `causal`, past each row's diagonal."""
-        minus_inf = lang.constant(float("-inf"), f32)
-        result = []
-        for e in lang.static_range(BN // 2):
-            _, column = lang.wgmma.accumulator_coordinates(e, t)
-            key = n0 + column
-            hidden = key >= lk
-            if causal:
-                hidden = hidden | (key + lq > rows[e // 2 % 2] + lk)
-            result.append(lang.select(hidden, minus_inf, scores[e]))
-        return result
 
     def order_softmax(smem, slot, l):
         """Stores a value of the softmax just computed (its row sums) to the thread's
@@ -332,7 +380,7 @@ def _build(head_dim, causal, fp8=False):
                         for j in lang.static_range(D // KB):
                             lang.tma.load(q_map, smem, (b, m0, h, j * KB), q_full, 0, offset=first + j * (BM * KB))
                         loaded = loaded + 1
-                        for n in range(key_tiles(m0, lq, lk)):
+                        for n in range(key_tiles(m0, BM, BN, lq, lk, causal)):
                             s = it % STAGES
                             if it >= STAGES:
                                 k_empty.wait(s, (it // STAGES + 1) % 2)   # the consumers are done with its last K
@@ -371,7 +419,7 @@ def _build(head_dim, causal, fp8=False):
                     # The row block's batch and head are placed again for the epilogue: kept live
                     # across the key loop, they made ptxas spill at d = 128 with the causal mask.
                     m0 = place(unit, sub, row_blocks, hq)[3]
-                    tiles = key_tiles(m0, lq, lk)
+                    tiles = key_tiles(m0, BM, BN, lq, lk, causal)
                     rows = [m0 + w * 64 + r, m0 + w * 64 + r + 8]
                     m = [minus_inf, minus_inf]      # running maximum of scaled scores, log2 units
                     l = [lang.constant(0.0, f32), lang.constant(0.0, f32)]    # this lane's share of the row sums
@@ -391,13 +439,14 @@ def _build(head_dim, causal, fp8=False):
                             lang.warpgroup.barrier(3, 256)
                         taken = lang.constant(1, i32)
                         k_full.wait(it % STAGES, it // STAGES % 2)
-                        scores = issue_scores(smem, q_at, first + lang.cast(it % STAGES, index) * (BN * D))
+                        scores = issue_scores(smem, q_at, BM,
+                                              first + lang.cast(it % STAGES, index) * (BN * D) + K_AT, BN, D, KB)
                         lang.warpgroup.arrive(4 - w, 256)
                         scores = lang.wgmma.wait_group(0, scores)
                         if lane == 0:
                             k_empty.arrive(it % STAGES)
-                        if crosses(0, m0 + w * 64, lq, lk):
-                            scores = masked(scores, t, 0, rows, lq, lk)
+                        if crosses(0, BN, m0 + w * 64, lq, lk, causal):
+                            scores = masked(scores, t, 0, rows, lq, lk, causal)
                         scores, m, l = online_softmax(scores, m, l, scale_log2)[:3]
                         p = fragments(scores, inputs)
                         for n in range(1, tiles):
@@ -406,15 +455,17 @@ def _build(head_dim, causal, fp8=False):
                             n0 = lang.cast(n, i32) * BN
                             lang.warpgroup.barrier(3 + w, 256)
                             k_full.wait(s, g // STAGES % 2)
-                            scores = issue_scores(smem, q_at, first + lang.cast(s, index) * (BN * D))
+                            scores = issue_scores(smem, q_at, BM, first + lang.cast(s, index) * (BN * D) + K_AT,
+                                                  BN, D, KB)
                             v_full.wait(before, (g - 1) // STAGES % 2)
-                            acc = issue_values(smem, acc, p, inputs, first + lang.cast(before, index) * (BN * D))
+                            acc = issue_values(smem, acc, p, first + lang.cast(before, index) * (BN * D) + V_AT,
+                                               BN, D)
                             lang.warpgroup.arrive(4 - w, 256)
                             scores = lang.wgmma.wait_group(1, scores)
                             if lane == 0:
                                 k_empty.arrive(s)       # S = Q K^T, issued first, is done
-                            if crosses(n0, m0 + w * 64, lq, lk):
-                                scores = masked(scores, t, n0, rows, lq, lk)
+                            if crosses(n0, BN, m0 + w * 64, lq, lk, causal):
+                                scores = masked(scores, t, n0, rows, lq, lk, causal)
                             scores, m, l, alpha = online_softmax(scores, m, l, scale_log2)
                             if orders_softmax(D, fp8):
                                 order_softmax(smem, slot, l)
@@ -430,8 +481,10 @@ def _build(head_dim, causal, fp8=False):
                         last = it + tiles - 1
                         lang.warpgroup.barrier(3 + w, 256)
                         v_full.wait(last % STAGES, last // STAGES % 2)
-                        acc = issue_values(smem, acc, p, inputs, first + lang.cast(last % STAGES, index) * (BN * D))
-                        lang.warpgroup.arrive(4 - w, 256)    # the second warpgroup's last turn; the first's next first turn
+                        acc = issue_values(smem, acc, p, first + lang.cast(last % STAGES, index) * (BN * D) + V_AT,
+                                           BN, D)
+                        # The second warpgroup's last turn; the first's next first turn.
+                        lang.warpgroup.arrive(4 - w, 256)
                         acc = lang.wgmma.wait_group(0, acc)
                         if lane == 0:
                             v_empty.arrive(last % STAGES)
@@ -442,21 +495,12 @@ def _build(head_dim, causal, fp8=False):
                     # O / l and the log-sum-exp (natural log), row by row; a row that saw no key gets 0 and -inf.
                     b, h, bh, _ = place(unit, sub, row_blocks, hq)
                     for half in lang.static_range(2):
-                        total = l[half]
-                        total += lang.warp.shfl_xor(total, 1)
-                        total += lang.warp.shfl_xor(total, 2)
-                        nothing = total == 0.0
-                        inverse = lang.select(nothing, lang.constant(0.0, f32), (out_scale if fp8 else 1.0) / total)
+                        total, inverse = row_normalizer(l[half], out_scale if fp8 else 1.0)
                         row = rows[half]
                         if row < lq:
-                            for e in lang.static_range(0, D // 2, 4):
-                                _, column = lang.wgmma.accumulator_coordinates(e + 2 * half, t)
-                                lang.vstore(o, (b * lq + row, h, column),
-                                            (lang.cast(acc[e + 2 * half] * inverse, o.dtype),
-                                             lang.cast(acc[e + 2 * half + 1] * inverse, o.dtype)))
+                            store_row(o, b * lq, row, h, acc, half, t, inverse)
                             if lane % 4 == 0:
-                                lse[bh, row] = lang.select(nothing, minus_inf,
-                                                           (m[half] + lang.math.log2(total)) * math.log(2.0))
+                                lse[bh, row] = log_sum_exp(m[half], total)
             if (w == 0) & (taken > 0):
                 lang.warpgroup.barrier(3, 256)      # the second warpgroup's arrival after its last turn
 
