@@ -7,19 +7,15 @@ and sm_90a. The last tests walk every operation of a module: each carries
 the user's file:line.
 """
 import itertools
-import os
 import re
-import subprocess
 
 import numpy as np
 import pytest
 
 import mlirgpu as mg
-import mlirgpu.compiler
-from support.checks import filecheck
+from support.checks import filecheck, ptxas_accepts
 from mlirgpu import block_dim, block_idx, grid_dim, thread_idx
 
-PTXAS = os.path.join(mlirgpu.compiler.CUDA_HOME, "bin", "ptxas")
 CHIPS = ["sm_80", "sm_90a"]
 
 
@@ -48,11 +44,7 @@ def assert_ptxas(spec, chip, tmp_path):
     """The specialization's PTX for `chip` is accepted by ptxas -arch=chip."""
     ptx = spec.ptx(chip=chip)
     assert f".target {chip}" in ptx
-    path = tmp_path / f"{spec.name}_{chip}.ptx"
-    path.write_text(ptx)
-    proc = subprocess.run([PTXAS, f"-arch={chip}", str(path), "-o", str(tmp_path / "out.cubin")],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    ptxas_accepts(ptx, chip, tmp_path)
 
 
 # ==========================================================================

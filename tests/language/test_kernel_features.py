@@ -6,17 +6,14 @@ and one test per misuse (mg.CompileError naming the user's line).
 """
 import os
 import re
-import subprocess
 
 import numpy as np
 import pytest
 
 import mlirgpu as mg
-import mlirgpu.compiler
-from support.checks import filecheck
+from support.checks import filecheck, ptxas_accepts
 from mlirgpu import block_idx, thread_idx
 
-PTXAS = os.path.join(mlirgpu.compiler.CUDA_HOME, "bin", "ptxas")
 HERE = os.path.abspath(__file__)
 N, M, K = mg.generics("N M K")
 T = mg.generics("T")
@@ -43,15 +40,6 @@ def ir_of(spec):
     aliases = dict(re.findall(r"^(#loc\d*) = (loc\(.*\))$", text, re.MULTILINE))
     body = re.sub(r"^#loc\d* = loc\(.*\)$", "", text, flags=re.MULTILINE)
     return re.sub(r"loc\((#loc\d*)\)", lambda m: aliases.get(m.group(1), m.group(0)), body)
-
-
-def ptxas(ptx, chip, tmp_path):
-    path = tmp_path / f"k_{chip}.ptx"
-    path.write_text(ptx)
-    proc = subprocess.run([PTXAS, f"-arch={chip}", str(path), "-o", str(tmp_path / "k.cubin")],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stderr
 
 
 def compile_error(spec, marker):
@@ -481,7 +469,7 @@ SPECS = {
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_ptxas_accepts(name, chip, tmp_path):
     spec = SPECS[name]()
-    log = ptxas(spec.ptx(chip), chip, tmp_path)
+    log = ptxas_accepts(spec.ptx(chip), chip, tmp_path)
     assert "out of bound" not in log, log
 
 
