@@ -53,8 +53,8 @@ from ..runtime.compiled import default_chip
 from ..runtime.kernel import kernel
 from ..runtime.tensormap import tensor_map
 from .arrays import dtype_of, geometry
-from .attention_sm90 import (crosses, fragments, issue_scores, issue_values, key_tiles, log_sum_exp, masked,
-                             online_softmax, row_normalizer, store_row)
+from .attention_sm90 import (crosses, fragments, issue_scores, issue_values, key_tiles, load_keys, load_values,
+                             log_sum_exp, masked, online_softmax, row_normalizer, store_row)
 
 __all__ = ["HEAD_DIMS", "QUERIES", "takes", "available", "supported", "aligned", "splits_for", "forward"]
 
@@ -99,7 +99,6 @@ def _build(head_dim, causal, split, dtype):
     # stage's K (D/64 boxes of BN keys) and V (per 64 keys, D/64 boxes of 64 keys).
     K_AT = ROWS * D
     V_AT = K_AT + STAGES * BN * D
-    TILE_BYTES = BN * D * 2
     T = dtype
     OUT = f32 if split else T
 
@@ -160,15 +159,8 @@ def _build(head_dim, causal, split, dtype):
                         empty.wait(s, (n // STAGES + 1) % 2)    # the consumer is done with its last tile
                     at = first + lang.cast(s, index) * (BN * D)
                     n0 = (start + n) * BN
-                    k_full.arrive_expect_tx(s, TILE_BYTES)
-                    for j in lang.static_range(D // BOX):
-                        lang.tma.load(k_map, smem, (b, n0, kv_head, j * BOX), k_full, s,
-                                      offset=at + K_AT + j * (BN * BOX))
-                    v_full.arrive_expect_tx(s, TILE_BYTES)
-                    for i in lang.static_range(BN // BOX):
-                        for j in lang.static_range(D // BOX):
-                            lang.tma.load(v_map, smem, (b, n0 + i * BOX, kv_head, j * BOX), v_full, s,
-                                          offset=at + V_AT + i * (BOX * D) + j * (BOX * BOX))
+                    load_keys(k_map, smem, k_full, s, b, n0, kv_head, at + K_AT, BN, D, BOX)
+                    load_values(v_map, smem, v_full, s, b, n0, kv_head, at + V_AT, BN, D)
         else:
             lane = t % 32
             minus_inf = lang.constant(float("-inf"), f32)

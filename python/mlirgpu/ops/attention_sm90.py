@@ -201,6 +201,26 @@ def fragments(p, dtype):
     return [word for fragment in lang.wgmma.fragments(p, dtype) for word in fragment.words]
 
 
+def load_keys(k_map, smem, full, stage, b, n0, kv_head, k_at, keys, head_dim, box_columns):
+    """Has the copy engine bring the K tile of `keys` keys from n0 (of batch b and
+    key/value head kv_head) to k_at, as issue_scores reads it (head_dim / box_columns
+    boxes of keys x box_columns), its bytes counted on barrier `stage` of `full`."""
+    full.arrive_expect_tx(stage, keys * head_dim * smem.dtype.itemsize)
+    for j in lang.static_range(head_dim // box_columns):
+        lang.tma.load(k_map, smem, (b, n0, kv_head, j * box_columns), full, stage,
+                      offset=k_at + j * (keys * box_columns))
+
+
+def load_values(v_map, smem, full, stage, b, n0, kv_head, v_at, keys, head_dim):
+    """As load_keys for 16-bit V, as issue_values reads it: per 64 keys, head_dim / 64
+    boxes of 64 keys x 64 columns."""
+    full.arrive_expect_tx(stage, keys * head_dim * smem.dtype.itemsize)
+    for i in lang.static_range(keys // BOX):
+        for j in lang.static_range(head_dim // BOX):
+            lang.tma.load(v_map, smem, (b, n0 + i * BOX, kv_head, j * BOX), full, stage,
+                          offset=v_at + i * (BOX * head_dim) + j * (BOX * BOX))
+
+
 def issue_values(smem, acc, p, v_at, keys, head_dim):
     """Issues O += P V (one wgmma group) for P (`fragments`' words, of smem's dtype) and
     the `keys` keys of V at v_at; returns O's accumulators. 16-bit V lies as in memory,
@@ -385,20 +405,14 @@ def _build(head_dim, causal, fp8=False):
                             if it >= STAGES:
                                 k_empty.wait(s, (it // STAGES + 1) % 2)   # the consumers are done with its last K
                             at = first + lang.cast(s, index) * (BN * D)
-                            k_full.arrive_expect_tx(s, TILE_BYTES)
-                            for j in lang.static_range(D // KB):
-                                lang.tma.load(k_map, smem, (b, n * BN, kv_head, j * KB), k_full, s,
-                                              offset=at + K_AT + j * (BN * KB))
+                            load_keys(k_map, smem, k_full, s, b, n * BN, kv_head, at + K_AT, BN, D, KB)
                             if it >= STAGES:
                                 v_empty.wait(s, (it // STAGES + 1) % 2)   # and with its last V
-                            v_full.arrive_expect_tx(s, TILE_BYTES)
                             if fp8:
+                                v_full.arrive_expect_tx(s, TILE_BYTES)
                                 lang.tma.load(v_map, smem, (b, kv_head, 0, n * BN), v_full, s, offset=at + V_AT)
                             else:
-                                for i in lang.static_range(BN // BOX):
-                                    for j in lang.static_range(D // BOX):
-                                        lang.tma.load(v_map, smem, (b, n * BN + i * BOX, kv_head, j * BOX), v_full,
-                                                      s, offset=at + V_AT + i * (BOX * D) + j * (BOX * BOX))
+                                load_values(v_map, smem, v_full, s, b, n * BN, kv_head, at + V_AT, BN, D)
                             it = it + 1
         else:
             lang.warpgroup.set_max_registers(CONSUMER_REGISTERS, increase=True)
