@@ -325,20 +325,9 @@ def main(argv=None):
                           f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
                     report(results)
     if not (args.decode or args.forward):
-        print(f"\nattention backward, {args.dtype} (dq, dk, dv; TFLOP/s count 2.5 forwards)")
-        header = (f"{'L':>6} {'B':>3} {'H':>3} {'d':>4} {'causal':>6} | {MLIRGPU:>8} {FLASH:>10} {CUDNN:>10} | "
-                  f"{'mlirgpu/cuDNN':>13} {'mlirgpu/flash':>13}")
-        print(header)
-        print("-" * len(header))
-        for length in QUICK_LENGTHS if args.quick else LENGTHS[:2]:
-            for d in args.head_dims:
-                for causal in (False, True):
-                    results = measure_backward(torch, length, d, causal, args.rounds, dtype)
-                    cells = [cell(results[name], length, d, causal, 2.5) for name in (MLIRGPU, FLASH, CUDNN)]
-                    print(f"{length:>6} {TOKENS // length:>3} {WIDTH // d:>3} {d:>4} {str(causal):>6} | "
-                          f"{cells[0]:>8} {cells[1]:>10} {cells[2]:>10} | "
-                          f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
-                    report(results)
+        print()
+        gradient_table(torch, args, f"attention backward, {args.dtype} (dq, dk, dv; TFLOP/s count 2.5 forwards)",
+                       measure_backward, 2.5)
     if args.forward:
         return 0
     print(f"\ndecoding: 1 query, {DECODE['hq']} query heads on {DECODE['hk']} key/value heads, d = {DECODE['d']}, "
@@ -358,10 +347,11 @@ def main(argv=None):
     return 0
 
 
-def main_train(torch, args):
+def gradient_table(torch, args, title, measure_one, work):
+    """The table of `measure_one` (measure_backward or measure_train) over the problems
+    (the first two lengths, or with --quick L = 4096), its TFLOP/s counting `work` forwards."""
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
-    print(f"attention forward plus backward, {args.dtype} (output, then dq, dk, dv through autograd; TFLOP/s count "
-          f"3.5 forwards), on {torch.cuda.get_device_name()} (median of {args.rounds} interleaved rounds)")
+    print(title)
     header = (f"{'L':>6} {'B':>3} {'H':>3} {'d':>4} {'causal':>6} | {MLIRGPU:>8} {FLASH:>10} {CUDNN:>10} | "
               f"{'mlirgpu/cuDNN':>13} {'mlirgpu/flash':>13}")
     print(header)
@@ -369,12 +359,18 @@ def main_train(torch, args):
     for length in QUICK_LENGTHS if args.quick else LENGTHS[:2]:
         for d in args.head_dims:
             for causal in (False, True):
-                results = measure_train(torch, length, d, causal, args.rounds, dtype)
-                cells = [cell(results[name], length, d, causal, 3.5) for name in (MLIRGPU, FLASH, CUDNN)]
+                results = measure_one(torch, length, d, causal, args.rounds, dtype)
+                cells = [cell(results[name], length, d, causal, work) for name in (MLIRGPU, FLASH, CUDNN)]
                 print(f"{length:>6} {TOKENS // length:>3} {WIDTH // d:>3} {d:>4} {str(causal):>6} | "
                       f"{cells[0]:>8} {cells[1]:>10} {cells[2]:>10} | "
                       f"{ratio(results, CUDNN):>13} {ratio(results, FLASH):>13}", flush=True)
                 report(results)
+
+
+def main_train(torch, args):
+    gradient_table(torch, args, f"attention forward plus backward, {args.dtype} (output, then dq, dk, dv through "
+                   f"autograd; TFLOP/s count 3.5 forwards), on {torch.cuda.get_device_name()} (median of "
+                   f"{args.rounds} interleaved rounds)", measure_train, 3.5)
     return 0
 
 
