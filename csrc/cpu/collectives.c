@@ -400,26 +400,29 @@ void mg_cpu_tma_load(void *map, int32_t destination, int32_t barrier, int32_t ra
     mbarrier_update(bar, 0, -(int64_t)bytes, line);   /* complete-tx: the bytes have landed */
 }
 
+/* A store (mode MG_HOPPER_TMA_STORE) or an addition (MG_HOPPER_TMA_ADD) of shared memory at
+ * `source` to the box at `coords` of the map's array, which must be writable. */
+static void tma_write(void *map, int32_t source, int32_t rank, const int32_t *coords, int mode, const char *what,
+                      int32_t line)
+{
+    const mg_cpu_tensor_map *m = mg_hopper_tensor_map_of(&hooks, map, rank, what, line);
+    if (m->readonly)
+        mg_cpu_fault(line, "%s: the tensor map's array is read-only", what);
+    mg_hopper_tma_copy(&hooks, m, shared_address((uint32_t)source), coords, mode, what, line);
+}
+
 void mg_cpu_tma_store(void *map, int32_t source, int32_t rank, int32_t c0, int32_t c1, int32_t c2, int32_t c3,
                       int32_t c4, int32_t line)
 {
     int32_t coords[5] = {c0, c1, c2, c3, c4};
-    const mg_cpu_tensor_map *m = mg_hopper_tensor_map_of(&hooks, map, rank, "mg.tma.store", line);
-    if (m->readonly)
-        mg_cpu_fault(line, "mg.tma.store: the tensor map's array is read-only");
-    mg_hopper_tma_copy(&hooks, m, shared_address((uint32_t)source), coords, MG_HOPPER_TMA_STORE, "mg.tma.store",
-                       line);
+    tma_write(map, source, rank, coords, MG_HOPPER_TMA_STORE, "mg.tma.store", line);
 }
 
 void mg_cpu_tma_reduce_add(void *map, int32_t source, int32_t rank, int32_t c0, int32_t c1, int32_t c2, int32_t c3,
                            int32_t c4, int32_t line)
 {
     int32_t coords[5] = {c0, c1, c2, c3, c4};
-    const mg_cpu_tensor_map *m = mg_hopper_tensor_map_of(&hooks, map, rank, "mg.tma.reduce_add", line);
-    if (m->readonly)
-        mg_cpu_fault(line, "mg.tma.reduce_add: the tensor map's array is read-only");
-    mg_hopper_tma_copy(&hooks, m, shared_address((uint32_t)source), coords, MG_HOPPER_TMA_ADD, "mg.tma.reduce_add",
-                       line);
+    tma_write(map, source, rank, coords, MG_HOPPER_TMA_ADD, "mg.tma.reduce_add", line);
 }
 
 /* The C interface of `@mg_cpu_wgmma_buffer() -> memref<?xf32>`: the thread's
