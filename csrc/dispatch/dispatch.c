@@ -6,6 +6,7 @@
  * tick of the launch clock, which the specialization cache evicts by. */
 #include "dispatch/dispatch.h"
 #include "dispatch/guards.h"
+#include "dispatch/plan.h"
 #include "arrays/array.h"
 #include "cuda/driver.h"
 #include "launch/function.h"
@@ -460,9 +461,18 @@ static PyObject *dispatcher_vectorcall(PyObject *callable, PyObject *const *args
             return hold < 0 ? NULL : call_miss(self, args, nargs, kwnames);
         }
     }
-    PyObject *result;
-    if (Py_IS_TYPE(target, mg_cu_Function_type))
+    PyObject *result = NULL;
+    if (Py_IS_TYPE(target, mg_cu_Function_type)) {
         result = mg_cu_function_launch_known(target, args, nargs, kwnames, configured ? &config : NULL, &b.read);
+    }
+    else if (Py_IS_TYPE(target, mg_LaunchPlan_type)) {
+        /* The plan's stream getter is a builtin: the pointers in b.read stay good across it. */
+        if (mg_launch_plan_call(target, args, nargs, &b.read, &result) == 0) {
+            Py_DECREF(target);
+            sig_release(&b);
+            return call_miss(self, args, nargs, kwnames);
+        }
+    }
     else
         result = PyObject_Vectorcall(target, args, nargsf, kwnames);
     Py_DECREF(target);
@@ -500,8 +510,8 @@ static PyObject *dispatcher_register(mg_dispatcher *self, PyObject *const *fargs
     if (owner != NULL && !PyObject_TypeCheck(owner, mg_Dispatcher_type))
         return PyErr_Format(PyExc_TypeError, "register's owner must be a Dispatcher, not %.100s",
                             Py_TYPE(owner)->tp_name);
-    if (!PyCallable_Check(target))
-        return PyErr_Format(PyExc_TypeError, "register needs an mlirgpu Function or a callable, not %.100s",
+    if (!PyCallable_Check(target) && !Py_IS_TYPE(target, mg_LaunchPlan_type))
+        return PyErr_Format(PyExc_TypeError, "register needs an mlirgpu Function, a LaunchPlan or a callable, not %.100s",
                             Py_TYPE(target)->tp_name);
     if (guards != NULL && mg_guards_validate(guards) < 0)
         return NULL;
@@ -677,8 +687,8 @@ static PyObject *dispatcher_repr(mg_dispatcher *self)
 static PyMethodDef dispatcher_methods[] = {
     {"register", (PyCFunction)(void (*)(void))dispatcher_register, METH_FASTCALL,
      "register(args, function, guards=None, owner=None): later calls whose arguments have the signature of `args` "
-     "launch `function` (an mlirgpu Function, launched in C; any other callable is called with the call's "
-     "arguments) while every guard holds, and miss otherwise; each such call ticks the last_used of `owner` (a "
+     "launch `function` (an mlirgpu Function or a LaunchPlan, launched in C; any other callable is called with "
+     "the call's arguments) while every guard holds, and miss otherwise; each such call ticks the last_used of `owner` (a "
      "Dispatcher; None: this one). `guards` is a tuple of (namespace, key, value, witness): "
      "(dict, name, value, witness) holds while dict[name] is value (Dispatcher.UNBOUND: absent), (cell, None, "
      "value, witness) while the cell holds value (UNBOUND: empty), (function, None, code, None) while "
@@ -743,5 +753,7 @@ int mg_dispatch_init(PyObject *module)
     if (mg_Dispatcher_type == NULL || mg_guards_init() < 0)
         return -1;
     /* What a guard's value reads where its name or cell is unbound. */
+    if (mg_launch_plan_init(module) < 0)
+        return -1;
     return PyObject_SetAttrString((PyObject *)mg_Dispatcher_type, "UNBOUND", mg_guard_unbound);
 }

@@ -40,6 +40,18 @@ static int uint64_tuple(PyObject *value, const char *what, Py_ssize_t n, uint64_
     return 0;
 }
 
+/* A GPU map of encoding `e` at `address` into `map` (64-byte aligned): 0, or -1 with CudaError. */
+static int encode(const mg_tensor_map_encoding *e, CUdeviceptr address, CUtensorMap *map)
+{
+    CUresult r = mg_cu.cuTensorMapEncodeTiled(map, (CUtensorMapDataType)e->data_type, (cuuint32_t)e->rank,
+                                              (void *)(uintptr_t)address, e->dims, e->strides, e->box,
+                                              e->element_strides, (CUtensorMapInterleave)e->interleave,
+                                              (CUtensorMapSwizzle)e->swizzle,
+                                              (CUtensorMapL2promotion)e->l2_promotion,
+                                              (CUtensorMapFloatOOBfill)e->oob_fill);
+    return mg_cu_check(r, "cuTensorMapEncodeTiled");
+}
+
 /* TensorMap(owner, info, data_type, address, dims, strides, box, element_strides,
  *           interleave, swizzle, l2_promotion, oob_fill, host=False, readonly=False): the
  * arguments of cuTensorMapEncodeTiled as mlirgpu.tma computes them (strides
@@ -64,16 +76,17 @@ static PyObject *tensor_map_new(PyTypeObject *type, PyObject *args, PyObject *kw
         PyErr_Format(PyExc_ValueError, "a tensor map has 1 to 5 dimensions, got %zd", rank);
         return NULL;
     }
-    uint64_t dims[5], strides[5], box64[5], element64[5];
-    cuuint32_t box[5], element_strides[5];
-    if (uint64_tuple(dims_obj, "dims", rank, 1, (uint64_t)1 << 32, dims) < 0 ||
-        uint64_tuple(strides_obj, "strides", rank - 1, 16, ((uint64_t)1 << 40) - 16, strides) < 0 ||
+    mg_tensor_map_encoding e = {.data_type = data_type, .rank = (int)rank, .interleave = interleave,
+                                .swizzle = swizzle, .l2_promotion = l2_promotion, .oob_fill = oob_fill};
+    uint64_t box64[5], element64[5];
+    if (uint64_tuple(dims_obj, "dims", rank, 1, (uint64_t)1 << 32, (uint64_t *)e.dims) < 0 ||
+        uint64_tuple(strides_obj, "strides", rank - 1, 16, ((uint64_t)1 << 40) - 16, (uint64_t *)e.strides) < 0 ||
         uint64_tuple(box_obj, "box", rank, 1, 256, box64) < 0 ||
         uint64_tuple(element_strides_obj, "element_strides", rank, 1, 8, element64) < 0)
         return NULL;
     for (Py_ssize_t i = 0; i < rank; i++) {
-        box[i] = (cuuint32_t)box64[i];
-        element_strides[i] = (cuuint32_t)element64[i];
+        e.box[i] = (cuuint32_t)box64[i];
+        e.element_strides[i] = (cuuint32_t)element64[i];
     }
     CUtensorMap map;   /* aligned as the driver wants it */
     memset(&map, 0, sizeof map);
@@ -83,28 +96,40 @@ static PyObject *tensor_map_new(PyTypeObject *type, PyObject *args, PyObject *kw
                          "interleave, got %d, %d and %d", data_type, swizzle, interleave);
             return NULL;
         }
-        mg_cpu_tensor_map h = mg_cpu_tensor_map_make(data_type, (int)rank, address, dims, strides, box,
-                                                     element_strides, swizzle, oob_fill, readonly);
+        mg_cpu_tensor_map h = mg_cpu_tensor_map_make(data_type, (int)rank, address, (const uint64_t *)e.dims,
+                                                     (const uint64_t *)e.strides, e.box, e.element_strides, swizzle,
+                                                     oob_fill, readonly);
         memcpy(&map, &h, sizeof h);
-    } else {
-        if (mg_cu_ensure_context() < 0)
-            return NULL;
-        CUresult r = mg_cu.cuTensorMapEncodeTiled(&map, (CUtensorMapDataType)data_type, (cuuint32_t)rank,
-                                                  (void *)(uintptr_t)address, (const cuuint64_t *)dims,
-                                                  (const cuuint64_t *)strides, box, element_strides,
-                                                  (CUtensorMapInterleave)interleave, (CUtensorMapSwizzle)swizzle,
-                                                  (CUtensorMapL2promotion)l2_promotion,
-                                                  (CUtensorMapFloatOOBfill)oob_fill);
-        if (mg_cu_check(r, "cuTensorMapEncodeTiled") < 0)
-            return NULL;
+    } else if (mg_cu_ensure_context() < 0 || encode(&e, (CUdeviceptr)address, &map) < 0) {
+        return NULL;
     }
     mg_tensor_map *self = (mg_tensor_map *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
     memcpy(self->map, &map, sizeof map);
+    self->encoding = e;
+    self->address = (CUdeviceptr)address;
     self->owner = Py_NewRef(owner);
     self->info = Py_NewRef(info);
     self->host = (char)host;
+    return (PyObject *)self;
+}
+
+PyObject *mg_tensor_map_at(PyObject *template, CUdeviceptr address)
+{
+    const mg_tensor_map *from = (const mg_tensor_map *)template;
+    CUtensorMap map;
+    memset(&map, 0, sizeof map);
+    if (encode(&from->encoding, address, &map) < 0)
+        return NULL;
+    mg_tensor_map *self = (mg_tensor_map *)mg_cu_TensorMap_type->tp_alloc(mg_cu_TensorMap_type, 0);
+    if (self == NULL)
+        return NULL;
+    memcpy(self->map, &map, sizeof map);
+    self->encoding = from->encoding;
+    self->address = address;
+    self->owner = Py_NewRef(Py_None);
+    self->info = Py_NewRef(from->info);
     return (PyObject *)self;
 }
 
@@ -147,6 +172,8 @@ static PyObject *tensor_map_with_owner(mg_tensor_map *self, PyObject *owner)
     if (map == NULL)
         return NULL;
     memcpy(map->map, self->map, sizeof map->map);
+    map->encoding = self->encoding;
+    map->address = self->address;
     map->owner = Py_NewRef(owner);
     map->info = Py_NewRef(self->info);
     map->host = self->host;

@@ -695,6 +695,24 @@ _Guard: TypeAlias = (
 )
 
 @final
+class LaunchPlan:
+    def __new__(
+        cls,
+        function: Function,
+        params: tuple[tuple[Any, ...], ...],
+        grid: _Dim3,
+        block: _Dim3,
+        shared_mem: int = 0,
+        cluster: _Dim3 | None = None,
+        stream: _StreamLike | tuple[Callable[[Any], int], Any] = None,
+        stream_only: _StreamLike = None,
+        capture: bool = True,
+        result: int | None = None,
+    ) -> Self: ...
+    @property
+    def function(self) -> Function: ...
+
+@final
 class Dispatcher:
     UNBOUND: ClassVar[object]
     def __new__(cls, miss: Callable[[tuple[Any, ...], dict[str, Any]], Any], name: str) -> Self: ...
@@ -711,7 +729,7 @@ class Dispatcher:
     def register(
         self,
         args: tuple[Any, ...] | list[Any],
-        function: Callable[..., Any],
+        function: Callable[..., Any] | LaunchPlan,
         guards: tuple[_Guard, ...] | None = None,
         owner: Dispatcher | None = None,
         /,

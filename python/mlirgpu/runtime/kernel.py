@@ -214,6 +214,10 @@ class Kernel(_mlirgpu.Dispatcher):
         _keep_resident(spec)
         return spec
 
+    def launch_plan(self, args: list, params: Sequence[tuple], **launch: Any) -> tuple | None:
+        """Specialization.launch_plan of the specialization that a call with `args` launches."""
+        return self.specialize(self.bind(args), self.aligned(args)).launch_plan(args, params, **launch)
+
     def forget_specialization(self, spec: Specialization) -> None:
         """Drops `spec` (the specialization cache let go of it) and the launches
         the dispatcher registered, which may hold its loaded kernel."""
@@ -758,6 +762,21 @@ class Specialization(CompiledModule, _mlirgpu.Dispatcher):
         """The kernel loaded on the device of the array arguments `args`."""
         with self.loaded(args) as function:
             return function
+
+    def launch_plan(self, args: list, params: Sequence[tuple], **launch: Any) -> tuple | None:
+        """(plan, guards, owner), what Dispatcher.register takes after a
+        call's arguments: an mlirgpu.LaunchPlan of this kernel as loaded for
+        `args` (arguments it was just launched with), its parameters given
+        by `params` (LaunchPlan's entries) and `launch` (LaunchPlan's
+        keywords); the guards under which a Dispatcher may run it (the
+        globals its trace read, as they are now); and this specialization,
+        whose last_used its runs tick. None where launches may not run from
+        C (a backend that launches from Python)."""
+        self.kernel.check_globals()
+        guards = _c_guards(self.kernel, args)
+        if guards is None:
+            return None
+        return _mlirgpu.LaunchPlan(self.function_for(args), tuple(params), **launch), guards, self
 
     def _launch_device(self, args):
         """The device the arrays among `args` live on (None: no device

@@ -1,0 +1,301 @@
+/* mlirgpu.LaunchPlan (dispatch/plan.h): a library call's launch, kept for
+ * a Dispatcher to run from C. */
+#include "dispatch/plan.h"
+#include "cuda/driver.h"
+#include "cuda/stream.h"
+#include "launch/tensor_map.h"
+
+#include <string.h>
+#include <structmember.h>
+
+enum { SLOT_ARG, SLOT_MAP, SLOT_VALUE };
+
+typedef struct {
+    int kind;
+    Py_ssize_t index;    /* SLOT_ARG, SLOT_MAP: the call's argument */
+    PyObject *object;    /* strong: SLOT_MAP's template map, SLOT_VALUE's value */
+    PyObject *kept;      /* strong, SLOT_MAP: the map last made, at its address (or NULL) */
+} plan_slot;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *function;                  /* strong: an mlirgpu Function */
+    mg_cu_launch_config config;          /* grid, block, shared memory, cluster; the stream per call */
+    PyObject *stream_getter;             /* strong: a builtin returning the stream, called with stream_argument */
+    PyObject *stream_argument;           /* strong */
+    CUstream stream;                     /* without a getter, the stream of every launch */
+    int bound;                           /* only launches on bound_stream take the plan */
+    CUstream bound_stream;
+    int capture;                         /* whether a launch into a capturing stream takes the plan */
+    Py_ssize_t result;                   /* the call's argument returned, or -1: None */
+    Py_ssize_t nslots;
+    plan_slot slots[MG_CU_MAX_ARGS];
+} mg_launch_plan;
+
+PyTypeObject *mg_LaunchPlan_type;
+
+/* One entry of params into `slot`: 0, or -1 with the error set. */
+static int parse_slot(PyObject *entry, Py_ssize_t j, plan_slot *slot)
+{
+    static const char *kinds[] = {"arg", "map", "value"};
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < 2 || !PyUnicode_Check(PyTuple_GET_ITEM(entry, 0)))
+        goto wrong;
+    int kind = -1;
+    for (int k = 0; k < 3; k++)
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(entry, 0), kinds[k]) == 0)
+            kind = k;
+    Py_ssize_t size = PyTuple_GET_SIZE(entry);
+    if (kind < 0 || size != (kind == SLOT_MAP ? 3 : 2))
+        goto wrong;
+    slot->kind = kind;
+    if (kind == SLOT_VALUE) {
+        slot->object = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
+        return 0;
+    }
+    slot->index = PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 1));
+    if (slot->index == -1 && PyErr_Occurred())
+        return -1;
+    if (slot->index < 0 || slot->index >= MG_CU_MAX_ARGS) {
+        PyErr_Format(PyExc_ValueError, "params[%zd] names argument %zd, not one of 0 to %d", j, slot->index,
+                     MG_CU_MAX_ARGS - 1);
+        return -1;
+    }
+    if (kind == SLOT_MAP) {
+        PyObject *map = PyTuple_GET_ITEM(entry, 2);
+        if (!Py_IS_TYPE(map, mg_cu_TensorMap_type) || ((mg_tensor_map *)map)->host) {
+            PyErr_Format(PyExc_TypeError, "params[%zd]: a map entry's template is a TensorMap made for the GPU, "
+                         "not %.100s", j, Py_TYPE(map)->tp_name);
+            return -1;
+        }
+        slot->object = Py_NewRef(map);
+        slot->kept = Py_NewRef(map);   /* at the address of the array it was made for */
+    }
+    return 0;
+wrong:
+    PyErr_Format(PyExc_TypeError, "params[%zd] is (\"arg\", i), (\"map\", i, template) or (\"value\", v), not %R",
+                 j, entry);
+    return -1;
+}
+
+static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"function", "params", "grid", "block", "shared_mem", "cluster", "stream",
+                               "stream_only", "capture", "result", NULL};
+    PyObject *function, *params, *grid, *block, *shared_mem = NULL, *cluster = Py_None, *stream = Py_None;
+    PyObject *only = Py_None, *result = Py_None;
+    int capture = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OO|OOOOpO:LaunchPlan", keywords, &function, &PyTuple_Type,
+                                     &params, &grid, &block, &shared_mem, &cluster, &stream, &only, &capture,
+                                     &result))
+        return NULL;
+    if (!Py_IS_TYPE(function, mg_cu_Function_type))
+        return PyErr_Format(PyExc_TypeError, "a LaunchPlan launches an mlirgpu Function, not %.100s",
+                            Py_TYPE(function)->tp_name);
+    Py_ssize_t nslots = PyTuple_GET_SIZE(params);
+    int nparams = mg_cu_function_nparams(function);
+    if (nslots > MG_CU_MAX_ARGS || (nparams >= 0 && nslots != nparams))
+        return PyErr_Format(PyExc_ValueError, "params has %zd entries, the function takes %d parameters", nslots,
+                            nparams >= 0 ? nparams : MG_CU_MAX_ARGS);
+    mg_launch_plan *self = (mg_launch_plan *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->function = Py_NewRef(function);
+    self->result = -1;
+    self->capture = capture;
+    for (Py_ssize_t j = 0; j < nslots; j++) {
+        if (parse_slot(PyTuple_GET_ITEM(params, j), j, &self->slots[j]) < 0)
+            goto error;
+        self->nslots = j + 1;
+    }
+    /* The launch configuration, read as a launch's keywords are. */
+    PyObject *names = Py_BuildValue("(ssss)", "grid", "block", "shared_mem", "cluster");
+    if (names == NULL)
+        goto error;
+    PyObject *values[] = {grid, block, shared_mem != NULL ? shared_mem : PyLong_FromLong(0), cluster};
+    int parsed = values[2] != NULL ? mg_cu_launch_config_parse(values, names, &self->config) : -1;
+    if (shared_mem == NULL)
+        Py_XDECREF(values[2]);
+    Py_DECREF(names);
+    if (parsed < 0)
+        goto error;
+    if (PyTuple_Check(stream)) {
+        if (PyTuple_GET_SIZE(stream) != 2 || !PyCFunction_Check(PyTuple_GET_ITEM(stream, 0))) {
+            PyErr_SetString(PyExc_TypeError, "stream is None, a stream, or (getter, argument) with getter a "
+                            "builtin function returning the stream");
+            goto error;
+        }
+        /* A builtin: calling it runs no Python code that could free what the call's pointers point to. */
+        self->stream_getter = Py_NewRef(PyTuple_GET_ITEM(stream, 0));
+        self->stream_argument = Py_NewRef(PyTuple_GET_ITEM(stream, 1));
+    }
+    else if (!mg_cu_stream_converter(stream, &self->stream)) {
+        goto error;
+    }
+    if (only != Py_None) {
+        self->bound = 1;
+        if (!mg_cu_stream_converter(only, &self->bound_stream))
+            goto error;
+    }
+    if (result != Py_None) {
+        self->result = PyLong_AsSsize_t(result);
+        if (self->result == -1 && PyErr_Occurred())
+            goto error;
+        if (self->result < 0 || self->result >= MG_CU_MAX_ARGS) {
+            PyErr_Format(PyExc_ValueError, "result names argument %zd, not one of 0 to %d", self->result,
+                         MG_CU_MAX_ARGS - 1);
+            goto error;
+        }
+    }
+    return (PyObject *)self;
+error:
+    Py_DECREF(self);
+    return NULL;
+}
+
+int mg_launch_plan_call(PyObject *plan, PyObject *const *args, Py_ssize_t nargs, const mg_cu_read_args *read,
+                        PyObject **result)
+{
+    mg_launch_plan *self = (mg_launch_plan *)plan;
+    mg_cu_launch_config c = self->config;
+    if (self->stream_getter != NULL) {
+        PyObject *stream = PyObject_CallOneArg(self->stream_getter, self->stream_argument);
+        int converted = stream != NULL && mg_cu_stream_converter(stream, &c.stream);
+        Py_XDECREF(stream);
+        if (!converted)
+            return -1;
+    }
+    else {
+        c.stream = self->stream;
+    }
+    /* Its values (workspaces) serve one stream; a capture keeps the addresses of what it was given. */
+    if ((self->bound && c.stream != self->bound_stream) || (!self->capture && mg_cu_stream_capturing(c.stream)))
+        return 0;
+    if (self->result >= nargs)
+        return 0;
+
+    PyObject *kernel_args[MG_CU_MAX_ARGS], *maps[MG_CU_MAX_ARGS];
+    int nmaps = 0, status = -1;
+    mg_cu_read_args known;
+    known.known = known.readonly = 0;
+    known.nwaits = read->nwaits;
+    memcpy(known.waits, read->waits, (size_t)read->nwaits * sizeof *read->waits);
+    for (Py_ssize_t j = 0; j < self->nslots; j++) {
+        plan_slot *slot = &self->slots[j];
+        if (slot->kind == SLOT_VALUE) {
+            kernel_args[j] = slot->object;
+            continue;
+        }
+        Py_ssize_t i = slot->index;
+        int read_here = i < nargs && (read->known >> i & 1);
+        if (i >= nargs || (slot->kind == SLOT_MAP && !read_here)) {
+            status = 0;   /* not this plan's arguments: the slow path says what is wrong */
+            goto done;
+        }
+        if (slot->kind == SLOT_ARG) {
+            kernel_args[j] = args[i];
+            if (read_here) {
+                known.known |= (uint64_t)1 << j;
+                known.readonly |= (read->readonly >> i & 1) << j;
+                known.pointers[j] = read->pointers[i];
+                memcpy(known.shapes[j], read->shapes[i], sizeof known.shapes[j]);
+            }
+            continue;
+        }
+        /* A map of argument i: the one made last where the array is where it was then. */
+        CUdeviceptr address = read->pointers[i];
+        PyObject *map = slot->kept;
+        if (map != NULL && ((mg_tensor_map *)map)->address == address) {
+            Py_INCREF(map);
+        }
+        else {
+            map = mg_tensor_map_at(slot->object, address);
+            if (map == NULL)
+                goto done;
+            Py_XSETREF(slot->kept, Py_NewRef(map));
+        }
+        maps[nmaps++] = map;
+        kernel_args[j] = map;
+    }
+    PyObject *launched = mg_cu_function_launch_known(self->function, kernel_args, self->nslots, NULL, &c, &known);
+    if (launched == NULL)
+        goto done;
+    Py_DECREF(launched);
+    *result = Py_NewRef(self->result >= 0 ? args[self->result] : Py_None);
+    status = 1;
+done:
+    for (int m = 0; m < nmaps; m++)
+        Py_DECREF(maps[m]);
+    return status;
+}
+
+static int plan_traverse(mg_launch_plan *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->function);
+    Py_VISIT(self->stream_getter);
+    Py_VISIT(self->stream_argument);
+    for (Py_ssize_t j = 0; j < self->nslots; j++) {
+        Py_VISIT(self->slots[j].object);
+        Py_VISIT(self->slots[j].kept);
+    }
+    return 0;
+}
+
+static int plan_clear(mg_launch_plan *self)
+{
+    Py_CLEAR(self->function);
+    Py_CLEAR(self->stream_getter);
+    Py_CLEAR(self->stream_argument);
+    for (Py_ssize_t j = 0; j < self->nslots; j++) {
+        Py_CLEAR(self->slots[j].object);
+        Py_CLEAR(self->slots[j].kept);
+    }
+    return 0;
+}
+
+static void plan_dealloc(mg_launch_plan *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    plan_clear(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyMemberDef plan_members[] = {
+    {"function", T_OBJECT, offsetof(mg_launch_plan, function), READONLY, "The Function it launches."},
+    {NULL},
+};
+
+static PyType_Slot plan_slots[] = {
+    {Py_tp_doc, "LaunchPlan(function, params, grid, block, shared_mem=0, cluster=None, stream=None, "
+                "stream_only=None, capture=True, result=None): a launch of `function` that a Dispatcher "
+                "it is registered with (Dispatcher.register(args, plan)) runs from C for calls of that "
+                "signature. params holds one entry per kernel parameter: (\"arg\", i) passes the call's "
+                "argument i, (\"map\", i, template) a tensor map of argument i's array encoded as "
+                "`template` (a GPU TensorMap of an array of the same geometry; the map last made is kept "
+                "while the array stays where it is), (\"value\", v) passes v. `stream`: the stream of every "
+                "launch, or (getter, argument), a builtin function whose getter(argument) is the stream of "
+                "each launch (torch._C._cuda_getCurrentRawStream, device). `stream_only`: calls on another "
+                "stream miss (the plan's values belong to that one); capture=False: calls into a capturing "
+                "stream miss. A call returns its argument `result`, or None."},
+    {Py_tp_new, plan_new},
+    {Py_tp_dealloc, plan_dealloc},
+    {Py_tp_traverse, plan_traverse},
+    {Py_tp_clear, plan_clear},
+    {Py_tp_members, plan_members},
+    {0, NULL},
+};
+
+static PyType_Spec plan_spec = {
+    .name = "mlirgpu.LaunchPlan",
+    .basicsize = sizeof(mg_launch_plan),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = plan_slots,
+};
+
+int mg_launch_plan_init(PyObject *module)
+{
+    mg_LaunchPlan_type = mg_add_type(module, &plan_spec, NULL);
+    return mg_LaunchPlan_type == NULL ? -1 : 0;
+}
