@@ -392,6 +392,33 @@ def test_matmul_launches_on_torchs_current_stream():
     assert torch.equal(c, expected)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, k, n", [(256, 4096, 4096), (64, 512, 64)], ids=["wgmma", "mma.sync"])
+def test_launches_from_c_follow_moved_arrays_and_torchs_stream(m, k, n):
+    # After the first call, calls with arrays of the same signature launch from C: the Hopper GEMM's
+    # maps are encoded anew where an array moved, and each launch goes to torch's current stream.
+    torch = pytest.importorskip("torch")
+    with current_backend("cuda"):
+        b = torch.randn((k, n), device="cuda", dtype=torch.bfloat16)
+        a = [torch.randn((m, k), device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+        expected = [torch.matmul(x, b).float() for x in a]
+        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        side.wait_stream(main)
+        results = []
+        for _ in range(3):
+            for i, x in enumerate(a):
+                with torch.cuda.stream(side if i % 2 else main):
+                    results.append((i, mlirgpu.ops.matmul(x, b)))
+                    out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+                    results.append((i, mlirgpu.ops.matmul(x, b, out=out)))
+        torch.cuda.synchronize()
+        kept = len(gemm._KEPT)
+    assert kept >= 1
+    for i, c in results:
+        error = ((c.float() - expected[i]).abs().max() / expected[i].abs().max()).item()
+        assert error < 2e-2, (i, error)
+
+
 # Products that split K on an H200, one on each GEMM.
 SPLIT_K_SHAPES = [(64, 14336, 4096), (16, 4096, 4096)]
 

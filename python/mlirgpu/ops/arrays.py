@@ -10,8 +10,8 @@ import threading
 from .._mlirgpu import DeviceArray, DType, LaunchError, asarray, bf16, current_device, dtype, f8e4m3, f16, f32, i32
 from ..runtime import backend
 
-__all__ = ["as_array", "dtype_of", "geometry", "is_contiguous", "new_like", "output", "per_tensor_scale", "placeholder",
-           "stream_key", "torch_stream", "Workspaces", "zero"]
+__all__ = ["as_array", "capturing", "dtype_of", "geometry", "is_contiguous", "new_like", "output", "per_tensor_scale",
+           "placeholder", "plan_stream", "stream_key", "torch_stream", "Workspaces", "zero"]
 
 
 def as_array(x, what):
@@ -108,6 +108,17 @@ def torch_stream(x):
     # costs more to make than the whole launch.
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+def plan_stream(x):
+    """What a LaunchPlan reads the stream torch_stream(x) names from, call
+    after call: (torch's raw current-stream getter, x's device) for a CUDA
+    tensor, None (the default stream) for other arrays, and False where this
+    torch has no such getter."""
+    if type(x).__module__.split(".")[0] != "torch" or x.get_device() < 0:
+        return None
+    raw = getattr(sys.modules["torch"]._C, "_cuda_getCurrentRawStream", None)
+    return False if raw is None else (raw, x.get_device())
 
 
 _PLACEHOLDERS = {}

@@ -38,11 +38,11 @@ would.
 from collections import namedtuple
 
 
-from .._mlirgpu import LaunchError, bf16, current_device, f16, f32, i32
+from .._mlirgpu import Dispatcher, LaunchError, bf16, current_device, f16, f32, i32
 from ..runtime import backend
 from . import ampere_gemm, hopper_gemm
-from .arrays import (Workspaces, as_array, dtype_of, geometry, is_contiguous, new_like, output, torch_stream,
-                     zero)
+from .arrays import (Workspaces, as_array, capturing, dtype_of, geometry, is_contiguous, new_like, output,
+                     plan_stream, torch_stream, zero)
 
 __all__ = ["matmul", "choose", "register_torch", "Choice", "SMALL_M"]
 
@@ -168,18 +168,23 @@ def _device():
 
 def _wgmma(choice, m, k, n):
     """The launch of the Hopper GEMM for `choice` (hopper_gemm.launch keeps
-    its tensor maps for the arrays' addresses)."""
+    its tensor maps for the arrays' addresses), and its LaunchPlan's maker."""
     def run(a, b, c, stream, geometries):
         if geometries is not None and geometries[2] is None:    # a new output
             geometries[2] = geometry(c)
         hopper_gemm.launch(a, b, c, choice.config, stream, geometries=geometries)
-    return run
+
+    def plan(a, b, c, stream, source, geometries):
+        return hopper_gemm.launch_plan(a, b, c, choice.config, geometries, source)
+    return run, plan
 
 
 def _mma_sync(choice, m, k, n):
     """The launch of the mma.sync GEMM for `choice`, with a workspace per
     stream: launches on one stream run in order, launches on two may
-    overlap, and split tiles' partial sums and counters must not meet."""
+    overlap, and split tiles' partial sums and counters must not meet. And
+    its LaunchPlan's maker: the plan holds the stream's workspace, so it
+    serves that stream only, and no graph capture (which needs its own)."""
     config, mode, split = choice.config, choice.mode, choice.split
     plan = ampere_gemm.plan(m, k, n, config, mode, split, choice.units)
     kernel = ampere_gemm.kernel_for(config, mode, split)
@@ -190,7 +195,13 @@ def _mma_sync(choice, m, k, n):
         # One launch, its split tiles' counters back at zero when it ends: no lock to hold.
         (partials, counters), _ = _WORKSPACES.get(shapes, stream, a)
         kernel(a, b, c, partials, counters, counters, grid=grid, block=block, shared_mem=shared, stream=stream)
-    return run
+
+    def launch_plan(a, b, c, stream, source, geometries):
+        (partials, counters), _ = _WORKSPACES.get(shapes, stream, a)
+        params = [("arg", 0), ("arg", 1), ("arg", 2), ("value", partials), ("value", counters), ("value", counters)]
+        return kernel.launch_plan([a, b, c, partials, counters, counters], params, grid=grid, block=block,
+                                  shared_mem=shared, stream=source, stream_only=stream, capture=False, result=2)
+    return run, launch_plan
 
 
 # The mma.sync GEMM's partial sums and tile counters, per shape and stream (arrays.Workspaces).
@@ -202,7 +213,7 @@ class _Call:
     output's shape and dtype, the launch, and the last `out` found right
     (its geometry but the address)."""
 
-    __slots__ = ("choice", "shape", "dtype", "run", "checked_out")
+    __slots__ = ("choice", "shape", "dtype", "run", "plan", "plans", "checked_out")
 
     def __init__(self, a, b):
         A, B = as_array(a, "matmul's a"), as_array(b, "matmul's b")
@@ -217,14 +228,14 @@ class _Call:
             raise LaunchError(f"matmul takes a and b of one dtype, f16 or bf16; got {A.dtype} and {B.dtype}")
         self.shape, self.dtype = (m, n), dtype
         self.checked_out = None
+        self.plans = {}    # by stream: what _keep registered (made once: making one costs a trace's checks)
         # An empty product runs no kernel.
         self.choice = choose(m, k, n, *_device()) if m * n * k else None
-        if m * n == 0:
-            self.run = None
-        elif k == 0:
+        self.run = self.plan = None
+        if k == 0 and m * n:
             self.run = _zeros
-        else:
-            self.run = (_wgmma if self.choice.kernel == "wgmma" else _mma_sync)(self.choice, m, k, n)
+        elif m * n * k:
+            self.run, self.plan = (_wgmma if self.choice.kernel == "wgmma" else _mma_sync)(self.choice, m, k, n)
 
 
 def _zeros(a, b, c, stream, geometries):
@@ -296,7 +307,12 @@ def matmul(a, b, *, out=None):
     if _compiling is not None and _compiling():
         result = register_torch()(a, b)
         return result if out is None else out.copy_(result)
-    return _launch(a, b, out)
+    if out is None:
+        try:    # a torch tensor's: torch makes the output in a's dtype, on its device
+            out = a.new_empty((a.shape[0], b.shape[1]))
+        except (AttributeError, IndexError, TypeError):
+            return _launch(a, b, None)
+    return _KEPT(a, b, out)
 
 
 def _unaddressed(read):
@@ -336,5 +352,34 @@ def _launch(a, b, out):
             call.checked_out = checked
     if call.run is not None:
         # On torch's current stream for CUDA tensors (torch.cuda.stream(...) blocks, graph captures).
-        call.run(a, b, out, torch_stream(a), geometries)
+        stream = torch_stream(a)
+        call.run(a, b, out, stream, geometries)
+        if call.plan is not None and geometries is not None and current.name == "cuda" and not capturing(a):
+            _keep(call, a, b, out, stream, geometries)
     return out
+
+
+def _keep(call, a, b, out, stream, geometries):
+    """Has later calls with arrays like (a, b, out) launch from C: _KEPT
+    runs the LaunchPlan of the launch just made, while the kernel's globals
+    and the backend stay as they are."""
+    made = call.plans.get(stream)
+    if made is None:
+        source = plan_stream(a)
+        # None for this call only (A padded into a copy, say): the next may have one.
+        made = None if source is False else call.plan(a, b, out, stream, source, geometries)
+        if made is not None:
+            if len(call.plans) >= WORKSPACES_KEPT:
+                call.plans.clear()
+            call.plans[stream] = made
+    if made is not None:
+        plan, guards, owner = made
+        try:
+            _KEPT.register((a, b, out), plan, guards + ((vars(backend), "_current", backend.current(), None),), owner)
+        except ValueError:
+            pass    # arrays the dispatcher cannot read: this path serves them each time
+
+
+# Calls of matmul(a, b, out) whose arrays' signature (types, dtypes, shapes, devices) a launch has seen:
+# their LaunchPlans, run from C; any other call is _launch's.
+_KEPT = Dispatcher(lambda args, kwargs: _launch(*args), "matmul")

@@ -728,10 +728,10 @@ def launch(A, B, C, config=None, stream=None, scale_a=1.0, scale_b=1.0, geometri
         maps = arguments[:3]
         # The placeholder of the device the arrays are on (their addresses, in the key, are that device's).
         planned = (gemm, tuple(m.with_owner(None) for m in maps), arguments[4], keywords, dtype_of(arrays[0]),
-                   placeholder())
+                   placeholder(), (0, 1, 0 if maps[2] is maps[0] else 2))
         # Where A or B was padded into a copy, the next launch pads their contents anew.
         kept = maps[0].owner is arrays[0] and maps[1].owner is arrays[1]
-    gemm, maps, k, keywords, dtype, offsets = planned
+    gemm, maps, k, keywords, dtype, offsets, _ = planned
     check_scales(dtype, scale_a, scale_b)
     if kept:
         if len(_PLANS) >= PLANS_KEPT:
@@ -739,3 +739,19 @@ def launch(A, B, C, config=None, stream=None, scale_a=1.0, scale_b=1.0, geometri
         _PLANS[key] = planned   # the most recent last
     gemm(*maps, C, k, scale_a, scale_b, offsets, stream=stream, **keywords)
     return C
+
+
+def launch_plan(A, B, C, config, geometries, stream):
+    """The launch that launch() keeps for arrays of these `geometries`
+    (arrays.geometry of A, B and C), which it has just made, as a
+    Specialization.launch_plan for calls whose arguments are (A, B, C) and
+    whose stream is `stream` (LaunchPlan's), returning C: its maps
+    re-encoded at each call's addresses. None where no single launch is kept: split-K, A or B
+    padded into a copy, a backend that launches from Python."""
+    planned = _PLANS.get((config, *geometries))
+    if planned is None or isinstance(planned[0], SplitK):
+        return None
+    gemm, maps, k, keywords, _, offsets, sources = planned
+    params = [("map", source, m) for source, m in zip(sources, maps)]
+    params += [("arg", 2), ("value", k), ("value", 1.0), ("value", 1.0), ("value", offsets)]
+    return gemm.launch_plan([*maps, C, k, 1.0, 1.0, offsets], params, stream=stream, result=2, **keywords)

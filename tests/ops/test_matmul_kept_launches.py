@@ -1,0 +1,168 @@
+"""mlirgpu.ops.matmul's kept launches without a GPU: after a first call
+with arrays of a signature (dtypes, shapes, devices), later calls launch
+from C (an mlirgpu.LaunchPlan run by a Dispatcher), the Hopper GEMM's
+tensor maps encoded anew only where an array moved. Checked against the
+fake driver of tests/support/fake_cuda (it reports an sm_90 GPU, so every
+choice of gemm.choose is reachable), in a fresh interpreter per test. On a
+GPU: test_ops_matmul_torch.py and benchmarks/matmul_host.py."""
+import json
+import textwrap
+
+import pytest
+
+from support.checks import run_isolated, toolkit_without_ptxas
+
+PRELUDE = '''
+import ctypes, json, os
+os.environ["MLIRGPU_LIBCUDA"] = {fake!r}
+os.environ["MLIRGPU_CACHE_DIR"] = {cache!r}
+os.environ["CUDA_HOME"] = {no_ptxas!r}
+import numpy as np
+import mlirgpu as mg
+import mlirgpu.ops
+import mlirgpu._mlirgpu as C
+from mlirgpu.ops import gemm
+
+_fake = ctypes.CDLL({fake!r})
+_fake.fake_log.restype = ctypes.c_char_p
+
+def log(*prefixes):
+    """The driver calls since the last log() whose names start with one of `prefixes`."""
+    lines = _fake.fake_log().decode().splitlines()
+    _fake.fake_log_clear()
+    return [line for line in lines if line.startswith(prefixes)]
+
+misses = []
+slow_path = gemm._launch
+gemm._launch = lambda *args: misses.append(1) or slow_path(*args)
+
+def arrays(m, k, n, dtype=mg.f16):
+    return mg.zeros((m, k), dtype), mg.zeros((k, n), dtype), mg.zeros((m, n), dtype)
+
+out = {{}}
+'''
+
+
+@pytest.fixture
+def fake(fake_libcuda, tmp_path):
+    """fake(body): runs `body` after PRELUDE in a fresh interpreter on the fake driver; returns its `out`."""
+    def run(body):
+        script = tmp_path / "script.py"
+        script.write_text(PRELUDE.format(fake=fake_libcuda, cache=str(tmp_path / "cache"),
+                                         no_ptxas=toolkit_without_ptxas(str(tmp_path))) +
+                          textwrap.dedent(body) + "\nprint(json.dumps(out))\n")
+        proc = run_isolated(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run
+
+
+def test_hopper_gemm_launches_from_c_and_encodes_maps_only_for_moved_arrays(fake):
+    out = fake('''
+    a, b, c = arrays(256, 4096, 4096)
+    out["kernel"] = gemm.choose(256, 4096, 4096, "sm_90a", 132).kernel
+    mlirgpu.ops.matmul(a, b, out=c)
+    out["first"] = [len(misses), len(gemm._KEPT)]
+    encoded = log("cuTensorMapEncodeTiled")
+    out["first_maps"] = [line for line in encoded if "address=%d " % a.ptr in line]
+    out["returns"] = [mlirgpu.ops.matmul(a, b, out=c) is c for _ in range(3)]
+    out["again"] = [len(misses), log("cuTensorMapEncodeTiled", "cuLaunchKernel")]
+    a2, _, c2 = arrays(256, 4096, 4096)
+    mlirgpu.ops.matmul(a2, b, out=c2)
+    calls = log("cuTensorMapEncodeTiled", "cuLaunchKernel")
+    out["moved"] = [len(misses), [line.replace("address=%d " % a2.ptr, "address=A ") for line in calls]]
+    out["first_maps"] = [line.replace("address=%d " % a.ptr, "address=A ") for line in out["first_maps"]]
+    mlirgpu.ops.matmul(a2, b, out=c2)
+    out["back"] = [len(misses), log("cuTensorMapEncodeTiled")]
+    ''')
+    assert out["kernel"] == "wgmma"
+    assert out["first"] == [1, 1]
+    assert out["returns"] == [True] * 3
+    # Calls like the first: no miss, a launch each, no map encoded.
+    assert out["again"][0] == 1
+    assert [line.split(" stream=")[0] for line in out["again"][1]] == ["cuLaunchKernel function=hopper_gemm"] * 3
+    # A moved: its maps (A's box, and A's in C's place for the register epilogue) encoded at its new address,
+    # as the first call encoded them at the old one; B's and C's not.
+    misses, calls = out["moved"]
+    assert misses == 1
+    assert [line for line in calls if line.startswith("cuTensorMapEncodeTiled")] == out["first_maps"] * 2
+    assert len([line for line in calls if line.startswith("cuLaunchKernel")]) == 1
+    assert out["back"] == [1, []]
+
+
+def test_mma_sync_gemm_launches_from_c_until_the_backend_changes(fake):
+    out = fake('''
+    a, b, c = arrays(64, 64, 64)
+    out["kernel"] = gemm.choose(64, 64, 64, "sm_90a", 132).kernel
+    mlirgpu.ops.matmul(a, b, out=c)
+    log()
+    out["returns"] = mlirgpu.ops.matmul(a, b, out=c) is c
+    out["hit"] = [len(misses), [line.split(" stream=")[0] for line in log("cuLaunchKernel")]]
+    # Another shape, dtype or a read-only output: a signature of its own, through the slow path.
+    a16, b16, c16 = arrays(64, 64, 64, mg.bf16)
+    mlirgpu.ops.matmul(a16, b16, out=c16)
+    a72, b72, c72 = arrays(64, 64, 72)
+    mlirgpu.ops.matmul(a72, b72, out=c72)
+    out["others"] = [len(misses), len(gemm._KEPT)]
+    mg.set_backend("cpu")
+    mg.set_backend("cuda")
+    mlirgpu.ops.matmul(a, b, out=c)
+    out["new_backend"] = len(misses)
+    mlirgpu.ops.matmul(a, b, out=c)
+    out["after"] = len(misses)
+    ''')
+    assert out["kernel"] == "mma.sync"
+    assert out["returns"] and out["hit"] == [1, ["cuLaunchKernel function=ampere_gemm"]]
+    assert out["others"] == [3, 3]
+    # A backend made anew fails the kept launches' guard: one miss, which keeps them again.
+    assert out["new_backend"] == 4 and out["after"] == 4
+
+
+def test_launch_plan_reads_its_stream_per_call_and_misses_off_its_stream_or_in_a_capture(fake):
+    out = fake('''
+    N = mg.generics("N")
+
+    @mg.kernel
+    def add_scalar(X: mg.memref[N, mg.f32], v: mg.f32, n: mg.u32):
+        X[mg.thread_idx.x] = X[mg.thread_idx.x] + v
+
+    x = mg.zeros(8)
+    s, other = mg.Stream(), mg.Stream()
+    add_scalar(x, 1.0, 8, grid=1, block=8)
+    function = add_scalar[8].function_for([x])
+    seen = []
+    table = C.Dispatcher(lambda args, kwargs: seen.append(len(args)), "t")
+    current = [s.handle]
+    # abs is a builtin: abs(-h) is h, the stream a call reads.
+    plan = C.LaunchPlan(function, (("arg", 0), ("value", 2.0), ("value", 8)), grid=1, block=8,
+                        stream=(abs, -s.handle), stream_only=s.handle, capture=False, result=0)
+    table.register((x,), plan)
+    log()
+    out["hit"] = [table(x) is x, seen[:], [line.replace(str(s.handle), "s") for line in log("cuLaunchKernel")]]
+    off = C.LaunchPlan(function, (("arg", 0), ("value", 2.0), ("value", 8)), grid=1, block=8,
+                       stream=(abs, -s.handle), stream_only=other.handle)
+    table.register((x,), off)
+    out["off"] = [table(x), seen[:], log("cuLaunchKernel")]
+    table.register((x,), plan)
+    with mg.graph(stream=s) as g:
+        out["capture"] = [table(x), seen[:]]
+    rest = (("value", 2.0), ("value", 8))
+    for bad in [(("map", 0, 3),) + rest, (("arg", 99),) + rest, (("nothing", 0),) + rest, (("arg", 0),)]:
+        try:
+            C.LaunchPlan(function, bad, grid=1, block=8)
+        except (TypeError, ValueError) as error:
+            out.setdefault("errors", []).append(type(error).__name__ + ": " + str(error))
+    try:
+        C.LaunchPlan(function, (("arg", 0), ("value", 2.0), ("value", 8)), grid=1, block=8, stream=(lambda h: h, 1))
+    except TypeError as error:
+        out["python_getter"] = str(error)
+    ''')
+    assert out["hit"] == [True, [], ["cuLaunchKernel function=add_scalar stream=s"]]
+    assert out["off"] == [None, [1], []]
+    assert out["capture"] == [None, [1, 1]]
+    assert out["errors"] == [
+        "TypeError: params[0]: a map entry's template is a TensorMap made for the GPU, not int",
+        "ValueError: params[0] names argument 99, not one of 0 to 63",
+        "TypeError: params[0] is (\"arg\", i), (\"map\", i, template) or (\"value\", v), not ('nothing', 0)",
+        "ValueError: params has 1 entries, the function takes 3 parameters"]
+    assert "builtin function" in out["python_getter"]
