@@ -39,7 +39,8 @@ def _custom_op(name, mutates_args):
     return lambda fn: _Op()
 library = types.SimpleNamespace(custom_op=_custom_op)
 compiler = types.SimpleNamespace(is_compiling=lambda: False)
-ops = types.SimpleNamespace(mlirgpu=types.SimpleNamespace(matmul=1, grouped_matmul=2, scaled_matmul=3))
+ops = types.SimpleNamespace(mlirgpu=types.SimpleNamespace(matmul=1, grouped_matmul=2, scaled_matmul=3,
+                                                          scaled_grouped_matmul=4))
 """
 
 
@@ -58,7 +59,8 @@ def test_the_torch_ops_register_whichever_is_imported_first(first, tmp_path):
     out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["['mlirgpu::attention',", "'mlirgpu::attention_backward',",
-                                  "'mlirgpu::grouped_matmul',", "'mlirgpu::matmul',", "'mlirgpu::scaled_matmul']"]
+                                  "'mlirgpu::grouped_matmul',", "'mlirgpu::matmul',",
+                                  "'mlirgpu::scaled_grouped_matmul',", "'mlirgpu::scaled_matmul']"]
 
 
 def sdpa(q, k, v, causal):

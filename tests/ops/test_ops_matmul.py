@@ -153,6 +153,9 @@ def test_every_gemm_kernel_launches_from_c(mode):
     chosen = [gemm.choose(m, k, 4096, *H200).config for m, k in ((64, 14336), (64, 4096))]    # A's 64 rows a step
     for config in hopper_gemm.CONFIGS + chosen + [gemm.NARROW] + columns_32:
         assert hopper_gemm.kernel_for(config, mg.bf16).traced_globals.guards() is not None, config
+    # The grouped kernel, in 2 bytes and in 8 (scaled_grouped_matmul's).
+    for config, dtype in ((hopper_gemm.GROUPED, mg.bf16), (hopper_gemm.GROUPED.replace(b_major="K"), mg.f8e4m3)):
+        assert hopper_gemm.kernel_for(config, dtype, grouped=True).traced_globals.guards() is not None, dtype
     assert hopper_gemm._split_sum().traced_globals.guards() is not None
 
 

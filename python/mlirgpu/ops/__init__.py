@@ -5,6 +5,7 @@
     c = mlirgpu.ops.matmul(a, b)
     c = mlirgpu.ops.grouped_matmul(tokens, expert_weights, offs)
     c = mlirgpu.ops.scaled_matmul(x8, w8.t(), scale_x, scale_w)
+    c = mlirgpu.ops.scaled_grouped_matmul(x8, w8.transpose(-2, -1), scale_x, scale_w, offs)
 
 A layer above the runtime: each op validates its arguments, picks the
 kernel specialization and launches it. Importing `mlirgpu` does not import
@@ -18,16 +19,17 @@ import sys
 import threading
 import warnings
 
-from . import attention_torch, grouped_gemm, scaled_gemm
+from . import attention_torch, grouped_gemm, scaled_gemm, scaled_grouped_gemm
 from .attention import attention, forward
 from .attention_backward import attention_backward
 from .gemm import matmul, register_torch
 from .grouped_gemm import grouped_matmul
 from .scaled_gemm import scaled_matmul
+from .scaled_grouped_gemm import scaled_grouped_matmul
 
 attention_torch.provide(forward, attention_backward)
 
-__all__ = ["attention", "attention_backward", "grouped_matmul", "matmul", "scaled_matmul"]
+__all__ = ["attention", "attention_backward", "grouped_matmul", "matmul", "scaled_grouped_matmul", "scaled_matmul"]
 
 
 
@@ -38,6 +40,7 @@ def _register_torch_ops():
     register_torch()
     grouped_gemm.register_torch()
     scaled_gemm.register_torch()
+    scaled_grouped_gemm.register_torch()
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -22,14 +22,20 @@ Two kernels, chosen by the GPU (the CPU backend plans as gemm._device says):
   zeros and are not written, so any K and N work.
 
 Either takes empty groups and groups smaller than a tile.
+
+mlirgpu.ops.scaled_grouped_matmul (scaled_grouped_gemm) is the same launch
+in 8 bits, as torch._scaled_grouped_mm takes it: A and B f8e4m3, B's
+matrices column-major, a float32 scale per row of A and per group and
+column of B; it runs the Hopper kernel's 8-bit grouped form only (sm_90a,
+or the CPU backend), through _launch with `scaled`.
 """
 from collections import namedtuple
 
 import numpy as np
 
-from .._mlirgpu import LaunchError, bf16, f16, i32
+from .._mlirgpu import LaunchError, bf16, f8e4m3, f16, f32, i32
 from ..runtime import backend
-from . import ampere_gemm, gemm, hopper_gemm
+from . import ampere_gemm, gemm, hopper_gemm, scaled_gemm
 from .arrays import as_array, dtype_of, is_contiguous, output, torch_stream, zero
 
 __all__ = ["grouped_matmul", "register_torch"]
@@ -46,35 +52,36 @@ def _ceil_div(a, b):
     return -(-a // b)
 
 
-def _check(A, B, O):
-    """The shapes and dtypes grouped_matmul takes, or a LaunchError."""
+def _check(A, B, O, name="grouped_matmul", dtypes=(f16, bf16)):
+    """The shapes and dtypes the op `name` takes (a and b of one of `dtypes`), or a LaunchError."""
     if len(A.shape) != 2 or len(B.shape) != 3 or len(O.shape) != 1:
-        raise LaunchError(f"grouped_matmul takes a (total_M, K), b (G, K, N) and offs (G,), not shapes "
+        raise LaunchError(f"{name} takes a (total_M, K), b (G, K, N) and offs (G,), not shapes "
                           f"{tuple(A.shape)}, {tuple(B.shape)} and {tuple(O.shape)}")
     (total_m, k), (groups, k2, n) = A.shape, B.shape
     if k != k2:
-        raise LaunchError(f"grouped_matmul's a {tuple(A.shape)} and b {tuple(B.shape)} do not multiply: "
+        raise LaunchError(f"{name}'s a {tuple(A.shape)} and b {tuple(B.shape)} do not multiply: "
                           f"a has {k} columns, b's matrices {k2} rows")
     if O.shape[0] != groups:
-        raise LaunchError(f"grouped_matmul's offs has one row end per group of b: {groups}, not {O.shape[0]}")
+        raise LaunchError(f"{name}'s offs has one row end per group of b: {groups}, not {O.shape[0]}")
     dtype = dtype_of(A)
-    if dtype not in (f16, bf16) or dtype_of(B) != dtype:
-        raise LaunchError(f"grouped_matmul takes a and b of one dtype, f16 or bf16; got {A.dtype} and {B.dtype}")
+    if dtype not in dtypes or dtype_of(B) != dtype:
+        raise LaunchError(f"{name} takes a and b of one dtype, {' or '.join(d.name for d in dtypes)}; "
+                          f"got {A.dtype} and {B.dtype}")
     if dtype_of(O) != i32:
-        raise LaunchError(f"grouped_matmul's offs are int32, not {O.dtype}")
+        raise LaunchError(f"{name}'s offs are int32, not {O.dtype}")
     return (total_m, n), dtype
 
 
-def check_offsets(offsets, total_m):
+def check_offsets(offsets, total_m, name="grouped_matmul"):
     """Host offsets (a NumPy array) that rise from 0 to at most total_m, or a
-    LaunchError naming the first that does not."""
+    LaunchError naming the first that does not (and the op, `name`)."""
     previous = 0
     for g, end in enumerate(offsets.tolist()):
         if end < previous:
-            raise LaunchError(f"grouped_matmul's offs must not decrease: offs[{g}] = {end} < {previous}")
+            raise LaunchError(f"{name}'s offs must not decrease: offs[{g}] = {end} < {previous}")
         previous = end
     if previous > total_m:
-        raise LaunchError(f"grouped_matmul's offs end at row {previous}, past a's {total_m} rows")
+        raise LaunchError(f"{name}'s offs end at row {previous}, past a's {total_m} rows")
 
 
 def _plan(shape, dtype, groups, k):
@@ -95,37 +102,78 @@ def _plan(shape, dtype, groups, k):
     return _Call("mma.sync", shape, dtype, min(tiles, per_sm * multiprocessors), *ampere_gemm.workspace(schedule))
 
 
+def _scaled_plan(shape, out_dtype, k):
+    """scaled_grouped_matmul's launch: the Hopper kernel's 8-bit grouped form, or a LaunchError."""
+    n = shape[1]
+    if k % 16 or n % 16:
+        raise LaunchError(f"scaled_grouped_matmul needs K and N multiples of 16 (TMA reads rows of 16-byte "
+                          f"multiples), not K = {k}, N = {n}")
+    if backend.current().name != "cpu" and gemm._device()[0] != "sm_90a":
+        raise LaunchError(f"scaled_grouped_matmul needs an sm_90a GPU (wgmma reads the 8-bit floats), not "
+                          f"{gemm._device()[0]}")
+    return _Call("wgmma", shape, scaled_gemm._out_dtype(out_dtype, "scaled_grouped_matmul"), None, None, None)
+
+
+def _scales(scale_a, scale_b, rows, groups, n):
+    """scaled_grouped_matmul's scales as arrays the kernel takes: C-contiguous
+    float32 of shapes (rows,) and (groups, n), or a LaunchError naming the one
+    that is not."""
+    arrays = []
+    for scale, name, shape in ((scale_a, "scale_a", (rows,)), (scale_b, "scale_b", (groups, n))):
+        array = as_array(scale, f"scaled_grouped_matmul's {name}")
+        if tuple(array.shape) != shape or dtype_of(array) != f32 or not is_contiguous(scale):
+            raise LaunchError(f"scaled_grouped_matmul's {name} is a C-contiguous float32 array of shape {shape} "
+                              f"(a scale per {'row of a' if name == 'scale_a' else 'group and column of b'}), "
+                              f"not {array.dtype} of shape {tuple(array.shape)}")
+        arrays.append(array)
+    return arrays
+
+
 _CALLS = {}
 
 
-def _launch(a, b, offsets, out):
-    """grouped_matmul's work, outside torch.compile's tracing."""
-    A, B, O = (as_array(a, "grouped_matmul's a"), as_array(b, "grouped_matmul's b"),
-               as_array(offsets, "grouped_matmul's offs"))
-    key = gemm._key(a, b) + (tuple(O.shape),)
+def _launch(a, b, offsets, out, scaled=None):
+    """grouped_matmul's work, outside torch.compile's tracing; with `scaled`,
+    (scale_a, scale_b, out_dtype), scaled_grouped_matmul's."""
+    name = "scaled_grouped_matmul" if scaled else "grouped_matmul"
+    A, B, O = (as_array(a, f"{name}'s a"), as_array(b, f"{name}'s b"), as_array(offsets, f"{name}'s offs"))
+    key = gemm._key(a, b) + (tuple(O.shape), scaled and scaled[2])
     call = _CALLS.get(key)
     if call is None:
-        shape, dtype = _check(A, B, O)
-        call = _CALLS[key] = _plan(shape, dtype, B.shape[0], B.shape[1])
-        if _registered is None and type(a).__module__.split(".")[0] == "torch":
+        shape, dtype = _check(A, B, O, name, (f8e4m3,) if scaled else (f16, bf16))
+        call = (_scaled_plan(shape, scaled[2], B.shape[1]) if scaled
+                else _plan(shape, dtype, B.shape[0], B.shape[1]))
+        _CALLS[key] = call
+        if _registered is None and not scaled and type(a).__module__.split(".")[0] == "torch":
             register_torch()
-    if not (is_contiguous(a) and is_contiguous(b) and is_contiguous(offsets)):
+    groups, k, n = B.shape
+    if scaled:
+        # The kernel reads b's matrices K-major, as b's (G, N, K) view: C-contiguous where b is
+        # as torch._scaled_grouped_mm takes it. (A DeviceArray has no such view: its only one
+        # with other axes, .T, reverses them all.)
+        matrices = b.swapaxes(-2, -1) if hasattr(b, "swapaxes") else None
+        if not (is_contiguous(a) and matrices is not None and is_contiguous(matrices) and is_contiguous(offsets)):
+            raise LaunchError("scaled_grouped_matmul's a and offs must be C-contiguous and b's matrices column-major "
+                              "(b.transpose(-2, -1) C-contiguous), as torch._scaled_grouped_mm takes them")
+        scales = _scales(scaled[0], scaled[1], call.shape[0], groups, n)
+    elif not (is_contiguous(a) and is_contiguous(b) and is_contiguous(offsets)):
         raise LaunchError("grouped_matmul's a, b and offs must be C-contiguous (copy them first)")
     if isinstance(offsets, np.ndarray):
-        check_offsets(offsets, call.shape[0])
+        check_offsets(offsets, call.shape[0], name)
         if backend.current().name != "cpu":
             O = backend.to_device(offsets)
-    out = output(a, out, call.shape, call.dtype, "grouped_matmul")
-    groups, k, n = B.shape
+    out = output(a, out, call.shape, call.dtype, name)
     if call.shape[0] * n * k * groups == 0:
         # Nothing to multiply: the groups' rows (all of them, at most) are sums over an empty K.
         if k == 0:
-            zero(out, "grouped_matmul")
+            zero(out, name)
         return out
-    C, stream = as_array(out, "grouped_matmul's out"), torch_stream(a)
+    C, stream = as_array(out, f"{name}'s out"), torch_stream(a)
     if call.kernel == "wgmma":
         # The tensor maps hold the arrays' addresses: made per call.
-        spec, arguments, keywords = hopper_gemm.grouped_plan(A, B, O, C)
+        if scaled:
+            B = as_array(matrices, f"{name}'s b")
+        spec, arguments, keywords = hopper_gemm.grouped_plan(A, B, O, C, scales=scales if scaled else None)
         spec(*arguments, stream=stream, **keywords)
         return out
     # B's matrices one below the other: group g's rows of B start at row g * K.

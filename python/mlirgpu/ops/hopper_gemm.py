@@ -90,7 +90,14 @@ that runs past its group's last row loads rows of the next group (or TMA's
 zeros past A), which only feed accumulator rows that are never stored. B
 is read through one 3-d tensor map with the group as its outer coordinate,
 so no map is made per group. The epilogue stores from the registers, the
-rows of the tile's group only.
+rows of the tile's group only. In 8 bits (mlirgpu.ops.scaled_grouped_matmul)
+B is G x N x K, each group's matrix K-major as wgmma reads 8-bit floats, its
+3-d map's boxes BN rows of BK; the scales are then rows of them, not two
+numbers: one per row of A and one per column of each group's B (a G x N
+array), which the epilogue loads for the rows and columns of each thread's
+accumulators and multiplies them by (the rows past the group's end, and the
+columns past C's, read the last row's or column's scale: their sums are
+never stored).
 """
 import functools
 
@@ -253,16 +260,21 @@ def build(config, dtype, grouped=False):
     """The kernel of `config` for inputs of `dtype` (bf16, f16, or
     f8e4m3 or f8e5m2 with config.b_major == "K"), with BK = one
     128-byte row of them (`config.for_dtype(dtype)`); `grouped`: the
-    grouped GEMM (2-byte inputs, B given as G x K x N, no multicast, the
-    register epilogue)."""
+    grouped GEMM (B given as G x K x N, or as G x N x K for 8-bit inputs,
+    whose scales are then arrays: one per row of A, one per group and
+    column of C; no multicast, the register epilogue)."""
     config = config.for_dtype(dtype)
-    if grouped and (dtype in FLOATS8 or config.b_major != "MN" or config.multicast or config.epilogue != "registers"
-                    or config.split > 1 or config.a_rows != config.bm):
-        raise ValueError(f"the grouped GEMM takes 2-byte inputs, B as G x K x N, no multicast, the register "
-                         f"epilogue and tiles of BM rows of A, not {config} for {dtype.name}")
+    if grouped and ((config.b_major == "K") != (dtype in FLOATS8) or config.multicast
+                    or config.epilogue != "registers" or config.split > 1 or config.a_rows != config.bm):
+        raise ValueError(f"the grouped GEMM takes B as G x K x N (2-byte inputs) or G x N x K (8-bit ones), no "
+                         f"multicast, the register epilogue and tiles of BM rows of A, not {config} for {dtype.name}")
     BM, BN, BK, STAGES = config.bm, config.bn, config.bk, config.stages
     K_STEP = 32 // dtype.itemsize  # the K of one wgmma: 32 bytes
     SCALED = dtype in FLOATS8
+    # The grouped 8-bit kernel's scales: a row's and a column's (arrays); the others', a tensor's (numbers).
+    ROWWISE = grouped and SCALED
+    SCALE_A = lang.memref[None, f32].readonly() if ROWWISE else f32
+    SCALE_B = lang.memref[None, None, f32].readonly() if ROWWISE else f32
     STAGE = config.stage_elements
     # What TMA writes into a stage: A's a_rows rows (the rest of A's part stays as it was) and B's tile.
     STAGE_BYTES = (config.a_rows + BN) * BK * dtype.itemsize
@@ -307,11 +319,11 @@ def build(config, dtype, grouped=False):
         return m0, n0, 0, rows
 
     # c_map is read by the TMA epilogue only (the register epilogue is passed A's map in its place);
-    # scale_a and scale_b by the 8-bit kernels only; offsets by the grouped kernel only (the others
-    # are passed placeholder()).
+    # scale_a and scale_b by the 8-bit kernels only (numbers, or the grouped kernel's arrays);
+    # offsets by the grouped kernel only (the others are passed placeholder()).
     @kernel(generics=(M, N, out_dtype), max_threads=THREADS, min_blocks=1)
     def hopper_gemm(a_map: TensorMap, b_map: TensorMap, c_map: TensorMap,
-                    C: lang.memref[M, N, out_dtype], K: i32, scale_a: f32, scale_b: f32,
+                    C: lang.memref[M, N, out_dtype], K: i32, scale_a: SCALE_A, scale_b: SCALE_B,
                     offsets: lang.memref[None, i32]):
         smem = lang.shared.dynamic(dtype)
         base = lang.shared.address(smem)
@@ -379,7 +391,8 @@ def build(config, dtype, grouped=False):
                                     lang.tma.load(b_map, smem, (kt * BK, n0 + BN // 2 * rank + 64 * j), full, s,
                                                 offset=half_at + j * 64 * BK, multicast=0b11)
                         elif B_MAJOR == "K":
-                            lang.tma.load(b_map, smem, (n0, kt * BK), full, s, offset=b_at)
+                            at = (group, n0, kt * BK) if grouped else (n0, kt * BK)
+                            lang.tma.load(b_map, smem, at, full, s, offset=b_at)
                         else:
                             for j in lang.static_range(BN // B_COLUMNS):
                                 n = n0 + B_COLUMNS * j
@@ -418,7 +431,8 @@ def build(config, dtype, grouped=False):
                 BOX_COLUMNS = 128 // C.dtype.itemsize
                 CHUNK = 16 // C.dtype.itemsize  # elements per 16 bytes, what the swizzle permutes
             for unit in range(first_unit, units, step):
-                m0, n0, _, row_end = place(unit % total if SPLIT > 1 else unit, tiles, rows, tiles_m, tiles_n, rank)
+                m0, n0, group, row_end = place(unit % total if SPLIT > 1 else unit, tiles, rows, tiles_m, tiles_n,
+                                               rank)
                 c_row = unit // total * rows if SPLIT > 1 else 0    # the slice's partial products
                 if PINGPONG:
                     # Zeros the compiler cannot see (returned by a wait on nothing): it would
@@ -472,12 +486,14 @@ def build(config, dtype, grouped=False):
                     empty.arrive((it + (STAGES - 1)) % STAGES)
                 if PINGPONG:
                     it = it + steps  # past the other warpgroup's tile
-                if SCALED:
+                if SCALED and not ROWWISE:
                     scale = scale_a * scale_b
                     acc = [v * scale for v in acc]
                 for h in lang.static_range(HALVES):
                     values = acc[h * (BN // 2):(h + 1) * (BN // 2)]
                     row0 = m0 + half + 64 * h
+                    if ROWWISE:
+                        values = scaled_by_rows(values, scale_a, scale_b, group, row0, row_end, n0, columns, t)
                     if TMA_EPILOGUE:
                         # Box after box of 64 rows x 128 bytes: written in C's type into a buffer
                         # laid out as the 128-byte swizzle (16-byte chunk c of row r at chunk
@@ -524,6 +540,30 @@ def build(config, dtype, grouped=False):
             lang.warpgroup.cluster_sync()
 
     return hopper_gemm
+
+
+def scaled_by_rows(values, scale_a, scale_b, group, row0, row_end, n0, columns, t):
+    """`values`, the accumulators thread `t` of a consumer warpgroup holds of
+    the 64 rows from row0 and the columns from n0, each times its row's
+    scale (scale_a[row]) and its column's (scale_b[group, column]). Rows at
+    or past row_end (the group's end, where scale_a may end too) read the
+    group's last row's scale, columns past C's the last column's: their
+    values are never stored."""
+    last_row, last_column = row_end - 1, lang.cast(columns, i32) - 1
+    # The thread's two rows (r and r + 8 of its warp's 16), the same in every 8 columns.
+    rows = []
+    for r in (0, 2):
+        row = row0 + lang.wgmma.accumulator_coordinates(r, t)[0]
+        rows.append(scale_a[lang.select(row <= last_row, row, last_row)])
+    scaled = list(values)
+    # Each 8 columns: values r, r + 1 in the first row, r + 2, r + 3 in the second, two adjacent columns.
+    for r in range(0, len(values), 4):
+        for pair in (0, 1):
+            column = n0 + lang.wgmma.accumulator_coordinates(r + pair, t)[1]
+            scale = scale_b[group, lang.select(column <= last_column, column, last_column)]
+            scaled[r + pair] = values[r + pair] * rows[0] * scale
+            scaled[r + 2 + pair] = values[r + 2 + pair] * rows[1] * scale
+    return scaled
 
 
 def config_for(config, dtype):
@@ -677,22 +717,29 @@ _WORKSPACES = Workspaces(kept=8)
 GROUPED = Config(256, 64, 4)
 
 
-def grouped_plan(A, B, offsets, C, config=GROUPED):
+def grouped_plan(A, B, offsets, C, config=GROUPED, scales=None):
     """What a launch of the grouped GEMM needs but the stream (A: total_M x K,
     B: G x K x N, offsets: the groups' row ends, an i32 array the kernel
     reads, C: total_M x N): the specialization, its arguments and its launch
     keywords. K and N are multiples of 8 (TMA reads rows of 16-byte
-    multiples: tensor_map refuses others)."""
-    (total_m, k), (groups, _, n) = A.shape, B.shape
-    config = config.for_dtype(A.dtype)
+    multiples: tensor_map refuses others). In 8 bits, B is G x N x K (each
+    group's matrix K-major, config's B given as N x K) and `scales` are
+    (scale_a, scale_b): f32 arrays of a scale per row of A and per group and
+    column of C (G x N)."""
+    dtype = dtype_of(A)
+    (total_m, k), groups, n = A.shape, B.shape[0], C.shape[1]
+    config = config.replace(b_major="K") if dtype in FLOATS8 else config
+    config = config.for_dtype(dtype)
     a_map = tensor_map(A, box=(config.bm, config.bk), swizzle="128B")
-    b_map = tensor_map(B, box=(1, config.bk, config.b_columns), swizzle=config.b_swizzle)
+    b_box = (1, config.bn, config.bk) if config.b_major == "K" else (1, config.bk, config.b_columns)
+    b_map = tensor_map(B, box=b_box, swizzle=config.b_swizzle)
     # Each group's tiles: at most one more row of tiles than its rows fill.
     tiles = (-(-total_m // config.bm) + groups) * -(-n // config.bn)
     sms = cuda.Device(cuda.current_device()).multiprocessor_count if backend.backend() == "cuda" else 1
     keywords = {"grid": min(tiles, sms), "block": THREADS, "shared_mem": config.shared_bytes()}
-    gemm = kernel_for(config, A.dtype, grouped=True)
-    return gemm[total_m, n, C.dtype], (a_map, b_map, a_map, C, k, 1.0, 1.0, offsets), keywords
+    gemm = kernel_for(config, dtype, grouped=True)
+    scale_a, scale_b = scales or (1.0, 1.0)
+    return gemm[total_m, n, C.dtype], (a_map, b_map, a_map, C, k, scale_a, scale_b, offsets), keywords
 
 
 def available():

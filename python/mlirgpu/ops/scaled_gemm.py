@@ -21,8 +21,9 @@ __all__ = ["scaled_matmul", "register_torch"]
 OUT_DTYPES = (bf16, f16, f32)
 
 
-def _out_dtype(kind):
-    """out_dtype as an mlirgpu dtype: given as one, a NumPy dtype, a name or a torch dtype."""
+def _out_dtype(kind, op="scaled_matmul"):
+    """out_dtype as an mlirgpu dtype: given as one, a NumPy dtype, a name or a torch dtype
+    (a LaunchError naming `op` for any other)."""
     if type(kind).__module__ == "torch":
         kind = str(kind).removeprefix("torch.")    # torch.bfloat16 -> "bfloat16"
     try:
@@ -30,7 +31,7 @@ def _out_dtype(kind):
     except (TypeError, ValueError):
         kind = None
     if kind not in OUT_DTYPES:
-        raise LaunchError(f"scaled_matmul's out_dtype is bf16, f16 or f32, not {kind}")
+        raise LaunchError(f"{op}'s out_dtype is bf16, f16 or f32, not {kind}")
     return kind
 
 
