@@ -511,8 +511,8 @@ static PyObject *dispatcher_register(mg_dispatcher *self, PyObject *const *fargs
         return PyErr_Format(PyExc_TypeError, "register's owner must be a Dispatcher, not %.100s",
                             Py_TYPE(owner)->tp_name);
     if (!PyCallable_Check(target) && !Py_IS_TYPE(target, mg_LaunchPlan_type))
-        return PyErr_Format(PyExc_TypeError, "register needs an mlirgpu Function, a LaunchPlan or a callable, not %.100s",
-                            Py_TYPE(target)->tp_name);
+        return PyErr_Format(PyExc_TypeError, "register needs an mlirgpu Function, a LaunchPlan or a callable, "
+                            "not %.100s", Py_TYPE(target)->tp_name);
     if (guards != NULL && mg_guards_validate(guards) < 0)
         return NULL;
     if (args_from(fargs[0], &tuple) < 0)
@@ -688,8 +688,8 @@ static PyMethodDef dispatcher_methods[] = {
     {"register", (PyCFunction)(void (*)(void))dispatcher_register, METH_FASTCALL,
      "register(args, function, guards=None, owner=None): later calls whose arguments have the signature of `args` "
      "launch `function` (an mlirgpu Function or a LaunchPlan, launched in C; any other callable is called with "
-     "the call's arguments) while every guard holds, and miss otherwise; each such call ticks the last_used of `owner` (a "
-     "Dispatcher; None: this one). `guards` is a tuple of (namespace, key, value, witness): "
+     "the call's arguments) while every guard holds, and miss otherwise; each such call ticks the last_used of "
+     "`owner` (a Dispatcher; None: this one). `guards` is a tuple of (namespace, key, value, witness): "
      "(dict, name, value, witness) holds while dict[name] is value (Dispatcher.UNBOUND: absent), (cell, None, "
      "value, witness) while the cell holds value (UNBOUND: empty), (function, None, code, None) while "
      "function.__code__ is code; a witness other than None is a list value's items as a tuple, or a "

@@ -708,6 +708,8 @@ class LaunchPlan:
         stream_only: _StreamLike = None,
         capture: bool = True,
         result: int | None = None,
+        then: LaunchPlan | None = None,
+        lock: Any = None,
     ) -> Self: ...
     @property
     def function(self) -> Function: ...

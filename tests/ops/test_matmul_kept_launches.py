@@ -156,6 +156,18 @@ def test_launch_plan_reads_its_stream_per_call_and_misses_off_its_stream_or_in_a
         C.LaunchPlan(function, (("arg", 0), ("value", 2.0), ("value", 8)), grid=1, block=8, stream=(lambda h: h, 1))
     except TypeError as error:
         out["python_getter"] = str(error)
+    # A chain under a lock, the second plan passing argument 1 as an array of 8 (a view of its 2 x 4).
+    import threading
+    lock = threading.Lock()
+    second = C.LaunchPlan(function, (("view", 1, (8,)), ("value", 1.0), ("value", 8)), grid=2, block=8)
+    chain = C.LaunchPlan(function, (("arg", 0), ("value", 2.0), ("value", 8)), grid=1, block=8, then=second,
+                         lock=lock)
+    y = mg.zeros((2, 4))
+    table.register((x, y), chain)
+    log()
+    out["chain"] = [table(x, y), log("cuLaunchKernel"), lock.locked()]
+    with lock:
+        out["locked"] = [table(x, y), seen[-1], log("cuLaunchKernel")]
     ''')
     assert out["hit"] == [True, [], ["cuLaunchKernel function=add_scalar stream=s"]]
     assert out["off"] == [None, [1], []]
@@ -163,6 +175,37 @@ def test_launch_plan_reads_its_stream_per_call_and_misses_off_its_stream_or_in_a
     assert out["errors"] == [
         "TypeError: params[0]: a map entry's template is a TensorMap made for the GPU, not int",
         "ValueError: params[0] names argument 99, not one of 0 to 63",
-        "TypeError: params[0] is (\"arg\", i), (\"map\", i, template) or (\"value\", v), not ('nothing', 0)",
+        "TypeError: params[0] is (\"arg\", i), (\"map\", i, template), (\"view\", i, shape) or (\"value\", v), "
+        "not ('nothing', 0)",
         "ValueError: params has 1 entries, the function takes 3 parameters"]
     assert "builtin function" in out["python_getter"]
+    assert out["chain"] == [None, ["cuLaunchKernel function=add_scalar stream=0"] * 2, False]
+    assert out["locked"] == [None, 2, []]    # the lock held elsewhere: a miss, no launch
+
+
+def test_decoding_attention_launches_both_kernels_from_c(fake):
+    out = fake('''
+    import sys
+    attention = sys.modules["mlirgpu.ops.attention"]
+    calls = []
+    slow = attention.forward
+    attention.forward = lambda *args, **kwargs: calls.append(1) or slow(*args, **kwargs)
+    q = mg.zeros((8, 1, 32, 128), mg.bf16)
+    k, v = (mg.zeros((8, 8192, 4, 128), mg.bf16) for _ in range(2))
+    o = mg.empty((8, 1, 32, 128), mg.bf16)
+    mlirgpu.ops.attention(q, k, v, out=o)
+    log()
+    out["again"] = [mlirgpu.ops.attention(q, k, v, out=o) is o, len(calls),
+                    [line.split(" stream=")[0] for line in log("cuTensorMapEncodeTiled", "cuLaunchKernel")]]
+    k2 = mg.zeros((8, 8192, 4, 128), mg.bf16)
+    mlirgpu.ops.attention(q, k2, v, out=o)
+    out["moved"] = [len(calls), [line.split(" address=")[0] for line in log("cuTensorMapEncodeTiled")]]
+    mlirgpu.ops.attention(q, k2, v, out=o, scale=0.5)            # an option: the Python path
+    mlirgpu.ops.attention(q, k2, v, out=o, causal=True)          # a table of its own
+    mlirgpu.ops.attention(q, k2, v, out=o, causal=True)
+    out["options"] = len(calls)
+    ''')
+    assert out["again"] == [True, 1, ["cuLaunchKernel function=attention_decode_sm90",
+                                      "cuLaunchKernel function=attention_combine"]]
+    assert out["moved"] == [1, ["cuTensorMapEncodeTiled type=9 rank=4"]]
+    assert out["options"] == 3

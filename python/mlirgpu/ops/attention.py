@@ -58,7 +58,7 @@ import sys
 import threading
 
 from .. import language as lang
-from .._mlirgpu import DType, LaunchError, bf16, current_device, dtype, f8e4m3, f16, f32, i32, index
+from .._mlirgpu import DType, Dispatcher, LaunchError, bf16, current_device, dtype, f8e4m3, f16, f32, i32, index
 from ..layout import Swizzle, composition, row_major
 from ..runtime import backend
 from ..runtime.compiled import default_chip
@@ -675,6 +675,14 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=No
         o, lse = attention_torch.attention(q, k, v, causal, scale, window, cu_seqlens_q, cu_seqlens_k,
                                            max_seqlen_q, max_seqlen_k, num_splits)
         return (o, lse) if return_lse else o
+    if (scale is window is cu_seqlens_q is cu_seqlens_k is max_seqlen_q is max_seqlen_k is num_splits is None
+            and not return_lse and (causal is True or causal is False)):
+        if out is None:
+            try:    # a torch tensor's: torch makes the output in q's dtype, on its device
+                out = q.new_empty(q.shape)
+            except AttributeError:
+                return forward(q, k, v, causal=causal)
+        return _KEPT[causal](q, k, v, out)
     return forward(q, k, v, causal=causal, scale=scale, window=window, cu_seqlens_q=cu_seqlens_q,
                    cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                    num_splits=num_splits, out=out, return_lse=return_lse)
@@ -769,6 +777,7 @@ def forward(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None
         plan, views = Plan(p, window, num_splits), (p.q, p.k, p.v)
         if key is not None:
             _keep(key, plan)
+    given = out
     if out is None:
         out = new_like(q, plan.shape, plan.dtype)
         target = as_array(out, "out")
@@ -783,6 +792,12 @@ def forward(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None
         (lse_array,), guard = _UNWANTED_LSE.get(((*plan.lse_shape, f32),), stream, q)
     with guard:
         plan.launch(*views, target, lse_array, causal, stream, q)
+    # A call with an `out` (as _KEPT's are) and no option but `causal`: later ones may launch from C.
+    if (key is not None and given is not None and scale is window is num_splits is None and not return_lse
+            and plan.decode and backend.current().name == "cuda" and not arrays.capturing(q)):
+        made = plan.launch_plan(*views, target, lse_array, causal, stream, q)
+        if made is not None:
+            arrays.keep_launch(_KEPT[causal], (q, k, v, out), made)
     return (out, lse) if return_lse else out
 
 
@@ -794,7 +809,7 @@ class Plan:
 
     __slots__ = ("shape", "dtype", "lse_shape", "d", "rows", "q_tokens", "kv_tokens", "lse_rows", "sm90",
                  "decode", "scale_log2", "args", "splits", "kernel", "grid", "shared", "combine", "combine_grid",
-                 "partials")
+                 "partials", "kept")
 
     def __init__(self, p, window, num_splits):
         packed = packs_heads(p)
@@ -827,6 +842,38 @@ class Plan:
         self.combine = combine_kernel_for(p.d) if splits > 1 else None
         self.combine_grid = ((self.rows + WARPS - 1) // WARPS,)
         self.partials = ((splits * p.tokens_q, p.hq, p.d, f32), (splits * self.lse_rows[0], self.lse_rows[1], f32))
+        self.kept = {}    # launch_plan's, by stream and causal
+
+    def launch_plan(self, q, k, v, out, lse, causal, stream, like):
+        """What `launch` has just launched for these arrays, as launch plans
+        for calls (q, k, v, out) on `stream` (arrays.keep_launch's `made`):
+        decoding on sm_90a only, its kernel then, with split keys, the merge
+        of the splits. None where launch took another path, or torch has no
+        stream getter."""
+        made = self.kept.get((stream, causal))
+        if made is not None:
+            return made
+        source = arrays.plan_stream(like)
+        if not (self.rows and self.decode and source is not False and attention_decode_sm90.aligned(q, k, v)):
+            return None
+        options = dict(stream=source, stream_only=stream, capture=False, result=3)
+        if self.splits == 1:
+            made = attention_decode_sm90.launch_plan(q, k, v, 3, lse, causal, self.scale_log2, **options)
+        else:
+            (parts, part_lse), lock = _WORKSPACES.get(self.partials, stream, like)
+            lset = lse.reshape(self.lse_rows)
+            merge = self.combine.launch_plan(
+                [parts, part_lse, out.reshape(self.q_tokens), lset],
+                [("value", parts), ("value", part_lse), ("view", 3, self.q_tokens), ("value", lset)],
+                grid=self.combine_grid, block=THREADS, **options)
+            decode = merge and attention_decode_sm90.launch_plan(q, k, v, parts, part_lse, causal, self.scale_log2,
+                                                                 self.splits, then=merge[0], lock=lock, **options)
+            made = decode and (decode[0], decode[1] + merge[1], decode[2])
+        if made is not None:
+            if len(self.kept) >= KEPT_STREAMS:
+                self.kept.clear()
+            self.kept[stream, causal] = made    # made once: making one costs a trace's checks
+        return made
 
     def launch(self, q, k, v, out, lse, causal, stream, like):
         """The kernels on q, k, v, out and lse as they take them (as_array's
@@ -857,6 +904,14 @@ class Plan:
                             shared_mem=self.shared, stream=stream)
             self.combine(parts, part_lse, ot, lset, grid=self.combine_grid, block=THREADS, stream=stream)
 
+
+# Calls attention(q, k, v, causal=False or True[, out]) with no other option, by `causal`: the launches
+# of those whose arrays' signature (types, dtypes, shapes, devices) a call has kept (Plan.launch_plan),
+# run from C; any other call is attention's.
+_KEPT = {causal: Dispatcher(lambda args, kwargs, causal=causal: forward(*args[:3], causal=causal, out=args[3]),
+                            "attention") for causal in (False, True)}
+
+KEPT_STREAMS = 8    # streams a Plan keeps launch plans for
 
 # Keys of forward's kept Plans: a growing K/V cache gives every decoding step a key of its own,
 # so the oldest goes once there are this many.

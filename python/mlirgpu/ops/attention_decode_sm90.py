@@ -292,6 +292,23 @@ def forward(q, k, v, out, lse, causal, scale_log2, splits=1, stream=None):
              **keywords)
 
 
+def launch_plan(q, k, v, out, lse, causal, scale_log2, splits=1, **launch):
+    """The launch forward keeps for arrays of q's, k's and v's geometry (it
+    has just made it), as a Specialization.launch_plan for calls whose
+    arguments start with (q, k, v): its maps re-encoded where they moved;
+    `out` and `lse` as forward takes them, an array (kept by the plan) or
+    the index of the call's argument that is the array; `launch`:
+    LaunchPlan's keywords. None where forward keeps no launch."""
+    kept = _LAUNCHES.get((geometry(q), geometry(k), geometry(v), causal, splits))
+    if kept is None:
+        return None
+    attend, maps, out_shape, lse_shape, lq, lk, group, keywords = kept
+    shaped = [("view", x, shape) if isinstance(x, int) else ("value", x.reshape(shape))
+              for x, shape in ((out, out_shape), (lse, lse_shape))]
+    params = [("map", i, m) for i, m in enumerate(maps)] + shaped + [("value", x) for x in (lq, lk, group, scale_log2)]
+    return attend.launch_plan([*maps, out, lse, lq, lk, group, scale_log2], params, **launch, **keywords)
+
+
 # forward's launches, by the geometry of q, k and v (arrays.geometry) and the options. A tensor map
 # is a pure function of its array's geometry, so a launch made for arrays serves any arrays of that
 # geometry since; its maps keep no array alive.

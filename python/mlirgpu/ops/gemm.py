@@ -41,8 +41,8 @@ from collections import namedtuple
 from .._mlirgpu import Dispatcher, LaunchError, bf16, current_device, f16, f32, i32
 from ..runtime import backend
 from . import ampere_gemm, hopper_gemm
-from .arrays import (Workspaces, as_array, capturing, dtype_of, geometry, is_contiguous, new_like, output,
-                     plan_stream, torch_stream, zero)
+from .arrays import (Workspaces, as_array, capturing, dtype_of, geometry, is_contiguous, keep_launch, new_like,
+                     output, plan_stream, torch_stream, zero)
 
 __all__ = ["matmul", "choose", "register_torch", "Choice", "SMALL_M"]
 
@@ -373,11 +373,7 @@ def _keep(call, a, b, out, stream, geometries):
                 call.plans.clear()
             call.plans[stream] = made
     if made is not None:
-        plan, guards, owner = made
-        try:
-            _KEPT.register((a, b, out), plan, guards + ((vars(backend), "_current", backend.current(), None),), owner)
-        except ValueError:
-            pass    # arrays the dispatcher cannot read: this path serves them each time
+        keep_launch(_KEPT, (a, b, out), made)
 
 
 # Calls of matmul(a, b, out) whose arrays' signature (types, dtypes, shapes, devices) a launch has seen:
