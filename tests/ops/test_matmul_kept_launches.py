@@ -204,8 +204,16 @@ def test_decoding_attention_launches_both_kernels_from_c(fake):
     mlirgpu.ops.attention(q, k2, v, out=o, causal=True)          # a table of its own
     mlirgpu.ops.attention(q, k2, v, out=o, causal=True)
     out["options"] = len(calls)
+    # 64 sequences: the keys are not split, one kernel writes the output.
+    q, k, v, o = (mg.zeros(shape, mg.bf16) for shape in [(64, 1, 32, 128)] + [(64, 8192, 4, 128)] * 2
+                  + [(64, 1, 32, 128)])
+    mlirgpu.ops.attention(q, k, v, out=o)
+    log()
+    out["one_split"] = [mlirgpu.ops.attention(q, k, v, out=o) is o, len(calls),
+                        [line.split(" stream=")[0] for line in log("cuTensorMapEncodeTiled", "cuLaunchKernel")]]
     ''')
     assert out["again"] == [True, 1, ["cuLaunchKernel function=attention_decode_sm90",
                                       "cuLaunchKernel function=attention_combine"]]
     assert out["moved"] == [1, ["cuTensorMapEncodeTiled type=9 rank=4"]]
     assert out["options"] == 3
+    assert out["one_split"] == [True, 4, ["cuLaunchKernel function=attention_decode_sm90"]]

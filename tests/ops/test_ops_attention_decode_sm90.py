@@ -211,3 +211,33 @@ def test_on_the_gpu(batch, lq, lk, causal, splits, dtype):
     expected, expected_lse = grouped_reference(q, k, v, causal)
     np.testing.assert_allclose(got, expected, rtol=0, atol=TOLERANCE[dtype])
     np.testing.assert_allclose(got_lse, expected_lse, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lk", [8195, 1000])
+def test_calls_after_the_first_launch_from_c_on_torchs_stream(lk):
+    # attention(q, k, v) on torch tensors, after a first call of that signature, launches its
+    # kernels from C (a kept launch plan): on torch's current stream, with caches that move.
+    torch = pytest.importorskip("torch")
+    attention = sys.modules["mlirgpu.ops.attention"]
+    with current_backend("cuda"):
+        if mg.cuda.Device(mg.cuda.current_device()).chip != "sm_90a":
+            pytest.skip("the Hopper decoding kernel runs on sm_90a GPUs")
+        q = torch.randn(8, 1, 64, 128, device="cuda", dtype=torch.bfloat16)
+        caches = [[torch.randn(8, lk, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+                  for _ in range(3)]
+        expected = [torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(),
+            enable_gqa=True).transpose(1, 2) for k, v in caches]
+        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        side.wait_stream(main)
+        results = []
+        for _ in range(3):
+            for i, (k, v) in enumerate(caches):
+                with torch.cuda.stream(side if i % 2 else main):
+                    results.append((i, mlirgpu.ops.attention(q, k, v)))
+        torch.cuda.synchronize()
+        kept = len(attention._KEPT[False])
+    assert kept >= 1
+    for i, out in results:
+        assert (out.float() - expected[i]).abs().max().item() < 2e-2, i

@@ -858,7 +858,8 @@ class Plan:
             return None
         options = dict(stream=source, stream_only=stream, capture=False, result=3)
         if self.splits == 1:
-            made = attention_decode_sm90.launch_plan(q, k, v, 3, lse, causal, self.scale_log2, **options)
+            made = attention_decode_sm90.launch_plan(q, k, v, out, lse, causal, self.scale_log2, out_argument=3,
+                                                     **options)
         else:
             (parts, part_lse), lock = _WORKSPACES.get(self.partials, stream, like)
             lset = lse.reshape(self.lse_rows)

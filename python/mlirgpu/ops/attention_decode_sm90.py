@@ -292,20 +292,21 @@ def forward(q, k, v, out, lse, causal, scale_log2, splits=1, stream=None):
              **keywords)
 
 
-def launch_plan(q, k, v, out, lse, causal, scale_log2, splits=1, **launch):
+def launch_plan(q, k, v, out, lse, causal, scale_log2, splits=1, out_argument=None, **launch):
     """The launch forward keeps for arrays of q's, k's and v's geometry (it
-    has just made it), as a Specialization.launch_plan for calls whose
-    arguments start with (q, k, v): its maps re-encoded where they moved;
-    `out` and `lse` as forward takes them, an array (kept by the plan) or
-    the index of the call's argument that is the array; `launch`:
-    LaunchPlan's keywords. None where forward keeps no launch."""
+    has just made it for these, with `out` and `lse`), as a
+    Specialization.launch_plan for calls whose arguments start with (q, k,
+    v): its maps re-encoded where they moved, out and lse kept by the plan,
+    or out the call's argument `out_argument`; `launch`: LaunchPlan's
+    keywords. None where forward keeps no launch."""
     kept = _LAUNCHES.get((geometry(q), geometry(k), geometry(v), causal, splits))
     if kept is None:
         return None
     attend, maps, out_shape, lse_shape, lq, lk, group, keywords = kept
-    shaped = [("view", x, shape) if isinstance(x, int) else ("value", x.reshape(shape))
-              for x, shape in ((out, out_shape), (lse, lse_shape))]
-    params = [("map", i, m) for i, m in enumerate(maps)] + shaped + [("value", x) for x in (lq, lk, group, scale_log2)]
+    out, lse = out.reshape(out_shape), lse.reshape(lse_shape)
+    params = ([("map", i, m) for i, m in enumerate(maps)]
+              + [("value", out) if out_argument is None else ("view", out_argument, out_shape), ("value", lse)]
+              + [("value", x) for x in (lq, lk, group, scale_log2)])
     return attend.launch_plan([*maps, out, lse, lq, lk, group, scale_log2], params, **launch, **keywords)
 
 
