@@ -12,10 +12,11 @@ block has three warpgroups:
   one thread issue the TMA copies: for each row block, Q's tile, then for
   each key tile K's and V's tiles into the next stage of a ring, each on a
   "full" mbarrier of its own, so that S = Q K^T starts before V has landed.
-  The ring runs on from one row block to the next, and Q's tile is refilled
-  as soon as the consumers' last S = Q K^T has read it ("q_empty"), so the
-  next row block's tiles land while the consumers finish this one's and
-  store its output. The 4-d tensor maps of (batch, sequence, heads, d)
+  The ring runs on from one row block to the next, and Q has two tiles
+  (one at d = 256 in 16 bits: q_buffers), each refilled as soon as the
+  consumers' last S = Q K^T has read it ("q_empty"): the next row block's
+  Q lands while the consumers work on this one's, and its K and V tiles
+  while they finish it and store its output. The 4-d tensor maps of (batch, sequence, heads, d)
   read zeros past Lq and Lk.
 - warpgroups 1 and 2, the consumers, claim the registers and own 64 query
   rows each. Per key tile: S = Q K^T on wgmma (both operands K-major in
@@ -88,10 +89,17 @@ def key_tile(head_dim):
     return 64 if head_dim == 256 else 128
 
 
-def stages(head_dim):
-    """K/V stages of the ring: as many as fit beside Q's tile (3 at d = 128, 2 at d = 256),
-    at most 4."""
-    return {64: 4, 128: 3, 256: 2}[head_dim]
+def stages(head_dim, fp8=False):
+    """K/V stages of the ring: 4 at d = 64, 2 at d = 128 and 256 in 16 bits (beside Q's
+    tiles: q_buffers), 3 at d = 128 in 8 bits."""
+    return {64: 4, 128: 3 if fp8 else 2, 256: 2}[head_dim]
+
+
+def q_buffers(head_dim, fp8=False):
+    """Q's tiles: two where they fit beside the K/V stages, so that the next row block's Q
+    lands while this one's last products and epilogue run (with one, its copy starts only
+    once this row block's last S = Q K^T is done); one at d = 256 in 16 bits."""
+    return 1 if head_dim == 256 and not fp8 else 2
 
 
 def orders_softmax(head_dim, fp8=False):
@@ -104,11 +112,12 @@ def orders_softmax(head_dim, fp8=False):
 
 
 def shared_bytes(head_dim, fp8=False):
-    """Q's tile, the K and V stages (16-bit elements, or 8-bit with `fp8`), with
+    """Q's tiles, the K and V stages (16-bit elements, or 8-bit with `fp8`), with
     orders_softmax an element per consumer thread, and 1 KB to put the first tile on
     a 1024-byte boundary (the swizzle's period)."""
     order = 128 * CONSUMERS if orders_softmax(head_dim, fp8) else 0
-    return (BM * head_dim + 2 * stages(head_dim) * key_tile(head_dim) * head_dim + order) * (1 if fp8 else 2) + 1024
+    tiles = q_buffers(head_dim, fp8) * BM * head_dim + 2 * stages(head_dim, fp8) * key_tile(head_dim) * head_dim
+    return (tiles + order) * (1 if fp8 else 2) + 1024
 
 
 def box_columns(head_dim, fp8):
@@ -303,13 +312,13 @@ def _build(head_dim, causal, fp8=False):
     """The kernel for one head dimension and masking, generic over the output's dtype:
     the inputs are of that dtype, or with `fp8` of f8e4m3 (V given as V^T,
     transposed_values)."""
-    D, STAGES, BN = head_dim, stages(head_dim), key_tile(head_dim)
+    D, STAGES, BN, QB = head_dim, stages(head_dim, fp8), key_tile(head_dim), q_buffers(head_dim, fp8)
     SIZE = 1 if fp8 else 2                  # bytes of an input element
     KB = box_columns(D, fp8)                # columns of d in a box of Q or K
-    # Element offsets from the first 1024-byte boundary: Q (D/KB boxes of BM rows), each
-    # stage's K (D/KB boxes of BN keys) and V (16-bit: per 64 keys, D/64 boxes of 64
-    # keys; 8-bit: one box of V^T, D rows of BN keys).
-    K_AT = BM * D
+    # Element offsets from the first 1024-byte boundary: Q's QB tiles (D/KB boxes of BM
+    # rows each), each stage's K (D/KB boxes of BN keys) and V (16-bit: per 64 keys, D/64
+    # boxes of 64 keys; 8-bit: one box of V^T, D rows of BN keys).
+    K_AT = QB * BM * D
     V_AT = K_AT + STAGES * BN * D
     ORDER_AT = V_AT + STAGES * BN * D     # an element per consumer thread (order_softmax)
     TILE_BYTES = BN * D * SIZE
@@ -362,8 +371,8 @@ def _build(head_dim, causal, fp8=False):
         smem = lang.shared.dynamic(inputs)
         base = lang.shared.address(smem)
         first = lang.cast(((base + 1023) & 0xFFFFFC00) - base, index) // SIZE
-        q_full = lang.mbarrier.array(1)
-        q_empty = lang.mbarrier.array(1)
+        q_full = lang.mbarrier.array(QB)
+        q_empty = lang.mbarrier.array(QB)
         k_full = lang.mbarrier.array(STAGES)
         v_full = lang.mbarrier.array(STAGES)
         k_empty = lang.mbarrier.array(STAGES)
@@ -375,8 +384,9 @@ def _build(head_dim, causal, fp8=False):
         per_head = (row_blocks + 1) // 2 if causal else row_blocks
         units = lse.shape[0] * lang.cast(per_head, index)
         if lang.thread_idx.x == 0:
-            q_full.init(0, 1)
-            q_empty.init(0, 4 * CONSUMERS)      # one arrival per consumer warp
+            for s in lang.static_range(QB):
+                q_full.init(s, 1)
+                q_empty.init(s, 4 * CONSUMERS)  # one arrival per consumer warp
             for s in lang.static_range(STAGES):
                 k_full.init(s, 1)
                 v_full.init(s, 1)
@@ -394,11 +404,14 @@ def _build(head_dim, causal, fp8=False):
                     for sub in range(row_blocks_of(unit, row_blocks)):
                         b, h, _, m0 = place(unit, sub, row_blocks, hq)
                         kv_head = h // group
-                        if loaded > 0:
-                            q_empty.wait(0, (loaded - 1) % 2)   # the consumers' last S = Q K^T has read Q
-                        q_full.arrive_expect_tx(0, BM * D * SIZE)
+                        q = loaded % QB
+                        if loaded >= QB:
+                            # The consumers' last S = Q K^T has read the tile's last Q.
+                            q_empty.wait(q, (loaded // QB + 1) % 2)
+                        q_full.arrive_expect_tx(q, BM * D * SIZE)
                         for j in lang.static_range(D // KB):
-                            lang.tma.load(q_map, smem, (b, m0, h, j * KB), q_full, 0, offset=first + j * (BM * KB))
+                            lang.tma.load(q_map, smem, (b, m0, h, j * KB), q_full, q,
+                                          offset=first + lang.cast(q, index) * (BM * D) + j * (BM * KB))
                         loaded = loaded + 1
                         for n in range(key_tiles(m0, BM, BN, lq, lk, causal)):
                             s = it % STAGES
@@ -420,7 +433,6 @@ def _build(head_dim, causal, fp8=False):
             # the wgmmas after the turn-taking branches asynchronous (else its warning C7520).
             w = lang.warp.shfl_idx(wg - 1, 0)
             lane = t % 32
-            q_at = first + lang.cast(w, index) * (64 * KB)
             slot = first + ORDER_AT + lang.cast(w * 128 + t, index)
             minus_inf = lang.constant(float("-inf"), f32)
             # This thread's rows of the warpgroup's 64 (accumulator values 4i, 4i+1: row r; 4i+2, 4i+3: r + 8).
@@ -438,7 +450,9 @@ def _build(head_dim, causal, fp8=False):
                     m = [minus_inf, minus_inf]      # running maximum of scaled scores, log2 units
                     l = [lang.constant(0.0, f32), lang.constant(0.0, f32)]    # this lane's share of the row sums
                     acc = lang.wgmma.zeros(D)
-                    q_full.wait(0, done % 2)
+                    q = done % QB
+                    q_at = first + lang.cast(q, index) * (BM * D) + lang.cast(w, index) * (64 * KB)
+                    q_full.wait(q, done // QB % 2)
                     # Software-pipelined: S of tile n is issued before O += P V of tile n - 1, and its
                     # softmax runs while the tensor cores do that product. The two warpgroups take turns
                     # at issuing their wgmmas (named barriers 3 + w, which the other warpgroup arrives
@@ -489,9 +503,9 @@ def _build(head_dim, causal, fp8=False):
                             acc = [acc[e] * alpha[e // 2 % 2] for e in lang.static_range(D // 2)]
                             # Only now: the product just waited for read the previous P's registers.
                             p = fragments(scores, inputs)
-                        # Every S = Q K^T is done: Q's tile may take the next row block's.
+                        # Every S = Q K^T is done: Q's tile may take a later row block's.
                         if lane == 0:
-                            q_empty.arrive(0)
+                            q_empty.arrive(q)
                         last = it + tiles - 1
                         lang.warpgroup.barrier(3 + w, 256)
                         v_full.wait(last % STAGES, last // STAGES % 2)
@@ -503,7 +517,7 @@ def _build(head_dim, causal, fp8=False):
                         if lane == 0:
                             v_empty.arrive(last % STAGES)
                     elif lane == 0:
-                        q_empty.arrive(0)           # rows that see no key: Q is not read
+                        q_empty.arrive(q)           # rows that see no key: Q is not read
                     it = it + tiles
                     done = done + 1
                     # O / l and the log-sum-exp (natural log), row by row; a row that saw no key gets 0 and -inf.
