@@ -809,6 +809,22 @@ def launch_plan(A, B, C, config, geometries, stream, args=(0, 1, 2), scales=None
                             stream=stream, result=args[2], **keywords)
 
 
+def grouped_launch_plan(planned, stream, args=(0, 1, 2, 3), scales=None):
+    """The grouped launch grouped_plan `planned` (its specialization,
+    arguments and keywords), just made, as a Specialization.launch_plan for
+    calls on LaunchPlan's stream `stream` whose arguments `args` (their
+    indices) are A, B, the offsets and C, returning C: the maps of A and B
+    re-encoded at each call's addresses. `scales`: the indices of the
+    call's scale_a and scale_b arrays (8 bits), else None: 1.0 and 1.0."""
+    gemm, arguments, keywords = planned
+    a_map, b_map, _, C, k = arguments[:5]
+    # Maps that keep no array alive; the register epilogue reads no map of C: A's goes in its place as made.
+    a_map, b_map = a_map.with_owner(None), b_map.with_owner(None)
+    params = [("map", args[0], a_map), ("map", args[1], b_map), ("value", a_map)]
+    return gemm.launch_plan(list(arguments), params + _tail(args[3], k, scales, ("arg", args[2])),
+                            stream=stream, result=args[3], **keywords)
+
+
 def _tail(c, k, scales, offsets):
     """A launch plan's entries after the maps: C (the call's argument `c`),
     K, the scales (the call's arguments `scales`, else 1.0 and 1.0) and

@@ -10,6 +10,7 @@ wgmma reads 8-bit floats here: on other GPUs the op is a LaunchError saying
 so. The CPU backend runs the same kernel, emulating its TMA copies and
 8-bit wgmmas (with float32 sums, where the GPU's keep fewer bits).
 """
+import sys
 
 from .._mlirgpu import DType, LaunchError, bf16, dtype, f8e4m3, f16, f32
 from ..runtime import backend
@@ -33,6 +34,45 @@ def _out_dtype(kind, op="scaled_matmul"):
     if kind not in OUT_DTYPES:
         raise LaunchError(f"{op}'s out_dtype is bf16, f16 or f32, not {kind}")
     return kind
+
+
+# out_dtype as given: the torch dtype of a new output of torch tensors (read from torch once).
+_TORCH_OUT = {}
+_TORCH_NAMES = {bf16: "bfloat16", f16: "float16", f32: "float32"}
+# out_dtype as given: the mlirgpu dtype it names (out_kind).
+_KINDS = {}
+
+
+def out_kind(out_dtype):
+    """The mlirgpu dtype of OUT_DTYPES that out_dtype names (as _out_dtype
+    reads it), else out_dtype itself, for the op's checks to refuse: what
+    keys a call's output. Read once per out_dtype: every call asks."""
+    kind = _KINDS.get(out_dtype)
+    if kind is None:
+        try:
+            kind = _out_dtype(out_dtype)
+        except LaunchError:
+            return out_dtype
+        _KINDS[out_dtype] = kind
+    return kind
+
+
+def kept_output(a, out, shape, out_dtype):
+    """The output a call passes its op's Dispatcher: `out` where out_dtype
+    names its dtype, else (out None) a new torch tensor of `shape` like a,
+    of the dtype out_dtype names. None where there is none: the op's Python
+    path then makes the output, or says what is wrong. An AttributeError or
+    TypeError where a is no torch tensor, out no array, or out_dtype no
+    dtype at all."""
+    if out is None:
+        kind = _TORCH_OUT.get(out_dtype)
+        if kind is None:
+            name = _TORCH_NAMES.get(out_kind(out_dtype))
+            if name is None or type(a).__module__.split(".")[0] != "torch":
+                return None
+            kind = _TORCH_OUT[out_dtype] = getattr(sys.modules["torch"], name)
+        return a.new_empty(shape, dtype=kind)
+    return out if out_kind(out_dtype) is out_kind(out.dtype) else None
 
 
 def scaled_matmul(a, b, scale_a, scale_b, out_dtype=bf16, *, out=None):
