@@ -307,3 +307,38 @@ def test_scaled_grouped_matmul_launches_from_c_with_the_calls_scales(fake):
     assert out["wrong_out"][0] == 2 and "out is a C-contiguous f16 array" in out["wrong_out"][1]
     assert out["host_offsets"] == 2
 
+
+def test_scaled_matmul_launches_from_c_with_scales_that_are_python_numbers(fake):
+    out = fake(GROUPED + textwrap.dedent('''
+    count_misses(scaled_gemm)
+    w = mg.zeros((256, 128), mg.f8e4m3)
+    a, b, c = mg.zeros((128, 128), mg.f8e4m3), w.T, mg.zeros((128, 256), mg.bf16)
+    mlirgpu.ops.scaled_matmul(a, b, 0.5, 2.0, out=c)
+    first = log("cuTensorMapEncodeTiled", "cuLaunchKernel")
+    out["first"] = [len(misses), len(scaled_gemm._KEPT), launches(first)]
+    out["first_maps"] = encodes(first, A=a, B=b, C=c)
+    out["returns"] = [mlirgpu.ops.scaled_matmul(a, b, 0.25 * i, 3.0, out=c) is c for i in range(3)]
+    out["again"] = [len(misses), log("cuTensorMapEncodeTiled", "cuLaunchKernel")]
+    a2 = mg.zeros((128, 128), mg.f8e4m3)
+    mlirgpu.ops.scaled_matmul(a2, b, 1.0, 1.0, out=c)
+    moved = log("cuTensorMapEncodeTiled", "cuLaunchKernel")
+    out["moved"] = [len(misses), encodes(moved, A=a2), len([l for l in moved if "EncodeTiled" in l]), launches(moved)]
+    # Scales given as arrays are read on the host: the Python path, every call.
+    before = len(misses)
+    for _ in range(2):
+        mlirgpu.ops.scaled_matmul(a, b, mg.to_device(np.array([0.5], np.float32)), 2.0, out=c)
+    out["array_scales"] = len(misses) - before
+    try:
+        mlirgpu.ops.scaled_matmul(a, b, 1.0, 1.0, mg.f32, out=c)
+    except mg.LaunchError as error:
+        out["wrong_out"] = str(error)
+    '''))
+    assert out["first"] == [1, 1, ["cuLaunchKernel function=hopper_gemm"]]
+    assert sorted(line.split(" address=")[1].split(" ")[0] for line in out["first_maps"]) == ["A", "B", "C"]
+    assert out["returns"] == [True] * 3
+    assert out["again"][0] == 1
+    assert [line.split(" stream=")[0] for line in out["again"][1]] == ["cuLaunchKernel function=hopper_gemm"] * 3
+    maps_a = [line for line in out["first_maps"] if "address=A " in line]
+    assert out["moved"] == [1, maps_a, 1, ["cuLaunchKernel function=hopper_gemm"]]
+    assert out["array_scales"] == 2
+    assert "out is a C-contiguous f32 array" in out["wrong_out"]
