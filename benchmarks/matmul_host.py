@@ -1,5 +1,7 @@
 """The host's time per call of mlirgpu.ops.matmul, against a launch of the
-kernel it runs and against torch.matmul, on torch tensors.
+kernel it runs and against torch.matmul, on torch tensors; and the same for
+mlirgpu.ops.grouped_matmul (against torch._grouped_mm) and
+mlirgpu.ops.scaled_matmul (against torch._scaled_mm, on sm_90a GPUs).
 
     python benchmarks/matmul_host.py [--calls N] [--repeats R] [--batch B]
 
@@ -26,6 +28,13 @@ encoded only where an array moved; the direct launch of its kernel goes
 through the kernel's own Python-level call, so the difference can be
 below zero.
 Each path's result is checked against torch.matmul's before any timing.
+
+The second table times grouped_matmul(a, b, offs, out=c) (offsets on the
+device) and scaled_matmul(a, b, scale_a, scale_b, out=c) (scales that are
+Python numbers) the same way: each against a direct launch of the Hopper
+kernel it runs (its tensor maps made once), against torch's op where this
+torch has it ("-" where not), and with a new output each call; results are
+checked against a float32 product first.
 """
 import argparse
 import statistics
@@ -43,6 +52,9 @@ hopper_gemm = sys.modules["mlirgpu.ops.hopper_gemm"]
 
 # (M, N, K): host-bound products on the mma.sync GEMM, and GPU-bound ones on the Hopper GEMM (on sm_90a).
 SHAPES = [(64, 64, 64), (1, 4096, 4096), (64, 4096, 4096), (4096, 4096, 4096)]
+# grouped_matmul's (groups, rows, N, K), as mixture-of-experts layers run it; scaled_matmul's (M, N, K).
+GROUPED_SHAPES = [(8, 512, 1408, 2048), (64, 8192, 1408, 2048)]
+SCALED_SHAPES = [(16, 4096, 4096), (4096, 4096, 4096)]
 
 
 def direct_launch(a, b, c, stream):
@@ -80,6 +92,82 @@ def host_us(call, calls, batch):
     return spent / done * 1e6
 
 
+def measure(paths, expected, what, args):
+    """{path: its runs' host times per call} for `paths` (name: call), each
+    result first checked against `expected` (float32)."""
+    for name, call in paths.items():
+        result = call()
+        error = ((result.float() - expected).abs().max() / expected.abs().max()).item()
+        if not error < 3e-2:
+            raise SystemExit(f"{name} at {what}: relative difference {error:.1e} from a float32 product")
+    runs = {name: [] for name in paths}
+    for _ in range(args.repeats):
+        for name, call in paths.items():
+            runs[name].append(host_us(call, args.calls, args.batch))
+    return runs
+
+
+def grouped_paths(groups, tokens, n, k, stream):
+    """grouped_matmul's paths at one shape (groups of about tokens / groups rows), and their float32 product."""
+    a = torch.randn((tokens, k), device="cuda", dtype=torch.bfloat16)
+    b = torch.randn((groups, k, n), device="cuda", dtype=torch.bfloat16)
+    c = torch.empty((tokens, n), device="cuda", dtype=torch.bfloat16)
+    ends = torch.linspace(0, tokens, groups + 1)[1:].round().to(torch.int32)
+    offs = ends.cuda()
+    expected, begin = torch.zeros((tokens, n), device="cuda"), 0
+    for g, end in enumerate(ends.tolist()):
+        expected[begin:end] = a[begin:end].float() @ b[g].float()
+        begin = end
+    spec, arguments, keywords = hopper_gemm.grouped_plan(*(mlirgpu.asarray(x) for x in (a, b, offs, c)))
+
+    def kernel():
+        spec(*arguments[:3], c, *arguments[4:7], offs, stream=stream, **keywords)
+        return c
+    return {"ops": lambda: mlirgpu.ops.grouped_matmul(a, b, offs, out=c), "kernel": kernel,
+            "torch": lambda: torch._grouped_mm(a, b, offs=offs),
+            "ops new": lambda: mlirgpu.ops.grouped_matmul(a, b, offs)}, expected
+
+
+def scaled_paths(m, n, k, stream):
+    """scaled_matmul's paths at one shape (scales 0.5 and 0.25), and their float32 product."""
+    a = torch.randn((m, k), device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn((n, k), device="cuda").to(torch.float8_e4m3fn).t()
+    c = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+    expected = (a.float() @ b.float()) * 0.125
+    spec, arguments, keywords = hopper_gemm.plan(*(mlirgpu.asarray(x) for x in (a, b.t(), c)))
+    maps, k_arg, offsets = arguments[:3], arguments[4], placeholder()
+    one, eighth = torch.ones((), device="cuda"), torch.full((), 0.125, device="cuda")
+
+    def kernel():
+        spec(*maps, c, k_arg, 0.5, 0.25, offsets, stream=stream, **keywords)
+        return c
+    return {"ops": lambda: mlirgpu.ops.scaled_matmul(a, b, 0.5, 0.25, out=c), "kernel": kernel,
+            "torch": lambda: torch._scaled_mm(a, b, scale_a=eighth, scale_b=one, out_dtype=torch.bfloat16,
+                                              use_fast_accum=True),
+            "ops new": lambda: mlirgpu.ops.scaled_matmul(a, b, 0.5, 0.25)}, expected
+
+
+def grouped_and_scaled(args):
+    """The second table: grouped_matmul and scaled_matmul."""
+    print(f"\n{'op':<14} {'shape':>22}  {'ops':>7} {'its kernel':>10} {'torch':>7} {'over its kernel':>15}  "
+          f"{'ops, new C':>10}")
+    stream = torch.cuda.current_stream().cuda_stream
+    rows = [("grouped_matmul", " x ".join(map(str, shape)), grouped_paths, shape) for shape in GROUPED_SHAPES]
+    rows += [("scaled_matmul", " x ".join(map(str, shape)), scaled_paths, shape) for shape in SCALED_SHAPES]
+    for op, shape, make, sizes in rows:
+        paths, expected = make(*sizes, stream)
+        try:
+            paths["torch"]()
+        except (AttributeError, RuntimeError, TypeError):    # this torch has no such op, or not for these
+            del paths["torch"]
+        runs = measure(paths, expected, f"{op} {shape}", args)
+        median = {name: statistics.median(r) for name, r in runs.items()}
+        over = statistics.median(x - y for x, y in zip(runs["ops"], runs["kernel"]))
+        theirs = f"{median['torch']:>7.2f}" if "torch" in median else f"{'-':>7}"
+        print(f"{op:<14} {shape:>22}  {median['ops']:>7.2f} {median['kernel']:>10.2f} {theirs} {over:>15.2f}  "
+              f"{median['ops new']:>10.2f}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
@@ -115,6 +203,8 @@ def main():
         over = statistics.median(x - y for x, y in zip(runs["ops"], runs["kernel"]))
         print(f"{m:>5} {n:>5} {k:>5}  {median['ops']:>10.2f} {median['kernel']:>10.2f} {median['torch']:>7.2f} "
               f"{over:>15.2f}  {median['ops new']:>10.2f} {median['torch new']:>12.2f}  {name}", flush=True)
+    if hopper_gemm.available():
+        grouped_and_scaled(args)
 
 
 if __name__ == "__main__":

@@ -81,11 +81,12 @@ def test_hopper_gemm_launches_from_c_and_encodes_maps_only_for_moved_arrays(fake
     # Calls like the first: no miss, a launch each, no map encoded.
     assert out["again"][0] == 1
     assert [line.split(" stream=")[0] for line in out["again"][1]] == ["cuLaunchKernel function=hopper_gemm"] * 3
-    # A moved: its maps (A's box, and A's in C's place for the register epilogue) encoded at its new address,
-    # as the first call encoded them at the old one; B's and C's not.
+    # A moved: its map encoded at its new address, as the first call encoded it at the old one; B's and C's
+    # not, nor A's in C's place (the register epilogue reads no map of C).
     misses, calls = out["moved"]
     assert misses == 1
-    assert [line for line in calls if line.startswith("cuTensorMapEncodeTiled")] == out["first_maps"] * 2
+    assert [line for line in calls if line.startswith("cuTensorMapEncodeTiled")] == out["first_maps"]
+    assert len(out["first_maps"]) == 1
     assert len([line for line in calls if line.startswith("cuLaunchKernel")]) == 1
     assert out["back"] == [1, []]
 
@@ -217,3 +218,178 @@ def test_decoding_attention_launches_both_kernels_from_c(fake):
     assert out["moved"] == [1, ["cuTensorMapEncodeTiled type=9 rank=4"]]
     assert out["options"] == 3
     assert out["one_split"] == [True, 4, ["cuLaunchKernel function=attention_decode_sm90"]]
+
+
+GROUPED = '''
+from mlirgpu.ops import grouped_gemm, scaled_gemm, scaled_grouped_gemm
+
+def count_misses(module):
+    """Counts the calls of module._launch, an op's Python path (its Dispatcher's misses)."""
+    slow = module._launch
+    module._launch = lambda *args, **kwargs: misses.append(module.__name__) or slow(*args, **kwargs)
+
+def encodes(lines, **arrays):
+    """The cuTensorMapEncodeTiled calls among `lines` at the addresses of `arrays`, named by their keys."""
+    named = {"address=%d " % array.ptr: "address=%s " % name for name, array in arrays.items()}
+    found = []
+    for line in lines:
+        for address, name in named.items():
+            if line.startswith("cuTensorMapEncodeTiled") and address in line:
+                found.append(line.replace(address, name))
+    return found
+
+def launches(lines):
+    return [line.split(" stream=")[0] for line in lines if line.startswith("cuLaunchKernel")]
+
+class ColumnMajor:
+    """b (G, K, N) whose matrices are column-major, as torch's w.transpose(-2, -1) is, read through
+    DLPack: its swapaxes(-2, -1) is w (G, N, K). Read on its own, it is w's memory in b's shape (the
+    fake driver computes nothing: only the address and the signature count)."""
+    def __init__(self, w):
+        self.w, self.view = w, w.reshape(w.shape[0], w.shape[2], w.shape[1])
+        self.shape, self.dtype, self.ptr = self.view.shape, w.dtype, w.ptr
+    def swapaxes(self, i, j):
+        return self.w
+    def __dlpack__(self, **kwargs):
+        return self.view.__dlpack__(**kwargs)
+    def __dlpack_device__(self):
+        return self.view.__dlpack_device__()
+
+offsets = mg.to_device(np.array([64, 64, 200, 256], np.int32))
+'''
+
+
+def test_grouped_matmul_launches_from_c_and_encodes_maps_only_for_moved_arrays(fake):
+    out = fake(GROUPED + textwrap.dedent('''
+    count_misses(grouped_gemm)
+    a, b, c = mg.zeros((256, 64), mg.f16), mg.zeros((4, 64, 128), mg.f16), mg.zeros((256, 128), mg.f16)
+    mlirgpu.ops.grouped_matmul(a, b, offsets, out=c)
+    first = log("cuTensorMapEncodeTiled", "cuLaunchKernel")
+    out["first"] = [len(misses), len(grouped_gemm._KEPT), launches(first)]
+    out["first_maps"] = encodes(first, A=a, B=b)
+    out["returns"] = [mlirgpu.ops.grouped_matmul(a, b, offsets, out=c) is c for _ in range(3)]
+    out["again"] = [len(misses), log("cuTensorMapEncodeTiled", "cuLaunchKernel")]
+    a2, b2 = mg.zeros((256, 64), mg.f16), mg.zeros((4, 64, 128), mg.f16)
+    mlirgpu.ops.grouped_matmul(a2, b, offsets, out=c)
+    moved_a = log("cuTensorMapEncodeTiled", "cuLaunchKernel")
+    mlirgpu.ops.grouped_matmul(a2, b2, mg.to_device(np.array([0, 0, 0, 256], np.int32)), out=c)
+    moved_b = log("cuTensorMapEncodeTiled", "cuLaunchKernel")
+    out["moved"] = [len(misses), encodes(moved_a, A=a2), launches(moved_a), encodes(moved_b, B=b2),
+                    len([line for line in moved_b if line.startswith("cuTensorMapEncodeTiled")]), launches(moved_b)]
+    # Host offsets are checked and copied on every call; another number of rows is another signature,
+    # kept after its first call.
+    host = np.array([64, 64, 200, 256], np.int32)
+    before = len(misses)
+    for _ in range(2):
+        mlirgpu.ops.grouped_matmul(a, b, host, out=c)
+    a128, c128 = mg.zeros((128, 64), mg.f16), mg.zeros((128, 128), mg.f16)
+    for _ in range(2):
+        mlirgpu.ops.grouped_matmul(a128, b, mg.to_device(np.array([0, 64, 64, 128], np.int32)), out=c128)
+    out["others"] = [len(misses) - before, launches(log("cuLaunchKernel"))]
+    # Nothing to multiply: no kernel, zeros where K is empty, on every call.
+    a0, b0, c0 = mg.zeros((256, 0), mg.f16), mg.zeros((4, 0, 128), mg.f16), mg.to_device(np.ones((256, 128), np.float16))
+    before = len(misses)
+    out["empty"] = [mlirgpu.ops.grouped_matmul(a0, b0, offsets, out=c0) is c0 for _ in range(2)]
+    out["empty"] += [len(misses) - before, float(np.abs(c0.get()).max()), launches(log("cuLaunchKernel"))]
+    '''))
+    assert out["first"] == [1, 1, ["cuLaunchKernel function=hopper_gemm"]]
+    # The Python path makes A's map and B's.
+    assert [line.split(" address=")[1].split(" ")[0] for line in out["first_maps"]] == ["A", "B"]
+    assert out["returns"] == [True] * 3
+    # Calls like the first: no miss, a launch each, no map encoded.
+    assert out["again"][0] == 1
+    assert [line.split(" stream=")[0] for line in out["again"][1]] == ["cuLaunchKernel function=hopper_gemm"] * 3
+    # A moved: its map encoded at its new address as the Python path encoded it, nothing else; then B.
+    misses, maps_a, launched_a, maps_b, encoded_b, launched_b = out["moved"]
+    assert misses == 1
+    assert maps_a == out["first_maps"][:1] and launched_a == ["cuLaunchKernel function=hopper_gemm"]
+    assert maps_b == out["first_maps"][1:] and encoded_b == 1 and launched_b == ["cuLaunchKernel function=hopper_gemm"]
+    assert out["others"] == [2 + 1, ["cuLaunchKernel function=hopper_gemm"] * 4]
+    assert out["empty"] == [True, True, 2, 0.0, []]
+
+
+def test_grouped_matmul_off_sm_90a_stays_on_its_python_path(fake):
+    # The mma.sync kernel takes b as a (G * K, N) view, which a LaunchPlan cannot pass.
+    out = fake(GROUPED + textwrap.dedent('''
+    count_misses(grouped_gemm)
+    gemm._device = lambda: ("sm_80", 108)
+    a, b, c = mg.zeros((256, 64), mg.f16), mg.zeros((4, 64, 128), mg.f16), mg.zeros((256, 128), mg.f16)
+    out["returns"] = [mlirgpu.ops.grouped_matmul(a, b, offsets, out=c) is c for _ in range(3)]
+    out["calls"] = [len(misses), len(grouped_gemm._KEPT), launches(log("cuLaunchKernel"))]
+    '''))
+    assert out["returns"] == [True] * 3
+    assert out["calls"] == [3, 0, ["cuLaunchKernel function=ampere_gemm"] * 3]
+
+
+def test_scaled_grouped_matmul_launches_from_c_with_the_calls_scales(fake):
+    out = fake(GROUPED + textwrap.dedent('''
+    count_misses(grouped_gemm)
+    a, c = mg.zeros((256, 64), mg.f8e4m3), mg.zeros((256, 128), mg.bf16)
+    b = ColumnMajor(mg.zeros((4, 128, 64), mg.f8e4m3))
+    scale_a, scale_b = mg.zeros((256,), mg.f32), mg.zeros((4, 128), mg.f32)
+    mlirgpu.ops.scaled_grouped_matmul(a, b, scale_a, scale_b, offsets, out=c)
+    first = log("cuTensorMapEncodeTiled", "cuLaunchKernel")
+    out["first"] = [len(misses), len(scaled_grouped_gemm._KEPT), launches(first)]
+    out["first_maps"] = encodes(first, A=a, B=b)
+    out["returns"] = [mlirgpu.ops.scaled_grouped_matmul(a, b, scale_a, scale_b, offsets, out=c) is c
+                      for _ in range(3)]
+    out["again"] = [len(misses), log("cuTensorMapEncodeTiled", "cuLaunchKernel")]
+    a2, scale_a2 = mg.zeros((256, 64), mg.f8e4m3), mg.zeros((256,), mg.f32)
+    mlirgpu.ops.scaled_grouped_matmul(a2, b, scale_a2, scale_b, offsets, out=c)
+    moved = log("cuTensorMapEncodeTiled", "cuLaunchKernel")
+    out["moved"] = [len(misses), encodes(moved, A=a2), len([l for l in moved if "EncodeTiled" in l]), launches(moved)]
+    # out_dtype says what out is: another is the Python path's LaunchError, as before.
+    try:
+        mlirgpu.ops.scaled_grouped_matmul(a, b, scale_a, scale_b, offsets, mg.f16, out=c)
+    except mg.LaunchError as error:
+        out["wrong_out"] = [len(misses), str(error)]
+    before = len(misses)
+    mlirgpu.ops.scaled_grouped_matmul(a, b, scale_a, scale_b, np.array([64, 64, 200, 256], np.int32), out=c)
+    mlirgpu.ops.scaled_grouped_matmul(a, b, scale_a, scale_b, np.array([64, 64, 200, 256], np.int32), out=c)
+    out["host_offsets"] = len(misses) - before
+    '''))
+    assert out["first"] == [1, 1, ["cuLaunchKernel function=hopper_gemm"]]
+    assert [line.split(" address=")[1].split(" ")[0] for line in out["first_maps"]] == ["A", "B"]
+    assert out["returns"] == [True] * 3
+    assert out["again"][0] == 1
+    assert [line.split(" stream=")[0] for line in out["again"][1]] == ["cuLaunchKernel function=hopper_gemm"] * 3
+    # a and scale_a moved: A's map encoded anew, as the Python path encoded it; scale_a passed as it is.
+    assert out["moved"] == [1, out["first_maps"][:1], 1, ["cuLaunchKernel function=hopper_gemm"]]
+    assert out["wrong_out"][0] == 2 and "out is a C-contiguous f16 array" in out["wrong_out"][1]
+    assert out["host_offsets"] == 2
+
+
+def test_scaled_matmul_launches_from_c_with_scales_that_are_python_numbers(fake):
+    out = fake(GROUPED + textwrap.dedent('''
+    count_misses(scaled_gemm)
+    w = mg.zeros((256, 128), mg.f8e4m3)
+    a, b, c = mg.zeros((128, 128), mg.f8e4m3), w.T, mg.zeros((128, 256), mg.bf16)
+    mlirgpu.ops.scaled_matmul(a, b, 0.5, 2.0, out=c)
+    first = log("cuTensorMapEncodeTiled", "cuLaunchKernel")
+    out["first"] = [len(misses), len(scaled_gemm._KEPT), launches(first)]
+    out["first_maps"] = encodes(first, A=a, B=b, C=c)
+    out["returns"] = [mlirgpu.ops.scaled_matmul(a, b, 0.25 * i, 3.0, out=c) is c for i in range(3)]
+    out["again"] = [len(misses), log("cuTensorMapEncodeTiled", "cuLaunchKernel")]
+    a2 = mg.zeros((128, 128), mg.f8e4m3)
+    mlirgpu.ops.scaled_matmul(a2, b, 1.0, 1.0, out=c)
+    moved = log("cuTensorMapEncodeTiled", "cuLaunchKernel")
+    out["moved"] = [len(misses), encodes(moved, A=a2), len([l for l in moved if "EncodeTiled" in l]), launches(moved)]
+    # Scales given as arrays are read on the host: the Python path, every call.
+    before = len(misses)
+    for _ in range(2):
+        mlirgpu.ops.scaled_matmul(a, b, mg.to_device(np.array([0.5], np.float32)), 2.0, out=c)
+    out["array_scales"] = len(misses) - before
+    try:
+        mlirgpu.ops.scaled_matmul(a, b, 1.0, 1.0, mg.f32, out=c)
+    except mg.LaunchError as error:
+        out["wrong_out"] = str(error)
+    '''))
+    assert out["first"] == [1, 1, ["cuLaunchKernel function=hopper_gemm"]]
+    assert sorted(line.split(" address=")[1].split(" ")[0] for line in out["first_maps"]) == ["A", "B", "C"]
+    assert out["returns"] == [True] * 3
+    assert out["again"][0] == 1
+    assert [line.split(" stream=")[0] for line in out["again"][1]] == ["cuLaunchKernel function=hopper_gemm"] * 3
+    maps_a = [line for line in out["first_maps"] if "address=A " in line]
+    assert out["moved"] == [1, maps_a, 1, ["cuLaunchKernel function=hopper_gemm"]]
+    assert out["array_scales"] == 2
+    assert "out is a C-contiguous f32 array" in out["wrong_out"]

@@ -281,3 +281,45 @@ def test_scaled_grouped_matmul_on_the_gpu(groups, tokens, k, n):
     if theirs is not None:
         # As close to the float32 sums as torch's grouped FP8 GEMM with the same accumulation.
         assert ours <= (theirs[:rows].double() - exact[:rows]).abs().max().item() + scale * 1e-3
+
+
+@pytest.mark.gpu
+def test_launches_from_c_follow_moved_arrays_and_torchs_stream():
+    # After the first call, calls with arrays of the same signature launch from C: the maps are encoded
+    # anew where an array moved, the scales and offsets passed as they are, and each launch goes to
+    # torch's current stream.
+    torch = pytest.importorskip("torch")
+    groups, tokens, k, n = 4, 1000, 512, 256
+    with current_backend("cuda"):
+        if mg.cuda.Device(mg.cuda.current_device()).chip != "sm_90a":
+            pytest.skip("scaled_grouped_matmul runs on sm_90a GPUs")
+        a = [torch.randn((tokens, k), device="cuda").to(torch.float8_e4m3fn) for _ in range(4)]
+        b = [torch.randn((groups, n, k), device="cuda").to(torch.float8_e4m3fn).transpose(-2, -1) for _ in range(2)]
+        scale_a = [torch.rand(tokens, device="cuda") + 0.5 for _ in range(4)]
+        scale_b = [torch.rand((groups, n), device="cuda") + 0.5 for _ in range(2)]
+        offsets = [torch.tensor(ends, dtype=torch.int32, device="cuda") for ends in ([100, 100, 600, tokens],
+                                                                                       [0, 500, 999, tokens])]
+        expected = {}
+        for i, x in enumerate(a):
+            c, begin = torch.zeros((tokens, n), device="cuda"), 0
+            for g, end in enumerate(offsets[i // 2].tolist()):
+                product = x[begin:end].float() @ b[i % 2][g].float()
+                c[begin:end] = scale_a[i][begin:end, None] * scale_b[i % 2][g][None, :] * product
+                begin = end
+            expected[i] = c
+        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        side.wait_stream(main)
+        results = []
+        for _ in range(3):
+            for i, x in enumerate(a):
+                arguments = (x, b[i % 2], scale_a[i], scale_b[i % 2], offsets[i // 2])
+                with torch.cuda.stream(side if i % 2 else main):
+                    results.append((i, mlirgpu.ops.scaled_grouped_matmul(*arguments)))
+                    out = torch.empty((tokens, n), device="cuda", dtype=torch.bfloat16)
+                    results.append((i, mlirgpu.ops.scaled_grouped_matmul(*arguments, out=out)))
+        torch.cuda.synchronize()
+        kept = len(scaled_grouped_gemm._KEPT)
+    assert kept >= 1
+    for i, c in results:
+        error = ((c.float() - expected[i]).abs().max() / expected[i].abs().max()).item()
+        assert error < 2e-2, (i, error)

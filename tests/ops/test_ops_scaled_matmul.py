@@ -124,3 +124,35 @@ def test_scaled_matmul_on_the_gpu(m, k, n, out_dtype):
     assert ours / scale < 1e-2
     assert ours <= (theirs - exact).abs().max().item() + scale * 1e-3
     assert torch.equal(c, op)
+
+
+@pytest.mark.gpu
+def test_launches_from_c_follow_moved_arrays_scales_and_torchs_stream():
+    # After the first call, calls with arrays of the same signature and scales that are Python numbers
+    # launch from C: each passes its own scales, the maps are encoded anew where an array moved, and
+    # each launch goes to torch's current stream.
+    torch = pytest.importorskip("torch")
+    m, k, n = 256, 1024, 512
+    with current_backend("cuda"):
+        if mg.cuda.Device(mg.cuda.current_device()).chip != "sm_90a":
+            pytest.skip("scaled_matmul runs on sm_90a GPUs")
+        a = [torch.randn((m, k), device="cuda").to(torch.float8_e4m3fn) for _ in range(4)]
+        b = torch.randn((n, k), device="cuda").to(torch.float8_e4m3fn).t()
+        products = [x.float() @ b.float() for x in a]
+        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        side.wait_stream(main)
+        results = []
+        for step in range(3):
+            for i, x in enumerate(a):
+                scales = (0.5 + step, 0.25 * (i + 1))
+                with torch.cuda.stream(side if i % 2 else main):
+                    results.append((i, scales, mlirgpu.ops.scaled_matmul(x, b, *scales)))
+                    out = torch.empty((m, n), device="cuda", dtype=torch.float32)
+                    results.append((i, scales, mlirgpu.ops.scaled_matmul(x, b, *scales, torch.float32, out=out)))
+        torch.cuda.synchronize()
+        kept = len(scaled_gemm._KEPT)
+    assert kept >= 2
+    for i, (scale_a, scale_b), c in results:
+        expected = products[i] * (scale_a * scale_b)
+        error = ((c.float() - expected).abs().max() / expected.abs().max()).item()
+        assert error < 2e-2, (i, scale_a, scale_b, error)

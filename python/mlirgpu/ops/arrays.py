@@ -10,7 +10,7 @@ import threading
 from .._mlirgpu import DeviceArray, DType, LaunchError, asarray, bf16, current_device, dtype, f8e4m3, f16, f32, i32
 from ..runtime import backend
 
-__all__ = ["as_array", "capturing", "dtype_of", "geometry", "is_contiguous", "keep_launch", "new_like", "output",
+__all__ = ["as_array", "capturing", "dtype_of", "geometry", "is_contiguous", "new_like", "output",
            "per_tensor_scale", "placeholder", "plan_stream", "stream_key", "torch_stream", "Workspaces", "zero"]
 
 
@@ -119,18 +119,6 @@ def plan_stream(x):
         return None
     raw = getattr(sys.modules["torch"]._C, "_cuda_getCurrentRawStream", None)
     return False if raw is None else (raw, x.get_device())
-
-
-def keep_launch(dispatcher, args, made):
-    """Has `dispatcher` run the launch plan `made` ((plan, guards, owner), as
-    Specialization.launch_plan gives it) for later calls whose arrays have
-    the signature of `args`, while the kernels' globals and the backend stay
-    as they are now."""
-    plan, guards, owner = made
-    try:
-        dispatcher.register(args, plan, guards + ((vars(backend), "_current", backend.current(), None),), owner)
-    except ValueError:
-        pass    # arrays the dispatcher cannot read: the slow path serves them each time
 
 
 _PLACEHOLDERS = {}

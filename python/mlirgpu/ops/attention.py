@@ -63,7 +63,7 @@ from ..layout import Swizzle, composition, row_major
 from ..runtime import backend
 from ..runtime.compiled import default_chip
 from ..runtime.kernel import kernel
-from . import arrays, attention_decode_sm90, attention_sm90, attention_torch
+from . import arrays, attention_decode_sm90, attention_sm90, attention_torch, kept
 from .arrays import Workspaces, dtype_of, is_contiguous, new_like, output, per_tensor_scale, placeholder, torch_stream
 
 __all__ = ["attention", "HEAD_DIMS"]
@@ -793,11 +793,9 @@ def forward(q, k, v, *, causal=False, scale=None, window=None, cu_seqlens_q=None
     with guard:
         plan.launch(*views, target, lse_array, causal, stream, q)
     # A call with an `out` (as _KEPT's are) and no option but `causal`: later ones may launch from C.
-    if (key is not None and given is not None and scale is window is num_splits is None and not return_lse
-            and plan.decode and backend.current().name == "cuda" and not arrays.capturing(q)):
-        made = plan.launch_plan(*views, target, lse_array, causal, stream, q)
-        if made is not None:
-            arrays.keep_launch(_KEPT[causal], (q, k, v, out), made)
+    if key is not None and given is not None and scale is window is num_splits is None and not return_lse:
+        kept.keep(_KEPT[causal], plan.plans, (q, k, v, out), stream,
+                  lambda source: plan.launch_plan(*views, target, lse_array, causal, stream, q, source))
     return (out, lse) if return_lse else out
 
 
@@ -809,7 +807,7 @@ class Plan:
 
     __slots__ = ("shape", "dtype", "lse_shape", "d", "rows", "q_tokens", "kv_tokens", "lse_rows", "sm90",
                  "decode", "scale_log2", "args", "splits", "kernel", "grid", "shared", "combine", "combine_grid",
-                 "partials", "kept")
+                 "partials", "plans")
 
     def __init__(self, p, window, num_splits):
         packed = packs_heads(p)
@@ -842,39 +840,28 @@ class Plan:
         self.combine = combine_kernel_for(p.d) if splits > 1 else None
         self.combine_grid = ((self.rows + WARPS - 1) // WARPS,)
         self.partials = ((splits * p.tokens_q, p.hq, p.d, f32), (splits * self.lse_rows[0], self.lse_rows[1], f32))
-        self.kept = {}    # launch_plan's, by stream and causal
+        self.plans = {}    # by stream: the launch plans kept.keep registered
 
-    def launch_plan(self, q, k, v, out, lse, causal, stream, like):
+    def launch_plan(self, q, k, v, out, lse, causal, stream, like, source):
         """What `launch` has just launched for these arrays, as launch plans
-        for calls (q, k, v, out) on `stream` (arrays.keep_launch's `made`):
-        decoding on sm_90a only, its kernel then, with split keys, the merge
-        of the splits. None where launch took another path, or torch has no
-        stream getter."""
-        made = self.kept.get((stream, causal))
-        if made is not None:
-            return made
-        source = arrays.plan_stream(like)
-        if not (self.rows and self.decode and source is not False and attention_decode_sm90.aligned(q, k, v)):
+        for calls (q, k, v, out) on `stream`, read from `source` (kept.keep's
+        `make`): decoding on sm_90a only, its kernel then, with split keys,
+        the merge of the splits. None where launch took another path."""
+        if not (self.rows and self.decode and attention_decode_sm90.aligned(q, k, v)):
             return None
         options = dict(stream=source, stream_only=stream, capture=False, result=3)
         if self.splits == 1:
-            made = attention_decode_sm90.launch_plan(q, k, v, out, lse, causal, self.scale_log2, out_argument=3,
+            return attention_decode_sm90.launch_plan(q, k, v, out, lse, causal, self.scale_log2, out_argument=3,
                                                      **options)
-        else:
-            (parts, part_lse), lock = _WORKSPACES.get(self.partials, stream, like)
-            lset = lse.reshape(self.lse_rows)
-            merge = self.combine.launch_plan(
-                [parts, part_lse, out.reshape(self.q_tokens), lset],
-                [("value", parts), ("value", part_lse), ("view", 3, self.q_tokens), ("value", lset)],
-                grid=self.combine_grid, block=THREADS, **options)
-            decode = merge and attention_decode_sm90.launch_plan(q, k, v, parts, part_lse, causal, self.scale_log2,
-                                                                 self.splits, then=merge[0], lock=lock, **options)
-            made = decode and (decode[0], decode[1] + merge[1], decode[2])
-        if made is not None:
-            if len(self.kept) >= KEPT_STREAMS:
-                self.kept.clear()
-            self.kept[stream, causal] = made    # made once: making one costs a trace's checks
-        return made
+        (parts, part_lse), lock = _WORKSPACES.get(self.partials, stream, like)
+        lset = lse.reshape(self.lse_rows)
+        merge = self.combine.launch_plan(
+            [parts, part_lse, out.reshape(self.q_tokens), lset],
+            [("value", parts), ("value", part_lse), ("view", 3, self.q_tokens), ("value", lset)],
+            grid=self.combine_grid, block=THREADS, **options)
+        decode = merge and attention_decode_sm90.launch_plan(q, k, v, parts, part_lse, causal, self.scale_log2,
+                                                             self.splits, then=merge[0], lock=lock, **options)
+        return decode and (decode[0], decode[1] + merge[1], decode[2])
 
     def launch(self, q, k, v, out, lse, causal, stream, like):
         """The kernels on q, k, v, out and lse as they take them (as_array's
@@ -911,8 +898,6 @@ class Plan:
 # run from C; any other call is attention's.
 _KEPT = {causal: Dispatcher(lambda args, kwargs, causal=causal: forward(*args[:3], causal=causal, out=args[3]),
                             "attention") for causal in (False, True)}
-
-KEPT_STREAMS = 8    # streams a Plan keeps launch plans for
 
 # Keys of forward's kept Plans: a growing K/V cache gives every decoding step a key of its own,
 # so the oldest goes once there are this many.

@@ -40,9 +40,8 @@ from collections import namedtuple
 
 from .._mlirgpu import Dispatcher, LaunchError, bf16, current_device, f16, f32, i32
 from ..runtime import backend
-from . import ampere_gemm, hopper_gemm
-from .arrays import (Workspaces, as_array, capturing, dtype_of, geometry, is_contiguous, keep_launch, new_like,
-                     output, plan_stream, torch_stream, zero)
+from . import ampere_gemm, hopper_gemm, kept
+from .arrays import Workspaces, as_array, dtype_of, geometry, is_contiguous, new_like, output, torch_stream, zero
 
 __all__ = ["matmul", "choose", "register_torch", "Choice", "SMALL_M"]
 
@@ -67,7 +66,6 @@ PINGPONG = hopper_gemm.CONFIGS[1]  # 128 x 128 tiles, 6 stages, ping-pong, TMA-s
 # From 129 rows only where the tiles make one wave and K is not split.
 NARROW = hopper_gemm.Config(64, 64, 8)
 NARROW_ROWS = (1, 256)
-WORKSPACES_KEPT = 8               # streams an mma.sync launch keeps a workspace for
 MAX_WGMMA_SPLIT = 4               # slices of K of the Hopper GEMM's split-K
 # The K from which the Hopper GEMM splits K: on an H200 it paid at K = 14336 (64-256 rows, N = 4096:
 # 0.82-0.90 of cuBLAS in benchmarks/matmul_sweep.py) and not at K = 8192, where the partial sums'
@@ -204,8 +202,9 @@ def _mma_sync(choice, m, k, n):
     return run, launch_plan
 
 
-# The mma.sync GEMM's partial sums and tile counters, per shape and stream (arrays.Workspaces).
-_WORKSPACES = Workspaces(WORKSPACES_KEPT)
+# The mma.sync GEMM's partial sums and tile counters, per shape and stream (arrays.Workspaces): for as
+# many streams as its LaunchPlans, which hold them, are kept for.
+_WORKSPACES = Workspaces(kept.STREAMS_KEPT)
 
 
 class _Call:
@@ -228,7 +227,7 @@ class _Call:
             raise LaunchError(f"matmul takes a and b of one dtype, f16 or bf16; got {A.dtype} and {B.dtype}")
         self.shape, self.dtype = (m, n), dtype
         self.checked_out = None
-        self.plans = {}    # by stream: what _keep registered (made once: making one costs a trace's checks)
+        self.plans = {}    # by stream: the LaunchPlans kept.keep registered
         # An empty product runs no kernel.
         self.choice = choose(m, k, n, *_device()) if m * n * k else None
         self.run = self.plan = None
@@ -354,26 +353,10 @@ def _launch(a, b, out):
         # On torch's current stream for CUDA tensors (torch.cuda.stream(...) blocks, graph captures).
         stream = torch_stream(a)
         call.run(a, b, out, stream, geometries)
-        if call.plan is not None and geometries is not None and current.name == "cuda" and not capturing(a):
-            _keep(call, a, b, out, stream, geometries)
+        if call.plan is not None and geometries is not None:
+            kept.keep(_KEPT, call.plans, (a, b, out), stream,
+                      lambda source: call.plan(a, b, out, stream, source, geometries))
     return out
-
-
-def _keep(call, a, b, out, stream, geometries):
-    """Has later calls with arrays like (a, b, out) launch from C: _KEPT
-    runs the LaunchPlan of the launch just made, while the kernel's globals
-    and the backend stay as they are."""
-    made = call.plans.get(stream)
-    if made is None:
-        source = plan_stream(a)
-        # None for this call only (A padded into a copy, say): the next may have one.
-        made = None if source is False else call.plan(a, b, out, stream, source, geometries)
-        if made is not None:
-            if len(call.plans) >= WORKSPACES_KEPT:
-                call.plans.clear()
-            call.plans[stream] = made
-    if made is not None:
-        keep_launch(_KEPT, (a, b, out), made)
 
 
 # Calls of matmul(a, b, out) whose arrays' signature (types, dtypes, shapes, devices) a launch has seen:

@@ -33,9 +33,9 @@ from collections import namedtuple
 
 import numpy as np
 
-from .._mlirgpu import LaunchError, bf16, f8e4m3, f16, f32, i32
+from .._mlirgpu import Dispatcher, LaunchError, bf16, f8e4m3, f16, f32, i32
 from ..runtime import backend
-from . import ampere_gemm, gemm, hopper_gemm, scaled_gemm
+from . import ampere_gemm, gemm, hopper_gemm, kept, scaled_gemm
 from .arrays import as_array, dtype_of, is_contiguous, output, torch_stream, zero
 
 __all__ = ["grouped_matmul", "register_torch"]
@@ -43,9 +43,10 @@ __all__ = ["grouped_matmul", "register_torch"]
 CONFIG = gemm.SQUARE     # mma.sync: 128 x 128 tiles, 3 stages of BK = 64, fits every sm_80-90
 
 #: What a grouped matmul of one (shapes, dtype, device) runs: the kernel
-#: ("wgmma" or "mma.sync"), the output's shape and dtype, and for mma.sync
-#: the persistent grid and the workspace the kernel is passed.
-_Call = namedtuple("_Call", "kernel shape dtype grid partials counters")
+#: ("wgmma" or "mma.sync"), the output's shape and dtype, for mma.sync the
+#: persistent grid and the workspace the kernel is passed, and by stream
+#: the LaunchPlans kept.keep registered.
+_Call = namedtuple("_Call", "kernel shape dtype grid partials counters plans")
 
 
 def _ceil_div(a, b):
@@ -94,12 +95,13 @@ def _plan(shape, dtype, groups, k):
         if k % 8 or n % 8:
             raise LaunchError(f"grouped_matmul on sm_90a needs K and N multiples of 8 (TMA reads rows of "
                               f"16-byte multiples), not K = {k}, N = {n}")
-        return _Call("wgmma", shape, dtype, None, None, None)
+        return _Call("wgmma", shape, dtype, None, None, None, {})
     per_sm = 2 if chip == "sm_80" else 1
     # Each group's tiles: at most one more row of tiles than its rows fill.
     tiles = (_ceil_div(total_m, CONFIG.bm) + groups) * _ceil_div(n, CONFIG.bn)
     schedule = ampere_gemm.plan(1, max(k, 1), n, CONFIG)
-    return _Call("mma.sync", shape, dtype, min(tiles, per_sm * multiprocessors), *ampere_gemm.workspace(schedule))
+    return _Call("mma.sync", shape, dtype, min(tiles, per_sm * multiprocessors), *ampere_gemm.workspace(schedule),
+                 None)
 
 
 def _scaled_plan(shape, out_dtype, k):
@@ -111,7 +113,7 @@ def _scaled_plan(shape, out_dtype, k):
     if backend.current().name != "cpu" and gemm._device()[0] != "sm_90a":
         raise LaunchError(f"scaled_grouped_matmul needs an sm_90a GPU (wgmma reads the 8-bit floats), not "
                           f"{gemm._device()[0]}")
-    return _Call("wgmma", shape, scaled_gemm._out_dtype(out_dtype, "scaled_grouped_matmul"), None, None, None)
+    return _Call("wgmma", shape, scaled_gemm._out_dtype(out_dtype, "scaled_grouped_matmul"), None, None, None, {})
 
 
 def _scales(scale_a, scale_b, rows, groups, n):
@@ -132,12 +134,16 @@ def _scales(scale_a, scale_b, rows, groups, n):
 _CALLS = {}
 
 
-def _launch(a, b, offsets, out, scaled=None):
+def _launch(a, b, offsets, out, scaled=None, dispatcher=None):
     """grouped_matmul's work, outside torch.compile's tracing; with `scaled`,
-    (scale_a, scale_b, out_dtype), scaled_grouped_matmul's."""
+    (scale_a, scale_b, out_dtype), scaled_grouped_matmul's, whose calls
+    (a, b, scale_a, scale_b, offs, out) `dispatcher` takes. Later calls like
+    this one launch the Hopper kernel from C (_KEPT, or `dispatcher`)."""
     name = "scaled_grouped_matmul" if scaled else "grouped_matmul"
     A, B, O = (as_array(a, f"{name}'s a"), as_array(b, f"{name}'s b"), as_array(offsets, f"{name}'s offs"))
-    key = gemm._key(a, b) + (tuple(O.shape), scaled and scaled[2])
+    # out_dtype by the dtype it names: a call naming it and a miss of the op's Dispatcher, which passes
+    # out's dtype, share a _Call.
+    key = gemm._key(a, b) + (tuple(O.shape), scaled and scaled_gemm.out_kind(scaled[2]))
     call = _CALLS.get(key)
     if call is None:
         shape, dtype = _check(A, B, O, name, (f8e4m3,) if scaled else (f16, bf16))
@@ -170,13 +176,23 @@ def _launch(a, b, offsets, out, scaled=None):
         return out
     C, stream = as_array(out, f"{name}'s out"), torch_stream(a)
     if call.kernel == "wgmma":
-        # The tensor maps hold the arrays' addresses: made per call.
+        # The tensor maps hold the arrays' addresses: made per call, here; from C, where an array moved.
         if scaled:
             B = as_array(matrices, f"{name}'s b")
-        spec, arguments, keywords = hopper_gemm.grouped_plan(A, B, O, C, scales=scales if scaled else None)
+        planned = hopper_gemm.grouped_plan(A, B, O, C, scales=scales if scaled else None)
+        spec, arguments, keywords = planned
         spec(*arguments, stream=stream, **keywords)
+        # Host offsets are checked and copied to the device on every call: never launched from C.
+        if not isinstance(offsets, np.ndarray):
+            if scaled:
+                kept.keep(dispatcher, call.plans, (a, b, scaled[0], scaled[1], offsets, out), stream,
+                          lambda source: hopper_gemm.grouped_launch_plan(planned, source, (0, 1, 4, 5), (2, 3)))
+            else:
+                kept.keep(_KEPT, call.plans, (a, b, offsets, out), stream,
+                          lambda source: hopper_gemm.grouped_launch_plan(planned, source))
         return out
-    # B's matrices one below the other: group g's rows of B start at row g * K.
+    # B's matrices one below the other: group g's rows of B start at row g * K. A LaunchPlan passes a
+    # call's arrays as they are, not this view of b: these launches stay on this path.
     ampere_gemm.kernel_for(CONFIG, "grouped")(A, B.reshape(groups * k, n), C, call.partials, call.counters, O,
                                               grid=call.grid, block=CONFIG.threads, shared_mem=CONFIG.shared_bytes(),
                                               stream=stream)
@@ -200,6 +216,11 @@ def grouped_matmul(a, b, offs, *, out=None):
     caller's contract, as for torch._grouped_mm. Bad shapes and dtypes are a
     LaunchError (a ValueError), what is no array a TypeError.
 
+    On sm_90a, after a first call with arrays of a signature (types,
+    dtypes, shapes, devices) and offsets on the device, later calls like it
+    launch the kernel from C, its tensor maps encoded anew only where an
+    array moved.
+
         c = mlirgpu.ops.grouped_matmul(tokens, expert_weights, offs)
 
     With torch tensors it is also torch.ops.mlirgpu.grouped_matmul, which
@@ -208,7 +229,17 @@ def grouped_matmul(a, b, offs, *, out=None):
     if gemm._compiling is not None and gemm._compiling():
         result = register_torch()(a, b, offs)
         return result if out is None else out.copy_(result)
-    return _launch(a, b, offs, out)
+    if out is None:
+        try:    # a torch tensor's: torch makes the output in a's dtype, on its device
+            out = a.new_empty((a.shape[0], b.shape[2]))
+        except (AttributeError, IndexError, TypeError):
+            return _launch(a, b, offs, None)
+    return _KEPT(a, b, offs, out)
+
+
+# Calls of grouped_matmul(a, b, offs, out) whose arrays' signature (types, dtypes, shapes, devices) a
+# launch of the Hopper kernel has seen: their LaunchPlans, run from C; any other call is _launch's.
+_KEPT = Dispatcher(lambda args, kwargs: _launch(*args), "grouped_matmul")
 
 
 _registered = None

@@ -788,17 +788,46 @@ def launch(A, B, C, config=None, stream=None, scale_a=1.0, scale_b=1.0, geometri
     return C
 
 
-def launch_plan(A, B, C, config, geometries, stream):
+def launch_plan(A, B, C, config, geometries, stream, args=(0, 1, 2), scales=None):
     """The launch that launch() keeps for arrays of these `geometries`
     (arrays.geometry of A, B and C), which it has just made, as a
-    Specialization.launch_plan for calls whose arguments are (A, B, C) and
-    whose stream is `stream` (LaunchPlan's), returning C: its maps
-    re-encoded at each call's addresses. None where no single launch is kept: split-K, A or B
-    padded into a copy, a backend that launches from Python."""
+    Specialization.launch_plan for calls on LaunchPlan's stream `stream`
+    whose arguments `args` (their indices) are A, B and C, returning C: its
+    maps re-encoded at each call's addresses. `scales`: the indices of the
+    call's scale_a and scale_b (Python numbers, passed as the kernel's f32
+    scales), else None: 1.0 and 1.0. None where no single launch is kept:
+    split-K, A or B padded into a copy, a backend that launches from
+    Python."""
     planned = _PLANS.get((config, *geometries))
     if planned is None or isinstance(planned[0], SplitK):
         return None
     gemm, maps, k, keywords, _, offsets, sources = planned
-    params = [("map", source, m) for source, m in zip(sources, maps)]
-    params += [("arg", 2), ("value", k), ("value", 1.0), ("value", 1.0), ("value", offsets)]
-    return gemm.launch_plan([*maps, C, k, 1.0, 1.0, offsets], params, stream=stream, result=2, **keywords)
+    params = [("map", args[source], m) for source, m in zip(sources[:2], maps)]
+    # The register epilogue reads no map of C: A's goes in its place as it was made, never encoded anew.
+    params.append(("map", args[2], maps[2]) if sources[2] == 2 else ("value", maps[2]))
+    return gemm.launch_plan([*maps, C, k, 1.0, 1.0, offsets], params + _tail(args[2], k, scales, ("value", offsets)),
+                            stream=stream, result=args[2], **keywords)
+
+
+def grouped_launch_plan(planned, stream, args=(0, 1, 2, 3), scales=None):
+    """The grouped launch grouped_plan `planned` (its specialization,
+    arguments and keywords), just made, as a Specialization.launch_plan for
+    calls on LaunchPlan's stream `stream` whose arguments `args` (their
+    indices) are A, B, the offsets and C, returning C: the maps of A and B
+    re-encoded at each call's addresses. `scales`: the indices of the
+    call's scale_a and scale_b arrays (8 bits), else None: 1.0 and 1.0."""
+    gemm, arguments, keywords = planned
+    a_map, b_map, _, C, k = arguments[:5]
+    # Maps that keep no array alive; the register epilogue reads no map of C: A's goes in its place as made.
+    a_map, b_map = a_map.with_owner(None), b_map.with_owner(None)
+    params = [("map", args[0], a_map), ("map", args[1], b_map), ("value", a_map)]
+    return gemm.launch_plan(list(arguments), params + _tail(args[3], k, scales, ("arg", args[2])),
+                            stream=stream, result=args[3], **keywords)
+
+
+def _tail(c, k, scales, offsets):
+    """A launch plan's entries after the maps: C (the call's argument `c`),
+    K, the scales (the call's arguments `scales`, else 1.0 and 1.0) and
+    the `offsets` entry."""
+    scale_entries = [("arg", i) for i in scales] if scales else [("value", 1.0)] * 2
+    return [("arg", c), ("value", k), *scale_entries, offsets]

@@ -10,11 +10,12 @@ wgmma reads 8-bit floats here: on other GPUs the op is a LaunchError saying
 so. The CPU backend runs the same kernel, emulating its TMA copies and
 8-bit wgmmas (with float32 sums, where the GPU's keep fewer bits).
 """
+import sys
 
-from .._mlirgpu import DType, LaunchError, bf16, dtype, f8e4m3, f16, f32
+from .._mlirgpu import Dispatcher, DType, LaunchError, bf16, current_device, dtype, f8e4m3, f16, f32
 from ..runtime import backend
-from . import gemm, hopper_gemm
-from .arrays import as_array, dtype_of, is_contiguous, output, per_tensor_scale, torch_stream
+from . import gemm, hopper_gemm, kept
+from .arrays import as_array, dtype_of, geometry, is_contiguous, output, per_tensor_scale, torch_stream
 
 __all__ = ["scaled_matmul", "register_torch"]
 
@@ -35,6 +36,45 @@ def _out_dtype(kind, op="scaled_matmul"):
     return kind
 
 
+# out_dtype as given: the torch dtype of a new output of torch tensors (read from torch once).
+_TORCH_OUT = {}
+_TORCH_NAMES = {bf16: "bfloat16", f16: "float16", f32: "float32"}
+# out_dtype as given: the mlirgpu dtype it names (out_kind).
+_KINDS = {}
+
+
+def out_kind(out_dtype):
+    """The mlirgpu dtype of OUT_DTYPES that out_dtype names (as _out_dtype
+    reads it), else out_dtype itself, for the op's checks to refuse: what
+    keys a call's output. Read once per out_dtype: every call asks."""
+    kind = _KINDS.get(out_dtype)
+    if kind is None:
+        try:
+            kind = _out_dtype(out_dtype)
+        except LaunchError:
+            return out_dtype
+        _KINDS[out_dtype] = kind
+    return kind
+
+
+def kept_output(a, out, shape, out_dtype):
+    """The output a call passes its op's Dispatcher: `out` where out_dtype
+    names its dtype, else (out None) a new torch tensor of `shape` like a,
+    of the dtype out_dtype names. None where there is none: the op's Python
+    path then makes the output, or says what is wrong. An AttributeError or
+    TypeError where a is no torch tensor, out no array, or out_dtype no
+    dtype at all."""
+    if out is None:
+        kind = _TORCH_OUT.get(out_dtype)
+        if kind is None:
+            name = _TORCH_NAMES.get(out_kind(out_dtype))
+            if name is None or type(a).__module__.split(".")[0] != "torch":
+                return None
+            kind = _TORCH_OUT[out_dtype] = getattr(sys.modules["torch"], name)
+        return a.new_empty(shape, dtype=kind)
+    return out if out_kind(out_dtype) is out_kind(out.dtype) else None
+
+
 def scaled_matmul(a, b, scale_a, scale_b, out_dtype=bf16, *, out=None):
     """(scale_a * scale_b) * (a @ b) for f8e4m3 a (M, K), row-major, and b
     (K, N), column-major (b.T C-contiguous), as torch._scaled_mm takes them;
@@ -43,6 +83,10 @@ def scaled_matmul(a, b, scale_a, scale_b, out_dtype=bf16, *, out=None):
     it) or a new array in a's library. scale_a and scale_b are numbers or
     arrays of one element (a device array's is read back to the host). K
     and N are multiples of 16 (TMA reads rows of 16-byte multiples).
+    After a first call with arrays of a signature (types, dtypes, shapes,
+    devices) and scales that are Python numbers, later calls like it launch
+    from C, each passing its own scales; scales given as arrays are read on
+    the host, call after call.
 
     The products are summed by wgmma's FP8 accumulator, which keeps fewer
     bits than float32 and is not promoted to float32 every few steps: the
@@ -62,13 +106,21 @@ def scaled_matmul(a, b, scale_a, scale_b, out_dtype=bf16, *, out=None):
     if gemm._compiling is not None and gemm._compiling():
         result = register_torch()(a, b, scale_a, scale_b, out_dtype)
         return result if out is None else out.copy_(result)
-    if _registered is None and type(a).__module__.split(".")[0] == "torch":
-        register_torch()
-    return _launch(a, b, scale_a, scale_b, out_dtype, out)
+    try:
+        given = kept_output(a, out, (a.shape[0], b.shape[1]), out_dtype)
+    except (AttributeError, IndexError, TypeError):    # no torch tensors: _launch says what they must be
+        given = None
+    if given is None:
+        return _launch(a, b, scale_a, scale_b, out_dtype, out)
+    return _KEPT(a, b, scale_a, scale_b, given)
 
 
 def _launch(a, b, scale_a, scale_b, out_dtype, out):
-    """scaled_matmul's work, outside torch.compile's tracing."""
+    """scaled_matmul's work, outside torch.compile's tracing. Where the
+    scales are Python numbers, it has later calls like this one launch from
+    C (_KEPT); scales given as arrays are read on the host, call after call."""
+    if _registered is None and type(a).__module__.split(".")[0] == "torch":
+        register_torch()
     out_dtype = _out_dtype(out_dtype)
     A, B = as_array(a, "scaled_matmul's a"), as_array(b, "scaled_matmul's b")
     if len(A.shape) != 2 or len(B.shape) != 2:
@@ -92,9 +144,27 @@ def _launch(a, b, scale_a, scale_b, out_dtype, out):
         raise LaunchError(f"scaled_matmul needs an sm_90a GPU (wgmma reads the 8-bit floats), not "
                           f"{gemm._device()[0]}")
     out = output(a, out, (m, n), out_dtype, "scaled_matmul")
-    hopper_gemm.launch(A, B, as_array(out, "scaled_matmul's out"), stream=torch_stream(a),
-                       scale_a=scales[0], scale_b=scales[1])
+    C, stream = as_array(out, "scaled_matmul's out"), torch_stream(a)
+    geometries = (geometry(A), geometry(B), geometry(C))
+    hopper_gemm.launch(A, B, C, stream=stream, scale_a=scales[0], scale_b=scales[1], geometries=geometries)
+    if type(scale_a) in (float, int) and type(scale_b) in (float, int):
+        # A Python number's signature is its type: a kept launch passes each call's value.
+        current = backend.current()
+        key = (*(gemm._unaddressed(g) for g in geometries), current,
+               current_device() if current.name == "cuda" else None)
+        kept.keep(_KEPT, _PLANS.setdefault(key, {}), (a, b, scale_a, scale_b, out), stream,
+                  lambda source: hopper_gemm.launch_plan(A, B, C, None, geometries, source, (0, 1, 4), (2, 3)))
     return out
+
+
+# By the arrays' geometries without their addresses, backend and device: the LaunchPlans by stream that
+# kept.keep registered.
+_PLANS = {}
+
+# Calls of scaled_matmul(a, b, scale_a, scale_b, out) (its out_dtype out's) with scales that are Python
+# numbers, whose signature (types, dtypes, shapes, devices) a launch has seen: their LaunchPlans, run from
+# C; any other call is _launch's.
+_KEPT = Dispatcher(lambda args, kwargs: _launch(*args[:4], args[4].dtype, args[4]), "scaled_matmul")
 
 
 _registered = None

@@ -21,8 +21,8 @@ reads 8-bit floats here: on other GPUs it is a LaunchError saying so. The
 CPU backend runs the same kernel, emulating its TMA copies and 8-bit
 wgmmas (with float32 sums, where the GPU's keep fewer bits).
 """
-from .._mlirgpu import bf16
-from . import gemm, grouped_gemm
+from .._mlirgpu import Dispatcher, bf16
+from . import gemm, grouped_gemm, scaled_gemm
 
 __all__ = ["scaled_grouped_matmul", "register_torch"]
 
@@ -50,6 +50,8 @@ def scaled_grouped_matmul(a, b, scale_a, scale_b, offs, out_dtype=bf16, *, out=N
 
     Offsets on the host (a NumPy array) are checked, as grouped_matmul's;
     offsets on the device are read by the kernel only, never by the host.
+    As grouped_matmul's, later calls with arrays of the signature of a
+    first one (offsets on the device) launch from C.
     Runs on sm_90a GPUs and on the CPU backend; on other GPUs it is a
     LaunchError, as are bad shapes, layouts, dtypes and scales (a
     ValueError); what is no array is a TypeError.
@@ -62,9 +64,26 @@ def scaled_grouped_matmul(a, b, scale_a, scale_b, offs, out_dtype=bf16, *, out=N
     if gemm._compiling is not None and gemm._compiling():
         result = register_torch()(a, b, scale_a, scale_b, offs, out_dtype)
         return result if out is None else out.copy_(result)
+    try:
+        given = scaled_gemm.kept_output(a, out, (a.shape[0], b.shape[2]), out_dtype)
+    except (AttributeError, IndexError, TypeError):    # no torch tensors: _launch says what they must be
+        given = None
+    if given is None:
+        return _launch(a, b, scale_a, scale_b, offs, out_dtype, out)
+    return _KEPT(a, b, scale_a, scale_b, offs, given)
+
+
+def _launch(a, b, scale_a, scale_b, offs, out_dtype, out):
+    """scaled_grouped_matmul's work, outside torch.compile's tracing: grouped_matmul's, in 8 bits."""
     if _registered is None and type(a).__module__.split(".")[0] == "torch":
         register_torch()
-    return grouped_gemm._launch(a, b, offs, out, scaled=(scale_a, scale_b, out_dtype))
+    return grouped_gemm._launch(a, b, offs, out, scaled=(scale_a, scale_b, out_dtype), dispatcher=_KEPT)
+
+
+# Calls of scaled_grouped_matmul(a, b, scale_a, scale_b, offs, out) (its out_dtype out's) whose arrays'
+# signature (types, dtypes, shapes, devices) a launch has seen: their LaunchPlans, run from C; any other
+# call is _launch's.
+_KEPT = Dispatcher(lambda args, kwargs: _launch(*args[:5], args[5].dtype, args[5]), "scaled_grouped_matmul")
 
 
 _registered = None
@@ -85,7 +104,7 @@ def register_torch():
             # Rows past the last group are zeros here: an op's output holds no garbage.
             a, b = a.detach(), b.detach()    # below autograd, yet marked requires_grad, which DLPack refuses
             out = a.new_zeros((a.shape[0], b.shape[2]), dtype=out_dtype)
-            return grouped_gemm._launch(a, b, offs, out, scaled=(scale_a, scale_b, out_dtype))
+            return _launch(a, b, scale_a, scale_b, offs, out_dtype, out)
 
         @scaled_grouped_matmul_op.register_fake
         def _(a, b, scale_a, scale_b, offs, out_dtype):
