@@ -233,7 +233,10 @@ class Workspaces:
     def _make(shapes, where, device, stream):
         import numpy as np
 
-        arrays = tuple((np.zeros(shape, kind.numpy) if where == "cpu" else backend.zeros(shape, kind))
+        # Allocated and zeroed on the stream that uses them: made on another (the legacy default
+        # stream, say), they would not be ready in time for a non-blocking stream (torch's), which
+        # does not wait for it.
+        arrays = tuple((np.zeros(shape, kind.numpy) if where == "cpu" else backend.zeros(shape, kind, stream))
                        for *shape, kind in shapes)
         return arrays, threading.Lock()
 
