@@ -92,14 +92,18 @@ def host_us(call, calls, batch):
     return spent / done * 1e6
 
 
-def measure(paths, expected, what, args):
+def measure(paths, expected, what, args, out=None, tolerance=3e-2):
     """{path: its runs' host times per call} for `paths` (name: call), each
-    result first checked against `expected` (float32)."""
+    result first checked against `expected` (float32): what the call
+    returns, or `out` (zeroed before) for a launch that returns nothing."""
     for name, call in paths.items():
+        if out is not None:
+            out.zero_()
         result = call()
+        result = out if result is None else result
         error = ((result.float() - expected).abs().max() / expected.abs().max()).item()
-        if not error < 3e-2:
-            raise SystemExit(f"{name} at {what}: relative difference {error:.1e} from a float32 product")
+        if not error < tolerance:
+            raise SystemExit(f"{name} at {what}: relative difference {error:.1e} from the expected product")
     runs = {name: [] for name in paths}
     for _ in range(args.repeats):
         for name, call in paths.items():
@@ -188,17 +192,7 @@ def main():
         paths = {"ops": lambda: mlirgpu.ops.matmul(a, b, out=c), "kernel": launch,
                  "torch": lambda: torch.matmul(a, b, out=c), "ops new": lambda: mlirgpu.ops.matmul(a, b),
                  "torch new": lambda: torch.matmul(a, b)}
-        for what, call in paths.items():
-            c.zero_()
-            result = call()
-            result = c if result is None else result
-            error = ((result.float() - expected).abs().max() / expected.abs().max()).item()
-            if not error < 2e-2:
-                raise SystemExit(f"{what} at {m} x {n} x {k}: relative difference {error:.1e} from torch.matmul")
-        runs = {what: [] for what in paths}
-        for _ in range(args.repeats):
-            for what, call in paths.items():
-                runs[what].append(host_us(call, args.calls, args.batch))
+        runs = measure(paths, expected, f"{m} x {n} x {k}", args, out=c, tolerance=2e-2)
         median = {what: statistics.median(r) for what, r in runs.items()}
         over = statistics.median(x - y for x, y in zip(runs["ops"], runs["kernel"]))
         print(f"{m:>5} {n:>5} {k:>5}  {median['ops']:>10.2f} {median['kernel']:>10.2f} {median['torch']:>7.2f} "

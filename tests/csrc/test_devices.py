@@ -2,28 +2,16 @@
 devices (FAKE_CUDA_DEVICES=2), each with its own primary context. What the
 launch, the copies and the scopes hand the driver is read from its call log.
 The same on two real GPUs: test_devices_gpu.py (marked multigpu)."""
-import json
 import textwrap
 
 import pytest
-from support.checks import run_isolated, toolkit_without_ptxas
+from support.checks import run_on_fake
 
 import mlirgpu as mg
 
+# The script's prelude, after run_on_fake's.
 PRELUDE = '''
-import ctypes, json, os, threading
-os.environ["MLIRGPU_LIBCUDA"] = {fake!r}
-os.environ["MLIRGPU_CACHE_DIR"] = {cache!r}
-os.environ["FAKE_CUDA_DEVICES"] = "2"
-os.environ["FAKE_CUDA_PEER"] = {peer!r}
-# A toolkit without ptxas: kernels load as PTX, which the fake driver reads.
-os.environ["CUDA_HOME"] = {no_ptxas!r}
-import numpy as np
-import mlirgpu as mg
-import mlirgpu._mlirgpu as C
-
-_fake = ctypes.CDLL({fake!r})
-_fake.fake_log.restype = ctypes.c_char_p
+import threading
 
 def log(*names):
     """The driver calls since the last log(), those named if any."""
@@ -41,22 +29,16 @@ def add_scalar(X: mg.memref[N, mg.f32], v: mg.f32, n: mg.u32):
 def add3(A: mg.memref[N, mg.f32], B: mg.memref[N, mg.f32], C: mg.memref[N, mg.f32], n: mg.u32):
     C[mg.thread_idx.x] = A[mg.thread_idx.x] + B[mg.thread_idx.x]
 
-out = {{}}
 '''
 
 
 @pytest.fixture
 def fake(fake_libcuda, tmp_path):
     """fake(body, peer="1"): runs `body` after PRELUDE in a fresh interpreter
-    on a two-device fake driver; returns its `out` dict."""
+    on a two-device fake driver (run_on_fake); returns its `out` dict."""
     def run(body, peer="1"):
-        script = tmp_path / "script.py"
-        script.write_text(PRELUDE.format(fake=fake_libcuda, cache=str(tmp_path / "cache"), peer=peer,
-                                          no_ptxas=toolkit_without_ptxas(str(tmp_path))) +
-                          textwrap.dedent(body) + "\nprint(json.dumps(out))\n")
-        proc = run_isolated(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        return run_on_fake(fake_libcuda, tmp_path, PRELUDE + textwrap.dedent(body),
+                           {"FAKE_CUDA_DEVICES": "2", "FAKE_CUDA_PEER": peer})
     return run
 
 

@@ -22,7 +22,7 @@ import mlirgpu.ops
 from mlirgpu.ops import attention_decode_sm90 as decode
 
 from support.backends import current_backend
-from support.checks import ptxas_accepts
+from support.checks import assert_each_close, on_two_streams, ptxas_accepts
 from support.attention import DTYPES, operands, reference
 from test_ops_attention import TOLERANCE, grouped_reference
 
@@ -229,15 +229,8 @@ def test_calls_after_the_first_launch_from_c_on_torchs_stream(lk):
         expected = [torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(),
             enable_gqa=True).transpose(1, 2) for k, v in caches]
-        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
-        side.wait_stream(main)
-        results = []
-        for _ in range(3):
-            for i, (k, v) in enumerate(caches):
-                with torch.cuda.stream(side if i % 2 else main):
-                    results.append((i, mlirgpu.ops.attention(q, k, v)))
-        torch.cuda.synchronize()
+        results = on_two_streams(torch, len(caches), lambda step, i, out: mlirgpu.ops.attention(
+            q, *caches[i], out=out), lambda: torch.empty_like(q))
         kept = len(attention._KEPT[False])
     assert kept >= 1
-    for i, out in results:
-        assert (out.float() - expected[i]).abs().max().item() < 2e-2, i
+    assert_each_close(results, lambda step, i: expected[i])

@@ -20,6 +20,7 @@ import mlirgpu as mg
 import mlirgpu.ops
 
 from support.backends import current_backend
+from support.checks import assert_each_close, on_two_streams
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 gemm = sys.modules["mlirgpu.ops.gemm"]
@@ -405,22 +406,11 @@ def test_launches_from_c_follow_moved_arrays_and_torchs_stream(m, k, n):
         b = torch.randn((k, n), device="cuda", dtype=torch.bfloat16)
         a = [torch.randn((m, k), device="cuda", dtype=torch.bfloat16) for _ in range(4)]
         expected = [torch.matmul(x, b).float() for x in a]
-        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
-        side.wait_stream(main)
-        results = []
-        for _ in range(3):
-            for i, x in enumerate(a):
-                with torch.cuda.stream(side if i % 2 else main):
-                    results.append((i, mlirgpu.ops.matmul(x, b)))
-                    out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-                    results.append((i, mlirgpu.ops.matmul(x, b, out=out)))
-        torch.cuda.synchronize()
+        results = on_two_streams(torch, len(a), lambda step, i, out: mlirgpu.ops.matmul(a[i], b, out=out),
+                                 lambda: torch.empty((m, n), device="cuda", dtype=torch.bfloat16))
         kept = len(gemm._KEPT)
     assert kept >= 1
-    for i, c in results:
-        error = ((c.float() - expected[i]).abs().max() / expected[i].abs().max()).item()
-        assert error < 2e-2, (i, error)
-
+    assert_each_close(results, lambda step, i: expected[i])
 
 # Products that split K on an H200, one on each GEMM.
 SPLIT_K_SHAPES = [(64, 14336, 4096), (16, 4096, 4096)]

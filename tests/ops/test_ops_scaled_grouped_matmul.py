@@ -15,7 +15,8 @@ import mlirgpu as mg
 import mlirgpu.ops
 
 from support.backends import current_backend
-from support.checks import ptxas_accepts
+from support.checks import assert_each_close, on_two_streams, ptxas_accepts
+from test_ops_grouped_matmul import grouped_products, two_routings
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 grouped_gemm = sys.modules["mlirgpu.ops.grouped_gemm"]
@@ -297,29 +298,13 @@ def test_launches_from_c_follow_moved_arrays_and_torchs_stream():
         b = [torch.randn((groups, n, k), device="cuda").to(torch.float8_e4m3fn).transpose(-2, -1) for _ in range(2)]
         scale_a = [torch.rand(tokens, device="cuda") + 0.5 for _ in range(4)]
         scale_b = [torch.rand((groups, n), device="cuda") + 0.5 for _ in range(2)]
-        offsets = [torch.tensor(ends, dtype=torch.int32, device="cuda") for ends in ([100, 100, 600, tokens],
-                                                                                       [0, 500, 999, tokens])]
-        expected = {}
-        for i, x in enumerate(a):
-            c, begin = torch.zeros((tokens, n), device="cuda"), 0
-            for g, end in enumerate(offsets[i // 2].tolist()):
-                product = x[begin:end].float() @ b[i % 2][g].float()
-                c[begin:end] = scale_a[i][begin:end, None] * scale_b[i % 2][g][None, :] * product
-                begin = end
-            expected[i] = c
-        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
-        side.wait_stream(main)
-        results = []
-        for _ in range(3):
-            for i, x in enumerate(a):
-                arguments = (x, b[i % 2], scale_a[i], scale_b[i % 2], offsets[i // 2])
-                with torch.cuda.stream(side if i % 2 else main):
-                    results.append((i, mlirgpu.ops.scaled_grouped_matmul(*arguments)))
-                    out = torch.empty((tokens, n), device="cuda", dtype=torch.bfloat16)
-                    results.append((i, mlirgpu.ops.scaled_grouped_matmul(*arguments, out=out)))
-        torch.cuda.synchronize()
+        offsets = two_routings(torch, tokens)
+        expected = [grouped_products(torch, x, b[i % 2], offsets[i // 2], scale_a[i], scale_b[i % 2])
+                    for i, x in enumerate(a)]
+        results = on_two_streams(
+            torch, len(a), lambda step, i, out: mlirgpu.ops.scaled_grouped_matmul(
+                a[i], b[i % 2], scale_a[i], scale_b[i % 2], offsets[i // 2], out=out),
+            lambda: torch.empty((tokens, n), device="cuda", dtype=torch.bfloat16))
         kept = len(scaled_grouped_gemm._KEPT)
     assert kept >= 1
-    for i, c in results:
-        error = ((c.float() - expected[i]).abs().max() / expected[i].abs().max()).item()
-        assert error < 2e-2, (i, error)
+    assert_each_close(results, lambda step, i: expected[i])

@@ -11,6 +11,7 @@ import mlirgpu as mg
 import mlirgpu.ops
 
 from support.backends import current_backend
+from support.checks import assert_each_close, on_two_streams
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 gemm = sys.modules["mlirgpu.ops.gemm"]
@@ -139,20 +140,12 @@ def test_launches_from_c_follow_moved_arrays_scales_and_torchs_stream():
         a = [torch.randn((m, k), device="cuda").to(torch.float8_e4m3fn) for _ in range(4)]
         b = torch.randn((n, k), device="cuda").to(torch.float8_e4m3fn).t()
         products = [x.float() @ b.float() for x in a]
-        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
-        side.wait_stream(main)
-        results = []
-        for step in range(3):
-            for i, x in enumerate(a):
-                scales = (0.5 + step, 0.25 * (i + 1))
-                with torch.cuda.stream(side if i % 2 else main):
-                    results.append((i, scales, mlirgpu.ops.scaled_matmul(x, b, *scales)))
-                    out = torch.empty((m, n), device="cuda", dtype=torch.float32)
-                    results.append((i, scales, mlirgpu.ops.scaled_matmul(x, b, *scales, torch.float32, out=out)))
-        torch.cuda.synchronize()
+        # Each call its own scales: Python numbers, passed per call.
+        scales = [[(0.5 + step, 0.25 * (i + 1)) for i in range(len(a))] for step in range(3)]
+        results = on_two_streams(
+            torch, len(a), lambda step, i, out: mlirgpu.ops.scaled_matmul(
+                a[i], b, *scales[step][i], torch.bfloat16 if out is None else torch.float32, out=out),
+            lambda: torch.empty((m, n), device="cuda", dtype=torch.float32))
         kept = len(scaled_gemm._KEPT)
     assert kept >= 2
-    for i, (scale_a, scale_b), c in results:
-        expected = products[i] * (scale_a * scale_b)
-        error = ((c.float() - expected).abs().max() / expected.abs().max()).item()
-        assert error < 2e-2, (i, scale_a, scale_b, error)
+    assert_each_close(results, lambda step, i: products[i] * (scales[step][i][0] * scales[step][i][1]))

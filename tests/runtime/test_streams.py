@@ -15,22 +15,12 @@ import pytest
 import mlirgpu as mg
 import mlirgpu._mlirgpu as C
 from support.backends import current_backend
-from support.checks import run_isolated, toolkit_without_ptxas
+from support.checks import run_on_fake
 
-# The script's prelude: the fake driver, its log, and kernels it emulates by
-# name. CUDA_HOME names a toolkit without ptxas, so kernels load as PTX for the driver's
-# JIT: the fake reads PTX, not cubins.
+# The script's prelude, after run_on_fake's: the fake driver's log, and kernels it emulates by name.
 PRELUDE = '''
-import ctypes, gc, json, os, sys, tracemalloc, weakref
-os.environ["MLIRGPU_LIBCUDA"] = {fake!r}
-os.environ["MLIRGPU_CACHE_DIR"] = {cache!r}
-os.environ["CUDA_HOME"] = {no_ptxas!r}
-import numpy as np
-import mlirgpu as mg
-import mlirgpu._mlirgpu as C
+import gc, sys, tracemalloc, weakref
 
-_fake = ctypes.CDLL({fake!r})
-_fake.fake_log.restype = ctypes.c_char_p
 _fake.fake_pinned_live.restype = ctypes.c_long
 HANDLE_KEYS = ("stream", "event", "exec", "graph", "ptr", "dst", "src")
 
@@ -43,7 +33,7 @@ def log():
 def trace(**named):
     """log() with the handles named: those given here by their keyword, 0, 1 and 2
     as themselves, any other as #1, #2... in order of appearance."""
-    names = {{str(int(v)): k for k, v in named.items()}}
+    names = {str(int(v)): k for k, v in named.items()}
     lines = []
     for line in log():
         words = line.split()
@@ -78,23 +68,14 @@ class Foreign:
     def __init__(self, array, stream):
         self.__cuda_array_interface__ = dict(array.__cuda_array_interface__, stream=stream)
 
-out = {{}}
 '''
 
 
 @pytest.fixture
 def fake(fake_libcuda, tmp_path):
     """fake(body): runs `body` after PRELUDE in a fresh interpreter on the fake
-    driver (from a file: the tracer reads kernel sources); returns its `out` dict."""
-    def run(body):
-        script = tmp_path / "script.py"
-        script.write_text(PRELUDE.format(fake=fake_libcuda, cache=str(tmp_path / "cache"),
-                                         no_ptxas=toolkit_without_ptxas(str(tmp_path))) +
-                          textwrap.dedent(body) + "\nprint(json.dumps(out))\n")
-        proc = run_isolated(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    return run
+    driver (run_on_fake); returns its `out` dict."""
+    return lambda body: run_on_fake(fake_libcuda, tmp_path, PRELUDE + textwrap.dedent(body))
 
 
 # ---------------------------------------------------------------------------

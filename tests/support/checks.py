@@ -1,5 +1,7 @@
 """Helpers shared by the tests: FileCheck-style text checks and running code
-in a fresh interpreter (so that a crash fails one test instead of the run)."""
+in a fresh interpreter (so that a crash fails one test instead of the run),
+on the fake CUDA driver of support/fake_cuda among others."""
+import json
 import os
 import re
 import subprocess
@@ -65,6 +67,40 @@ def assert_isolated(code, expected_stdout):
     return proc
 
 
+# What a script on the fake driver starts with (run_on_fake): the driver and a compile cache of the
+# test's, its call log through _fake, and kernels that load as PTX, which the fake driver reads.
+FAKE_PRELUDE = '''
+import ctypes, json, os
+os.environ["MLIRGPU_LIBCUDA"] = {fake!r}
+os.environ["MLIRGPU_CACHE_DIR"] = {cache!r}
+os.environ["CUDA_HOME"] = {no_ptxas!r}
+os.environ.update({environment!r})
+import numpy as np
+import mlirgpu as mg
+import mlirgpu._mlirgpu as C
+
+_fake = ctypes.CDLL({fake!r})
+_fake.fake_log.restype = ctypes.c_char_p
+out = {{}}
+'''
+
+
+def run_on_fake(fake_libcuda, tmp_path, code, environment=None):
+    """Runs `code` (the test module's prelude, then the test's body) after
+    FAKE_PRELUDE in a fresh interpreter on the fake driver, with the
+    environment variables `environment` set; returns the dict `out` the code
+    fills, as JSON gives it back. The code runs from a file: the tracer
+    reads kernels' sources."""
+    script = tmp_path / "script.py"
+    script.write_text(FAKE_PRELUDE.format(fake=fake_libcuda, cache=str(tmp_path / "cache"),
+                                          no_ptxas=toolkit_without_ptxas(str(tmp_path)),
+                                          environment=environment or {})
+                      + code + "\nprint(json.dumps(out))\n")
+    proc = run_isolated(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def toolkit_without_ptxas(directory):
     """directory/no-ptxas: a CUDA toolkit directory with this machine's
     libdevice (nvvm/, which kernels' math functions link) and no ptxas. As
@@ -89,3 +125,29 @@ def ptxas_accepts(ptx, chip, tmp_path, verbose=False):
                            "-o", str(tmp_path / f"kernel_{chip}.cubin")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stderr
+
+
+def on_two_streams(torch, count, call, out_like, rounds=3):
+    """Calls call(step, i, None) and call(step, i, out) (out: out_like(), a
+    new array) for each step of `rounds` and each i of `count`, even i on
+    torch's current stream and odd i on a side stream that first waits for
+    it, as calls after an op's first launch from C; [(step, i, result)] once
+    the GPU is done."""
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(main)
+    results = []
+    for step in range(rounds):
+        for i in range(count):
+            with torch.cuda.stream(side if i % 2 else main):
+                results += [(step, i, call(step, i, None)), (step, i, call(step, i, out_like()))]
+    torch.cuda.synchronize()
+    return results
+
+
+def assert_each_close(results, expected, tolerance=2e-2):
+    """Each (step, i, result) of on_two_streams within `tolerance` of
+    expected(step, i), relative to its largest magnitude."""
+    for step, i, result in results:
+        want = expected(step, i)
+        error = ((result.float() - want).abs().max() / want.abs().max()).item()
+        assert error < tolerance, (step, i, error)

@@ -245,6 +245,15 @@ _KEPT = Dispatcher(lambda args, kwargs: _launch(*args), "grouped_matmul")
 _registered = None
 
 
+def check_fake_shapes(torch, name, a, b, offs):
+    """The shapes a grouped op's torch fake implementation takes (a (total_M,
+    K), b (G, K, N), offs (G,) int32), or torch's error naming the op."""
+    torch._check(a.dim() == 2 and b.dim() == 3 and a.shape[1] == b.shape[1],
+                 lambda: f"mlirgpu::{name} multiplies (total_M, K) by (G, K, N), not {a.shape} by {b.shape}")
+    torch._check(offs.dim() == 1 and offs.shape[0] == b.shape[0] and offs.dtype == torch.int32,
+                 lambda: f"mlirgpu::{name} takes int32 offs of shape (G,), not {offs.dtype} of shape {offs.shape}")
+
+
 def register_torch():
     """Registers torch.ops.mlirgpu.grouped_matmul, a torch custom op running
     grouped_matmul, with a fake implementation (the output's shape and
@@ -261,12 +270,7 @@ def register_torch():
 
         @grouped_matmul_op.register_fake
         def _(a, b, offs):
-            torch._check(a.dim() == 2 and b.dim() == 3 and a.shape[1] == b.shape[1],
-                         lambda: f"mlirgpu::grouped_matmul multiplies (total_M, K) by (G, K, N), "
-                                 f"not {a.shape} by {b.shape}")
-            torch._check(offs.dim() == 1 and offs.shape[0] == b.shape[0] and offs.dtype == torch.int32,
-                         lambda: f"mlirgpu::grouped_matmul takes int32 offs of shape (G,), not {offs.dtype} "
-                                 f"of shape {offs.shape}")
+            check_fake_shapes(torch, "grouped_matmul", a, b, offs)
             torch._check(a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16),
                          lambda: f"mlirgpu::grouped_matmul takes one dtype, f16 or bf16, not {a.dtype} and {b.dtype}")
             return a.new_empty((a.shape[0], b.shape[2]))

@@ -108,12 +108,7 @@ def register_torch():
 
         @scaled_grouped_matmul_op.register_fake
         def _(a, b, scale_a, scale_b, offs, out_dtype):
-            torch._check(a.dim() == 2 and b.dim() == 3 and a.shape[1] == b.shape[1],
-                         lambda: f"mlirgpu::scaled_grouped_matmul multiplies (total_M, K) by (G, K, N), "
-                                 f"not {a.shape} by {b.shape}")
-            torch._check(offs.dim() == 1 and offs.shape[0] == b.shape[0] and offs.dtype == torch.int32,
-                         lambda: f"mlirgpu::scaled_grouped_matmul takes int32 offs of shape (G,), not {offs.dtype} "
-                                 f"of shape {offs.shape}")
+            grouped_gemm.check_fake_shapes(torch, "scaled_grouped_matmul", a, b, offs)
             torch._check(a.dtype == b.dtype == torch.float8_e4m3fn,
                          lambda: f"mlirgpu::scaled_grouped_matmul takes float8_e4m3fn, not {a.dtype} and {b.dtype}")
             torch._check(tuple(scale_a.shape) == (a.shape[0],) and tuple(scale_b.shape) == (b.shape[0], b.shape[2]),

@@ -1,30 +1,20 @@
-"""mlirgpu.ops.matmul's kept launches without a GPU: after a first call
-with arrays of a signature (dtypes, shapes, devices), later calls launch
-from C (an mlirgpu.LaunchPlan run by a Dispatcher), the Hopper GEMM's
+"""The ops' kept launches without a GPU: after a first call with arrays of
+a signature (dtypes, shapes, devices), later calls of mlirgpu.ops.matmul,
+grouped_matmul, scaled_matmul, scaled_grouped_matmul and decoding
+attention launch from C (mlirgpu.LaunchPlans run by a Dispatcher), the
 tensor maps encoded anew only where an array moved. Checked against the
 fake driver of tests/support/fake_cuda (it reports an sm_90 GPU, so every
 choice of gemm.choose is reachable), in a fresh interpreter per test. On a
-GPU: test_ops_matmul_torch.py and benchmarks/matmul_host.py."""
-import json
+GPU: the ops' own test files and benchmarks/matmul_host.py."""
 import textwrap
 
 import pytest
 
-from support.checks import run_isolated, toolkit_without_ptxas
+from support.checks import run_on_fake
 
 PRELUDE = '''
-import ctypes, json, os
-os.environ["MLIRGPU_LIBCUDA"] = {fake!r}
-os.environ["MLIRGPU_CACHE_DIR"] = {cache!r}
-os.environ["CUDA_HOME"] = {no_ptxas!r}
-import numpy as np
-import mlirgpu as mg
 import mlirgpu.ops
-import mlirgpu._mlirgpu as C
 from mlirgpu.ops import gemm
-
-_fake = ctypes.CDLL({fake!r})
-_fake.fake_log.restype = ctypes.c_char_p
 
 def log(*prefixes):
     """The driver calls since the last log() whose names start with one of `prefixes`."""
@@ -38,23 +28,13 @@ gemm._launch = lambda *args: misses.append(1) or slow_path(*args)
 
 def arrays(m, k, n, dtype=mg.f16):
     return mg.zeros((m, k), dtype), mg.zeros((k, n), dtype), mg.zeros((m, n), dtype)
-
-out = {{}}
 '''
 
 
 @pytest.fixture
 def fake(fake_libcuda, tmp_path):
-    """fake(body): runs `body` after PRELUDE in a fresh interpreter on the fake driver; returns its `out`."""
-    def run(body):
-        script = tmp_path / "script.py"
-        script.write_text(PRELUDE.format(fake=fake_libcuda, cache=str(tmp_path / "cache"),
-                                         no_ptxas=toolkit_without_ptxas(str(tmp_path))) +
-                          textwrap.dedent(body) + "\nprint(json.dumps(out))\n")
-        proc = run_isolated(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')")
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    return run
+    """fake(body): runs `body` after PRELUDE on the fake driver (run_on_fake); returns its `out`."""
+    return lambda body: run_on_fake(fake_libcuda, tmp_path, PRELUDE + textwrap.dedent(body))
 
 
 def test_hopper_gemm_launches_from_c_and_encodes_maps_only_for_moved_arrays(fake):
