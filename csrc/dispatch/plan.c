@@ -110,6 +110,18 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     if (then != Py_None && !Py_IS_TYPE(then, type))
         return PyErr_Format(PyExc_TypeError, "then is a LaunchPlan, not %.100s", Py_TYPE(then)->tp_name);
+    if (lock != Py_None) {
+        /* Taken after the call's arguments are read, as the stream is: by builtin code only, which runs
+         * no Python code that could free what their pointers point to (a threading.Lock's). */
+        PyObject *acquire = PyObject_GetAttrString(lock, "acquire");
+        int builtin = acquire != NULL && PyCFunction_Check(acquire);
+        Py_XDECREF(acquire);
+        if (!builtin) {
+            PyErr_Clear();
+            return PyErr_Format(PyExc_TypeError, "lock is a lock whose acquire() is builtin (a threading.Lock), "
+                                "not %.100s", Py_TYPE(lock)->tp_name);
+        }
+    }
     if (!Py_IS_TYPE(function, mg_cu_Function_type))
         return PyErr_Format(PyExc_TypeError, "a LaunchPlan launches an mlirgpu Function, not %.100s",
                             Py_TYPE(function)->tp_name);

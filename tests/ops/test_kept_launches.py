@@ -137,6 +137,19 @@ def test_launch_plan_reads_its_stream_per_call_and_misses_off_its_stream_or_in_a
         C.LaunchPlan(function, (("arg", 0), ("value", 2.0), ("value", 8)), grid=1, block=8, stream=(lambda h: h, 1))
     except TypeError as error:
         out["python_getter"] = str(error)
+
+    class PythonLock:
+        def acquire(self, blocking=True):
+            return True
+
+        def release(self):
+            pass
+
+    for lock in (PythonLock(), object()):
+        try:
+            C.LaunchPlan(function, (("arg", 0), ("value", 2.0), ("value", 8)), grid=1, block=8, lock=lock)
+        except TypeError as error:
+            out.setdefault("python_locks", []).append(str(error))
     # A chain under a lock, the second plan passing argument 1 as an array of 8 (a view of its 2 x 4).
     import threading
     lock = threading.Lock()
@@ -160,6 +173,8 @@ def test_launch_plan_reads_its_stream_per_call_and_misses_off_its_stream_or_in_a
         "not ('nothing', 0)",
         "ValueError: params has 1 entries, the function takes 3 parameters"]
     assert "builtin function" in out["python_getter"]
+    assert out["python_locks"] == [f"lock is a lock whose acquire() is builtin (a threading.Lock), not {name}"
+                                   for name in ("PythonLock", "object")]
     assert out["chain"] == [None, ["cuLaunchKernel function=add_scalar stream=0"] * 2, False]
     assert out["locked"] == [None, 2, []]    # the lock held elsewhere: a miss, no launch
 

@@ -245,11 +245,15 @@ def _zeros(a, b, c, stream, geometries):
 _CALLS = {}
 
 
-def _key(a, b):
-    # The backend and device are part of the key: a choice holds a workspace on one device.
+def _where():
+    """The current backend and its device (the thread's, on the GPU; None on the CPU): part of the
+    key of what an op keeps, which holds workspaces and loaded kernels of one device."""
     current = backend.current()
-    device = current_device() if current.name == "cuda" else None
-    return type(a), type(b), tuple(a.shape), tuple(b.shape), a.dtype, b.dtype, current, device
+    return current, current_device() if current.name == "cuda" else None
+
+
+def _key(a, b):
+    return type(a), type(b), tuple(a.shape), tuple(b.shape), a.dtype, b.dtype, *_where()
 
 
 # torch.compiler.is_compiling once torch is registered with (register_torch): a matmul
@@ -329,10 +333,7 @@ def _launch(a, b, out):
         geometries = [geometry(a), geometry(b), None if out is None else geometry(out)]
     except (AttributeError, TypeError):    # no array: _Call says what the arrays must be
         geometries = None
-    current = backend.current()
-    # The backend and device are part of the key: a choice holds a workspace on one device.
-    where = current, current_device() if current.name == "cuda" else None
-    key = None if geometries is None else (_unaddressed(geometries[0]), _unaddressed(geometries[1]), where)
+    key = None if geometries is None else (_unaddressed(geometries[0]), _unaddressed(geometries[1]), _where())
     call = _CALLS.get(key)
     if call is None:
         call = _Call(a, b)

@@ -12,7 +12,7 @@ so. The CPU backend runs the same kernel, emulating its TMA copies and
 """
 import sys
 
-from .._mlirgpu import Dispatcher, DType, LaunchError, bf16, current_device, dtype, f8e4m3, f16, f32
+from .._mlirgpu import Dispatcher, DType, LaunchError, bf16, dtype, f8e4m3, f16, f32
 from ..runtime import backend
 from . import gemm, hopper_gemm, kept
 from .arrays import as_array, dtype_of, geometry, is_contiguous, output, per_tensor_scale, torch_stream
@@ -149,9 +149,7 @@ def _launch(a, b, scale_a, scale_b, out_dtype, out):
     hopper_gemm.launch(A, B, C, stream=stream, scale_a=scales[0], scale_b=scales[1], geometries=geometries)
     if type(scale_a) in (float, int) and type(scale_b) in (float, int):
         # A Python number's signature is its type: a kept launch passes each call's value.
-        current = backend.current()
-        key = (*(gemm._unaddressed(g) for g in geometries), current,
-               current_device() if current.name == "cuda" else None)
+        key = (*(gemm._unaddressed(g) for g in geometries), *gemm._where())
         kept.keep(_KEPT, _PLANS.setdefault(key, {}), (a, b, scale_a, scale_b, out), stream,
                   lambda source: hopper_gemm.launch_plan(A, B, C, None, geometries, source, (0, 1, 4), (2, 3)))
     return out

@@ -214,9 +214,13 @@ class Kernel(_mlirgpu.Dispatcher):
         _keep_resident(spec)
         return spec
 
+    def specialization_for(self, args: Sequence) -> Specialization:
+        """The specialization that a call with `args` launches."""
+        return self.specialize(self.bind(args), self.aligned(args))
+
     def launch_plan(self, args: list, params: Sequence[tuple], **launch: Any) -> tuple | None:
         """Specialization.launch_plan of the specialization that a call with `args` launches."""
-        return self.specialize(self.bind(args), self.aligned(args)).launch_plan(args, params, **launch)
+        return self.specialization_for(args).launch_plan(args, params, **launch)
 
     def forget_specialization(self, spec: Specialization) -> None:
         """Drops `spec` (the specialization cache let go of it) and the launches
@@ -310,7 +314,7 @@ class Kernel(_mlirgpu.Dispatcher):
     def _miss(self, args, kwargs):
         self.check_globals()
         guards = _c_guards(self, args)
-        spec = self.specialize(self.bind(args), self.aligned(args))
+        spec = self.specialization_for(args)
         if guards is not None:
             try:
                 self.register(args, spec.function_for(args), guards, spec)  # its hits tick spec.last_used
